@@ -1,0 +1,45 @@
+"""gguflm — run GGUF language models on the CPU from Python, the way llama.cpp does.
+
+The pipeline, in the order data flows: :mod:`gguflm.gguf` (the container) → :mod:`gguflm.loader`
+→ :class:`Model` → :class:`Context` + :class:`Batch` → ``decode`` → logits → :class:`SamplerChain`.
+Heavy submodules are imported on first use so that ``import gguflm`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError
+from gguflm.system import system_info
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "Model": "gguflm.model",
+    "Vocab": "gguflm.vocab",
+    "Context": "gguflm.context",
+    "Batch": "gguflm.batch",
+    "SamplerChain": "gguflm.sampling",
+    "LLM": "gguflm.llm",
+}
+_LAZY_MODULES = {"gguf", "quants", "samplers", "testing"}
+
+__all__ = [
+    "Error",
+    "GGUFError",
+    "LoadCancelled",
+    "ModelLoadError",
+    "system_info",
+    *_LAZY,
+    *sorted(_LAZY_MODULES),
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"gguflm.{name}")
+    raise AttributeError(f"module 'gguflm' has no attribute {name!r}")

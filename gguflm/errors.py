@@ -1,0 +1,17 @@
+"""The exceptions gguflm raises; every one derives from :class:`Error`."""
+
+
+class Error(Exception):
+    """Base class of every gguflm error."""
+
+
+class GGUFError(Error):
+    """A GGUF file is malformed, truncated or uses something this reader does not know."""
+
+
+class ModelLoadError(Error):
+    """A model could not be built from a GGUF file."""
+
+
+class LoadCancelled(ModelLoadError):
+    """The progress callback returned False; everything opened for the load was released."""

@@ -1,0 +1,26 @@
+"""What this build and this machine offer: compiler, OpenMP, threads, CPU features."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+from gguflm._ext import system as _system
+from gguflm.threads import resolve_n_threads, usable_cores
+
+
+def system_info() -> dict[str, Any]:
+    """Describe the build and the CPU, as llama.cpp's ``llama_print_system_info`` does.
+
+    Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``usable_cores``, ``default_threads``,
+    ``cpu_features`` (``avx2``, ``f16c``, ``avx512``, ``avx512_vnni``), ``machine``, ``isa_override``
+    (the value of ``GGUFLM_ISA`` if set).
+    """
+    info: dict[str, Any] = dict(_system.build_info())
+    info["usable_cores"] = usable_cores()
+    info["default_threads"] = resolve_n_threads(None)
+    info["cpu_features"] = _system.cpu_features()
+    info["machine"] = platform.machine()
+    info["isa_override"] = os.environ.get("GGUFLM_ISA")
+    return info

