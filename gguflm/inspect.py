@@ -14,7 +14,7 @@ import numpy as np
 
 from gguflm.ggml_types import FileType, GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType
-from gguflm.gguf.constants import KEY_FILE_TYPE
+from gguflm.gguf.constants import KEY_FILE_TYPE, value_type_of_dtype
 
 _FILE_TYPE_GUESSED = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED flag
 _MAX_STRING_CHARS = 72
@@ -69,7 +69,7 @@ def _format_array(value: Any, etype: GGUFValueType, max_items: int) -> str:
 def _element_type(nested: Any) -> GGUFValueType:
     """Element type of an inner array of a nested array value."""
     if isinstance(nested, np.ndarray):
-        return next(t for t in GGUFValueType if t.dtype == nested.dtype)
+        return value_type_of_dtype(nested.dtype)
     return GGUFValueType.STRING if nested and isinstance(nested[0], str) else GGUFValueType.ARRAY
 
 

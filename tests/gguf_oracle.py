@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gguflm.gguf import GGUFReader, GGUFValueType
+from gguflm.gguf.constants import value_type_of_dtype
 
 View = dict[str, Any]
 
@@ -76,7 +77,7 @@ def _type_path(value: Any, vtype: GGUFValueType) -> list[str]:
 
 def _inner_type(items: Any) -> GGUFValueType:
     if isinstance(items, np.ndarray):
-        return next(t for t in GGUFValueType if t.dtype == items.dtype)
+        return value_type_of_dtype(items.dtype)
     if items and isinstance(items[0], str):
         return GGUFValueType.STRING
     return GGUFValueType.ARRAY  # nested, or empty (gguf-py reports no element type then)
@@ -87,7 +88,7 @@ def _leaves(value: Any, vtype: GGUFValueType) -> list[bytes]:
         return [value.encode("utf-8", "surrogateescape")]
     if vtype is GGUFValueType.ARRAY:
         if isinstance(value, np.ndarray):
-            rows = np.ascontiguousarray(value).view(np.uint8).reshape(len(value), -1)
+            rows = np.ascontiguousarray(value).view(np.uint8).reshape(len(value), value.itemsize)
             return [row.tobytes() for row in rows]
         return [leaf for item in value for leaf in _leaves(item, _element_of(item))]
     return [np.array(value, dtype=vtype.dtype).tobytes()]

@@ -123,10 +123,17 @@ _INTEGER_RANGES: dict[GGUFValueType, tuple[int, int]] = {
     if _SCALAR_DTYPES[t].kind in "iu"
 }
 
-# numpy dtype (any byte order) -> value type, for arrays handed to the writer
-VALUE_TYPE_OF_DTYPE: dict[np.dtype, GGUFValueType] = {
+_VALUE_TYPE_OF_DTYPE: dict[np.dtype, GGUFValueType] = {
     dt.newbyteorder("="): t for t, dt in _SCALAR_DTYPES.items()
 }
+
+
+def value_type_of_dtype(dtype: np.dtype) -> GGUFValueType:
+    """The value type whose elements a numpy array of ``dtype`` holds (TypeError if none)."""
+    try:
+        return _VALUE_TYPE_OF_DTYPE[np.dtype(dtype).newbyteorder("=")]
+    except KeyError:
+        raise TypeError(f"no GGUF value type for numpy dtype {dtype}") from None
 
 # numpy dtype of one element of the ggml types stored one element per block (BF16 as raw uint16)
 TENSOR_DTYPES: dict[GGMLType, np.dtype] = {

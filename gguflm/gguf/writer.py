@@ -34,10 +34,10 @@ from gguflm.gguf.constants import (
     TENSOR_TYPE_OF_DTYPE,
     U32,
     U64,
-    VALUE_TYPE_OF_DTYPE,
     GGUFValueType,
     align_up,
     split_path,
+    value_type_of_dtype,
 )
 
 _T = GGUFValueType
@@ -65,7 +65,7 @@ def _infer_scalar_type(value: Any) -> GGUFValueType:
     if isinstance(value, (str, bytes, bytearray)):
         return _T.STRING
     if isinstance(value, (np.integer, np.floating)):
-        return _value_type_of_dtype(value.dtype)
+        return value_type_of_dtype(value.dtype)
     if isinstance(value, numbers.Integral):
         return _smallest_int_type([int(value)])
     if isinstance(value, numbers.Real):
@@ -84,16 +84,9 @@ def _smallest_int_type(values: Sequence[int]) -> GGUFValueType:
     raise ValueError(f"integer {lo if lo < 0 else hi} does not fit any GGUF integer type")
 
 
-def _value_type_of_dtype(dtype: np.dtype) -> GGUFValueType:
-    try:
-        return VALUE_TYPE_OF_DTYPE[dtype.newbyteorder("=")]
-    except KeyError:
-        raise TypeError(f"no GGUF value type for numpy dtype {dtype}") from None
-
-
 def _infer_element_type(items: Any) -> GGUFValueType:
     if isinstance(items, np.ndarray):
-        return _value_type_of_dtype(items.dtype)
+        return value_type_of_dtype(items.dtype)
     if not len(items):
         return _T.STRING  # an empty list reads back as [] either way
     kinds = {_infer_scalar_type(item) for item in items}
@@ -136,7 +129,8 @@ def _encode_numbers(values: Any, vtype: GGUFValueType) -> bytes:
     elif arr.dtype.kind not in "iuf" and not all(
             isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in arr):
         raise TypeError(f"{vtype.name} values must be numbers")
-    out = arr.astype(vtype.dtype)
+    with np.errstate(over="ignore"):  # reported below
+        out = arr.astype(vtype.dtype)
     if vtype is _T.FLOAT32 and np.isinf(out).any() and np.isfinite(arr.astype(np.float64)).all():
         raise ValueError("value too large for FLOAT32")
     return out.tobytes()
@@ -246,8 +240,9 @@ class GGUFWriter:
         type
             The ggml type; inferred from the dtype for the plain types.
         shape
-            ggml-order shape (``ne[0]``, the row length, first). Default: the reversed numpy
-            shape, or for uint8 blocks ``(row elements, *reversed(data.shape[:-1]))``.
+            ggml-order shape (``ne[0]``, the row length, first), 1 to 4 dimensions as ggml writes
+            them. Default: the reversed numpy shape, or for uint8 blocks
+            ``(row elements, *reversed(data.shape[:-1]))``.
         """
         data = np.asarray(data)
         if type is None:
@@ -258,33 +253,31 @@ class GGUFWriter:
         ggml_type = GGMLType(type)
         self._check_tensor_name(name)
         raw_bytes = data.dtype == np.uint8
+        if not raw_bytes:
+            dtype = TENSOR_DTYPES.get(ggml_type)
+            if dtype is None:
+                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be raw uint8 "
+                                f"blocks, got {data.dtype}")
+            if data.dtype.newbyteorder("<") != dtype:
+                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be {dtype}, "
+                                f"got {data.dtype}")
+            data = data.astype(dtype, copy=False)  # little-endian
         if shape is None:
             shape = self._default_shape(name, data, ggml_type, raw_bytes)
         shape = tuple(int(d) for d in shape)
-        if len(shape) > MAX_DIMS or any(d < 1 for d in shape):
-            raise ValueError(f"tensor {name!r}: shape {shape} needs 0..{MAX_DIMS} dimensions >= 1")
-        row = shape[0] if shape else 1
-        if row % ggml_type.block_size:
-            raise ValueError(f"tensor {name!r}: row of {row} elements is not a multiple of "
+        if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape):
+            raise ValueError(f"tensor {name!r}: shape {shape} needs 1..{MAX_DIMS} dimensions >= 1")
+        if shape[0] % ggml_type.block_size:
+            raise ValueError(f"tensor {name!r}: row of {shape[0]} elements is not a multiple of "
                              f"{ggml_type.name}'s block size {ggml_type.block_size}")
-        n_elements = int(np.prod(shape, dtype=object)) if shape else 1
+        n_elements = int(np.prod(shape, dtype=object))
         nbytes = n_elements // ggml_type.block_size * ggml_type.type_size
-        if raw_bytes or ggml_type not in TENSOR_DTYPES:
-            if data.dtype != np.uint8:
-                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be raw uint8 blocks, "
-                                f"got {data.dtype}")
-            if data.nbytes != nbytes:
-                raise ValueError(f"tensor {name!r}: {ggml_type.name} of shape {shape} needs "
-                                 f"{nbytes} bytes, got {data.nbytes}")
-        else:
-            dtype = TENSOR_DTYPES[ggml_type]
-            if data.dtype.newbyteorder("<") != dtype.newbyteorder("<"):
-                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be {dtype}, "
-                                f"got {data.dtype}")
-            if data.size != n_elements:
-                raise ValueError(f"tensor {name!r}: shape {shape} has {n_elements} elements, "
-                                 f"data has {data.size}")
-            data = data.astype(dtype, copy=False)  # little-endian
+        if raw_bytes and data.nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {ggml_type.name} of shape {shape} needs "
+                             f"{nbytes} bytes, got {data.nbytes}")
+        if not raw_bytes and data.size != n_elements:
+            raise ValueError(f"tensor {name!r}: shape {shape} has {n_elements} elements, "
+                             f"data has {data.size}")
         self._tensors[name] = _PendingTensor(name, ggml_type, shape, nbytes, data)
 
     def _check_tensor_name(self, name: str) -> None:
@@ -298,7 +291,7 @@ class GGUFWriter:
     @staticmethod
     def _default_shape(name: str, data: np.ndarray, ggml_type: GGMLType,
                        raw_bytes: bool) -> tuple[int, ...]:
-        if not raw_bytes and ggml_type in TENSOR_DTYPES:
+        if not raw_bytes:
             return data.shape[::-1]
         if data.ndim == 0 or data.shape[-1] % ggml_type.type_size:
             raise ValueError(f"tensor {name!r}: pass shape= for {ggml_type.name} bytes of "
