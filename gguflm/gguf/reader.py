@@ -128,7 +128,9 @@ class _Parser:
         if max_bytes is not None and length > max_bytes:
             raise self.fail(offset, f"{what} of at most {max_bytes} bytes", f"{length} bytes")
         start = offset + U64.size
-        self.need(start, length, f"{what} of {length} bytes")
+        if length > self.size - start:
+            raise self.fail(offset, f"{what} of {length} bytes",
+                            f"end of file ({self.size - start} bytes left)")
         return str(self.buf[start : start + length], "utf-8", "surrogateescape"), start + length
 
     def value_type(self, offset: int, what: str) -> GGUFValueType:
