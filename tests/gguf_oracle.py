@@ -136,7 +136,7 @@ def gguf_py_digest(path: Path) -> View:
 class GGUFPyOracle:
     """gguf-py's digests of a set of files: from pytest's cache, else computed in the background."""
 
-    def __init__(self, paths: list[Path], cache: Any) -> None:
+    def __init__(self, paths: list[Path], cache: Any | None) -> None:
         from importlib.metadata import version
 
         gguf_version = version("gguf")
@@ -148,7 +148,7 @@ class GGUFPyOracle:
             st = path.stat()
             self._keys[path] = (f"gguflm/gguf-py-digest/{gguf_version}/"
                                 f"{path.name}-{st.st_size}-{st.st_mtime_ns}")
-            hit = cache.get(self._keys[path], None)
+            hit = None if cache is None else cache.get(self._keys[path], None)
             if hit is not None:
                 self._done[path] = hit
         todo = sorted((p for p in paths if p not in self._done), key=lambda p: -p.stat().st_size)
@@ -162,5 +162,6 @@ class GGUFPyOracle:
     def __getitem__(self, path: Path) -> View:
         if path not in self._done:
             self._done[path] = self._futures[path].result()
-            self._cache.set(self._keys[path], self._done[path])
+            if self._cache is not None:
+                self._cache.set(self._keys[path], self._done[path])
         return self._done[path]

@@ -3,6 +3,7 @@ expected and what was found — never another exception, a crash, a hang or a hu
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import tempfile
@@ -319,6 +320,15 @@ def test_broken_later_part(split_model):
     split_model[2].write_bytes(split_model[2].read_bytes()[:40])
     with pytest.raises(GGUFError, match=re.escape(str(split_model[2]))):
         GGUFReader(split_model[0])
+
+
+def test_failed_open_releases_the_file(tmp_path, split_model):
+    split_model[2].write_bytes(b"GGUF" + bytes(30))
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(GGUFError):
+            GGUFReader(split_model[0])
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_nonexistent_file(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,6 @@ from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguflm.gguf.constants import TENSOR_DTYPES
 
-gguf = pytest.importorskip("gguf")
 
 T = GGUFValueType
 NUMERIC = [t for t in T if t.dtype is not None]  # every scalar type but STRING, BOOL included
@@ -261,6 +261,9 @@ def test_undecodable_strings_round_trip(raw):
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda w: w.add("", 1), ValueError, "non-empty"),
+    (lambda w: w.add("k", "\ud800"), ValueError, "metadata 'k'.*surrogate"),
+    (lambda w: w.add("\ud800", 1), ValueError, "surrogate"),
+    (lambda w: w.add_tensor("\ud800", np.zeros(4, np.float32)), ValueError, "cannot be encoded"),
     (lambda w: w.add("k", 2**64), ValueError, "does not fit"),
     (lambda w: w.add("k", 300, T.UINT8), ValueError, "out of UINT8 range"),
     (lambda w: w.add("k", 1.5, T.INT32), TypeError, "integers"),

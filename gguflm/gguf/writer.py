@@ -58,6 +58,10 @@ def _encode_str(text: str | bytes | bytearray) -> bytes:
     return U64.pack(len(raw)) + raw
 
 
+def _entry(key: str, vtype: GGUFValueType, encoded_value: bytes) -> bytes:
+    return _encode_str(key) + U32.pack(vtype) + encoded_value
+
+
 def _infer_scalar_type(value: Any) -> GGUFValueType:
     """gguf-py's choices: bool → BOOL, int → INT32 (wider when it does not fit), float → FLOAT32."""
     if isinstance(value, (bool, np.bool_)):
@@ -172,7 +176,7 @@ class GGUFWriter:
                  alignment: int = DEFAULT_ALIGNMENT) -> None:
         self.path = Path(path)
         self.alignment = DEFAULT_ALIGNMENT
-        self._kv: dict[str, bytes] = {}  # key -> value type tag + encoded value
+        self._kv: dict[str, bytes] = {}  # key -> the entry as written: key, type tag, value
         self._tensors: dict[str, _PendingTensor] = {}
         if arch is not None:
             self.add(KEY_ARCHITECTURE, arch)
@@ -212,9 +216,10 @@ class GGUFWriter:
                 encoded = _encode_array(value, array_type)
             else:
                 encoded = _encode_scalar(value, vtype)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"metadata {key!r}: {exc}") from None
-        self._kv[key] = U32.pack(vtype) + encoded
+            self._kv[key] = _entry(key, vtype, encoded)
+        except (TypeError, ValueError) as exc:  # incl. UnicodeEncodeError for lone surrogates
+            error = TypeError if isinstance(exc, TypeError) else ValueError
+            raise error(f"metadata {key!r}: {exc}") from None
 
     def _set_alignment(self, value: Any, vtype: GGUFValueType) -> None:
         if vtype is not _T.UINT32:
@@ -283,7 +288,11 @@ class GGUFWriter:
     def _check_tensor_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tensor name must be a non-empty str, got {name!r}")
-        if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        try:
+            encoded = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"tensor name {name!r} cannot be encoded: {exc}") from None
+        if len(encoded) > MAX_NAME_BYTES:
             raise ValueError(f"tensor name {name!r} is longer than {MAX_NAME_BYTES} bytes")
         if name in self._tensors:
             raise ValueError(f"tensor {name!r} was already added")
@@ -359,10 +368,10 @@ class GGUFWriter:
             kv = dict(self._kv) if i == 0 else {}
             if i and KEY_ALIGNMENT in self._kv:
                 kv[KEY_ALIGNMENT] = self._kv[KEY_ALIGNMENT]
-            kv[KEY_SPLIT_NO] = U32.pack(_T.UINT16) + _encode_numbers([i], _T.UINT16)
-            kv[KEY_SPLIT_COUNT] = U32.pack(_T.UINT16) + _encode_numbers([count], _T.UINT16)
-            kv[KEY_SPLIT_TENSORS_COUNT] = U32.pack(_T.INT32) + _encode_numbers(
-                [len(self._tensors)], _T.INT32)
+            for key, vtype, value in ((KEY_SPLIT_NO, _T.UINT16, i),
+                                      (KEY_SPLIT_COUNT, _T.UINT16, count),
+                                      (KEY_SPLIT_TENSORS_COUNT, _T.INT32, len(self._tensors))):
+                kv[key] = _entry(key, vtype, _encode_numbers([value], vtype))
             plan.append((split_path(prefix, i, count), kv, tensors))
         return plan
 
@@ -375,8 +384,7 @@ class GGUFWriter:
             infos += U32.pack(t.type) + U64.pack(offset)
             offset += align_up(t.nbytes, self.alignment)
         head = bytearray(HEADER.pack(GGUF_MAGIC, GGUF_VERSION, len(tensors), len(kv)))
-        for key, encoded in kv.items():
-            head += _encode_str(key) + encoded
+        head += b"".join(kv.values())
         head += infos
         if tensors:  # a metadata-only file ends here, as gguf-py's vocab-only files do
             head += bytes(align_up(len(head), self.alignment) - len(head))
