@@ -271,6 +271,7 @@ def test_undecodable_strings_round_trip(raw):
     (lambda w: w.add("k", 1, T.STRING), TypeError, "str or bytes"),
     (lambda w: w.add("k", 1, T.BOOL), TypeError, "bools"),
     (lambda w: w.add("k", 1e300), ValueError, "too large for FLOAT32"),
+    (lambda w: w.add("k", 10**400, T.FLOAT64), ValueError, "too large for FLOAT64"),
     (lambda w: w.add("k", [1, "a"]), TypeError, "mixed"),
     (lambda w: w.add("k", "abc", T.ARRAY), TypeError, "list"),
     (lambda w: w.add("k", np.zeros((2, 2))), ValueError, "one-dimensional"),
@@ -323,3 +324,28 @@ def test_big_endian_tensor_data_is_written_little_endian(tmp_path):
     writer.write()
     with GGUFReader(tmp_path / "m.gguf") as reader:
         assert np.array_equal(reader.tensor("t").data, data) and reader.tensor("t").shape == (3, 2)
+
+
+any_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)
+    | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=any_values, value_type=st.none() | st.sampled_from(T),
+       array_type=st.none() | st.sampled_from(T))
+def test_add_accepts_or_rejects_cleanly(value, value_type, array_type):
+    """Any value and type combination is either written (and reads back) or refused with
+    ValueError/TypeError at add time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = GGUFWriter(Path(tmp) / "m.gguf")
+        try:
+            writer.add("key", value, value_type, array_type)
+        except (ValueError, TypeError):
+            return
+        [path] = writer.write()
+        with GGUFReader(path) as reader:
+            assert list(reader.metadata) == ["key"]
+            if value_type is not None:
+                assert reader.value_types["key"] is value_type

@@ -133,10 +133,14 @@ def _encode_numbers(values: Any, vtype: GGUFValueType) -> bytes:
     elif arr.dtype.kind not in "iuf" and not all(
             isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in arr):
         raise TypeError(f"{vtype.name} values must be numbers")
-    with np.errstate(over="ignore"):  # reported below
-        out = arr.astype(vtype.dtype)
-    if vtype is _T.FLOAT32 and np.isinf(out).any() and np.isfinite(arr.astype(np.float64)).all():
-        raise ValueError("value too large for FLOAT32")
+    try:
+        with np.errstate(over="ignore"):  # reported below
+            out = arr.astype(vtype.dtype)
+        overflow = vtype.is_float and np.isinf(out).any() and np.isfinite(arr.astype(float)).all()
+    except OverflowError:  # a Python int beyond any float
+        overflow = True
+    if overflow:
+        raise ValueError(f"value too large for {vtype.name}")
     return out.tobytes()
 
 
