@@ -119,7 +119,8 @@ def _report(reader: GGUFReader, max_items: int) -> str:
     entries = [(key, *_format_entry(reader, key, max_items)) for key in reader.metadata]
     key_width = max((len(key) for key, _, _ in entries), default=0)
     type_width = max((len(vtype) for _, vtype, _ in entries), default=0)
-    lines += [f"  {key:<{key_width}}  {vtype:<{type_width}}  {text}" for key, vtype, text in entries]
+    lines += [f"  {key:<{key_width}}  {vtype:<{type_width}}  {text}"
+              for key, vtype, text in entries]
 
     lines += ["", "tensors:"]
     split = reader.n_parts > 1
@@ -137,7 +138,8 @@ def _report(reader: GGUFReader, max_items: int) -> str:
     for t in tensors:
         counts[t.type] += 1
     for ggml_type, type_bytes in sorted(_bytes_by_type(reader).items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {ggml_type.name:<8} {counts[ggml_type]:>5} tensors  {type_bytes:>15,} bytes")
+        lines.append(f"  {ggml_type.name:<8} {counts[ggml_type]:>5} tensors  "
+                     f"{type_bytes:>15,} bytes")
 
     bpw = f"{8 * n_bytes / n_params:.2f}" if n_params else "n/a"
     lines += [

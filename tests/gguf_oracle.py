@@ -1,4 +1,4 @@
-"""What the gguf PyPI package (gguf-py) reads from a GGUF file, as plain values to compare ours with.
+"""What the gguf PyPI package (gguf-py) reads from a GGUF file, as plain values to compare with.
 
 Both sides are reduced to one shape: per metadata key the type path gguf-py reports (``[ARRAY,
 FLOAT32]``) and the raw bytes of every leaf value in order; per tensor its name, type, shape,

@@ -42,7 +42,8 @@ def kv(key: str | bytes, vtype: int, payload: bytes) -> bytes:
 
 
 def tensor_info(name: str | bytes, dims: list[int], ggml_type: int, offset: int) -> bytes:
-    return gstr(name) + u32(len(dims)) + b"".join(u64(d) for d in dims) + u32(ggml_type) + u64(offset)
+    dims_raw = b"".join(u64(d) for d in dims)
+    return gstr(name) + u32(len(dims)) + dims_raw + u32(ggml_type) + u64(offset)
 
 
 def gguf_file(kvs=(), infos=(), data=b"", *, version=3, n_kv=None, n_tensors=None,
@@ -174,7 +175,8 @@ def test_bad_tensor_data(tmp_path):
 def test_unusual_but_valid(tmp_path):
     # no dimensions (ggml treats it as one element), a bool byte other than 0/1, bytes that are
     # not UTF-8, tensors stored out of order, an empty array
-    infos = [tensor_info("scalar", [], GGMLType.F32, 32), tensor_info("first", [2], GGMLType.F32, 0)]
+    infos = [tensor_info("scalar", [], GGMLType.F32, 32),
+             tensor_info("first", [2], GGMLType.F32, 0)]
     kvs = [kv("flags", T.ARRAY, u32(T.BOOL) + u64(3) + b"\x00\x01\x02"),
            kv(b"k\xff", T.STRING, gstr(b"v\xfe")),
            kv("empty", T.ARRAY, u32(T.FLOAT32) + u64(0))]
@@ -283,7 +285,8 @@ def test_split_model_reads_all_parts(split_model):
 
 def test_missing_split_part(split_model):
     split_model[1].unlink()
-    with pytest.raises(GGUFError, match=re.escape(f"split part 2 of 3 is missing: {split_model[1]}")):
+    missing = re.escape(f"split part 2 of 3 is missing: {split_model[1]}")
+    with pytest.raises(GGUFError, match=missing):
         GGUFReader(split_model[0])
 
 

@@ -1,5 +1,6 @@
-"""Real GGUF files — the two models and llama.cpp's vocab suite — read as the gguf package reads them,
-and written back byte for byte (the models were written by llama.cpp, the vocab files by gguf-py)."""
+"""Real GGUF files — the two models and llama.cpp's vocab suite — read as the gguf package reads
+them, and written back byte for byte (the models were written by llama.cpp, the vocab files by
+gguf-py)."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def test_smollm_report_against_gguf_package(smollm_path):
 
 
 def test_cli_subprocess(gemma_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-m", "gguflm.cli", "inspect", str(gemma_path)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr

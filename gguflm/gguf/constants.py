@@ -156,7 +156,7 @@ _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gg
 
 
 def split_path(prefix: Path, index: int, count: int) -> Path:
-    """Path of part ``index`` (0-based) of ``count``: ``{prefix}-{index+1:05d}-of-{count:05d}.gguf``."""
+    """Path of part ``index`` (0-based) of ``count``, e.g. ``model-00002-of-00003.gguf``."""
     return prefix.with_name(f"{prefix.name}-{index + 1:05d}-of-{count:05d}.gguf")
 
 

@@ -149,7 +149,8 @@ class _Parser:
 
     def array(self, offset: int, what: str, depth: int) -> tuple[Any, GGUFValueType, int]:
         if depth >= MAX_ARRAY_DEPTH:
-            raise self.fail(offset, f"arrays nested at most {MAX_ARRAY_DEPTH} deep", "deeper nesting")
+            raise self.fail(offset, f"arrays nested at most {MAX_ARRAY_DEPTH} deep",
+                            "deeper nesting")
         etype = self.value_type(offset, f"element type of {what}")
         count = self.unpack(U64, offset + U32.size, f"element count of {what}")
         start = offset + U32.size + U64.size
@@ -301,7 +302,8 @@ class _Parser:
             start = data_offset + offset
             if offset > self.size or nbytes > self.size - start:
                 raise self.fail(
-                    stored_at, f"the {nbytes} bytes of {name!r} inside the file ({self.size} bytes)",
+                    stored_at,
+                    f"the {nbytes} bytes of {name!r} inside the file ({self.size} bytes)",
                     f"data at bytes {start}..{start + nbytes}")
             raw = self.base[start : start + nbytes]
             if ggml_type in TENSOR_DTYPES:

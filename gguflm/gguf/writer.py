@@ -63,7 +63,7 @@ def _entry(key: str, vtype: GGUFValueType, encoded_value: bytes) -> bytes:
 
 
 def _infer_scalar_type(value: Any) -> GGUFValueType:
-    """gguf-py's choices: bool → BOOL, int → INT32 (wider when it does not fit), float → FLOAT32."""
+    """As gguf-py: bool → BOOL, int → INT32 (wider if it does not fit), float → FLOAT32."""
     if isinstance(value, (bool, np.bool_)):
         return _T.BOOL
     if isinstance(value, (str, bytes, bytearray)):
@@ -257,8 +257,8 @@ class GGUFWriter:
         if type is None:
             type = TENSOR_TYPE_OF_DTYPE.get(data.dtype.newbyteorder("="))
             if type is None:
-                raise TypeError(f"tensor {name!r}: cannot infer a ggml type from dtype {data.dtype};"
-                                " pass type=")
+                raise TypeError(f"tensor {name!r}: cannot infer a ggml type from dtype "
+                                f"{data.dtype}; pass type=")
         ggml_type = GGMLType(type)
         self._check_tensor_name(name)
         raw_bytes = data.dtype == np.uint8
