@@ -644,8 +644,8 @@ class XTC(_Seeded):
 
 
 class TopNSigma(Sampler):
-    """Keep candidates within ``n`` standard deviations of the largest logit (the others become
-    -inf), then softmax sorted; ``n <= 0`` does nothing."""
+    """Set to -inf the logits more than ``n`` standard deviations below the largest one (order
+    and probabilities untouched, as current llama.cpp); ``n <= 0`` does nothing."""
 
     name = "top-n-sigma"
 
@@ -656,7 +656,6 @@ class TopNSigma(Sampler):
         if self.n <= 0.0 or cur_p.size <= 1:
             return
         kernels.top_n_sigma_mask(cur_p.logits, self.n)
-        cur_p.softmax(do_sort=True)
 
 
 def _surprise_update(mu: _F32, tau: float, eta: float, p_selected: _F32) -> _F32:
