@@ -4,25 +4,26 @@ A sampler has llama.cpp's small interface: ``name``, ``apply(cur_p)`` (filter, r
 select among the candidates in place), ``accept(token)`` (remember a chosen token), ``reset()``,
 ``clone()``, and ``sample(ctx, idx)``. :class:`gguflm.sampling.SamplerChain` runs several in order.
 
-Semantics follow ``src/llama-sampling.cpp``: the same parameters in the same order, the same edge
-cases (k <= 0, p >= 1, temperature <= 0, min_keep, removed candidates), the same float/double
+Semantics follow current llama.cpp (``src/llama-sampler.cpp``, checked side by side against the
+build in llama-cpp-python 0.3.36): the same parameters in the same order, the same edge cases
+(k <= 0, p >= 1, temperature <= 0, min_keep, removed candidates), the same float/double
 arithmetic, and the same random stream — seeded samplers own a ``std::mt19937`` twin and draw
 through libstdc++'s ``uniform_real_distribution``/``discrete_distribution`` formulas, so a seeded
-chain picks the tokens llama.cpp (built with GCC) picks. Choices of our own, where llama.cpp leaves
-things open or would abort:
+chain picks the tokens llama.cpp (built with GCC) picks. Where we differ:
 
 * ties are broken by position: among equal logits the candidate nearer the front ranks first
   (llama.cpp's ``std::sort``/``partial_sort`` leave tied order unspecified);
 * an empty candidates array passes through every sampler unchanged and nothing is selected
   (llama.cpp asserts on it in softmax-based samplers);
 * ``clone()`` copies all state, including the penalties' token counts and mirostat's ``mu`` and
-  generator (llama.cpp's clones of those two start partly fresh).
+  generator (llama.cpp's clones of those two start partly fresh);
+* :class:`Penalties` takes no ``n_vocab`` (current llama.cpp's first argument, used only by its
+  GPU "backend sampling").
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import operator
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -263,8 +264,8 @@ class TokenDataArray:
         in_range = (tokens >= -(2**31)) & (tokens <= _MAX_TOKENS)
         out = np.full(len(tokens), -1, dtype=np.int32)
         found = np.empty(int(in_range.sum()), dtype=np.int32)
-        kernels.find_token_positions(self.ids, np.ascontiguousarray(tokens[in_range], dtype=np.int32),
-                             found)
+        wanted = np.ascontiguousarray(tokens[in_range], dtype=np.int32)
+        kernels.find_token_positions(self.ids, wanted, found)
         out[in_range] = found
         return out
 
@@ -658,18 +659,6 @@ class TopNSigma(Sampler):
         kernels.top_n_sigma_mask(cur_p.logits, self.n)
 
 
-def _surprise_update(mu: _F32, tau: float, eta: float, p_selected: _F32) -> _F32:
-    """Mirostat's learning step: mu -= eta * (-log2(p) - tau), in float."""
-    with np.errstate(divide="ignore"):
-        observed = -np.log2(_F32(p_selected))
-    return _F32(mu - _F32(eta) * (observed - _F32(tau)))
-
-
-def _discrete(cur_p: TokenDataArray, rng: kernels.MT19937) -> int:
-    """``std::discrete_distribution`` over ``cur_p.p`` (no draw for fewer than two)."""
-    return kernels.discrete_select(cur_p.p, rng.uniform_double()) if cur_p.size >= 2 else 0
-
-
 def _c_int(value: _F32) -> int:
     """float -> int as x86 truncates it: NaN and out-of-range values become INT_MIN."""
     if not -(2.0**31) < value < 2.0**31:
@@ -677,17 +666,13 @@ def _c_int(value: _F32) -> int:
     return int(value)
 
 
-class Mirostat(_Seeded):
-    """Mirostat 1.0: estimate the Zipf exponent from the best ``m`` candidates, cut to the k that
-    targets surprise ``tau``, draw, and move ``mu`` by ``eta``. Selects a token."""
+class _Mirostat(_Seeded):
+    """What both mirostats share: sort and softmax, truncate, softmax again, draw, then move
+    ``mu`` by ``eta`` towards the target surprise ``tau``."""
 
-    name = "mirostat"
-
-    def __init__(self, n_vocab: int, seed: Any, tau: float, eta: float, m: int) -> None:
-        self.n_vocab = _int(n_vocab, "n_vocab", 1)
+    def __init__(self, seed: Any, tau: float, eta: float) -> None:
         self.tau = _f32(tau, "tau")
         self.eta = _f32(eta, "eta")
-        self.m = _int(m, "m")
         super().__init__(seed)
         self.mu = _F32(2.0) * _F32(self.tau)
 
@@ -695,11 +680,38 @@ class Mirostat(_Seeded):
         self.mu = _F32(2.0) * _F32(self.tau)
         super().reset()
 
+    def _truncate(self, cur_p: TokenDataArray) -> None:
+        raise NotImplementedError
+
     def apply(self, cur_p: TokenDataArray) -> None:
         if cur_p.size == 0:
             cur_p.selected = -1
             return
         cur_p.softmax(do_sort=True)
+        self._truncate(cur_p)
+        cur_p.softmax(do_sort=True)
+        if cur_p.size >= 2:  # std::discrete_distribution draws nothing for one weight
+            cur_p.selected = kernels.discrete_select(cur_p.p, self._rng.uniform_double())
+        else:
+            cur_p.selected = 0
+        # mu -= eta * (observed surprise - tau), in float
+        with np.errstate(divide="ignore"):
+            observed = -np.log2(_F32(cur_p.p[cur_p.selected]))
+        self.mu = _F32(self.mu - _F32(self.eta) * (observed - _F32(self.tau)))
+
+
+class Mirostat(_Mirostat):
+    """Mirostat 1.0: estimate the Zipf exponent from the best ``m`` candidates, keep the k that
+    targets surprise ``tau``, draw, and move ``mu`` by ``eta``. Selects a token."""
+
+    name = "mirostat"
+
+    def __init__(self, n_vocab: int, seed: Any, tau: float, eta: float, m: int) -> None:
+        self.n_vocab = _int(n_vocab, "n_vocab", 1)
+        self.m = _int(m, "m")
+        super().__init__(seed, tau, eta)
+
+    def _truncate(self, cur_p: TokenDataArray) -> None:
         # llama.cpp's size_t(m - 1): m <= 0 wraps to "no limit"
         count = min(self.m - 1 if self.m >= 1 else cur_p.size, cur_p.size - 1)
         ranks = np.arange(1, count + 1, dtype=_F32)
@@ -712,38 +724,21 @@ class Mirostat(_Seeded):
                          / (_F32(1.0) - np.power(_F32(self.n_vocab), -epsilon_hat)),
                          _F32(1.0) / s_hat)
         _top_k(cur_p, max(_c_int(k), 1))
-        cur_p.softmax(do_sort=True)
-        cur_p.selected = _discrete(cur_p, self._rng)
-        self.mu = _surprise_update(self.mu, self.tau, self.eta, cur_p.p[cur_p.selected])
 
 
-class MirostatV2(_Seeded):
+class MirostatV2(_Mirostat):
     """Mirostat 2.0: drop candidates whose surprise exceeds ``mu``, draw, and move ``mu`` by
     ``eta`` towards the target surprise ``tau``. Selects a token."""
 
     name = "mirostat-v2"
 
     def __init__(self, seed: Any, tau: float, eta: float) -> None:
-        self.tau = _f32(tau, "tau")
-        self.eta = _f32(eta, "eta")
-        super().__init__(seed)
-        self.mu = _F32(2.0) * _F32(self.tau)
+        super().__init__(seed, tau, eta)
 
-    def reset(self) -> None:
-        self.mu = _F32(2.0) * _F32(self.tau)
-        super().reset()
-
-    def apply(self, cur_p: TokenDataArray) -> None:
-        if cur_p.size == 0:
-            cur_p.selected = -1
-            return
-        cur_p.softmax(do_sort=True)
+    def _truncate(self, cur_p: TokenDataArray) -> None:
         with np.errstate(divide="ignore"):
             too_surprising = np.flatnonzero(-np.log2(cur_p.p) > self.mu)
         cur_p.size = max(int(too_surprising[0]) if len(too_surprising) else cur_p.size, 1)
-        cur_p.softmax(do_sort=True)
-        cur_p.selected = _discrete(cur_p, self._rng)
-        self.mu = _surprise_update(self.mu, self.tau, self.eta, cur_p.p[cur_p.selected])
 
 
 class _TokenRing:

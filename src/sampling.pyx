@@ -223,7 +223,7 @@ def take_prefix(int32_t[::1] ids, float[::1] logits, float[::1] p,
 
 
 def softmax(const float[::1] logits, float[::1] p, bint is_sorted) -> None:
-    """``p = softmax(logits)`` with float sums (llama.cpp's softmax); sorted rows start at the max."""
+    """``p = softmax(logits)`` summed in float (llama.cpp's softmax); sorted rows start at the max."""
     cdef Py_ssize_t n = logits.shape[0]
     _check_same_length(n, p.shape[0], "softmax")
     if n == 0:

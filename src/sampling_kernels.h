@@ -387,15 +387,27 @@ static inline float gguflm_max_logit(const float *logits, int64_t n) {
     return m;
 }
 
-/* p = softmax(logits), summed in float like llama_sampler_softmax_impl; sorted rows start at the max */
-static void gguflm_softmax(const float *logits, float *p, int64_t n, int is_sorted) {
+/* p = expf(logits - max) (a sorted row starts at its max). Returns the sum in double, as dist
+ * adds; *float_sum gets it added in float, as llama_sampler_softmax_impl adds. */
+static double gguflm_exp_shifted(const float *logits, float *p, int64_t n, int is_sorted,
+                                 float *float_sum) {
     float max_l = is_sorted ? logits[0] : gguflm_max_logit(logits, n);
     float sum = 0.0f;
+    double total = 0.0;
     for (int64_t i = 0; i < n; i++) {
         float e = expf(logits[i] - max_l);
         p[i] = e;
         sum += e;
+        total += e;
     }
+    *float_sum = sum;
+    return total;
+}
+
+/* p = softmax(logits), llama_sampler_softmax_impl's float arithmetic */
+static void gguflm_softmax(const float *logits, float *p, int64_t n, int is_sorted) {
+    float sum;
+    gguflm_exp_shifted(logits, p, n, is_sorted, &sum);
     for (int64_t i = 0; i < n; i++) {
         p[i] /= sum;
     }
@@ -403,14 +415,10 @@ static void gguflm_softmax(const float *logits, float *p, int64_t n, int is_sort
 
 /* llama.cpp's dist sampler for n >= 2: probabilities summed in double, the first position whose
  * running sum reaches rnd * total is selected, and p is normalised in the same pass. */
-static int64_t gguflm_dist_select(const float *logits, float *p, int64_t n, int is_sorted, double rnd) {
-    float max_l = is_sorted ? logits[0] : gguflm_max_logit(logits, n);
-    double total = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        float e = expf(logits[i] - max_l);
-        p[i] = e;
-        total += e;
-    }
+static int64_t gguflm_dist_select(const float *logits, float *p, int64_t n, int is_sorted,
+                                  double rnd) {
+    float unused;
+    double total = gguflm_exp_shifted(logits, p, n, is_sorted, &unused);
     double target = total * rnd, running = 0.0;
     int64_t selected = -1;
     for (int64_t i = 0; i < n; i++) {

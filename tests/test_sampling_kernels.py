@@ -142,7 +142,8 @@ def test_softmax_matches_float64_reference(logits):
     p = np.empty_like(logits)
     kernels.softmax(logits, p, False)
     exact = np.exp(logits.astype(np.float64) - logits.max())
-    np.testing.assert_allclose(p, exact / exact.sum(), rtol=1e-5, atol=1e-7)
+    # llama.cpp sums in float, left to right: the error grows with the row's length
+    np.testing.assert_allclose(p, exact / exact.sum(), rtol=1e-6 + 6e-8 * len(logits), atol=1e-7)
 
 
 @SETTINGS

@@ -1,4 +1,4 @@
-"""llama.cpp's ``tests/test-sampling.cpp``, ported: same inputs, same expected probabilities and ids.
+"""llama.cpp's ``tests/test-sampling.cpp``, ported: same inputs, same expected probabilities, ids.
 
 Every case builds candidates as that file's ``sampler_tester`` does (logit = logf(p), p given, ids
 0..n-1, unsorted), applies the sampler (and, where the C++ test does, ``dist(0)``), then compares
@@ -169,6 +169,12 @@ def _f32(x) -> np.float32:
     return np.float32(x)
 
 
+def check_queue_step(cur_p, size, expected_size, first_id, last_id):
+    assert size == expected_size
+    assert not cur_p.sorted or cur_p.ids[0] == first_id
+    assert not cur_p.sorted or cur_p.ids[expected_size - 1] == last_id
+
+
 @pytest.mark.parametrize("sequence, top_k, top_p, min_p", [
     ("k", 10000, 1.0, 1.0),
     ("k", 1, 1.0, 1.0),
@@ -225,14 +231,10 @@ def test_sampler_queue(sequence, top_k, top_p, min_p):
             if min_token_id == 1:  # token 0 has p == 0 and comes along
                 min_token_id -= 1
                 expected_size += 1
-            assert size == expected_size
-            assert not cur_p.sorted or cur_p.ids[0] == max_token_id
-            assert not cur_p.sorted or cur_p.ids[expected_size - 1] == min_token_id
+            check_queue_step(cur_p, size, expected_size, max_token_id, min_token_id)
         else:
             expected_size = int(np.ceil((_f32(1.0) - _f32(min_p)) * _f32(n_vocab)))
             expected_size = min(max(expected_size, 1), size)
             min_token_id = int(np.floor(_f32(min_p) * _f32(n_vocab)))
             min_token_id = min(max(min_token_id, 1, n_vocab - size), n_vocab - 1)
-            assert size == expected_size
-            assert not cur_p.sorted or cur_p.ids[0] == max_token_id
-            assert not cur_p.sorted or cur_p.ids[expected_size - 1] == min_token_id
+            check_queue_step(cur_p, size, expected_size, max_token_id, min_token_id)

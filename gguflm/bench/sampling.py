@@ -16,8 +16,12 @@ from collections.abc import Callable
 import numpy as np
 
 from gguflm.sampling import SamplingParams, common_sampler
+from gguflm.samplers import TokenDataArray
 
 GEMMA_VOCAB = 262_144
+# llama.cpp's Gemma 3 270M decode speed on this machine class (SPEC.md's reference table)
+GEMMA_TG_TOKENS_PER_S = 78
+GEMMA_DECODE_US = 1e6 / GEMMA_TG_TOKENS_PER_S
 
 #: llama.cpp's ``llama_token_data`` as a numpy record (id, logit, p)
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -145,24 +149,26 @@ class _RowContext:
         return self.row
 
 
-def _time_per_call(step: Callable[[], object], repeats: int) -> float:
-    """Median microseconds per call over ``repeats`` timed batches of calls."""
+def _median_us(step: Callable[[], object], calls: int,
+               prepare: Callable[[], object] | None = None) -> float:
+    """Median wall time of ``step`` in microseconds over ``calls`` calls, each timed alone;
+    ``prepare`` runs untimed before every call. The median resists other processes' noise."""
     step()  # warm up buffers
-    batch = 20
-    samples = []
-    for _ in range(repeats):
+    times = np.empty(calls)
+    for i in range(calls):
+        if prepare is not None:
+            prepare()
         start = time.perf_counter()
-        for _ in range(batch):
-            step()
-        samples.append((time.perf_counter() - start) / batch * 1e6)
-    return float(np.median(samples))
+        step()
+        times[i] = time.perf_counter() - start
+    return float(np.median(times) * 1e6)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gguflm.bench sampling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n-vocab", type=int, default=GEMMA_VOCAB)
-    parser.add_argument("--repeats", type=int, default=25, help="timed batches of 20 calls")
+    parser.add_argument("--calls", type=int, default=400, help="timed calls per figure")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
 
@@ -172,12 +178,22 @@ def main(argv: list[str]) -> int:
     ctx = _RowContext(row)
 
     chain = common_sampler(params, n_vocab=args.n_vocab)
-    ours = _time_per_call(lambda: chain.sample(ctx, -1), args.repeats)
-    print(f"gguflm   default chain, {args.n_vocab} logits: {ours:8.1f} us/sample")
-    print(f"         chain: {chain!r}")
+    print(f"chain: {chain!r}, {args.n_vocab} logits (standard normal x 3)")
+    ours = _median_us(lambda: chain.sample(ctx, -1), args.calls)
+    print(f"gguflm    sample (copy row, apply, accept):  {ours:8.1f} us "
+          f"= {100 * ours / GEMMA_DECODE_US:.1f}% of a Gemma decode step "
+          f"({GEMMA_DECODE_US / 1000:.1f} ms at {GEMMA_TG_TOKENS_PER_S} tok/s)")
+    cur_p = TokenDataArray.from_logits(row)
+
+    def apply_accept() -> None:
+        chain.apply(cur_p)
+        chain.accept(cur_p.selected_id)
+
+    applied = _median_us(apply_accept, args.calls, lambda: cur_p.load_logits(row))
+    print(f"gguflm    apply + accept (row loaded untimed): {applied:6.1f} us")
     greedy_chain = common_sampler(SamplingParams(seed=args.seed, temp=0.0), n_vocab=args.n_vocab)
-    greedy = _time_per_call(lambda: greedy_chain.sample(ctx, -1), args.repeats)
-    print(f"gguflm   same chain at temp 0:          {greedy:8.1f} us/sample")
+    greedy = _median_us(lambda: greedy_chain.sample(ctx, -1), args.calls)
+    print(f"gguflm    same chain at temp 0:              {greedy:8.1f} us")
 
     try:
         reference = LlamaCppSamplers()
@@ -187,20 +203,23 @@ def main(argv: list[str]) -> int:
     ll_chain = reference.common_chain(params, args.n_vocab)
     candidates = reference.candidates(args.n_vocab)
 
-    def llama_cpp_sample() -> int:
-        candidates.load(row)
+    def llama_cpp_apply_accept() -> None:
         candidates.apply(ll_chain)
-        token = candidates.selected_id()
-        reference.lib.llama_sampler_accept(ll_chain, token)
-        return token
+        reference.lib.llama_sampler_accept(ll_chain, candidates.selected_id())
 
-    theirs = _time_per_call(llama_cpp_sample, args.repeats)
-    print(f"llama.cpp default chain, {args.n_vocab} logits: {theirs:8.1f} us/sample "
-          f"(candidates filled by numpy)")
-    ours_tokens = [common_sampler(params, n_vocab=args.n_vocab).sample(ctx) for _ in range(1)]
+    theirs = _median_us(llama_cpp_apply_accept, args.calls, lambda: candidates.load(row))
+    print(f"llama.cpp apply + accept, same chain:        {theirs:8.1f} us (its candidates filled "
+          f"untimed; llama_sampler_sample fills them in a C++ loop)")
+    mine = common_sampler(params, n_vocab=args.n_vocab)
     fresh = reference.common_chain(params, args.n_vocab)
-    candidates.load(row)
-    candidates.apply(fresh)
-    print(f"first token, seed {args.seed}: gguflm {ours_tokens[0]}, llama.cpp "
-          f"{candidates.selected_id()}")
+    same = 0
+    for step in range(20):
+        step_row = np.random.default_rng(args.seed + step).standard_normal(args.n_vocab)
+        step_row = (step_row * 3.0).astype(np.float32)
+        token = mine.sample(_RowContext(step_row), -1)
+        candidates.load(step_row)
+        candidates.apply(fresh)
+        reference.lib.llama_sampler_accept(fresh, candidates.selected_id())
+        same += token == candidates.selected_id()
+    print(f"seed {args.seed}: the same token as llama.cpp at {same} of 20 steps")
     return 0
