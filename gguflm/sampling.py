@@ -132,7 +132,9 @@ class SamplingParams:
 
     ``samplers`` uses llama.cpp's canonical names (see :data:`DEFAULT_SAMPLERS`; "infill" and
     "adaptive_p" are not provided). ``logit_bias`` maps token -> bias (or lists pairs).
-    Grammar fields are not part of this chain.
+    Grammar fields are not part of this chain. ``dry_penalty_last_n`` defaults to 64 as in current
+    llama.cpp, whose DRY no longer reads "-1 = the whole context" (any negative value now scans
+    nothing).
     """
 
     seed: int = LLAMA_DEFAULT_SEED

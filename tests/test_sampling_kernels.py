@@ -120,6 +120,23 @@ def test_sort_positions_long_row_with_ties():
     np.testing.assert_array_equal(out, reference_order(logits))
 
 
+@pytest.mark.parametrize("requested", ["scalar", "avx2", "bogus"])
+def test_isa_override_caps_the_variant(requested):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GGUFLM_ISA=requested)
+    code = "from gguflm._ext import sampling as k; print(k.DEFAULT_ISA)"
+    chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    best = kernels.available_isas()[-1]
+    if requested in kernels.available_isas():
+        assert chosen == requested
+    else:
+        assert chosen == best
+
+
 def test_kernels_refuse_short_buffers():
     logits = np.zeros(10, dtype=np.float32)
     with pytest.raises(ValueError):

@@ -37,7 +37,7 @@ from gguflm.samplers import (  # noqa: E402
 )
 
 REF = LlamaCppSamplers()
-SETTINGS = settings(max_examples=25, deadline=None)
+SETTINGS = settings(max_examples=40, deadline=None)
 
 sizes = st.sampled_from([1, 2, 3, 7, 40, 300, 1500, 5000])
 seeds = st.integers(0, 2**32 - 2)
@@ -108,10 +108,11 @@ def test_min_p(n, seed, p, min_keep, k):
 
 
 @SETTINGS
-@given(n=sizes, seed=seeds, p=unit, min_keep=min_keeps)
-def test_typical(n, seed, p, min_keep):
-    apply_both([(TopK(200), REF.init("top_k", 200)),
-                (Typical(p, min_keep), REF.init("typical", p, min_keep))], row(n, seed))
+@given(n=sizes, seed=seeds, p=unit, min_keep=min_keeps, k=st.sampled_from([0, 200]))
+def test_typical(n, seed, p, min_keep, k):
+    prefix = [(TopK(k), REF.init("top_k", k))] if k else []
+    apply_both([*prefix, (Typical(p, min_keep), REF.init("typical", p, min_keep))],
+               row(n, seed))
 
 
 @SETTINGS
