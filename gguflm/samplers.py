@@ -61,6 +61,11 @@ _F32 = np.float32
 _MAX_TOKENS = 2**31 - 1
 
 
+def _c_float_math() -> np.errstate:
+    """Float arithmetic as in C: overflow gives inf, 0/0 and inf-inf give NaN, silently."""
+    return np.errstate(all="ignore")
+
+
 class LogitsSource(Protocol):
     """Anything with llama.cpp's ``get_logits_ith``: a row of float32 logits or None."""
 
@@ -527,7 +532,7 @@ class MinP(Sampler):
 
 def _entropy_terms(p: np.ndarray) -> np.ndarray:
     """-p * log(p) in float32 (0 * log 0 is NaN, as in C)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with _c_float_math():
         return -p * np.log(p)
 
 
@@ -552,7 +557,7 @@ class Typical(Sampler):
         cur_p.softmax(do_sort=True)
         p = cur_p.p
         entropy = _sum_f32(_entropy_terms(p))
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with _c_float_math():
             shifted = np.abs(-np.log(p) - entropy)
         order = np.argsort(shifted, kind="stable").astype(np.int32)
         cumulative = np.cumsum(p[order], dtype=_F32)
@@ -570,7 +575,8 @@ def _temperature(cur_p: TokenDataArray, temp: float) -> None:
     if temp <= 0.0:
         kernels.keep_max_only(cur_p.logits)
         return
-    np.divide(cur_p.logits, _F32(temp), out=cur_p.logits)
+    with _c_float_math():
+        np.divide(cur_p.logits, _F32(temp), out=cur_p.logits)
 
 
 class Temp(Sampler):
@@ -602,21 +608,21 @@ class TempExt(Sampler):
             return
         if cur_p.size <= 1:
             return
-        min_temp = max(_F32(0.0), _F32(self.t) - _F32(self.delta))
-        max_temp = _F32(self.t) + _F32(self.delta)
-        max_entropy = -np.log(_F32(1.0) / _F32(cur_p.size))
         cur_p.softmax(do_sort=True)
-        p = cur_p.p
-        entropy = _sum_f32(_entropy_terms(p[p > 0.0]))
-        normalized = entropy / max_entropy
-        dyn_temp = min_temp + (max_temp - min_temp) * np.power(normalized, _F32(self.exponent))
-        _temperature(cur_p, float(dyn_temp))
-        # probabilities again, this time in double
-        logits = cur_p.logits.astype(np.float64)
-        with np.errstate(invalid="ignore"):
+        with _c_float_math():
+            min_temp = max(_F32(0.0), _F32(self.t) - _F32(self.delta))
+            max_temp = _F32(self.t) + _F32(self.delta)
+            max_entropy = -np.log(_F32(1.0) / _F32(cur_p.size))
+            p = cur_p.p
+            entropy = _sum_f32(_entropy_terms(p[p > 0.0]))
+            normalized = entropy / max_entropy
+            dyn_temp = min_temp + (max_temp - min_temp) * np.power(normalized,
+                                                                  _F32(self.exponent))
+            _temperature(cur_p, float(dyn_temp))
+            # probabilities again, this time in double
+            logits = cur_p.logits.astype(np.float64)
             weights = np.exp(logits - logits[0])
-        total = weights.sum()
-        cur_p.p[:] = weights.astype(_F32).astype(np.float64) / total
+            cur_p.p[:] = weights.astype(_F32).astype(np.float64) / weights.sum()
 
 
 class XTC(_Seeded):
@@ -638,8 +644,8 @@ class XTC(_Seeded):
             return
         cur_p.softmax(do_sort=True)
         above = cur_p.p >= self.t
-        pos_last = 0 if not above[0] else (int(np.argmin(above)) - 1 if not above.all()
-                                          else cur_p.size - 1)
+        # the last position of the leading run at or above the threshold (0 if there is none)
+        pos_last = max(int(np.argmin(above)) - 1, 0) if not above.all() else cur_p.size - 1
         if cur_p.size - pos_last >= self.min_keep and pos_last > 0:
             cur_p.drop_front(pos_last)
 
@@ -695,7 +701,7 @@ class _Mirostat(_Seeded):
         else:
             cur_p.selected = 0
         # mu -= eta * (observed surprise - tau), in float
-        with np.errstate(divide="ignore"):
+        with _c_float_math():
             observed = -np.log2(_F32(cur_p.p[cur_p.selected]))
         self.mu = _F32(self.mu - _F32(self.eta) * (observed - _F32(self.tau)))
 
@@ -715,7 +721,7 @@ class Mirostat(_Mirostat):
         # llama.cpp's size_t(m - 1): m <= 0 wraps to "no limit"
         count = min(self.m - 1 if self.m >= 1 else cur_p.size, cur_p.size - 1)
         ranks = np.arange(1, count + 1, dtype=_F32)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with _c_float_math():
             t = np.log((ranks + _F32(1.0)) / ranks)
             b = np.log(cur_p.p[:count] / cur_p.p[1:count + 1])
             s_hat = _sum_f32(t * b) / _sum_f32(t * t)
@@ -736,7 +742,7 @@ class MirostatV2(_Mirostat):
         super().__init__(seed, tau, eta)
 
     def _truncate(self, cur_p: TokenDataArray) -> None:
-        with np.errstate(divide="ignore"):
+        with _c_float_math():
             too_surprising = np.flatnonzero(-np.log2(cur_p.p) > self.mu)
         cur_p.size = max(int(too_surprising[0]) if len(too_surprising) else cur_p.size, 1)
 
@@ -817,9 +823,10 @@ class Penalties(Sampler):
             positions, counts = positions[found], counts[found]
             logits = cur_p.logits
             penalised = logits[positions]
-            penalised = np.where(penalised <= 0, penalised * _F32(self.repeat),
-                                 penalised / _F32(self.repeat))
-            penalised -= counts * _F32(self.freq) + _F32(self.present)
+            with _c_float_math():
+                penalised = np.where(penalised <= 0, penalised * _F32(self.repeat),
+                                     penalised / _F32(self.repeat))
+                penalised -= counts * _F32(self.freq) + _F32(self.present)
             logits[positions] = penalised
         cur_p.sorted = False
 
@@ -970,9 +977,10 @@ class DRY(Sampler):
             max_exponent = int(_FLOAT_MAX_LOG / np.log(_F32(self.base)))
             if max_exponent > 0:
                 exponent = np.minimum(exponent, max_exponent)
-        penalty = (self.multiplier * np.power(float(self.base), exponent.astype(np.float64)))
-        logits = cur_p.logits
-        logits[positions] -= penalty.astype(_F32)
+        with _c_float_math():
+            penalty = self.multiplier * np.power(float(self.base), exponent.astype(np.float64))
+            logits = cur_p.logits
+            logits[positions] -= penalty.astype(_F32)
 
 
 def _token_text(vocab: Any, token: int) -> bytes:
@@ -1007,7 +1015,8 @@ class LogitBias(Sampler):
         logits, tokens = cur_p.logits, self._tokens
         # candidates still at their own index take the bias directly
         direct = cur_p.at_own_index(tokens)
-        np.add.at(logits, tokens[direct], self._values[direct])
+        with _c_float_math():
+            np.add.at(logits, tokens[direct], self._values[direct])
         if direct.all():
             return
         # the rest are searched for; a token listed twice takes its first bias
@@ -1015,4 +1024,5 @@ class LogitBias(Sampler):
         values = self._values[~direct][first]
         positions = cur_p.positions_of(search)
         found = positions >= 0
-        logits[positions[found]] += values[found]
+        with _c_float_math():
+            logits[positions[found]] += values[found]

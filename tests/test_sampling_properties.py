@@ -94,7 +94,9 @@ def test_top_p_keeps_the_shortest_prefix_reaching_p(logits, p, min_keep):
     assert cur_p.sorted and np.all(np.diff(cur_p.logits) <= 0)
     full = np.exp(logits.astype(np.float64) - logits.max())
     full /= full.sum()
-    np.testing.assert_allclose(np.sort(kept)[::-1], np.sort(full)[::-1][:cur_p.size], atol=1e-5)
+    # llama.cpp's softmax sums in float: the error grows with the row's length
+    np.testing.assert_allclose(np.sort(kept)[::-1], np.sort(full)[::-1][:cur_p.size],
+                               rtol=1e-6 + 6e-8 * len(logits), atol=1e-7)
     if cur_p.size < len(logits):  # reached p with enough candidates ...
         assert cumulative[-1] >= np.float32(p) and cur_p.size >= min_keep
     if cur_p.size > max(min_keep, 1):  # ... and one fewer would not have

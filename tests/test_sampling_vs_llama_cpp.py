@@ -2,8 +2,8 @@
 
 Random rows go through our sampler and through llama.cpp's on the same candidates; the results
 must agree: size, ids in order, logits, probabilities, selected index and sorted flag. Seeded
-samplers must draw the same tokens step after step. Logits are continuous random numbers, so
-ties (whose order llama.cpp leaves unspecified) do not occur.
+samplers must draw the same tokens step after step. The random logits hold no ties, whose order
+llama.cpp leaves unspecified.
 """
 
 from __future__ import annotations
@@ -46,7 +46,14 @@ min_keeps = st.integers(0, 5)
 
 
 def row(n: int, seed: int, scale: float = 3.0) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(n) * scale).astype(np.float32)
+    """Normal logits without ties (llama.cpp leaves the order of equal logits unspecified)."""
+    logits = (np.random.default_rng(seed).standard_normal(n) * scale).astype(np.float32)
+    while True:
+        _, first = np.unique(logits, return_index=True)
+        if len(first) == n:
+            return logits
+        repeats = np.setdiff1d(np.arange(n), first)
+        logits[repeats] = np.nextafter(logits[repeats], np.float32(np.inf))
 
 
 def load(logits: np.ndarray, with_p: bool):
