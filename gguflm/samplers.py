@@ -234,9 +234,13 @@ class TokenDataArray:
         k = kernels.top_k_positions(self.logits, k, self._positions, self._scratch_words())
         return self._positions[:k]
 
-    def sorted_positions(self) -> np.ndarray:
-        """Positions of all candidates, best first (stable); a view like :meth:`best_positions`."""
-        kernels.sort_positions(self.logits, self._positions, self._scratch_words())
+    def sorted_positions(self, keys: np.ndarray | None = None) -> np.ndarray:
+        """Positions of all candidates by descending ``keys`` (default: the logits), ties in
+        position order, NaN last; a view like :meth:`best_positions`."""
+        keys = self.logits if keys is None else np.ascontiguousarray(keys, dtype=_F32)
+        if len(keys) != self._size:
+            raise ValueError(f"{len(keys)} keys for {self._size} candidates")
+        kernels.sort_positions(keys, self._positions, self._scratch_words())
         return self._positions[:self._size]
 
     def keep_positions(self, positions: np.ndarray) -> None:
@@ -559,7 +563,7 @@ class Typical(Sampler):
         entropy = _sum_f32(_entropy_terms(p))
         with _c_float_math():
             shifted = np.abs(-np.log(p) - entropy)
-        order = np.argsort(shifted, kind="stable").astype(np.int32)
+        order = cur_p.sorted_positions(-shifted)  # ascending shifted score, stable
         cumulative = np.cumsum(p[order], dtype=_F32)
         enough = np.arange(len(order)) >= self.min_keep - 1 if self.min_keep else True
         over = np.flatnonzero((cumulative > self.p) & enough)
