@@ -15,3 +15,7 @@ class ModelLoadError(Error):
 
 class LoadCancelled(ModelLoadError):
     """The progress callback returned False; everything opened for the load was released."""
+
+
+class StateError(Error):
+    """A saved context state is malformed or does not fit this context."""
