@@ -23,7 +23,7 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError
-from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch
+from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.model import Model
 from gguflm.threads import resolve_n_threads
@@ -130,6 +130,11 @@ class Context:
     def rope_config(self, il: int) -> RopeConfig:
         hp = self.model.hparams
         swa = hp.is_swa(il)
+        # frequency factors: Llama 3.1's, or Phi 3's long/short set chosen by the context size
+        tensors = self.model.tensors
+        factors = tensors.get("rope_freqs.weight") or (
+            tensors.get("rope_factors_long.weight") if self.n_ctx // self.n_seq_max > hp.n_ctx_orig_yarn
+            else tensors.get("rope_factors_short.weight"))
         return RopeConfig(
             freq_base=hp.rope_freq_base_train_swa if swa else self.rope_freq_base,
             freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope_freq_scale,
@@ -138,6 +143,7 @@ class Context:
             beta_fast=hp.yarn_beta_fast,
             beta_slow=hp.yarn_beta_slow,
             n_ctx_orig=hp.n_ctx_orig_yarn or hp.n_ctx_train,
+            freq_factors=None if factors is None else factors.data,
         )
 
     def cache_for_layer(self, il: int) -> tuple[int, KVCache]:
@@ -322,8 +328,6 @@ class Context:
 
     def _apply_shifts(self) -> None:
         """Re-rotate cached K rows whose positions seq_add/seq_div moved (llama.cpp's K-shift)."""
-        from gguflm._ext import ops
-
         hp = self.model.hparams
         for cache in self._caches:
             cells = np.flatnonzero(cache.shift != 0)
@@ -335,13 +339,7 @@ class Context:
                 rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
                     else self._dequantize_rows(store, cells)
                 rows = np.ascontiguousarray(rows)
-                rc = self.rope_config(il)
-                freq_factors = self.model.tensors.get("rope_freqs.weight")
-                ops.rope(rows, delta, hp.n_head_kv[il], hp.n_embd_head_k, hp.n_rot,
-                         hp.rope_type.value == "neox", rc.freq_base, rc.freq_scale, rc.ext_factor,
-                         rc.attn_factor, rc.beta_fast, rc.beta_slow, rc.n_ctx_orig,
-                         None if freq_factors is None else freq_factors.data,
-                         n_threads=self.n_threads_batch)
+                apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
                 store.write(cells, rows)
             cache.shift[cells] = 0
 

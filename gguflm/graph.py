@@ -82,6 +82,15 @@ class RopeConfig:
     beta_fast: float
     beta_slow: float
     n_ctx_orig: int
+    freq_factors: np.ndarray | None    # per-pair divisors of theta (Llama 3.1, Phi 3 long/short)
+
+
+def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeConfig,
+               n_threads: int) -> None:
+    """Rotate the heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row)."""
+    ops.rope(x, pos, n_head, hp.n_embd_head_k, hp.n_rot, hp.rope_type is RopeType.NEOX,
+             rc.freq_base, rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
+             rc.n_ctx_orig, rc.freq_factors, n_threads)
 
 
 class Graph:
@@ -131,9 +140,12 @@ class Graph:
                      out, self._threads_for(x.shape[0]))
         return out
 
-    def rms_norm_heads(self, x: np.ndarray, w: Weight, head_dim: int) -> np.ndarray:
-        """RMS norm of every head's slice of every row (Gemma 3 / Qwen 3 QK-norm), in place."""
-        rows = x.reshape(-1, head_dim)
+    def rms_norm_heads(self, x: np.ndarray, w: Weight | None) -> np.ndarray:
+        """RMS norm of every head's slice of every row, in place (Gemma 3 / Qwen 3 QK-norm);
+        nothing when the model has no such norm (``w`` is None)."""
+        if w is None:
+            return x
+        rows = x.reshape(-1, w.shape[0])
         ops.rms_norm(rows, w.data, self.hparams.f_norm_rms_eps, rows, self._threads_for(x.shape[0]))
         return x
 
@@ -181,6 +193,18 @@ class Graph:
             outs.append(out)
         return tuple(outs)
 
+    def split(self, x: np.ndarray, *widths: int) -> tuple[np.ndarray, ...]:
+        """Cut the columns of x into contiguous pieces of the given widths (fused projections)."""
+        if sum(widths) != x.shape[1]:
+            raise ValueError(f"widths {widths} do not add up to {x.shape[1]} columns")
+        outs, start = [], 0
+        for width in widths:
+            out = self.new(x.shape[0], width)
+            out[:] = x[:, start:start + width]
+            outs.append(out)
+            start += width
+        return tuple(outs)
+
     def linear(self, x: np.ndarray, w: Weight, b: Weight | None = None) -> np.ndarray:
         return self.add_bias(self.project(x, w)[0], b)
 
@@ -194,12 +218,7 @@ class Graph:
         hp = self.hparams
         if hp.rope_type is RopeType.NONE:
             return x
-        rc = self.rope_config(il)
-        freq_factors = self.model.tensors.get("rope_freqs.weight")
-        ops.rope(x, self.ub.pos, n_head, hp.n_embd_head_k, hp.n_rot, hp.rope_type is RopeType.NEOX,
-                 rc.freq_base, rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
-                 rc.n_ctx_orig, None if freq_factors is None else freq_factors.data,
-                 self._threads_for(x.shape[0]))
+        apply_rope(x, self.ub.pos, n_head, hp, self.rope_config(il), self._threads_for(x.shape[0]))
         return x
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,

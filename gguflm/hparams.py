@@ -228,6 +228,7 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
         rope_scale = kv.get_float("{arch}.rope.scale_linear", 0.0)
     scaling_type = kv.get_str("{arch}.rope.scaling.type", "linear" if rope_scale else "none")
     n_ctx_train = kv.get_int("{arch}.context_length")
+    freq_base = kv.get_float("{arch}.rope.freq_base", 10000.0)
     return HParams(
         arch=kv.arch,
         n_vocab=n_vocab,
@@ -243,8 +244,11 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
         f_norm_rms_eps=kv.get_float("{arch}.attention.layer_norm_rms_epsilon", 0.0),
         f_norm_eps=kv.get_float("{arch}.attention.layer_norm_epsilon", 0.0),
         rope_type=rope_type,
-        rope_freq_base_train=kv.get_float("{arch}.rope.freq_base", 10000.0),
+        rope_freq_base_train=freq_base,
         rope_freq_scale_train=1.0 / rope_scale if rope_scale else 1.0,
+        # sliding-window layers use the global RoPE unless an architecture says otherwise
+        rope_freq_base_train_swa=freq_base,
+        rope_freq_scale_train_swa=1.0 / rope_scale if rope_scale else 1.0,
         rope_scaling_type=scaling_type,
         n_ctx_orig_yarn=kv.get_int("{arch}.rope.scaling.original_context_length", n_ctx_train),
         yarn_ext_factor=-1.0,

@@ -11,7 +11,7 @@ import importlib
 
 from gguflm.models.base import REGISTRY, Architecture, TensorSpec, UnknownArchitectureError
 
-_MODULES = ("llama", "gemma3")
+_MODULES = ("llama", "gemma2", "gemma3", "qwen2", "qwen3", "phi3")
 
 
 def get_architecture(name: str) -> type[Architecture]:

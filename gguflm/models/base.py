@@ -46,6 +46,10 @@ class Architecture:
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         """The common keys; architectures override to add their own."""
+        return cls.read_common(kv, n_vocab)
+
+    @classmethod
+    def read_common(cls, kv: HParamReader, n_vocab: int) -> HParams:
         return read_common_hparams(kv, n_vocab, cls.rope_type)
 
     # -- forward pass

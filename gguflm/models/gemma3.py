@@ -1,24 +1,21 @@
-"""Gemma 3: scaled embeddings, QK-norm, post-attention and post-FFN norms, GELU-gated FFN,
-sliding-window layers with their own RoPE base (every 6th layer global)."""
+"""Gemma 3: Gemma 2's block with per-head Q/K norms and no soft-capping; five sliding-window
+layers with their own RoPE base to every global layer."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, swa_pattern
-from gguflm.models.base import Architecture, TensorSpec
+from gguflm.hparams import HParamReader, HParams, swa_pattern
+from gguflm.models.base import TensorSpec
+from gguflm.models.gemma2 import Gemma2
 
 
-class Gemma3(Architecture):
+class Gemma3(Gemma2):
     name = "gemma3"
-    rope_type = RopeType.NEOX
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        hp = super().read_hparams(kv, n_vocab)
+        hp = cls.read_common(kv, n_vocab)
         period = kv.get_int("{arch}.attention.sliding_window_pattern", 6)
         # the 27B model (62 layers) scales queries by 1/sqrt(n_embd / n_head), the others by
         # 1/sqrt(head_dim)
@@ -34,41 +31,11 @@ class Gemma3(Architecture):
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
-        specs = cls.output_specs(hp)
-        for il in range(hp.n_layer):
-            blk = f"blk.{il}"
-            specs.append(TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il)
-            specs += [
-                TensorSpec(f"{blk}.attn_q_norm.weight", (hp.n_embd_head_k,)),
-                TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd_head_k,)),
-                TensorSpec(f"{blk}.post_attention_norm.weight", (hp.n_embd,)),
-                TensorSpec(f"{blk}.ffn_norm.weight", (hp.n_embd,)),
-            ]
-            specs += cls.ffn_specs(hp, il)
-            specs.append(TensorSpec(f"{blk}.post_ffw_norm.weight", (hp.n_embd,)))
+        specs = []
+        for spec in super().tensor_specs(hp):
+            specs.append(spec)
+            if spec.name.endswith(".attn_output.weight"):
+                blk = spec.name.rsplit(".", 2)[0]
+                specs += [TensorSpec(f"{blk}.attn_q_norm.weight", (hp.n_embd_head_k,)),
+                          TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd_head_k,))]
         return specs
-
-    def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
-        hp, m = g.hparams, g.model
-        dk = hp.n_embd_head_k
-        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
-        for il, L in g.layers():
-            # self-attention with normed queries and keys
-            cur = g.rms_norm(x, L.attn_norm)
-            q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
-            g.rope(g.rms_norm_heads(q, L.attn_q_norm, dk), il, hp.n_head[il])
-            g.rope(g.rms_norm_heads(k, L.attn_k_norm, dk), il, hp.n_head_kv[il])
-            g.scale(q, hp.f_attention_scale)
-            cur = g.attention(il, q, k, v, 1.0)                               # [n_tokens, n_head * head_dim]
-            (cur,) = g.project(cur, L.attn_output)                            # [n_tokens, n_embd]
-            if il == hp.n_layer - 1:
-                x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
-            x = g.add(g.rms_norm(cur, L.post_attention_norm), x)
-            # feed-forward, GELU-gated, normed after as well as before
-            cur = g.rms_norm(x, L.ffn_norm)
-            gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                   # [n, n_ff]
-            (cur,) = g.project(g.geglu(gate, up), L.ffn_down)                 # [n, n_embd]
-            x = g.add(g.rms_norm(cur, L.post_ffw_norm), x)
-        x = g.rms_norm(x, m.tensors["output_norm.weight"])
-        return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]

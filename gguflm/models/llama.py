@@ -1,4 +1,7 @@
-"""Llama (Llama 2/3, Mistral, SmolLM, TinyLlama): RMSNorm, RoPE (adjacent pairs), GQA, SwiGLU."""
+"""Llama (Llama 2/3, Mistral, SmolLM, TinyLlama): RMSNorm, RoPE (adjacent pairs), GQA, SwiGLU.
+
+Its forward pass also serves the architectures built on the same block (Qwen 2's Q/K/V biases,
+Qwen 3's per-head Q/K norms run when their tensors are present)."""
 
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ class Llama(Architecture):
             q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
             for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
                 g.add_bias(t, bias)
-            g.rope(q, il, hp.n_head[il])
-            g.rope(k, il, hp.n_head_kv[il])
+            g.rope(g.rms_norm_heads(q, L.attn_q_norm), il, hp.n_head[il])
+            g.rope(g.rms_norm_heads(k, L.attn_k_norm), il, hp.n_head_kv[il])
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
             cur = g.linear(cur, L.attn_output, L.attn_output_bias)            # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
