@@ -123,10 +123,17 @@ _INTEGER_RANGES: dict[GGUFValueType, tuple[int, int]] = {
     if _SCALAR_DTYPES[t].kind in "iu"
 }
 
-# numpy dtype (any byte order) -> value type, for arrays handed to the writer
-VALUE_TYPE_OF_DTYPE: dict[np.dtype, GGUFValueType] = {
+_VALUE_TYPE_OF_DTYPE: dict[np.dtype, GGUFValueType] = {
     dt.newbyteorder("="): t for t, dt in _SCALAR_DTYPES.items()
 }
+
+
+def value_type_of_dtype(dtype: np.dtype) -> GGUFValueType:
+    """The value type whose elements a numpy array of ``dtype`` holds (TypeError if none)."""
+    try:
+        return _VALUE_TYPE_OF_DTYPE[np.dtype(dtype).newbyteorder("=")]
+    except KeyError:
+        raise TypeError(f"no GGUF value type for numpy dtype {dtype}") from None
 
 # numpy dtype of one element of the ggml types stored one element per block (BF16 as raw uint16)
 TENSOR_DTYPES: dict[GGMLType, np.dtype] = {
@@ -149,7 +156,7 @@ _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gg
 
 
 def split_path(prefix: Path, index: int, count: int) -> Path:
-    """Path of part ``index`` (0-based) of ``count``: ``{prefix}-{index+1:05d}-of-{count:05d}.gguf``."""
+    """Path of part ``index`` (0-based) of ``count``, e.g. ``model-00002-of-00003.gguf``."""
     return prefix.with_name(f"{prefix.name}-{index + 1:05d}-of-{count:05d}.gguf")
 
 

@@ -92,7 +92,6 @@ class _Part:
     path: Path
     version: int
     alignment: int
-    data_offset: int
     metadata: dict[str, Any]
     value_types: dict[str, GGUFValueType]
     array_types: dict[str, GGUFValueType]
@@ -128,7 +127,9 @@ class _Parser:
         if max_bytes is not None and length > max_bytes:
             raise self.fail(offset, f"{what} of at most {max_bytes} bytes", f"{length} bytes")
         start = offset + U64.size
-        self.need(start, length, f"{what} of {length} bytes")
+        if length > self.size - start:
+            raise self.fail(offset, f"{what} of {length} bytes",
+                            f"end of file ({self.size - start} bytes left)")
         return str(self.buf[start : start + length], "utf-8", "surrogateescape"), start + length
 
     def value_type(self, offset: int, what: str) -> GGUFValueType:
@@ -140,18 +141,16 @@ class _Parser:
 
     # -- metadata values
 
-    def value(self, offset: int, vtype: GGUFValueType, what: str, depth: int = 0) -> tuple[Any, int]:
+    def scalar(self, offset: int, vtype: GGUFValueType, what: str) -> tuple[Any, int]:
         if vtype is GGUFValueType.STRING:
             return self.string(offset, what)
-        if vtype is GGUFValueType.ARRAY:
-            value, _, end = self.array(offset, what, depth)
-            return value, end
         fmt = _SCALAR_STRUCTS[vtype]
         return self.unpack(fmt, offset, f"{what} ({vtype.name})"), offset + fmt.size
 
     def array(self, offset: int, what: str, depth: int) -> tuple[Any, GGUFValueType, int]:
         if depth >= MAX_ARRAY_DEPTH:
-            raise self.fail(offset, f"arrays nested at most {MAX_ARRAY_DEPTH} deep", "deeper nesting")
+            raise self.fail(offset, f"arrays nested at most {MAX_ARRAY_DEPTH} deep",
+                            "deeper nesting")
         etype = self.value_type(offset, f"element type of {what}")
         count = self.unpack(U64, offset + U32.size, f"element count of {what}")
         start = offset + U32.size + U64.size
@@ -212,7 +211,7 @@ class _Parser:
             if vtype is GGUFValueType.ARRAY:
                 value, array_types[key], offset = self.array(offset, repr(key), 0)
             else:
-                value, offset = self.value(offset, vtype, f"value of {key!r}")
+                value, offset = self.scalar(offset, vtype, f"value of {key!r}")
             metadata[key], value_types[key], key_offsets[key] = value, vtype, key_offset
 
         alignment = DEFAULT_ALIGNMENT
@@ -231,8 +230,7 @@ class _Parser:
             raise self.fail(offset, f"padding to the data section at byte {data_offset}",
                             f"end of file at byte {self.size}")
         tensors = self.bind_tensors(infos, data_offset, alignment)
-        return _Part(self.path, version, alignment, data_offset, metadata, value_types,
-                     array_types, tensors)
+        return _Part(self.path, version, alignment, metadata, value_types, array_types, tensors)
 
     def check_version(self, version: int) -> None:
         if version == 0:
@@ -299,12 +297,13 @@ class _Parser:
         for name, ggml_type, shape, n_elements, offset, stored_at in infos:
             nbytes = n_elements // ggml_type.block_size * ggml_type.type_size
             if offset % alignment:
-                raise self.fail(stored_at, f"data offset of {name!r} a multiple of {alignment}",
-                                str(offset))
+                raise self.fail(stored_at, f"a data offset for {name!r} that is a multiple of "
+                                f"{alignment}", str(offset))
             start = data_offset + offset
             if offset > self.size or nbytes > self.size - start:
                 raise self.fail(
-                    stored_at, f"the {nbytes} bytes of {name!r} inside the file ({self.size} bytes)",
+                    stored_at,
+                    f"the {nbytes} bytes of {name!r} inside the file ({self.size} bytes)",
                     f"data at bytes {start}..{start + nbytes}")
             raw = self.base[start : start + nbytes]
             if ggml_type in TENSOR_DTYPES:

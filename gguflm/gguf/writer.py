@@ -34,10 +34,10 @@ from gguflm.gguf.constants import (
     TENSOR_TYPE_OF_DTYPE,
     U32,
     U64,
-    VALUE_TYPE_OF_DTYPE,
     GGUFValueType,
     align_up,
     split_path,
+    value_type_of_dtype,
 )
 
 _T = GGUFValueType
@@ -58,14 +58,18 @@ def _encode_str(text: str | bytes | bytearray) -> bytes:
     return U64.pack(len(raw)) + raw
 
 
+def _entry(key: str, vtype: GGUFValueType, encoded_value: bytes) -> bytes:
+    return _encode_str(key) + U32.pack(vtype) + encoded_value
+
+
 def _infer_scalar_type(value: Any) -> GGUFValueType:
-    """gguf-py's choices: bool → BOOL, int → INT32 (wider when it does not fit), float → FLOAT32."""
+    """As gguf-py: bool → BOOL, int → INT32 (wider if it does not fit), float → FLOAT32."""
     if isinstance(value, (bool, np.bool_)):
         return _T.BOOL
     if isinstance(value, (str, bytes, bytearray)):
         return _T.STRING
     if isinstance(value, (np.integer, np.floating)):
-        return _value_type_of_dtype(value.dtype)
+        return value_type_of_dtype(value.dtype)
     if isinstance(value, numbers.Integral):
         return _smallest_int_type([int(value)])
     if isinstance(value, numbers.Real):
@@ -84,16 +88,9 @@ def _smallest_int_type(values: Sequence[int]) -> GGUFValueType:
     raise ValueError(f"integer {lo if lo < 0 else hi} does not fit any GGUF integer type")
 
 
-def _value_type_of_dtype(dtype: np.dtype) -> GGUFValueType:
-    try:
-        return VALUE_TYPE_OF_DTYPE[dtype.newbyteorder("=")]
-    except KeyError:
-        raise TypeError(f"no GGUF value type for numpy dtype {dtype}") from None
-
-
 def _infer_element_type(items: Any) -> GGUFValueType:
     if isinstance(items, np.ndarray):
-        return _value_type_of_dtype(items.dtype)
+        return value_type_of_dtype(items.dtype)
     if not len(items):
         return _T.STRING  # an empty list reads back as [] either way
     kinds = {_infer_scalar_type(item) for item in items}
@@ -136,9 +133,14 @@ def _encode_numbers(values: Any, vtype: GGUFValueType) -> bytes:
     elif arr.dtype.kind not in "iuf" and not all(
             isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in arr):
         raise TypeError(f"{vtype.name} values must be numbers")
-    out = arr.astype(vtype.dtype)
-    if vtype is _T.FLOAT32 and np.isinf(out).any() and np.isfinite(arr.astype(np.float64)).all():
-        raise ValueError("value too large for FLOAT32")
+    try:
+        with np.errstate(over="ignore"):  # reported below
+            out = arr.astype(vtype.dtype)
+        overflow = vtype.is_float and np.isinf(out).any() and np.isfinite(arr.astype(float)).all()
+    except OverflowError:  # a Python int beyond any float
+        overflow = True
+    if overflow:
+        raise ValueError(f"value too large for {vtype.name}")
     return out.tobytes()
 
 
@@ -178,7 +180,7 @@ class GGUFWriter:
                  alignment: int = DEFAULT_ALIGNMENT) -> None:
         self.path = Path(path)
         self.alignment = DEFAULT_ALIGNMENT
-        self._kv: dict[str, bytes] = {}  # key -> value type tag + encoded value
+        self._kv: dict[str, bytes] = {}  # key -> the entry as written: key, type tag, value
         self._tensors: dict[str, _PendingTensor] = {}
         if arch is not None:
             self.add(KEY_ARCHITECTURE, arch)
@@ -218,9 +220,10 @@ class GGUFWriter:
                 encoded = _encode_array(value, array_type)
             else:
                 encoded = _encode_scalar(value, vtype)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"metadata {key!r}: {exc}") from None
-        self._kv[key] = U32.pack(vtype) + encoded
+            self._kv[key] = _entry(key, vtype, encoded)
+        except (TypeError, ValueError) as exc:  # incl. UnicodeEncodeError for lone surrogates
+            error = TypeError if isinstance(exc, TypeError) else ValueError
+            raise error(f"metadata {key!r}: {exc}") from None
 
     def _set_alignment(self, value: Any, vtype: GGUFValueType) -> None:
         if vtype is not _T.UINT32:
@@ -246,51 +249,54 @@ class GGUFWriter:
         type
             The ggml type; inferred from the dtype for the plain types.
         shape
-            ggml-order shape (``ne[0]``, the row length, first). Default: the reversed numpy
-            shape, or for uint8 blocks ``(row elements, *reversed(data.shape[:-1]))``.
+            ggml-order shape (``ne[0]``, the row length, first), 1 to 4 dimensions as ggml writes
+            them. Default: the reversed numpy shape, or for uint8 blocks
+            ``(row elements, *reversed(data.shape[:-1]))``.
         """
         data = np.asarray(data)
         if type is None:
             type = TENSOR_TYPE_OF_DTYPE.get(data.dtype.newbyteorder("="))
             if type is None:
-                raise TypeError(f"tensor {name!r}: cannot infer a ggml type from dtype {data.dtype};"
-                                " pass type=")
+                raise TypeError(f"tensor {name!r}: cannot infer a ggml type from dtype "
+                                f"{data.dtype}; pass type=")
         ggml_type = GGMLType(type)
         self._check_tensor_name(name)
         raw_bytes = data.dtype == np.uint8
+        if not raw_bytes:
+            dtype = TENSOR_DTYPES.get(ggml_type)
+            if dtype is None:
+                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be raw uint8 "
+                                f"blocks, got {data.dtype}")
+            if data.dtype.newbyteorder("<") != dtype:
+                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be {dtype}, "
+                                f"got {data.dtype}")
+            data = data.astype(dtype, copy=False)  # little-endian
         if shape is None:
             shape = self._default_shape(name, data, ggml_type, raw_bytes)
         shape = tuple(int(d) for d in shape)
-        if len(shape) > MAX_DIMS or any(d < 1 for d in shape):
-            raise ValueError(f"tensor {name!r}: shape {shape} needs 0..{MAX_DIMS} dimensions >= 1")
-        row = shape[0] if shape else 1
-        if row % ggml_type.block_size:
-            raise ValueError(f"tensor {name!r}: row of {row} elements is not a multiple of "
+        if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape):
+            raise ValueError(f"tensor {name!r}: shape {shape} needs 1..{MAX_DIMS} dimensions >= 1")
+        if shape[0] % ggml_type.block_size:
+            raise ValueError(f"tensor {name!r}: row of {shape[0]} elements is not a multiple of "
                              f"{ggml_type.name}'s block size {ggml_type.block_size}")
-        n_elements = int(np.prod(shape, dtype=object)) if shape else 1
+        n_elements = int(np.prod(shape, dtype=object))
         nbytes = n_elements // ggml_type.block_size * ggml_type.type_size
-        if raw_bytes or ggml_type not in TENSOR_DTYPES:
-            if data.dtype != np.uint8:
-                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be raw uint8 blocks, "
-                                f"got {data.dtype}")
-            if data.nbytes != nbytes:
-                raise ValueError(f"tensor {name!r}: {ggml_type.name} of shape {shape} needs "
-                                 f"{nbytes} bytes, got {data.nbytes}")
-        else:
-            dtype = TENSOR_DTYPES[ggml_type]
-            if data.dtype.newbyteorder("<") != dtype.newbyteorder("<"):
-                raise TypeError(f"tensor {name!r}: {ggml_type.name} data must be {dtype}, "
-                                f"got {data.dtype}")
-            if data.size != n_elements:
-                raise ValueError(f"tensor {name!r}: shape {shape} has {n_elements} elements, "
-                                 f"data has {data.size}")
-            data = data.astype(dtype, copy=False)  # little-endian
+        if raw_bytes and data.nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {ggml_type.name} of shape {shape} needs "
+                             f"{nbytes} bytes, got {data.nbytes}")
+        if not raw_bytes and data.size != n_elements:
+            raise ValueError(f"tensor {name!r}: shape {shape} has {n_elements} elements, "
+                             f"data has {data.size}")
         self._tensors[name] = _PendingTensor(name, ggml_type, shape, nbytes, data)
 
     def _check_tensor_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a tensor name must be a non-empty str, got {name!r}")
-        if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        try:
+            encoded = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"tensor name {name!r} cannot be encoded: {exc}") from None
+        if len(encoded) > MAX_NAME_BYTES:
             raise ValueError(f"tensor name {name!r} is longer than {MAX_NAME_BYTES} bytes")
         if name in self._tensors:
             raise ValueError(f"tensor {name!r} was already added")
@@ -298,7 +304,7 @@ class GGUFWriter:
     @staticmethod
     def _default_shape(name: str, data: np.ndarray, ggml_type: GGMLType,
                        raw_bytes: bool) -> tuple[int, ...]:
-        if not raw_bytes and ggml_type in TENSOR_DTYPES:
+        if not raw_bytes:
             return data.shape[::-1]
         if data.ndim == 0 or data.shape[-1] % ggml_type.type_size:
             raise ValueError(f"tensor {name!r}: pass shape= for {ggml_type.name} bytes of "
@@ -366,10 +372,10 @@ class GGUFWriter:
             kv = dict(self._kv) if i == 0 else {}
             if i and KEY_ALIGNMENT in self._kv:
                 kv[KEY_ALIGNMENT] = self._kv[KEY_ALIGNMENT]
-            kv[KEY_SPLIT_NO] = U32.pack(_T.UINT16) + _encode_numbers([i], _T.UINT16)
-            kv[KEY_SPLIT_COUNT] = U32.pack(_T.UINT16) + _encode_numbers([count], _T.UINT16)
-            kv[KEY_SPLIT_TENSORS_COUNT] = U32.pack(_T.INT32) + _encode_numbers(
-                [len(self._tensors)], _T.INT32)
+            for key, vtype, value in ((KEY_SPLIT_NO, _T.UINT16, i),
+                                      (KEY_SPLIT_COUNT, _T.UINT16, count),
+                                      (KEY_SPLIT_TENSORS_COUNT, _T.INT32, len(self._tensors))):
+                kv[key] = _entry(key, vtype, _encode_numbers([value], vtype))
             plan.append((split_path(prefix, i, count), kv, tensors))
         return plan
 
@@ -382,8 +388,7 @@ class GGUFWriter:
             infos += U32.pack(t.type) + U64.pack(offset)
             offset += align_up(t.nbytes, self.alignment)
         head = bytearray(HEADER.pack(GGUF_MAGIC, GGUF_VERSION, len(tensors), len(kv)))
-        for key, encoded in kv.items():
-            head += _encode_str(key) + encoded
+        head += b"".join(kv.values())
         head += infos
         if tensors:  # a metadata-only file ends here, as gguf-py's vocab-only files do
             head += bytes(align_up(len(head), self.alignment) - len(head))
