@@ -856,6 +856,11 @@ cdef class TokenTable:
     def __dealloc__(self):
         strmap_free(&self.map)
 
+    @property
+    def n_distinct(self) -> int:
+        """How many different texts the table holds (fewer than n_tokens: duplicates)."""
+        return self.map.n
+
     def get(self, const uint8_t[::1] text, default=None):
         cdef int32_t v
         if text.shape[0] == 0:
@@ -1002,6 +1007,22 @@ def gpt2_byte_to_text(uint8_t b) -> bytes:
     return (<char *>enc)[:w]
 
 
+cdef int gpt2_decode(const uint8_t *p, size_t n, ByteVec *out) except -2:
+    """Append the raw bytes behind byte-level BPE text; -1 (nothing appended) when a code point
+    is outside the byte map."""
+    cdef size_t pos = 0, start = out.n
+    cdef uint32_t c
+    bvec_reserve(out, out.n + n)
+    while pos < n:
+        c = utf8_next(p, n, &pos)
+        if c >= 0x144 or GPT2_CPT_BYTE[c] < 0:
+            out.n = start
+            return -1
+        out.data[out.n] = <uint8_t>GPT2_CPT_BYTE[c]
+        out.n += 1
+    return 0
+
+
 def gpt2_text_to_bytes(const uint8_t[::1] text, bint strict):
     """Raw bytes behind a byte-level BPE token text. A code point outside the byte map gives None
     when ``strict``, else llama.cpp's marker ``[UNK_BYTE_0x<utf8 hex><text>]`` in its place."""
@@ -1035,52 +1056,95 @@ cdef class BpeEngine:
     cdef Symbols sy
     cdef Heap heap
 
-    def __cinit__(self, list symbol_texts, int32_t n_tokens, list merges, list fallback,
-                  list steps, bint byte_encode, bint ignore_merges, bint whole_newlines,
-                  bint escape_spaces):
-        """symbol_texts: token texts in the space merges work in (raw bytes for byte-level BPE;
-        None for tokens that can never be produced); merges: (left, right) text pairs by rank;
-        fallback: per byte, the token ids a leftover byte becomes."""
+    def __cinit__(self, list tokens, list merges, list fallback, list steps, bint byte_encode,
+                  bint ignore_merges, bint whole_newlines, bint escape_spaces):
+        """tokens: token texts as in the file; merges: merge lines "left right" in rank order;
+        fallback: per byte, the token ids a leftover byte becomes. With ``byte_encode`` merges
+        work on raw bytes (texts go through the GPT-2 byte map), else on UTF-8 characters."""
         cdef int inserted
-        cdef int32_t i, a, b, m
-        cdef int64_t e
+        cdef int32_t i, rank
+        cdef int32_t ids[3]
+        cdef int64_t e, pos, n
         cdef const uint8_t *p
+        cdef ByteVec buf
+        cdef size_t cut
         cdef uint8_t one
-        if strmap_init(&self.symtab, len(symbol_texts) + 2 * len(merges)) != 0 or \
+        buf.data = NULL
+        buf.n = buf.cap = 0
+        if strmap_init(&self.symtab, len(tokens) + 2 * len(merges)) != 0 or \
                 pairmap_init(&self.merges, len(merges)) != 0 or strmap_init(&self.cache, 1024) != 0:
             raise MemoryError()
-        self.n_tokens = n_tokens
-        for i in range(len(symbol_texts)):
-            t = symbol_texts[i]
-            if t is None or len(t) == 0:
-                continue
-            p = t
-            if strmap_insert(&self.symtab, p, len(t), i, &inserted) == -2:
-                raise MemoryError()
-        for rank in range(len(merges)):
-            left, right = merges[rank]
-            ids = []
-            for t in (left, right, left + right):
+        self.n_tokens = len(tokens)
+        try:
+            for i in range(self.n_tokens):
+                t = tokens[i]
                 p = t
-                e = strmap_insert(&self.symtab, p, len(t), <int32_t>self.symtab.n + n_tokens,
-                                  &inserted)
-                if e == -2:
+                buf.n = 0
+                self.intern_text(p, len(t), byte_encode, &buf, i)
+            for rank in range(len(merges)):
+                line = merges[rank]
+                p = line
+                n = len(line)
+                pos = 1
+                while pos < n and p[pos] != 0x20:   # split at the first space after byte 0
+                    pos += 1
+                if pos + 1 >= n:
+                    continue        # no right part: never matches, its rank stays taken
+                # left and right back to back in buf (decoded under the byte map)
+                buf.n = 0
+                if byte_encode:
+                    if gpt2_decode(p, pos, &buf):
+                        continue
+                    cut = buf.n
+                    if gpt2_decode(p + pos + 1, n - pos - 1, &buf):
+                        continue
+                else:
+                    bvec_append(&buf, p, pos)
+                    cut = buf.n
+                    bvec_append(&buf, p + pos + 1, n - pos - 1)
+                ids[0] = self.intern(buf.data, cut)
+                ids[1] = self.intern(buf.data + cut, buf.n - cut)
+                ids[2] = self.intern(buf.data, buf.n)
+                if pairmap_put_new(&self.merges, ids[0], ids[1],
+                                   (<int64_t>rank << 32) | <uint32_t>ids[2]) < 0:
                     raise MemoryError()
-                ids.append(self.symtab.val[e])
-            a, b, m = ids
-            if pairmap_put_new(&self.merges, a, b, (<int64_t>rank << 32) | <uint32_t>m) < 0:
-                raise MemoryError()
+        finally:
+            free(buf.data)
         for i in range(256):
             one = i
             self.byte_sym[i] = strmap_get(&self.symtab, &one, 1, -1)
-            ids = fallback[i]
-            self.fallback[i][0] = ids[0] if len(ids) > 0 else -1
-            self.fallback[i][1] = ids[1] if len(ids) > 1 else -1
+            ids_ = fallback[i]
+            self.fallback[i][0] = ids_[0] if len(ids_) > 0 else -1
+            self.fallback[i][1] = ids_[1] if len(ids_) > 1 else -1
         self.steps = steps
         self.byte_encode = byte_encode
         self.ignore_merges = ignore_merges
         self.whole_newlines = whole_newlines
         self.escape_spaces = escape_spaces
+
+    cdef int32_t intern(self, const uint8_t *p, size_t n) except -2:
+        """Symbol id of a text, adding merge-only texts with ids from n_tokens up."""
+        cdef int inserted
+        cdef int64_t e = strmap_insert(&self.symtab, p, n,
+                                       <int32_t>(self.n_tokens + self.symtab.n), &inserted)
+        if e == -2:
+            raise MemoryError()
+        return self.symtab.val[e]
+
+    cdef int intern_text(self, const uint8_t *p, size_t n, bint byte_encode, ByteVec *buf,
+                         int32_t tok) except -2:
+        """Add a token text under its id; -1 when it cannot be a symbol (outside the byte map)."""
+        cdef int inserted
+        if n == 0:
+            return -1
+        if byte_encode:
+            if gpt2_decode(p, n, buf):
+                return -1
+            p = buf.data
+            n = buf.n
+        if strmap_insert(&self.symtab, p, n, tok, &inserted) == -2:
+            raise MemoryError()
+        return 0
 
     def __dealloc__(self):
         strmap_free(&self.symtab)
