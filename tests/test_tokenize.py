@@ -179,7 +179,8 @@ def test_detokenize_matches_llama_cpp(request, name):
 def test_native_digit_split_is_the_regex(text):
     """The native \\p{N} splitter cuts where llama.cpp's collapsed std::regex does."""
     data = text.encode()
-    assert _tk.split_words(data, [bpe.DIGITS]) == _tk.split_words(data, [bpe.RegexSplit("\\p{N}")])
+    assert _tk.split_lengths(data, [bpe.DIGITS]) == \
+        _tk.split_lengths(data, [bpe.RegexSplit("\\p{N}")])
 
 
 # ---- hand-made vocabularies: pre-tokenizers and special-token rules beyond the suite ----------
