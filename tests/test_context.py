@@ -267,19 +267,23 @@ def test_seq_keep_and_clear(llama_model):
 
 
 def test_seq_add_shift_matches_fresh_computation(llama_model):
-    # drop the first 4 tokens and shift the rest back: the cache then holds what decoding the
-    # remainder from position 0 would, up to RoPE applied twice to fp16 keys
+    # RoPE makes attention depend on relative positions only: shifting a cached sequence by +10
+    # (K re-rotated in place) must equal decoding it at the shifted positions from the start
     tokens = tokens_of("llama")
     with Context(llama_model, n_ctx=256, type_k="f32", type_v="f32") as ctx:
         ctx.decode(Batch.get_one(tokens[:16]))
-        ctx.memory.seq_rm(0, 0, 4)
-        ctx.memory.seq_add(0, 4, -1, -4)
-        assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 11
+        ctx.memory.seq_add(0, 0, -1, 10)
+        assert ctx.memory.seq_pos_min(0) == 10 and ctx.memory.seq_pos_max(0) == 25
         ctx.decode(Batch.get_one(tokens[16:18]))
         shifted = ctx.get_logits_ith(-1).copy()
     with Context(llama_model, n_ctx=256, type_k="f32", type_v="f32") as ctx:
-        ctx.decode(Batch.get_one(tokens[4:18]))
+        ctx.decode(full_batch(tokens[:18], start=10, all_logits=False))
         assert rel_err(shifted, ctx.get_logits_ith(-1)) <= 1e-3
+    # shifting back below position 0 removes the cells that would go negative
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens[:8]))
+        ctx.memory.seq_add(0, 0, -1, -3)
+        assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 4
 
 
 def test_seq_div_positions(llama_model):

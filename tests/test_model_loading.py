@@ -217,7 +217,7 @@ def test_missing_tensor(tmp_path):
 
 def test_wrong_shape(tmp_path):
     def narrower(t):
-        return np.array(t.data[:, :128], np.float32), GGMLType.F32, (128,)
+        return np.array(t.data[:128], np.float32), GGMLType.F32, (128,)
     bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", tensor_edits={"blk.0.attn_norm.weight": narrower})
     with pytest.raises(TensorShapeError, match=r"blk.0.attn_norm.weight.*expected \[256\], got \[128\]"):
         Model.load(bad)
