@@ -1,0 +1,473 @@
+"""The context: KV cache, decode, outputs, state (llama.cpp's llama_context).
+
+``decode(batch)`` completes and validates the batch, splits it into ubatches of at most
+``n_ubatch`` tokens, reserves cache cells for all of them before computing any, then runs the
+model's forward pass per ubatch and collects the requested logits (and embeddings) in batch
+order. Status codes are llama.cpp's: 0 ok, 1 no cache room (nothing changed), 2 aborted (finished
+ubatches stay), -1 invalid batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gguflm import kv_cache
+from gguflm.batch import Batch
+from gguflm.errors import Error, StateError
+from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
+from gguflm.kv_cache import KVCache, Memory
+from gguflm.model import Model
+from gguflm.threads import resolve_n_threads
+
+log = logging.getLogger("gguflm")
+
+CTX_PAD = 256           # n_ctx and window caches are padded to this, as llama.cpp's KV cache
+MAX_SEQ = 64            # sequence ids are bits of a uint64 per cell
+POOLING_TYPES = ("none", "mean", "cls", "last")
+STATE_MAGIC = "gguflm-state-v1"
+_MAX_ARENAS = 4
+
+
+class InvalidBatchError(Error):
+    """Why decode returned -1 (logged, not raised, by decode)."""
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass
+class _PreparedBatch:
+    tokens: np.ndarray | None
+    embd: np.ndarray | None
+    pos: np.ndarray
+    seq_first: np.ndarray
+    seq_mask: np.ndarray
+    output: np.ndarray      # bool
+
+
+class Context:
+    """An inference session over a :class:`Model`: KV cache, decode, outputs.
+
+    Parameters follow llama.cpp's ``llama_context_params``: ``n_ctx`` 0 takes the model's training
+    context; it is padded up to a multiple of 256. ``n_threads`` runs single-token decodes,
+    ``n_threads_batch`` everything else (both default to the usable cores). ``type_k``/``type_v``
+    are ``"f32"``, ``"f16"`` or ``"q8_0"``. ``abort_callback()`` returning True stops decode
+    between ubatches and layers.
+    """
+
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
+                 n_seq_max: int = 1, n_threads: int | None = None, n_threads_batch: int | None = None,
+                 type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
+                 pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
+                 swa_full: bool = False, abort_callback: Callable[[], bool] | None = None):
+        t0 = time.perf_counter()
+        if model.vocab_only or not model.tensors:
+            raise Error("cannot create a context from a vocab-only (or closed) model")
+        hp = model.hparams
+        if n_ctx < 0 or n_batch < 1 or n_ubatch < 1:
+            raise ValueError("n_ctx must be >= 0, n_batch and n_ubatch >= 1")
+        if not 1 <= n_seq_max <= MAX_SEQ:
+            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if t not in ("f32", "f16", "q8_0"):
+                raise ValueError(f"{name} must be f32, f16 or q8_0, got {t!r}")
+        pooling = pooling or "none"
+        if pooling not in POOLING_TYPES:
+            raise ValueError(f"pooling must be one of {POOLING_TYPES}, got {pooling!r}")
+        self.model = model
+        self.n_ctx = _pad(n_ctx or hp.n_ctx_train, CTX_PAD)
+        self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
+        self.n_ubatch = min(self.n_batch, n_ubatch)
+        self.n_seq_max = n_seq_max
+        self.n_threads = resolve_n_threads(n_threads)
+        self.n_threads_batch = resolve_n_threads(n_threads_batch if n_threads_batch is not None else n_threads)
+        self.type_k, self.type_v = type_k, type_v
+        self.embeddings = embeddings
+        self.pooling = pooling
+        self.swa_full = swa_full
+        self.abort_callback = abort_callback
+        self.rope_freq_base = rope_freq_base or hp.rope_freq_base_train
+        self.rope_freq_scale = rope_freq_scale or hp.rope_freq_scale_train
+        self.yarn_ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
+
+        # one cache for global layers, one window-sized cache for sliding-window layers
+        swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
+        full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
+        self._caches: list[KVCache] = []
+        self._cache_of_layer: dict[int, int] = {}
+        for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
+            if layers:
+                for il in layers:
+                    self._cache_of_layer[il] = len(self._caches)
+                self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
+                                            type_v, n_seq_max, n_swa=window))
+        self.memory = Memory(self._caches, n_seq_max)
+
+        self._arenas: OrderedDict[tuple[int, int], Arena] = OrderedDict()
+        self._logits: np.ndarray | None = None      # [n_outputs, n_vocab]
+        self._embd: np.ndarray | None = None        # [n_outputs, n_embd]
+        self._embd_seq: dict[int, np.ndarray] = {}
+        self._output_ids = np.zeros(0, np.int32)    # batch index → output row, -1 = none
+        self._n_outputs = 0
+        self._perf = {"t_p_eval_ms": 0.0, "n_p_eval": 0, "t_eval_ms": 0.0, "n_eval": 0, "n_reused": 0}
+        self._t_start = time.perf_counter()
+        self.t_load_ms = (self._t_start - t0) * 1e3
+        self.describe()
+
+    # -- configuration facts
+
+    def rope_config(self, il: int) -> RopeConfig:
+        hp = self.model.hparams
+        swa = hp.is_swa(il)
+        # frequency factors: Llama 3.1's, or Phi 3's long/short set chosen by the context size
+        tensors = self.model.tensors
+        factors = tensors.get("rope_freqs.weight") or (
+            tensors.get("rope_factors_long.weight") if self.n_ctx // self.n_seq_max > hp.n_ctx_orig_yarn
+            else tensors.get("rope_factors_short.weight"))
+        return RopeConfig(
+            freq_base=hp.rope_freq_base_train_swa if swa else self.rope_freq_base,
+            freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope_freq_scale,
+            ext_factor=self.yarn_ext_factor,
+            attn_factor=hp.yarn_attn_factor,
+            beta_fast=hp.yarn_beta_fast,
+            beta_slow=hp.yarn_beta_slow,
+            n_ctx_orig=hp.n_ctx_orig_yarn or hp.n_ctx_train,
+            freq_factors=None if factors is None else factors.data,
+        )
+
+    def cache_for_layer(self, il: int) -> tuple[int, KVCache]:
+        index = self._cache_of_layer[il]
+        return index, self._caches[index]
+
+    def describe(self) -> dict[str, Any]:
+        """The effective parameters and KV cache size, logged and returned."""
+        info = {
+            "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
+            "n_seq_max": self.n_seq_max, "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads_batch, "type_k": self.type_k, "type_v": self.type_v,
+            "embeddings": self.embeddings, "pooling": self.pooling, "swa_full": self.swa_full,
+            "freq_base": self.rope_freq_base, "freq_scale": self.rope_freq_scale,
+            "kv_cells": [c.size for c in self._caches],
+            "kv_size_mib": self.memory.nbytes / 2**20,
+        }
+        log.info("context: %s", ", ".join(f"{k} = {v}" for k, v in info.items()))
+        return info
+
+    # -- decode
+
+    def _check_abort(self) -> None:
+        if self.abort_callback is not None and self.abort_callback():
+            raise Aborted()
+
+    def decode(self, batch: Batch) -> int:
+        """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
+        try:
+            prepared = self._prepare(batch)
+        except InvalidBatchError as exc:
+            log.error("decode: %s", exc)
+            return -1
+        ubatches = self._split(prepared)
+        if not self._reserve(ubatches):
+            log.warning("decode: failed to find a memory slot for a batch of %d tokens "
+                        "(n_ctx = %d)", len(prepared.pos), self.n_ctx)
+            return 1
+        self._apply_shifts()
+
+        hp = self.model.hparams
+        out_index = np.flatnonzero(prepared.output)
+        self._n_outputs = 0
+        self._output_ids = np.full(len(prepared.pos), -1, np.int32)
+        self._logits = np.empty((len(out_index), hp.n_vocab), np.float32)
+        self._embd = np.empty((len(out_index), hp.n_embd), np.float32) if self.embeddings else None
+        self._embd_seq = {}
+        first = 0
+        for ub in ubatches:
+            start = time.perf_counter()
+            snapshots = [c.snapshot() for c in self._caches]
+            try:
+                self._check_abort()
+                for ci, cache in enumerate(self._caches):
+                    cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
+                embd, logits = self.model.architecture.forward(Graph(self, ub, self._arena(ub)))
+            except Aborted:
+                for cache, snap in zip(self._caches, snapshots):
+                    cache.restore(snap)
+                log.info("decode: aborted")
+                return 2
+            n_out = ub.n_outputs
+            self._logits[self._n_outputs:self._n_outputs + n_out] = logits
+            if self._embd is not None:
+                self._embd[self._n_outputs:self._n_outputs + n_out] = embd
+            self._output_ids[first + ub.output_rows] = np.arange(self._n_outputs, self._n_outputs + n_out)
+            self._n_outputs += n_out
+            first += ub.n_tokens
+            key = "p_eval" if ub.n_tokens > 1 else "eval"
+            self._perf[f"t_{key}_ms"] += (time.perf_counter() - start) * 1e3
+            self._perf[f"n_{key}"] += ub.n_tokens
+        if self.embeddings and self.pooling != "none":
+            self._pool(prepared)
+        return 0
+
+    def _prepare(self, batch: Batch) -> _PreparedBatch:
+        hp = self.model.hparams
+        n = batch.n_tokens
+        if n <= 0:
+            raise InvalidBatchError("n_tokens == 0")
+        if n > self.n_batch:
+            raise InvalidBatchError(f"n_tokens = {n} > n_batch = {self.n_batch}")
+        tokens = embd = None
+        if batch.token is not None:
+            tokens = np.ascontiguousarray(batch.token[:n], dtype=np.int32)
+            bad = np.flatnonzero((tokens < 0) | (tokens >= hp.n_vocab))
+            if len(bad):
+                raise InvalidBatchError(f"invalid token[{bad[0]}] = {tokens[bad[0]]} (n_vocab = {hp.n_vocab})")
+        else:
+            embd = np.ascontiguousarray(batch.embd[:n], dtype=np.float32)
+            if embd.shape[1] != hp.n_embd:
+                raise InvalidBatchError(f"embeddings have {embd.shape[1]} values, the model {hp.n_embd}")
+
+        # sequences: first id (for masks) and the full set (for cells)
+        if batch.seq_id is None:
+            seq_first = np.zeros(n, np.int32)
+            seq_mask = np.ones(n, np.uint64)
+            seq_lists = [[0]] * n
+        else:
+            n_seq = batch.n_seq_id[:n]
+            if (n_seq < 1).any() or (n_seq > batch.seq_id.shape[1]).any():
+                raise InvalidBatchError("every token needs at least one sequence id")
+            seq_lists = [list(batch.seq_id[i, : n_seq[i]]) for i in range(n)]
+            for i, seqs in enumerate(seq_lists):
+                for s in seqs:
+                    if not 0 <= s < self.n_seq_max:
+                        raise InvalidBatchError(f"invalid seq_id[{i}] = {s} >= n_seq_max ({self.n_seq_max})")
+            seq_first = np.array([seqs[0] for seqs in seq_lists], np.int32)
+            seq_mask = np.array([sum(1 << int(s) for s in set(seqs)) for seqs in seq_lists], np.uint64)
+
+        # positions: continue each sequence when the batch leaves them out
+        if batch.pos is None:
+            next_pos = {s: self.memory.seq_pos_max(s) + 1 for s in range(self.n_seq_max)}
+            pos = np.empty(n, np.int32)
+            for i, seqs in enumerate(seq_lists):
+                pos[i] = next_pos[seqs[0]]
+                for s in seqs:
+                    next_pos[s] = pos[i] + 1
+        else:
+            pos = np.ascontiguousarray(batch.pos[:n], dtype=np.int32)
+        if (pos < 0).any():
+            raise InvalidBatchError("positions must be >= 0")
+        for s in range(self.n_seq_max):
+            in_s = (seq_mask >> np.uint64(s)) & np.uint64(1) == 1
+            if not in_s.any():
+                continue
+            p = pos[in_s]
+            last = self.memory.seq_pos_max(s)
+            if last >= 0 and p.min() != last + 1:
+                raise InvalidBatchError(
+                    f"the tokens of sequence {s} in the input batch have inconsistent sequence "
+                    f"positions: the last position stored in the memory is {last}, the first in "
+                    f"the batch is {p.min()}; they must be consecutive")
+            if p.max() - p.min() + 1 > len(p) or len(np.unique(p)) != len(p):
+                raise InvalidBatchError(f"the positions of sequence {s} in the batch are not continuous")
+
+        if batch.logits is None:
+            output = np.ones(n, bool) if self.embeddings else np.zeros(n, bool)
+            output[-1] = True
+        else:
+            output = batch.logits[:n] != 0
+        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, output)
+
+    def _split(self, b: _PreparedBatch) -> list[UBatch]:
+        ubatches = []
+        for start in range(0, len(b.pos), self.n_ubatch):
+            sl = slice(start, start + self.n_ubatch)
+            ubatches.append(UBatch(
+                tokens=None if b.tokens is None else b.tokens[sl],
+                embd=None if b.embd is None else b.embd[sl],
+                pos=b.pos[sl], seq_first=b.seq_first[sl], seq_mask=b.seq_mask[sl],
+                output_rows=np.flatnonzero(b.output[sl])))
+        return ubatches
+
+    def _reserve(self, ubatches: list[UBatch]) -> bool:
+        """Find cells for every ubatch, placing them in turn on the caches, then undo the placing."""
+        snapshots = [c.snapshot() for c in self._caches]
+        try:
+            for ub in ubatches:
+                for ci, cache in enumerate(self._caches):
+                    cells = cache.find_slot(ub.n_tokens)
+                    if cells is None:
+                        return False
+                    cache.apply(cells, ub.pos, ub.seq_mask)
+                    ub.cells[ci] = cells
+            return True
+        finally:
+            for cache, snap in zip(self._caches, snapshots):
+                cache.restore(snap)
+
+    def _arena(self, ub: UBatch) -> Arena:
+        key = (ub.n_tokens, ub.n_outputs)
+        arena = self._arenas.get(key)
+        if arena is None:
+            arena = self._arenas[key] = Arena()
+            if len(self._arenas) > _MAX_ARENAS:
+                self._arenas.popitem(last=False)
+        else:
+            self._arenas.move_to_end(key)
+            self._perf["n_reused"] += 1
+        return arena
+
+    def _apply_shifts(self) -> None:
+        """Re-rotate cached K rows whose positions seq_add/seq_div moved (llama.cpp's K-shift)."""
+        hp = self.model.hparams
+        for cache in self._caches:
+            cells = np.flatnonzero(cache.shift != 0)
+            if not len(cells):
+                continue
+            delta = np.ascontiguousarray(cache.shift[cells], dtype=np.int32)
+            for il in cache.layers:
+                store = cache.k[il]
+                rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
+                    else self._dequantize_rows(store, cells)
+                rows = np.ascontiguousarray(rows)
+                apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
+                store.write(cells, rows)
+            cache.shift[cells] = 0
+
+    @staticmethod
+    def _dequantize_rows(store: Any, cells: np.ndarray) -> np.ndarray:
+        from gguflm._ext import quants
+
+        out = np.empty((len(cells), store.n), np.float32)
+        quants.dequantize(int(store.ggml_type), np.ascontiguousarray(store.rows(cells)), out)
+        return out
+
+    def _pool(self, b: _PreparedBatch) -> None:
+        for s in range(self.n_seq_max):
+            rows = np.flatnonzero((b.seq_mask >> np.uint64(s)) & np.uint64(1) == 1)
+            rows = rows[self._output_ids[rows] >= 0]
+            if not len(rows):
+                continue
+            embd = self._embd[self._output_ids[rows]]
+            if self.pooling == "mean":
+                self._embd_seq[s] = embd.mean(axis=0, dtype=np.float32)
+            elif self.pooling == "cls":
+                self._embd_seq[s] = embd[0].copy()
+            else:
+                self._embd_seq[s] = embd[-1].copy()
+
+    # -- outputs
+
+    def _output_row(self, i: int) -> int | None:
+        if i < 0:
+            j = self._n_outputs + i
+            return j if j >= 0 else None
+        if i >= len(self._output_ids) or self._output_ids[i] < 0:
+            return None
+        return int(self._output_ids[i])
+
+    def get_logits_ith(self, i: int) -> np.ndarray | None:
+        """Logits of token ``i`` of the last batch (``i < 0``: output rows from the end), or None."""
+        j = self._output_row(i)
+        return None if j is None or self._logits is None else self._logits[j]
+
+    def get_logits(self) -> np.ndarray | None:
+        """All output rows of the last batch, [n_outputs, n_vocab]."""
+        return None if self._logits is None else self._logits[: self._n_outputs]
+
+    def get_embeddings_ith(self, i: int) -> np.ndarray | None:
+        j = self._output_row(i)
+        return None if j is None or self._embd is None else self._embd[j]
+
+    def get_embeddings(self) -> np.ndarray | None:
+        return None if self._embd is None else self._embd[: self._n_outputs]
+
+    def get_embeddings_seq(self, seq_id: int) -> np.ndarray | None:
+        return self._embd_seq.get(seq_id)
+
+    @property
+    def n_outputs(self) -> int:
+        return self._n_outputs
+
+    # -- state
+
+    def state_save(self, path: str | PathLike[str] | None = None) -> bytes:
+        """The cache and the last outputs as bytes (also written to ``path`` if given)."""
+        self._apply_shifts()
+        hp = self.model.hparams
+        arrays: dict[str, np.ndarray] = {
+            "magic": np.array(STATE_MAGIC),
+            "model": np.array([hp.arch, str(hp.n_layer), str(hp.n_embd), str(hp.n_vocab)]),
+            "n_caches": np.array([len(self._caches)]),
+            "output_ids": self._output_ids,
+            "n_outputs": np.array([self._n_outputs]),
+            "logits": self._logits[: self._n_outputs] if self._logits is not None else np.zeros((0, 0), np.float32),
+        }
+        if self._embd is not None:
+            arrays["embd"] = self._embd[: self._n_outputs]
+        for ci, cache in enumerate(self._caches):
+            arrays.update(cache.state_arrays(f"c{ci}_"))
+        data = kv_cache.save_arrays(arrays)
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
+
+    def state_load(self, source: bytes | str | PathLike[str]) -> None:
+        """Restore what :meth:`state_save` produced; raises StateError if it does not fit."""
+        data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        arrays = kv_cache.load_arrays(bytes(data))
+        hp = self.model.hparams
+        try:
+            if str(arrays["magic"]) != STATE_MAGIC:
+                raise StateError("not a gguflm state")
+            if list(arrays["model"]) != [hp.arch, str(hp.n_layer), str(hp.n_embd), str(hp.n_vocab)]:
+                raise StateError(f"state was saved for model {list(arrays['model'])}")
+            if int(arrays["n_caches"][0]) != len(self._caches):
+                raise StateError("state has a different cache layout")
+            snapshots = [c.snapshot() for c in self._caches]
+            try:
+                for ci, cache in enumerate(self._caches):
+                    cache.load_state_arrays(f"c{ci}_", arrays)
+            except StateError:
+                for cache, snap in zip(self._caches, snapshots):
+                    cache.restore(snap)
+                raise
+            self._output_ids = arrays["output_ids"].astype(np.int32)
+            self._n_outputs = int(arrays["n_outputs"][0])
+            logits = arrays["logits"]
+            self._logits = logits.astype(np.float32) if logits.size else None
+            self._embd = arrays["embd"].astype(np.float32) if "embd" in arrays else None
+        except KeyError as exc:
+            raise StateError(f"state lacks {exc}") from None
+
+    # -- performance
+
+    def perf(self) -> dict[str, float]:
+        """llama.cpp's ``llama_perf_context``: times in ms, token counts, graph reuses."""
+        return {"t_load_ms": self.t_load_ms, **self._perf}
+
+    def perf_reset(self) -> None:
+        for key in self._perf:
+            self._perf[key] = 0.0 if key.startswith("t_") else 0
+
+    # -- lifetime
+
+    def close(self) -> None:
+        self._caches = []
+        self._arenas.clear()
+        self._logits = self._embd = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

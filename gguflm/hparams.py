@@ -1,0 +1,264 @@
+"""Hyper-parameters: the numbers that fix a model's shapes and numerics (llama.cpp's llama_hparams).
+
+Every architecture reads them from ``{arch}.*`` metadata keys through :class:`HParamReader`, which
+resolves key templates and scalar-or-per-layer arrays, then adds its own extras.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from gguflm.errors import ModelLoadError
+
+
+class RopeType(Enum):
+    """How RoPE pairs dimensions: ``NORM`` adjacent (2i, 2i+1), ``NEOX`` split halves (i, i+d/2)."""
+
+    NONE = "none"
+    NORM = "norm"
+    NEOX = "neox"
+
+
+class MissingKeyError(ModelLoadError):
+    """A required metadata key is absent."""
+
+
+class HParamError(ModelLoadError):
+    """A metadata value has the wrong type or an impossible value."""
+
+
+@dataclass(frozen=True)
+class HParams:
+    """What llama.cpp's ``llama_hparams`` holds for the architectures we run."""
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: tuple[int, ...]          # per layer
+    n_head: tuple[int, ...]        # per layer
+    n_head_kv: tuple[int, ...]     # per layer
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    f_norm_rms_eps: float
+    f_norm_eps: float = 0.0
+    rope_type: RopeType = RopeType.NORM
+    rope_freq_base_train: float = 10000.0
+    rope_freq_scale_train: float = 1.0
+    rope_freq_base_train_swa: float = 10000.0
+    rope_freq_scale_train_swa: float = 1.0
+    rope_scaling_type: str = "none"
+    n_ctx_orig_yarn: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    n_swa: int = 0                                   # sliding window, 0 = none
+    swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
+    f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)
+    f_attn_logit_softcapping: float = 0.0            # 0 = none
+    f_final_logit_softcapping: float = 0.0           # 0 = none
+    f_embedding_scale: float = 0.0                   # 0 = none
+    causal_attn: bool = True
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def n_gqa(self, il: int = 0) -> int:
+        return self.n_head[il] // self.n_head_kv[il]
+
+    def n_embd_k_gqa(self, il: int = 0) -> int:
+        return self.n_embd_head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int = 0) -> int:
+        return self.n_embd_head_v * self.n_head_kv[il]
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+    @property
+    def kq_scale(self) -> float:
+        """Scale of K·Q before softmax."""
+        return self.f_attention_scale or 1.0 / math.sqrt(self.n_embd_head_k)
+
+    def with_changes(self, **changes: Any) -> HParams:
+        return replace(self, **changes)
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, value) pairs in the order llama.cpp's ``print_info`` logs them."""
+
+        def per_layer(values: Sequence[int]) -> str:
+            return str(values[0]) if len(set(values)) == 1 else str(list(values))
+
+        rows = [
+            ("arch", self.arch),
+            ("n_vocab", str(self.n_vocab)),
+            ("n_ctx_train", str(self.n_ctx_train)),
+            ("n_embd", str(self.n_embd)),
+            ("n_layer", str(self.n_layer)),
+            ("n_head", per_layer(self.n_head)),
+            ("n_head_kv", per_layer(self.n_head_kv)),
+            ("n_rot", str(self.n_rot)),
+            ("n_swa", str(self.n_swa)),
+            ("is_swa_any", str(int(any(self.swa_layers)))),
+            ("n_embd_head_k", str(self.n_embd_head_k)),
+            ("n_embd_head_v", str(self.n_embd_head_v)),
+            ("n_gqa", per_layer([self.n_gqa(il) for il in range(self.n_layer)])),
+            ("f_norm_eps", f"{self.f_norm_eps:.1e}"),
+            ("f_norm_rms_eps", f"{self.f_norm_rms_eps:.1e}"),
+            ("f_attn_logit_softcapping", f"{self.f_attn_logit_softcapping:.1f}"),
+            ("f_final_logit_softcapping", f"{self.f_final_logit_softcapping:.1f}"),
+            ("f_attention_scale", f"{self.kq_scale:.6f}"),
+            ("n_ff", per_layer(self.n_ff)),
+            ("causal attn", str(int(self.causal_attn))),
+            ("rope type", self.rope_type.value),
+            ("rope scaling", self.rope_scaling_type),
+            ("freq_base_train", f"{self.rope_freq_base_train:.1f}"),
+            ("freq_scale_train", f"{self.rope_freq_scale_train:g}"),
+        ]
+        if any(self.swa_layers):
+            rows.append(("freq_base_swa", f"{self.rope_freq_base_train_swa:.1f}"))
+        rows.append(("n_ctx_orig_yarn", str(self.n_ctx_orig_yarn)))
+        return rows
+
+
+class HParamReader:
+    """Typed access to ``{arch}.*`` metadata keys, with llama.cpp's scalar-or-array convention."""
+
+    def __init__(self, arch: str, metadata: Mapping[str, Any], source: str):
+        self.arch = arch
+        self.metadata = metadata
+        self.source = source  # file name, for messages
+
+    def key(self, template: str) -> str:
+        return template.format(arch=self.arch)
+
+    def _missing(self, key: str) -> MissingKeyError:
+        return MissingKeyError(f"{self.source}: key not found in model: {key}")
+
+    def _raw(self, template: str, default: Any) -> Any:
+        key = self.key(template)
+        if key in self.metadata:
+            return self.metadata[key]
+        if default is _REQUIRED:
+            raise self._missing(key)
+        return default
+
+    def get_int(self, template: str, default: Any = None) -> Any:
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise HParamError(f"{self.source}: {self.key(template)} should be an integer, "
+                              f"found {type(value).__name__} {value!r}")
+        return int(value)
+
+    def get_float(self, template: str, default: Any = None) -> Any:
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise HParamError(f"{self.source}: {self.key(template)} should be a number, "
+                              f"found {type(value).__name__} {value!r}")
+        return float(value)
+
+    def get_bool(self, template: str, default: Any = None) -> Any:
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if not isinstance(value, (bool, np.bool_)):
+            raise HParamError(f"{self.source}: {self.key(template)} should be a bool, found {value!r}")
+        return bool(value)
+
+    def get_str(self, template: str, default: Any = None) -> Any:
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if not isinstance(value, str):
+            raise HParamError(f"{self.source}: {self.key(template)} should be a string, found {value!r}")
+        return value
+
+    def per_layer(self, template: str, n_layer: int, default: Any = None) -> tuple[int, ...]:
+        """A value that is one integer for all layers or an array with one per layer."""
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if isinstance(value, (list, tuple, np.ndarray)):
+            values = [int(v) for v in np.asarray(value).reshape(-1)]
+            if len(values) != n_layer:
+                raise HParamError(f"{self.source}: {self.key(template)} has {len(values)} values "
+                                  f"for {n_layer} layers")
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            values = [int(value)] * n_layer
+        else:
+            raise HParamError(f"{self.source}: {self.key(template)} should be an integer or an "
+                              f"array of integers, found {value!r}")
+        return tuple(values)
+
+    def positive(self, name: str, value: int) -> int:
+        if value <= 0:
+            raise HParamError(f"{self.source}: {name} must be positive, found {value}")
+        return value
+
+
+_REQUIRED: Any = object()
+
+
+def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> HParams:
+    """The keys every transformer architecture shares (llama.cpp's ``load_hparams`` preamble)."""
+    n_layer = kv.positive("block_count", kv.get_int("{arch}.block_count"))
+    n_embd = kv.positive("embedding_length", kv.get_int("{arch}.embedding_length"))
+    n_head = kv.per_layer("{arch}.attention.head_count", n_layer)
+    n_head_kv = kv.per_layer("{arch}.attention.head_count_kv", n_layer, default=list(n_head))
+    n_ff = kv.per_layer("{arch}.feed_forward_length", n_layer, default=0)
+    if any(h <= 0 for h in n_head):
+        raise HParamError(f"{kv.source}: attention.head_count must be positive, found {list(n_head)}")
+    for il in range(n_layer):
+        if n_head_kv[il] <= 0 or n_head[il] % n_head_kv[il]:
+            raise HParamError(f"{kv.source}: layer {il}: head_count {n_head[il]} is not a multiple "
+                              f"of head_count_kv {n_head_kv[il]}")
+    head_default = n_embd // n_head[0] if n_embd % n_head[0] == 0 else 0
+    n_embd_head_k = kv.get_int("{arch}.attention.key_length", head_default)
+    n_embd_head_v = kv.get_int("{arch}.attention.value_length", head_default)
+    kv.positive("attention.key_length", n_embd_head_k)
+    kv.positive("attention.value_length", n_embd_head_v)
+    n_rot = kv.get_int("{arch}.rope.dimension_count", n_embd_head_k)
+    if n_rot > n_embd_head_k or n_rot % 2:
+        raise HParamError(f"{kv.source}: rope.dimension_count {n_rot} must be even and at most "
+                          f"the head size {n_embd_head_k}")
+
+    rope_scale = kv.get_float("{arch}.rope.scaling.factor", 0.0)
+    if rope_scale == 0.0:
+        rope_scale = kv.get_float("{arch}.rope.scale_linear", 0.0)
+    scaling_type = kv.get_str("{arch}.rope.scaling.type", "linear" if rope_scale else "none")
+    n_ctx_train = kv.get_int("{arch}.context_length")
+    freq_base = kv.get_float("{arch}.rope.freq_base", 10000.0)
+    return HParams(
+        arch=kv.arch,
+        n_vocab=n_vocab,
+        n_ctx_train=n_ctx_train,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=n_embd_head_k,
+        n_embd_head_v=n_embd_head_v,
+        n_rot=n_rot,
+        f_norm_rms_eps=kv.get_float("{arch}.attention.layer_norm_rms_epsilon", 0.0),
+        f_norm_eps=kv.get_float("{arch}.attention.layer_norm_epsilon", 0.0),
+        rope_type=rope_type,
+        rope_freq_base_train=freq_base,
+        rope_freq_scale_train=1.0 / rope_scale if rope_scale else 1.0,
+        # sliding-window layers use the global RoPE unless an architecture says otherwise
+        rope_freq_base_train_swa=freq_base,
+        rope_freq_scale_train_swa=1.0 / rope_scale if rope_scale else 1.0,
+        rope_scaling_type=scaling_type,
+        n_ctx_orig_yarn=kv.get_int("{arch}.rope.scaling.original_context_length", n_ctx_train),
+        yarn_ext_factor=-1.0,
+        yarn_attn_factor=kv.get_float("{arch}.rope.scaling.attn_factor", 1.0),
+        yarn_beta_fast=kv.get_float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
+        yarn_beta_slow=kv.get_float("{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        causal_attn=kv.get_bool("{arch}.attention.causal", True),
+    )
+
+
+def swa_pattern(n_layer: int, period: int) -> tuple[bool, ...]:
+    """llama.cpp's ``set_swa_pattern(period)``: every ``period``-th layer is global, others slide."""
+    return tuple(il % period < period - 1 for il in range(n_layer))

@@ -1,0 +1,260 @@
+"""Model loading (llama.cpp's llama_model_loader): open the file, apply metadata overrides, pick
+the architecture, read hyper-parameters and vocabulary, then bind the declared tensors.
+
+With ``load_mode="mmap"`` tensors are zero-copy views of the mapped file: loading reads no weight
+bytes. Every failure raises a :class:`~gguflm.errors.ModelLoadError` subclass and releases what
+was opened.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from gguflm.errors import GGUFError, LoadCancelled, ModelLoadError
+from gguflm.ggml_types import GGMLType
+from gguflm.gguf import GGUFReader, GGUFValueType, TensorInfo
+from gguflm.hparams import HParamReader
+from gguflm.models import get_architecture
+
+log = logging.getLogger("gguflm")
+
+LoadMode = Literal["auto", "mmap", "none", "mlock", "mmap+mlock"]
+LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
+
+# weight types the kernels compute with
+SUPPORTED_TYPES = frozenset({
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+    GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+    GGMLType.Q6_K,
+})
+
+
+class MissingTensorError(ModelLoadError):
+    """A tensor the architecture requires is not in the file."""
+
+
+class TensorShapeError(ModelLoadError):
+    """A tensor's shape differs from what the hyper-parameters imply."""
+
+
+class TensorCountError(ModelLoadError):
+    """The file holds tensors the architecture does not declare."""
+
+
+class UnsupportedTensorTypeError(ModelLoadError):
+    """A tensor uses a ggml type the kernels cannot compute with."""
+
+
+class InvalidTensorDataError(ModelLoadError):
+    """``check_tensors=True`` found NaN or Inf in a tensor or its block scales."""
+
+
+class OverrideError(ModelLoadError):
+    """A ``kv_overrides`` entry does not fit the key it overrides."""
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A tensor bound to its data: ``data`` is a view of the file (mmap) or of private memory.
+
+    For matrices ``data`` has one row per output (numpy shape ``(shape[1], row_bytes)`` for block
+    types, ``(shape[1], shape[0])`` for float types).
+    """
+
+    name: str
+    type: GGMLType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def apply_overrides(metadata: Mapping[str, Any], overrides: Mapping[str, Any] | None,
+                    value_types: Mapping[str, GGUFValueType], source: str) -> dict[str, Any]:
+    """Metadata with ``--override-kv``-style overrides applied: typed int, float, bool or str.
+
+    Arrays are copied out of the file map, so that metadata outlives a closed model."""
+    result = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
+    for key, value in (overrides or {}).items():
+        if not isinstance(value, (bool, int, float, str)):
+            raise OverrideError(f"{source}: override for {key!r} must be int, float, bool or str, "
+                                f"got {type(value).__name__}")
+        vtype = value_types.get(key)
+        if vtype is not None:
+            if vtype is GGUFValueType.BOOL and not isinstance(value, bool) \
+                    or vtype is GGUFValueType.STRING and not isinstance(value, str) \
+                    or vtype.is_integer and (isinstance(value, (bool, str, float))) \
+                    or vtype.is_float and isinstance(value, (bool, str)) \
+                    or vtype is GGUFValueType.ARRAY:
+                raise OverrideError(f"{source}: override for {key!r} has type "
+                                    f"{type(value).__name__}, the key holds {vtype.name}")
+            if vtype.is_float:
+                value = float(value)
+        result[key] = value
+        log.info("override %s = %r", key, value)
+    return result
+
+
+def _mlock(arrays: list[np.ndarray], source: str) -> None:
+    """Pin the pages behind ``arrays`` (best effort, as llama.cpp: a failure is a warning)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    for arr in arrays:
+        if arr.nbytes and libc.mlock(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes)) != 0:
+            log.warning("%s: failed to mlock %d bytes (errno %d); raise RLIMIT_MEMLOCK to pin the "
+                        "model", source, arr.nbytes, ctypes.get_errno())
+            return
+
+
+def _scale_fields(t: GGMLType) -> list[int]:
+    """Byte offsets of the fp16 scale fields inside one block of ``t`` (for check_tensors)."""
+    return {
+        GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
+        GGMLType.Q8_0: [0], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2],
+        GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+    }.get(t, [])
+
+
+def check_tensor_data(w: Weight, source: str) -> None:
+    """NaN/Inf in a float tensor or in the scales of a quantized one → InvalidTensorDataError."""
+    if w.type in (GGMLType.F32, GGMLType.F16):
+        bad = not np.isfinite(w.data).all()
+    elif w.type is GGMLType.BF16:
+        bad = not np.isfinite((w.data.astype(np.uint32) << 16).view(np.float32)).all()
+    else:
+        blocks = w.data.reshape(-1, w.type.type_size)
+        bad = any(not np.isfinite(blocks[:, off:off + 2].copy().view(np.float16)).all()
+                  for off in _scale_fields(w.type))
+    if bad:
+        raise InvalidTensorDataError(f"{source}: tensor '{w.name}' has NaN or Inf values")
+
+
+@dataclass
+class LoadedModel:
+    """What :func:`load` hands to :class:`gguflm.model.Model`."""
+
+    path: Path
+    reader: GGUFReader
+    metadata: dict[str, Any]
+    arch: Any
+    hparams: Any
+    vocab: Any
+    weights: dict[str, Weight]
+    load_mode: str
+
+
+def _open_reader(path: Path, load_mode: str) -> GGUFReader:
+    if load_mode == "auto":
+        try:
+            return GGUFReader(path, mode="mmap")
+        except GGUFError:
+            raise
+        except (OSError, ValueError) as exc:  # mmap refused: read instead
+            log.info("%s: mmap failed (%s), reading into memory", path, exc)
+            return GGUFReader(path, mode="read")
+    return GGUFReader(path, mode="read" if load_mode in ("none", "mlock") else "mmap")
+
+
+def load(path: str | PathLike[str], *, load_mode: LoadMode = "auto", vocab_only: bool = False,
+         progress_callback: Callable[[float], bool] | None = None,
+         kv_overrides: Mapping[str, Any] | None = None, check_tensors: bool = False) -> LoadedModel:
+    """Open ``path`` and bind what the model needs (see :meth:`gguflm.Model.load`)."""
+    if load_mode not in LOAD_MODES:
+        raise ValueError(f"load_mode must be one of {LOAD_MODES}, got {load_mode!r}")
+    path = Path(path)
+    source = path.name
+    try:
+        reader = _open_reader(path, load_mode)
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    try:
+        return _load_from_reader(reader, path, source, load_mode, vocab_only, progress_callback,
+                                 kv_overrides, check_tensors)
+    except BaseException:
+        reader.close()
+        raise
+
+
+def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: str, vocab_only: bool,
+                      progress_callback: Callable[[float], bool] | None,
+                      kv_overrides: Mapping[str, Any] | None, check_tensors: bool) -> LoadedModel:
+    from gguflm.vocab import Vocab
+
+    metadata = apply_overrides(reader.metadata, kv_overrides, reader.value_types, source)
+    arch_name = metadata.get("general.architecture")
+    if not isinstance(arch_name, str):
+        raise ModelLoadError(f"{source}: key not found in model: general.architecture")
+    arch = get_architecture(arch_name)
+    vocab = Vocab.from_metadata(metadata)
+    n_vocab = metadata.get(f"{arch_name}.vocab_size", vocab.n_tokens)
+    hparams = arch.read_hparams(HParamReader(arch_name, metadata, source), int(n_vocab))
+    log.info("%s: arch %s, %d layers, n_embd %d, vocab %d", source, arch_name, hparams.n_layer,
+             hparams.n_embd, hparams.n_vocab)
+    weights: dict[str, Weight] = {}
+    if not vocab_only:
+        weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
+        if load_mode in ("mlock", "mmap+mlock"):
+            _mlock([w.data for w in weights.values()], source)
+    return LoadedModel(path, reader, metadata, arch, hparams, vocab, weights, load_mode)
+
+
+def _bind_tensors(reader: GGUFReader, arch: Any, hparams: Any, source: str,
+                  progress_callback: Callable[[float], bool] | None,
+                  check_tensors: bool) -> dict[str, Weight]:
+    specs = arch.tensor_specs(hparams)
+    total = sum(t.nbytes for t in reader.tensors) or 1
+    done = 0
+
+    def progress(fraction: float) -> None:
+        if progress_callback is not None and not progress_callback(fraction):
+            raise LoadCancelled(f"{source}: loading cancelled by the progress callback")
+
+    progress(0.0)
+    weights: dict[str, Weight] = {}
+    used: set[str] = set()
+    for spec in specs:
+        info: TensorInfo | None = reader.tensor(spec.name) if spec.name in reader else None
+        if info is None:
+            if spec.fallback is not None and spec.fallback in weights:
+                weights[spec.name] = weights[spec.fallback]
+                continue
+            if spec.optional:
+                continue
+            raise MissingTensorError(f"{source}: missing tensor '{spec.name}'")
+        if tuple(info.shape) != spec.shape:
+            raise TensorShapeError(f"{source}: tensor '{spec.name}' has wrong shape; expected "
+                                   f"{list(spec.shape)}, got {list(info.shape)}")
+        if info.type not in SUPPORTED_TYPES:
+            raise UnsupportedTensorTypeError(f"{source}: tensor '{spec.name}' has type "
+                                             f"{info.type.name}, which gguflm cannot compute with")
+        data = info.data
+        if len(info.shape) >= 2:
+            data = data.reshape(int(np.prod(info.shape[1:])), -1)
+        weight = Weight(info.name, info.type, tuple(info.shape), data)
+        if check_tensors:
+            check_tensor_data(weight, source)
+        weights[spec.name] = weight
+        used.add(spec.name)
+        done += info.nbytes
+        progress(done / total)
+    if len(used) != len(reader.tensors):
+        extra = sorted(t.name for t in reader.tensors if t.name not in used)
+        raise TensorCountError(f"{source}: wrong number of tensors; expected {len(used)}, got "
+                               f"{len(reader.tensors)} (not used: {', '.join(extra[:5])}"
+                               f"{', ...' if len(extra) > 5 else ''})")
+    progress(1.0)
+    return weights

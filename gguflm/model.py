@@ -1,0 +1,195 @@
+"""The model: architecture, hyper-parameters, vocabulary and weights of one GGUF file.
+
+A model holds no per-session state; any number of :class:`gguflm.Context` objects may share it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from gguflm.ggml_types import FileType, GGMLType
+from gguflm.hparams import HParams
+from gguflm.loader import LoadMode, Weight, load
+
+log = logging.getLogger("gguflm")
+
+# dominant tensor type → the file type llama.cpp would guess
+_GUESSED_FILE_TYPES = {
+    GGMLType.F32: FileType.ALL_F32, GGMLType.F16: FileType.MOSTLY_F16,
+    GGMLType.BF16: FileType.MOSTLY_BF16, GGMLType.Q4_0: FileType.MOSTLY_Q4_0,
+    GGMLType.Q4_1: FileType.MOSTLY_Q4_1, GGMLType.Q5_0: FileType.MOSTLY_Q5_0,
+    GGMLType.Q5_1: FileType.MOSTLY_Q5_1, GGMLType.Q8_0: FileType.MOSTLY_Q8_0,
+    GGMLType.Q2_K: FileType.MOSTLY_Q2_K, GGMLType.Q3_K: FileType.MOSTLY_Q3_K_M,
+    GGMLType.Q4_K: FileType.MOSTLY_Q4_K_M, GGMLType.Q5_K: FileType.MOSTLY_Q5_K_M,
+    GGMLType.Q6_K: FileType.MOSTLY_Q6_K,
+}
+
+
+class Layer:
+    """The weights of one transformer block: ``layer.attn_q`` is ``blk.N.attn_q.weight``,
+    ``layer.attn_q_bias`` its bias; absent optional tensors are ``None``."""
+
+    def __init__(self, index: int, weights: Mapping[str, Weight]):
+        self.index = index
+        prefix = f"blk.{index}."
+        for name, w in weights.items():
+            if name.startswith(prefix):
+                base, _, kind = name[len(prefix):].rpartition(".")
+                setattr(self, base if kind == "weight" else f"{base}_{kind}", w)
+
+    def __getattr__(self, name: str) -> None:
+        # only reached for tensors the file does not have
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+class Model:
+    """A loaded GGUF model. Create with :meth:`Model.load`; release with :meth:`close`.
+
+    Attributes
+    ----------
+    arch : str
+        ``general.architecture``.
+    hparams : HParams
+    vocab : gguflm.vocab.Vocab
+    tensors : dict[str, Weight]
+        Bound tensors by GGUF name (a tied ``output.weight`` is the embedding's Weight).
+    layers : list[Layer]
+    meta : dict[str, str]
+        Every scalar metadata value as a string (llama.cpp's ``llama_model_meta_val_str``).
+    """
+
+    def __init__(self, loaded: Any):
+        self._reader = loaded.reader
+        self.path: Path = loaded.path
+        self.architecture = loaded.arch()
+        self.arch: str = loaded.arch.name
+        self.hparams: HParams = loaded.hparams
+        self.vocab = loaded.vocab
+        self.tensors: dict[str, Weight] = loaded.weights
+        self.metadata: dict[str, Any] = loaded.metadata
+        self.load_mode: str = loaded.load_mode
+        self.vocab_only = not loaded.weights
+        self.layers = [Layer(il, self.tensors) for il in range(self.hparams.n_layer)] if self.tensors else []
+        self.meta = {k: _meta_str(v) for k, v in self.metadata.items() if _meta_str(v) is not None}
+
+    @classmethod
+    def load(cls, path: str | PathLike[str], *, load_mode: LoadMode = "auto", vocab_only: bool = False,
+             progress_callback: Callable[[float], bool] | None = None,
+             kv_overrides: Mapping[str, Any] | None = None, check_tensors: bool = False) -> Model:
+        """Load a GGUF model.
+
+        Parameters
+        ----------
+        path
+            The ``.gguf`` file (for split models, the first part).
+        load_mode
+            ``"auto"`` (mmap, falling back to reading), ``"mmap"`` (weights are zero-copy views of
+            the file), ``"none"`` (read into private memory), ``"mlock"`` (read and pin),
+            ``"mmap+mlock"`` (map and pin).
+        vocab_only
+            Read metadata and vocabulary only; no tensor is touched.
+        progress_callback
+            Called with the fraction of tensor bytes bound (0 … 1); returning False cancels the
+            load with :class:`gguflm.LoadCancelled`.
+        kv_overrides
+            Metadata overrides applied before anything is read (llama.cpp's ``--override-kv``).
+        check_tensors
+            Scan tensor data for NaN/Inf (float tensors and the scales of quantized blocks).
+
+        Raises
+        ------
+        gguflm.ModelLoadError
+            With a subclass naming what went wrong (unknown architecture, missing key or tensor,
+            wrong shape, wrong tensor count, unsupported type, bad data).
+        """
+        return cls(load(path, load_mode=load_mode, vocab_only=vocab_only,
+                        progress_callback=progress_callback, kv_overrides=kv_overrides,
+                        check_tensors=check_tensors))
+
+    # -- facts
+
+    @property
+    def n_params(self) -> int:
+        """Parameters, counting a tied output matrix once."""
+        return sum(w.n_elements for w in self._unique_weights())
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(w.nbytes for w in self._unique_weights())
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.size_bytes / self.n_params if self.n_params else 0.0
+
+    @property
+    def file_type(self) -> str:
+        """``general.file_type``'s name ("Q4_K - Medium"), else guessed from the dominant type."""
+        value = self.metadata.get("general.file_type")
+        if isinstance(value, int) and value in FileType._value2member_map_:
+            return FileType(value).display_name
+        by_bytes: Counter[GGMLType] = Counter()
+        for w in self._unique_weights():
+            if len(w.shape) >= 2:
+                by_bytes[w.type] += w.nbytes
+        if not by_bytes:
+            return "unknown"
+        guessed = _GUESSED_FILE_TYPES.get(by_bytes.most_common(1)[0][0])
+        return f"{guessed.display_name} (guessed)" if guessed else "unknown"
+
+    def _unique_weights(self) -> list[Weight]:
+        seen: dict[int, Weight] = {}
+        for w in self.tensors.values():
+            seen.setdefault(id(w), w)
+        return list(seen.values())
+
+    def describe(self) -> str:
+        """The summary llama.cpp's ``print_info`` logs: file, arch, sizes, BPW, hyper-parameters."""
+        lines = [
+            f"file format = GGUF V{self._reader.version}",
+            f"file type   = {self.file_type}",
+        ]
+        if not self.vocab_only:
+            lines += [
+                f"file size   = {self.size_bytes / 2**20:.2f} MiB ({self.bits_per_weight:.2f} BPW)",
+                f"model params = {self.n_params / 1e6:.2f} M",
+            ]
+        lines += [f"{name:<26} = {value}" for name, value in self.hparams.describe()]
+        lines.append(f"general.name = {self.metadata.get('general.name', '')}")
+        text = "\n".join(lines)
+        for line in lines:
+            log.info("print_info: %s", line)
+        return text
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Release the file map(s). Views handed out earlier must not be used afterwards."""
+        self.tensors = {}
+        self.layers = []
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Model({self.path.name!r}, arch={self.arch!r}, {self.n_params / 1e6:.1f}M params)"
+
+
+def _meta_str(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return None

@@ -1,0 +1,109 @@
+"""What every architecture module defines, and the registry they join."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gguflm.errors import ModelLoadError
+from gguflm.hparams import HParamReader, HParams, RopeType, read_common_hparams
+
+REGISTRY: dict[str, type[Architecture]] = {}
+
+
+class UnknownArchitectureError(ModelLoadError):
+    """``general.architecture`` names an architecture gguflm does not implement."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor an architecture asks for.
+
+    ``shape`` is in ggml order (row length first). An ``optional`` tensor may be absent; then, if
+    ``fallback`` names another tensor, that one is used in its place (llama.cpp's
+    TENSOR_DUPLICATED, e.g. ``output.weight`` → ``token_embd.weight``).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    optional: bool = False
+    fallback: str | None = None
+
+
+class Architecture:
+    """Base of the per-architecture classes in ``gguflm/models/<arch>.py``."""
+
+    name: ClassVar[str]
+    rope_type: ClassVar[RopeType] = RopeType.NORM
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            REGISTRY[cls.name] = cls
+
+    # -- hyper-parameters
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        """The common keys; architectures override to add their own."""
+        return cls.read_common(kv, n_vocab)
+
+    @classmethod
+    def read_common(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        return read_common_hparams(kv, n_vocab, cls.rope_type)
+
+    # -- forward pass
+
+    def forward(self, g: Any) -> tuple[Any, Any]:
+        """Run the ubatch of ``g`` (a :class:`gguflm.graph.Graph`) through the model; return the
+        final hidden states and the logits of its output rows."""
+        raise NotImplementedError
+
+    # -- tensors
+
+    @classmethod
+    def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    @staticmethod
+    def output_specs(hp: HParams) -> list[TensorSpec]:
+        """Token embedding, final norm and output projection (tied to the embedding if absent)."""
+        return [
+            TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
+            TensorSpec("output_norm.weight", (hp.n_embd,)),
+            TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True,
+                       fallback="token_embd.weight"),
+        ]
+
+    @staticmethod
+    def attention_specs(hp: HParams, il: int, *, bias: bool | None = False) -> list[TensorSpec]:
+        """Q, K, V, output projections of layer ``il``; biases required (True), optional (None)
+        or not declared (False)."""
+        blk = f"blk.{il}"
+        n_q = hp.n_embd_head_k * hp.n_head[il]
+        n_v_out = hp.n_embd_head_v * hp.n_head[il]
+        specs = [
+            TensorSpec(f"{blk}.attn_q.weight", (hp.n_embd, n_q)),
+            TensorSpec(f"{blk}.attn_k.weight", (hp.n_embd, hp.n_embd_k_gqa(il))),
+            TensorSpec(f"{blk}.attn_v.weight", (hp.n_embd, hp.n_embd_v_gqa(il))),
+            TensorSpec(f"{blk}.attn_output.weight", (n_v_out, hp.n_embd)),
+        ]
+        if bias is not False:
+            optional = bias is None
+            specs += [
+                TensorSpec(f"{blk}.attn_q.bias", (n_q,), optional=optional),
+                TensorSpec(f"{blk}.attn_k.bias", (hp.n_embd_k_gqa(il),), optional=optional),
+                TensorSpec(f"{blk}.attn_v.bias", (hp.n_embd_v_gqa(il),), optional=optional),
+                TensorSpec(f"{blk}.attn_output.bias", (hp.n_embd,), optional=True),
+            ]
+        return specs
+
+    @staticmethod
+    def ffn_specs(hp: HParams, il: int) -> list[TensorSpec]:
+        """Gated feed-forward of layer ``il``: gate and up (n_embd → n_ff), down (n_ff → n_embd)."""
+        blk = f"blk.{il}"
+        return [
+            TensorSpec(f"{blk}.ffn_gate.weight", (hp.n_embd, hp.n_ff[il])),
+            TensorSpec(f"{blk}.ffn_up.weight", (hp.n_embd, hp.n_ff[il])),
+            TensorSpec(f"{blk}.ffn_down.weight", (hp.n_ff[il], hp.n_embd)),
+        ]

@@ -1,0 +1,71 @@
+"""Gemma 2: scaled embeddings, post-attention and post-FFN norms, GELU-gated FFN, soft-capped
+attention and final logits, every other layer on a sliding window.
+
+Its forward pass also serves Gemma 3 (per-head Q/K norms run when their tensors are present)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gguflm.graph import Graph
+from gguflm.hparams import HParamReader, HParams, RopeType, swa_pattern
+from gguflm.models.base import Architecture, TensorSpec
+
+
+class Gemma2(Architecture):
+    name = "gemma2"
+    rope_type = RopeType.NEOX
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        hp = super().read_hparams(kv, n_vocab)
+        # the 27B model (46 layers) scales queries by 1/sqrt(n_embd / n_head)
+        head_for_scale = hp.n_embd // hp.n_head[0] if hp.n_layer == 46 else hp.n_embd_head_k
+        return hp.with_changes(
+            n_swa=kv.get_int("{arch}.attention.sliding_window", 4096),
+            swa_layers=swa_pattern(hp.n_layer, 2),
+            f_attn_logit_softcapping=kv.get_float("{arch}.attn_logit_softcapping", 50.0),
+            f_final_logit_softcapping=kv.get_float("{arch}.final_logit_softcapping", 30.0),
+            f_attention_scale=1.0 / math.sqrt(head_for_scale),
+            f_embedding_scale=math.sqrt(hp.n_embd),
+        )
+
+    @classmethod
+    def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
+        specs = cls.output_specs(hp)
+        for il in range(hp.n_layer):
+            blk = f"blk.{il}"
+            specs.append(TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)))
+            specs += cls.attention_specs(hp, il)
+            specs += [
+                TensorSpec(f"{blk}.post_attention_norm.weight", (hp.n_embd,)),
+                TensorSpec(f"{blk}.ffn_norm.weight", (hp.n_embd,)),
+            ]
+            specs += cls.ffn_specs(hp, il)
+            specs.append(TensorSpec(f"{blk}.post_ffw_norm.weight", (hp.n_embd,)))
+        return specs
+
+    def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
+        hp, m = g.hparams, g.model
+        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
+        for il, L in g.layers():
+            # self-attention (Gemma 2 soft-caps the scores, Gemma 3 norms queries and keys)
+            cur = g.rms_norm(x, L.attn_norm)
+            q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
+            g.rope(g.rms_norm_heads(q, L.attn_q_norm), il, hp.n_head[il])
+            g.rope(g.rms_norm_heads(k, L.attn_k_norm), il, hp.n_head_kv[il])
+            g.scale(q, hp.f_attention_scale)
+            cur = g.attention(il, q, k, v, 1.0)                               # [n_tokens, n_head * head_dim]
+            (cur,) = g.project(cur, L.attn_output)                            # [n_tokens, n_embd]
+            if il == hp.n_layer - 1:
+                x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
+            x = g.add(g.rms_norm(cur, L.post_attention_norm), x)
+            # feed-forward, GELU-gated, normed after as well as before
+            cur = g.rms_norm(x, L.ffn_norm)
+            gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                   # [n, n_ff]
+            (cur,) = g.project(g.geglu(gate, up), L.ffn_down)                 # [n, n_embd]
+            x = g.add(g.rms_norm(cur, L.post_ffw_norm), x)
+        x = g.rms_norm(x, m.tensors["output_norm.weight"])
+        return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]

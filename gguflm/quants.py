@@ -1,0 +1,294 @@
+"""Quantization formats and the kernels that compute with them, byte-exact with ggml.
+
+A registry of formats, one per ggml type the kernels handle::
+
+    fmt = gguflm.quants.get("Q4_K")           # or get(GGMLType.Q4_K)
+    blob = fmt.quantize(x)                     # float32 rows -> uint8 blocks (ggml's reference)
+    y = fmt.dequantize(blob)                   # -> float32
+    s = fmt.dot(blob, v)                       # v quantized to fmt.vec_dot_type, then an integer dot
+
+and the matrix product every forward pass runs on::
+
+    out = gguflm.quants.matmul(w, "Q4_K", x, n_threads=2)    # [n_tok, n_rows]
+
+Activations are quantized the way ggml's x86 CPU backend quantizes ``src1`` (Q8_0/Q8_1 with a
+127/amax multiplier and round-half-even; Q8_K with its reference quantizer), which can differ in a
+last bit from the weight-side reference quantizer of the same type. The kernels' instruction set
+is chosen at import (``GGUFLM_ISA`` or the best the CPU runs); see :func:`current_isa`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from gguflm._ext import quants as _k
+from gguflm.ggml_types import GGMLType
+from gguflm.threads import resolve_n_threads
+
+TypeLike = Union[str, GGMLType]
+
+# numpy dtypes accepted as typed weight matrices besides raw uint8 bytes
+_TYPED_WEIGHTS = {GGMLType.F32: np.dtype(np.float32), GGMLType.F16: np.dtype(np.float16),
+                  GGMLType.BF16: np.dtype(np.uint16)}
+
+
+@dataclass(frozen=True)
+class Format:
+    """One quantization format: sizes, its dot partner, and row (de)quantization."""
+
+    name: str
+    type: GGMLType
+    block_size: int
+    type_size: int
+    vec_dot_type: GGMLType | None  # None: an activation-only format without a dot kernel
+
+    def row_bytes(self, n: int) -> int:
+        """Bytes of ``n`` elements; ValueError unless ``n`` is a whole number of blocks."""
+        return _k.row_bytes(int(self.type), int(n))
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """Quantize float32 rows with ggml's reference quantizer.
+
+        Parameters
+        ----------
+        x : array_like of float32, shape (k,) or (n, k)
+            ``k`` must be a multiple of ``block_size``.
+
+        Returns
+        -------
+        numpy.ndarray of uint8, shape (row_bytes(k),) or (n, row_bytes(k))
+        """
+        return self._quantize(x, activation=False)
+
+    def quantize_activations(self, x: np.ndarray) -> np.ndarray:
+        """Quantize float32 rows as ggml's CPU backend quantizes matmul inputs (see module doc)."""
+        return self._quantize(x, activation=True)
+
+    def _quantize(self, x: np.ndarray, activation: bool) -> np.ndarray:
+        rows = _float_rows(x, "x")
+        out = np.empty((rows.shape[0], self.row_bytes(rows.shape[1])), dtype=np.uint8)
+        _k.quantize(int(self.type), rows, out, activation)
+        return out if np.ndim(x) == 2 else out[0]
+
+    def dequantize(self, blob: np.ndarray, n: int | None = None) -> np.ndarray:
+        """Dequantize blocks to float32.
+
+        Parameters
+        ----------
+        blob : numpy.ndarray, shape (b,) or (rows, b)
+            uint8 bytes (any C-contiguous array is read as its bytes, e.g. float16 for F16).
+        n : int, optional
+            Elements per row; must match the row's bytes. By default every block of the row.
+
+        Returns
+        -------
+        numpy.ndarray of float32, shape (n,) or (rows, n)
+        """
+        rows = _byte_rows(blob, "blob")
+        n_bytes = rows.shape[1]
+        if n is None:
+            if n_bytes % self.type_size:
+                raise ValueError(f"{self.name} rows are whole blocks of {self.type_size} bytes, got {n_bytes} bytes")
+            n = n_bytes // self.type_size * self.block_size
+        elif self.row_bytes(n) != n_bytes:
+            raise ValueError(f"{n} {self.name} elements take {self.row_bytes(n)} bytes, the rows hold {n_bytes}")
+        out = np.empty((rows.shape[0], n), dtype=np.float32)
+        _k.dequantize(int(self.type), rows, out)
+        return out if _is_2d_blob(blob) else out[0]
+
+    def dot(self, w_blob: np.ndarray, x: np.ndarray) -> float:
+        """Dot of one quantized weight row with float32 ``x``, computed as ggml does: ``x`` is
+        quantized to ``vec_dot_type``, then integer sums per block, float scales per block."""
+        partner = self._partner()
+        x = _float_rows(x, "x")
+        if x.shape[0] != 1:
+            raise ValueError(f"x must be one row, got shape {x.shape}")
+        w = _byte_rows(w_blob, "w_blob")
+        if w.shape[0] != 1:
+            raise ValueError(f"w_blob must be one row, got {w.shape[0]} rows")
+        xq = partner.quantize_activations(x)
+        return _k.vec_dot(int(self.type), w[0], xq[0], x.shape[1])
+
+    def _partner(self) -> Format:
+        if self.vec_dot_type is None:
+            raise ValueError(f"{self.name} is an activation format without a dot kernel")
+        return _FORMATS[self.vec_dot_type]
+
+
+def _build_formats() -> dict[GGMLType, Format]:
+    formats = {}
+    for t in GGMLType:
+        traits = _k.type_traits(int(t))
+        if traits is not None:
+            vdt = traits["vec_dot_type"]
+            formats[t] = Format(traits["name"], t, traits["block_size"], traits["type_size"],
+                                None if vdt is None else GGMLType(vdt))
+    return formats
+
+
+_FORMATS = _build_formats()
+
+
+def get(t: TypeLike) -> Format:
+    """The format of a ggml type, by name (``"Q4_K"``) or :class:`GGMLType`."""
+    if isinstance(t, GGMLType):
+        key = t
+    elif isinstance(t, str):
+        try:
+            key = GGMLType[t.upper()]
+        except KeyError:
+            raise ValueError(f"unknown ggml type {t!r}") from None
+    else:
+        raise TypeError(f"expected a type name or GGMLType, got {type(t).__name__}")
+    if key not in _FORMATS:
+        raise ValueError(f"{key.name} is not handled by the quantization kernels; known: {', '.join(f.name for f in formats())}")
+    return _FORMATS[key]
+
+
+def formats() -> list[Format]:
+    """Every format the kernels handle, in ggml type order."""
+    return list(_FORMATS.values())
+
+
+def act_buffer_bytes(vec_dot_type: TypeLike, n_tok: int, n_in: int) -> int:
+    """Scratch bytes for ``n_tok`` activation rows of ``n_in`` elements quantized to ``vec_dot_type``."""
+    return _k.act_buffer_bytes(int(get(vec_dot_type).type), int(n_tok), int(n_in))
+
+
+def quantize_rows_for_dot(wtype: TypeLike, x: np.ndarray) -> np.ndarray:
+    """Activations ``x`` [n_tok, n_in] quantized to ``wtype``'s dot partner, as matmul does it."""
+    partner = get(wtype)._partner()
+    rows = _float_rows(x, "x", require_2d=True)
+    out = np.empty((rows.shape[0], partner.row_bytes(rows.shape[1])), dtype=np.uint8)
+    _k.quantize_act(int(partner.type), rows, out, 1)
+    return out
+
+
+def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None = None,
+           n_threads: int | None = 1) -> np.ndarray:
+    """``out`` [n_tok, n_rows] = ``x`` [n_tok, n_in] times the weight matrix ``w`` [n_rows, n_in].
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        uint8 [n_rows, row_bytes(n_in)] blocks of ``wtype``, or for F32/F16/BF16 a typed
+        [n_rows, n_in] array (float32, float16, uint16 bits). C-contiguous.
+    wtype : str or GGMLType
+    x : numpy.ndarray of float32, shape (n_tok, n_in), C-contiguous
+    out : numpy.ndarray of float32, shape (n_tok, n_rows), optional
+    n_threads : int or None
+        OpenMP threads (None: the usable cores); never more than there are row chunks.
+
+    Returns
+    -------
+    numpy.ndarray of float32, shape (n_tok, n_rows)
+    """
+    fmt = get(wtype)
+    fmt._partner()
+    wb, n_in = _weight_bytes(w, fmt)
+    x = _float_rows(x, "x", require_2d=True, copy=False)
+    if x.shape[1] != n_in:
+        raise ValueError(f"x has {x.shape[1]} columns, the weight rows {n_in}")
+    out = _out_matrix(out, x.shape[0], wb.shape[0])
+    _k.matmul(int(fmt.type), wb, n_in, x, out, resolve_n_threads(n_threads))
+    return out
+
+
+def matmul_quantized(w: np.ndarray, wtype: TypeLike, xq: np.ndarray, out: np.ndarray | None = None,
+                     n_threads: int | None = 1) -> np.ndarray:
+    """:func:`matmul` from activations already quantized by :func:`quantize_rows_for_dot`."""
+    fmt = get(wtype)
+    fmt._partner()
+    wb, n_in = _weight_bytes(w, fmt)
+    xq = _byte_rows(xq, "xq")
+    out = _out_matrix(out, xq.shape[0], wb.shape[0])
+    _k.matmul_quantized(int(fmt.type), wb, n_in, xq, out, resolve_n_threads(n_threads))
+    return out
+
+
+def get_rows(w: np.ndarray, wtype: TypeLike, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of the weight matrix ``w`` dequantized (an embedding lookup): [len(ids), n_in]."""
+    fmt = get(wtype)
+    wb, n_in = _weight_bytes(w, fmt)
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise TypeError(f"ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}")
+    out = np.empty((ids.shape[0], n_in), dtype=np.float32)
+    _k.get_rows(int(fmt.type), wb, n_in, np.ascontiguousarray(ids, dtype=np.int32), out)
+    return out
+
+
+def current_isa() -> str:
+    """The kernel variant in use: ``"scalar"``, ``"avx2"`` or ``"avx512"``."""
+    return _k.current_isa()
+
+
+def supported_isas() -> list[str]:
+    """The kernel variants this CPU runs."""
+    return _k.supported_isas()
+
+
+def set_isa(name: str) -> str:
+    """Switch the kernels of this module (tests, benchmarks); returns the previous variant."""
+    return _k.set_isa(name)
+
+
+# ---- argument checking ----
+
+def _float_rows(x: np.ndarray, what: str, require_2d: bool = False, copy: bool = True) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        if not copy or x.dtype.kind not in "fiu":
+            raise TypeError(f"{what} must be float32, got {x.dtype}")
+        x = x.astype(np.float32)
+    if x.ndim not in ((2,) if require_2d else (1, 2)):
+        raise ValueError(f"{what} must be {'2-D' if require_2d else '1-D or 2-D'}, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        if not copy:
+            raise ValueError(f"{what} must be C-contiguous")
+        x = np.ascontiguousarray(x)
+    return x.reshape(1, -1) if x.ndim == 1 else x
+
+
+def _is_2d_blob(blob: np.ndarray) -> bool:
+    return np.ndim(blob) == 2
+
+
+def _byte_rows(blob: np.ndarray, what: str) -> np.ndarray:
+    blob = np.asarray(blob)
+    if blob.ndim not in (1, 2):
+        raise ValueError(f"{what} must be 1-D or 2-D, got shape {blob.shape}")
+    if not blob.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    rows = blob.reshape(1, -1) if blob.ndim == 1 else blob
+    return rows.view(np.uint8) if rows.dtype != np.uint8 else rows
+
+
+def _weight_bytes(w: np.ndarray, fmt: Format) -> tuple[np.ndarray, int]:
+    """``w`` as uint8 rows plus the elements per row."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D [n_rows, ...], got shape {w.shape}")
+    if not w.flags.c_contiguous:
+        raise ValueError("w must be C-contiguous")
+    if w.dtype == np.uint8:
+        if w.shape[1] % fmt.type_size:
+            raise ValueError(f"{fmt.name} weight rows are whole blocks of {fmt.type_size} bytes, got {w.shape[1]}")
+        return w, w.shape[1] // fmt.type_size * fmt.block_size
+    if _TYPED_WEIGHTS.get(fmt.type) == w.dtype:
+        return w.view(np.uint8), w.shape[1]
+    raise TypeError(f"{fmt.name} weights must be uint8 blocks"
+                    + (f" or {_TYPED_WEIGHTS[fmt.type]}" if fmt.type in _TYPED_WEIGHTS else "") + f", got {w.dtype}")
+
+
+def _out_matrix(out: np.ndarray | None, n_tok: int, n_rows: int) -> np.ndarray:
+    if out is None:
+        return np.empty((n_tok, n_rows), dtype=np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError("out must be a float32 numpy array")
+    if out.shape != (n_tok, n_rows) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous with shape {(n_tok, n_rows)}, got {out.shape}")
+    return out

@@ -1,0 +1,97 @@
+/* ggml's quantization blocks, declared once, and the fp16/bf16 conversions they rely on.
+ *
+ * The layouts are ggml's (ggml-common.h) byte for byte; a wrong layout fails to compile through
+ * the size assertions. Half-precision fields are stored as raw uint16_t bits.
+ */
+#ifndef GGUFLM_GGML_BLOCKS_H
+#define GGUFLM_GGML_BLOCKS_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef uint16_t ggml_half;
+
+typedef struct { ggml_half d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+typedef struct { ggml_half d; ggml_half m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+typedef struct { ggml_half d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+typedef struct { ggml_half d; ggml_half m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+typedef struct { ggml_half d; int8_t qs[QK8_0]; } block_q8_0;
+/* s = d * sum(qs), kept so that dots with Q4_1/Q5_1 apply the weight's min once per block */
+typedef struct { ggml_half d; ggml_half s; int8_t qs[QK8_1]; } block_q8_1;
+
+/* K-quants: 256-element super-blocks of 16 or 8 sub-blocks with quantized scales */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; ggml_half d; ggml_half dmin; } block_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; ggml_half d; } block_q3_K;
+typedef struct { ggml_half d; ggml_half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct {
+    ggml_half d; ggml_half dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+} block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; ggml_half d; } block_q6_K;
+/* activation partner of every K-quant: float scale, bsums = sums of each 16 quants */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+_Static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+/* ---- fp16 / bf16 <-> fp32, bit-exact in software ----
+ * fp32 -> fp16 rounds to nearest even like F16C's vcvtps2ph (imm 0) and ggml's GGML_FP32_TO_FP16;
+ * NaNs become quiet NaNs that keep the top payload bits, as vcvtps2ph does. */
+static inline uint32_t gguflm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float gguflm_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline float gguflm_fp16_to_fp32(ggml_half h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t em = h & 0x7fffu;
+    if (em >= 0x7c00u) return gguflm_bits_f32(sign | 0x7f800000u | ((em & 0x3ffu) << 13));  /* inf, nan */
+    if (em >= 0x0400u) return gguflm_bits_f32(sign | ((em << 13) + 0x38000000u));          /* normal: rebias 15 -> 127 */
+    const float mag = (float)em * 5.9604644775390625e-8f;                                 /* subnormal: em * 2^-24, exact */
+    return gguflm_bits_f32(sign | gguflm_f32_bits(mag));
+}
+
+static inline ggml_half gguflm_fp32_to_fp16(float f) {
+    const uint32_t x = gguflm_f32_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (ggml_half)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) return (ggml_half)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {
+        /* below fp16's smallest normal: adding 0.5 puts the fp16 subnormal unit (2^-24) at the last
+         * mantissa bit of an fp32 in [0.5, 1), so the FPU's own round-to-nearest-even does the work */
+        const float t = gguflm_bits_f32(ax) + 0.5f;
+        return (ggml_half)(sign | (gguflm_f32_bits(t) - 0x3f000000u));
+    }
+    const uint32_t odd = (ax >> 13) & 1u;
+    ax += 0xc8000fffu + odd;   /* rebias exponent by -112 and add the round-to-nearest-even increment */
+    return (ggml_half)(sign | (ax >> 13));
+}
+
+static inline float gguflm_bf16_to_fp32(uint16_t h) { return gguflm_bits_f32((uint32_t)h << 16); }
+
+/* ggml_compute_fp32_to_bf16: round to nearest even, NaNs forced quiet */
+static inline uint16_t gguflm_fp32_to_bf16(float f) {
+    const uint32_t u = gguflm_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+#endif

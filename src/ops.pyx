@@ -1,0 +1,275 @@
+"""Forward-pass kernels other than matmul: RMS norm, RoPE, gated linear units, attention.
+
+Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``attention.h``)
+with the GIL released, rows spread over ``n_threads`` OpenMP threads. Numerics follow ggml's CPU
+backend (see the headers); results do not depend on the thread count, and the AVX2 and scalar
+variants of attention agree bit for bit.
+"""
+
+import os
+
+import numpy as np
+
+cimport numpy as cnp
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+cnp.import_array()
+
+cdef extern from "ggml_blocks.h" nogil:
+    ctypedef uint16_t ggml_half
+
+cdef extern from "cpu_features.h" nogil:
+    int gguflm_has_avx2()
+    int gguflm_has_f16c()
+
+cdef extern from "ops.h" nogil:
+    void gguflm_gelu_table_init(ggml_half *table)
+    void gguflm_rms_norm_row(int n, const float *x, const float *w, float eps, float *y)
+    ctypedef struct gguflm_rope_params:
+        int n_dims
+        int neox
+        float freq_base, freq_scale, ext_factor, attn_factor
+        float corr_low, corr_high
+        const float *freq_factors
+    void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                               float beta_slow, float *low, float *high)
+    void gguflm_rope_angles(const gguflm_rope_params *p, float pos, float *cos_sin)
+    void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin, int n_heads,
+                          int head_dim, float *x)
+    void gguflm_swiglu_row(int n, const float *gate, const float *up, float *y)
+    void gguflm_geglu_row(const ggml_half *table, int n, const float *gate, const float *up, float *y)
+
+cdef extern from "attention.h" nogil:
+    ctypedef struct gguflm_attn_args:
+        const float *q
+        int64_t q_stride
+        int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v
+        const void *k
+        const void *v
+        int cache_type_k, cache_type_v
+        int64_t k_row_bytes, v_row_bytes
+        int n_kv
+        const int32_t *cell_pos
+        const uint64_t *cell_seq
+        const int32_t *tok_pos
+        const int32_t *tok_seq
+        int causal
+        int32_t n_swa
+        float kq_scale
+        float softcap
+        float *out
+        int64_t out_stride
+    int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
+
+
+cdef ggml_half GELU_TABLE[65536]
+gguflm_gelu_table_init(GELU_TABLE)
+
+
+def _default_isa() -> str:
+    forced = os.environ.get("GGUFLM_ISA", "").strip().lower()
+    has_avx2 = bool(gguflm_has_avx2() and gguflm_has_f16c())
+    if forced == "scalar" or not has_avx2:
+        return "scalar"
+    return "avx2"
+
+
+cdef int _use_avx2 = _default_isa() == "avx2"
+
+
+def set_isa(str isa) -> None:
+    """Select the attention kernels: ``"scalar"``, or ``"avx2"`` / ``"avx512"`` (both use AVX2+F16C)."""
+    global _use_avx2
+    if isa not in ("scalar", "avx2", "avx512"):
+        raise ValueError(f"unknown ISA {isa!r}")
+    if isa != "scalar" and not (gguflm_has_avx2() and gguflm_has_f16c()):
+        raise ValueError(f"this CPU cannot run the {isa} kernels")
+    _use_avx2 = isa != "scalar"
+
+
+def current_isa() -> str:
+    return "avx2" if _use_avx2 else "scalar"
+
+
+cdef inline int _threads_for(Py_ssize_t n_rows, int n_threads) except -1:
+    if n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+    return <int>min(<Py_ssize_t>n_threads, max(n_rows, 1))
+
+
+def rms_norm(const float[:, ::1] x, const float[::1] weight, float eps, float[:, ::1] out,
+             int n_threads=1):
+    """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight`` for every row (``weight`` may be None)."""
+    cdef Py_ssize_t n_rows = x.shape[0], n = x.shape[1], i
+    if out.shape[0] != n_rows or out.shape[1] != n:
+        raise ValueError(f"out has shape ({out.shape[0]}, {out.shape[1]}), expected ({n_rows}, {n})")
+    if weight is not None and weight.shape[0] != n:
+        raise ValueError(f"weight has {weight.shape[0]} values, rows have {n}")
+    cdef const float *w = &weight[0] if weight is not None else NULL
+    cdef int nt = _threads_for(n_rows, n_threads)
+    with nogil, parallel(num_threads=nt):
+        for i in prange(n_rows, schedule="static"):
+            gguflm_rms_norm_row(<int>n, &x[i, 0], w, eps, &out[i, 0])
+
+
+def rope(float[:, ::1] x, const int32_t[::1] pos, int n_heads, int head_dim, int n_dims, bint neox,
+         float freq_base, float freq_scale=1.0, float ext_factor=0.0, float attn_factor=1.0,
+         float beta_fast=32.0, float beta_slow=1.0, int n_ctx_orig=0, const float[::1] freq_factors=None,
+         int n_threads=1):
+    """Rotate ``x`` ([n_tokens, n_heads * head_dim]) in place by each token's position ``pos``.
+
+    Parameters mirror ggml_rope_ext: the first ``n_dims`` of each head are rotated, ``neox``
+    selects the pairing, ``freq_scale``/``ext_factor``/``beta_*``/``n_ctx_orig`` are YaRN's.
+    """
+    cdef Py_ssize_t n_tok = x.shape[0], t
+    if pos.shape[0] != n_tok:
+        raise ValueError(f"{pos.shape[0]} positions for {n_tok} rows")
+    if x.shape[1] != <Py_ssize_t>n_heads * head_dim:
+        raise ValueError(f"rows hold {x.shape[1]} values, expected {n_heads} x {head_dim}")
+    if n_dims <= 0 or n_dims > head_dim or n_dims % 2:
+        raise ValueError(f"n_dims must be even and in (0, {head_dim}], got {n_dims}")
+    if freq_factors is not None and freq_factors.shape[0] < n_dims // 2:
+        raise ValueError(f"freq_factors needs {n_dims // 2} values")
+    cdef gguflm_rope_params p
+    p.n_dims = n_dims
+    p.neox = neox
+    p.freq_base = freq_base
+    p.freq_scale = freq_scale
+    p.ext_factor = ext_factor
+    p.attn_factor = attn_factor
+    p.freq_factors = &freq_factors[0] if freq_factors is not None else NULL
+    gguflm_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, &p.corr_low, &p.corr_high)
+    cdef int nt = _threads_for(n_tok, n_threads)
+    cdef float *cos_sin = NULL
+    with nogil, parallel(num_threads=nt):
+        cos_sin = <float *>malloc(sizeof(float) * n_dims)
+        if cos_sin != NULL:
+            for t in prange(n_tok, schedule="static"):
+                gguflm_rope_angles(&p, <float>pos[t], cos_sin)
+                gguflm_rope_rows(&p, cos_sin, n_heads, head_dim, &x[t, 0])
+            free(cos_sin)
+
+
+cdef int _check_glu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out) except -1:
+    if up.shape[0] != gate.shape[0] or up.shape[1] != gate.shape[1] \
+            or out.shape[0] != gate.shape[0] or out.shape[1] != gate.shape[1]:
+        raise ValueError("gate, up and out must have the same shape")
+    return 0
+
+
+def swiglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
+    """``out = silu(gate) * up`` (SwiGLU, ggml's vector SiLU)."""
+    _check_glu(gate, up, out)
+    cdef Py_ssize_t i, n = gate.shape[1]
+    cdef int nt = _threads_for(gate.shape[0], n_threads)
+    with nogil, parallel(num_threads=nt):
+        for i in prange(gate.shape[0], schedule="static"):
+            gguflm_swiglu_row(<int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+
+
+def geglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
+    """``out = gelu(gate) * up`` with ggml's tanh-GELU fp16 lookup table."""
+    _check_glu(gate, up, out)
+    cdef Py_ssize_t i, n = gate.shape[1]
+    cdef int nt = _threads_for(gate.shape[0], n_threads)
+    with nogil, parallel(num_threads=nt):
+        for i in prange(gate.shape[0], schedule="static"):
+            gguflm_geglu_row(GELU_TABLE, <int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+
+
+def gelu_table() -> np.ndarray:
+    """The fp16 GELU lookup table, as float16 (for tests)."""
+    return np.asarray(<ggml_half[:65536]>GELU_TABLE).view(np.float16).copy()
+
+
+# ggml type ids of the cache formats, and the bytes of one row of n values in each
+_CACHE_TYPES = {"f32": (0, np.float32), "f16": (1, np.float16), "q8_0": (8, np.uint8)}
+
+
+cdef int64_t _cache_row_bytes(int type_id, int64_t n):
+    if type_id == 8:
+        return n // 32 * 34
+    return n * (2 if type_id == 1 else 4)
+
+
+cdef int _check_cache(cnp.ndarray cache, str cache_type, int64_t n_values, str name) except -1:
+    if cache_type not in _CACHE_TYPES:
+        raise ValueError(f"{name} cache type must be f32, f16 or q8_0, got {cache_type!r}")
+    type_id, dtype = _CACHE_TYPES[cache_type]
+    if cache.ndim != 2 or not cache.flags.c_contiguous:
+        raise ValueError(f"{name} cache must be a C-contiguous 2-D array")
+    if cache.dtype != dtype:
+        raise TypeError(f"a {cache_type} {name} cache must be a {np.dtype(dtype).name} array, got {cache.dtype}")
+    if cache.shape[1] * cache.itemsize < _cache_row_bytes(type_id, n_values):
+        raise ValueError(f"{name} cache rows are too short for their heads")
+    return type_id
+
+
+def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarray v_cache, str type_v, int n_kv,
+              const int32_t[::1] cell_pos, const uint64_t[::1] cell_seq,
+              const int32_t[::1] tok_pos, const int32_t[::1] tok_seq,
+              int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
+              float kq_scale, float[:, ::1] out, bint causal=True, int n_swa=0, float softcap=0.0,
+              int n_threads=1):
+    """Attention of ``q`` ([n_tokens, n_head * head_dim_k]) over cache cells ``[0, n_kv)``.
+
+    ``k_cache``/``v_cache`` hold one row per cell of n_head_kv * head_dim values: float32 ("f32"),
+    float16 ("f16") or uint8 Q8_0 blocks ("q8_0"), as ``type_k``/``type_v`` say; a cell
+    is visible to a token when ``cell_seq`` has the token's sequence bit, its position is not in
+    the token's future (``causal``) and within ``n_swa`` positions (0 = no window). Writes
+    ``out`` ([n_tokens, n_head * head_dim_v]).
+    """
+    cdef Py_ssize_t n_tok = q.shape[0]
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise ValueError(f"n_head ({n_head}) must be a positive multiple of n_head_kv ({n_head_kv})")
+    if head_dim_k % 32 or head_dim_v % 32 or head_dim_k <= 0 or head_dim_v <= 0:
+        raise ValueError("head dimensions must be positive multiples of 32")
+    if q.shape[1] != <Py_ssize_t>n_head * head_dim_k:
+        raise ValueError(f"q rows hold {q.shape[1]} values, expected {n_head * head_dim_k}")
+    if out.shape[0] != n_tok or out.shape[1] != <Py_ssize_t>n_head * head_dim_v:
+        raise ValueError(f"out must be {(n_tok, n_head * head_dim_v)}")
+    if tok_pos.shape[0] != n_tok or tok_seq.shape[0] != n_tok:
+        raise ValueError("tok_pos and tok_seq need one entry per token")
+    cdef int k_id = _check_cache(k_cache, type_k, <int64_t>n_head_kv * head_dim_k, "K")
+    cdef int v_id = _check_cache(v_cache, type_v, <int64_t>n_head_kv * head_dim_v, "V")
+    if n_kv < 0 or n_kv > k_cache.shape[0] or n_kv > v_cache.shape[0] \
+            or cell_pos.shape[0] < n_kv or cell_seq.shape[0] < n_kv:
+        raise ValueError(f"n_kv {n_kv} exceeds the cache")
+    cdef Py_ssize_t t
+    for t in range(n_tok):
+        if tok_seq[t] < 0 or tok_seq[t] >= 64:
+            raise ValueError(f"sequence id {tok_seq[t]} out of range [0, 64)")
+    cdef gguflm_attn_args a
+    a.q = &q[0, 0] if n_tok else NULL
+    a.q_stride = q.shape[1]
+    a.n_tok = <int>n_tok
+    a.n_head = n_head
+    a.n_head_kv = n_head_kv
+    a.head_dim_k = head_dim_k
+    a.head_dim_v = head_dim_v
+    a.k = cnp.PyArray_DATA(k_cache)
+    a.v = cnp.PyArray_DATA(v_cache)
+    a.cache_type_k = k_id
+    a.cache_type_v = v_id
+    a.k_row_bytes = k_cache.shape[1] * k_cache.itemsize
+    a.v_row_bytes = v_cache.shape[1] * v_cache.itemsize
+    a.n_kv = n_kv
+    a.cell_pos = &cell_pos[0] if cell_pos.shape[0] else NULL
+    a.cell_seq = &cell_seq[0] if cell_seq.shape[0] else NULL
+    a.tok_pos = &tok_pos[0] if n_tok else NULL
+    a.tok_seq = &tok_seq[0] if n_tok else NULL
+    a.causal = causal
+    a.n_swa = n_swa
+    a.kq_scale = kq_scale
+    a.softcap = softcap
+    a.out = &out[0, 0] if n_tok else NULL
+    a.out_stride = out.shape[1]
+    if n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+    cdef int rc
+    with nogil:
+        rc = gguflm_attention(&a, _use_avx2, n_threads)
+    if rc != 0:
+        raise MemoryError("attention scratch allocation failed")

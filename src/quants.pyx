@@ -1,0 +1,239 @@
+"""Python entry points of the quantization kernels (``gguflm._ext.quants``).
+
+Thin wrappers: each checks its arguments, then calls a nogil C kernel from ``quants_kernels.h``.
+The public, friendlier API is :mod:`gguflm.quants`. ISA selection is per extension module: at
+import this module picks ``$GGUFLM_ISA`` or the best variant the CPU runs; :func:`set_isa` switches
+it for this module only.
+"""
+
+import os
+
+import numpy as np
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+from quants_kernels cimport *
+
+
+cdef int _known(int t):
+    return 0 <= t < GGUFLM_TYPE_COUNT and gguflm_type_known(t)
+
+
+cdef int _check_type(int t) except -1:
+    if not _known(t):
+        raise ValueError(f"ggml type {t} is not handled by the quantization kernels")
+    return 0
+
+
+cdef int _check_dot_type(int t) except -1:
+    _check_type(t)
+    if gguflm_traits[t].vec_dot_type < 0:
+        raise ValueError(f"{gguflm_traits[t].name.decode()} has no dot kernel (it is an activation format)")
+    return 0
+
+
+cdef int64_t _row_bytes(int t, int64_t n) except -1:
+    cdef int64_t rb = gguflm_row_bytes(t, n)
+    if rb < 0:
+        raise ValueError(
+            f"{gguflm_traits[t].name.decode()} rows need a multiple of {gguflm_traits[t].block_size} "
+            f"elements, got {n}")
+    return rb
+
+
+cdef int _check_threads(int n_threads) except -1:
+    if n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+    return 0
+
+
+def type_traits(int type) -> dict | None:
+    """``{"name", "block_size", "type_size", "vec_dot_type"}`` of a ggml type id, or None."""
+    if not _known(type):
+        return None
+    t = gguflm_traits[type]
+    return {"name": t.name.decode(), "block_size": t.block_size, "type_size": t.type_size,
+            "vec_dot_type": t.vec_dot_type if t.vec_dot_type >= 0 else None}
+
+
+def row_bytes(int type, int64_t n) -> int:
+    """Bytes of ``n`` elements of ``type``; ValueError unless ``n`` is a whole number of blocks."""
+    _check_type(type)
+    return _row_bytes(type, n)
+
+
+def act_buffer_bytes(int vec_dot_type, int64_t n_tok, int64_t n_in) -> int:
+    """Scratch bytes for ``n_tok`` activation rows of ``n_in`` elements in ``vec_dot_type``."""
+    _check_type(vec_dot_type)
+    if n_tok < 0:
+        raise ValueError(f"n_tok must be >= 0, got {n_tok}")
+    return _row_bytes(vec_dot_type, n_in) * n_tok
+
+
+def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activation=False):
+    """Quantize rows ``x`` [n, k] into ``out`` [n, row_bytes(type, k)] with ggml's reference
+    quantizer, or with the activation quantizer (ggml's CPU ``from_float``) when ``activation``."""
+    _check_type(type)
+    cdef int64_t n = x.shape[0], k = x.shape[1], i
+    cdef int64_t rb = _row_bytes(type, k)
+    if out.shape[0] != n or out.shape[1] != rb:
+        raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
+    cdef gguflm_from_float_fn fn = gguflm_traits[type].from_float_act if activation else gguflm_traits[type].from_float
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        for i in range(n):
+            fn(&x[i, 0], &out[i, 0], k)
+
+
+def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
+    """Dequantize rows ``blob`` [n, row_bytes(type, k)] into ``out`` [n, k]."""
+    _check_type(type)
+    cdef int64_t n = out.shape[0], k = out.shape[1], i
+    cdef int64_t rb = _row_bytes(type, k)
+    if blob.shape[0] != n or blob.shape[1] != rb:
+        raise ValueError(f"blob must be [{n}, {rb}] for {k} elements per row, got [{blob.shape[0]}, {blob.shape[1]}]")
+    if n == 0 or k == 0:
+        return
+    cdef gguflm_to_float_fn fn = gguflm_traits[type].to_float
+    with nogil:
+        for i in range(n):
+            fn(&blob[i, 0], &out[i, 0], k)
+
+
+def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -> float:
+    """Dot of one weight row (``n`` elements of ``wtype``) with one activation row already in
+    ``wtype``'s vec_dot partner type, with the current ISA's kernel."""
+    _check_dot_type(wtype)
+    cdef int64_t wb = _row_bytes(wtype, n)
+    cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n)
+    if w.shape[0] != wb or xq.shape[0] != xb:
+        raise ValueError(f"expected {wb} weight bytes and {xb} activation bytes, got {w.shape[0]} and {xq.shape[0]}")
+    cdef float s = 0.0
+    if n == 0:
+        return 0.0
+    cdef gguflm_vec_dot_fn dot = gguflm_vec_dot(wtype)
+    with nogil:
+        dot(n, &s, &w[0], &xq[0])
+    return s
+
+
+def quantize_act(int vec_dot_type, const float[:, ::1] x, uint8_t[:, ::1] out, int n_threads=1):
+    """Quantize activations ``x`` [n_tok, n_in] into ``out`` [n_tok, row_bytes] on ``n_threads``."""
+    _check_type(vec_dot_type)
+    _check_threads(n_threads)
+    cdef int64_t n_tok = x.shape[0], n_in = x.shape[1]
+    cdef int64_t rb = _row_bytes(vec_dot_type, n_in)
+    if out.shape[0] != n_tok or out.shape[1] != rb:
+        raise ValueError(f"out must be [{n_tok}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
+    if n_tok == 0 or n_in == 0:
+        return
+    with nogil:
+        gguflm_quantize_act(vec_dot_type, &x[0, 0], n_in, n_tok, n_in, &out[0, 0], n_threads)
+
+
+cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t n_tok, float[:, ::1] out,
+                       int n_threads) except -1:
+    _check_dot_type(wtype)
+    _check_threads(n_threads)
+    cdef int64_t rb = _row_bytes(wtype, n_in)
+    if w.shape[1] != rb:
+        raise ValueError(f"weight rows of {n_in} {gguflm_traits[wtype].name.decode()} elements take {rb} bytes, "
+                         f"got {w.shape[1]}")
+    if out.shape[0] != n_tok or out.shape[1] != w.shape[0]:
+        raise ValueError(f"out must be [{n_tok}, {w.shape[0]}], got [{out.shape[0]}, {out.shape[1]}]")
+    return 0
+
+
+def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,
+           int n_threads=1):
+    """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations
+    are quantized to the partner type inside the same parallel region."""
+    if x.shape[1] != n_in:
+        raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
+    _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads)
+    cdef int64_t n_rows = w.shape[0], n_tok = x.shape[0]
+    if n_rows == 0 or n_tok == 0:
+        return
+    if n_in == 0:
+        out[:, :] = 0
+        return
+    scratch = np.empty(act_buffer_bytes(gguflm_traits[wtype].vec_dot_type, n_tok, n_in), dtype=np.uint8)
+    cdef uint8_t[::1] sv = scratch
+    with nogil:
+        gguflm_matmul_f32(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &x[0, 0], n_in, n_tok, &sv[0],
+                          &out[0, 0], n_rows, n_threads)
+
+
+def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
+                     float[:, ::1] out, int n_threads=1):
+    """``out`` = ``w`` . activations already quantized (``xq`` [n_tok, act row bytes])."""
+    _check_matmul(wtype, w, n_in, xq.shape[0], out, n_threads)
+    cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n_in)
+    if xq.shape[1] != xb:
+        raise ValueError(f"xq rows must take {xb} bytes, got {xq.shape[1]}")
+    cdef int64_t n_rows = w.shape[0], n_tok = xq.shape[0]
+    if n_rows == 0 or n_tok == 0:
+        return
+    if n_in == 0:
+        out[:, :] = 0
+        return
+    with nogil:
+        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, n_threads)
+
+
+def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids, float[:, ::1] out):
+    """``out[i]`` = row ``ids[i]`` of ``w`` dequantized."""
+    _check_type(type)
+    cdef int64_t rb = _row_bytes(type, n_in), i, n_ids = ids.shape[0]
+    if w.shape[1] != rb:
+        raise ValueError(f"weight rows must take {rb} bytes, got {w.shape[1]}")
+    if out.shape[0] != n_ids or out.shape[1] != n_in:
+        raise ValueError(f"out must be [{n_ids}, {n_in}], got [{out.shape[0]}, {out.shape[1]}]")
+    for i in range(n_ids):
+        if not 0 <= ids[i] < w.shape[0]:
+            raise IndexError(f"row id {ids[i]} out of range for {w.shape[0]} rows")
+    if n_ids == 0 or n_in == 0:
+        return
+    with nogil:
+        gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in)
+
+
+def supported_isas() -> list[str]:
+    """The kernel variants this CPU can run, best last."""
+    return [gguflm_isa_names[i].decode() for i in range(3) if gguflm_isa_supported(i)]
+
+
+def current_isa() -> str:
+    """The variant this module's kernels use now."""
+    return gguflm_isa_names[gguflm_isa_current].decode()
+
+
+def set_isa(str name) -> str:
+    """Switch this module's kernels to ``name`` (scalar, avx2, avx512); returns the previous one."""
+    previous = current_isa()
+    cdef int isa = gguflm_isa_from_name(name.encode())
+    if isa < 0:
+        raise ValueError(f"unknown ISA {name!r}; expected one of scalar, avx2, avx512")
+    if gguflm_kernels_init(isa) < 0:
+        raise ValueError(f"this CPU cannot run the {name} kernels (it runs {supported_isas()})")
+    return previous
+
+
+def read_sum(const uint64_t[::1] buf, int n_threads=1) -> int:
+    """Sum of ``buf``'s 64-bit words read on ``n_threads`` threads (a memory read probe)."""
+    _check_threads(n_threads)
+    cdef uint64_t total
+    with nogil:
+        total = gguflm_read_sum(&buf[0], buf.shape[0], n_threads)
+    return total
+
+
+def _init_from_env():
+    requested = os.environ.get("GGUFLM_ISA", "")
+    if gguflm_kernels_init(-1) < 0:
+        raise ImportError(f"GGUFLM_ISA={requested!r}: unknown or not supported by this CPU "
+                          f"(supported: {supported_isas()})")
+
+
+_init_from_env()

@@ -1,0 +1,238 @@
+/* The kernel API other modules call with the GIL released: type traits, run-time ISA dispatch,
+ * activation quantization, matmul and get_rows.
+ *
+ * Everything here is static, so every extension that includes this header owns a private copy
+ * of the dispatch state and must call gguflm_kernels_init() once at import. Functions assume valid
+ * arguments (the Python wrappers in quants.pyx check them): type ids with a dot kernel, lengths a
+ * multiple of the block size, buffers of the sizes given by gguflm_row_bytes and
+ * gguflm_act_buffer_bytes.
+ */
+#ifndef GGUFLM_QUANTS_KERNELS_H
+#define GGUFLM_QUANTS_KERNELS_H
+
+#include <stdlib.h>
+#include "omp_compat.h"
+#include "quants_simd.h"
+
+typedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k);
+typedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k);
+
+typedef struct {
+    const char *name;
+    int block_size;                      /* 0: not a type the kernels handle */
+    int type_size;                       /* bytes per block */
+    int vec_dot_type;                    /* partner type of the activations; -1: no dot (Q8_1, Q8_K) */
+    gguflm_to_float_fn to_float;
+    gguflm_from_float_fn from_float;     /* weights: ggml's reference quantizer */
+    gguflm_from_float_fn from_float_act; /* activations: what ggml's CPU backend uses for src1 */
+} gguflm_type_traits;
+
+static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
+    [GGUFLM_F32] = {"F32", 1, 4, GGUFLM_F32, gguflm_dequantize_row_f32, gguflm_quantize_row_f32, gguflm_quantize_row_f32},
+    [GGUFLM_F16] = {"F16", 1, 2, GGUFLM_F16, gguflm_dequantize_row_f16, gguflm_quantize_row_f16, gguflm_quantize_row_f16},
+    [GGUFLM_BF16] = {"BF16", 1, 2, GGUFLM_BF16, gguflm_dequantize_row_bf16, gguflm_quantize_row_bf16, gguflm_quantize_row_bf16},
+    [GGUFLM_Q4_0] = {"Q4_0", 32, 18, GGUFLM_Q8_0, gguflm_dequantize_row_q4_0, gguflm_quantize_row_q4_0, gguflm_quantize_row_q4_0},
+    [GGUFLM_Q4_1] = {"Q4_1", 32, 20, GGUFLM_Q8_1, gguflm_dequantize_row_q4_1, gguflm_quantize_row_q4_1, gguflm_quantize_row_q4_1},
+    [GGUFLM_Q5_0] = {"Q5_0", 32, 22, GGUFLM_Q8_0, gguflm_dequantize_row_q5_0, gguflm_quantize_row_q5_0, gguflm_quantize_row_q5_0},
+    [GGUFLM_Q5_1] = {"Q5_1", 32, 24, GGUFLM_Q8_1, gguflm_dequantize_row_q5_1, gguflm_quantize_row_q5_1, gguflm_quantize_row_q5_1},
+    [GGUFLM_Q8_0] = {"Q8_0", 32, 34, GGUFLM_Q8_0, gguflm_dequantize_row_q8_0, gguflm_quantize_row_q8_0, gguflm_quantize_act_q8_0},
+    [GGUFLM_Q8_1] = {"Q8_1", 32, 36, -1, gguflm_dequantize_row_q8_1, gguflm_quantize_row_q8_1, gguflm_quantize_act_q8_1},
+    [GGUFLM_Q2_K] = {"Q2_K", 256, 84, GGUFLM_Q8_K, gguflm_dequantize_row_q2_K, gguflm_quantize_row_q2_K, gguflm_quantize_row_q2_K},
+    [GGUFLM_Q3_K] = {"Q3_K", 256, 110, GGUFLM_Q8_K, gguflm_dequantize_row_q3_K, gguflm_quantize_row_q3_K, gguflm_quantize_row_q3_K},
+    [GGUFLM_Q4_K] = {"Q4_K", 256, 144, GGUFLM_Q8_K, gguflm_dequantize_row_q4_K, gguflm_quantize_row_q4_K, gguflm_quantize_row_q4_K},
+    [GGUFLM_Q5_K] = {"Q5_K", 256, 176, GGUFLM_Q8_K, gguflm_dequantize_row_q5_K, gguflm_quantize_row_q5_K, gguflm_quantize_row_q5_K},
+    [GGUFLM_Q6_K] = {"Q6_K", 256, 210, GGUFLM_Q8_K, gguflm_dequantize_row_q6_K, gguflm_quantize_row_q6_K, gguflm_quantize_row_q6_K},
+    [GGUFLM_Q8_K] = {"Q8_K", 256, 292, -1, gguflm_dequantize_row_q8_K, gguflm_quantize_row_q8_K, gguflm_quantize_row_q8_K},
+};
+
+static inline int gguflm_type_known(int type) {
+    return type >= 0 && type < GGUFLM_TYPE_COUNT && gguflm_traits[type].block_size > 0;
+}
+
+/* bytes of n elements of type, or -1 when n is not a whole number of blocks */
+static inline int64_t gguflm_row_bytes(int type, int64_t n) {
+    const gguflm_type_traits *t = &gguflm_traits[type];
+    if (n < 0 || n % t->block_size) return -1;
+    return n / t->block_size * t->type_size;
+}
+
+/* scratch for n_tok activation rows of n_in elements quantized to vec_dot_type */
+static inline int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, int64_t n_in) {
+    const int64_t row = gguflm_row_bytes(vec_dot_type, n_in);
+    return row < 0 ? -1 : row * n_tok;
+}
+
+/* ======================= run-time ISA dispatch ======================= */
+
+enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2 };
+static const char *const gguflm_isa_names[] = {"scalar", "avx2", "avx512"};
+
+static const gguflm_vec_dot_fn *gguflm_dot_table = gguflm_dot_table_scalar;
+static int gguflm_isa_current = -1;
+
+static inline int gguflm_isa_supported(int isa) {
+    switch (isa) {
+    case GGUFLM_ISA_SCALAR: return 1;
+#if GGUFLM_HAVE_SIMD
+    case GGUFLM_ISA_AVX2: return gguflm_has_avx2() && gguflm_has_f16c();
+    case GGUFLM_ISA_AVX512: return gguflm_has_avx2() && gguflm_has_f16c() && gguflm_has_avx512() && gguflm_has_avx512_vnni();
+#endif
+    default: return 0;
+    }
+}
+
+static inline int gguflm_isa_from_name(const char *name) {
+    for (int i = 0; i < 3; ++i) {
+        if (strcmp(name, gguflm_isa_names[i]) == 0) return i;
+    }
+    return -1;
+}
+
+static inline int gguflm_isa_best(void) {
+    for (int isa = GGUFLM_ISA_AVX512; isa > GGUFLM_ISA_SCALAR; --isa) {
+        if (gguflm_isa_supported(isa)) return isa;
+    }
+    return GGUFLM_ISA_SCALAR;
+}
+
+/* Select the kernels of isa; isa < 0 means $GGUFLM_ISA when set, else the best this CPU runs.
+ * Returns the ISA now in use, or -1 (and keeps the previous choice, or the best one on first use)
+ * when the requested ISA is unknown or this CPU cannot run it. Safe to call repeatedly; not while
+ * a kernel of the same module runs on another thread. */
+static int gguflm_kernels_init(int isa) {
+    int ok = 1;
+    if (isa < 0) {
+        const char *env = getenv("GGUFLM_ISA");
+        isa = (env && *env) ? gguflm_isa_from_name(env) : gguflm_isa_best();
+    }
+    if (isa < 0 || !gguflm_isa_supported(isa)) {
+        ok = 0;
+        isa = gguflm_isa_current >= 0 ? gguflm_isa_current : gguflm_isa_best();
+    }
+#if GGUFLM_HAVE_SIMD
+    gguflm_dot_table = isa == GGUFLM_ISA_AVX512 ? gguflm_dot_table_avx512
+                     : isa == GGUFLM_ISA_AVX2   ? gguflm_dot_table_avx2
+                                                : gguflm_dot_table_scalar;
+#endif
+    gguflm_isa_current = isa;
+    return ok ? isa : -1;
+}
+
+static inline gguflm_vec_dot_fn gguflm_vec_dot(int type) { return gguflm_dot_table[type]; }
+
+/* ======================= activations ======================= */
+
+/* thread ith of nth quantizes its share of the blocks of every row of x [n_tok, n_in] (row stride
+ * x_stride floats) into xq [n_tok, row_bytes(vec_dot_type, n_in)] */
+static void gguflm_quantize_act_part(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
+                                     void *xq, int ith, int nth) {
+    const gguflm_type_traits *t = &gguflm_traits[vec_dot_type];
+    const int64_t nb = n_in / t->block_size, row_bytes = nb * t->type_size;
+    const int64_t b0 = nb * ith / nth, b1 = nb * (ith + 1) / nth;
+    if (b1 <= b0) return;
+    for (int64_t r = 0; r < n_tok; ++r) {
+        t->from_float_act(x + r * x_stride + b0 * t->block_size, (uint8_t *)xq + r * row_bytes + b0 * t->type_size,
+                          (b1 - b0) * t->block_size);
+    }
+}
+
+/* x -> xq for the dot partner vec_dot_type, on n_threads threads */
+static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
+                                void *xq, int n_threads) {
+    const int64_t nb = n_in / gguflm_traits[vec_dot_type].block_size;
+    const int nth = (int)(n_threads < nb ? n_threads : (nb > 0 ? nb : 1));
+    #pragma omp parallel num_threads(nth)
+    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, omp_get_thread_num(), nth);
+}
+
+/* ======================= matmul ======================= */
+
+/* token tile: the weight rows of a chunk stay in L1 while they meet every token of the tile */
+#define GGUFLM_TOKEN_TILE 16
+
+/* decode (one token) hands out 64-row chunks, batches 16-row chunks, as ggml's mul_mat */
+static inline int64_t gguflm_chunk_rows(int64_t n_tok) { return n_tok == 1 ? 64 : 16; }
+
+static inline int gguflm_matmul_threads(int64_t n_rows, int64_t n_tok, int n_threads) {
+    const int64_t n_chunks = (n_rows + gguflm_chunk_rows(n_tok) - 1) / gguflm_chunk_rows(n_tok);
+    return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
+}
+
+/* out[t, r] = W[r] . xq[t] for r in [r0, r1) and every token */
+static void gguflm_matmul_rows(gguflm_vec_dot_fn dot, const uint8_t *w, int64_t w_stride, int64_t r0, int64_t r1,
+                               int64_t n_in, const uint8_t *xq, int64_t xq_stride, int64_t n_tok, float *out,
+                               int64_t out_stride) {
+    for (int64_t t0 = 0; t0 < n_tok; t0 += GGUFLM_TOKEN_TILE) {
+        const int64_t t1 = t0 + GGUFLM_TOKEN_TILE < n_tok ? t0 + GGUFLM_TOKEN_TILE : n_tok;
+        for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t t = t0; t < t1; ++t) dot(n_in, out + t * out_stride + r, w + r * w_stride, xq + t * xq_stride);
+        }
+    }
+}
+
+/* inside a parallel region: thread ith starts on chunk ith, then takes chunks from *next_chunk
+ * (which the caller set to nth before the region) until none are left */
+static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
+                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride, int ith,
+                                 int64_t *next_chunk) {
+    const gguflm_vec_dot_fn dot = gguflm_vec_dot(wtype);
+    const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
+    const int64_t rows = gguflm_chunk_rows(n_tok);
+    const int64_t n_chunks = (n_rows + rows - 1) / rows;
+    int64_t chunk = ith;
+    while (chunk < n_chunks) {
+        const int64_t r0 = chunk * rows, r1 = r0 + rows < n_rows ? r0 + rows : n_rows;
+        gguflm_matmul_rows(dot, w, w_stride, r0, r1, n_in, xq, xq_stride, n_tok, out, out_stride);
+        #pragma omp atomic capture
+        chunk = (*next_chunk)++;
+    }
+}
+
+/* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
+ * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type */
+static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
+                            int64_t n_tok, float *out, int64_t out_stride, int n_threads) {
+    const int nth = gguflm_matmul_threads(n_rows, n_tok, n_threads);
+    int64_t next_chunk = nth;
+    #pragma omp parallel num_threads(nth)
+    gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)xq, n_tok, out, out_stride,
+                         omp_get_thread_num(), &next_chunk);
+}
+
+/* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
+ * into scratch (act_buffer_bytes) by all threads, then one barrier, then the matmul, all in one
+ * parallel region as ggml does it */
+static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const float *x,
+                              int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
+                              int n_threads) {
+    const int nth = gguflm_matmul_threads(n_rows, n_tok, n_threads);
+    const int vdt = gguflm_traits[wtype].vec_dot_type;
+    int64_t next_chunk = nth;
+    #pragma omp parallel num_threads(nth)
+    {
+        const int ith = omp_get_thread_num();
+        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, ith, nth);
+        #pragma omp barrier
+        gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)scratch, n_tok, out,
+                             out_stride, ith, &next_chunk);
+    }
+}
+
+/* out[i] = row ids[i] of W dequantized (embedding lookup); ids must be in range */
+static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids, int64_t n_ids,
+                            float *out, int64_t out_stride) {
+    const gguflm_to_float_fn to_float = gguflm_traits[type].to_float;
+    for (int64_t i = 0; i < n_ids; ++i) to_float((const uint8_t *)w + ids[i] * w_stride, out + i * out_stride, n_in);
+}
+
+/* ======================= memory bandwidth probe ======================= */
+
+/* sum of the 64-bit words of buf on n_threads threads; the bench times it to get read bandwidth */
+static uint64_t gguflm_read_sum(const uint64_t *buf, int64_t n_words, int n_threads) {
+    uint64_t total = 0;
+    #pragma omp parallel for num_threads(n_threads) schedule(static) reduction(+:total)
+    for (int64_t i = 0; i < n_words; ++i) total += buf[i];
+    return total;
+}
+
+#endif

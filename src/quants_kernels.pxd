@@ -1,0 +1,53 @@
+# The nogil C API of the quantization kernels, for other Cython modules:
+#     from quants_kernels cimport gguflm_kernels_init, gguflm_matmul_q, gguflm_act_buffer_bytes, ...
+# The kernels are static functions in headers, so each importing extension gets its own copy and
+# must call gguflm_kernels_init(-1) once at import. Arguments are not checked at this level.
+from libc.stdint cimport int32_t, int64_t, uint64_t
+
+cdef extern from "quants_kernels.h" nogil:
+    enum:
+        GGUFLM_TYPE_COUNT
+        GGUFLM_ISA_SCALAR
+        GGUFLM_ISA_AVX2
+        GGUFLM_ISA_AVX512
+
+    ctypedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const void *vy)
+    ctypedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k)
+    ctypedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k)
+
+    ctypedef struct gguflm_type_traits:
+        const char *name
+        int block_size          # 0: a type the kernels do not handle
+        int type_size
+        int vec_dot_type        # -1: no dot kernel (Q8_1, Q8_K)
+        gguflm_to_float_fn to_float
+        gguflm_from_float_fn from_float        # weights: ggml's reference quantizer
+        gguflm_from_float_fn from_float_act    # activations: ggml's CPU from_float
+
+    const gguflm_type_traits gguflm_traits[]
+    const char *const gguflm_isa_names[]
+    int gguflm_isa_current
+
+    int gguflm_type_known(int type)
+    int64_t gguflm_row_bytes(int type, int64_t n)
+    int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, int64_t n_in)
+
+    int gguflm_kernels_init(int isa)
+    int gguflm_isa_supported(int isa)
+    int gguflm_isa_from_name(const char *name)
+    gguflm_vec_dot_fn gguflm_vec_dot(int type)
+
+    # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
+    void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
+                             void *xq, int n_threads)
+    # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq
+    void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
+                         const void *xq, int64_t n_tok, float *out, int64_t out_stride, int n_threads)
+    # the same from float x, quantized into scratch (act_buffer_bytes) inside the one parallel region
+    void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
+                           const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
+                           int64_t out_stride, int n_threads)
+    # out[i] = row ids[i] of W as floats
+    void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
+                         int64_t n_ids, float *out, int64_t out_stride)
+    uint64_t gguflm_read_sum(const uint64_t *buf, int64_t n_words, int n_threads)

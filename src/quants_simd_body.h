@@ -1,0 +1,207 @@
+/* SIMD dot kernels, written once and compiled twice by quants_simd.h: as AVX2 (+FMA, F16C) and as
+ * AVX-512 with VNNI. GGUFLM_SIMD(name) gives each copy its own names; GGUFLM_SIMD_VNNI selects
+ * vpdpbusd for the unsigned x signed byte dots where the AVX2 copy uses vpmaddubsw + vpmaddwd.
+ * Both forms give the same int32 lanes (4 adjacent products each; no pair can saturate int16
+ * because one side never holds -128), so the two copies agree bit for bit.
+ * No include guard: this file is meant to be included more than once.
+ */
+
+/* horizontal sums */
+static inline float GGUFLM_SIMD(hsum_f32)(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline int32_t GGUFLM_SIMD(hsum_i32)(__m256i a) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* u (unsigned bytes) . s (signed bytes), 4 adjacent products per int32 lane */
+static inline __m256i GGUFLM_SIMD(dot_u8_s8)(__m256i u, __m256i s) {
+#if GGUFLM_SIMD_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* signed x signed: move x's sign onto y so that x can go in as unsigned |x| */
+static inline __m256i GGUFLM_SIMD(dot_s8_s8)(__m256i x, __m256i y) {
+    return GGUFLM_SIMD(dot_u8_s8)(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones */
+static inline __m256i GGUFLM_SIMD(nibbles_32)(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set */
+static inline __m256i GGUFLM_SIMD(bits_32)(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* a legacy block's 32 quants: signed values (Q4_0/Q5_0/Q8_0) or unsigned ones (Q4_1/Q5_1) */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(int type, const uint8_t *xb) {
+    switch (type) {
+    case GGUFLM_Q4_0:
+        return _mm256_sub_epi8(GGUFLM_SIMD(nibbles_32)(((const block_q4_0 *)xb)->qs), _mm256_set1_epi8(8));
+    case GGUFLM_Q4_1:
+        return GGUFLM_SIMD(nibbles_32)(((const block_q4_1 *)xb)->qs);
+    case GGUFLM_Q5_0: {
+        /* nibble | 0xF0 where the fifth bit is clear reads as the signed value nibble + 16*h - 16 */
+        const block_q5_0 *b = (const block_q5_0 *)xb;
+        const __m256i high = _mm256_andnot_si256(GGUFLM_SIMD(bits_32)(b->qh), _mm256_set1_epi8((char)0xF0));
+        return _mm256_or_si256(GGUFLM_SIMD(nibbles_32)(b->qs), high);
+    }
+    case GGUFLM_Q5_1: {
+        const block_q5_1 *b = (const block_q5_1 *)xb;
+        const __m256i high = _mm256_and_si256(GGUFLM_SIMD(bits_32)(b->qh), _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(GGUFLM_SIMD(nibbles_32)(b->qs), high);
+    }
+    default:
+        return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)xb)->qs);
+    }
+}
+
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n, float *s,
+                                                                         const void *vx, const void *vy) {
+    const int has_min = gguflm_legacy_has_min(type);
+    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    /* two accumulators hide the FMA latency */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float summs = 0.0f;
+    const int64_t nb = n / 32;
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        const uint8_t *xb = (const uint8_t *)vx + ib * bx;
+        const uint8_t *yb = (const uint8_t *)vy + ib * by;
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
+        const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
+        const __m256i p = has_min ? GGUFLM_SIMD(dot_u8_s8)(qx, qy) : GGUFLM_SIMD(dot_s8_s8)(qx, qy);
+        const float dxy = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
+        if (has_min) summs += GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]) * GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s);
+        if (ib & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc0);
+    }
+    *s = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0, acc1)) + summs;
+}
+
+/* the 32 unsigned quants of elements 32g .. 32g+31 of a K super-block (layouts: see gguflm_kunpack) */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(kquants)(int type, const uint8_t *xb, int g) {
+    const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    switch (type) {
+    case GGUFLM_Q2_K:
+    case GGUFLM_Q3_K: {
+        const uint8_t *qs = type == GGUFLM_Q2_K ? ((const block_q2_K *)xb)->qs : ((const block_q3_K *)xb)->qs;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (g / 4)));
+        __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (g % 4)), m2);
+        if (type == GGUFLM_Q3_K) {
+            const __m256i hm = _mm256_loadu_si256((const __m256i *)((const block_q3_K *)xb)->hmask);
+            u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, g), one), 2));
+        }
+        return u;
+    }
+    case GGUFLM_Q4_K:
+    case GGUFLM_Q5_K: {
+        const uint8_t *qs = type == GGUFLM_Q4_K ? ((const block_q4_K *)xb)->qs : ((const block_q5_K *)xb)->qs;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (g / 2)));
+        __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (g % 2)), m4);
+        if (type == GGUFLM_Q5_K) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)xb)->qh);
+            u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g), one), 4));
+        }
+        return u;
+    }
+    default: { /* Q6_K */
+        const block_q6_K *b = (const block_q6_K *)xb;
+        const int n = g / 4, sub = g % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n + 32 * (sub % 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * n));
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (sub / 2)), m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * sub), m2);
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+    }
+}
+
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_k)(int type, size_t bx, int64_t n, float *s,
+                                                                    const void *vx, const void *vy) {
+    const block_q8_K *y = (const block_q8_K *)vy;
+    gguflm_kblock kb;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = (const uint8_t *)vx + i * bx;
+        gguflm_kscales(type, xb, &kb);
+        __m256i acc = _mm256_setzero_si256();
+        for (int g = 0; g < QK_K / 32; ++g) {
+            const __m256i u = GGUFLM_SIMD(kquants)(type, xb, g);
+            const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g)));
+            /* int16 lanes 0-7 hold elements 32g..32g+15 (scale 2g), lanes 8-15 the next 16 */
+            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)kb.sc[2 * g + 1]), _mm_set1_epi16((short)kb.sc[2 * g]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+        }
+        int32_t sumz, summ;
+        gguflm_kbsum_terms(&kb, y[i].bsums, &sumz, &summ);
+        sumf += gguflm_kblock_value(y[i].d, kb.d, kb.dmin, GGUFLM_SIMD(hsum_i32)(acc) - kb.zero * sumz, summ);
+    }
+    *s = sumf;
+}
+
+/* 8 consecutive elements of a float-format row as fp32 */
+static inline __attribute__((always_inline)) __m256 GGUFLM_SIMD(load8)(int type, const void *p, int64_t i) {
+    if (type == GGUFLM_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + i)));
+    if (type == GGUFLM_BF16) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float)(int type, int64_t n, float *s, const void *vx, const void *vy) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; ++k) {
+            acc[k] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, vx, i + 8 * k), GGUFLM_SIMD(load8)(type, vy, i + 8 * k), acc[k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, vx, i), GGUFLM_SIMD(load8)(type, vy, i), acc[0]);
+    float sum = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; ++i) sum += gguflm_float_at(type, vx, i) * gguflm_float_at(type, vy, i);
+    *s = sum;
+}
+
+static void GGUFLM_SIMD(dot_q4_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q4_0, sizeof(block_q4_0), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q4_1)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q4_1, sizeof(block_q4_1), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q5_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q5_0, sizeof(block_q5_0), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q5_1)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q5_1, sizeof(block_q5_1), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q8_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q8_0, sizeof(block_q8_0), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q2_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q2_K, sizeof(block_q2_K), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q3_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q3_K, sizeof(block_q3_K), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q4_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q4_K, sizeof(block_q4_K), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q5_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q5_K, sizeof(block_q5_K), n, s, x, y); }
+static void GGUFLM_SIMD(dot_q6_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q6_K, sizeof(block_q6_K), n, s, x, y); }
+static void GGUFLM_SIMD(dot_f32)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F32, n, s, x, y); }
+static void GGUFLM_SIMD(dot_f16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F16, n, s, x, y); }
+static void GGUFLM_SIMD(dot_bf16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_BF16, n, s, x, y); }
+
+static const gguflm_vec_dot_fn GGUFLM_SIMD(dot_table)[GGUFLM_TYPE_COUNT] = {
+    [GGUFLM_F32] = GGUFLM_SIMD(dot_f32),   [GGUFLM_F16] = GGUFLM_SIMD(dot_f16),
+    [GGUFLM_BF16] = GGUFLM_SIMD(dot_bf16), [GGUFLM_Q4_0] = GGUFLM_SIMD(dot_q4_0),
+    [GGUFLM_Q4_1] = GGUFLM_SIMD(dot_q4_1), [GGUFLM_Q5_0] = GGUFLM_SIMD(dot_q5_0),
+    [GGUFLM_Q5_1] = GGUFLM_SIMD(dot_q5_1), [GGUFLM_Q8_0] = GGUFLM_SIMD(dot_q8_0),
+    [GGUFLM_Q2_K] = GGUFLM_SIMD(dot_q2_K), [GGUFLM_Q3_K] = GGUFLM_SIMD(dot_q3_K),
+    [GGUFLM_Q4_K] = GGUFLM_SIMD(dot_q4_K), [GGUFLM_Q5_K] = GGUFLM_SIMD(dot_q5_K),
+    [GGUFLM_Q6_K] = GGUFLM_SIMD(dot_q6_K),
+};

@@ -1,0 +1,112 @@
+"""Independent numpy references for the quantization tests (float64, written from ggml's formulas)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gguflm.quants as q
+from gguflm.ggml_types import GGMLType
+
+# every format that has a dot kernel
+DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
+
+
+def generate_data(offset: float, n: int, amplitude: float = 2.0) -> np.ndarray:
+    """llama.cpp's test-quantize-fns synthetic data: 0.1 + amplitude*cos(i + offset)."""
+    i = np.arange(n, dtype=np.float32) + np.float32(offset)
+    return (0.1 + np.float64(np.float32(amplitude) * np.cos(i).astype(np.float32))).astype(np.float32)
+
+
+def partner_values(wtype: GGMLType, xq: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dequantized activations [n_tok, n_in] and, for Q8_1 partners, the stored per-block
+    s = fp16(d * sum(qs)) [n_tok, n_blocks] (zeros otherwise), both float64."""
+    fmt = q.get(wtype)
+    partner = q.get(fmt.vec_dot_type)
+    x = partner.dequantize(xq, n_in).astype(np.float64).reshape(-1, n_in)
+    s = np.zeros((x.shape[0], n_in // 32))
+    if partner.type == GGMLType.Q8_1:
+        s = xq.reshape(x.shape[0], -1, 36)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return x, s
+
+
+def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """For Q4_1/Q5_1: (d*q part [rows, n_in], per-block min m [rows, n_blocks]); ggml applies the
+    min through the activation's s. Other types: (dequantized rows, zeros)."""
+    fmt = q.get(wtype)
+    rows = fmt.dequantize(w.reshape(-1, fmt.row_bytes(n_in)), n_in).astype(np.float64)
+    m = np.zeros((rows.shape[0], n_in // 32))
+    if wtype in (GGMLType.Q4_1, GGMLType.Q5_1):
+        blocks = w.reshape(rows.shape[0], -1, fmt.type_size)
+        m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        rows = rows - np.repeat(m, 32, axis=1)
+    return rows, m
+
+
+def reference_matmul(wtype: GGMLType, w: np.ndarray, xq: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """(W . x in float64 [n_tok, n_rows], sum of |terms| for a rounding tolerance)."""
+    wd, m = weight_parts(wtype, w, n_in)
+    xd, s = partner_values(wtype, xq, n_in)
+    out = xd @ wd.T + s @ m.T
+    mag = np.abs(xd) @ np.abs(wd).T + np.abs(s) @ np.abs(m).T
+    return out, mag
+
+
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def gguf_tensors(path) -> dict[str, tuple[GGMLType, tuple[int, ...], np.ndarray]]:
+    """name -> (type, dims, raw bytes) of a GGUF file's tensors. A minimal header walk: the gguf
+    package's reader parses every vocabulary string into numpy objects, which takes half a minute
+    on a 262144-token vocabulary; here only the byte ranges are needed."""
+    import struct
+
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = memoryview(raw)
+    pos = 24
+    n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+
+    def string() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8 + n
+        return bytes(buf[pos - n:pos]).decode()
+
+    def skip_value(vtype: int) -> None:
+        nonlocal pos
+        if vtype == 8:
+            string()
+        elif vtype == 9:
+            itype, count = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            if itype in (8, 9):
+                for _ in range(count):
+                    skip_value(itype)
+            else:
+                pos += count * _GGUF_SCALAR_SIZES[itype]
+        else:
+            pos += _GGUF_SCALAR_SIZES[vtype]
+
+    alignment = 32
+    for _ in range(n_kv):
+        key = string()
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if key == "general.alignment":
+            (alignment,) = struct.unpack_from("<I", buf, pos)
+        skip_value(vtype)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        (n_dims,) = struct.unpack_from("<I", buf, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+        ttype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        infos.append((name, GGMLType(ttype), dims, offset))
+    data_start = (pos + alignment - 1) // alignment * alignment
+    tensors = {}
+    for name, ttype, dims, offset in infos:
+        n_rows = int(np.prod(dims[1:], dtype=np.int64))
+        row = ttype.row_bytes(dims[0])
+        start = data_start + offset
+        tensors[name] = (ttype, dims, raw[start:start + n_rows * row].reshape(n_rows, row))
+    return tensors

@@ -1,0 +1,172 @@
+"""Formats: byte identity with ggml's own output and the gguf package, round-trip error bounds."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gguflm.quants as q
+from gguflm.ggml_types import GGMLType
+from gguflm.testing import strategies as gst
+from quants_oracles import DOT_TYPES, generate_data, gguf_tensors
+
+ALL_TYPES = [f.type for f in q.formats()]
+GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+GGUF_DEQUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def test_registry_lists_every_brief_format():
+    names = {f.name for f in q.formats()}
+    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
+                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"}
+    for f in q.formats():
+        assert (f.block_size, f.type_size) == (f.type.block_size, f.type.type_size)
+        assert q.get(f.name) is f and q.get(f.type) is f and q.get(f.name.lower()) is f
+
+
+def test_vec_dot_types_are_ggmls():
+    expected = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+                "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+                "F16": "F16", "BF16": "BF16", "F32": "F32", "Q8_1": None, "Q8_K": None}
+    for name, partner in expected.items():
+        vdt = q.get(name).vec_dot_type
+        assert (vdt.name if vdt is not None else None) == partner
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="unknown"):
+        q.get("Q9_9")
+    with pytest.raises(ValueError, match="not handled"):
+        q.get(GGMLType.IQ2_XXS)
+    with pytest.raises(TypeError):
+        q.get(12)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_quantize_matches_ggml_reference_output(reference_dir, name):
+    folder = reference_dir / "quants"
+    info = json.loads((folder / "README.json").read_text())["types"][name]
+    rows = np.load(folder / "rows.npy")
+    expected = np.load(folder / f"{name}.npy")
+    fmt = q.get(name)
+    assert (fmt.block_size, fmt.type_size) == (info["block"], info["bytes_per_block"])
+    got = fmt.quantize(rows)
+    assert got.shape == expected.shape
+    bad = np.flatnonzero((got.reshape(-1, fmt.type_size) != expected.reshape(-1, fmt.type_size)).any(-1))
+    assert bad.size == 0, f"{name}: blocks {bad.tolist()} differ from ggml's"
+
+
+@pytest.mark.parametrize("name", GGUF_QUANTIZES)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_quantize_matches_gguf_package(name, data):
+    fmt = q.get(name)
+    block = max(fmt.block_size, 32)
+    x = data.draw(gst.float_rows(st.integers(1, 4).map(lambda b: b * block), st.integers(1, 3), max_magnitude=2e5))
+    expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name]).view(np.uint8).reshape(x.shape[0], -1)
+    assert np.array_equal(fmt.quantize(x), expected)
+
+
+@pytest.mark.parametrize("name", GGUF_DEQUANTIZES)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_dequantize_matches_gguf_package(name, data):
+    fmt = q.get(name)
+    blob = data.draw(gst.quantized_blocks(fmt, st.integers(1, 3 * 256 // max(fmt.block_size, 32) + 1)))
+    expected = gguf.quants.dequantize(blob, gguf.GGMLQuantizationType[name]).reshape(-1)
+    got = fmt.dequantize(blob)
+    assert got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), expected.astype(np.float32).view(np.uint32))
+
+
+def test_fp16_conversion_is_exact_both_ways():
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    f16 = q.get("F16")
+    as_f32 = f16.dequantize(halves)
+    ref = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(ref)
+    assert np.array_equal(as_f32[finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.array_equal(np.isnan(as_f32), np.isnan(ref))
+    # fp32 -> fp16 round-to-nearest-even on a dense sweep of bit patterns, halfway cases included
+    bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
+                           (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16)
+    assert np.array_equal(f16.quantize(x), expected.view(np.uint8))
+
+
+def test_bf16_nan_stays_nan_and_quiet():
+    x = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
+    back = q.get("BF16").dequantize(q.get("BF16").quantize(x))
+    assert np.isnan(back[:2]).all() and np.array_equal(back[2:], x[2:])
+
+
+# llama.cpp's test-quantize-fns thresholds
+MAX_TOTAL_ERROR = {GGMLType.Q2_K: 0.0075, GGMLType.Q3_K: 0.0040}
+MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04}
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_round_trip_error_within_ggml_bounds(t):
+    fmt = q.get(t)
+    n = 32 * 128
+    data = generate_data(0.0, n)
+    rmse = np.sqrt(np.sum((fmt.dequantize(fmt.quantize_activations(data)).astype(np.float64) - data) ** 2)) / n
+    assert rmse < MAX_TOTAL_ERROR.get(t, 0.002)
+    # ggml's "reference implementation error": CPU from_float vs from_float_ref
+    via_ref = fmt.dequantize(fmt.quantize(data)).astype(np.float64)
+    via_act = fmt.dequantize(fmt.quantize_activations(data)).astype(np.float64)
+    assert np.sqrt(np.sum((via_ref - via_act) ** 2)) / n < 0.0001
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+def test_dot_error_within_ggml_bounds(t):
+    fmt = q.get(t)
+    n = 32 * 128
+    a, b = generate_data(0.0, n), generate_data(1.0, n)
+    err = abs(fmt.dot(fmt.quantize_activations(a), b) - float(np.dot(a.astype(np.float64), b))) / n
+    assert err < MAX_DOT_ERROR.get(t, 0.02)
+
+
+def test_quantize_errors():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        q.get("Q4_K").quantize(np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match="1-D or 2-D"):
+        q.get("Q8_0").quantize(np.zeros((2, 2, 32), np.float32))
+    with pytest.raises(TypeError):
+        q.get("Q8_0").quantize(np.array(["a"] * 32))
+    with pytest.raises(ValueError, match="whole blocks"):
+        q.get("Q8_0").dequantize(np.zeros(35, np.uint8))
+    with pytest.raises(ValueError, match="take 68 bytes"):
+        q.get("Q8_0").dequantize(np.zeros(34, np.uint8), n=64)
+
+
+def test_quantize_shapes_round_trip():
+    fmt = q.get("Q8_0")
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    one = fmt.quantize(x)
+    assert one.shape == (68,) and fmt.dequantize(one).shape == (64,)
+    two = fmt.quantize(np.stack([x, -x]))
+    assert two.shape == (2, 68) and fmt.dequantize(two).shape == (2, 64)
+    assert np.array_equal(two[0], one)
+    assert fmt.quantize(np.zeros((3, 0), np.float32)).shape == (3, 0)
+
+
+@pytest.mark.parametrize("model, name", [("gemma", "Q8_0"), ("gemma", "Q5_0"), ("gemma", "Q4_K"),
+                                         ("gemma", "Q6_K"), ("smollm", "Q4_1"), ("smollm", "Q8_0")])
+def test_real_model_tensors_dequantize_like_gguf(request, model, name):
+    tensors = gguf_tensors(request.getfixturevalue(f"{model}_path"))
+    chosen = [(t, rows) for t, dims, rows in tensors.values() if t.name == name][:3]
+    assert chosen, f"{model} should hold {name} tensors"
+    fmt = q.get(name)
+    for t, rows in chosen:
+        rows = np.ascontiguousarray(rows[:64])
+        expected = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(int(t)))
+        assert np.array_equal(fmt.dequantize(rows), expected)
