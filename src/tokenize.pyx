@@ -839,42 +839,102 @@ cdef class Engine:
 
 
 # ---------------------------------------------------------------------------------------------
+
+cdef class MergeEngine(Engine):
+    """The merge loop SPM and BPE share: symbols over a text, candidate pairs in a heap, the best
+    valid pair merged and its new neighbours offered, until no candidate is left. Symbols that
+    end up as no token fall back to per-byte tokens."""
+
+    cdef Symbols sy
+    cdef Heap heap
+    cdef const uint8_t *text        # the text the symbols index while a merge runs
+    cdef int32_t n_tokens
+    cdef int32_t fallback[256][2]   # token ids a leftover byte becomes (-1: none)
+    cdef bint strict_bytes          # a byte without a token is an error (SPM) or vanishes (BPE)
+
+    def __dealloc__(self):
+        symbols_free(&self.sy)
+        free(self.heap.item)
+
+    cdef void set_fallback(self, list fallback):
+        for i in range(256):
+            ids = fallback[i]
+            self.fallback[i][0] = ids[0] if len(ids) > 0 else -1
+            self.fallback[i][1] = ids[1] if len(ids) > 1 else -1
+
+    cdef int try_pair(self, int32_t left, int32_t right) except -1:
+        raise NotImplementedError
+
+    cdef int merge(self, const uint8_t *text, IntVec *out) except -1:
+        """Run the merges over self.sy (split and given symbol ids) and emit the tokens."""
+        cdef int32_t i, left, right, s
+        cdef int64_t j
+        cdef Candidate c
+        self.text = text
+        self.heap.n = 0
+        for i in range(1, self.sy.n):
+            self.try_pair(i - 1, i)
+        while self.heap.n:
+            c = heap_pop(&self.heap)
+            left = <int32_t>(c.key & 0xFFFFFFFFu)
+            right = c.right
+            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
+                    self.sy.length[left] + self.sy.length[right] != c.size:
+                continue    # stale: one side has merged since
+            symbols_merge(&self.sy, left, right)
+            self.sy.sym[left] = c.merged
+            self.try_pair(self.sy.prev[left], left)
+            self.try_pair(left, self.sy.next[left])
+        i = 0 if self.sy.n else -1
+        while i >= 0:
+            s = self.sy.sym[i]
+            if 0 <= s < self.n_tokens:
+                ivec_push(out, s)
+            else:
+                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
+                    if self.fallback[text[j]][0] >= 0:
+                        ivec_push(out, self.fallback[text[j]][0])
+                    elif self.strict_bytes:
+                        raise ValueError(f"the vocabulary has no token for byte {text[j]:#04x}")
+                    if self.fallback[text[j]][1] >= 0:
+                        ivec_push(out, self.fallback[text[j]][1])
+            i = self.sy.next[i]
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # SPM (llm_tokenizer_spm_session): merge the adjacent pair whose concatenation is the
 # highest-scoring token, leftmost first, until none is left; leftovers become byte tokens
 
-cdef class SpmEngine(Engine):
+cdef class SpmEngine(MergeEngine):
     cdef TokenTable table
     cdef float *score           # [n_tokens]
-    cdef int32_t byte_token[256]
     cdef bint add_space_prefix
-    cdef Symbols sy
-    cdef Heap heap
 
     def __cinit__(self, TokenTable table, scores, list byte_tokens, bint add_space_prefix):
         cdef const float[::1] sc = np.ascontiguousarray(scores, dtype=np.float32)
         cdef int i
         self.table = table
+        self.n_tokens = table.n_tokens
         self.score = <float *>malloc(max(1, sc.shape[0]) * sizeof(float))
         if self.score == NULL:
             raise MemoryError()
         for i in range(sc.shape[0]):
             self.score[i] = sc[i]
-        for i in range(256):
-            self.byte_token[i] = byte_tokens[i]
+        self.set_fallback([[t] if t >= 0 else [] for t in byte_tokens])
+        self.strict_bytes = True
         self.add_space_prefix = add_space_prefix
 
     def __dealloc__(self):
         free(self.score)
-        symbols_free(&self.sy)
-        free(self.heap.item)
 
-    cdef int try_pair(self, const uint8_t *text, int32_t left, int32_t right) except -1:
+    cdef int try_pair(self, int32_t left, int32_t right) except -1:
         cdef Candidate c
         cdef int32_t tok
         if left < 0 or right < 0:
             return 0
         c.size = self.sy.length[left] + self.sy.length[right]
-        tok = self.table.lookup(text + self.sy.start[left], c.size)
+        tok = self.table.lookup(self.text + self.sy.start[left], c.size)
         if tok < 0:
             return 0
         c.key = score_priority(self.score[tok], left)
@@ -884,36 +944,11 @@ cdef class SpmEngine(Engine):
         return 0
 
     cdef int encode_text(self, const uint8_t *text, int64_t n, IntVec *out) except -1:
-        cdef int32_t i, left, right
-        cdef int32_t tok
-        cdef int64_t j
-        cdef Candidate c
+        cdef int32_t i
         symbols_split(&self.sy, text, n, False)
-        self.heap.n = 0
-        for i in range(1, self.sy.n):
-            self.try_pair(text, i - 1, i)
-        while self.heap.n:
-            c = heap_pop(&self.heap)
-            left = <int32_t>(c.key & 0xFFFFFFFFu)
-            right = c.right
-            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
-                    self.sy.length[left] + self.sy.length[right] != c.size:
-                continue    # stale: one side has merged since
-            symbols_merge(&self.sy, left, right)
-            self.try_pair(text, self.sy.prev[left], left)
-            self.try_pair(text, left, self.sy.next[left])
-        i = 0 if self.sy.n else -1
-        while i >= 0:
-            tok = self.table.lookup(text + self.sy.start[i], self.sy.length[i])
-            if tok >= 0:
-                ivec_push(out, tok)
-            else:
-                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
-                    if self.byte_token[text[j]] < 0:
-                        raise ValueError(f"the vocabulary has no token for byte {text[j]:#04x}")
-                    ivec_push(out, self.byte_token[text[j]])
-            i = self.sy.next[i]
-        return 0
+        for i in range(self.sy.n):
+            self.sy.sym[i] = self.table.lookup(text + self.sy.start[i], self.sy.length[i])
+        return self.merge(text, out)
 
     cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
         """Spaces escaped as U+2581, one prefixed at the start and after a special token when
@@ -991,18 +1026,14 @@ def gpt2_text_to_bytes(const uint8_t[::1] text, bint strict):
     return bytes(out)
 
 
-cdef class BpeEngine(Engine):
+cdef class BpeEngine(MergeEngine):
     cdef strmap_t symtab        # symbol text -> symbol id (token id, or >= n_tokens for merge-only)
     cdef pairmap_t merges       # (left symbol, right symbol) -> rank << 32 | merged symbol
-    cdef int32_t n_tokens
     cdef int32_t byte_sym[256]
-    cdef int32_t fallback[256][2]   # tokens for one leftover byte (-1: none)
     cdef bint byte_encode, ignore_merges, whole_newlines, escape_spaces
     cdef list steps
     cdef strmap_t cache         # word -> index into cache_pool of (start, count)
     cdef IntVec cache_pool
-    cdef Symbols sy
-    cdef Heap heap
 
     def __cinit__(self, list tokens, list merges, list fallback, list steps, bint byte_encode,
                   bint ignore_merges, bint whole_newlines, bint escape_spaces):
@@ -1061,9 +1092,7 @@ cdef class BpeEngine(Engine):
         for i in range(256):
             one = i
             self.byte_sym[i] = strmap_get(&self.symtab, &one, 1, -1)
-            ids_ = fallback[i]
-            self.fallback[i][0] = ids_[0] if len(ids_) > 0 else -1
-            self.fallback[i][1] = ids_[1] if len(ids_) > 1 else -1
+        self.set_fallback(fallback)
         self.steps = steps
         self.byte_encode = byte_encode
         self.ignore_merges = ignore_merges
@@ -1099,8 +1128,6 @@ cdef class BpeEngine(Engine):
         pairmap_free(&self.merges)
         strmap_free(&self.cache)
         free(self.cache_pool.data)
-        symbols_free(&self.sy)
-        free(self.heap.item)
 
     cdef int try_pair(self, int32_t left, int32_t right) except -1:
         cdef Candidate c
@@ -1118,9 +1145,8 @@ cdef class BpeEngine(Engine):
         return 0
 
     cdef int merge_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
-        cdef int32_t i, left, right, s
+        cdef int32_t i, s
         cdef int64_t j
-        cdef Candidate c
         cdef bint newlines
         s = strmap_get(&self.symtab, w, n, -1)
         if 0 <= s < self.n_tokens:
@@ -1129,7 +1155,7 @@ cdef class BpeEngine(Engine):
             while newlines and j < n:
                 newlines = w[j] == 0x0A
                 j += 1
-            if self.ignore_merges or newlines:
+            if self.ignore_merges or newlines:  # the whole word is a token: kept as it is
                 ivec_push(out, s)
                 return 0
         symbols_split(&self.sy, w, n, self.byte_encode)
@@ -1138,33 +1164,7 @@ cdef class BpeEngine(Engine):
                 self.sy.sym[i] = self.byte_sym[w[self.sy.start[i]]]
             else:
                 self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i], self.sy.length[i], -1)
-        self.heap.n = 0
-        for i in range(1, self.sy.n):
-            self.try_pair(i - 1, i)
-        while self.heap.n:
-            c = heap_pop(&self.heap)
-            left = <int32_t>(c.key & 0xFFFFFFFFu)
-            right = c.right
-            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
-                    self.sy.length[left] + self.sy.length[right] != c.size:
-                continue
-            symbols_merge(&self.sy, left, right)
-            self.sy.sym[left] = c.merged
-            self.try_pair(self.sy.prev[left], left)
-            self.try_pair(left, self.sy.next[left])
-        i = 0 if self.sy.n else -1
-        while i >= 0:
-            s = self.sy.sym[i]
-            if 0 <= s < self.n_tokens:
-                ivec_push(out, s)
-            else:
-                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
-                    if self.fallback[w[j]][0] >= 0:
-                        ivec_push(out, self.fallback[w[j]][0])
-                    if self.fallback[w[j]][1] >= 0:
-                        ivec_push(out, self.fallback[w[j]][1])
-            i = self.sy.next[i]
-        return 0
+        return self.merge(w, out)
 
     cdef int encode_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
         cdef int inserted
