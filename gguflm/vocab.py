@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, spm, wpm
+from gguflm.tokenizers import bpe, spm, ugm, wpm
 
 
 class TokenType(IntEnum):
@@ -107,8 +107,9 @@ _MODELS = {
     "bert": ("wpm", {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}),
     "gpt2": ("bpe", {"bos": 11, "eos": 11}),
     "gemma4": ("bpe", {}),
+    "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
 }
-_UNSUPPORTED_MODELS = {"t5", "rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
+_UNSUPPORTED_MODELS = {"rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
 _CLEAN_2 = re.compile(rb" ' ")                   # a lone apostrophe between spaces
@@ -208,7 +209,7 @@ class Vocab:
             setattr(self, name, defaults.get(name))
         self.add_space_prefix = self.type == "spm"
         self.add_bos = self.type in ("spm", "wpm")
-        self.add_eos = False
+        self.add_eos = self.type == "ugm"
         self.add_sep = self.type == "wpm"
         self.clean_spaces = self.type in ("bpe", "wpm")
         self.ignore_merges = False
@@ -234,6 +235,8 @@ class Vocab:
         self._build_engine(meta, pre_spec)
         self.nl = self._linefeed()
         self._read_special_ids(meta)
+        if self.type == "ugm":
+            self._engine.unk = -1 if self.unk is None else self.unk
         self.add_bos = _flag(meta, "add_bos_token", self.add_bos)
         self.add_eos = _flag(meta, "add_eos_token", self.add_eos)
         self.add_sep = _flag(meta, "add_sep_token", self.add_sep)
@@ -260,6 +263,8 @@ class Vocab:
         self._check_byte_tokens()
         self._fixup_attributes(meta)
         self._matchers: dict[bool, _tk.SpecialMatcher] = {}
+        if self.type == "ugm" and any((a ^ b) & _USER_DEFINED for a, b in zip(self._load_attrs, self._attr)):
+            self._build_engine(meta, None)  # user-defined tokens score 0: use the final attributes
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -273,6 +278,8 @@ class Vocab:
         for i, t in enumerate(strs):
             if not isinstance(t, str):
                 raise VocabError(f"tokenizer.ggml.tokens[{i}] is not a string: {t!r}")
+            if "\0" in t:
+                t = strs[i] = t.split("\0", 1)[0]  # llama.cpp reads texts as C strings
             if not t:
                 strs[i] = f"[EMPTY_{i}]"  # as llama.cpp renames empty tokens
         texts = [t.encode("utf-8", "surrogateescape") for t in strs]
@@ -297,6 +304,7 @@ class Vocab:
             type_attr[t] = a
         known = (self._types >= 0) & (self._types <= 6)
         self._attr = np.where(known, type_attr[np.clip(self._types, 0, None)], 0).tolist()
+        self._load_attrs = tuple(self._attr)  # as llama.cpp's tokenizer is built from them
         self._max_token_len = max(len(t) for t in texts)
 
     def _build_engine(self, meta: Mapping[str, Any], pre_spec) -> None:
@@ -310,11 +318,15 @@ class Vocab:
             try:
                 if isinstance(merges, (str, bytes)):
                     raise TypeError
-                lines = [m.encode("utf-8", "surrogateescape") for m in merges]
+                lines = [m.encode("utf-8", "surrogateescape").split(b"\0", 1)[0] for m in merges]
             except (TypeError, AttributeError):
                 raise VocabError("metadata key 'tokenizer.ggml.merges' is not a string array") from None
             self._engine = bpe.build_engine(self._texts, lines, pre_spec, self.ignore_merges,
                                             self.token_id)
+        elif self.type == "ugm":
+            self._engine = ugm.build_engine(self._texts, self._load_attrs, self._attr, self._scores,
+                                            self.unk, ugm.read_charsmap(meta.get(ugm.CHARSMAP_KEY)),
+                                            self.add_space_prefix, self.remove_extra_whitespaces)
         else:  # wpm: built once the normalizer flags are read
             self._engine = None
 

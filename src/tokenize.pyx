@@ -84,7 +84,11 @@ cdef struct IntVec:
 
 
 cdef int ivec_reserve(IntVec *v, size_t need) except -1:
-    if array_grow(<void **>&v.data, &v.cap, need, sizeof(int32_t)):
+    return ivec_reserve_raw(&v.data, &v.cap, need)
+
+
+cdef int ivec_reserve_raw(int32_t **data, size_t *cap, size_t need) except -1:
+    if array_grow(<void **>data, cap, need, sizeof(int32_t)):
         raise MemoryError()
     return 0
 
@@ -613,39 +617,71 @@ cdef int cmp_u64(const void *a, const void *b) noexcept nogil:
     return (x > y) - (x < y)
 
 
+cdef class ByteTrie:
+    """A trie over byte strings: node 0 is the root, each node may hold a value (-1: none)."""
+
+    cdef pairmap_t edges        # (node, byte) -> child node
+    cdef int32_t root[256]      # the root's children, looked up most often
+    cdef int32_t *value         # [n_nodes]
+    cdef size_t n_nodes, cap
+
+    def __cinit__(self, Py_ssize_t expected_bytes):
+        cdef int i
+        if pairmap_init(&self.edges, expected_bytes) != 0:
+            raise MemoryError()
+        for i in range(256):
+            self.root[i] = -1
+        self.n_nodes = 1
+        ivec_reserve_raw(&self.value, &self.cap, 1)
+        self.value[0] = -1
+
+    def __dealloc__(self):
+        pairmap_free(&self.edges)
+        free(self.value)
+
+    cdef inline int32_t child(self, int32_t node, uint8_t b) noexcept:
+        return self.root[b] if node == 0 else <int32_t>pairmap_get(&self.edges, node, b, -1)
+
+    cdef int32_t insert(self, const uint8_t *p, size_t n) except -1:
+        """The node spelling p[0..n), created as needed."""
+        cdef int32_t node = 0, nxt
+        cdef size_t k
+        for k in range(n):
+            nxt = self.child(node, p[k])
+            if nxt < 0:
+                nxt = <int32_t>self.n_nodes
+                ivec_reserve_raw(&self.value, &self.cap, self.n_nodes + 1)
+                self.value[nxt] = -1
+                self.n_nodes += 1
+                if node == 0:
+                    self.root[p[k]] = nxt
+                elif pairmap_put_new(&self.edges, node, p[k], nxt) < 0:
+                    raise MemoryError()
+            node = nxt
+        return node
+
+
 cdef class SpecialMatcher:
     """Finds special-token texts and splits text around them in llama.cpp's order: token by token
     in the given priority order, each one left to right through the raw fragments left so far,
     trimming white space beside a match for tokens with lstrip/rstrip."""
 
-    cdef pairmap_t edges        # (node, byte) -> child node
-    cdef int32_t root[256]
-    cdef int32_t *node_rank     # [n_nodes] priority index of the token ending here, or -1
-    cdef int32_t n_nodes
+    cdef ByteTrie trie          # node value: priority index of the token ending there
     cdef int32_t *tok_id        # [n_tok]
     cdef int32_t *tok_len       # [n_tok]
     cdef uint8_t *tok_strip     # [n_tok] bit 0 lstrip, bit 1 rstrip
     cdef int32_t n_tok
 
     def __cinit__(self, list texts, list ids, list lstrip, list rstrip):
-        cdef int32_t node, child, r
+        cdef int32_t node, r
         cdef const uint8_t *p
-        cdef Py_ssize_t i, k, total = 1
-        for t in texts:
-            total += len(t)
-        if pairmap_init(&self.edges, total) != 0:
-            raise MemoryError()
+        self.trie = ByteTrie(sum(len(t) for t in texts) + 1)
         self.n_tok = len(texts)
-        self.node_rank = <int32_t *>malloc(total * sizeof(int32_t))
         self.tok_id = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
         self.tok_len = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
         self.tok_strip = <uint8_t *>malloc(self.n_tok + 1)
-        if not (self.node_rank and self.tok_id and self.tok_len and self.tok_strip):
+        if not (self.tok_id and self.tok_len and self.tok_strip):
             raise MemoryError()
-        for i in range(256):
-            self.root[i] = -1
-        self.n_nodes = 1      # node 0 is the root
-        self.node_rank[0] = -1
         for r in range(self.n_tok):
             text = texts[r]
             p = text
@@ -654,25 +690,11 @@ cdef class SpecialMatcher:
             self.tok_strip[r] = (1 if lstrip[r] else 0) | (2 if rstrip[r] else 0)
             if len(text) == 0:
                 continue
-            node = 0
-            for k in range(len(text)):
-                child = self.root[p[k]] if node == 0 else \
-                    <int32_t>pairmap_get(&self.edges, node, p[k], -1)
-                if child < 0:
-                    child = self.n_nodes
-                    self.n_nodes += 1
-                    self.node_rank[child] = -1
-                    if node == 0:
-                        self.root[p[k]] = child
-                    elif pairmap_put_new(&self.edges, node, p[k], child) < 0:
-                        raise MemoryError()
-                node = child
-            if self.node_rank[node] < 0:    # a duplicate text keeps its first (higher) priority
-                self.node_rank[node] = r
+            node = self.trie.insert(p, len(text))
+            if self.trie.value[node] < 0:   # a duplicate text keeps its first (higher) priority
+                self.trie.value[node] = r
 
     def __dealloc__(self):
-        pairmap_free(&self.edges)
-        free(self.node_rank)
         free(self.tok_id)
         free(self.tok_len)
         free(self.tok_strip)
@@ -682,15 +704,15 @@ cdef class SpecialMatcher:
         cdef int64_t start, k
         cdef int32_t node
         for start in range(n):
-            node = self.root[s[start]]
+            node = self.trie.root[s[start]]
             k = start + 1
             while node >= 0:
-                if self.node_rank[node] >= 0:
-                    ivec_push(hits_hi, self.node_rank[node])
+                if self.trie.value[node] >= 0:
+                    ivec_push(hits_hi, self.trie.value[node])
                     ivec_push(hits_lo, <int32_t>start)
                 if k >= n:
                     break
-                node = <int32_t>pairmap_get(&self.edges, node, s[k], -1)
+                node = self.trie.child(node, s[k])
                 k += 1
         return 0
 
@@ -1302,6 +1324,234 @@ cdef class WpmEngine(Engine):
         for word in self.words(piece):
             self.encode_word(word, out)
         return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# UGM (llm_tokenizer_ugm_session): normalize (user-defined texts kept, the precompiled charsmap's
+# replacements, spaces escaped), then the best-scoring segmentation by Viterbi over byte offsets;
+# a code point no token covers alone is the unknown token, runs of those merged into one
+
+cdef extern from *:
+    """
+    #include <float.h>
+    """
+    double DBL_MAX
+    float FLT_MAX
+
+
+cdef class UgmEngine(Engine):
+    cdef ByteTrie tokens            # value: token id (normal, user-defined and unused tokens)
+    cdef ByteTrie user_defined      # user-defined texts, matched as paths (llama.cpp's way)
+    cdef double *score              # [n_tokens] user-defined tokens score 0
+    cdef double unknown_score
+    cdef public int32_t unk         # read when tokenizing, as llama.cpp reads token_unk()
+    cdef bytes charsmap             # keeps xcda and replacements alive
+    cdef const uint32_t *xcda
+    cdef size_t xcda_size
+    cdef const uint8_t *replacements
+    cdef size_t replacements_size
+    cdef bint prepend_space, merge_spaces
+
+    def __cinit__(self, list texts, list load_attrs, list attrs, scores, int32_t unk,
+                  bytes charsmap, bint add_space_prefix, bint remove_extra_whitespaces):
+        """load_attrs: token attributes when llama.cpp builds the tokenizer (straight from the
+        token types); attrs: the final ones, which decide user-defined scores."""
+        cdef const float[::1] sc = np.ascontiguousarray(scores, dtype=np.float32)
+        cdef float min_score = FLT_MAX
+        cdef int32_t i, node
+        cdef const uint8_t *p
+        cdef uint32_t blob
+        n = len(texts)
+        self.tokens = ByteTrie(sum(len(t) for t in texts) + 1)
+        self.user_defined = ByteTrie(64)
+        self.score = <double *>malloc(max(1, n) * sizeof(double))
+        if self.score == NULL:
+            raise MemoryError()
+        for i in range(n):
+            t = texts[i]
+            p = t
+            if load_attrs[i] & 4:       # normal
+                min_score = min(min_score, sc[i])
+            if load_attrs[i] & (4 | 16 | 2):    # normal, user-defined, unused
+                node = self.tokens.insert(p, len(t))
+                self.tokens.value[node] = i
+            if load_attrs[i] & 16:
+                self.user_defined.insert(p, len(t))
+            self.score[i] = 0.0 if attrs[i] & 16 else sc[i]
+        self.unknown_score = <float>(min_score - <float>10.0)
+        self.unk = unk
+        self.charsmap = charsmap
+        if len(charsmap) >= 4:
+            p = charsmap
+            memcpy(&blob, p, 4)
+            self.xcda = <const uint32_t *>(p + 4)
+            self.xcda_size = blob // 4
+            self.replacements = p + 4 + blob
+            self.replacements_size = len(charsmap) - 4 - blob
+        self.prepend_space = add_space_prefix
+        self.merge_spaces = remove_extra_whitespaces
+
+    def __dealloc__(self):
+        free(self.score)
+
+    cdef uint32_t xcda_node(self, size_t index) except? 0:
+        if index >= self.xcda_size:
+            raise ValueError("index out of array bounds in the XCDA array of the charsmap")
+        return self.xcda[index]
+
+    cdef inline uint32_t xcda_base(self, size_t index) except? 0:
+        cdef uint32_t node = self.xcda_node(index)
+        return (node >> 10) << ((node & (1u << 9)) >> 6)
+
+    cdef size_t normalize_prefix(self, const uint8_t *s, size_t n, size_t off,
+                                 const uint8_t **out, size_t *out_len) except? 0:
+        """Normalize the text at s[off]: sets the replacement, returns how many bytes it eats."""
+        cdef int32_t node = 0
+        cdef size_t k = off, best_len = 0, best_off = 0, r
+        cdef uint32_t index, packed
+        cdef bint leaf
+        # a user-defined token's path through the trie stays as it is
+        while k < n:
+            node = self.user_defined.child(node, s[k])
+            if node < 0:
+                break
+            k += 1
+        if k > off:
+            out[0] = s + off
+            out_len[0] = k - off
+            return k - off
+        # longest match in the charsmap's double array
+        if self.xcda_size > 0:
+            index = self.xcda_base(0)
+            for k in range(off, n):
+                if s[k] == 0:
+                    break
+                index ^= s[k]
+                packed = self.xcda_node(index)
+                if packed & ((1u << 31) | 0xFF) != s[k]:
+                    break
+                leaf = (packed >> 8) & 1
+                index ^= self.xcda_base(index)
+                if leaf:
+                    best_len = k - off + 1
+                    best_off = self.xcda_node(index) & ((1u << 31) - 1)
+        if best_len > 0:
+            if best_off >= self.replacements_size:
+                raise ValueError("index out of array bounds in the charsmap replacements")
+            r = 0
+            while best_off + r < self.replacements_size and self.replacements[best_off + r] != 0:
+                r += 1
+            if best_off + r == self.replacements_size:
+                raise ValueError("unterminated string in the charsmap replacements")
+            out[0] = self.replacements + best_off
+            out_len[0] = r
+            return best_len
+        # one code point as it is, or U+FFFD for one invalid byte
+        k = off
+        if utf8_next(s, n, &k) == 0xFFFD and k == off + 1:
+            out[0] = <const uint8_t *>b"\xef\xbf\xbd"
+            out_len[0] = 3
+            return 1
+        out[0] = s + off
+        out_len[0] = k - off
+        return k - off
+
+    cdef int normalize(self, const uint8_t *s, size_t n, ByteVec *out) except -1:
+        cdef size_t off = 0, i, r_len
+        cdef const uint8_t *r
+        cdef bint in_word = False, prepended = False
+        while off < n:
+            off += self.normalize_prefix(s, n, off, &r, &r_len)
+            for i in range(r_len):
+                if r[i] != 0x20:
+                    if not in_word:
+                        in_word = True
+                        if (self.prepend_space and not prepended) or self.merge_spaces:
+                            bvec_append(out, ESCAPED_SPACE, 3)
+                            prepended = True
+                    bvec_append(out, r + i, 1)
+                else:
+                    in_word = False
+                    if not self.merge_spaces:
+                        bvec_append(out, ESCAPED_SPACE, 3)
+        return 0
+
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        cdef ByteVec norm
+        cdef size_t n, off, po, units, i, first
+        cdef int32_t node, tok
+        cdef int32_t *best_tok = NULL
+        cdef size_t *best_from = NULL
+        cdef double *best = NULL
+        cdef double challenger
+        cdef bint single, unknown, prev_unknown
+        norm.data = NULL
+        norm.n = norm.cap = 0
+        try:
+            self.normalize(piece, len(piece), &norm)
+            n = norm.n
+            if n == 0:
+                return 0
+            best_tok = <int32_t *>malloc((n + 1) * sizeof(int32_t))
+            best_from = <size_t *>malloc((n + 1) * sizeof(size_t))
+            best = <double *>malloc((n + 1) * sizeof(double))
+            if not (best_tok and best_from and best):
+                raise MemoryError()
+            for i in range(n + 1):
+                best_tok[i] = self.unk
+                best_from[i] = 0
+                best[i] = -DBL_MAX
+            best[0] = 0.0
+            off = 0
+            while off < n:
+                units = min(utf8_seq_len(norm.data[off]), n - off)
+                single = False
+                node = self.tokens.child(0, norm.data[off])
+                po = off + 1
+                while node >= 0:
+                    tok = self.tokens.value[node]
+                    if tok >= 0:
+                        single = single or po - off == units
+                        challenger = best[off] + self.score[tok]
+                        if challenger > best[po]:
+                            best[po] = challenger
+                            best_tok[po] = tok
+                            best_from[po] = off
+                    if po >= n:
+                        break
+                    node = self.tokens.child(node, norm.data[po])
+                    po += 1
+                if not single:
+                    challenger = best[off] + self.unknown_score
+                    if challenger > best[off + units]:
+                        best[off + units] = challenger
+                        best_tok[off + units] = self.unk
+                        best_from[off + units] = off
+                off += units
+            # walk back from the end; consecutive unknown tokens become one
+            first = out.n
+            po = n
+            prev_unknown = False
+            while True:
+                unknown = best_tok[po] == self.unk
+                if not (prev_unknown and unknown):
+                    ivec_push(out, best_tok[po])
+                if best_from[po] == 0:
+                    break
+                prev_unknown = unknown
+                po = best_from[po]
+            i = first
+            off = out.n - 1
+            while i < off:
+                out.data[i], out.data[off] = out.data[off], out.data[i]
+                i += 1
+                off -= 1
+            return 0
+        finally:
+            free(norm.data)
+            free(best_tok)
+            free(best_from)
+            free(best)
 
 
 # ---------------------------------------------------------------------------------------------

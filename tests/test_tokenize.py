@@ -9,6 +9,7 @@ suite does not cover.
 from __future__ import annotations
 
 import functools
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -271,3 +272,72 @@ def test_bench_measures_a_tiny_text(smollm_path):
                         lambda p: Vocab.from_metadata(read_metadata(p)))
     assert row["tokens"] > 20 and row["ours_mbs"] > 0 and row["model"] == smollm_path.name
     assert len(bench.corpus()) > 100_000
+
+
+# ---- unigram (t5): no such vocabulary in llama.cpp's suite, so hand-made ones --------------
+
+def build_charsmap(mapping: dict[bytes, bytes]) -> np.ndarray:
+    """A SentencePiece precompiled charsmap for a few replacements: the XOR-compressed double
+    array (each node's children in a fresh 256-slot block, so that block start ^ byte finds them;
+    a leaf's replacement offset at its block's slot 0), then the NUL-terminated replacements."""
+    repl, offsets = bytearray(), {}
+    for key, value in mapping.items():
+        offsets[key] = len(repl)
+        repl += value + b"\0"
+    cells = {0: 256 << 10}          # the root's children live in block 1
+    block = {b"": 1}
+    for key in mapping:
+        for d in range(1, len(key) + 1):
+            prefix = key[:d]
+            if prefix not in block:
+                index = 256 * block[prefix[:-1]] + prefix[-1]
+                block[prefix] = len(block) + 1
+                cells[index] = ((index ^ (256 * block[prefix])) << 10) | prefix[-1]
+        cells[256 * block[key[:-1]] + key[-1]] |= 1 << 8
+        cells[256 * block[key]] = (1 << 31) | offsets[key]
+    xcda = np.zeros(256 * (len(block) + 1), np.uint32)
+    for index, packed in cells.items():
+        xcda[index] = packed
+    blob = struct.pack("<I", xcda.nbytes) + xcda.astype("<u4").tobytes() + bytes(repl)
+    return np.frombuffer(blob, np.uint8).copy()
+
+
+UGM_PIECES = ["a", "b", "ab", "abc", "\u2581", "\u2581a", "x", "é", "e\u0301", "ＡＢ", "  ", "<u>",
+              "ß", "\u3000", "Ⅸ", "日本", "ﬁ"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_unigram_matches_llama_cpp(tmp_path_factory, data):
+    """Hand-made unigram vocabularies, with and without a charsmap, against llama.cpp."""
+    require_llama()
+    pieces = data.draw(st.lists(st.sampled_from(UGM_PIECES) | st.text(min_size=1, max_size=3),
+                                min_size=1, max_size=40, unique=True))
+    tokens = list(dict.fromkeys(["<pad>", "</s>", "<unk>"] + pieces))
+    n = len(tokens)
+    types = [3, 3, 2] + data.draw(st.lists(st.sampled_from([1, 1, 1, 1, 4, 5, 3]), min_size=n - 3,
+                                           max_size=n - 3))
+    meta = {"general.architecture": "t5", "general.name": "t", "tokenizer.ggml.model": "t5",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.array(data.draw(st.lists(
+                st.floats(-20, 0, width=32), min_size=n, max_size=n)), np.float32),
+            "tokenizer.ggml.token_type": np.array(types, np.int32),
+            "tokenizer.ggml.add_space_prefix": data.draw(st.booleans()),
+            "tokenizer.ggml.remove_extra_whitespaces": data.draw(st.booleans())}
+    keys = data.draw(st.lists(st.sampled_from(["Ａ", "Ｂ", "\u3000", "ﬁ", "Ⅸ", "e\u0301", "ab", "x"]),
+                              unique=True, max_size=5))
+    if keys:
+        meta["tokenizer.ggml.precompiled_charsmap"] = build_charsmap(
+            {k.encode(): data.draw(st.sampled_from(["A", "B", " ", "fi", "IX", "é", "", "a b"])).encode()
+             for k in keys})
+    path = tmp_path_factory.mktemp("ugm") / "u.gguf"
+    write_metadata(path, meta)
+    vocab, llama = Vocab.from_metadata(meta), LlamaVocab(path)
+    assert {k: getattr(vocab, k) for k in llama.special_ids()} == llama.special_ids()
+    for _ in range(8):
+        text = "".join(data.draw(st.lists(st.sampled_from(tokens[3:] + keys + [" ", "q", "\n"]),
+                                          max_size=10)))
+        for parse in (False, True):
+            assert vocab.tokenize(text, True, parse) == llama.tokenize(text.encode(), True, parse)
+    ids = vocab.tokenize("ab  x", True)
+    assert vocab.detokenize_bytes(ids) == llama.detokenize(ids, False, False)

@@ -210,7 +210,9 @@ BASE = ["<unk>", "<s>", "</s>", "a", "b", "ab", "\u2581"]
 @pytest.mark.parametrize("meta, message", [
     ({}, "tokenizer.ggml.model"),
     (spm_meta(BASE, **{"tokenizer.ggml.model": "sentencepiece9"}), "unknown tokenizer: 'sentencepiece9'"),
-    (spm_meta(BASE, **{"tokenizer.ggml.model": "t5"}), "not supported"),
+    (spm_meta(BASE, **{"tokenizer.ggml.model": "rwkv"}), "not supported"),
+    (spm_meta(BASE, **{"tokenizer.ggml.model": "t5",
+                       "tokenizer.ggml.precompiled_charsmap": np.zeros(4, np.uint8)}), "charsmap"),
     ({**spm_meta(BASE), "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["a b"],
       "tokenizer.ggml.pre": "no-such-pre"}, "unknown pre-tokenizer type: 'no-such-pre'"),
     ({**spm_meta(BASE), "tokenizer.ggml.model": "gpt2"}, "merges"),
