@@ -268,21 +268,23 @@ class Vocab:
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)) or \
-                any(not isinstance(t, str) for t in tokens[:1]):
+        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
             raise VocabError("metadata key 'tokenizer.ggml.tokens' is missing or not a string array")
         n = len(tokens)
         if n == 0:
             raise VocabError("metadata key 'tokenizer.ggml.tokens' is empty")
         strs = list(tokens)
-        for i, t in enumerate(strs):
-            if not isinstance(t, str):
-                raise VocabError(f"tokenizer.ggml.tokens[{i}] is not a string: {t!r}")
-            if "\0" in t:
+        try:
+            texts = [t.encode("utf-8", "surrogateescape") for t in strs]
+        except AttributeError:
+            i = next(i for i, t in enumerate(strs) if not isinstance(t, str))
+            raise VocabError(f"tokenizer.ggml.tokens[{i}] is not a string: {strs[i]!r}") from None
+        if min(map(len, texts)) == 0 or b"\0" in b"".join(texts):
+            for i, t in enumerate(strs):
                 t = strs[i] = t.split("\0", 1)[0]  # llama.cpp reads texts as C strings
-            if not t:
-                strs[i] = f"[EMPTY_{i}]"  # as llama.cpp renames empty tokens
-        texts = [t.encode("utf-8", "surrogateescape") for t in strs]
+                if not t:
+                    strs[i] = f"[EMPTY_{i}]"  # and renames empty ones
+                texts[i] = strs[i].encode("utf-8", "surrogateescape")
         self.n_tokens = n
         self._strs = strs
         self._texts = texts
@@ -305,7 +307,7 @@ class Vocab:
         known = (self._types >= 0) & (self._types <= 6)
         self._attr = np.where(known, type_attr[np.clip(self._types, 0, None)], 0).tolist()
         self._load_attrs = tuple(self._attr)  # as llama.cpp's tokenizer is built from them
-        self._max_token_len = max(len(t) for t in texts)
+        self._max_token_len = max(map(len, texts))
 
     def _build_engine(self, meta: Mapping[str, Any], pre_spec) -> None:
         if self.type == "spm":
