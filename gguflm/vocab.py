@@ -199,7 +199,8 @@ class Vocab:
         self.type, defaults = _MODELS[model]
         pre_name = meta.get("tokenizer.ggml.pre") or ""
         if not isinstance(pre_name, str):
-            raise VocabError(f"metadata key 'tokenizer.ggml.pre': expected a string, found {pre_name!r}")
+            raise VocabError("metadata key 'tokenizer.ggml.pre': expected a string, "
+                             f"found {pre_name!r}")
         self._read_tokens(meta)
         n = self.n_tokens
 
@@ -242,11 +243,11 @@ class Vocab:
         self.add_sep = _flag(meta, "add_sep_token", self.add_sep)
         if pre_spec is not None and pre_spec.gemma4:
             self.add_bos = True
-        for flag, tok in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
+        for flag, tok, key in (("add_bos", "bos", "bos"), ("add_eos", "eos", "eos"),
+                               ("add_sep", "sep", "seperator")):
             if getattr(self, flag) and getattr(self, tok) is None:
                 raise VocabError(f"tokenizer.ggml.{flag}_token is true, but "
-                                 f"tokenizer.ggml.{dict(bos='bos', eos='eos', sep='seperator')[tok]}"
-                                 "_token_id is not set")
+                                 f"tokenizer.ggml.{key}_token_id is not set")
         self.lowercase = _flag(meta, "normalizer.lowercase", True)
         self.strip_accents = _flag(meta, "normalizer.strip_accents", self.lowercase)
         if self.type == "wpm":
@@ -263,13 +264,15 @@ class Vocab:
         self._check_byte_tokens()
         self._fixup_attributes(meta)
         self._matchers: dict[bool, _tk.SpecialMatcher] = {}
-        if self.type == "ugm" and any((a ^ b) & _USER_DEFINED for a, b in zip(self._load_attrs, self._attr)):
+        if self.type == "ugm" and any((a ^ b) & _USER_DEFINED
+                                      for a, b in zip(self._load_attrs, self._attr)):
             self._build_engine(meta, None)  # user-defined tokens score 0: use the final attributes
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
-            raise VocabError("metadata key 'tokenizer.ggml.tokens' is missing or not a string array")
+            raise VocabError("metadata key 'tokenizer.ggml.tokens' is missing or not a string "
+                             "array")
         n = len(tokens)
         if n == 0:
             raise VocabError("metadata key 'tokenizer.ggml.tokens' is empty")
@@ -322,7 +325,8 @@ class Vocab:
                     raise TypeError
                 lines = [m.encode("utf-8", "surrogateescape").split(b"\0", 1)[0] for m in merges]
             except (TypeError, AttributeError):
-                raise VocabError("metadata key 'tokenizer.ggml.merges' is not a string array") from None
+                raise VocabError("metadata key 'tokenizer.ggml.merges' is not a string "
+                                 "array") from None
             self._engine = bpe.build_engine(self._texts, lines, pre_spec, self.ignore_merges,
                                             self.token_id)
         elif self.type == "ugm":
@@ -471,7 +475,7 @@ class Vocab:
         return bool(self._attr[self._check(tok)] & _CONTROL)
 
     def is_eog(self, tok: int | None) -> bool:
-        """Whether ``tok`` ends generation (EOS, EOT, EOM and the other end-of-generation tokens)."""
+        """Whether ``tok`` ends generation (EOS, EOT, EOM and the other end-of-generation ids)."""
         return tok in self.eog_ids
 
     # ---- text -> tokens ---------------------------------------------------------------------
@@ -592,7 +596,8 @@ class Vocab:
 
         Bytes that are not valid UTF-8 (a sequence cut mid-character) become U+FFFD.
         """
-        return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+        text = self.detokenize_bytes(ids, remove_special, unparse_special)
+        return text.decode("utf-8", "replace")
 
     def __repr__(self) -> str:
         return f"<Vocab {self.type}/{self.pre} n_tokens={self.n_tokens}>"

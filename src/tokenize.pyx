@@ -59,7 +59,7 @@ if uni_init() != 0:
 
 # native pre-tokenizer splitters (BpeEngine steps); any other step is a Python callable
 SPLIT_GPT2 = 1     # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-SPLIT_LLAMA3 = 2   # (?i:'s|'t|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
+SPLIT_LLAMA3 = 2   # (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
 SPLIT_DIGITS = 3   # \p{N}: every number code point alone
 
 FLAG_NUMBER = UNI_NUMBER
@@ -699,7 +699,8 @@ cdef class SpecialMatcher:
         free(self.tok_len)
         free(self.tok_strip)
 
-    cdef int find_all(self, const uint8_t *s, int64_t n, IntVec *hits_lo, IntVec *hits_hi) except -1:
+    cdef int find_all(self, const uint8_t *s, int64_t n, IntVec *hits_lo,
+                      IntVec *hits_hi) except -1:
         """Every occurrence of every token as (rank << 32 | start), split into two int32 lists."""
         cdef int64_t start, k
         cdef int32_t node
@@ -1185,7 +1186,8 @@ cdef class BpeEngine(MergeEngine):
             if self.byte_encode:
                 self.sy.sym[i] = self.byte_sym[w[self.sy.start[i]]]
             else:
-                self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i], self.sy.length[i], -1)
+                self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i],
+                                            self.sy.length[i], -1)
         return self.merge(w, out)
 
     cdef int encode_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:

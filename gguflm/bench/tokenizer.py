@@ -65,7 +65,8 @@ def measure(path: Path, text: str, repeat: int, with_llama: bool,
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gguflm.bench tokenizer", description=__doc__)
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per tokenizer (best kept)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="timed runs per tokenizer (the best is kept)")
     parser.add_argument("--models", type=Path, default=None, help="folder with the real models")
     args = parser.parse_args(argv)
     folder = args.models or models_dir()
