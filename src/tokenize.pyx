@@ -4,6 +4,9 @@ WordPiece matching. Each engine reproduces the corresponding llama.cpp session e
 gguflm/tokenizers only configures them.
 
 Text arrives as UTF-8 bytes. Token texts are bytes. Engines return ``list[int]``.
+
+The engines keep scratch buffers and (BPE) a word cache between calls, so they run with the GIL
+held: that makes one Vocab safe to share between threads, and tokenizing is a single-core job.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
