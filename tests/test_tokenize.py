@@ -146,6 +146,9 @@ def test_pieces_concatenate_to_detokenize(request, name):
     concatenation of token_to_piece."""
     vocab = vocab_of(vocab_path(request, name))
     assert not vocab.add_space_prefix and not vocab.clean_spaces
+    for tok in range(vocab.n_tokens):
+        assert vocab.detokenize_bytes([tok], unparse_special=True) == \
+            vocab.token_to_piece(tok, special=True)
 
     @settings(max_examples=60, deadline=None)
     @given(ids=st.lists(st.integers(0, vocab.n_tokens - 1), max_size=30), special=st.booleans())

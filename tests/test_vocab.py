@@ -95,9 +95,11 @@ def test_special_ids_eog_and_attributes_match_llama_cpp(request, vocab_dir, name
         assert int(vocab.token_attr(tok)) == llama.attr(tok), tok
     assert sum(vocab.token_attr(t) != TokenAttr.NORMAL for t in range(vocab.n_tokens)) == \
         len(unusual)
-    for tok in rng.choice(vocab.n_tokens, 2000, replace=False).tolist() + sorted(vocab.eog_ids):
-        for special in (False, True):
-            assert vocab.token_to_piece(tok, 0, special) == llama.token_to_piece(tok, 0, special)
+    # every token's piece; without special=True only the unusual tokens can differ
+    for tok in range(vocab.n_tokens):
+        assert vocab.token_to_piece(tok, 0, True) == llama.token_to_piece(tok, 0, True), tok
+    for tok in unusual:
+        assert vocab.token_to_piece(tok) == llama.token_to_piece(tok), tok
 
 
 def test_eot_found_by_text_in_llama_cpp_map_order(smollm_path, vocab_dir):
