@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, spm, wpm
+from gguflm.tokenizers import bpe, spm, ugm, wpm
 
 
 class TokenType(IntEnum):
@@ -107,8 +107,9 @@ _MODELS = {
     "bert": ("wpm", {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}),
     "gpt2": ("bpe", {"bos": 11, "eos": 11}),
     "gemma4": ("bpe", {}),
+    "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
 }
-_UNSUPPORTED_MODELS = {"t5", "rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
+_UNSUPPORTED_MODELS = {"rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
 _CLEAN_2 = re.compile(rb" ' ")                   # a lone apostrophe between spaces
@@ -198,7 +199,8 @@ class Vocab:
         self.type, defaults = _MODELS[model]
         pre_name = meta.get("tokenizer.ggml.pre") or ""
         if not isinstance(pre_name, str):
-            raise VocabError(f"metadata key 'tokenizer.ggml.pre': expected a string, found {pre_name!r}")
+            raise VocabError("metadata key 'tokenizer.ggml.pre': expected a string, "
+                             f"found {pre_name!r}")
         self._read_tokens(meta)
         n = self.n_tokens
 
@@ -208,7 +210,7 @@ class Vocab:
             setattr(self, name, defaults.get(name))
         self.add_space_prefix = self.type == "spm"
         self.add_bos = self.type in ("spm", "wpm")
-        self.add_eos = False
+        self.add_eos = self.type == "ugm"
         self.add_sep = self.type == "wpm"
         self.clean_spaces = self.type in ("bpe", "wpm")
         self.ignore_merges = False
@@ -234,16 +236,18 @@ class Vocab:
         self._build_engine(meta, pre_spec)
         self.nl = self._linefeed()
         self._read_special_ids(meta)
+        if self.type == "ugm":
+            self._engine.unk = -1 if self.unk is None else self.unk
         self.add_bos = _flag(meta, "add_bos_token", self.add_bos)
         self.add_eos = _flag(meta, "add_eos_token", self.add_eos)
         self.add_sep = _flag(meta, "add_sep_token", self.add_sep)
         if pre_spec is not None and pre_spec.gemma4:
             self.add_bos = True
-        for flag, tok in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
+        for flag, tok, key in (("add_bos", "bos", "bos"), ("add_eos", "eos", "eos"),
+                               ("add_sep", "sep", "seperator")):
             if getattr(self, flag) and getattr(self, tok) is None:
                 raise VocabError(f"tokenizer.ggml.{flag}_token is true, but "
-                                 f"tokenizer.ggml.{dict(bos='bos', eos='eos', sep='seperator')[tok]}"
-                                 "_token_id is not set")
+                                 f"tokenizer.ggml.{key}_token_id is not set")
         self.lowercase = _flag(meta, "normalizer.lowercase", True)
         self.strip_accents = _flag(meta, "normalizer.strip_accents", self.lowercase)
         if self.type == "wpm":
@@ -260,22 +264,30 @@ class Vocab:
         self._check_byte_tokens()
         self._fixup_attributes(meta)
         self._matchers: dict[bool, _tk.SpecialMatcher] = {}
+        if self.type == "ugm" and any((a ^ b) & _USER_DEFINED
+                                      for a, b in zip(self._load_attrs, self._attr)):
+            self._build_engine(meta, None)  # user-defined tokens score 0: use the final attributes
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)) or \
-                any(not isinstance(t, str) for t in tokens[:1]):
-            raise VocabError("metadata key 'tokenizer.ggml.tokens' is missing or not a string array")
+        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
+            raise VocabError("metadata key 'tokenizer.ggml.tokens' is missing or not a string "
+                             "array")
         n = len(tokens)
         if n == 0:
             raise VocabError("metadata key 'tokenizer.ggml.tokens' is empty")
         strs = list(tokens)
-        for i, t in enumerate(strs):
-            if not isinstance(t, str):
-                raise VocabError(f"tokenizer.ggml.tokens[{i}] is not a string: {t!r}")
-            if not t:
-                strs[i] = f"[EMPTY_{i}]"  # as llama.cpp renames empty tokens
-        texts = [t.encode("utf-8", "surrogateescape") for t in strs]
+        try:
+            texts = [t.encode("utf-8", "surrogateescape") for t in strs]
+        except AttributeError:
+            i = next(i for i, t in enumerate(strs) if not isinstance(t, str))
+            raise VocabError(f"tokenizer.ggml.tokens[{i}] is not a string: {strs[i]!r}") from None
+        if min(map(len, texts)) == 0 or b"\0" in b"".join(texts):
+            for i, t in enumerate(strs):
+                t = strs[i] = t.split("\0", 1)[0]  # llama.cpp reads texts as C strings
+                if not t:
+                    strs[i] = f"[EMPTY_{i}]"  # and renames empty ones
+                texts[i] = strs[i].encode("utf-8", "surrogateescape")
         self.n_tokens = n
         self._strs = strs
         self._texts = texts
@@ -297,7 +309,8 @@ class Vocab:
             type_attr[t] = a
         known = (self._types >= 0) & (self._types <= 6)
         self._attr = np.where(known, type_attr[np.clip(self._types, 0, None)], 0).tolist()
-        self._max_token_len = max(len(t) for t in texts)
+        self._load_attrs = tuple(self._attr)  # as llama.cpp's tokenizer is built from them
+        self._max_token_len = max(map(len, texts))
 
     def _build_engine(self, meta: Mapping[str, Any], pre_spec) -> None:
         if self.type == "spm":
@@ -310,11 +323,16 @@ class Vocab:
             try:
                 if isinstance(merges, (str, bytes)):
                     raise TypeError
-                lines = [m.encode("utf-8", "surrogateescape") for m in merges]
+                lines = [m.encode("utf-8", "surrogateescape").split(b"\0", 1)[0] for m in merges]
             except (TypeError, AttributeError):
-                raise VocabError("metadata key 'tokenizer.ggml.merges' is not a string array") from None
+                raise VocabError("metadata key 'tokenizer.ggml.merges' is not a string "
+                                 "array") from None
             self._engine = bpe.build_engine(self._texts, lines, pre_spec, self.ignore_merges,
                                             self.token_id)
+        elif self.type == "ugm":
+            self._engine = ugm.build_engine(self._texts, self._load_attrs, self._attr, self._scores,
+                                            self.unk, ugm.read_charsmap(meta.get(ugm.CHARSMAP_KEY)),
+                                            self.add_space_prefix, self.remove_extra_whitespaces)
         else:  # wpm: built once the normalizer flags are read
             self._engine = None
 
@@ -457,7 +475,7 @@ class Vocab:
         return bool(self._attr[self._check(tok)] & _CONTROL)
 
     def is_eog(self, tok: int | None) -> bool:
-        """Whether ``tok`` ends generation (EOS, EOT, EOM and the other end-of-generation tokens)."""
+        """Whether ``tok`` ends generation (EOS, EOT, EOM and the other end-of-generation ids)."""
         return tok in self.eog_ids
 
     # ---- text -> tokens ---------------------------------------------------------------------
@@ -578,7 +596,8 @@ class Vocab:
 
         Bytes that are not valid UTF-8 (a sequence cut mid-character) become U+FFFD.
         """
-        return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+        text = self.detokenize_bytes(ids, remove_special, unparse_special)
+        return text.decode("utf-8", "replace")
 
     def __repr__(self) -> str:
         return f"<Vocab {self.type}/{self.pre} n_tokens={self.n_tokens}>"

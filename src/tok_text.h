@@ -93,7 +93,8 @@ static inline uint32_t utf8_next(const uint8_t *s, size_t n, size_t *pos) {
     if (!(b0 & 0x10)) {
         if (i + 2 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) goto invalid;
         *pos = i + 3;
-        return ((uint32_t)(b0 & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+        return ((uint32_t)(b0 & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) |
+               (s[i + 2] & 0x3F);
     }
     if (!(b0 & 0x08)) {
         if (i + 3 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 ||
@@ -114,7 +115,8 @@ static inline int utf8_encode(uint32_t cpt, uint8_t *out) {
         out[0] = 0xC0 | (cpt >> 6); out[1] = 0x80 | (cpt & 0x3F); return 2;
     }
     if (cpt <= 0xFFFF) {
-        out[0] = 0xE0 | (cpt >> 12); out[1] = 0x80 | ((cpt >> 6) & 0x3F); out[2] = 0x80 | (cpt & 0x3F);
+        out[0] = 0xE0 | (cpt >> 12); out[1] = 0x80 | ((cpt >> 6) & 0x3F);
+        out[2] = 0x80 | (cpt & 0x3F);
         return 3;
     }
     if (cpt <= 0x10FFFF) {
@@ -195,7 +197,8 @@ static inline int64_t strmap_find_h(const strmap_t *m, const uint8_t *p, size_t 
     for (;;) {
         int32_t e = m->slot[s];
         if (e < 0) return -1;
-        if (m->hash[e] == h && m->len[e] == len && memcmp(m->arena + m->off[e], p, len) == 0) return e;
+        if (m->hash[e] == h && m->len[e] == len && memcmp(m->arena + m->off[e], p, len) == 0)
+            return e;
         s = (s + 1) & (m->n_slot - 1);
     }
 }
@@ -224,7 +227,8 @@ static int array_grow(void **p, size_t *cap, size_t need, size_t elem) {
 
 /* Insert the key if absent. Returns the entry index (new or existing), -2 when out of memory.
  * *inserted says whether the key was new; an existing entry keeps its value. */
-static int64_t strmap_insert(strmap_t *m, const uint8_t *p, size_t len, int32_t value, int *inserted) {
+static int64_t strmap_insert(strmap_t *m, const uint8_t *p, size_t len, int32_t value,
+                             int *inserted) {
     uint64_t h = stdhash_bytes(p, len);
     int64_t e = strmap_find_h(m, p, len, h);
     *inserted = 0;
@@ -302,7 +306,7 @@ static inline int64_t pairmap_get(const pairmap_t *m, int32_t a, int32_t b, int6
     }
 }
 
-/* Insert if absent (the first value for a key wins). Returns 1 inserted, 0 present, -1 no memory. */
+/* Insert if absent (the first value for a key wins): 1 inserted, 0 present, -1 out of memory. */
 static int pairmap_put_new(pairmap_t *m, int32_t a, int32_t b, int64_t value) {
     if (2 * (m->n + 1) > m->cap) {
         pairmap_t g;
@@ -368,7 +372,7 @@ static uint64_t stdmap_next_bucket_count(uint64_t n, uint64_t *next_resize) {
         return fast[n];
     }
     const size_t n_primes = sizeof(stdmap_primes) / sizeof(stdmap_primes[0]);
-    size_t lo = 6, hi = n_primes - 1; /* the last prime is never searched: past it, it is the answer */
+    size_t lo = 6, hi = n_primes - 1; /* past the second-to-last prime the last is the answer */
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
         if (stdmap_primes[mid] < n) lo = mid + 1; else hi = mid;
@@ -380,7 +384,7 @@ static uint64_t stdmap_next_bucket_count(uint64_t n, uint64_t *next_resize) {
 /* order[0..n) receives the node indices in iteration order after emplacing hashes[0..n) in order
  * (all keys distinct). Returns 0, or -1 when out of memory. */
 static int stdmap_iteration_order(const uint64_t *hashes, size_t n, int32_t *order) {
-    /* before[b] = node preceding bucket b's first node: -1 for the list head, -2 for an empty bucket */
+    /* before[b]: the node before bucket b's first node; -1: the list head, -2: an empty bucket */
     int32_t *next = (int32_t *)malloc((n ? n : 1) * sizeof(int32_t));
     int32_t *before = NULL;
     uint64_t n_bkt = 1, next_resize = 0;

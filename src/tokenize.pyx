@@ -4,6 +4,9 @@ WordPiece matching. Each engine reproduces the corresponding llama.cpp session e
 gguflm/tokenizers only configures them.
 
 Text arrives as UTF-8 bytes. Token texts are bytes. Engines return ``list[int]``.
+
+The engines keep scratch buffers and (BPE) a word cache between calls, so they run with the GIL
+held: that makes one Vocab safe to share between threads, and tokenizing is a single-core job.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -59,7 +62,7 @@ if uni_init() != 0:
 
 # native pre-tokenizer splitters (BpeEngine steps); any other step is a Python callable
 SPLIT_GPT2 = 1     # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-SPLIT_LLAMA3 = 2   # (?i:'s|'t|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
+SPLIT_LLAMA3 = 2   # (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
 SPLIT_DIGITS = 3   # \p{N}: every number code point alone
 
 FLAG_NUMBER = UNI_NUMBER
@@ -84,7 +87,11 @@ cdef struct IntVec:
 
 
 cdef int ivec_reserve(IntVec *v, size_t need) except -1:
-    if array_grow(<void **>&v.data, &v.cap, need, sizeof(int32_t)):
+    return ivec_reserve_raw(&v.data, &v.cap, need)
+
+
+cdef int ivec_reserve_raw(int32_t **data, size_t *cap, size_t need) except -1:
+    if array_grow(<void **>data, cap, need, sizeof(int32_t)):
         raise MemoryError()
     return 0
 
@@ -613,39 +620,71 @@ cdef int cmp_u64(const void *a, const void *b) noexcept nogil:
     return (x > y) - (x < y)
 
 
+cdef class ByteTrie:
+    """A trie over byte strings: node 0 is the root, each node may hold a value (-1: none)."""
+
+    cdef pairmap_t edges        # (node, byte) -> child node
+    cdef int32_t root[256]      # the root's children, looked up most often
+    cdef int32_t *value         # [n_nodes]
+    cdef size_t n_nodes, cap
+
+    def __cinit__(self, Py_ssize_t expected_bytes):
+        cdef int i
+        if pairmap_init(&self.edges, expected_bytes) != 0:
+            raise MemoryError()
+        for i in range(256):
+            self.root[i] = -1
+        self.n_nodes = 1
+        ivec_reserve_raw(&self.value, &self.cap, 1)
+        self.value[0] = -1
+
+    def __dealloc__(self):
+        pairmap_free(&self.edges)
+        free(self.value)
+
+    cdef inline int32_t child(self, int32_t node, uint8_t b) noexcept:
+        return self.root[b] if node == 0 else <int32_t>pairmap_get(&self.edges, node, b, -1)
+
+    cdef int32_t insert(self, const uint8_t *p, size_t n) except -1:
+        """The node spelling p[0..n), created as needed."""
+        cdef int32_t node = 0, nxt
+        cdef size_t k
+        for k in range(n):
+            nxt = self.child(node, p[k])
+            if nxt < 0:
+                nxt = <int32_t>self.n_nodes
+                ivec_reserve_raw(&self.value, &self.cap, self.n_nodes + 1)
+                self.value[nxt] = -1
+                self.n_nodes += 1
+                if node == 0:
+                    self.root[p[k]] = nxt
+                elif pairmap_put_new(&self.edges, node, p[k], nxt) < 0:
+                    raise MemoryError()
+            node = nxt
+        return node
+
+
 cdef class SpecialMatcher:
     """Finds special-token texts and splits text around them in llama.cpp's order: token by token
     in the given priority order, each one left to right through the raw fragments left so far,
     trimming white space beside a match for tokens with lstrip/rstrip."""
 
-    cdef pairmap_t edges        # (node, byte) -> child node
-    cdef int32_t root[256]
-    cdef int32_t *node_rank     # [n_nodes] priority index of the token ending here, or -1
-    cdef int32_t n_nodes
+    cdef ByteTrie trie          # node value: priority index of the token ending there
     cdef int32_t *tok_id        # [n_tok]
     cdef int32_t *tok_len       # [n_tok]
     cdef uint8_t *tok_strip     # [n_tok] bit 0 lstrip, bit 1 rstrip
     cdef int32_t n_tok
 
     def __cinit__(self, list texts, list ids, list lstrip, list rstrip):
-        cdef int32_t node, child, r
+        cdef int32_t node, r
         cdef const uint8_t *p
-        cdef Py_ssize_t i, k, total = 1
-        for t in texts:
-            total += len(t)
-        if pairmap_init(&self.edges, total) != 0:
-            raise MemoryError()
+        self.trie = ByteTrie(sum(len(t) for t in texts) + 1)
         self.n_tok = len(texts)
-        self.node_rank = <int32_t *>malloc(total * sizeof(int32_t))
         self.tok_id = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
         self.tok_len = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
         self.tok_strip = <uint8_t *>malloc(self.n_tok + 1)
-        if not (self.node_rank and self.tok_id and self.tok_len and self.tok_strip):
+        if not (self.tok_id and self.tok_len and self.tok_strip):
             raise MemoryError()
-        for i in range(256):
-            self.root[i] = -1
-        self.n_nodes = 1      # node 0 is the root
-        self.node_rank[0] = -1
         for r in range(self.n_tok):
             text = texts[r]
             p = text
@@ -654,43 +693,30 @@ cdef class SpecialMatcher:
             self.tok_strip[r] = (1 if lstrip[r] else 0) | (2 if rstrip[r] else 0)
             if len(text) == 0:
                 continue
-            node = 0
-            for k in range(len(text)):
-                child = self.root[p[k]] if node == 0 else \
-                    <int32_t>pairmap_get(&self.edges, node, p[k], -1)
-                if child < 0:
-                    child = self.n_nodes
-                    self.n_nodes += 1
-                    self.node_rank[child] = -1
-                    if node == 0:
-                        self.root[p[k]] = child
-                    elif pairmap_put_new(&self.edges, node, p[k], child) < 0:
-                        raise MemoryError()
-                node = child
-            if self.node_rank[node] < 0:    # a duplicate text keeps its first (higher) priority
-                self.node_rank[node] = r
+            node = self.trie.insert(p, len(text))
+            if self.trie.value[node] < 0:   # a duplicate text keeps its first (higher) priority
+                self.trie.value[node] = r
 
     def __dealloc__(self):
-        pairmap_free(&self.edges)
-        free(self.node_rank)
         free(self.tok_id)
         free(self.tok_len)
         free(self.tok_strip)
 
-    cdef int find_all(self, const uint8_t *s, int64_t n, IntVec *hits_lo, IntVec *hits_hi) except -1:
+    cdef int find_all(self, const uint8_t *s, int64_t n, IntVec *hits_lo,
+                      IntVec *hits_hi) except -1:
         """Every occurrence of every token as (rank << 32 | start), split into two int32 lists."""
         cdef int64_t start, k
         cdef int32_t node
         for start in range(n):
-            node = self.root[s[start]]
+            node = self.trie.root[s[start]]
             k = start + 1
             while node >= 0:
-                if self.node_rank[node] >= 0:
-                    ivec_push(hits_hi, self.node_rank[node])
+                if self.trie.value[node] >= 0:
+                    ivec_push(hits_hi, self.trie.value[node])
                     ivec_push(hits_lo, <int32_t>start)
                 if k >= n:
                     break
-                node = <int32_t>pairmap_get(&self.edges, node, s[k], -1)
+                node = self.trie.child(node, s[k])
                 k += 1
         return 0
 
@@ -839,42 +865,102 @@ cdef class Engine:
 
 
 # ---------------------------------------------------------------------------------------------
+
+cdef class MergeEngine(Engine):
+    """The merge loop SPM and BPE share: symbols over a text, candidate pairs in a heap, the best
+    valid pair merged and its new neighbours offered, until no candidate is left. Symbols that
+    end up as no token fall back to per-byte tokens."""
+
+    cdef Symbols sy
+    cdef Heap heap
+    cdef const uint8_t *text        # the text the symbols index while a merge runs
+    cdef int32_t n_tokens
+    cdef int32_t fallback[256][2]   # token ids a leftover byte becomes (-1: none)
+    cdef bint strict_bytes          # a byte without a token is an error (SPM) or vanishes (BPE)
+
+    def __dealloc__(self):
+        symbols_free(&self.sy)
+        free(self.heap.item)
+
+    cdef void set_fallback(self, list fallback):
+        for i in range(256):
+            ids = fallback[i]
+            self.fallback[i][0] = ids[0] if len(ids) > 0 else -1
+            self.fallback[i][1] = ids[1] if len(ids) > 1 else -1
+
+    cdef int try_pair(self, int32_t left, int32_t right) except -1:
+        raise NotImplementedError
+
+    cdef int merge(self, const uint8_t *text, IntVec *out) except -1:
+        """Run the merges over self.sy (split and given symbol ids) and emit the tokens."""
+        cdef int32_t i, left, right, s
+        cdef int64_t j
+        cdef Candidate c
+        self.text = text
+        self.heap.n = 0
+        for i in range(1, self.sy.n):
+            self.try_pair(i - 1, i)
+        while self.heap.n:
+            c = heap_pop(&self.heap)
+            left = <int32_t>(c.key & 0xFFFFFFFFu)
+            right = c.right
+            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
+                    self.sy.length[left] + self.sy.length[right] != c.size:
+                continue    # stale: one side has merged since
+            symbols_merge(&self.sy, left, right)
+            self.sy.sym[left] = c.merged
+            self.try_pair(self.sy.prev[left], left)
+            self.try_pair(left, self.sy.next[left])
+        i = 0 if self.sy.n else -1
+        while i >= 0:
+            s = self.sy.sym[i]
+            if 0 <= s < self.n_tokens:
+                ivec_push(out, s)
+            else:
+                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
+                    if self.fallback[text[j]][0] >= 0:
+                        ivec_push(out, self.fallback[text[j]][0])
+                    elif self.strict_bytes:
+                        raise ValueError(f"the vocabulary has no token for byte {text[j]:#04x}")
+                    if self.fallback[text[j]][1] >= 0:
+                        ivec_push(out, self.fallback[text[j]][1])
+            i = self.sy.next[i]
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # SPM (llm_tokenizer_spm_session): merge the adjacent pair whose concatenation is the
 # highest-scoring token, leftmost first, until none is left; leftovers become byte tokens
 
-cdef class SpmEngine(Engine):
+cdef class SpmEngine(MergeEngine):
     cdef TokenTable table
     cdef float *score           # [n_tokens]
-    cdef int32_t byte_token[256]
     cdef bint add_space_prefix
-    cdef Symbols sy
-    cdef Heap heap
 
     def __cinit__(self, TokenTable table, scores, list byte_tokens, bint add_space_prefix):
         cdef const float[::1] sc = np.ascontiguousarray(scores, dtype=np.float32)
         cdef int i
         self.table = table
+        self.n_tokens = table.n_tokens
         self.score = <float *>malloc(max(1, sc.shape[0]) * sizeof(float))
         if self.score == NULL:
             raise MemoryError()
         for i in range(sc.shape[0]):
             self.score[i] = sc[i]
-        for i in range(256):
-            self.byte_token[i] = byte_tokens[i]
+        self.set_fallback([[t] if t >= 0 else [] for t in byte_tokens])
+        self.strict_bytes = True
         self.add_space_prefix = add_space_prefix
 
     def __dealloc__(self):
         free(self.score)
-        symbols_free(&self.sy)
-        free(self.heap.item)
 
-    cdef int try_pair(self, const uint8_t *text, int32_t left, int32_t right) except -1:
+    cdef int try_pair(self, int32_t left, int32_t right) except -1:
         cdef Candidate c
         cdef int32_t tok
         if left < 0 or right < 0:
             return 0
         c.size = self.sy.length[left] + self.sy.length[right]
-        tok = self.table.lookup(text + self.sy.start[left], c.size)
+        tok = self.table.lookup(self.text + self.sy.start[left], c.size)
         if tok < 0:
             return 0
         c.key = score_priority(self.score[tok], left)
@@ -884,36 +970,11 @@ cdef class SpmEngine(Engine):
         return 0
 
     cdef int encode_text(self, const uint8_t *text, int64_t n, IntVec *out) except -1:
-        cdef int32_t i, left, right
-        cdef int32_t tok
-        cdef int64_t j
-        cdef Candidate c
+        cdef int32_t i
         symbols_split(&self.sy, text, n, False)
-        self.heap.n = 0
-        for i in range(1, self.sy.n):
-            self.try_pair(text, i - 1, i)
-        while self.heap.n:
-            c = heap_pop(&self.heap)
-            left = <int32_t>(c.key & 0xFFFFFFFFu)
-            right = c.right
-            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
-                    self.sy.length[left] + self.sy.length[right] != c.size:
-                continue    # stale: one side has merged since
-            symbols_merge(&self.sy, left, right)
-            self.try_pair(text, self.sy.prev[left], left)
-            self.try_pair(text, left, self.sy.next[left])
-        i = 0 if self.sy.n else -1
-        while i >= 0:
-            tok = self.table.lookup(text + self.sy.start[i], self.sy.length[i])
-            if tok >= 0:
-                ivec_push(out, tok)
-            else:
-                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
-                    if self.byte_token[text[j]] < 0:
-                        raise ValueError(f"the vocabulary has no token for byte {text[j]:#04x}")
-                    ivec_push(out, self.byte_token[text[j]])
-            i = self.sy.next[i]
-        return 0
+        for i in range(self.sy.n):
+            self.sy.sym[i] = self.table.lookup(text + self.sy.start[i], self.sy.length[i])
+        return self.merge(text, out)
 
     cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
         """Spaces escaped as U+2581, one prefixed at the start and after a special token when
@@ -991,18 +1052,14 @@ def gpt2_text_to_bytes(const uint8_t[::1] text, bint strict):
     return bytes(out)
 
 
-cdef class BpeEngine(Engine):
+cdef class BpeEngine(MergeEngine):
     cdef strmap_t symtab        # symbol text -> symbol id (token id, or >= n_tokens for merge-only)
     cdef pairmap_t merges       # (left symbol, right symbol) -> rank << 32 | merged symbol
-    cdef int32_t n_tokens
     cdef int32_t byte_sym[256]
-    cdef int32_t fallback[256][2]   # tokens for one leftover byte (-1: none)
     cdef bint byte_encode, ignore_merges, whole_newlines, escape_spaces
     cdef list steps
     cdef strmap_t cache         # word -> index into cache_pool of (start, count)
     cdef IntVec cache_pool
-    cdef Symbols sy
-    cdef Heap heap
 
     def __cinit__(self, list tokens, list merges, list fallback, list steps, bint byte_encode,
                   bint ignore_merges, bint whole_newlines, bint escape_spaces):
@@ -1061,9 +1118,7 @@ cdef class BpeEngine(Engine):
         for i in range(256):
             one = i
             self.byte_sym[i] = strmap_get(&self.symtab, &one, 1, -1)
-            ids_ = fallback[i]
-            self.fallback[i][0] = ids_[0] if len(ids_) > 0 else -1
-            self.fallback[i][1] = ids_[1] if len(ids_) > 1 else -1
+        self.set_fallback(fallback)
         self.steps = steps
         self.byte_encode = byte_encode
         self.ignore_merges = ignore_merges
@@ -1099,8 +1154,6 @@ cdef class BpeEngine(Engine):
         pairmap_free(&self.merges)
         strmap_free(&self.cache)
         free(self.cache_pool.data)
-        symbols_free(&self.sy)
-        free(self.heap.item)
 
     cdef int try_pair(self, int32_t left, int32_t right) except -1:
         cdef Candidate c
@@ -1118,9 +1171,8 @@ cdef class BpeEngine(Engine):
         return 0
 
     cdef int merge_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
-        cdef int32_t i, left, right, s
+        cdef int32_t i, s
         cdef int64_t j
-        cdef Candidate c
         cdef bint newlines
         s = strmap_get(&self.symtab, w, n, -1)
         if 0 <= s < self.n_tokens:
@@ -1129,7 +1181,7 @@ cdef class BpeEngine(Engine):
             while newlines and j < n:
                 newlines = w[j] == 0x0A
                 j += 1
-            if self.ignore_merges or newlines:
+            if self.ignore_merges or newlines:  # the whole word is a token: kept as it is
                 ivec_push(out, s)
                 return 0
         symbols_split(&self.sy, w, n, self.byte_encode)
@@ -1137,34 +1189,9 @@ cdef class BpeEngine(Engine):
             if self.byte_encode:
                 self.sy.sym[i] = self.byte_sym[w[self.sy.start[i]]]
             else:
-                self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i], self.sy.length[i], -1)
-        self.heap.n = 0
-        for i in range(1, self.sy.n):
-            self.try_pair(i - 1, i)
-        while self.heap.n:
-            c = heap_pop(&self.heap)
-            left = <int32_t>(c.key & 0xFFFFFFFFu)
-            right = c.right
-            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
-                    self.sy.length[left] + self.sy.length[right] != c.size:
-                continue
-            symbols_merge(&self.sy, left, right)
-            self.sy.sym[left] = c.merged
-            self.try_pair(self.sy.prev[left], left)
-            self.try_pair(left, self.sy.next[left])
-        i = 0 if self.sy.n else -1
-        while i >= 0:
-            s = self.sy.sym[i]
-            if 0 <= s < self.n_tokens:
-                ivec_push(out, s)
-            else:
-                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
-                    if self.fallback[w[j]][0] >= 0:
-                        ivec_push(out, self.fallback[w[j]][0])
-                    if self.fallback[w[j]][1] >= 0:
-                        ivec_push(out, self.fallback[w[j]][1])
-            i = self.sy.next[i]
-        return 0
+                self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i],
+                                            self.sy.length[i], -1)
+        return self.merge(w, out)
 
     cdef int encode_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
         cdef int inserted
@@ -1302,6 +1329,234 @@ cdef class WpmEngine(Engine):
         for word in self.words(piece):
             self.encode_word(word, out)
         return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# UGM (llm_tokenizer_ugm_session): normalize (user-defined texts kept, the precompiled charsmap's
+# replacements, spaces escaped), then the best-scoring segmentation by Viterbi over byte offsets;
+# a code point no token covers alone is the unknown token, runs of those merged into one
+
+cdef extern from *:
+    """
+    #include <float.h>
+    """
+    double DBL_MAX
+    float FLT_MAX
+
+
+cdef class UgmEngine(Engine):
+    cdef ByteTrie tokens            # value: token id (normal, user-defined and unused tokens)
+    cdef ByteTrie user_defined      # user-defined texts, matched as paths (llama.cpp's way)
+    cdef double *score              # [n_tokens] user-defined tokens score 0
+    cdef double unknown_score
+    cdef public int32_t unk         # read when tokenizing, as llama.cpp reads token_unk()
+    cdef bytes charsmap             # keeps xcda and replacements alive
+    cdef const uint32_t *xcda
+    cdef size_t xcda_size
+    cdef const uint8_t *replacements
+    cdef size_t replacements_size
+    cdef bint prepend_space, merge_spaces
+
+    def __cinit__(self, list texts, list load_attrs, list attrs, scores, int32_t unk,
+                  bytes charsmap, bint add_space_prefix, bint remove_extra_whitespaces):
+        """load_attrs: token attributes when llama.cpp builds the tokenizer (straight from the
+        token types); attrs: the final ones, which decide user-defined scores."""
+        cdef const float[::1] sc = np.ascontiguousarray(scores, dtype=np.float32)
+        cdef float min_score = FLT_MAX
+        cdef int32_t i, node
+        cdef const uint8_t *p
+        cdef uint32_t blob
+        n = len(texts)
+        self.tokens = ByteTrie(sum(len(t) for t in texts) + 1)
+        self.user_defined = ByteTrie(64)
+        self.score = <double *>malloc(max(1, n) * sizeof(double))
+        if self.score == NULL:
+            raise MemoryError()
+        for i in range(n):
+            t = texts[i]
+            p = t
+            if load_attrs[i] & 4:       # normal
+                min_score = min(min_score, sc[i])
+            if load_attrs[i] & (4 | 16 | 2):    # normal, user-defined, unused
+                node = self.tokens.insert(p, len(t))
+                self.tokens.value[node] = i
+            if load_attrs[i] & 16:
+                self.user_defined.insert(p, len(t))
+            self.score[i] = 0.0 if attrs[i] & 16 else sc[i]
+        self.unknown_score = <float>(min_score - <float>10.0)
+        self.unk = unk
+        self.charsmap = charsmap
+        if len(charsmap) >= 4:
+            p = charsmap
+            memcpy(&blob, p, 4)
+            self.xcda = <const uint32_t *>(p + 4)
+            self.xcda_size = blob // 4
+            self.replacements = p + 4 + blob
+            self.replacements_size = len(charsmap) - 4 - blob
+        self.prepend_space = add_space_prefix
+        self.merge_spaces = remove_extra_whitespaces
+
+    def __dealloc__(self):
+        free(self.score)
+
+    cdef uint32_t xcda_node(self, size_t index) except? 0:
+        if index >= self.xcda_size:
+            raise ValueError("index out of array bounds in the XCDA array of the charsmap")
+        return self.xcda[index]
+
+    cdef inline uint32_t xcda_base(self, size_t index) except? 0:
+        cdef uint32_t node = self.xcda_node(index)
+        return (node >> 10) << ((node & (1u << 9)) >> 6)
+
+    cdef size_t normalize_prefix(self, const uint8_t *s, size_t n, size_t off,
+                                 const uint8_t **out, size_t *out_len) except? 0:
+        """Normalize the text at s[off]: sets the replacement, returns how many bytes it eats."""
+        cdef int32_t node = 0
+        cdef size_t k = off, best_len = 0, best_off = 0, r
+        cdef uint32_t index, packed
+        cdef bint leaf
+        # a user-defined token's path through the trie stays as it is
+        while k < n:
+            node = self.user_defined.child(node, s[k])
+            if node < 0:
+                break
+            k += 1
+        if k > off:
+            out[0] = s + off
+            out_len[0] = k - off
+            return k - off
+        # longest match in the charsmap's double array
+        if self.xcda_size > 0:
+            index = self.xcda_base(0)
+            for k in range(off, n):
+                if s[k] == 0:
+                    break
+                index ^= s[k]
+                packed = self.xcda_node(index)
+                if packed & ((1u << 31) | 0xFF) != s[k]:
+                    break
+                leaf = (packed >> 8) & 1
+                index ^= self.xcda_base(index)
+                if leaf:
+                    best_len = k - off + 1
+                    best_off = self.xcda_node(index) & ((1u << 31) - 1)
+        if best_len > 0:
+            if best_off >= self.replacements_size:
+                raise ValueError("index out of array bounds in the charsmap replacements")
+            r = 0
+            while best_off + r < self.replacements_size and self.replacements[best_off + r] != 0:
+                r += 1
+            if best_off + r == self.replacements_size:
+                raise ValueError("unterminated string in the charsmap replacements")
+            out[0] = self.replacements + best_off
+            out_len[0] = r
+            return best_len
+        # one code point as it is, or U+FFFD for one invalid byte
+        k = off
+        if utf8_next(s, n, &k) == 0xFFFD and k == off + 1:
+            out[0] = <const uint8_t *>b"\xef\xbf\xbd"
+            out_len[0] = 3
+            return 1
+        out[0] = s + off
+        out_len[0] = k - off
+        return k - off
+
+    cdef int normalize(self, const uint8_t *s, size_t n, ByteVec *out) except -1:
+        cdef size_t off = 0, i, r_len
+        cdef const uint8_t *r
+        cdef bint in_word = False, prepended = False
+        while off < n:
+            off += self.normalize_prefix(s, n, off, &r, &r_len)
+            for i in range(r_len):
+                if r[i] != 0x20:
+                    if not in_word:
+                        in_word = True
+                        if (self.prepend_space and not prepended) or self.merge_spaces:
+                            bvec_append(out, ESCAPED_SPACE, 3)
+                            prepended = True
+                    bvec_append(out, r + i, 1)
+                else:
+                    in_word = False
+                    if not self.merge_spaces:
+                        bvec_append(out, ESCAPED_SPACE, 3)
+        return 0
+
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        cdef ByteVec norm
+        cdef size_t n, off, po, units, i, first
+        cdef int32_t node, tok
+        cdef int32_t *best_tok = NULL
+        cdef size_t *best_from = NULL
+        cdef double *best = NULL
+        cdef double challenger
+        cdef bint single, unknown, prev_unknown
+        norm.data = NULL
+        norm.n = norm.cap = 0
+        try:
+            self.normalize(piece, len(piece), &norm)
+            n = norm.n
+            if n == 0:
+                return 0
+            best_tok = <int32_t *>malloc((n + 1) * sizeof(int32_t))
+            best_from = <size_t *>malloc((n + 1) * sizeof(size_t))
+            best = <double *>malloc((n + 1) * sizeof(double))
+            if not (best_tok and best_from and best):
+                raise MemoryError()
+            for i in range(n + 1):
+                best_tok[i] = self.unk
+                best_from[i] = 0
+                best[i] = -DBL_MAX
+            best[0] = 0.0
+            off = 0
+            while off < n:
+                units = min(utf8_seq_len(norm.data[off]), n - off)
+                single = False
+                node = self.tokens.child(0, norm.data[off])
+                po = off + 1
+                while node >= 0:
+                    tok = self.tokens.value[node]
+                    if tok >= 0:
+                        single = single or po - off == units
+                        challenger = best[off] + self.score[tok]
+                        if challenger > best[po]:
+                            best[po] = challenger
+                            best_tok[po] = tok
+                            best_from[po] = off
+                    if po >= n:
+                        break
+                    node = self.tokens.child(node, norm.data[po])
+                    po += 1
+                if not single:
+                    challenger = best[off] + self.unknown_score
+                    if challenger > best[off + units]:
+                        best[off + units] = challenger
+                        best_tok[off + units] = self.unk
+                        best_from[off + units] = off
+                off += units
+            # walk back from the end; consecutive unknown tokens become one
+            first = out.n
+            po = n
+            prev_unknown = False
+            while True:
+                unknown = best_tok[po] == self.unk
+                if not (prev_unknown and unknown):
+                    ivec_push(out, best_tok[po])
+                if best_from[po] == 0:
+                    break
+                prev_unknown = unknown
+                po = best_from[po]
+            i = first
+            off = out.n - 1
+            while i < off:
+                out.data[i], out.data[off] = out.data[off], out.data[i]
+                i += 1
+                off -= 1
+            return 0
+        finally:
+            free(norm.data)
+            free(best_tok)
+            free(best_from)
+            free(best)
 
 
 # ---------------------------------------------------------------------------------------------

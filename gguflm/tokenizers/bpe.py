@@ -4,8 +4,8 @@
 cutting every word of the previous step into finer words (llama.cpp's ``unicode_regex_split``).
 Three common steps are native (GPT-2's and Llama 3's hand-written splitters, and ``\\p{N}``); the
 others are llama.cpp's regexes run through Python's ``re`` the way llama.cpp runs them through
-``std::regex``: ``\\p{..}`` classes over text collapsed to one byte per code point, and the rest over
-code points with non-ASCII white space mapped to U+000B.
+``std::regex``: ``\\p{..}`` classes over text collapsed to one byte per code point, and the rest
+over code points with non-ASCII white space mapped to U+000B.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _collapse_pattern(pattern: str) -> bytes:
             if klass is None:
                 out += c.encode()
             else:
-                out += (b"" if inside else b"[") + bytes([klass[0]]) + klass[1] + (b"" if inside else b"]")
+                members = bytes([klass[0]]) + klass[1]
+                out += members if inside else b"[" + members + b"]"
                 i = close
         else:
             out += c.encode()
@@ -130,7 +131,8 @@ DIGITS = _tk.SPLIT_DIGITS
 _QWEN2 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
           "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 _QWEN35 = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
-           "[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+           "[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+           "|\\s+(?!\\S)|\\s+")
 # (code points NFC would change are escaped: U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A)
 _DEEPSEEK_LLM = [
     "[\r\n]",
@@ -144,25 +146,28 @@ _DEEPSEEK_CODER = ["[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-�
 _DEEPSEEK3 = [
     "\\p{N}{1,3}",
     "[一-龥぀-ゟ゠-ヿ]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
+    "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 ]
 _FALCON = ["[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2, "[0-9][0-9][0-9]"]
 _DEFAULT = ["[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2, "\\p{N}+", "[0-9][0-9][0-9]"]
 _PORO = " ?[^(\\s|.,!?…。，、।۔،)]+"
-_TEKKEN = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?"
-           "((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
-           "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-_GPT4O = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]"
-          "|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+"
-          "((?=[\\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_TEKKEN = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+"
+           "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*"
+           "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_GPT4O = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+"
+          "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+          "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*"
+          "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
           "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 _CHAMELEON = ["<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )",
               DIGITS, "[\\p{P}!-/:-@\\[-`{-~]", GPT2]
 _BAILINGMOE = ("'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+")
-_SEED_CODER = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-               "|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_SEED_CODER = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+               "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 _LINES = "[^\\n]+|[\\n]+"
 
 
@@ -251,8 +256,8 @@ def build_engine(tokens: list[bytes], merges: list[bytes], spec: PreTokenizer,
     ``token_id`` looks tokens up by their file text."""
     byte_encode = not spec.spm_style
     if byte_encode:  # a leftover byte becomes the tokens of its mapped text's single bytes
-        fallback = [[tok for x in _tk.gpt2_byte_to_text(b) if (tok := token_id(bytes([x]))) is not None]
-                    for b in range(256)]
+        fallback = [[tok for x in _tk.gpt2_byte_to_text(b)
+                     if (tok := token_id(bytes([x]))) is not None] for b in range(256)]
     else:
         fallback = [[tok] if (tok := token_id(f"<0x{b:02X}>".encode())) is not None else []
                     for b in range(256)]
