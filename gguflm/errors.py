@@ -19,3 +19,7 @@ class LoadCancelled(ModelLoadError):
 
 class StateError(Error):
     """A saved context state is malformed or does not fit this context."""
+
+
+class VocabError(ModelLoadError):
+    """A GGUF file's tokenizer metadata is missing, malformed or names a tokenizer gguflm lacks."""

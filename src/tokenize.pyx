@@ -1,0 +1,1405 @@
+# cython: language_level=3
+"""Tokenizer hot loops: special-token partitioning, pre-tokenizer splitting, BPE and SPM merging,
+WordPiece matching. Each engine reproduces the corresponding llama.cpp session exactly; Python in
+gguflm/tokenizers only configures them.
+
+Text arrives as UTF-8 bytes. Token texts are bytes. Engines return ``list[int]``.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memcpy
+
+import numpy as np
+
+
+cdef extern from "tok_text.h" nogil:
+    enum:
+        UNI_UNDEFINED
+        UNI_NUMBER
+        UNI_LETTER
+        UNI_SEPARATOR
+        UNI_MARK
+        UNI_PUNCTUATION
+        UNI_SYMBOL
+        UNI_CONTROL
+        UNI_WHITESPACE
+        UNI_CATEGORY_MASK
+    int uni_init()
+    uint16_t uni_flags(uint32_t cpt)
+    uint32_t uni_tolower(uint32_t cpt)
+    uint32_t uni_nfd(uint32_t cpt)
+    size_t utf8_seq_len(uint8_t lead)
+    uint32_t utf8_next(const uint8_t *s, size_t n, size_t *pos)
+    int utf8_encode(uint32_t cpt, uint8_t *out)
+    uint64_t stdhash_bytes(const uint8_t *p, size_t len)
+
+    ctypedef struct strmap_t:
+        size_t n
+        int32_t *val
+    int strmap_init(strmap_t *m, size_t expected)
+    void strmap_free(strmap_t *m)
+    int64_t strmap_find(const strmap_t *m, const uint8_t *p, size_t len)
+    int32_t strmap_get(const strmap_t *m, const uint8_t *p, size_t len, int32_t missing)
+    int64_t strmap_insert(strmap_t *m, const uint8_t *p, size_t len, int32_t value, int *inserted)
+
+    ctypedef struct pairmap_t:
+        size_t n
+    int pairmap_init(pairmap_t *m, size_t expected)
+    void pairmap_free(pairmap_t *m)
+    int64_t pairmap_get(const pairmap_t *m, int32_t a, int32_t b, int64_t missing)
+    int pairmap_put_new(pairmap_t *m, int32_t a, int32_t b, int64_t value)
+
+    int stdmap_iteration_order(const uint64_t *hashes, size_t n, int32_t *order)
+
+
+if uni_init() != 0:
+    raise MemoryError("cannot allocate the code point table")
+
+# native pre-tokenizer splitters (BpeEngine steps); any other step is a Python callable
+SPLIT_GPT2 = 1     # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+SPLIT_LLAMA3 = 2   # (?i:'s|'t|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|...
+SPLIT_DIGITS = 3   # \p{N}: every number code point alone
+
+FLAG_NUMBER = UNI_NUMBER
+FLAG_LETTER = UNI_LETTER
+FLAG_MARK = UNI_MARK
+FLAG_PUNCTUATION = UNI_PUNCTUATION
+FLAG_SYMBOL = UNI_SYMBOL
+FLAG_CONTROL = UNI_CONTROL
+FLAG_WHITESPACE = UNI_WHITESPACE
+
+cdef uint32_t OUT_OF_RANGE = 0xFFFFFFFF
+cdef bytes ESCAPED_SPACE = "\u2581".encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# small growable arrays
+
+cdef struct IntVec:
+    int32_t *data
+    size_t n
+    size_t cap
+
+
+cdef int ivec_reserve(IntVec *v, size_t need) except -1:
+    cdef size_t cap
+    cdef int32_t *p
+    if need <= v.cap:
+        return 0
+    cap = v.cap * 2 if v.cap else 64
+    while cap < need:
+        cap *= 2
+    p = <int32_t *>realloc(v.data, cap * sizeof(int32_t))
+    if p == NULL:
+        raise MemoryError()
+    v.data = p
+    v.cap = cap
+    return 0
+
+
+cdef inline int ivec_push(IntVec *v, int32_t x) except -1:
+    if v.n == v.cap:
+        ivec_reserve(v, v.n + 1)
+    v.data[v.n] = x
+    v.n += 1
+    return 0
+
+
+cdef list ivec_list(IntVec *v):
+    return [v.data[i] for i in range(v.n)]
+
+
+cdef struct ByteVec:
+    uint8_t *data
+    size_t n
+    size_t cap
+
+
+cdef int bvec_reserve(ByteVec *v, size_t need) except -1:
+    cdef size_t cap
+    cdef uint8_t *p
+    if need <= v.cap:
+        return 0
+    cap = v.cap * 2 if v.cap else 256
+    while cap < need:
+        cap *= 2
+    p = <uint8_t *>realloc(v.data, cap)
+    if p == NULL:
+        raise MemoryError()
+    v.data = p
+    v.cap = cap
+    return 0
+
+
+cdef int bvec_append(ByteVec *v, const uint8_t *p, size_t n) except -1:
+    bvec_reserve(v, v.n + n)
+    memcpy(v.data + v.n, p, n)
+    v.n += n
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# code points
+
+def cpt_flags(uint32_t cpt) -> int:
+    """llama.cpp's class bits of a code point (category | 0x100 when White_Space)."""
+    return uni_flags(cpt)
+
+
+def cpt_tolower(uint32_t cpt) -> int:
+    """Simple lowercase mapping (the code point itself when it has none)."""
+    return uni_tolower(cpt)
+
+
+def cpt_nfd(uint32_t cpt) -> int:
+    """First code point of the canonical decomposition (the code point itself when none)."""
+    return uni_nfd(cpt)
+
+
+cdef class CodepointText:
+    """Text decoded to code points the way llama.cpp decodes it, with its re-encoded UTF-8.
+
+    Invalid UTF-8 becomes U+FFFD one byte at a time, so ``utf8`` can differ from the input.
+    """
+
+    cdef uint32_t *cpt         # [n]
+    cdef int64_t *byte_off     # [n + 1] offset of each code point in utf8
+    cdef uint8_t *utf8         # [byte_off[n]]
+    cdef readonly int64_t n
+    cdef object _collapsed
+    cdef object _wide
+
+    def __cinit__(self, const uint8_t[::1] text):
+        cdef size_t pos = 0, size = text.shape[0]
+        cdef int64_t i, k
+        cdef int w
+        cdef uint8_t enc[4]
+        self.cpt = <uint32_t *>malloc((size + 1) * sizeof(uint32_t))
+        self.byte_off = <int64_t *>malloc((size + 1) * sizeof(int64_t))
+        self.utf8 = <uint8_t *>malloc(3 * size + 1)
+        if self.cpt == NULL or self.byte_off == NULL or self.utf8 == NULL:
+            raise MemoryError()
+        i = 0
+        k = 0
+        while pos < size:
+            self.cpt[i] = utf8_next(&text[0], size, &pos)
+            w = utf8_encode(self.cpt[i], enc)
+            if w == 0:
+                raise ValueError(f"text decodes to code point {self.cpt[i]:#x}, past U+10FFFF")
+            self.byte_off[i] = k
+            memcpy(self.utf8 + k, enc, w)
+            k += w
+            i += 1
+        self.byte_off[i] = k
+        self.n = i
+
+    def __dealloc__(self):
+        free(self.cpt)
+        free(self.byte_off)
+        free(self.utf8)
+
+    def codepoints(self) -> list:
+        return [self.cpt[i] for i in range(self.n)]
+
+    def collapsed(self) -> bytes:
+        """One byte per code point for byte regexes with \\p{..} classes rewritten (llama.cpp's
+        trick): ASCII stays, other white space becomes 0x0B, other code points their category's
+        byte (0xD1 number, 0xD2 letter, 0xD3 punctuation, 0xD4 mark, 0xD5 symbol, 0xD0 other)."""
+        cdef bytearray out
+        cdef int64_t i
+        cdef uint32_t c
+        cdef uint16_t f, cat
+        if self._collapsed is None:
+            out = bytearray(self.n)
+            for i in range(self.n):
+                c = self.cpt[i]
+                if c < 128:
+                    out[i] = c
+                    continue
+                f = uni_flags(c)
+                cat = f & UNI_CATEGORY_MASK
+                if f & UNI_WHITESPACE:
+                    out[i] = 0x0B
+                elif cat == UNI_NUMBER:
+                    out[i] = 0xD1
+                elif cat == UNI_LETTER:
+                    out[i] = 0xD2
+                elif cat == UNI_PUNCTUATION:
+                    out[i] = 0xD3
+                elif cat == UNI_MARK:
+                    out[i] = 0xD4
+                elif cat == UNI_SYMBOL:
+                    out[i] = 0xD5
+                else:
+                    out[i] = 0xD0
+            self._collapsed = bytes(out)
+        return self._collapsed
+
+    def wide(self) -> str:
+        """The code points as a str for regexes without \\p{..}: non-ASCII white space becomes
+        U+000B (llama.cpp's std::wregex stand-in), code points past U+10FFFF become U+FFFD."""
+        cdef int64_t i
+        cdef uint32_t c
+        if self._wide is None:
+            chars = []
+            for i in range(self.n):
+                c = self.cpt[i]
+                if c > 0x7F and (uni_flags(c) & UNI_WHITESPACE):
+                    c = 0x0B
+                chars.append(chr(c) if c < 0x110000 else "\ufffd")
+            self._wide = "".join(chars)
+        return self._wide
+
+
+# ---------------------------------------------------------------------------------------------
+# native pre-tokenizer splitters: word lengths (in code points) in, finer word lengths out
+
+cdef inline uint32_t seg_cpt(CodepointText t, int64_t pos, int64_t ini, int64_t end):
+    return t.cpt[pos] if ini <= pos < end else OUT_OF_RANGE
+
+
+cdef inline uint16_t seg_flags(CodepointText t, int64_t pos, int64_t ini, int64_t end):
+    return uni_flags(t.cpt[pos]) if ini <= pos < end else 0
+
+
+cdef inline bint is_contraction(CodepointText t, int64_t pos, int64_t ini, int64_t end,
+                                bint fold, int64_t *length):
+    """'s 't 'm 'd (2 code points) or 're 've 'll (3) at pos; fold: case-insensitive."""
+    cdef uint32_t a, b
+    if t.cpt[pos] != 0x27 or pos + 1 >= end:
+        return False
+    a = seg_cpt(t, pos + 1, ini, end)
+    if fold:
+        a = uni_tolower(a)
+    if a == 0x73 or a == 0x74 or a == 0x6D or a == 0x64:
+        length[0] = 2
+        return True
+    if pos + 2 < end:
+        b = seg_cpt(t, pos + 2, ini, end)
+        if fold:
+            b = uni_tolower(b)
+        if (a == 0x72 and b == 0x65) or (a == 0x76 and b == 0x65) or (a == 0x6C and b == 0x6C):
+            length[0] = 3
+            return True
+    return False
+
+
+cdef int emit_word(IntVec *out, int64_t *prev_end, int64_t end) except -1:
+    if end > prev_end[0]:
+        ivec_push(out, <int32_t>(end - prev_end[0]))
+    prev_end[0] = end
+    return 0
+
+
+cdef int split_gpt2(CodepointText t, IntVec *words, IntVec *out) except -1:
+    cdef int64_t ini = 0, end, pos, prev, nws, clen = 0
+    cdef size_t w
+    cdef uint32_t cpt
+    cdef uint16_t f, f2
+    for w in range(words.n):
+        end = ini + words.data[w]
+        pos = ini
+        prev = ini
+        while pos < end:
+            cpt = t.cpt[pos]
+            f = uni_flags(cpt)
+            if is_contraction(t, pos, ini, end, False, &clen):
+                pos += clen
+                emit_word(out, &prev, pos)
+                continue
+            f2 = seg_flags(t, pos + 1, ini, end) if cpt == 0x20 else f
+            if f2 & UNI_LETTER:
+                pos += cpt == 0x20
+                while f2 & UNI_LETTER:
+                    pos += 1
+                    f2 = seg_flags(t, pos, ini, end)
+                emit_word(out, &prev, pos)
+                continue
+            if f2 & UNI_NUMBER:
+                pos += cpt == 0x20
+                while f2 & UNI_NUMBER:
+                    pos += 1
+                    f2 = seg_flags(t, pos, ini, end)
+                emit_word(out, &prev, pos)
+                continue
+            if not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
+                pos += cpt == 0x20
+                while not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
+                    pos += 1
+                    f2 = seg_flags(t, pos, ini, end)
+                emit_word(out, &prev, pos)
+                continue
+            nws = 0
+            while seg_flags(t, pos + nws, ini, end) & UNI_WHITESPACE:
+                nws += 1
+            if nws > 1 and seg_cpt(t, pos + nws, ini, end) != OUT_OF_RANGE:
+                pos += nws - 1      # \s+(?!\S): leave the last space to the next word
+                emit_word(out, &prev, pos)
+                continue
+            if nws > 0:
+                pos += nws
+                emit_word(out, &prev, pos)
+                continue
+            pos += 1
+            emit_word(out, &prev, pos)
+        ini = end
+    return 0
+
+
+cdef int split_llama3(CodepointText t, IntVec *words, IntVec *out) except -1:
+    cdef int64_t ini = 0, end, pos, prev, nws, last_crlf, start, clen = 0
+    cdef size_t w
+    cdef uint32_t cpt, c2
+    cdef uint16_t f, f2
+    for w in range(words.n):
+        end = ini + words.data[w]
+        pos = ini
+        prev = ini
+        while pos < end:
+            cpt = t.cpt[pos]
+            f = uni_flags(cpt)
+            if is_contraction(t, pos, ini, end, True, &clen):
+                pos += clen
+                emit_word(out, &prev, pos)
+                continue
+            # [^\r\n\p{L}\p{N}]?\p{L}+
+            if not (cpt == 0x0D or cpt == 0x0A or (f & UNI_NUMBER)):
+                if (f & UNI_LETTER) or (seg_flags(t, pos + 1, ini, end) & UNI_LETTER):
+                    pos += 1
+                    while seg_flags(t, pos, ini, end) & UNI_LETTER:
+                        pos += 1
+                    emit_word(out, &prev, pos)
+                    continue
+            # \p{N}{1,3}
+            if f & UNI_NUMBER:
+                start = pos
+                while seg_flags(t, pos, ini, end) & UNI_NUMBER:
+                    pos += 1
+                    if pos - start >= 3:
+                        emit_word(out, &prev, pos)
+                        start = pos
+                emit_word(out, &prev, pos)
+                continue
+            # <space>?[^\s\p{L}\p{N}]+[\r\n]*  (the test on f, not f2, is llama.cpp's)
+            f2 = seg_flags(t, pos + 1, ini, end) if cpt == 0x20 else f
+            if not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f:
+                pos += cpt == 0x20
+                while not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
+                    pos += 1
+                    f2 = seg_flags(t, pos, ini, end)
+                c2 = seg_cpt(t, pos, ini, end)
+                while c2 == 0x0D or c2 == 0x0A:
+                    pos += 1
+                    c2 = seg_cpt(t, pos, ini, end)
+                emit_word(out, &prev, pos)
+                continue
+            nws = 0
+            last_crlf = 0
+            while seg_flags(t, pos + nws, ini, end) & UNI_WHITESPACE:
+                c2 = seg_cpt(t, pos + nws, ini, end)
+                if c2 == 0x0D or c2 == 0x0A:
+                    last_crlf = pos + nws + 1
+                nws += 1
+            if last_crlf > 0:       # \s*[\r\n]+
+                pos = last_crlf
+                emit_word(out, &prev, pos)
+                continue
+            if nws > 1 and seg_cpt(t, pos + nws, ini, end) != OUT_OF_RANGE:
+                pos += nws - 1
+                emit_word(out, &prev, pos)
+                continue
+            if nws > 0:
+                pos += nws
+                emit_word(out, &prev, pos)
+                continue
+            pos += 1
+            emit_word(out, &prev, pos)
+        ini = end
+    return 0
+
+
+cdef int split_digits(CodepointText t, IntVec *words, IntVec *out) except -1:
+    """\\p{N} through llama.cpp's collapsed std::regex: ASCII 0-9 and non-ASCII numbers that are
+    not white space each form a word; the stretches between them are words too."""
+    cdef int64_t ini = 0, end, pos, prev
+    cdef size_t w
+    cdef uint32_t c
+    cdef uint16_t f
+    cdef bint digit
+    for w in range(words.n):
+        end = ini + words.data[w]
+        prev = ini
+        for pos in range(ini, end):
+            c = t.cpt[pos]
+            if c < 128:
+                digit = 0x30 <= c <= 0x39
+            else:
+                f = uni_flags(c)
+                digit = (f & UNI_CATEGORY_MASK) == UNI_NUMBER and not (f & UNI_WHITESPACE)
+            if digit:
+                emit_word(out, &prev, pos)
+                emit_word(out, &prev, pos + 1)
+        emit_word(out, &prev, end)
+        ini = end
+    return 0
+
+
+cdef int run_steps(CodepointText t, list steps, IntVec *words) except -1:
+    """Apply the pre-tokenizer steps in order; words holds the word lengths, in and out."""
+    cdef IntVec nxt
+    cdef size_t i
+    words.n = 0
+    if t.n == 0:
+        return 0
+    ivec_push(words, <int32_t>t.n)
+    for step in steps:
+        nxt.data = NULL
+        nxt.n = nxt.cap = 0
+        try:
+            if step == SPLIT_GPT2:
+                split_gpt2(t, words, &nxt)
+            elif step == SPLIT_LLAMA3:
+                split_llama3(t, words, &nxt)
+            elif step == SPLIT_DIGITS:
+                split_digits(t, words, &nxt)
+            else:
+                for length in step(t, ivec_list(words)):
+                    ivec_push(&nxt, length)
+        except BaseException:
+            free(nxt.data)
+            raise
+        free(words.data)
+        words[0] = nxt
+    return 0
+
+
+def split_words(const uint8_t[::1] text, list steps) -> list:
+    """The words a pre-tokenizer cuts ``text`` into, as UTF-8 bytes (for tests and debugging)."""
+    cdef CodepointText t = CodepointText(text)
+    cdef IntVec words
+    cdef int64_t a = 0
+    cdef size_t i
+    words.data = NULL
+    words.n = words.cap = 0
+    try:
+        run_steps(t, steps, &words)
+        out = []
+        for i in range(words.n):
+            out.append((<char *>t.utf8)[t.byte_off[a]:t.byte_off[a + words.data[i]]])
+            a += words.data[i]
+        return out
+    finally:
+        free(words.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# a min-heap of merge candidates, shared by BPE (rank, left) and SPM (-score, left)
+
+cdef struct Candidate:
+    uint64_t key       # priority, lowest first; the low 32 bits are the left symbol
+    int32_t right
+    int32_t size       # byte length of left + right when the candidate was made
+    int32_t merged     # BPE: symbol id of the merge result
+
+
+cdef struct Heap:
+    Candidate *item
+    size_t n
+    size_t cap
+
+
+cdef int heap_push(Heap *h, Candidate c) except -1:
+    cdef size_t i, parent
+    cdef Candidate *p
+    if h.n == h.cap:
+        h.cap = h.cap * 2 if h.cap else 64
+        p = <Candidate *>realloc(h.item, h.cap * sizeof(Candidate))
+        if p == NULL:
+            raise MemoryError()
+        h.item = p
+    i = h.n
+    h.n += 1
+    while i > 0:
+        parent = (i - 1) // 2
+        if h.item[parent].key <= c.key:
+            break
+        h.item[i] = h.item[parent]
+        i = parent
+    h.item[i] = c
+    return 0
+
+
+cdef Candidate heap_pop(Heap *h) noexcept:
+    cdef Candidate top = h.item[0]
+    cdef Candidate last
+    cdef size_t i = 0, child
+    h.n -= 1
+    if h.n == 0:
+        return top
+    last = h.item[h.n]
+    while True:
+        child = 2 * i + 1
+        if child >= h.n:
+            break
+        if child + 1 < h.n and h.item[child + 1].key < h.item[child].key:
+            child += 1
+        if h.item[child].key >= last.key:
+            break
+        h.item[i] = h.item[child]
+        i = child
+    h.item[i] = last
+    return top
+
+
+cdef inline uint64_t score_priority(float score, int32_t left):
+    """Order by score descending, then left ascending, as SPM's comparator does."""
+    cdef uint32_t u
+    if score == 0.0:
+        score = 0.0    # -0.0 ties with 0.0
+    memcpy(&u, &score, 4)
+    u = ~u if u & 0x80000000u else u | 0x80000000u
+    return (<uint64_t>(~u) << 32) | <uint32_t>left
+
+
+# symbols of one merge run: a linked list over byte ranges of the text
+cdef struct Symbols:
+    int64_t *start
+    int32_t *length    # 0 once merged into its left neighbour
+    int32_t *prev
+    int32_t *next
+    int32_t *sym       # BPE: symbol id (-1: cannot merge)
+    int32_t n
+    int32_t cap
+
+
+cdef int symbols_reserve(Symbols *s, int32_t need) except -1:
+    cdef int32_t cap
+    if need <= s.cap:
+        return 0
+    cap = max(need, 2 * s.cap, 64)
+    s.start = <int64_t *>realloc(s.start, cap * sizeof(int64_t))
+    s.length = <int32_t *>realloc(s.length, cap * sizeof(int32_t))
+    s.prev = <int32_t *>realloc(s.prev, cap * sizeof(int32_t))
+    s.next = <int32_t *>realloc(s.next, cap * sizeof(int32_t))
+    s.sym = <int32_t *>realloc(s.sym, cap * sizeof(int32_t))
+    if not (s.start and s.length and s.prev and s.next and s.sym):
+        raise MemoryError()
+    s.cap = cap
+    return 0
+
+
+cdef void symbols_free(Symbols *s) noexcept:
+    free(s.start)
+    free(s.length)
+    free(s.prev)
+    free(s.next)
+    free(s.sym)
+
+
+cdef int symbols_split(Symbols *s, const uint8_t *text, int64_t n, bint by_byte) except -1:
+    """One symbol per byte, or per UTF-8 sequence (lead-byte length, cut at the end)."""
+    cdef int64_t off = 0
+    cdef int64_t k
+    cdef int32_t i = 0
+    symbols_reserve(s, <int32_t>n)
+    while off < n:
+        k = 1 if by_byte else min(<int64_t>utf8_seq_len(text[off]), n - off)
+        s.start[i] = off
+        s.length[i] = <int32_t>k
+        s.prev[i] = i - 1
+        off += k
+        s.next[i] = i + 1 if off < n else -1
+        i += 1
+    s.n = i
+    return 0
+
+
+cdef inline void symbols_merge(Symbols *s, int32_t left, int32_t right) noexcept:
+    s.length[left] += s.length[right]
+    s.length[right] = 0
+    s.next[left] = s.next[right]
+    if s.next[right] >= 0:
+        s.prev[s.next[right]] = left
+
+
+# ---------------------------------------------------------------------------------------------
+# special-token partitioning (llama.cpp's tokenizer_st_partition)
+
+cdef inline bint c_isspace(uint8_t c) noexcept:
+    return c == 0x20 or (0x09 <= c <= 0x0D)
+
+
+cdef class Fragments:
+    """Text split into raw pieces and special tokens: (token or -1, byte offset, byte length)."""
+
+    cdef int32_t *tok
+    cdef int64_t *off
+    cdef int64_t *len
+    cdef readonly Py_ssize_t n
+    cdef Py_ssize_t cap
+
+    cdef int push(self, int32_t tok, int64_t off, int64_t length) except -1:
+        cdef Py_ssize_t cap
+        if self.n == self.cap:
+            cap = self.cap * 2 if self.cap else 16
+            self.tok = <int32_t *>realloc(self.tok, cap * sizeof(int32_t))
+            self.off = <int64_t *>realloc(self.off, cap * sizeof(int64_t))
+            self.len = <int64_t *>realloc(self.len, cap * sizeof(int64_t))
+            if not (self.tok and self.off and self.len):
+                raise MemoryError()
+            self.cap = cap
+        self.tok[self.n] = tok
+        self.off[self.n] = off
+        self.len[self.n] = length
+        self.n += 1
+        return 0
+
+    def __dealloc__(self):
+        free(self.tok)
+        free(self.off)
+        free(self.len)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, Py_ssize_t i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return (self.tok[i], self.off[i], self.len[i])
+
+
+cdef int cmp_u64(const void *a, const void *b) noexcept nogil:
+    cdef uint64_t x = (<const uint64_t *>a)[0]
+    cdef uint64_t y = (<const uint64_t *>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef class SpecialMatcher:
+    """Finds special-token texts and splits text around them in llama.cpp's order: token by token
+    in the given priority order, each one left to right through the raw fragments left so far,
+    trimming white space beside a match for tokens with lstrip/rstrip."""
+
+    cdef pairmap_t edges        # (node, byte) -> child node
+    cdef int32_t root[256]
+    cdef int32_t *node_rank     # [n_nodes] priority index of the token ending here, or -1
+    cdef int32_t n_nodes
+    cdef int32_t *tok_id        # [n_tok]
+    cdef int32_t *tok_len       # [n_tok]
+    cdef uint8_t *tok_strip     # [n_tok] bit 0 lstrip, bit 1 rstrip
+    cdef int32_t n_tok
+
+    def __cinit__(self, list texts, list ids, list lstrip, list rstrip):
+        cdef int32_t node, child, r
+        cdef const uint8_t *p
+        cdef Py_ssize_t i, k, total = 1
+        for t in texts:
+            total += len(t)
+        if pairmap_init(&self.edges, total) != 0:
+            raise MemoryError()
+        self.n_tok = len(texts)
+        self.node_rank = <int32_t *>malloc(total * sizeof(int32_t))
+        self.tok_id = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
+        self.tok_len = <int32_t *>malloc((self.n_tok + 1) * sizeof(int32_t))
+        self.tok_strip = <uint8_t *>malloc(self.n_tok + 1)
+        if not (self.node_rank and self.tok_id and self.tok_len and self.tok_strip):
+            raise MemoryError()
+        for i in range(256):
+            self.root[i] = -1
+        self.n_nodes = 1      # node 0 is the root
+        self.node_rank[0] = -1
+        for r in range(self.n_tok):
+            text = texts[r]
+            p = text
+            self.tok_id[r] = ids[r]
+            self.tok_len[r] = len(text)
+            self.tok_strip[r] = (1 if lstrip[r] else 0) | (2 if rstrip[r] else 0)
+            if len(text) == 0:
+                continue
+            node = 0
+            for k in range(len(text)):
+                child = self.root[p[k]] if node == 0 else \
+                    <int32_t>pairmap_get(&self.edges, node, p[k], -1)
+                if child < 0:
+                    child = self.n_nodes
+                    self.n_nodes += 1
+                    self.node_rank[child] = -1
+                    if node == 0:
+                        self.root[p[k]] = child
+                    elif pairmap_put_new(&self.edges, node, p[k], child) < 0:
+                        raise MemoryError()
+                node = child
+            if self.node_rank[node] < 0:    # a duplicate text keeps its first (higher) priority
+                self.node_rank[node] = r
+
+    def __dealloc__(self):
+        pairmap_free(&self.edges)
+        free(self.node_rank)
+        free(self.tok_id)
+        free(self.tok_len)
+        free(self.tok_strip)
+
+    cdef int find_all(self, const uint8_t *s, int64_t n, IntVec *hits_lo, IntVec *hits_hi) except -1:
+        """Every occurrence of every token as (rank << 32 | start), split into two int32 lists."""
+        cdef int64_t start, k
+        cdef int32_t node
+        for start in range(n):
+            node = self.root[s[start]]
+            k = start + 1
+            while node >= 0:
+                if self.node_rank[node] >= 0:
+                    ivec_push(hits_hi, self.node_rank[node])
+                    ivec_push(hits_lo, <int32_t>start)
+                if k >= n:
+                    break
+                node = <int32_t>pairmap_get(&self.edges, node, s[k], -1)
+                k += 1
+        return 0
+
+    def partition(self, const uint8_t[::1] text) -> Fragments:
+        """Split ``text`` (bytes) into raw fragments and special tokens."""
+        cdef int64_t n = text.shape[0]
+        cdef Fragments cur = Fragments(), nxt
+        cdef IntVec lo, hi
+        cdef uint64_t *hits = NULL
+        cdef size_t n_hits, h, g
+        cdef int32_t rank, tlen
+        cdef int64_t pos, fend, left, match, right_off, f
+        cdef uint8_t strip
+        cdef const uint8_t *s
+        if n == 0:
+            return cur
+        s = &text[0]
+        cur.push(-1, 0, n)
+        lo.data = hi.data = NULL
+        lo.n = lo.cap = hi.n = hi.cap = 0
+        try:
+            self.find_all(s, n, &lo, &hi)
+            n_hits = lo.n
+            if n_hits == 0:
+                return cur
+            hits = <uint64_t *>malloc(n_hits * sizeof(uint64_t))
+            if hits == NULL:
+                raise MemoryError()
+            for h in range(n_hits):
+                hits[h] = (<uint64_t>hi.data[h] << 32) | <uint32_t>lo.data[h]
+            qsort(hits, n_hits, sizeof(uint64_t), cmp_u64)
+            g = 0
+            while g < n_hits:       # one group of hits per token, in priority order
+                rank = <int32_t>(hits[g] >> 32)
+                tlen = self.tok_len[rank]
+                strip = self.tok_strip[rank]
+                nxt = Fragments()
+                h = g
+                for f in range(cur.n):
+                    if cur.tok[f] >= 0:
+                        nxt.push(cur.tok[f], cur.off[f], cur.len[f])
+                        continue
+                    pos = cur.off[f]
+                    fend = pos + cur.len[f]
+                    while True:
+                        while h < n_hits and (hits[h] >> 32) == <uint64_t>rank and \
+                                <int64_t>(hits[h] & 0xFFFFFFFFu) < pos:
+                            h += 1
+                        if h >= n_hits or (hits[h] >> 32) != <uint64_t>rank or \
+                                <int64_t>(hits[h] & 0xFFFFFFFFu) + tlen > fend:
+                            break
+                        left = <int64_t>(hits[h] & 0xFFFFFFFFu)
+                        match = left
+                        if strip & 1:
+                            while left > pos and c_isspace(s[left - 1]):
+                                left -= 1
+                        if left > pos:
+                            nxt.push(-1, pos, left - pos)
+                        nxt.push(self.tok_id[rank], match, tlen)
+                        right_off = match + tlen
+                        if strip & 2:
+                            while right_off < fend and c_isspace(s[right_off]):
+                                right_off += 1
+                        pos = right_off
+                        if pos >= fend:
+                            break
+                    if pos < fend:
+                        nxt.push(-1, pos, fend - pos)
+                while g < n_hits and (hits[g] >> 32) == <uint64_t>rank:
+                    g += 1
+                cur = nxt
+            return cur
+        finally:
+            free(lo.data)
+            free(hi.data)
+            free(hits)
+
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary lookups shared by the engines
+
+cdef class TokenTable:
+    """Token text (bytes) -> id."""
+
+    cdef strmap_t map
+    cdef readonly int32_t n_tokens
+
+    def __cinit__(self, list texts):
+        cdef int inserted
+        cdef int32_t i
+        cdef const uint8_t *p
+        if strmap_init(&self.map, len(texts)) != 0:
+            raise MemoryError()
+        self.n_tokens = len(texts)
+        for i in range(self.n_tokens):
+            t = texts[i]
+            p = t
+            if strmap_insert(&self.map, p, len(t), i, &inserted) == -2:
+                raise MemoryError()
+
+    def __dealloc__(self):
+        strmap_free(&self.map)
+
+    @property
+    def n_distinct(self) -> int:
+        """How many different texts the table holds (fewer than n_tokens: duplicates)."""
+        return self.map.n
+
+    def get(self, const uint8_t[::1] text, default=None):
+        cdef int32_t v
+        if text.shape[0] == 0:
+            return default
+        v = strmap_get(&self.map, &text[0], text.shape[0], -1)
+        return default if v < 0 else v
+
+    cdef inline int32_t lookup(self, const uint8_t *p, size_t n) noexcept:
+        return strmap_get(&self.map, p, n, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPM (llm_tokenizer_spm_session): merge the adjacent pair whose concatenation is the
+# highest-scoring token, leftmost first, until none is left; leftovers become byte tokens
+
+cdef class SpmEngine:
+    cdef TokenTable table
+    cdef float *score           # [n_tokens]
+    cdef int32_t byte_token[256]
+    cdef bint add_space_prefix
+    cdef Symbols sy
+    cdef Heap heap
+
+    def __cinit__(self, TokenTable table, scores, list byte_tokens, bint add_space_prefix):
+        cdef const float[::1] sc = np.ascontiguousarray(scores, dtype=np.float32)
+        cdef int i
+        self.table = table
+        self.score = <float *>malloc(max(1, sc.shape[0]) * sizeof(float))
+        if self.score == NULL:
+            raise MemoryError()
+        for i in range(sc.shape[0]):
+            self.score[i] = sc[i]
+        for i in range(256):
+            self.byte_token[i] = byte_tokens[i]
+        self.add_space_prefix = add_space_prefix
+
+    def __dealloc__(self):
+        free(self.score)
+        symbols_free(&self.sy)
+        free(self.heap.item)
+
+    cdef int try_pair(self, const uint8_t *text, int32_t left, int32_t right) except -1:
+        cdef Candidate c
+        cdef int32_t tok
+        if left < 0 or right < 0:
+            return 0
+        c.size = self.sy.length[left] + self.sy.length[right]
+        tok = self.table.lookup(text + self.sy.start[left], c.size)
+        if tok < 0:
+            return 0
+        c.key = score_priority(self.score[tok], left)
+        c.right = right
+        c.merged = tok
+        heap_push(&self.heap, c)
+        return 0
+
+    cdef int encode_text(self, const uint8_t *text, int64_t n, IntVec *out) except -1:
+        cdef int32_t i, left, right
+        cdef int32_t tok
+        cdef int64_t j
+        cdef Candidate c
+        symbols_split(&self.sy, text, n, False)
+        self.heap.n = 0
+        for i in range(1, self.sy.n):
+            self.try_pair(text, i - 1, i)
+        while self.heap.n:
+            c = heap_pop(&self.heap)
+            left = <int32_t>(c.key & 0xFFFFFFFFu)
+            right = c.right
+            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
+                    self.sy.length[left] + self.sy.length[right] != c.size:
+                continue    # stale: one side has merged since
+            symbols_merge(&self.sy, left, right)
+            self.try_pair(text, self.sy.prev[left], left)
+            self.try_pair(text, left, self.sy.next[left])
+        i = 0 if self.sy.n else -1
+        while i >= 0:
+            tok = self.table.lookup(text + self.sy.start[i], self.sy.length[i])
+            if tok >= 0:
+                ivec_push(out, tok)
+            else:
+                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
+                    if self.byte_token[text[j]] < 0:
+                        raise ValueError(f"the vocabulary has no token for byte {text[j]:#04x}")
+                    ivec_push(out, self.byte_token[text[j]])
+            i = self.sy.next[i]
+        return 0
+
+    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
+        """Token ids of the fragments: raw ones get the space prefix where llama.cpp adds it
+        (at the start and after a special token) and spaces escaped as U+2581."""
+        cdef IntVec out
+        cdef Py_ssize_t f
+        cdef bint prev_special = True
+        cdef const uint8_t *p
+        out.data = NULL
+        out.n = out.cap = 0
+        try:
+            for f in range(frags.n):
+                if frags.tok[f] >= 0:
+                    ivec_push(&out, frags.tok[f])
+                    prev_special = True
+                    continue
+                piece = bytes(text[frags.off[f]:frags.off[f] + frags.len[f]])
+                if self.add_space_prefix and prev_special:
+                    piece = b" " + piece
+                piece = piece.replace(b" ", ESCAPED_SPACE)
+                p = piece
+                self.encode_text(p, len(piece), &out)
+                prev_special = False
+            return ivec_list(&out)
+        finally:
+            free(out.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# BPE (llm_tokenizer_bpe_session): pre-tokenize into words, then per word merge the adjacent pair
+# with the lowest merge rank, leftmost first. Words are cached: their tokens depend on nothing else.
+
+cdef int32_t GPT2_BYTE_CPT[256]      # byte -> code point of the GPT-2 byte-to-unicode map
+cdef int32_t GPT2_CPT_BYTE[0x144]    # code point -> byte, or -1
+
+
+cdef void gpt2_tables_init() noexcept:
+    cdef int b, n = 0
+    for b in range(0x144):
+        GPT2_CPT_BYTE[b] = -1
+    for b in range(256):
+        if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF:
+            GPT2_BYTE_CPT[b] = b
+        else:
+            GPT2_BYTE_CPT[b] = 256 + n
+            n += 1
+        GPT2_CPT_BYTE[GPT2_BYTE_CPT[b]] = b
+
+
+gpt2_tables_init()
+
+
+def gpt2_byte_to_text(uint8_t b) -> bytes:
+    """The UTF-8 text that stands for byte ``b`` in byte-level BPE vocabularies."""
+    cdef uint8_t enc[4]
+    cdef int w = utf8_encode(GPT2_BYTE_CPT[b], enc)
+    return (<char *>enc)[:w]
+
+
+cdef int gpt2_decode(const uint8_t *p, size_t n, ByteVec *out) except -2:
+    """Append the raw bytes behind byte-level BPE text; -1 (nothing appended) when a code point
+    is outside the byte map."""
+    cdef size_t pos = 0, start = out.n
+    cdef uint32_t c
+    bvec_reserve(out, out.n + n)
+    while pos < n:
+        c = utf8_next(p, n, &pos)
+        if c >= 0x144 or GPT2_CPT_BYTE[c] < 0:
+            out.n = start
+            return -1
+        out.data[out.n] = <uint8_t>GPT2_CPT_BYTE[c]
+        out.n += 1
+    return 0
+
+
+def gpt2_text_to_bytes(const uint8_t[::1] text, bint strict):
+    """Raw bytes behind a byte-level BPE token text. A code point outside the byte map gives None
+    when ``strict``, else llama.cpp's marker ``[UNK_BYTE_0x<utf8 hex><text>]`` in its place."""
+    cdef size_t pos = 0, n = text.shape[0]
+    cdef uint32_t c
+    cdef uint8_t enc[4]
+    cdef int w
+    out = bytearray()
+    while pos < n:
+        c = utf8_next(&text[0], n, &pos)
+        if c < 0x144 and GPT2_CPT_BYTE[c] >= 0:
+            out.append(GPT2_CPT_BYTE[c])
+        elif strict:
+            return None
+        else:
+            w = utf8_encode(c, enc)
+            out += b"[UNK_BYTE_0x" + (<char *>enc)[:w].hex().encode() + bytes(text) + b"]"
+    return bytes(out)
+
+
+cdef class BpeEngine:
+    cdef strmap_t symtab        # symbol text -> symbol id (token id, or >= n_tokens for merge-only)
+    cdef pairmap_t merges       # (left symbol, right symbol) -> rank << 32 | merged symbol
+    cdef int32_t n_tokens
+    cdef int32_t byte_sym[256]
+    cdef int32_t fallback[256][2]   # tokens for one leftover byte (-1: none)
+    cdef bint byte_encode, ignore_merges, whole_newlines, escape_spaces
+    cdef list steps
+    cdef strmap_t cache         # word -> index into cache_pool of (start, count)
+    cdef IntVec cache_pool
+    cdef Symbols sy
+    cdef Heap heap
+
+    def __cinit__(self, list tokens, list merges, list fallback, list steps, bint byte_encode,
+                  bint ignore_merges, bint whole_newlines, bint escape_spaces):
+        """tokens: token texts as in the file; merges: merge lines "left right" in rank order;
+        fallback: per byte, the token ids a leftover byte becomes. With ``byte_encode`` merges
+        work on raw bytes (texts go through the GPT-2 byte map), else on UTF-8 characters."""
+        cdef int inserted
+        cdef int32_t i, rank
+        cdef int32_t ids[3]
+        cdef int64_t e, pos, n
+        cdef const uint8_t *p
+        cdef ByteVec buf
+        cdef size_t cut
+        cdef uint8_t one
+        buf.data = NULL
+        buf.n = buf.cap = 0
+        if strmap_init(&self.symtab, len(tokens) + 2 * len(merges)) != 0 or \
+                pairmap_init(&self.merges, len(merges)) != 0 or strmap_init(&self.cache, 1024) != 0:
+            raise MemoryError()
+        self.n_tokens = len(tokens)
+        try:
+            for i in range(self.n_tokens):
+                t = tokens[i]
+                p = t
+                buf.n = 0
+                self.intern_text(p, len(t), byte_encode, &buf, i)
+            for rank in range(len(merges)):
+                line = merges[rank]
+                p = line
+                n = len(line)
+                pos = 1
+                while pos < n and p[pos] != 0x20:   # split at the first space after byte 0
+                    pos += 1
+                if pos + 1 >= n:
+                    continue        # no right part: never matches, its rank stays taken
+                # left and right back to back in buf (decoded under the byte map)
+                buf.n = 0
+                if byte_encode:
+                    if gpt2_decode(p, pos, &buf):
+                        continue
+                    cut = buf.n
+                    if gpt2_decode(p + pos + 1, n - pos - 1, &buf):
+                        continue
+                else:
+                    bvec_append(&buf, p, pos)
+                    cut = buf.n
+                    bvec_append(&buf, p + pos + 1, n - pos - 1)
+                ids[0] = self.intern(buf.data, cut)
+                ids[1] = self.intern(buf.data + cut, buf.n - cut)
+                ids[2] = self.intern(buf.data, buf.n)
+                if pairmap_put_new(&self.merges, ids[0], ids[1],
+                                   (<int64_t>rank << 32) | <uint32_t>ids[2]) < 0:
+                    raise MemoryError()
+        finally:
+            free(buf.data)
+        for i in range(256):
+            one = i
+            self.byte_sym[i] = strmap_get(&self.symtab, &one, 1, -1)
+            ids_ = fallback[i]
+            self.fallback[i][0] = ids_[0] if len(ids_) > 0 else -1
+            self.fallback[i][1] = ids_[1] if len(ids_) > 1 else -1
+        self.steps = steps
+        self.byte_encode = byte_encode
+        self.ignore_merges = ignore_merges
+        self.whole_newlines = whole_newlines
+        self.escape_spaces = escape_spaces
+
+    cdef int32_t intern(self, const uint8_t *p, size_t n) except -2:
+        """Symbol id of a text, adding merge-only texts with ids from n_tokens up."""
+        cdef int inserted
+        cdef int64_t e = strmap_insert(&self.symtab, p, n,
+                                       <int32_t>(self.n_tokens + self.symtab.n), &inserted)
+        if e == -2:
+            raise MemoryError()
+        return self.symtab.val[e]
+
+    cdef int intern_text(self, const uint8_t *p, size_t n, bint byte_encode, ByteVec *buf,
+                         int32_t tok) except -2:
+        """Add a token text under its id; -1 when it cannot be a symbol (outside the byte map)."""
+        cdef int inserted
+        if n == 0:
+            return -1
+        if byte_encode:
+            if gpt2_decode(p, n, buf):
+                return -1
+            p = buf.data
+            n = buf.n
+        if strmap_insert(&self.symtab, p, n, tok, &inserted) == -2:
+            raise MemoryError()
+        return 0
+
+    def __dealloc__(self):
+        strmap_free(&self.symtab)
+        pairmap_free(&self.merges)
+        strmap_free(&self.cache)
+        free(self.cache_pool.data)
+        symbols_free(&self.sy)
+        free(self.heap.item)
+
+    cdef int try_pair(self, int32_t left, int32_t right) except -1:
+        cdef Candidate c
+        cdef int64_t v
+        if left < 0 or right < 0 or self.sy.sym[left] < 0 or self.sy.sym[right] < 0:
+            return 0
+        v = pairmap_get(&self.merges, self.sy.sym[left], self.sy.sym[right], -1)
+        if v < 0:
+            return 0
+        c.key = (<uint64_t>(v >> 32) << 32) | <uint32_t>left
+        c.right = right
+        c.size = self.sy.length[left] + self.sy.length[right]
+        c.merged = <int32_t>(v & 0xFFFFFFFF)
+        heap_push(&self.heap, c)
+        return 0
+
+    cdef int merge_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
+        cdef int32_t i, left, right, s
+        cdef int64_t j
+        cdef Candidate c
+        cdef bint newlines
+        s = strmap_get(&self.symtab, w, n, -1)
+        if 0 <= s < self.n_tokens:
+            newlines = self.whole_newlines
+            j = 0
+            while newlines and j < n:
+                newlines = w[j] == 0x0A
+                j += 1
+            if self.ignore_merges or newlines:
+                ivec_push(out, s)
+                return 0
+        symbols_split(&self.sy, w, n, self.byte_encode)
+        for i in range(self.sy.n):
+            if self.byte_encode:
+                self.sy.sym[i] = self.byte_sym[w[self.sy.start[i]]]
+            else:
+                self.sy.sym[i] = strmap_get(&self.symtab, w + self.sy.start[i], self.sy.length[i], -1)
+        self.heap.n = 0
+        for i in range(1, self.sy.n):
+            self.try_pair(i - 1, i)
+        while self.heap.n:
+            c = heap_pop(&self.heap)
+            left = <int32_t>(c.key & 0xFFFFFFFFu)
+            right = c.right
+            if self.sy.length[left] == 0 or self.sy.length[right] == 0 or \
+                    self.sy.length[left] + self.sy.length[right] != c.size:
+                continue
+            symbols_merge(&self.sy, left, right)
+            self.sy.sym[left] = c.merged
+            self.try_pair(self.sy.prev[left], left)
+            self.try_pair(left, self.sy.next[left])
+        i = 0 if self.sy.n else -1
+        while i >= 0:
+            s = self.sy.sym[i]
+            if 0 <= s < self.n_tokens:
+                ivec_push(out, s)
+            else:
+                for j in range(self.sy.start[i], self.sy.start[i] + self.sy.length[i]):
+                    if self.fallback[w[j]][0] >= 0:
+                        ivec_push(out, self.fallback[w[j]][0])
+                    if self.fallback[w[j]][1] >= 0:
+                        ivec_push(out, self.fallback[w[j]][1])
+            i = self.sy.next[i]
+        return 0
+
+    cdef int encode_word(self, const uint8_t *w, int64_t n, IntVec *out) except -1:
+        cdef int inserted
+        cdef int64_t e
+        cdef size_t first = out.n, k, slot
+        e = strmap_find(&self.cache, w, n)
+        if e >= 0:
+            slot = <size_t>self.cache.val[e]
+            ivec_reserve(out, out.n + self.cache_pool.data[slot + 1])
+            memcpy(out.data + out.n, self.cache_pool.data + self.cache_pool.data[slot],
+                   self.cache_pool.data[slot + 1] * sizeof(int32_t))
+            out.n += self.cache_pool.data[slot + 1]
+            return 0
+        self.merge_word(w, n, out)
+        if self.cache.n > 1 << 20 or self.cache_pool.n > 1 << 24:
+            strmap_free(&self.cache)        # keep memory bounded on endless streams
+            if strmap_init(&self.cache, 1024) != 0:
+                raise MemoryError()
+            self.cache_pool.n = 0
+        slot = self.cache_pool.n
+        ivec_push(&self.cache_pool, <int32_t>(slot + 2))
+        ivec_push(&self.cache_pool, <int32_t>(out.n - first))
+        for k in range(first, out.n):
+            ivec_push(&self.cache_pool, out.data[k])
+        if strmap_insert(&self.cache, w, n, <int32_t>slot, &inserted) == -2:
+            raise MemoryError()
+        return 0
+
+    cdef int encode_text(self, bytes piece, IntVec *out) except -1:
+        cdef CodepointText t = CodepointText(piece)
+        cdef IntVec words
+        cdef int64_t a = 0
+        cdef size_t i
+        words.data = NULL
+        words.n = words.cap = 0
+        try:
+            run_steps(t, self.steps, &words)
+            for i in range(words.n):
+                self.encode_word(t.utf8 + t.byte_off[a],
+                                 t.byte_off[a + words.data[i]] - t.byte_off[a], out)
+                a += words.data[i]
+        finally:
+            free(words.data)
+        return 0
+
+    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
+        """Token ids of the fragments (special-token fragments pass through)."""
+        cdef IntVec out
+        cdef Py_ssize_t f
+        out.data = NULL
+        out.n = out.cap = 0
+        try:
+            for f in range(frags.n):
+                if frags.tok[f] >= 0:
+                    ivec_push(&out, frags.tok[f])
+                    continue
+                piece = bytes(text[frags.off[f]:frags.off[f] + frags.len[f]])
+                if self.escape_spaces:
+                    piece = piece.replace(b" ", ESCAPED_SPACE)
+                self.encode_text(piece, &out)
+            return ivec_list(&out)
+        finally:
+            free(out.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# WPM (llm_tokenizer_wpm_session): normalize and split into words, then greedy longest match of
+# "\u2581" + word; a word with any unmatched rest becomes the unknown token
+
+cdef inline bint is_chinese_char(uint32_t c) noexcept:
+    return (0x4E00 <= c <= 0x9FFF or 0x3400 <= c <= 0x4DBF or 0x20000 <= c <= 0x2A6DF or
+            0x2A700 <= c <= 0x2B73F or 0x2B740 <= c <= 0x2B81F or
+            0x2B920 <= c <= 0x2CEAF or   # llama.cpp follows HF here (0x2B820 in Unicode)
+            0xF900 <= c <= 0xFAFF or 0x2F800 <= c <= 0x2FA1F)
+
+
+cdef class WpmEngine:
+    cdef TokenTable table
+    cdef int32_t unk
+    cdef int32_t max_token_len
+    cdef bint lowercase, strip_accents
+
+    def __cinit__(self, TokenTable table, int32_t unk, int32_t max_token_len, bint lowercase,
+                  bint strip_accents):
+        self.table = table
+        self.unk = unk
+        self.max_token_len = max_token_len
+        self.lowercase = lowercase
+        self.strip_accents = strip_accents
+
+    def words(self, const uint8_t[::1] text) -> list:
+        """The normalized words of ``text`` (BertNormalizer + BertPreTokenizer, llama.cpp's way)."""
+        cdef CodepointText t = CodepointText(text)
+        cdef int64_t i
+        cdef uint32_t c
+        cdef uint16_t f
+        cdef uint8_t enc[4]
+        cdef int w
+        words = []
+        cur = bytearray()
+        for i in range(t.n):
+            c = uni_nfd(t.cpt[i]) if self.strip_accents else t.cpt[i]
+            f = uni_flags(c)
+            if f & UNI_WHITESPACE:
+                if cur:
+                    words.append(bytes(cur))
+                    cur = bytearray()
+                continue
+            if c == 0 or c == 0xFFFD or (f & UNI_CONTROL):
+                continue
+            if self.strip_accents and (f & UNI_MARK):
+                continue
+            w = utf8_encode(uni_tolower(c) if self.lowercase else c, enc)
+            if (f & UNI_PUNCTUATION) or (c < 0x7F and (f & UNI_SYMBOL)) or is_chinese_char(c):
+                if cur:
+                    words.append(bytes(cur))
+                words.append((<char *>enc)[:w])
+                cur = bytearray()
+            else:
+                cur += (<char *>enc)[:w]
+        if cur:
+            words.append(bytes(cur))
+        return words
+
+    cdef int encode_word(self, bytes word, IntVec *out) except -1:
+        cdef bytes w1 = ESCAPED_SPACE + word
+        cdef const uint8_t *p = w1
+        cdef int64_t n = len(w1), i = 0, j
+        cdef size_t first = out.n
+        cdef int32_t tok
+        while i < n:
+            j = min(n, i + self.max_token_len + 1)
+            tok = -1
+            while j > i:
+                tok = self.table.lookup(p + i, j - i)
+                if tok >= 0:
+                    break
+                j -= 1
+            if tok < 0:
+                out.n = first       # discard the whole word
+                break
+            ivec_push(out, tok)
+            i = j
+        if out.n == first:
+            ivec_push(out, self.unk)
+        return 0
+
+    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
+        cdef IntVec out
+        cdef Py_ssize_t f
+        out.data = NULL
+        out.n = out.cap = 0
+        try:
+            for f in range(frags.n):
+                if frags.tok[f] >= 0:
+                    ivec_push(&out, frags.tok[f])
+                    continue
+                for word in self.words(text[frags.off[f]:frags.off[f] + frags.len[f]]):
+                    self.encode_word(word, &out)
+            return ivec_list(&out)
+        finally:
+            free(out.data)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def stdmap_order(list keys) -> list:
+    """Indices of ``keys`` (distinct bytes) in the order a libstdc++ std::unordered_map<std::string,
+    ...> filled with them in list order iterates them."""
+    cdef Py_ssize_t n = len(keys), i
+    cdef uint64_t *hashes = <uint64_t *>malloc(max(n, 1) * sizeof(uint64_t))
+    cdef int32_t *order = <int32_t *>malloc(max(n, 1) * sizeof(int32_t))
+    cdef const uint8_t *p
+    try:
+        if hashes == NULL or order == NULL:
+            raise MemoryError()
+        for i in range(n):
+            k = keys[i]
+            p = k
+            hashes[i] = stdhash_bytes(p, len(k))
+        if stdmap_iteration_order(hashes, n, order) != 0:
+            raise MemoryError()
+        return [order[i] for i in range(n)]
+    finally:
+        free(hashes)
+        free(order)
