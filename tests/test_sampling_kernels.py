@@ -1,0 +1,221 @@
+"""The C kernels behind the samplers, against oracles no one here wrote (numpy, the C++ standard).
+
+* the Mersenne Twister stream against numpy's legacy-seeded MT19937 and the C++ standard's check
+  value; the uniform draws against libstdc++'s generate_canonical formula on that stream;
+* ordering (top-k selection, full sort) against ``numpy.lexsort``, for every SIMD variant;
+* softmax against a float64 numpy softmax; token lookup and DRY's repeat counts against brute
+  force.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from gguflm._ext import sampling as kernels
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+# --- mt19937 --------------------------------------------------------------------------------
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_mt19937_stream_matches_numpy_legacy_seeding(seed):
+    expected = np.random.RandomState(seed)._bit_generator.random_raw(1300)  # crosses 2 twists
+    np.testing.assert_array_equal(kernels.MT19937(seed).random_raw(1300), expected)
+
+
+def test_mt19937_default_seed_check_value_from_the_cpp_standard():
+    # [rand.predef]: the 10000th consecutive output of a default-constructed mt19937
+    assert kernels.MT19937().random_raw(10000)[-1] == 4123659995
+
+
+def test_uniform_draws_follow_generate_canonical():
+    raw = np.random.RandomState(7)._bit_generator.random_raw(3).astype(np.float64)
+    rng = kernels.MT19937(7)
+    assert rng.uniform_double() == (raw[0] + raw[1] * 2.0**32) / 2.0**64
+    assert rng.uniform_float() == np.float32(np.float32(raw[2]) / np.float32(2.0**32))
+    assert rng.next_u32() == np.random.RandomState(7)._bit_generator.random_raw(4)[3]
+
+
+def test_mt19937_copy_state_and_pickle_continue_the_stream():
+    import pickle
+
+    rng = kernels.MT19937(99)
+    rng.random_raw(700)
+    twin, restored = rng.copy(), pickle.loads(pickle.dumps(rng))
+    expected = rng.random_raw(50)
+    np.testing.assert_array_equal(twin.random_raw(50), expected)
+    np.testing.assert_array_equal(restored.random_raw(50), expected)
+    with pytest.raises(ValueError):
+        rng.set_state((np.zeros(3, dtype=np.uint32), 0))
+
+
+# --- ordering -------------------------------------------------------------------------------
+
+def reference_order(logits: np.ndarray) -> np.ndarray:
+    """Best first, ties by position; NaN last, -0 equal to +0."""
+    key = np.where(np.isnan(logits), -np.inf, logits).astype(np.float64)
+    nan_last = np.isnan(logits)
+    return np.lexsort((np.arange(len(logits)), -key, nan_last))
+
+
+# values with many ties, infinities, signed zeros and NaN
+special_floats = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan])
+logit_rows = st.one_of(
+    hnp.arrays(np.float32, st.integers(0, 300), elements=st.floats(-50, 50, width=32)),
+    hnp.arrays(np.float32, st.integers(0, 300), elements=special_floats),
+)
+
+
+@SETTINGS
+@given(logits=logit_rows, k=st.integers(-2, 320), isa=st.sampled_from(kernels.available_isas()))
+def test_top_k_positions_matches_lexsort(logits, k, isa):
+    n = len(logits)
+    out = np.empty(n, dtype=np.int32)
+    written = kernels.top_k_positions(logits, k, out, np.empty(2 * n, dtype=np.uint64), isa)
+    assert written == max(0, min(k, n))
+    np.testing.assert_array_equal(out[:written], reference_order(logits)[:written])
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(4097, 40000), k=st.integers(1, 12000), seed=st.integers(0, 2**32 - 1),
+       ties=st.booleans(), isa=st.sampled_from(kernels.available_isas()))
+def test_top_k_positions_on_long_rows(n, k, seed, ties, isa):
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(-20, 20, n).astype(np.float32) if ties else \
+        rng.standard_normal(n).astype(np.float32)
+    out = np.empty(n, dtype=np.int32)
+    written = kernels.top_k_positions(logits, k, out, np.empty(2 * n, dtype=np.uint64), isa)
+    np.testing.assert_array_equal(out[:written], reference_order(logits)[:min(k, n)])
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_top_k_on_presorted_rows(order):
+    logits = np.sort(np.random.default_rng(3).standard_normal(20000).astype(np.float32))
+    logits = logits if order == "ascending" else logits[::-1].copy()
+    out = np.empty(len(logits), dtype=np.int32)
+    for isa in kernels.available_isas():
+        kernels.top_k_positions(logits, 40, out, np.empty(2 * len(logits), np.uint64), isa)
+        np.testing.assert_array_equal(out[:40], reference_order(logits)[:40])
+
+
+@SETTINGS
+@given(logits=logit_rows)
+def test_sort_positions_is_stable_descending(logits):
+    n = len(logits)
+    out = np.empty(n, dtype=np.int32)
+    kernels.sort_positions(logits, out, np.empty(2 * n, dtype=np.uint64))
+    np.testing.assert_array_equal(out, reference_order(logits))
+
+
+def test_sort_positions_long_row_with_ties():
+    logits = np.random.default_rng(5).integers(-3, 3, 70000).astype(np.float32)
+    out = np.empty(len(logits), dtype=np.int32)
+    kernels.sort_positions(logits, out, np.empty(2 * len(logits), dtype=np.uint64))
+    np.testing.assert_array_equal(out, reference_order(logits))
+
+
+@pytest.mark.parametrize("requested", ["scalar", "avx2", "bogus"])
+def test_isa_override_caps_the_variant(requested):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GGUFLM_ISA=requested)
+    code = "from gguflm._ext import sampling as k; print(k.DEFAULT_ISA)"
+    chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    best = kernels.available_isas()[-1]
+    if requested in kernels.available_isas():
+        assert chosen == requested
+    else:
+        assert chosen == best
+
+
+def test_kernels_refuse_short_buffers():
+    logits = np.zeros(10, dtype=np.float32)
+    with pytest.raises(ValueError):
+        kernels.top_k_positions(logits, 5, np.empty(10, np.int32), np.empty(3, np.uint64))
+    with pytest.raises(ValueError):
+        kernels.sort_positions(logits, np.empty(4, np.int32), np.empty(20, np.uint64))
+    with pytest.raises(ValueError, match="unknown ISA"):
+        kernels.top_k_positions(logits, 5, np.empty(10, np.int32), np.empty(20, np.uint64), "sse9")
+    with pytest.raises(ValueError):
+        kernels.take_prefix(np.zeros(3, np.int32), np.zeros(3, np.float32),
+                            np.zeros(3, np.float32), np.array([5], np.int32),
+                            np.empty(6, np.uint64))
+
+
+# --- softmax and draws ----------------------------------------------------------------------
+
+@SETTINGS
+@given(logits=hnp.arrays(np.float32, st.integers(1, 500), elements=st.floats(-30, 30, width=32)))
+def test_softmax_matches_float64_reference(logits):
+    p = np.empty_like(logits)
+    kernels.softmax(logits, p, False)
+    exact = np.exp(logits.astype(np.float64) - logits.max())
+    # llama.cpp sums in float, left to right: the error grows with the row's length
+    np.testing.assert_allclose(p, exact / exact.sum(), rtol=1e-6 + 6e-8 * len(logits), atol=1e-7)
+
+
+@SETTINGS
+@given(logits=hnp.arrays(np.float32, st.integers(2, 200), elements=st.floats(-10, 10, width=32)),
+       rnd=st.floats(0.0, 1.0, exclude_max=True))
+def test_dist_select_picks_where_the_cumulative_probability_reaches_rnd(logits, rnd):
+    p = np.empty_like(logits)
+    chosen = kernels.dist_select(logits, p, False, rnd)
+    weights = np.exp(logits.astype(np.float64) - logits.max())
+    cumulative = np.cumsum(weights / weights.sum())
+    # the draw lands in the chosen candidate's interval (up to float rounding at the edges)
+    low = cumulative[chosen - 1] if chosen else 0.0
+    assert low - 1e-6 <= rnd <= cumulative[chosen] + 1e-6
+    np.testing.assert_allclose(p.sum(), 1.0, atol=1e-5)
+
+
+def test_argmax_and_keep_max_only_take_the_first_maximum():
+    logits = np.array([1.0, 3.0, -2.0, 3.0], dtype=np.float32)
+    assert kernels.argmax(logits) == 1
+    kernels.keep_max_only(logits)
+    np.testing.assert_array_equal(logits, [-np.inf, 3.0, -np.inf, -np.inf])
+
+
+# --- lookups --------------------------------------------------------------------------------
+
+@SETTINGS
+@given(ids=st.lists(st.integers(-5, 400), unique=True, max_size=300),
+       tokens=st.lists(st.integers(-10, 500), unique=True, max_size=70))
+def test_find_token_positions_matches_brute_force(ids, tokens):
+    ids_a = np.array(ids, dtype=np.int32)
+    tokens_a = np.array(sorted(tokens), dtype=np.int32)
+    out = np.empty(len(tokens_a), dtype=np.int32)
+    kernels.find_token_positions(ids_a, tokens_a, out)
+    expected = [ids.index(t) if t in ids else -1 for t in tokens_a.tolist()]
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_find_token_positions_wants_sorted_tokens():
+    with pytest.raises(ValueError, match="sorted"):
+        kernels.find_token_positions(np.arange(5, dtype=np.int32), np.array([3, 1], np.int32),
+                                     np.empty(2, np.int32))
+
+
+@SETTINGS
+@given(recent=st.lists(st.integers(0, 3), max_size=80), rep_limit=st.integers(0, 90))
+def test_dry_repeat_counts_match_brute_force(recent, rep_limit):
+    """out[n-1-k]: how far the tokens from k on (most recent first) repeat the newest ones."""
+    tokens = np.array(recent, dtype=np.int32)
+    n = len(tokens)
+    out = np.empty(n, dtype=np.int32)
+    kernels.dry_repeat_counts(tokens, rep_limit, out)
+    for k in range(1, n):
+        run = 0
+        while k + run < n and tokens[run] == tokens[k + run]:
+            run += 1
+        assert out[n - 1 - k] == min(run, rep_limit), k
+    if n:
+        assert out[n - 1] == 0
