@@ -225,7 +225,11 @@ class Session:
 
     def _decode(self, batch: Batch, tokens: Sequence[int]) -> None:
         """Decode ``batch`` (holding ``tokens``) after the cached tokens."""
-        status = self.ctx.decode(batch)
+        try:
+            status = self.ctx.decode(batch)
+        except BaseException:   # e.g. KeyboardInterrupt between layers: the cache is unknown
+            self.reset()
+            raise
         if status == 0:
             self.tokens.extend(tokens)
             return
