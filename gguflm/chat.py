@@ -51,12 +51,12 @@ _GEMMA = """\
 {%- set ns = namespace(system='') -%}
 {%- for message in messages -%}
 {%- if message['role'] == 'system' -%}
-{%- set ns.system = ns.system + (message['content'] | trim) -%}
+{%- set ns.system = ns.system + (message['content'] | cstrip) -%}
 {%- else -%}
 {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
 {{ '<start_of_turn>' + role + '\\n' }}
 {%- if ns.system and role != 'model' -%}{{ ns.system + '\\n\\n' }}{%- set ns.system = '' -%}{%- endif -%}
-{{ (message['content'] | trim) + '<end_of_turn>\\n' }}
+{{ (message['content'] | cstrip) + '<end_of_turn>\\n' }}
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}
@@ -64,7 +64,7 @@ _GEMMA = """\
 
 _LLAMA3 = """\
 {%- for message in messages -%}
-{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + (message['content'] | trim) + '<|eot_id|>' }}
+{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + (message['content'] | cstrip) + '<|eot_id|>' }}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif -%}
 """
@@ -126,6 +126,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "**"})
 
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # Jinja returns an Undefined that only fails when used; fail at the attempt instead
+        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} "
+                            f"object is unsafe")
+
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
@@ -152,10 +157,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _cstrip(text: str) -> str:
+    """Strip ASCII whitespace only, as llama.cpp's templates do (C ``isspace``)."""
+    return text.strip(" \t\n\v\f\r")
+
+
 def _new_environment() -> _Sandbox:
     env = _Sandbox(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
                    extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters["cstrip"] = _cstrip
     return env
 
 
