@@ -153,19 +153,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
-    from gguflm.default_model import resolve_model_path
-    from gguflm.model import Model
+    from gguflm.default_model import load_model
     from gguflm.perplexity import perplexity
-    from gguflm.progress import ProgressBar, progress_callback
+    from gguflm.progress import ProgressBar
 
     text = Path(args.file).read_text(encoding="utf-8")
-    path = resolve_model_path(args.model, _progress(args))
-    callback, load_bar = progress_callback(_progress(args), f"loading {path.name}")
-    try:
-        model = Model.load(path, load_mode=args.load_mode, progress_callback=callback)
-    finally:
-        if load_bar is not None:
-            load_bar.close()
+    model = load_model(args.model, _progress(args), load_mode=args.load_mode)
     with model, ProgressBar("perplexity", enabled=_progress(args)) as bar:
         def on_chunk(done: int, total: int, ppl: float) -> None:
             if bar.enabled:
@@ -186,11 +179,10 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from gguflm.default_model import resolve_model_path
-    from gguflm.model import Model
+    from gguflm.default_model import load_model
 
     text = _read_text(args, "text")
-    with Model.load(resolve_model_path(args.model, _progress(args)), vocab_only=True) as model:
+    with load_model(args.model, _progress(args), vocab_only=True) as model:
         vocab = model.vocab
         ids = vocab.tokenize(text, add_special=not args.no_bos, parse_special=not args.no_parse_special)
         if args.ids:

@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gguflm.errors import Error
 from gguflm.progress import progress_callback
@@ -108,6 +109,24 @@ def resolve_model_path(path: str | os.PathLike[str] | None,
                        progress: bool | Callable[[float], object] | None = None) -> Path:
     """``path`` as a Path, or the default model's path when it is None."""
     return default_model_path(progress) if path is None else Path(path)
+
+
+def load_model(path: str | os.PathLike[str] | None,
+               progress: bool | Callable[[float], object] | None = None, **load_kwargs: Any):
+    """:meth:`gguflm.Model.load` of ``path`` (None: the default model) with a progress bar.
+
+    ``progress`` as for :func:`default_model_path`; a callable gets the load fraction and
+    cancels the load by returning False. ``load_kwargs`` go to :meth:`Model.load`.
+    """
+    from gguflm.model import Model
+
+    path = resolve_model_path(path, progress)
+    callback, bar = progress_callback(progress, f"loading {path.name}")
+    try:
+        return Model.load(path, progress_callback=callback, **load_kwargs)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 if __name__ == "__main__":

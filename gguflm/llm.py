@@ -30,11 +30,10 @@ import numpy as np
 from gguflm import generate
 from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
 from gguflm.context import Context
-from gguflm.default_model import resolve_model_path
+from gguflm.default_model import load_model
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
 from gguflm.model import Model
-from gguflm.progress import progress_callback
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
 
 log = logging.getLogger(__name__)
@@ -134,15 +133,9 @@ class LLM:
             raise TypeError(f"seed must be an int or None, not {type(seed).__name__}")
         self.seed = seed
 
-        path = resolve_model_path(model_path, progress)
-        self.model_path = str(path)
-        callback, bar = progress_callback(progress, f"loading {path.name}")
-        try:
-            self._model = Model.load(path, load_mode=load_mode, progress_callback=callback,
-                                     kv_overrides=kv_overrides)
-        finally:
-            if bar is not None:
-                bar.close()
+        self._model = load_model(model_path, progress, load_mode=load_mode,
+                                 kv_overrides=kv_overrides)
+        self.model_path = str(self._model.path)
         self._cancel = threading.Event()
         try:
             self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,

@@ -25,8 +25,8 @@ from gguflm.model import Model
 ARCH = Path(__file__).resolve().parent / "data" / "arch"
 
 roles = st.sampled_from(["system", "user", "assistant"])
-# NUL cannot cross llama.cpp's C strings
-contents = st.text(st.characters(blacklist_characters="\x00"), max_size=40)
+# NUL cannot cross llama.cpp's C strings, nor lone surrogates UTF-8
+contents = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
 conversations = st.lists(st.fixed_dictionaries({"role": roles, "content": contents}), min_size=1,
                          max_size=6)
 

@@ -240,3 +240,53 @@ def test_chat_in_a_terminal_two_turns_ctrl_c_and_exit(smollm_path):
         except ProcessLookupError:
             pass
         os.close(term.fd)
+
+
+def _terminal_output(args: list[str]) -> bytes:
+    term = Terminal(args)
+    try:
+        chunks = []
+        while True:
+            try:
+                chunks.append(term.read_until(b"\n", timeout=120))
+            except EOFError:
+                chunks.append(term.output)
+                break
+        assert term.wait() == 0
+        return b"".join(chunks)
+    finally:
+        os.close(term.fd)
+
+
+def test_load_progress_bar_on_a_terminal_and_quiet_with_flag(smollm_path):
+    args = ["-m", "gguflm.cli", "run", "-m", str(smollm_path), "-p", "Hi", "-n", "1", "-t", "1",
+            "-c", "256"]
+    shown = _terminal_output(args)
+    assert b"loading SmolLM2-135M-Instruct.Q4_1.gguf [" in shown and b"] 100%" in shown
+    quiet = _terminal_output([*args, "--quiet"])
+    assert b"loading" not in quiet and b"generation:" in quiet
+
+
+def test_progress_bar_draws_only_when_enabled():
+    import io
+
+    from gguflm.progress import ProgressBar, progress_callback
+
+    class FakeTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = FakeTerminal()
+    with ProgressBar("work", stream=term, min_interval=0) as bar:
+        assert bar(0.5) is True
+        bar.update(2.0, "done")                     # clamped to 100%
+    assert "\rwork [" + "#" * 15 + "-" * 15 + "]  50%" in term.getvalue()
+    assert "] 100% done" in term.getvalue() and term.getvalue().endswith("\n")
+    pipe = io.StringIO()
+    ProgressBar("work", stream=pipe).update(0.5)
+    ProgressBar("work", stream=term, enabled=False).update(0.5)
+    assert pipe.getvalue() == ""
+    callback, bar = progress_callback(lambda f: None, "x")
+    assert bar is None and callback(0.3) is True    # None from a user callback continues
+    callback, _ = progress_callback(lambda f: False, "x")
+    assert callback(0.3) is False

@@ -193,9 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (see :func:`add_arguments`); prints the table."""
-    from gguflm.default_model import resolve_model_path
-    from gguflm.model import Model
-    from gguflm.progress import progress_callback
+    from gguflm.default_model import load_model
     from gguflm.threads import resolve_n_threads
 
     if args.repetitions < 1:
@@ -209,13 +207,8 @@ def run(args: argparse.Namespace) -> int:
                   "(pip install llama-cpp-python)", file=sys.stderr)
             return 2
     enabled = False if args.quiet else None
-    path = resolve_model_path(args.model, enabled)
-    callback, bar = progress_callback(enabled, f"loading {path.name}")
-    try:
-        model = Model.load(path, load_mode=args.load_mode, progress_callback=callback)
-    finally:
-        if bar is not None:
-            bar.close()
+    model = load_model(args.model, enabled, load_mode=args.load_mode)
+    path = model.path
     threads = [resolve_n_threads(t or None) for t in (args.threads or [0])]
     tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + n for p, n in tests] + [256])
