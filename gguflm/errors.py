@@ -17,9 +17,9 @@ class LoadCancelled(ModelLoadError):
     """The progress callback returned False; everything opened for the load was released."""
 
 
-class StateError(Error):
-    """A saved context state is malformed or does not fit this context."""
-
-
 class VocabError(ModelLoadError):
     """A GGUF file's tokenizer metadata is missing, malformed or names a tokenizer gguflm lacks."""
+
+
+class StateError(Error):
+    """A saved context state is malformed or does not fit this context."""

@@ -230,7 +230,8 @@ class Graph:
         cache.k[il].write(cells, k)
         cache.v[il].write(cells, v)
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
-        ops.attention(q, cache.k[il].data, cache.v[il].data, cache.used_max_p1, cache.pos, cache.seq,
+        ops.attention(q, cache.k[il].data, cache.k[il].cache_type, cache.v[il].data,
+                      cache.v[il].cache_type, cache.used_max_p1, cache.pos, cache.seq,
                       self.ub.pos, self.ub.seq_first, hp.n_head[il], hp.n_head_kv[il],
                       hp.n_embd_head_k, hp.n_embd_head_v, kq_scale, out, causal=hp.causal_attn,
                       n_swa=hp.n_swa if hp.is_swa(il) else 0, softcap=hp.f_attn_logit_softcapping,

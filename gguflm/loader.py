@@ -86,8 +86,10 @@ class Weight:
 
 def apply_overrides(metadata: Mapping[str, Any], overrides: Mapping[str, Any] | None,
                     value_types: Mapping[str, GGUFValueType], source: str) -> dict[str, Any]:
-    """Metadata with ``--override-kv``-style overrides applied: typed int, float, bool or str."""
-    result = dict(metadata)
+    """Metadata with ``--override-kv``-style overrides applied: typed int, float, bool or str.
+
+    Arrays are copied out of the file map, so that metadata outlives a closed model."""
+    result = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
     for key, value in (overrides or {}).items():
         if not isinstance(value, (bool, int, float, str)):
             raise OverrideError(f"{source}: override for {key!r} must be int, float, bool or str, "

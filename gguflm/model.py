@@ -66,7 +66,6 @@ class Model:
     """
 
     def __init__(self, loaded: Any):
-        self._loaded = loaded
         self._reader = loaded.reader
         self.path: Path = loaded.path
         self.architecture = loaded.arch()

@@ -257,6 +257,7 @@ class Vocab:
         special = np.flatnonzero(np.asarray(self._attr) & (_CONTROL | _USER_DEFINED | _UNKNOWN))
         self._special_order = sorted(special.tolist(), key=lambda i: -len(self._texts[i]))
         self._pieces: list[bytes | None] = [None] * n  # pieces with special=True, on demand
+        self._check_byte_tokens()
         self._fixup_attributes(meta)
         self._matchers: dict[bool, _tk.SpecialMatcher] = {}
 
@@ -384,6 +385,17 @@ class Vocab:
             eog.discard(texts[b"</s>"])
             self._attr[texts[b"</s>"]] = _NORMAL
         self.eog_ids = frozenset(eog)
+
+    def _check_byte_tokens(self) -> None:
+        """Byte tokens render through their ``<0xXX>`` text; llama.cpp's load fails on one whose
+        text is shorter than that (and on any in a WordPiece vocabulary)."""
+        attr = np.asarray(self._attr)
+        is_byte = (attr & _BYTE != 0) & (attr & (_SPECIAL | _USER_DEFINED | _NORMAL) == 0)
+        for tok in np.flatnonzero(is_byte).tolist():
+            if self.type == "wpm" or len(self._texts[tok]) < 3:
+                raise VocabError(f"token {tok} {self._strs[tok]!r} is a byte token but not of the "
+                                 f"form <0xXX>" + (" (WordPiece has no byte tokens)"
+                                                    if self.type == "wpm" else ""))
 
     def _fixup_attributes(self, meta: Mapping[str, Any]) -> None:
         """llama.cpp's per-model lstrip/rstrip attributes, chosen by model and tokenizer names."""

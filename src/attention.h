@@ -3,7 +3,9 @@
  * ggml's vector expf and double sum, probabilities rounded to the V type, then P·V.
  *
  * Cache rows are cells: K is [n_cells][n_head_kv * head_dim_k], V is [n_cells][n_head_kv *
- * head_dim_v], each F32 or F16. A cell is visible to a token when it holds the token's sequence,
+ * head_dim_v], each F32, F16 or Q8_0 blocks. A Q8_0 K takes the query quantized to Q8_0 and
+ * integer dots, as ggml's mul_mat does; a Q8_0 V (which llama.cpp only allows with flash
+ * attention) is dequantized row by row and weighted by unrounded probabilities. A cell is visible to a token when it holds the token's sequence,
  * is not in its future (causal) and lies inside its sliding window (p_tok - p_cell < n_swa).
  * Masked cells are skipped: ggml adds -inf and multiplies by 0, which changes nothing.
  */
@@ -24,16 +26,16 @@
 #define GGUFLM_ATTN_X86 0
 #endif
 
-enum { GGUFLM_CACHE_F32 = 0, GGUFLM_CACHE_F16 = 1 };
+enum { GGUFLM_CACHE_F32 = 0, GGUFLM_CACHE_F16 = 1, GGUFLM_CACHE_Q8_0 = 8 };
 
 typedef struct {
     const float *q;            /* [n_tok][q_stride], head h at h * head_dim_k */
     int64_t q_stride;
     int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v;
-    const void *k;             /* [n_cells][k_stride elements] */
-    const void *v;             /* [n_cells][v_stride elements] */
+    const void *k;             /* [n_cells][k_row_bytes] */
+    const void *v;             /* [n_cells][v_row_bytes] */
     int cache_type_k, cache_type_v;
-    int64_t k_stride, v_stride;
+    int64_t k_row_bytes, v_row_bytes;
     int n_kv;                  /* cells [0, n_kv) are candidates */
     const int32_t *cell_pos;   /* [n_kv], -1 = empty */
     const uint64_t *cell_seq;  /* [n_kv], bit s set = cell belongs to sequence s */
@@ -122,6 +124,45 @@ GGUFLM_TARGET_AVX2_F16C static void gguflm_lane_axpy_f32_avx2(int n, float p, co
 }
 #endif
 
+/* ---- Q8_0 keys ---- */
+
+/* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
+ * rounded to nearest even */
+GGUFLM_NO_CONTRACT static void gguflm_quantize_q8_0_act(int n, const float *x, block_q8_0 *y) {
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float *xb = x + ib * QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[ib].d = gguflm_fp32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[ib].qs[j] = (int8_t)nearbyintf(xb[j] * id);
+    }
+}
+
+/* ggml's AVX2 vec_dot_q8_0_q8_0: per block, 8 int32 lanes of 4 products each, scaled and fused
+ * into 8 float lanes; the lanes are summed at the end in hsum_float_8's order */
+GGUFLM_NO_CONTRACT static float gguflm_dot_q8_0_lanes(int n, const block_q8_0 *x, const block_q8_0 *y) {
+    float acc[8] = {0};
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float d = gguflm_fp16_to_fp32(x[ib].d) * gguflm_fp16_to_fp32(y[ib].d);
+        for (int l = 0; l < 8; l++) {
+            int32_t sum = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) sum += x[ib].qs[j] * y[ib].qs[j];
+            acc[l] = fmaf(d, (float)sum, acc[l]);
+        }
+    }
+    return gguflm_hsum8_movehl(acc);
+}
+
+/* one Q8_0 row dequantized: d * q */
+static void gguflm_dequantize_q8_0_row(int n, const block_q8_0 *x, float *y) {
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float d = gguflm_fp16_to_fp32(x[ib].d);
+        for (int j = 0; j < QK8_0; j++) y[ib * QK8_0 + j] = d * x[ib].qs[j];
+    }
+}
+
 typedef struct {
     gguflm_lane_dot_fn dot_f16, dot_f32;
     gguflm_lane_axpy_fn axpy_f16, axpy_f32;
@@ -152,34 +193,51 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 
 /* Per-thread scratch: the query row, the scores over cells, and 32 lanes of V accumulators. */
 typedef struct {
-    float *q;       /* [head_dim_k] */
-    float *score;   /* [n_kv] */
-    int32_t *cells; /* [n_kv] visible cell ids */
-    float *acc;     /* [32][head_dim_v] */
+    float *q;         /* [head_dim_k] */
+    float *score;     /* [n_kv] */
+    int32_t *cells;   /* [n_kv] visible cell ids */
+    float *acc;       /* [32][head_dim_v] */
+    block_q8_0 *qq;   /* [head_dim_k / 32] the query as Q8_0 (Q8_0 keys) */
+    float *vrow;      /* [head_dim_v] one dequantized V row (Q8_0 values) */
 } gguflm_attn_scratch;
 
-/* One (token, head): scores, softmax, P·V into out. Returns nothing; writes a->out. */
+static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
+    if (type == GGUFLM_CACHE_Q8_0) return head * (head_dim / QK8_0) * (int64_t)sizeof(block_q8_0);
+    return head * head_dim * (type == GGUFLM_CACHE_F16 ? 2 : 4);
+}
+
+/* One (token, head): scores, softmax, P·V into out. */
 GGUFLM_NO_CONTRACT static void gguflm_attn_one(const gguflm_attn_args *a, const gguflm_attn_kernels *kern,
                                                int t, int h, gguflm_attn_scratch *s) {
     const int dk = a->head_dim_k, dv = a->head_dim_v;
     const int hkv = h / (a->n_head / a->n_head_kv);
     const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)h * dk;
-    const int k_f16 = a->cache_type_k == GGUFLM_CACHE_F16, v_f16 = a->cache_type_v == GGUFLM_CACHE_F16;
-    const size_t k_elt = k_f16 ? 2 : 4, v_elt = v_f16 ? 2 : 4;
+    const int tk = a->cache_type_k, tv = a->cache_type_v;
+    const char *k_base = (const char *)a->k + gguflm_cache_head_offset(tk, hkv, dk);
+    const char *v_base = (const char *)a->v + gguflm_cache_head_offset(tv, hkv, dv);
     float *out = a->out + (int64_t)t * a->out_stride + (int64_t)h * dv;
 
     /* the query enters the K·q product in the K type's precision */
-    for (int d = 0; d < dk; d++) s->q[d] = k_f16 ? gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d])) : q[d];
+    if (tk == GGUFLM_CACHE_Q8_0) {
+        gguflm_quantize_q8_0_act(dk, q, s->qq);
+    } else {
+        for (int d = 0; d < dk; d++) s->q[d] = tk == GGUFLM_CACHE_F16 ? gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d])) : q[d];
+    }
 
     /* scores of visible cells; ggml scales (and soft-caps) every cell, then adds the mask */
     int n_vis = 0;
     float max = -INFINITY;
     for (int c = 0; c < a->n_kv; c++) {
         if (!gguflm_attn_visible(a, t, c)) continue;
-        float lanes[GGUFLM_DOT_LANES] = {0};
-        const char *krow = (const char *)a->k + ((int64_t)c * a->k_stride + (int64_t)hkv * dk) * k_elt;
-        (k_f16 ? kern->dot_f16 : kern->dot_f32)(dk, krow, s->q, lanes);
-        float kq = gguflm_reduce_lanes(lanes);
+        const char *krow = k_base + (int64_t)c * a->k_row_bytes;
+        float kq;
+        if (tk == GGUFLM_CACHE_Q8_0) {
+            kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq);
+        } else {
+            float lanes[GGUFLM_DOT_LANES] = {0};
+            (tk == GGUFLM_CACHE_F16 ? kern->dot_f16 : kern->dot_f32)(dk, krow, s->q, lanes);
+            kq = gguflm_reduce_lanes(lanes);
+        }
         if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
         kq = kq * a->kq_scale;
         s->cells[n_vis] = c;
@@ -216,10 +274,16 @@ GGUFLM_NO_CONTRACT static void gguflm_attn_one(const gguflm_attn_args *a, const 
     for (int i = 0; i < n_vis; i++) {
         const int c = s->cells[i];
         float p = s->score[i] * inv_sum;
-        if (v_f16) p = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p));
+        if (tv == GGUFLM_CACHE_F16) p = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p));
         if (p == 0.0f) continue;
-        const char *vrow = (const char *)a->v + ((int64_t)c * a->v_stride + (int64_t)hkv * dv) * v_elt;
-        (v_f16 ? kern->axpy_f16 : kern->axpy_f32)(dv, p, vrow, s->acc + (int64_t)(c % GGUFLM_DOT_LANES) * dv);
+        const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
+        float *lane = s->acc + (int64_t)(c % GGUFLM_DOT_LANES) * dv;
+        if (tv == GGUFLM_CACHE_Q8_0) {
+            gguflm_dequantize_q8_0_row(dv, (const block_q8_0 *)vrow, s->vrow);
+            kern->axpy_f32(dv, p, s->vrow, lane);
+        } else {
+            (tv == GGUFLM_CACHE_F16 ? kern->axpy_f16 : kern->axpy_f32)(dv, p, vrow, lane);
+        }
     }
     for (int d = 0; d < dv; d++) {
         float lanes[GGUFLM_DOT_LANES];
@@ -235,15 +299,20 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     if (n_items <= 0) return 0;
     if (n_threads > n_items) n_threads = (int)n_items;
     const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
-    /* floats per thread: q, scores, cell ids (int32, same size), 32 lanes of V accumulators */
-    const int64_t per_thread = a->head_dim_k + 2 * n_kv + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v;
+    /* floats per thread: q, scores, cell ids (int32, same size), 32 lanes of V accumulators,
+     * the Q8_0 query (34 bytes per 32 values, rounded up to floats), one V row */
+    const int64_t qq_floats = (a->head_dim_k / QK8_0 * (int64_t)sizeof(block_q8_0) + 3) / 4;
+    const int64_t per_thread = a->head_dim_k + 2 * n_kv + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v
+                               + qq_floats + a->head_dim_v;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
     #pragma omp parallel num_threads(n_threads)
     {
         float *mine = scratch + per_thread * omp_get_thread_num();
+        float *acc = mine + a->head_dim_k + 2 * n_kv;
+        float *qq = acc + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v;
         gguflm_attn_scratch s = {mine, mine + a->head_dim_k, (int32_t *)(mine + a->head_dim_k + n_kv),
-                                 mine + a->head_dim_k + 2 * n_kv};
+                                 acc, (block_q8_0 *)qq, qq + qq_floats};
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++)
             gguflm_attn_one(a, &kern, (int)(item / a->n_head), (int)(item % a->n_head), &s);

@@ -49,7 +49,7 @@ cdef extern from "attention.h" nogil:
         const void *k
         const void *v
         int cache_type_k, cache_type_v
-        int64_t k_stride, v_stride
+        int64_t k_row_bytes, v_row_bytes
         int n_kv
         const int32_t *cell_pos
         const uint64_t *cell_seq
@@ -142,7 +142,7 @@ def rope(float[:, ::1] x, const int32_t[::1] pos, int n_heads, int head_dim, int
     p.freq_factors = &freq_factors[0] if freq_factors is not None else NULL
     gguflm_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, &p.corr_low, &p.corr_high)
     cdef int nt = _threads_for(n_tok, n_threads)
-    cdef float *cos_sin
+    cdef float *cos_sin = NULL
     with nogil, parallel(num_threads=nt):
         cos_sin = <float *>malloc(sizeof(float) * n_dims)
         if cos_sin != NULL:
@@ -184,17 +184,30 @@ def gelu_table() -> np.ndarray:
     return np.asarray(<ggml_half[:65536]>GELU_TABLE).view(np.float16).copy()
 
 
-cdef int _cache_type(cnp.ndarray cache, str name) except -1:
+# ggml type ids of the cache formats, and the bytes of one row of n values in each
+_CACHE_TYPES = {"f32": (0, np.float32), "f16": (1, np.float16), "q8_0": (8, np.uint8)}
+
+
+cdef int64_t _cache_row_bytes(int type_id, int64_t n):
+    if type_id == 8:
+        return n // 32 * 34
+    return n * (2 if type_id == 1 else 4)
+
+
+cdef int _check_cache(cnp.ndarray cache, str cache_type, int64_t n_values, str name) except -1:
+    if cache_type not in _CACHE_TYPES:
+        raise ValueError(f"{name} cache type must be f32, f16 or q8_0, got {cache_type!r}")
+    type_id, dtype = _CACHE_TYPES[cache_type]
     if cache.ndim != 2 or not cache.flags.c_contiguous:
         raise ValueError(f"{name} cache must be a C-contiguous 2-D array")
-    if cache.dtype == np.float16:
-        return 1
-    if cache.dtype == np.float32:
-        return 0
-    raise TypeError(f"{name} cache must be float16 or float32, got {cache.dtype}")
+    if cache.dtype != dtype:
+        raise TypeError(f"a {cache_type} {name} cache must be a {np.dtype(dtype).name} array, got {cache.dtype}")
+    if cache.shape[1] * cache.itemsize < _cache_row_bytes(type_id, n_values):
+        raise ValueError(f"{name} cache rows are too short for their heads")
+    return type_id
 
 
-def attention(const float[:, ::1] q, cnp.ndarray k_cache, cnp.ndarray v_cache, int n_kv,
+def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarray v_cache, str type_v, int n_kv,
               const int32_t[::1] cell_pos, const uint64_t[::1] cell_seq,
               const int32_t[::1] tok_pos, const int32_t[::1] tok_seq,
               int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
@@ -202,7 +215,8 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, cnp.ndarray v_cache, i
               int n_threads=1):
     """Attention of ``q`` ([n_tokens, n_head * head_dim_k]) over cache cells ``[0, n_kv)``.
 
-    ``k_cache``/``v_cache`` are [n_cells, n_head_kv * head_dim] float16 or float32 arrays; a cell
+    ``k_cache``/``v_cache`` hold one row per cell of n_head_kv * head_dim values: float32 ("f32"),
+    float16 ("f16") or uint8 Q8_0 blocks ("q8_0"), as ``type_k``/``type_v`` say; a cell
     is visible to a token when ``cell_seq`` has the token's sequence bit, its position is not in
     the token's future (``causal``) and within ``n_swa`` positions (0 = no window). Writes
     ``out`` ([n_tokens, n_head * head_dim_v]).
@@ -210,20 +224,19 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, cnp.ndarray v_cache, i
     cdef Py_ssize_t n_tok = q.shape[0]
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
         raise ValueError(f"n_head ({n_head}) must be a positive multiple of n_head_kv ({n_head_kv})")
-    if head_dim_k % 32 or head_dim_v % 8 or head_dim_k <= 0 or head_dim_v <= 0:
-        raise ValueError("head_dim_k must be a multiple of 32 and head_dim_v of 8")
+    if head_dim_k % 32 or head_dim_v % 32 or head_dim_k <= 0 or head_dim_v <= 0:
+        raise ValueError("head dimensions must be positive multiples of 32")
     if q.shape[1] != <Py_ssize_t>n_head * head_dim_k:
         raise ValueError(f"q rows hold {q.shape[1]} values, expected {n_head * head_dim_k}")
     if out.shape[0] != n_tok or out.shape[1] != <Py_ssize_t>n_head * head_dim_v:
         raise ValueError(f"out must be {(n_tok, n_head * head_dim_v)}")
     if tok_pos.shape[0] != n_tok or tok_seq.shape[0] != n_tok:
         raise ValueError("tok_pos and tok_seq need one entry per token")
-    cdef int type_k = _cache_type(k_cache, "K"), type_v = _cache_type(v_cache, "V")
+    cdef int k_id = _check_cache(k_cache, type_k, <int64_t>n_head_kv * head_dim_k, "K")
+    cdef int v_id = _check_cache(v_cache, type_v, <int64_t>n_head_kv * head_dim_v, "V")
     if n_kv < 0 or n_kv > k_cache.shape[0] or n_kv > v_cache.shape[0] \
             or cell_pos.shape[0] < n_kv or cell_seq.shape[0] < n_kv:
         raise ValueError(f"n_kv {n_kv} exceeds the cache")
-    if k_cache.shape[1] < n_head_kv * head_dim_k or v_cache.shape[1] < n_head_kv * head_dim_v:
-        raise ValueError("cache rows are too short for n_head_kv heads")
     cdef Py_ssize_t t
     for t in range(n_tok):
         if tok_seq[t] < 0 or tok_seq[t] >= 64:
@@ -238,10 +251,10 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, cnp.ndarray v_cache, i
     a.head_dim_v = head_dim_v
     a.k = cnp.PyArray_DATA(k_cache)
     a.v = cnp.PyArray_DATA(v_cache)
-    a.cache_type_k = type_k
-    a.cache_type_v = type_v
-    a.k_stride = k_cache.shape[1]
-    a.v_stride = v_cache.shape[1]
+    a.cache_type_k = k_id
+    a.cache_type_v = v_id
+    a.k_row_bytes = k_cache.shape[1] * k_cache.itemsize
+    a.v_row_bytes = v_cache.shape[1] * v_cache.itemsize
     a.n_kv = n_kv
     a.cell_pos = &cell_pos[0] if cell_pos.shape[0] else NULL
     a.cell_seq = &cell_seq[0] if cell_seq.shape[0] else NULL

@@ -210,7 +210,8 @@ static inline int32_t strmap_get(const strmap_t *m, const uint8_t *p, size_t len
     return e < 0 ? missing : m->val[e];
 }
 
-static int strmap_grow(void **p, size_t *cap, size_t need, size_t elem) {
+/* Grow *p (of *cap elements of elem bytes) to hold need, doubling; 0 ok, -1 out of memory. */
+static int array_grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 64;
     while (c < need) c *= 2;
@@ -232,16 +233,16 @@ static int64_t strmap_insert(strmap_t *m, const uint8_t *p, size_t len, int32_t 
     size_t cap = m->cap;
     if (m->n + 1 > cap) {
         size_t c = cap;
-        if (strmap_grow((void **)&m->hash, &c, m->n + 1, sizeof(uint64_t))) return -2;
+        if (array_grow((void **)&m->hash, &c, m->n + 1, sizeof(uint64_t))) return -2;
         c = cap;
-        if (strmap_grow((void **)&m->off, &c, m->n + 1, sizeof(uint32_t))) return -2;
+        if (array_grow((void **)&m->off, &c, m->n + 1, sizeof(uint32_t))) return -2;
         c = cap;
-        if (strmap_grow((void **)&m->len, &c, m->n + 1, sizeof(uint32_t))) return -2;
+        if (array_grow((void **)&m->len, &c, m->n + 1, sizeof(uint32_t))) return -2;
         c = cap;
-        if (strmap_grow((void **)&m->val, &c, m->n + 1, sizeof(int32_t))) return -2;
+        if (array_grow((void **)&m->val, &c, m->n + 1, sizeof(int32_t))) return -2;
         m->cap = c;
     }
-    if (strmap_grow((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1)) return -2;
+    if (array_grow((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1)) return -2;
     memcpy(m->arena + m->arena_len, p, len);
     e = (int64_t)m->n++;
     m->hash[e] = h;

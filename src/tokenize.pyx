@@ -51,6 +51,7 @@ cdef extern from "tok_text.h" nogil:
     int pairmap_put_new(pairmap_t *m, int32_t a, int32_t b, int64_t value)
 
     int stdmap_iteration_order(const uint64_t *hashes, size_t n, int32_t *order)
+    int array_grow(void **p, size_t *cap, size_t need, size_t elem)
 
 
 if uni_init() != 0:
@@ -83,18 +84,8 @@ cdef struct IntVec:
 
 
 cdef int ivec_reserve(IntVec *v, size_t need) except -1:
-    cdef size_t cap
-    cdef int32_t *p
-    if need <= v.cap:
-        return 0
-    cap = v.cap * 2 if v.cap else 64
-    while cap < need:
-        cap *= 2
-    p = <int32_t *>realloc(v.data, cap * sizeof(int32_t))
-    if p == NULL:
+    if array_grow(<void **>&v.data, &v.cap, need, sizeof(int32_t)):
         raise MemoryError()
-    v.data = p
-    v.cap = cap
     return 0
 
 
@@ -117,18 +108,8 @@ cdef struct ByteVec:
 
 
 cdef int bvec_reserve(ByteVec *v, size_t need) except -1:
-    cdef size_t cap
-    cdef uint8_t *p
-    if need <= v.cap:
-        return 0
-    cap = v.cap * 2 if v.cap else 256
-    while cap < need:
-        cap *= 2
-    p = <uint8_t *>realloc(v.data, cap)
-    if p == NULL:
+    if array_grow(<void **>&v.data, &v.cap, need, 1):
         raise MemoryError()
-    v.data = p
-    v.cap = cap
     return 0
 
 
@@ -292,157 +273,125 @@ cdef int emit_word(IntVec *out, int64_t *prev_end, int64_t end) except -1:
     return 0
 
 
-cdef int split_gpt2(CodepointText t, IntVec *words, IntVec *out) except -1:
-    cdef int64_t ini = 0, end, pos, prev, nws, clen = 0
-    cdef size_t w
-    cdef uint32_t cpt
-    cdef uint16_t f, f2
-    for w in range(words.n):
-        end = ini + words.data[w]
-        pos = ini
-        prev = ini
-        while pos < end:
-            cpt = t.cpt[pos]
-            f = uni_flags(cpt)
-            if is_contraction(t, pos, ini, end, False, &clen):
-                pos += clen
-                emit_word(out, &prev, pos)
-                continue
-            f2 = seg_flags(t, pos + 1, ini, end) if cpt == 0x20 else f
-            if f2 & UNI_LETTER:
-                pos += cpt == 0x20
-                while f2 & UNI_LETTER:
-                    pos += 1
-                    f2 = seg_flags(t, pos, ini, end)
-                emit_word(out, &prev, pos)
-                continue
-            if f2 & UNI_NUMBER:
-                pos += cpt == 0x20
-                while f2 & UNI_NUMBER:
-                    pos += 1
-                    f2 = seg_flags(t, pos, ini, end)
-                emit_word(out, &prev, pos)
-                continue
-            if not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
-                pos += cpt == 0x20
-                while not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
-                    pos += 1
-                    f2 = seg_flags(t, pos, ini, end)
-                emit_word(out, &prev, pos)
-                continue
-            nws = 0
-            while seg_flags(t, pos + nws, ini, end) & UNI_WHITESPACE:
-                nws += 1
-            if nws > 1 and seg_cpt(t, pos + nws, ini, end) != OUT_OF_RANGE:
-                pos += nws - 1      # \s+(?!\S): leave the last space to the next word
-                emit_word(out, &prev, pos)
-                continue
-            if nws > 0:
-                pos += nws
-                emit_word(out, &prev, pos)
-                continue
-            pos += 1
-            emit_word(out, &prev, pos)
-        ini = end
-    return 0
+cdef inline int64_t class_run_end(CodepointText t, int64_t pos, int64_t ini, int64_t end,
+                                  uint16_t mask, bint outside):
+    """First position from pos whose class is not (outside: is) in mask; outside also stops at
+    the segment end."""
+    cdef uint16_t f = seg_flags(t, pos, ini, end)
+    while (f and not (f & mask)) if outside else (f & mask):
+        pos += 1
+        f = seg_flags(t, pos, ini, end)
+    return pos
 
 
-cdef int split_llama3(CodepointText t, IntVec *words, IntVec *out) except -1:
-    cdef int64_t ini = 0, end, pos, prev, nws, last_crlf, start, clen = 0
-    cdef size_t w
-    cdef uint32_t cpt, c2
-    cdef uint16_t f, f2
-    for w in range(words.n):
-        end = ini + words.data[w]
-        pos = ini
-        prev = ini
-        while pos < end:
-            cpt = t.cpt[pos]
-            f = uni_flags(cpt)
-            if is_contraction(t, pos, ini, end, True, &clen):
-                pos += clen
-                emit_word(out, &prev, pos)
-                continue
-            # [^\r\n\p{L}\p{N}]?\p{L}+
-            if not (cpt == 0x0D or cpt == 0x0A or (f & UNI_NUMBER)):
-                if (f & UNI_LETTER) or (seg_flags(t, pos + 1, ini, end) & UNI_LETTER):
-                    pos += 1
-                    while seg_flags(t, pos, ini, end) & UNI_LETTER:
-                        pos += 1
-                    emit_word(out, &prev, pos)
-                    continue
-            # \p{N}{1,3}
-            if f & UNI_NUMBER:
-                start = pos
-                while seg_flags(t, pos, ini, end) & UNI_NUMBER:
-                    pos += 1
-                    if pos - start >= 3:
-                        emit_word(out, &prev, pos)
-                        start = pos
-                emit_word(out, &prev, pos)
-                continue
-            # <space>?[^\s\p{L}\p{N}]+[\r\n]*  (the test on f, not f2, is llama.cpp's)
-            f2 = seg_flags(t, pos + 1, ini, end) if cpt == 0x20 else f
-            if not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f:
-                pos += cpt == 0x20
-                while not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f2:
-                    pos += 1
-                    f2 = seg_flags(t, pos, ini, end)
-                c2 = seg_cpt(t, pos, ini, end)
-                while c2 == 0x0D or c2 == 0x0A:
-                    pos += 1
-                    c2 = seg_cpt(t, pos, ini, end)
-                emit_word(out, &prev, pos)
-                continue
-            nws = 0
-            last_crlf = 0
-            while seg_flags(t, pos + nws, ini, end) & UNI_WHITESPACE:
-                c2 = seg_cpt(t, pos + nws, ini, end)
-                if c2 == 0x0D or c2 == 0x0A:
-                    last_crlf = pos + nws + 1
-                nws += 1
-            if last_crlf > 0:       # \s*[\r\n]+
-                pos = last_crlf
-                emit_word(out, &prev, pos)
-                continue
-            if nws > 1 and seg_cpt(t, pos + nws, ini, end) != OUT_OF_RANGE:
-                pos += nws - 1
-                emit_word(out, &prev, pos)
-                continue
-            if nws > 0:
-                pos += nws
-                emit_word(out, &prev, pos)
-                continue
-            pos += 1
-            emit_word(out, &prev, pos)
-        ini = end
-    return 0
+cdef int64_t whitespace_end(CodepointText t, int64_t pos, int64_t ini, int64_t end,
+                            bint newline_runs) noexcept:
+    """End of the white-space word at pos: \s*[\r\n]+ (with newline_runs), else \s+(?!\S)
+    leaving the last space to the next word, else \s+; one code point when none applies."""
+    cdef int64_t nws = 0, last_crlf = 0
+    cdef uint32_t c
+    while seg_flags(t, pos + nws, ini, end) & UNI_WHITESPACE:
+        c = t.cpt[pos + nws]
+        if newline_runs and (c == 0x0D or c == 0x0A):
+            last_crlf = pos + nws + 1
+        nws += 1
+    if last_crlf > 0:
+        return last_crlf
+    if nws > 1 and pos + nws < end:
+        return pos + nws - 1
+    return pos + (nws if nws > 0 else 1)
 
 
-cdef int split_digits(CodepointText t, IntVec *words, IntVec *out) except -1:
-    """\\p{N} through llama.cpp's collapsed std::regex: ASCII 0-9 and non-ASCII numbers that are
-    not white space each form a word; the stretches between them are words too."""
+# a splitter returns where the word starting at pos ends (it may emit words before it itself)
+ctypedef int64_t (*next_word_fn)(CodepointText t, int64_t pos, int64_t ini, int64_t end,
+                                 IntVec *out, int64_t *prev) except -1
+
+
+cdef int split_segments(CodepointText t, IntVec *words, IntVec *out,
+                        next_word_fn next_word) except -1:
+    """Cut every word [ini, end) of the previous step with a splitter."""
     cdef int64_t ini = 0, end, pos, prev
     cdef size_t w
-    cdef uint32_t c
-    cdef uint16_t f
-    cdef bint digit
     for w in range(words.n):
         end = ini + words.data[w]
-        prev = ini
-        for pos in range(ini, end):
-            c = t.cpt[pos]
-            if c < 128:
-                digit = 0x30 <= c <= 0x39
-            else:
-                f = uni_flags(c)
-                digit = (f & UNI_CATEGORY_MASK) == UNI_NUMBER and not (f & UNI_WHITESPACE)
-            if digit:
-                emit_word(out, &prev, pos)
-                emit_word(out, &prev, pos + 1)
-        emit_word(out, &prev, end)
+        pos = prev = ini
+        while pos < end:
+            pos = next_word(t, pos, ini, end, out, &prev)
+            emit_word(out, &prev, pos)
         ini = end
     return 0
+
+
+cdef int64_t gpt2_next(CodepointText t, int64_t pos, int64_t ini, int64_t end, IntVec *out,
+                       int64_t *prev) except -1:
+    """'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"""
+    cdef int64_t clen = 0
+    cdef uint32_t cpt = t.cpt[pos]
+    cdef bint space = cpt == 0x20
+    cdef uint16_t f2
+    if is_contraction(t, pos, ini, end, False, &clen):
+        return pos + clen
+    f2 = seg_flags(t, pos + 1, ini, end) if space else uni_flags(cpt)
+    if f2 & UNI_LETTER:
+        return class_run_end(t, pos + space, ini, end, UNI_LETTER, False)
+    if f2 & UNI_NUMBER:
+        return class_run_end(t, pos + space, ini, end, UNI_NUMBER, False)
+    if f2 and not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)):
+        return class_run_end(t, pos + space, ini, end, UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER,
+                             True)
+    return whitespace_end(t, pos, ini, end, False)
+
+
+cdef int64_t llama3_next(CodepointText t, int64_t pos, int64_t ini, int64_t end, IntVec *out,
+                         int64_t *prev) except -1:
+    """(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}
+    | ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"""
+    cdef int64_t clen = 0, start
+    cdef uint32_t cpt = t.cpt[pos], c2
+    cdef uint16_t f = uni_flags(cpt), f2
+    if is_contraction(t, pos, ini, end, True, &clen):
+        return pos + clen
+    if not (cpt == 0x0D or cpt == 0x0A or (f & UNI_NUMBER)) and \
+            ((f & UNI_LETTER) or (seg_flags(t, pos + 1, ini, end) & UNI_LETTER)):
+        return class_run_end(t, pos + 1, ini, end, UNI_LETTER, False)
+    if f & UNI_NUMBER:         # groups of three, the last one shorter
+        start = pos
+        while seg_flags(t, pos, ini, end) & UNI_NUMBER:
+            pos += 1
+            if pos - start >= 3:
+                emit_word(out, prev, pos)
+                start = pos
+        return pos
+    f2 = seg_flags(t, pos + 1, ini, end) if cpt == 0x20 else f
+    if not (f2 & (UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER)) and f:  # llama.cpp tests f, not f2
+        pos = class_run_end(t, pos + (cpt == 0x20), ini, end,
+                            UNI_WHITESPACE | UNI_LETTER | UNI_NUMBER, True)
+        c2 = seg_cpt(t, pos, ini, end)
+        while c2 == 0x0D or c2 == 0x0A:
+            pos += 1
+            c2 = seg_cpt(t, pos, ini, end)
+        return pos
+    return whitespace_end(t, pos, ini, end, True)
+
+
+cdef inline bint is_regex_digit(uint32_t c) noexcept:
+    """\\p{N} in llama.cpp's collapsed std::regex: ASCII 0-9, and non-ASCII numbers that are not
+    white space (those collapse to 0x0B)."""
+    cdef uint16_t f
+    if c < 128:
+        return 0x30 <= c <= 0x39
+    f = uni_flags(c)
+    return (f & UNI_CATEGORY_MASK) == UNI_NUMBER and not (f & UNI_WHITESPACE)
+
+
+cdef int64_t digits_next(CodepointText t, int64_t pos, int64_t ini, int64_t end, IntVec *out,
+                         int64_t *prev) except -1:
+    """\\p{N}: each number code point alone; the stretches between them are words too."""
+    if is_regex_digit(t.cpt[pos]):
+        return pos + 1
+    while pos < end and not is_regex_digit(t.cpt[pos]):
+        pos += 1
+    return pos
 
 
 cdef int run_steps(CodepointText t, list steps, IntVec *words) except -1:
@@ -458,11 +407,11 @@ cdef int run_steps(CodepointText t, list steps, IntVec *words) except -1:
         nxt.n = nxt.cap = 0
         try:
             if step == SPLIT_GPT2:
-                split_gpt2(t, words, &nxt)
+                split_segments(t, words, &nxt, gpt2_next)
             elif step == SPLIT_LLAMA3:
-                split_llama3(t, words, &nxt)
+                split_segments(t, words, &nxt, llama3_next)
             elif step == SPLIT_DIGITS:
-                split_digits(t, words, &nxt)
+                split_segments(t, words, &nxt, digits_next)
             else:
                 for length in step(t, ivec_list(words)):
                     ivec_push(&nxt, length)
@@ -474,21 +423,15 @@ cdef int run_steps(CodepointText t, list steps, IntVec *words) except -1:
     return 0
 
 
-def split_words(const uint8_t[::1] text, list steps) -> list:
-    """The words a pre-tokenizer cuts ``text`` into, as UTF-8 bytes (for tests and debugging)."""
+def split_lengths(const uint8_t[::1] text, list steps) -> list:
+    """Lengths in code points of the words a pre-tokenizer cuts ``text`` into (for tests)."""
     cdef CodepointText t = CodepointText(text)
     cdef IntVec words
-    cdef int64_t a = 0
-    cdef size_t i
     words.data = NULL
     words.n = words.cap = 0
     try:
         run_steps(t, steps, &words)
-        out = []
-        for i in range(words.n):
-            out.append((<char *>t.utf8)[t.byte_off[a]:t.byte_off[a + words.data[i]]])
-            a += words.data[i]
-        return out
+        return ivec_list(&words)
     finally:
         free(words.data)
 
@@ -511,13 +454,8 @@ cdef struct Heap:
 
 cdef int heap_push(Heap *h, Candidate c) except -1:
     cdef size_t i, parent
-    cdef Candidate *p
-    if h.n == h.cap:
-        h.cap = h.cap * 2 if h.cap else 64
-        p = <Candidate *>realloc(h.item, h.cap * sizeof(Candidate))
-        if p == NULL:
-            raise MemoryError()
-        h.item = p
+    if array_grow(<void **>&h.item, &h.cap, h.n + 1, sizeof(Candidate)):
+        raise MemoryError()
     i = h.n
     h.n += 1
     while i > 0:
@@ -873,10 +811,38 @@ cdef class TokenTable:
 
 
 # ---------------------------------------------------------------------------------------------
+# the engines share one fragment loop: special-token fragments pass through as they are
+
+cdef class Engine:
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        raise NotImplementedError
+
+    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
+        """Token ids of ``text`` split into ``frags`` (SpecialMatcher.partition)."""
+        cdef IntVec out
+        cdef Py_ssize_t f
+        cdef bint after_special = True
+        out.data = NULL
+        out.n = out.cap = 0
+        try:
+            for f in range(frags.n):
+                if frags.tok[f] >= 0:
+                    ivec_push(&out, frags.tok[f])
+                    after_special = True
+                else:
+                    self.encode_piece(bytes(text[frags.off[f]:frags.off[f] + frags.len[f]]),
+                                      after_special, &out)
+                    after_special = False
+            return ivec_list(&out)
+        finally:
+            free(out.data)
+
+
+# ---------------------------------------------------------------------------------------------
 # SPM (llm_tokenizer_spm_session): merge the adjacent pair whose concatenation is the
 # highest-scoring token, leftmost first, until none is left; leftovers become byte tokens
 
-cdef class SpmEngine:
+cdef class SpmEngine(Engine):
     cdef TokenTable table
     cdef float *score           # [n_tokens]
     cdef int32_t byte_token[256]
@@ -949,31 +915,13 @@ cdef class SpmEngine:
             i = self.sy.next[i]
         return 0
 
-    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
-        """Token ids of the fragments: raw ones get the space prefix where llama.cpp adds it
-        (at the start and after a special token) and spaces escaped as U+2581."""
-        cdef IntVec out
-        cdef Py_ssize_t f
-        cdef bint prev_special = True
-        cdef const uint8_t *p
-        out.data = NULL
-        out.n = out.cap = 0
-        try:
-            for f in range(frags.n):
-                if frags.tok[f] >= 0:
-                    ivec_push(&out, frags.tok[f])
-                    prev_special = True
-                    continue
-                piece = bytes(text[frags.off[f]:frags.off[f] + frags.len[f]])
-                if self.add_space_prefix and prev_special:
-                    piece = b" " + piece
-                piece = piece.replace(b" ", ESCAPED_SPACE)
-                p = piece
-                self.encode_text(p, len(piece), &out)
-                prev_special = False
-            return ivec_list(&out)
-        finally:
-            free(out.data)
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        """Spaces escaped as U+2581, one prefixed at the start and after a special token when
+        add_space_prefix (llama.cpp's rule)."""
+        if self.add_space_prefix and after_special:
+            piece = b" " + piece
+        piece = piece.replace(b" ", ESCAPED_SPACE)
+        return self.encode_text(piece, len(piece), out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1043,7 +991,7 @@ def gpt2_text_to_bytes(const uint8_t[::1] text, bint strict):
     return bytes(out)
 
 
-cdef class BpeEngine:
+cdef class BpeEngine(Engine):
     cdef strmap_t symtab        # symbol text -> symbol id (token id, or >= n_tokens for merge-only)
     cdef pairmap_t merges       # (left symbol, right symbol) -> rank << 32 | merged symbol
     cdef int32_t n_tokens
@@ -1262,24 +1210,10 @@ cdef class BpeEngine:
             free(words.data)
         return 0
 
-    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
-        """Token ids of the fragments (special-token fragments pass through)."""
-        cdef IntVec out
-        cdef Py_ssize_t f
-        out.data = NULL
-        out.n = out.cap = 0
-        try:
-            for f in range(frags.n):
-                if frags.tok[f] >= 0:
-                    ivec_push(&out, frags.tok[f])
-                    continue
-                piece = bytes(text[frags.off[f]:frags.off[f] + frags.len[f]])
-                if self.escape_spaces:
-                    piece = piece.replace(b" ", ESCAPED_SPACE)
-                self.encode_text(piece, &out)
-            return ivec_list(&out)
-        finally:
-            free(out.data)
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        if self.escape_spaces:
+            piece = piece.replace(b" ", ESCAPED_SPACE)
+        return self.encode_text(piece, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1293,7 +1227,7 @@ cdef inline bint is_chinese_char(uint32_t c) noexcept:
             0xF900 <= c <= 0xFAFF or 0x2F800 <= c <= 0x2FA1F)
 
 
-cdef class WpmEngine:
+cdef class WpmEngine(Engine):
     cdef TokenTable table
     cdef int32_t unk
     cdef int32_t max_token_len
@@ -1364,21 +1298,10 @@ cdef class WpmEngine:
             ivec_push(out, self.unk)
         return 0
 
-    def encode(self, const uint8_t[::1] text, Fragments frags) -> list:
-        cdef IntVec out
-        cdef Py_ssize_t f
-        out.data = NULL
-        out.n = out.cap = 0
-        try:
-            for f in range(frags.n):
-                if frags.tok[f] >= 0:
-                    ivec_push(&out, frags.tok[f])
-                    continue
-                for word in self.words(text[frags.off[f]:frags.off[f] + frags.len[f]]):
-                    self.encode_word(word, &out)
-            return ivec_list(&out)
-        finally:
-            free(out.data)
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        for word in self.words(piece):
+            self.encode_word(word, out)
+        return 0
 
 
 # ---------------------------------------------------------------------------------------------

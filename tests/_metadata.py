@@ -72,3 +72,37 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         pos += 4
         meta[key] = value(vtype)
     return meta
+
+
+def write_metadata(path: str | Path, meta: dict[str, Any]) -> None:
+    """Write a tensor-less GGUF v3 file holding ``meta`` (for hand-made test vocabularies).
+
+    Python ints are written as UINT32 (token ids), bools as BOOL, str as STRING, lists of str as
+    string arrays, numpy arrays with their own element type.
+    """
+    codes = {np.dtype(f): t for t, f in _SCALARS.items()}
+
+    def string(s: str) -> bytes:
+        raw = s.encode("utf-8", errors="surrogateescape")
+        return struct.pack("<Q", len(raw)) + raw
+
+    out = [struct.pack("<IIQQ", GGUF_MAGIC, 3, 0, len(meta))]
+    for key, value in meta.items():
+        out.append(string(key))
+        if isinstance(value, bool):
+            out.append(struct.pack("<I?", GGUFValueType.BOOL, value))
+        elif isinstance(value, int):
+            out.append(struct.pack("<II", GGUFValueType.UINT32, value))
+        elif isinstance(value, float):
+            out.append(struct.pack("<If", GGUFValueType.FLOAT32, value))
+        elif isinstance(value, str):
+            out.append(struct.pack("<I", GGUFValueType.STRING) + string(value))
+        elif isinstance(value, list):
+            out.append(struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, len(value)))
+            out.extend(string(s) for s in value)
+        else:
+            arr = np.ascontiguousarray(value)
+            out.append(struct.pack("<IIQ", GGUFValueType.ARRAY, codes[arr.dtype.newbyteorder("<")],
+                                   len(arr)))
+            out.append(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
+    Path(path).write_bytes(b"".join(out))

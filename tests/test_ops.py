@@ -118,12 +118,36 @@ def test_geglu_uses_the_fp16_table():
     np.testing.assert_array_equal(out[0], np.array(expected, dtype=np.float32))
 
 
+def tname(cache):
+    return {np.float16: "f16", np.float32: "f32"}[cache.dtype.type]
+
+
+def q8_0_rows(x):
+    """ggml-cpu's activation Q8_0 quantization of float rows: (fp16 scales [rows, blocks], int8 values)."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=2)
+    d = (amax / np.float32(127)).astype(np.float16)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    qs = np.rint(blocks * inv[..., None]).astype(np.int8)
+    return d, qs
+
+
+def q8_0_bytes(x):
+    d, qs = q8_0_rows(x)
+    out = np.empty((x.shape[0], d.shape[1], 34), np.uint8)
+    out[..., :2] = d.view(np.uint8).reshape(x.shape[0], -1, 2)
+    out[..., 2:] = qs.view(np.uint8)
+    return out.reshape(x.shape[0], -1)
+
+
 def attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, n_head, n_head_kv,
                         dk, dv, scale, causal=True, n_swa=0, softcap=0.0):
     n_tok = q.shape[0]
     out = np.zeros((n_tok, n_head * dv))
-    k16 = k.dtype == np.float16
-    v16 = v.dtype == np.float16
+    k8, v8 = isinstance(k, tuple), isinstance(v, tuple)   # (fp16 scales, int8 values) per head
+    k16 = not k8 and k.dtype == np.float16
+    v16 = not v8 and v.dtype == np.float16
     for t in range(n_tok):
         for h in range(n_head):
             hkv = h // (n_head // n_head_kv)
@@ -137,8 +161,13 @@ def attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, n_head, n
             idx = np.nonzero(vis[: len(cell_pos)])[0]
             if len(idx) == 0:
                 continue
-            kk = k[idx, hkv * dk:(hkv + 1) * dk].astype(np.float64)
-            s = kk @ qv
+            if k8:
+                dq, qq = q8_0_rows(q[t:t + 1, h * dk:(h + 1) * dk])
+                bk = slice(hkv * dk // 32, (hkv + 1) * dk // 32)
+                isum = (k[1][idx, bk].astype(np.int64) * qq.astype(np.int64)).sum(axis=2)
+                s = (k[0][idx, bk].astype(np.float64) * dq.astype(np.float64) * isum).sum(axis=1)
+            else:
+                s = k[idx, hkv * dk:(hkv + 1) * dk].astype(np.float64) @ qv
             if softcap:
                 s = np.tanh(s / softcap) * softcap
             s = s * scale
@@ -146,7 +175,12 @@ def attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, n_head, n
             p /= p.sum()
             if v16:
                 p = f16(p)
-            out[t, h * dv:(h + 1) * dv] = p @ v[idx, hkv * dv:(hkv + 1) * dv].astype(np.float64)
+            if v8:
+                bv = slice(hkv * dv // 32, (hkv + 1) * dv // 32)
+                vv = (v[0][idx, bv].astype(np.float64)[..., None] * v[1][idx, bv]).reshape(len(idx), -1)
+            else:
+                vv = v[idx, hkv * dv:(hkv + 1) * dv].astype(np.float64)
+            out[t, h * dv:(h + 1) * dv] = p @ vv
     return out
 
 
@@ -175,13 +209,28 @@ def test_attention_matches_reference(isa, cache_dtype, n_swa, softcap):
     out = np.empty((q.shape[0], 4 * 32), np.float32)
     ops.set_isa(isa)
     try:
-        ops.attention(q, k, v, 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out,
+        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out,
                       n_swa=n_swa, softcap=softcap, n_threads=2)
     finally:
         ops.set_isa(ISAS[-1])
     ref = attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125,
                               n_swa=n_swa, softcap=softcap)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+
+
+def test_attention_with_q8_0_caches():
+    rng = np.random.default_rng(8)
+    q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, np.float32)
+    k8, v8 = q8_0_bytes(k), q8_0_bytes(v)
+    out = np.empty((q.shape[0], 4 * 32), np.float32)
+    ops.attention(q, k8, "q8_0", v8, "q8_0", 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32,
+                  0.125, out, n_threads=2)
+    ref = attention_reference(q, q8_0_rows(k), q8_0_rows(v), cell_pos, cell_seq, tok_pos, tok_seq,
+                              4, 2, 64, 32, 0.125)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+    # and it is close to the unquantized attention
+    exact = attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125)
+    assert np.abs(out - exact).max() < 0.05
 
 
 @pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has no AVX2/F16C")
@@ -192,7 +241,7 @@ def test_attention_isas_agree_bit_for_bit():
     for isa in ISAS:
         ops.set_isa(isa)
         out = np.empty((q.shape[0], 128), np.float32)
-        ops.attention(q, k, v, 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out)
+        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out)
         results.append(out)
     ops.set_isa(ISAS[-1])
     np.testing.assert_array_equal(results[0], results[1])
@@ -204,7 +253,7 @@ def test_attention_thread_count_does_not_change_results():
     outs = []
     for nt in (1, 2, 3):
         out = np.empty((q.shape[0], 128), np.float32)
-        ops.attention(q, k, v, 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out,
+        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out,
                       n_threads=nt)
         outs.append(out)
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -217,11 +266,13 @@ def test_attention_rejects_bad_arguments():
     out = np.empty((q.shape[0], 128), np.float32)
     args = (cell_pos, cell_seq, tok_pos, tok_seq)
     with pytest.raises(ValueError):
-        ops.attention(q, k, v, 81, *args, 4, 2, 64, 32, 0.1, out)          # n_kv past the cache
+        ops.attention(q, k, tname(k), v, tname(v), 81, *args, 4, 2, 64, 32, 0.1, out)          # n_kv past the cache
     with pytest.raises(ValueError):
-        ops.attention(q, k, v, 80, *args, 4, 3, 64, 32, 0.1, out)          # heads not a multiple
+        ops.attention(q, k, tname(k), v, tname(v), 80, *args, 4, 3, 64, 32, 0.1, out)          # heads not a multiple
     with pytest.raises(TypeError):
-        ops.attention(q, k.astype(np.float64), v, 80, *args, 4, 2, 64, 32, 0.1, out)
+        ops.attention(q, k.astype(np.float64), "f16", v, "f16", 80, *args, 4, 2, 64, 32, 0.1, out)
     with pytest.raises(ValueError):
-        ops.attention(q, k, v, 80, cell_pos, cell_seq, tok_pos, np.full(6, 64, np.int32),
+        ops.attention(q, k, "q4_0", v, "f16", 80, *args, 4, 2, 64, 32, 0.1, out)
+    with pytest.raises(ValueError):
+        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, np.full(6, 64, np.int32),
                       4, 2, 64, 32, 0.1, out)

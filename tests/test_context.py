@@ -1,0 +1,359 @@
+"""Context, batch, KV cache and decode: llama.cpp's semantics, checked on tiny synthetic models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguflm import Batch, Context, Model
+from gguflm.errors import Error, StateError
+
+ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_model(request):
+    model = Model.load(ARCH_DIR / f"{request.param}.gguf")
+    yield request.param, model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def llama_model():
+    model = Model.load(ARCH_DIR / "llama.gguf")
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def gemma3_model():
+    model = Model.load(ARCH_DIR / "gemma3.gguf")
+    yield model
+    model.close()
+
+
+def tokens_of(arch: str) -> np.ndarray:
+    return np.load(ARCH_DIR / f"{arch}.npz")["tokens"]
+
+
+def full_batch(tokens, seq=0, start=0, all_logits=True) -> Batch:
+    b = Batch(len(tokens))
+    for i, t in enumerate(tokens):
+        b.add(int(t), start + i, [seq], all_logits or i == len(tokens) - 1)
+    return b
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / (b.max() - b.min()))
+
+
+# -- llama.cpp's own logits on every architecture
+
+def test_logits_match_llama_cpp(arch_model):
+    arch, model = arch_model
+    data = np.load(ARCH_DIR / f"{arch}.npz")
+    ref = data["logits"]
+    with Context(model, n_ctx=256) as ctx:
+        assert ctx.decode(full_batch(data["tokens"])) == 0
+        ours = ctx.get_logits()
+    assert ours.shape == ref.shape
+    # the first positions attend to few cells and agree to the last bit or nearly
+    assert rel_err(ours[:3], ref[:3]) < 1e-5
+    # later, activation quantization turns float-order differences into small steps
+    assert rel_err(ours, ref) < 0.02
+    assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.95
+
+
+def test_unknown_pieces_of_a_context_are_rejected(llama_model):
+    with pytest.raises(ValueError):
+        Context(llama_model, type_k="q4_0")
+    with pytest.raises(ValueError):
+        Context(llama_model, n_seq_max=0)
+    with pytest.raises(ValueError):
+        Context(llama_model, pooling="max")
+
+
+def test_context_parameters(llama_model):
+    ctx = Context(llama_model, n_ctx=0, n_batch=4096, n_ubatch=8192)
+    assert ctx.n_ctx == 256                       # n_ctx_train, already a multiple of 256
+    assert ctx.n_batch == 256 and ctx.n_ubatch == 256
+    assert Context(llama_model, n_ctx=300).n_ctx == 512
+    info = ctx.describe()
+    hp = llama_model.hparams
+    expected = 2 * hp.n_layer * 256 * hp.n_embd_k_gqa() * 2   # K and V, f16
+    assert info["kv_size_mib"] == pytest.approx(expected / 2**20)
+    assert Context(llama_model, n_ctx=256, type_k="f32", type_v="q8_0").describe()["kv_size_mib"] < info["kv_size_mib"] * 2
+
+
+# -- batches, ubatches, sequences
+
+def test_batch_splits_give_identical_logits(arch_model):
+    arch, model = arch_model
+    tokens = tokens_of(arch)[:30]
+    results = []
+    for n_ubatch in (512, 7):
+        with Context(model, n_ctx=256, n_ubatch=n_ubatch) as ctx:
+            assert ctx.decode(Batch.get_one(tokens)) == 0
+            results.append(ctx.get_logits_ith(-1).copy())
+    with Context(model, n_ctx=256) as ctx:
+        for t in tokens:
+            assert ctx.decode(Batch.get_one([int(t)])) == 0
+        results.append(ctx.get_logits_ith(-1).copy())
+        assert ctx.perf()["n_reused"] >= len(tokens) - 2   # single-token graphs reuse buffers
+    for other in results[1:]:
+        assert rel_err(other, results[0]) <= 1e-3
+
+
+def test_get_one_fills_positions_sequence_and_output(llama_model):
+    tokens = tokens_of("llama")[:10]
+    with Context(llama_model, n_ctx=256) as ctx:
+        assert ctx.decode(Batch.get_one(tokens[:6])) == 0
+        assert ctx.memory.seq_pos_max(0) == 5
+        assert ctx.n_outputs == 1
+        assert ctx.get_logits_ith(5) is not None and ctx.get_logits_ith(0) is None
+        assert ctx.decode(Batch.get_one(tokens[6:])) == 0
+        assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 9
+        last = ctx.get_logits_ith(-1).copy()
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(full_batch(tokens))
+        np.testing.assert_array_equal(ctx.get_logits_ith(9), last)
+
+
+def test_logits_index_rules(llama_model):
+    tokens = tokens_of("llama")[:5]
+    with Context(llama_model, n_ctx=256) as ctx:
+        b = Batch(5)
+        for i, t in enumerate(tokens):
+            b.add(int(t), i, [0], i in (1, 3))
+        assert ctx.decode(b) == 0
+        assert ctx.n_outputs == 2
+        logits = ctx.get_logits()
+        assert logits.shape == (2, llama_model.hparams.n_vocab)
+        np.testing.assert_array_equal(ctx.get_logits_ith(1), logits[0])
+        np.testing.assert_array_equal(ctx.get_logits_ith(3), logits[1])
+        np.testing.assert_array_equal(ctx.get_logits_ith(-1), logits[1])
+        np.testing.assert_array_equal(ctx.get_logits_ith(-2), logits[0])
+        for bad in (0, 2, 4, 5, 100, -3):
+            assert ctx.get_logits_ith(bad) is None
+
+
+def test_four_sequences_together_equal_each_alone(llama_model):
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(3, 300, n) for n in (5, 9, 3, 7)]
+    alone = []
+    for p in prompts:
+        with Context(llama_model, n_ctx=256) as ctx:
+            ctx.decode(Batch.get_one(p))
+            alone.append(ctx.get_logits_ith(-1).copy())
+    with Context(llama_model, n_ctx=256, n_seq_max=4) as ctx:
+        b = Batch(sum(map(len, prompts)), n_seq_max=4)
+        last_index = []
+        for s, p in enumerate(prompts):
+            for i, t in enumerate(p):
+                b.add(int(t), i, [s], i == len(p) - 1)
+            last_index.append(b.n_tokens - 1)
+        assert ctx.decode(b) == 0
+        for s in range(4):
+            assert rel_err(ctx.get_logits_ith(last_index[s]), alone[s]) <= 1e-5
+            assert ctx.memory.seq_pos_max(s) == len(prompts[s]) - 1
+
+
+# -- decode status codes
+
+def test_decode_returns_1_when_the_cache_is_full(llama_model):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256) as ctx:
+        assert ctx.decode(Batch.get_one(np.resize(tokens, 250))) == 0
+        before = ctx.state_save()
+        status = ctx.decode(Batch.get_one(tokens[:10]))
+        assert status == 1
+        assert ctx.memory.seq_pos_max(0) == 249
+        assert ctx.state_save() == before
+
+
+def test_decode_returns_2_on_abort_and_keeps_finished_ubatches(llama_model):
+    tokens = tokens_of("llama")[:20]
+    calls = {"n": 0}
+
+    def abort_after_first_ubatch() -> bool:
+        calls["n"] += 1
+        # checked once before each ubatch and once per layer (2 layers): stop in the second ubatch
+        return calls["n"] > 4
+
+    with Context(llama_model, n_ctx=256, n_ubatch=8, abort_callback=abort_after_first_ubatch) as ctx:
+        assert ctx.decode(Batch.get_one(tokens)) == 2
+        assert ctx.memory.seq_pos_max(0) == 7    # the first ubatch of 8 stays, the second rolled back
+        ctx.abort_callback = None
+        assert ctx.decode(Batch.get_one(tokens[8:])) == 0
+        resumed = ctx.get_logits_ith(-1).copy()
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens))
+        assert rel_err(resumed, ctx.get_logits_ith(-1)) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["token_out_of_range", "negative_token", "seq_out_of_range",
+                                  "gap_in_positions", "not_continuing", "empty", "too_many"])
+def test_invalid_batches_return_minus_1(llama_model, kind):
+    n_vocab = llama_model.hparams.n_vocab
+    with Context(llama_model, n_ctx=256, n_batch=64, n_seq_max=2) as ctx:
+        assert ctx.decode(Batch.get_one([5, 6, 7])) == 0
+        if kind == "token_out_of_range":
+            b = Batch.get_one([5, n_vocab])
+        elif kind == "negative_token":
+            b = Batch.get_one([-1])
+        elif kind == "seq_out_of_range":
+            b = Batch(1, n_seq_max=3)
+            b.add(5, 0, [2], True)
+        elif kind == "gap_in_positions":
+            b = full_batch([5, 6], start=3)
+            b.pos[1] = 5
+        elif kind == "not_continuing":
+            b = full_batch([5, 6], start=7)
+        elif kind == "empty":
+            b = Batch(4)
+        else:
+            b = Batch.get_one(np.full(65, 5))
+        before = ctx.state_save()
+        assert ctx.decode(b) == -1
+        assert ctx.state_save() == before
+
+
+# -- memory operations
+
+def test_seq_rm_then_redecode_equals_fresh(llama_model):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens[:20]))
+        assert ctx.memory.seq_rm(0, 12, -1)
+        assert ctx.memory.seq_pos_max(0) == 11
+        ctx.decode(full_batch(tokens[20:25], start=12, all_logits=False))
+        after_rm = ctx.get_logits_ith(-1).copy()
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(np.concatenate([tokens[:12], tokens[20:25]])))
+        assert rel_err(after_rm, ctx.get_logits_ith(-1)) <= 1e-5
+
+
+def test_seq_cp_then_diverging_continuations(llama_model):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256, n_seq_max=2) as ctx:
+        ctx.decode(full_batch(tokens[:10], all_logits=False))
+        ctx.memory.seq_cp(0, 1)
+        assert ctx.memory.seq_pos_max(1) == 9
+        b = Batch(2, n_seq_max=2)
+        b.add(int(tokens[10]), 10, [0], True)
+        b.add(int(tokens[20]), 10, [1], True)
+        assert ctx.decode(b) == 0
+        branch0, branch1 = ctx.get_logits_ith(0).copy(), ctx.get_logits_ith(1).copy()
+    for branch, last in ((branch0, tokens[10]), (branch1, tokens[20])):
+        with Context(llama_model, n_ctx=256) as ctx:
+            ctx.decode(Batch.get_one(np.append(tokens[:10], last)))
+            assert rel_err(branch, ctx.get_logits_ith(-1)) <= 1e-5
+
+
+def test_seq_keep_and_clear(llama_model):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256, n_seq_max=3) as ctx:
+        ctx.decode(Batch.get_one(tokens[:8]))
+        ctx.memory.seq_cp(0, 2)
+        ctx.memory.seq_keep(2)
+        assert ctx.memory.seq_pos_max(0) == -1 and ctx.memory.seq_pos_max(2) == 7
+        ctx.memory.clear()
+        assert ctx.memory.seq_pos_max(2) == -1
+        with pytest.raises(ValueError):
+            ctx.memory.seq_keep(3)
+
+
+def test_seq_add_shift_matches_fresh_computation(llama_model):
+    # RoPE makes attention depend on relative positions only: shifting a cached sequence by +10
+    # (K re-rotated in place) must equal decoding it at the shifted positions from the start
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256, type_k="f32", type_v="f32") as ctx:
+        ctx.decode(Batch.get_one(tokens[:16]))
+        ctx.memory.seq_add(0, 0, -1, 10)
+        assert ctx.memory.seq_pos_min(0) == 10 and ctx.memory.seq_pos_max(0) == 25
+        ctx.decode(Batch.get_one(tokens[16:18]))
+        shifted = ctx.get_logits_ith(-1).copy()
+    with Context(llama_model, n_ctx=256, type_k="f32", type_v="f32") as ctx:
+        ctx.decode(full_batch(tokens[:18], start=10, all_logits=False))
+        assert rel_err(shifted, ctx.get_logits_ith(-1)) <= 1e-3
+    # shifting back below position 0 removes the cells that would go negative
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens[:8]))
+        ctx.memory.seq_add(0, 0, -1, -3)
+        assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 4
+
+
+def test_seq_div_positions(llama_model):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens[:8]))
+        ctx.memory.seq_div(0, 0, -1, 2)
+        assert ctx.memory.seq_pos_max(0) == 3
+        with pytest.raises(ValueError):
+            ctx.memory.seq_div(0, 0, -1, 0)
+
+
+def test_state_save_load_continues_as_if_never_stopped(llama_model, tmp_path):
+    tokens = tokens_of("llama")
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one(tokens[:12]))
+        saved = ctx.state_save(tmp_path / "state.bin")
+        logits_at_save = ctx.get_logits_ith(-1).copy()
+        ctx.decode(Batch.get_one(tokens[12:15]))
+        uninterrupted = ctx.get_logits_ith(-1).copy()
+    assert (tmp_path / "state.bin").read_bytes() == saved
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.state_load(tmp_path / "state.bin")
+        np.testing.assert_array_equal(ctx.get_logits_ith(-1), logits_at_save)
+        assert ctx.memory.seq_pos_max(0) == 11
+        ctx.decode(Batch.get_one(tokens[12:15]))
+        np.testing.assert_array_equal(ctx.get_logits_ith(-1), uninterrupted)
+        with pytest.raises(StateError):
+            ctx.state_load(b"not a state")
+        with pytest.raises(StateError):
+            ctx.state_load(saved[: len(saved) // 2])
+        assert ctx.memory.seq_pos_max(0) == 14      # failed loads changed nothing
+
+
+def test_state_of_another_model_is_rejected(llama_model, gemma3_model):
+    with Context(llama_model, n_ctx=256) as ctx:
+        ctx.decode(Batch.get_one([5, 6]))
+        state = ctx.state_save()
+    with Context(gemma3_model, n_ctx=256) as ctx, pytest.raises(StateError):
+        ctx.state_load(state)
+
+
+# -- sliding windows
+
+def test_window_cache_equals_full_cache(gemma3_model):
+    # the fixture's window is 16 positions; its window cache has 256 cells (16 + n_ubatch, padded),
+    # so 320 tokens make it reuse cells that slid out of the window
+    tokens = np.resize(tokens_of("gemma3"), 320)
+    outs = []
+    for swa_full in (False, True):
+        with Context(gemma3_model, n_ctx=512, n_ubatch=8, swa_full=swa_full) as ctx:
+            assert ctx.describe()["kv_cells"] == [512, 512 if swa_full else 256]
+            for start in range(0, len(tokens), 8):
+                assert ctx.decode(Batch.get_one(tokens[start:start + 8])) == 0
+            outs.append(ctx.get_logits_ith(-1).copy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_embeddings_and_pooling(llama_model):
+    tokens = tokens_of("llama")[:6]
+    with Context(llama_model, n_ctx=256, embeddings=True, pooling="mean") as ctx:
+        assert ctx.decode(Batch.get_one(tokens)) == 0
+        per_token = ctx.get_embeddings()
+        assert per_token.shape == (6, llama_model.hparams.n_embd)
+        np.testing.assert_allclose(ctx.get_embeddings_seq(0), per_token.mean(0), rtol=1e-6)
+        np.testing.assert_array_equal(ctx.get_embeddings_ith(-1), per_token[-1])
+        assert ctx.get_embeddings_seq(1) is None
+
+
+def test_vocab_only_model_cannot_make_a_context():
+    model = Model.load(ARCH_DIR / "llama.gguf", vocab_only=True)
+    with pytest.raises(Error):
+        Context(model)

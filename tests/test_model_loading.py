@@ -1,0 +1,300 @@
+"""Model loading: architectures, hyper-parameters, tensors, load modes, progress, failures."""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguflm import LoadCancelled, Model, ModelLoadError
+from gguflm.ggml_types import GGMLType
+from gguflm.gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguflm.hparams import MissingKeyError, HParamError
+from gguflm.loader import (InvalidTensorDataError, MissingTensorError, OverrideError,
+                           TensorCountError, TensorShapeError, UnsupportedTensorTypeError)
+from gguflm.models import UnknownArchitectureError
+
+ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+
+
+def rewrite(src: Path, dst: Path, *, drop_keys=(), set_keys=None, drop_tensors=(),
+            tensor_edits=None, extra_tensors=None) -> Path:
+    """Copy a GGUF file with changes: keys dropped or set, tensors dropped, edited or added."""
+    with GGUFReader(src) as r:
+        w = GGUFWriter(dst, alignment=r.alignment)
+        for key, value in r.metadata.items():
+            if key in drop_keys:
+                continue
+            if set_keys and key in set_keys:
+                value = set_keys[key]
+                w.add(key, value)
+            else:
+                w.add(key, value, r.value_types[key], r.array_type(key))
+        for key, value in (set_keys or {}).items():
+            if key not in r.metadata:
+                w.add(key, value)
+        for t in r.tensors:
+            if t.name in drop_tensors:
+                continue
+            if tensor_edits and t.name in tensor_edits:
+                data, ttype, shape = tensor_edits[t.name](t)
+                w.add_tensor(t.name, data, ttype, shape)
+            else:
+                w.add_tensor(t.name, np.array(t.data), t.type, t.shape)
+        for name, (data, ttype, shape) in (extra_tensors or {}).items():
+            w.add_tensor(name, data, ttype, shape)
+        w.write()
+    return dst
+
+
+# -- the real models
+
+def expected_hparams(path: Path) -> dict:
+    with GGUFReader(path) as r:
+        arch = r.metadata["general.architecture"]
+        m = r.metadata
+        return {
+            "n_ctx_train": m[f"{arch}.context_length"], "n_embd": m[f"{arch}.embedding_length"],
+            "n_layer": m[f"{arch}.block_count"], "n_ff": m[f"{arch}.feed_forward_length"],
+            "n_head": m[f"{arch}.attention.head_count"], "n_head_kv": m[f"{arch}.attention.head_count_kv"],
+            "eps": m[f"{arch}.attention.layer_norm_rms_epsilon"], "base": m[f"{arch}.rope.freq_base"],
+            "n_vocab": len(m["tokenizer.ggml.tokens"]), "arch": arch, "file_type": m["general.file_type"],
+            "n_params": sum(t.n_elements for t in r.tensors), "nbytes": sum(t.nbytes for t in r.tensors),
+        }
+
+
+def test_real_models_load_with_the_files_hparams(real_model_path):
+    want = expected_hparams(real_model_path)
+    with Model.load(real_model_path) as model:
+        hp = model.hparams
+        assert model.arch == want["arch"]
+        assert hp.n_ctx_train == want["n_ctx_train"] and hp.n_embd == want["n_embd"]
+        assert hp.n_layer == want["n_layer"]
+        assert hp.n_ff == (want["n_ff"],) * hp.n_layer
+        assert hp.n_head == (want["n_head"],) * hp.n_layer
+        assert hp.n_head_kv == (want["n_head_kv"],) * hp.n_layer
+        assert hp.f_norm_rms_eps == pytest.approx(want["eps"])
+        assert hp.rope_freq_base_train == pytest.approx(want["base"])
+        assert hp.n_vocab == want["n_vocab"] == model.vocab.n_tokens
+        # the output matrix is tied to the embedding in both files: counted once
+        assert model.n_params == want["n_params"]
+        assert model.size_bytes == want["nbytes"]
+        text = model.describe()
+        for name, value in hp.describe():
+            assert f"{name}" in text and value in text
+        assert "BPW" in text and model.file_type in text
+
+
+def test_gemma3_specifics(gemma_path):
+    with Model.load(gemma_path) as model:
+        hp = model.hparams
+        assert model.file_type == "Q4_K - Medium"
+        assert hp.n_embd_head_k == 256 and hp.n_swa == 512
+        assert [il for il in range(hp.n_layer) if not hp.is_swa(il)] == [5, 11, 17]
+        assert hp.rope_freq_base_train == 1e6 and hp.rope_freq_base_train_swa == 10000.0
+        assert hp.kq_scale == pytest.approx(1 / 16)
+        assert model.tensors["output.weight"] is model.tensors["token_embd.weight"]
+        assert model.layers[3].attn_q_norm.shape == (256,)
+
+
+def test_smollm_specifics(smollm_path):
+    with Model.load(smollm_path) as model:
+        assert model.file_type == "Q4_1"
+        assert model.hparams.n_rot == 64 and not any(model.hparams.swa_layers)
+        assert model.layers[0].attn_q.type is GGMLType.Q4_1
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def test_mmap_load_reads_no_weights(gemma_path):
+    gc.collect()
+    before = _rss_bytes()
+    model = Model.load(gemma_path, load_mode="mmap")
+    grown = _rss_bytes() - before
+    try:
+        assert grown < 0.25 * gemma_path.stat().st_size
+        w = model.tensors["blk.0.ffn_down.weight"]
+        assert not w.data.flags.owndata and not w.data.flags.writeable
+    finally:
+        model.close()
+
+
+def test_load_mode_none_copies_into_private_memory(smollm_path):
+    gc.collect()
+    before = _rss_bytes()
+    with Model.load(smollm_path, load_mode="none") as model:
+        grown = _rss_bytes() - before
+        assert grown > 0.8 * smollm_path.stat().st_size
+        assert model.load_mode == "none"
+    with pytest.raises(ValueError):
+        Model.load(smollm_path, load_mode="fast")
+
+
+def _open_fds_to(path: Path) -> int:
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path.resolve()):
+                fds += 1
+        except OSError:
+            pass
+    return fds
+
+
+def _maps_of(path: Path) -> int:
+    with open("/proc/self/maps") as f:
+        return sum(str(path.resolve()) in line for line in f)
+
+
+@pytest.mark.parametrize("stop_at", [0.0, 0.5, 0.99])
+def test_cancelling_from_the_progress_callback_releases_everything(smollm_path, stop_at):
+    seen = []
+
+    def progress(fraction: float) -> bool:
+        seen.append(fraction)
+        return fraction < stop_at if stop_at > 0 else False
+
+    gc.collect()
+    with pytest.raises(LoadCancelled):
+        Model.load(smollm_path, progress_callback=progress)
+    gc.collect()
+    assert _open_fds_to(smollm_path) == 0
+    assert _maps_of(smollm_path) == 0
+    assert seen[-1] >= stop_at
+
+
+def test_progress_reaches_one_and_rises(smollm_path):
+    seen = []
+    with Model.load(smollm_path, progress_callback=lambda f: seen.append(f) or True):
+        pass
+    assert seen[0] == 0.0 and seen[-1] == 1.0
+    assert all(a <= b for a, b in zip(seen, seen[1:]))
+    assert len(seen) > 10
+
+
+def test_vocab_only_touches_no_tensor(smollm_path):
+    with Model.load(smollm_path, vocab_only=True) as model:
+        assert model.tensors == {} and model.vocab_only
+        assert model.vocab.n_tokens == 49152
+
+
+def test_one_model_many_closes(smollm_path):
+    model = Model.load(smollm_path)
+    model.close()
+    model.close()
+    assert _maps_of(smollm_path) == 0
+
+
+# -- the synthetic models, intact and broken
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_loads(arch):
+    with Model.load(ARCH_DIR / f"{arch}.gguf", check_tensors=True) as model:
+        assert model.arch == arch
+        assert model.file_type.endswith("(guessed)")
+        assert model.tensors["output.weight"] is model.tensors["token_embd.weight"]
+
+
+def test_unknown_architecture(tmp_path):
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", set_keys={"general.architecture": "xyz"})
+    with pytest.raises(UnknownArchitectureError, match="unknown model architecture: 'xyz'"):
+        Model.load(bad)
+
+
+def test_missing_tensor(tmp_path):
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", drop_tensors={"blk.1.ffn_up.weight"})
+    with pytest.raises(MissingTensorError, match="blk.1.ffn_up.weight"):
+        Model.load(bad)
+
+
+def test_wrong_shape(tmp_path):
+    def narrower(t):
+        return np.array(t.data[:128], np.float32), GGMLType.F32, (128,)
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", tensor_edits={"blk.0.attn_norm.weight": narrower})
+    with pytest.raises(TensorShapeError, match=r"blk.0.attn_norm.weight.*expected \[256\], got \[128\]"):
+        Model.load(bad)
+
+
+def test_wrong_tensor_count(tmp_path):
+    extra = {"blk.0.mystery.weight": (np.zeros(4, np.float32), GGMLType.F32, (4,))}
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", extra_tensors=extra)
+    with pytest.raises(TensorCountError, match="wrong number of tensors"):
+        Model.load(bad)
+
+
+def test_missing_key_and_bad_hparam(tmp_path):
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "a.gguf", drop_keys={"llama.block_count"})
+    with pytest.raises(MissingKeyError, match="llama.block_count"):
+        Model.load(bad)
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "b.gguf", set_keys={"llama.attention.head_count_kv": 3})
+    with pytest.raises(HParamError, match="not a multiple"):
+        Model.load(bad)
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "c.gguf", set_keys={"llama.block_count": "two"})
+    with pytest.raises(HParamError, match="block_count"):
+        Model.load(bad)
+
+
+def test_unsupported_tensor_type(tmp_path):
+    def to_iq4(t):
+        rows = t.data.shape[0]
+        return np.zeros((rows, 256 // 32 * 18), np.uint8), GGMLType.IQ4_NL, t.shape
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", tensor_edits={"blk.0.attn_q.weight": to_iq4})
+    with pytest.raises(UnsupportedTensorTypeError, match="IQ4_NL"):
+        Model.load(bad)
+
+
+def test_check_tensors_finds_nan(tmp_path):
+    def with_nan(t):
+        data = np.array(t.data, np.float32)
+        data[3] = np.nan
+        return data, t.type, t.shape
+
+    def with_inf_scale(t):
+        data = np.array(t.data)
+        data[0, 0:2] = np.array([np.inf], np.float16).view(np.uint8)   # first block's fp16 scale
+        return data, t.type, t.shape
+
+    for name, edit in (("output_norm.weight", with_nan), ("blk.0.attn_q.weight", with_inf_scale)):
+        bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / f"{name}.gguf", tensor_edits={name: edit})
+        with Model.load(bad):
+            pass  # without the check, loading does not look at the data
+        with pytest.raises(InvalidTensorDataError, match=name):
+            Model.load(bad, check_tensors=True)
+
+
+def test_kv_overrides():
+    path = ARCH_DIR / "llama.gguf"
+    with Model.load(path, kv_overrides={"llama.context_length": 1024,
+                                        "llama.rope.freq_base": 500000,
+                                        "general.name": "renamed"}) as model:
+        assert model.hparams.n_ctx_train == 1024
+        assert model.hparams.rope_freq_base_train == 500000.0
+        assert model.meta["general.name"] == "renamed"
+    with pytest.raises(OverrideError):
+        Model.load(path, kv_overrides={"llama.context_length": "long"})
+    with pytest.raises(OverrideError):
+        Model.load(path, kv_overrides={"llama.context_length": [1, 2]})
+
+
+def test_meta_strings():
+    with Model.load(ARCH_DIR / "gemma2.gguf") as model:
+        assert model.meta["general.architecture"] == "gemma2"
+        assert model.meta["gemma2.attention.sliding_window"] == "16"
+        assert "tokenizer.ggml.tokens" not in model.meta   # arrays are not scalar metadata
+
+
+def test_a_corrupt_file_is_a_model_load_error(tmp_path):
+    data = (ARCH_DIR / "llama.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:1000])
+    with pytest.raises(ModelLoadError):
+        Model.load(tmp_path / "cut.gguf")
+    with pytest.raises(ModelLoadError):
+        Model.load(tmp_path / "does-not-exist.gguf")
