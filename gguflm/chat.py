@@ -55,7 +55,9 @@ _GEMMA = """\
 {%- else -%}
 {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
 {{ '<start_of_turn>' + role + '\\n' }}
-{%- if ns.system and role != 'model' -%}{{ ns.system + '\\n\\n' }}{%- set ns.system = '' -%}{%- endif -%}
+{%- if ns.system and role != 'model' -%}
+{{ ns.system + '\\n\\n' }}{%- set ns.system = '' -%}
+{%- endif -%}
 {{ (message['content'] | cstrip) + '<end_of_turn>\\n' }}
 {%- endif -%}
 {%- endfor -%}
@@ -64,9 +66,12 @@ _GEMMA = """\
 
 _LLAMA3 = """\
 {%- for message in messages -%}
-{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + (message['content'] | cstrip) + '<|eot_id|>' }}
+{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
+{{- (message['content'] | cstrip) + '<|eot_id|>' }}
 {%- endfor -%}
-{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif -%}
+{%- if add_generation_prompt -%}
+{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif -%}
 """
 
 # llama2: a turn opens with [INST] and closes after the assistant's </s>; "llama2-sys" wraps the
@@ -77,7 +82,8 @@ _LLAMA2 = """\
 {%- for message in messages -%}
 {%- if not ns.in_turn -%}{{ '[INST] ' }}{%- set ns.in_turn = true -%}{%- endif -%}
 {%- if message['role'] == 'system' -%}
-{{ ('<<SYS>>\\n' + message['content'] + '\\n<</SYS>>\\n\\n') if system_markers else (message['content'] + '\\n') }}
+{%- if system_markers -%}{{ '<<SYS>>\\n' + message['content'] + '\\n<</SYS>>\\n\\n' }}
+{%- else -%}{{ message['content'] + '\\n' }}{%- endif -%}
 {%- elif message['role'] == 'user' -%}
 {{ message['content'] + ' [/INST]' }}
 {%- else -%}
@@ -241,12 +247,14 @@ class ChatTemplate:
             for part in self._template.generate(context):
                 size += len(part)
                 if size > MAX_RENDERED_CHARS:
-                    raise SecurityError(f"the rendered prompt exceeds {MAX_RENDERED_CHARS} characters")
+                    raise SecurityError(f"the rendered prompt exceeds {MAX_RENDERED_CHARS} "
+                                        f"characters")
                 parts.append(part)
         except ChatTemplateError:
             raise
         except SecurityError as exc:
-            raise ChatTemplateError(f"chat template {self.name!r} broke a sandbox rule: {exc}") from None
+            raise ChatTemplateError(f"chat template {self.name!r} broke a sandbox rule: "
+                                    f"{exc}") from None
         except Exception as exc:  # anything the template's own expressions raise
             raise ChatTemplateError(f"chat template {self.name!r} failed: "
                                     f"{type(exc).__name__}: {exc}") from None
@@ -344,9 +352,9 @@ def template_for_model(model: Any, template: str | None = None) -> ChatTemplate:
         return builtin_template(fallback, bos, eos)
     raise ChatTemplateError(
         f"model {label!r} ({model.path.name}, architecture {model.arch}) has no chat template "
-        f"(no tokenizer.chat_template in the file): pass one, e.g. LLM(..., chat_template='chatml') "
-        f"or `gguflm chat --chat-template chatml`; built-in names: {', '.join(BUILTIN_TEMPLATES)}; "
-        f"Jinja source text is accepted too")
+        f"(no tokenizer.chat_template in the file): pass one, e.g. "
+        f"LLM(..., chat_template='chatml') or `gguflm chat --chat-template chatml`; built-in "
+        f"names: {', '.join(BUILTIN_TEMPLATES)}; Jinja source text is accepted too")
 
 
 def prompt_tokens(vocab: Any, text: str) -> list[int]:

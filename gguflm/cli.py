@@ -115,7 +115,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
     with _llm(args, chat_template=template) as llm:
-        llm.apply_chat_template([{"role": "user", "content": "hi"}])  # fail early without a template
+        # fail before the first prompt when the model has no template
+        llm.apply_chat_template([{"role": "user", "content": "hi"}])
         messages: list[dict[str, str]] = []
         if args.system_prompt:
             messages.append({"role": "system", "content": args.system_prompt})
@@ -184,7 +185,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     text = _read_text(args, "text")
     with load_model(args.model, _progress(args), vocab_only=True) as model:
         vocab = model.vocab
-        ids = vocab.tokenize(text, add_special=not args.no_bos, parse_special=not args.no_parse_special)
+        ids = vocab.tokenize(text, add_special=not args.no_bos,
+                             parse_special=not args.no_parse_special)
         if args.ids:
             print(ids)
         else:

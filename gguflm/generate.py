@@ -98,7 +98,8 @@ class Completion:
     @property
     def usage(self) -> dict[str, int]:
         n_prompt, n_gen = len(self.prompt_tokens), len(self.token_ids)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+                "total_tokens": n_prompt + n_gen}
 
 
 @dataclass
@@ -241,7 +242,8 @@ class Session:
         n_total = len(self.tokens) + len(tokens)
         self.reset()
         reason = "no room in the KV cache" if status == 1 else f"status {status}"
-        raise Error(f"decode failed ({reason}) at {n_total} tokens of a {self.ctx.n_ctx}-token context")
+        raise Error(f"decode failed ({reason}) at {n_total} tokens of a {self.ctx.n_ctx}-token "
+                    f"context")
 
     def reset(self) -> None:
         """Forget the cache."""
@@ -270,8 +272,11 @@ class Request:
     max_tokens: int
     stop: Sequence[str] = ()
     n_logprobs: int | None = None
-    logits_processor: Sequence[Callable[[np.ndarray, np.ndarray], np.ndarray]] = field(default_factory=list)
-    stopping_criteria: Sequence[Callable[[np.ndarray, np.ndarray], bool]] = field(default_factory=list)
+    # llama-cpp-python's hooks: f(input_ids, scores) -> new scores, and -> bool to stop
+    logits_processor: Sequence[Callable[[np.ndarray, np.ndarray], np.ndarray]] = \
+        field(default_factory=list)
+    stopping_criteria: Sequence[Callable[[np.ndarray, np.ndarray], bool]] = \
+        field(default_factory=list)
 
 
 def run(session: Session, prompt: list[int], chain: SamplerChain, request: Request,
@@ -287,7 +292,6 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
     finish = FINISH_LENGTH
     generated: list[int] = []
     logprobs: list[TokenLogprob] | None = [] if request.n_logprobs is not None else None
-    texts: list[str] = []
     assembler = TextAssembler(request.stop)
     since = 0                                   # first token not yet reported in a chunk
     try:
@@ -308,8 +312,10 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
         if session.cancel.is_set() or not is_open():
             finish = FINISH_CANCELLED
             break
-        row = ctx.get_logits_ith(-1)
+        row = raw = ctx.get_logits_ith(-1)
         if request.logits_processor:
+            if logprobs is not None:
+                raw = row.copy()                # logprobs describe the model, not the processors
             ids = np.asarray(session.tokens, dtype=np.intc)
             for processor in request.logits_processor:
                 row[:] = processor(ids, row)
@@ -319,7 +325,7 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
             break
         generated.append(token)
         if logprobs is not None:
-            logprobs.append(token_logprobs(row, token, request.n_logprobs, piece_text))
+            logprobs.append(token_logprobs(raw, token, request.n_logprobs, piece_text))
         pending += assembler.push(vocab.token_to_piece(token))
         if assembler.stopped or any(crit(np.asarray(session.tokens + [token], dtype=np.intc), row)
                                     for crit in request.stopping_criteria):

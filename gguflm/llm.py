@@ -43,12 +43,20 @@ __all__ = ["LLM", "Completion", "Chunk"]
 # llama-cpp-python constructor arguments that mean nothing on this CPU-only engine
 _IGNORED_LLAMA_ARGS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
-    "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "vocab_only",
-    "embedding", "spm_infill", "tokenizer", "draft_model", "chat_handler", "lora_base",
-    "lora_scale", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
-    "yarn_beta_slow", "yarn_orig_ctx", "pooling_type", "type_k", "type_v",
+    "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
+    "lora_scale", "spm_infill", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
+    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "pooling_type",
+})
+# ... and those that ask for something gguflm's LLM does not do (an error when set)
+_UNSUPPORTED_LLAMA_ARGS = frozenset({
+    "lora_path", "lora_adapters", "vocab_only", "embedding", "draft_model", "chat_handler",
+    "tokenizer",
 })
 _GGML_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}   # llama-cpp-python passes ggml type ids
+# the sampling arguments create_completion and create_chat_completion pass on to _sampler
+_LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
+                        "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",
+                        "mirostat_tau", "mirostat_eta", "logit_bias")
 PENALTY_LAST_N = 64                                    # llama.cpp's and llama-cpp-python's default
 
 
@@ -89,11 +97,12 @@ class LLM:
     n_threads, n_threads_batch
         Threads for single-token decode and for prompt processing (None = usable cores).
     type_k, type_v
-        KV cache types: "f16" (default), "f32" or "q8_0".
+        KV cache types: "f16" (default), "f32" or "q8_0" (or llama-cpp-python's ggml type ids).
     seed
         Seed for requests that give none; None draws a fresh random seed per request.
     load_mode
-        ``"auto"``, ``"mmap"``, ``"none"``, ``"mlock"`` or ``"mmap+mlock"`` (see :meth:`Model.load`).
+        ``"auto"``, ``"mmap"``, ``"none"``, ``"mlock"`` or ``"mmap+mlock"``
+        (see :meth:`Model.load`).
     progress
         Load progress: None draws a bar on stderr when it is a terminal, True/False force it,
         a callable receives the fraction loaded (returning False cancels the load).
@@ -103,8 +112,9 @@ class LLM:
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
         ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
-        ``rope_freq_scale`` are honoured; GPU, LoRA-free and logging switches are accepted and
-        ignored; anything else is a TypeError.
+        ``rope_freq_scale`` are honoured; GPU, logging and RoPE-scaling switches
+        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, embeddings, draft
+        models and custom chat handlers raise ValueError when set; anything else is a TypeError.
 
     Raises
     ------
@@ -115,16 +125,15 @@ class LLM:
 
     def __init__(self, model_path: str | PathLike[str] | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                 seed: int | None = None, load_mode: str = "auto",
+                 n_threads_batch: int | None = None, type_k: str | int = "f16",
+                 type_v: str | int = "f16", seed: int | None = None, load_mode: str = "auto",
                  progress: bool | Callable[[float], object] | None = None,
                  chat_template: str | None = None, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._ctx: Context | None = None
         options = _llama_options(llama_kwargs)
-        type_k = options.pop("type_k", type_k)
-        type_v = options.pop("type_v", type_v)
+        type_k, type_v = _cache_type(type_k), _cache_type(type_v)
         load_mode = options.pop("load_mode", load_mode)
         self.chat_template = options.pop("chat_template", chat_template)
         self.penalty_last_n = options.pop("penalty_last_n", PENALTY_LAST_N)
@@ -291,9 +300,11 @@ class LLM:
             tokens = [int(t) for t in prompt]
             bad = [t for t in tokens if not 0 <= t < vocab.n_tokens]
             if bad:
-                raise ValueError(f"prompt token {bad[0]} is outside the vocabulary (0..{vocab.n_tokens - 1})")
+                raise ValueError(f"prompt token {bad[0]} is outside the vocabulary "
+                                 f"(0..{vocab.n_tokens - 1})")
         else:
-            raise TypeError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
+            raise TypeError(f"prompt must be a str or a list of token ids, "
+                            f"not {type(prompt).__name__}")
         if not tokens:
             if vocab.bos is None:
                 raise ValueError("the prompt is empty and the model has no BOS token to start from")
@@ -387,15 +398,12 @@ class LLM:
         ``suffix`` (infill) and ``grammar`` are not supported (ValueError); ``tfs_z`` is accepted
         and ignored as in current llama.cpp. ``logprobs`` covers the generated tokens.
         """
+        arguments = locals()
         if suffix is not None:
             raise ValueError("suffix (fill-in-the-middle) is not supported by gguflm")
         _no_grammar(grammar)
         tokens = self._prompt_tokens(prompt)
-        chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=seed, typical_p=typical_p,
-                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                              mirostat_eta=mirostat_eta, logit_bias=logit_bias)
+        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs),
                           list(logits_processor or ()), list(stopping_criteria or ()))
         head = prompt if isinstance(prompt, str) and echo else ""
@@ -429,22 +437,20 @@ class LLM:
         ``tools``/``functions`` reach the template; forcing a tool, JSON response formats and
         grammars need constrained sampling, which gguflm does not have (ValueError).
         """
+        arguments = locals()
         _no_grammar(grammar)
         if response_format is not None and response_format.get("type", "text") != "text":
             raise ValueError("response_format other than text needs grammar sampling, which "
                              "gguflm does not support")
         if isinstance(tool_choice, Mapping) or isinstance(function_call, Mapping):
-            raise ValueError("forcing a tool call needs grammar sampling, which gguflm does not support")
+            raise ValueError("forcing a tool call needs grammar sampling, which gguflm does not "
+                             "support")
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
         variables = {} if tools is None else {"tools": tools}
         template = self._chat_template()
         tokens = self._chat_prompt(messages, **variables)
-        chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=seed, typical_p=typical_p,
-                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                              mirostat_eta=mirostat_eta, logit_bias=logit_bias)
+        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
         n_logprobs = (top_logprobs or 0) if logprobs else None
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
                           n_logprobs, list(logits_processor or ()))
@@ -506,7 +512,8 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
         if key == "use_mmap" and value is False:
             options["load_mode"] = "none"
         elif key == "use_mlock" and value:
-            options["load_mode"] = "mlock" if kwargs.get("use_mmap", True) is False else "mmap+mlock"
+            mmap = kwargs.get("use_mmap", True) is not False
+            options["load_mode"] = "mmap+mlock" if mmap else "mlock"
         elif key in ("use_mmap", "use_mlock"):
             pass
         elif key == "chat_format":
@@ -517,15 +524,25 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
         elif key in ("kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale"):
             if value is not None:
                 options[key] = value
-        elif key in ("type_k", "type_v") and value is not None:
-            options[key] = _GGML_CACHE_TYPES.get(value, value) if isinstance(value, int) else value
-        elif key in ("lora_path", "lora_adapters") and value:
-            raise ValueError("LoRA adapters are not supported by gguflm")
-        elif key not in _IGNORED_LLAMA_ARGS and key not in ("lora_path", "lora_adapters"):
+        elif key in _UNSUPPORTED_LLAMA_ARGS:
+            if value:
+                raise ValueError(f"{key} is not supported by gguflm's LLM")
+        elif key in _IGNORED_LLAMA_ARGS:
+            log.debug("LLM: ignoring %s=%r (no meaning on this engine)", key, value)
+        else:
             unknown.append(key)
     if unknown:
         raise TypeError(f"LLM() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     return options
+
+
+def _cache_type(value: str | int) -> str:
+    """A KV cache type name; llama-cpp-python's ggml type ids are accepted."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in _GGML_CACHE_TYPES:
+            raise ValueError(f"unsupported KV cache ggml type id {value} (f32 0, f16 1, q8_0 8)")
+        return _GGML_CACHE_TYPES[value]
+    return value
 
 
 def _stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -576,7 +593,8 @@ def _completion_logprobs(items: list[TokenLogprob] | None, offset: int, text_bef
             "token_logprobs": [i.logprob for i in items], "top_logprobs": top}
 
 
-def _completion_dict(result: Completion, meta: _ResponseMeta, head: str, offset: int) -> dict[str, Any]:
+def _completion_dict(result: Completion, meta: _ResponseMeta, head: str, offset: int
+                     ) -> dict[str, Any]:
     return {
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
         "choices": [{"text": head + result.text, "index": 0,

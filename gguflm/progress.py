@@ -98,6 +98,7 @@ def progress_callback(progress: bool | Callable[[float], object] | None, label: 
         user = progress
         return (lambda fraction: user(fraction) is not False), None
     if progress is not None and not isinstance(progress, bool):
-        raise TypeError(f"progress must be None, a bool or a callable, not {type(progress).__name__}")
+        raise TypeError(f"progress must be None, a bool or a callable, "
+                        f"not {type(progress).__name__}")
     bar = ProgressBar(label, enabled=progress)
     return (bar if bar.enabled else None), bar

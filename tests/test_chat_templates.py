@@ -26,7 +26,8 @@ ARCH = Path(__file__).resolve().parent / "data" / "arch"
 
 roles = st.sampled_from(["system", "user", "assistant"])
 # NUL cannot cross llama.cpp's C strings, nor lone surrogates UTF-8
-contents = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+contents = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                   max_size=40)
 conversations = st.lists(st.fixed_dictionaries({"role": roles, "content": contents}), min_size=1,
                          max_size=6)
 
@@ -39,7 +40,8 @@ def llama_cpp_format(name: str, messages: list[dict], add_assistant: bool) -> st
         for m in messages])
     size = 1024 + 2 * sum(len(m["content"].encode()) + 64 for m in messages)
     buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(messages), add_assistant, buf, size)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(messages), add_assistant,
+                                            buf, size)
     assert 0 <= n <= size
     return buf.raw[:n].decode()
 
@@ -78,8 +80,10 @@ def test_model_template_matches_llama_cpp_python(smollm_path):
     reference = chat_format.Jinja2ChatFormatter(template=source, eos_token="<|im_end|>",
                                                 bos_token="<|im_start|>")
     for messages in ([{"role": "user", "content": "Hi"}],
-                     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]):
+                     [{"role": "system", "content": "Be terse."},
+                      {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello."},
+                      {"role": "user", "content": "2+2?"}]):
         assert template.render(messages) == reference(messages=messages).prompt
     assert template.render([{"role": "user", "content": "Hi"}]).startswith(
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
@@ -88,7 +92,8 @@ def test_model_template_matches_llama_cpp_python(smollm_path):
 def test_prompt_tokens_parse_control_text_and_add_bos_once(smollm_path, gemma_path):
     smol = Model.load(smollm_path, vocab_only=True)
     ids = prompt_tokens(smol.vocab, "<|im_start|>user\nHi<|im_end|>\n")
-    assert ids[0] == smol.vocab.token_id("<|im_start|>") and smol.vocab.token_id("<|im_end|>") in ids
+    assert ids[0] == smol.vocab.token_id("<|im_start|>")
+    assert smol.vocab.token_id("<|im_end|>") in ids
     gemma = Model.load(gemma_path, vocab_only=True)
     bos = gemma.vocab.bos
     text = builtin_template("gemma").render([{"role": "user", "content": "Hi"}])
@@ -195,7 +200,7 @@ def test_gemma_family_falls_back_to_builtin_with_info_log(caplog):
 
 
 def test_named_metadata_template_is_found():
-    model = Model.load(ARCH / "llama.gguf", vocab_only=True,
-                       kv_overrides={"tokenizer.chat_template.tool_use": "TOOLS{{ messages | length }}"})
+    named = {"tokenizer.chat_template.tool_use": "TOOLS{{ messages | length }}"}
+    model = Model.load(ARCH / "llama.gguf", vocab_only=True, kv_overrides=named)
     template = template_for_model(model, "tool_use")
     assert template.render([{"role": "user", "content": "x"}]) == "TOOLS1"

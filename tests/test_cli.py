@@ -20,7 +20,8 @@ REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 CLI = [sys.executable, "-m", "gguflm.cli"]
 
 
-def gguflm(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def gguflm(*args: str, env: dict | None = None, timeout: float = 300
+           ) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
@@ -63,7 +64,8 @@ def test_bench_prints_a_llama_bench_table(smollm_path):
     lines = done.stdout.strip().splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["model", "size", "params", "backend", "threads", "test", "t/s"]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:] if line.startswith("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in lines[2:] if line.startswith("|")]
     assert [r[5] for r in rows] == ["pp16", "tg4"]
     for row in rows:
         assert row[0].startswith("llama") and row[1].endswith("MiB") and row[4] == "1"

@@ -28,7 +28,8 @@ from gguflm.llm import LLM
 ARCH = Path(__file__).resolve().parent / "data" / "arch"
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 TINY = ARCH / "llama.gguf"
-HYPO = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPO = settings(max_examples=25, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def make(path, **kwargs) -> LLM:
@@ -53,7 +54,8 @@ def joined(chunks) -> tuple[str, list[int], object]:
     assert all(c.finish_reason is None for c in chunks[:-1])
     last = chunks[-1]
     assert last.finish_reason is not None and last.completion is not None
-    return "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], last.completion
+    ids = [t for c in chunks for t in c.token_ids]
+    return "".join(c.text for c in chunks), ids, last.completion
 
 
 def cache_consistent(llm: LLM) -> bool:
@@ -65,7 +67,8 @@ def cache_consistent(llm: LLM) -> bool:
 @HYPO
 @given(seed=st.integers(0, 2**31), temperature=st.sampled_from([0.0, 0.5, 1.0, 1.5]),
        max_tokens=st.integers(1, 40), prompt=st.text("abcdefgh xyz.", min_size=1, max_size=12))
-def test_streamed_chunks_concatenate_to_the_non_streamed_result(tiny, seed, temperature, max_tokens, prompt):
+def test_streamed_chunks_concatenate_to_the_non_streamed_result(tiny, seed, temperature, max_tokens,
+                                                                prompt):
     tiny.reset()
     whole = tiny.complete(prompt, seed=seed, temperature=temperature, max_tokens=max_tokens)
     tiny.reset()
@@ -236,7 +239,8 @@ def test_cancel_during_a_long_prompt_returns_promptly(smollm_path):
         prompt = llm.tokenize(" ".join(f"word{i}" for i in range(1000)))[:2000]
         assert len(prompt) == 2000
         result = {}
-        worker = threading.Thread(target=lambda: result.update(c=llm.complete(prompt, max_tokens=8)))
+        worker = threading.Thread(
+            target=lambda: result.update(c=llm.complete(prompt, max_tokens=8)))
         worker.start()
         time.sleep(1.0)
         assert worker.is_alive(), "the prompt finished before it could be cancelled"
@@ -364,7 +368,8 @@ other = gguflm.LLM({str(TINY)!r}, n_ctx=256, n_threads=1, progress=False)
 cycle = [other]
 cycle.append(cycle)
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
 
@@ -411,7 +416,8 @@ def test_default_model_chats_through_the_gemma_fallback(gemma_path, monkeypatch)
         prompt = llm.apply_chat_template([{"role": "user", "content": "Hi"}])
         assert prompt == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
         reply = llm.chat([{"role": "user", "content": "Hi"}], max_tokens=4, seed=1)
-        assert reply.prompt_tokens[0] == llm.token_bos() and reply.prompt_tokens.count(llm.token_bos()) == 1
+        assert reply.prompt_tokens[0] == llm.token_bos()
+        assert reply.prompt_tokens.count(llm.token_bos()) == 1
         assert len(reply.token_ids) >= 1
 
 
@@ -443,7 +449,8 @@ def test_create_completion_dict_field_by_field(smol, smollm_path):
     assert all(len(top) >= 2 and max(top.values()) == lp["token_logprobs"][i]
                for i, top in enumerate(lp["top_logprobs"]))
     echo = smol("The capital of France is", max_tokens=3, temperature=0, echo=True, model="m")
-    assert echo["choices"][0]["text"].startswith("The capital of France is") and echo["model"] == "m"
+    assert echo["choices"][0]["text"].startswith("The capital of France is")
+    assert echo["model"] == "m"
 
 
 def test_stream_chunk_dicts_concatenate_to_the_completion(smol):
@@ -469,11 +476,13 @@ def test_chat_completion_dicts_field_by_field(smol):
     assert d["id"].startswith("chatcmpl-") and d["object"] == "chat.completion"
     (choice,) = d["choices"]
     assert set(choice) == {"index", "message", "logprobs", "finish_reason"}
-    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
     content = choice["logprobs"]["content"]
     assert "".join(c["token"] for c in content) == choice["message"]["content"]
-    assert all(set(c) == {"token", "bytes", "logprob", "top_logprobs"} and len(c["top_logprobs"]) == 2
-               for c in content)
+    for c in content:
+        assert set(c) == {"token", "bytes", "logprob", "top_logprobs"}
+        assert len(c["top_logprobs"]) == 2
     smol.reset()
     chunks = list(smol.create_chat_completion(messages, max_tokens=10, seed=3, stream=True))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
@@ -497,7 +506,8 @@ def _shape(value):
 
 def test_dict_shapes_equal_llama_cpp_python(smol, smollm_path):
     llama_cpp = pytest.importorskip("llama_cpp")
-    ref = llama_cpp.Llama(str(smollm_path), n_ctx=512, n_threads=1, verbose=False, logits_all=True)
+    ref = llama_cpp.Llama(str(smollm_path), n_ctx=512, n_threads=1, n_threads_batch=1,
+                          verbose=False, logits_all=True)
     try:
         kwargs = {"max_tokens": 4, "temperature": 0}
         assert _shape(smol.create_completion("Hello", **kwargs)) == \
@@ -519,8 +529,10 @@ def test_dict_shapes_equal_llama_cpp_python(smol, smollm_path):
 
 def test_llama_cpp_python_constructor_arguments(tiny_copy):
     with LLM(str(tiny_copy), n_ctx=256, n_threads=1, n_gpu_layers=-1, verbose=False, use_mmap=False,
-             chat_format="llama-2", last_n_tokens_size=32, logits_all=False, progress=False) as llm:
+             chat_format="llama-2", last_n_tokens_size=32, logits_all=False, type_k=8, type_v=0,
+             lora_path=None, progress=False) as llm:
         assert llm.model.load_mode == "none"
+        assert (llm.context.type_k, llm.context.type_v) == ("q8_0", "f32")
         assert llm.chat_template == "llama-2" and llm.penalty_last_n == 32
         assert llm.apply_chat_template([{"role": "user", "content": "x"}]) == "[INST] x [/INST]"
         with pytest.raises(ValueError, match="grammar"):
@@ -529,6 +541,8 @@ def test_llama_cpp_python_constructor_arguments(tiny_copy):
             llm.create_completion("a", suffix="b")
     with pytest.raises(TypeError, match="n_gpus"):
         LLM(str(tiny_copy), n_gpus=3, progress=False)
+    with pytest.raises(ValueError, match="lora_path"):
+        LLM(str(tiny_copy), lora_path="adapter.gguf", progress=False)
 
 
 def test_bad_requests_raise_clear_errors(tiny):

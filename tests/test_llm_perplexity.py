@@ -26,8 +26,8 @@ def topics_text() -> str:
 def llama_cpp_perplexity(path, text: str, n_ctx: int, n_chunks: int) -> float:
     """The same method on llama.cpp's tokens and logits (llama-cpp-python's low-level API)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1, n_threads_batch=1,
-                          verbose=False)
+    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1,
+                          n_threads_batch=1, verbose=False)
     try:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         add_bos = llama_cpp.llama_vocab_get_add_bos(vocab)
@@ -48,9 +48,8 @@ def llama_cpp_perplexity(path, text: str, n_ctx: int, n_chunks: int) -> float:
                     batch.seq_id[k][0] = 0
                     batch.logits[k] = k >= first
                 assert llama_cpp.llama_decode(llm.ctx, batch) == 0
-                rows = np.stack([np.ctypeslib.as_array(
-                    ctypes.cast(llama_cpp.llama_get_logits_ith(llm.ctx, k), ctypes.POINTER(ctypes.c_float)),
-                    shape=(n_vocab,)).copy() for k in range(first, n_ctx - 1)])
+                rows = np.stack([_row(llama_cpp.llama_get_logits_ith(llm.ctx, k), n_vocab)
+                                 for k in range(first, n_ctx - 1)])
                 values = chunk_nll(rows, np.array(chunk[first + 1:]))
                 nll += values.sum()
                 count += len(values)
@@ -59,6 +58,11 @@ def llama_cpp_perplexity(path, text: str, n_ctx: int, n_chunks: int) -> float:
         return math.exp(nll / count)
     finally:
         llm.close()
+
+
+def _row(pointer, n_vocab: int) -> np.ndarray:
+    floats = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(floats, shape=(n_vocab,)).copy()
 
 
 def test_perplexity_of_both_real_models_equals_llama_cpp(real_model_path, topics_text, capsys):

@@ -11,7 +11,7 @@ from gguflm.generate import TextAssembler
 SETTINGS = settings(max_examples=150, deadline=None)
 
 # emoji, CJK, accents and ASCII, so that many characters span 2-4 bytes
-alphabet = st.sampled_from(list("ab ,.\n") + ["é", "ß", "中", "文", "😀", "🎉", "👍🏽", "Ж"])
+alphabet = st.sampled_from([*"ab ,.\n", "é", "ß", "中", "文", "😀", "🎉", "👍🏽", "Ж"])
 texts = st.lists(alphabet, max_size=40).map("".join)
 stops = st.lists(st.lists(alphabet, min_size=1, max_size=4).map("".join), max_size=3)
 

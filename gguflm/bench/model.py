@@ -162,7 +162,8 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, "
+                                         f"got {text!r}") from None
     if any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
     return values
@@ -228,9 +229,10 @@ def run(args: argparse.Namespace) -> int:
                     runner = make(n_threads)
                     try:
                         for n_prompt, n_gen in tests:
-                            result = BenchResult(engine, description, model.size_bytes, model.n_params,
-                                                 n_threads, args.batch_size, args.ubatch_size,
-                                                 args.cache_type_k, args.cache_type_v, n_prompt, n_gen)
+                            result = BenchResult(
+                                engine, description, model.size_bytes, model.n_params, n_threads,
+                                args.batch_size, args.ubatch_size, args.cache_type_k,
+                                args.cache_type_v, n_prompt, n_gen)
                             _measure(runner, result, args, vocab.n_tokens, bos, bar, rng)
                             results.append(result)
                     finally:
