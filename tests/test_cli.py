@@ -143,6 +143,13 @@ def test_commands_use_the_default_model(gemma_path):
                   "-c", "256", env={"GGUFLM_MODELS": str(gemma_path.parent)})
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip()) > len("The capital of France is")
+    # Gemma's file has no chat template: chat falls back to the built-in gemma template
+    chat = subprocess.run([*CLI, "chat", "-n", "4", "-t", "1", "-c", "256", "--temp", "0"],
+                          input="Hi\n/exit\n", capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GGUFLM_MODELS": str(gemma_path.parent)})
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.startswith("> ") and chat.stdout.count("> ") == 2
+    assert len(chat.stdout.split("> ")[1].strip()) > 0
 
 
 def test_missing_default_model_says_which_pip_command_adds_it(tmp_path):

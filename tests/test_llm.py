@@ -213,6 +213,28 @@ def test_same_prompt_again_redecodes_only_the_last_token(tiny):
     assert again.timings.prompt_cached == len(again.prompt_tokens) - 1
 
 
+def test_prefix_reuse_respects_the_sliding_window():
+    """Gemma 3's window layers keep only the last positions: a prefix whose window was evicted is
+    decoded again; one whose window is still cached is reused. Both give a fresh decode's logits."""
+    def llm() -> LLM:
+        return make(ARCH / "gemma3.gguf", n_ubatch=64)      # window 16, window cache 256 cells
+
+    long_prompt = [10 + i % 300 for i in range(300)]
+    with llm() as warm, llm() as fresh:
+        for n_shared, expect_cached in ((40, 0), (150, 150)):
+            prompt = long_prompt[:n_shared] + [5] * 10
+            warm.complete(long_prompt, max_tokens=1, temperature=0)
+            reused = warm.complete(prompt, max_tokens=1, temperature=0, logprobs=5)
+            fresh.reset()
+            alone = fresh.complete(prompt, max_tokens=1, temperature=0, logprobs=5)
+            assert reused.timings.prompt_cached == expect_cached
+            assert [t for t, *_ in reused.logprobs[0].top] == [t for t, *_ in alone.logprobs[0].top]
+            # this tiny model's logits are ~100: batch-shape rounding moves them by ~1e-3
+            # relative, a missing window by ~1e-2
+            np.testing.assert_allclose([lp for *_, lp in reused.logprobs[0].top],
+                                       [lp for *_, lp in alone.logprobs[0].top], rtol=3e-3)
+
+
 @HYPO
 @given(requests=st.lists(st.tuples(st.text("ab c", min_size=1, max_size=8), st.integers(1, 12),
                                    st.booleans()), min_size=1, max_size=6))
