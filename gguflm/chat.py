@@ -11,7 +11,11 @@ A template read from a GGUF file is untrusted input. It is compiled by Jinja's
 ``__globals__``, ``__subclasses__``), no mutation of lists and dicts, ranges of at most 100,000
 items; on top of that, string/list repetition and powers are bounded and the rendered text is
 capped, so a template cannot make the process allocate without limit. A template that breaks a
-rule raises :class:`ChatTemplateError` and renders nothing.
+rule raises :class:`ChatTemplateError` and renders nothing. CPU time is not bounded: nested loops
+over large ranges can keep a render busy for a long time (it still reaches nothing outside).
+
+The built-in templates use one more filter, ``cstrip``: ASCII-whitespace strip as llama.cpp's C++
+formatter does (Python's ``trim`` also strips Unicode spaces).
 """
 
 from __future__ import annotations
