@@ -1,12 +1,82 @@
-"""The ``gguflm`` command: one subcommand per job, flags named like llama.cpp's tools."""
+"""The ``gguflm`` command: one subcommand per job, flags named like llama.cpp's tools.
+
+Without ``-m`` every command uses the default model (Gemma 3 270M, from the ``default-model``
+extra). Progress bars go to stderr, only on a terminal and never with ``--quiet``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
+CACHE_TYPES = ("f32", "f16", "q8_0")
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    """``--quiet`` turns bars off; otherwise they show when stderr is a terminal."""
+    return False if args.quiet else None
+
+
+def _read_text(args: argparse.Namespace, what: str) -> str:
+    if getattr(args, "file", None):
+        return Path(args.file).read_text(encoding="utf-8")
+    if args.prompt is None:
+        raise ValueError(f"give the {what} with -p TEXT or -f FILE")
+    return args.prompt
+
+
+def _llm(args: argparse.Namespace, **extra: Any):
+    from gguflm.llm import LLM
+
+    return LLM(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+               n_threads=args.threads, n_threads_batch=args.threads_batch,
+               type_k=args.cache_type_k, type_v=args.cache_type_v, seed=_seed(args),
+               load_mode=args.load_mode, progress=_progress(args), **extra)
+
+
+def _seed(args: argparse.Namespace) -> int | None:
+    return None if args.seed is None or args.seed < 0 else args.seed
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": _seed(args)}
+
+
+def _max_tokens(n_predict: int) -> int | None:
+    return None if n_predict < 0 else n_predict
+
+
+@contextmanager
+def _sigint_cancels(llm: Any) -> Iterator[None]:
+    """While active, Ctrl-C cancels the running request instead of raising KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: llm.cancel())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stream(chunks: Iterator[Any]) -> Any:
+    """Write streamed text to stdout as it arrives; returns the final completion."""
+    completion = None
+    for chunk in chunks:
+        if chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        if chunk.completion is not None:
+            completion = chunk.completion
+    return completion
+
+
+# -- subcommands
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from gguflm.system import system_info
@@ -16,33 +86,223 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from gguflm.errors import GGUFError
+    from gguflm.default_model import resolve_model_path
     from gguflm.inspect import inspect_report
 
-    try:
-        report = inspect_report(args.file, max_items=args.items)
-    except GGUFError as exc:
-        print(f"gguflm inspect: {exc}", file=sys.stderr)
-        return 1
-    sys.stdout.write(report)
+    path = resolve_model_path(args.file or args.model, _progress(args))
+    sys.stdout.write(inspect_report(path, max_items=args.items))
     return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    prompt = _read_text(args, "prompt")
+    with _llm(args) as llm:
+        if args.display_prompt:
+            sys.stdout.write(prompt)
+            sys.stdout.flush()
+        with _sigint_cancels(llm):
+            completion = _stream(llm.complete(prompt, max_tokens=_max_tokens(args.n_predict),
+                                              stop=args.reverse_prompt, stream=True,
+                                              **_sampling(args)))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(f"[{completion.finish_reason}] {completion.timings.line()}", file=sys.stderr)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    template = args.chat_template
+    if args.chat_template_file:
+        template = Path(args.chat_template_file).read_text(encoding="utf-8")
+    with _llm(args, chat_template=template) as llm:
+        # fail before the first prompt when the model has no template
+        llm.apply_chat_template([{"role": "user", "content": "hi"}])
+        messages: list[dict[str, str]] = []
+        if args.system_prompt:
+            messages.append({"role": "system", "content": args.system_prompt})
+        print(f"chatting with {Path(llm.model_path).name}: /exit or Ctrl-D quits, "
+              f"Ctrl-C stops a reply", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                break
+            except KeyboardInterrupt:
+                print("\n(/exit or Ctrl-D quits)", file=sys.stderr)
+                continue
+            if line.strip() == "/exit":
+                break
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            with _sigint_cancels(llm):
+                completion = _stream(llm.chat(messages, max_tokens=_max_tokens(args.n_predict),
+                                              stream=True, **_sampling(args)))
+            sys.stdout.write("\n")
+            if completion.finish_reason == "cancelled":
+                sys.stdout.write("[reply stopped]\n")
+            sys.stdout.flush()
+            messages.append({"role": "assistant", "content": completion.text})
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from gguflm.bench.model import run
+
+    return run(args)
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    from gguflm.default_model import load_model
+    from gguflm.perplexity import perplexity
+    from gguflm.progress import ProgressBar
+
+    text = Path(args.file).read_text(encoding="utf-8")
+    model = load_model(args.model, _progress(args), load_mode=args.load_mode)
+    with model, ProgressBar("perplexity", enabled=_progress(args)) as bar:
+        def on_chunk(done: int, total: int, ppl: float) -> None:
+            if bar.enabled:
+                bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
+            else:
+                print(f"[{done}]{ppl:.4f},", end="", flush=True)
+
+        result = perplexity(model, text, n_ctx=args.ctx_size, n_batch=args.batch_size,
+                            n_chunks=args.chunks, n_threads=args.threads,
+                            n_threads_batch=args.threads_batch, on_chunk=on_chunk)
+    if bar.enabled:
+        print("".join(f"[{i}]{p:.4f}," for i, p in enumerate(result.running, 1)), end="")
+    print()
+    print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_error:.5f}")
+    print(f"({result.n_chunks} chunks of {result.n_ctx} tokens, {result.n_scored} tokens scored, "
+          f"{result.n_tokens} in the text)", file=sys.stderr)
+    return 0
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    from gguflm.default_model import load_model
+
+    text = _read_text(args, "text")
+    with load_model(args.model, _progress(args), vocab_only=True) as model:
+        vocab = model.vocab
+        ids = vocab.tokenize(text, add_special=not args.no_bos,
+                             parse_special=not args.no_parse_special)
+        if args.ids:
+            print(ids)
+        else:
+            for tok in ids:
+                piece = vocab.token_to_piece(tok, 0, True).decode("utf-8", "replace")
+                print(f"{tok:6d} -> '{piece}'")
+        if args.show_count:
+            print(f"Total number of tokens: {len(ids)}")
+    return 0
+
+
+# -- the parser
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF file (default: the default model, Gemma 3 270M)")
+    p.add_argument("--load-mode", default="auto", choices=LOAD_MODES,
+                   help="how weights are bound: mmap, read (none), pinned (mlock)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _context_args(p: argparse.ArgumentParser, ctx_size: int, batch_size: int) -> None:
+    p.add_argument("-c", "--ctx-size", type=int, default=ctx_size, help="context size in tokens")
+    p.add_argument("-b", "--batch-size", type=int, default=batch_size, help="prompt chunk size")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads for generation")
+    p.add_argument("-tb", "--threads-batch", type=int, default=None,
+                   help="threads for prompt processing (default: --threads)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=CACHE_TYPES)
+
+
+def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=n_predict,
+                   help="tokens to generate (-1: until end of text or a full context)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (-1: random)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gguflm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="generate text after a prompt, streamed")
+    _model_args(p)
+    _context_args(p, 4096, 512)
+    _sampling_args(p, 128)
+    p.add_argument("-p", "--prompt", help="the prompt")
+    p.add_argument("-f", "--file", help="read the prompt from a file")
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[],
+                   help="stop when this text is generated (repeatable)")
+    p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                   help="print only the generated text")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("chat", help="interactive chat through the model's chat template")
+    _model_args(p)
+    _context_args(p, 4096, 512)
+    _sampling_args(p, 512)
+    p.add_argument("--chat-template", help="built-in template name or Jinja source")
+    p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
+    p.add_argument("-sys", "--system-prompt", help="system message opening the conversation")
+    p.set_defaults(func=_cmd_chat)
+
+    from gguflm.bench.model import add_arguments as bench_arguments
+
+    p = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
+    bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text file, llama-perplexity style")
+    _model_args(p)
+    _context_args(p, 512, 2048)
+    p.add_argument("-f", "--file", required=True, help="the text to score")
+    p.add_argument("--chunks", type=int, default=None, help="score at most this many chunks")
+    p.set_defaults(func=_cmd_perplexity)
+
+    p = sub.add_parser("tokenize", help="token ids of a text")
+    _model_args(p)
+    p.add_argument("-p", "--prompt", help="the text")
+    p.add_argument("-f", "--file", help="read the text from a file")
+    p.add_argument("--ids", action="store_true", help="print only the list of ids")
+    p.add_argument("--no-bos", action="store_true", help="no BOS/EOS even if the model adds them")
+    p.add_argument("--no-parse-special", action="store_true",
+                   help="treat control-token texts as plain text")
+    p.add_argument("--show-count", action="store_true", help="print the number of tokens")
+    p.set_defaults(func=_cmd_tokenize)
+
     p = sub.add_parser("info", help="print build and CPU facts")
     p.set_defaults(func=_cmd_info)
+
     p = sub.add_parser("inspect", help="describe a GGUF file: header, metadata, tensors, totals")
-    p.add_argument("file", help="GGUF file (the first part of a split model)")
+    p.add_argument("file", nargs="?", help="GGUF file (the first part of a split model)")
+    p.add_argument("-m", "--model", help="same as FILE (default: the default model)")
     p.add_argument("--items", type=int, default=5, help="items shown of each metadata array")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_inspect)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gguflm.errors import Error
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (Error, ValueError, OSError) as exc:
+        print(f"gguflm {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,308 @@
+"""Prompt-processing and generation speed, llama-bench style: ``gguflm bench`` or
+``python -m gguflm.bench model -m FILE -p 512 -n 128 -r 3 -t 2``.
+
+As llama-bench: ``ppN`` decodes N random tokens (BOS first when the model adds one) from an empty
+cache in ``n_batch`` chunks; ``tgN`` decodes N random tokens one at a time; each test runs once
+to warm up, then ``-r`` times; t/s is the mean over repetitions ± their sample standard deviation.
+``--compare llama-cpp`` runs the same tests through llama-cpp-python's ``llama_decode`` on the same
+file in the same process and prints gguflm's speed as a ratio of llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gguflm.progress import ProgressBar
+
+
+@dataclass
+class BenchResult:
+    """One test on one engine: samples in nanoseconds and tokens per second."""
+
+    engine: str
+    model: str
+    model_size: int
+    model_n_params: int
+    n_threads: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    n_prompt: int
+    n_gen: int
+    samples_ns: list[int] = field(default_factory=list)
+
+    @property
+    def test(self) -> str:
+        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+
+    @property
+    def samples_ts(self) -> list[float]:
+        n = self.n_prompt + self.n_gen
+        return [1e9 * n / ns for ns in self.samples_ns]
+
+    @property
+    def avg_ts(self) -> float:
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def stddev_ts(self) -> float:
+        return statistics.stdev(self.samples_ts) if len(self.samples_ns) > 1 else 0.0
+
+    def record(self) -> dict[str, Any]:
+        ns = self.samples_ns
+        return {**asdict(self), "test": self.test,
+                "avg_ns": int(statistics.fmean(ns)),
+                "stddev_ns": int(statistics.stdev(ns)) if len(ns) > 1 else 0,
+                "avg_ts": self.avg_ts, "stddev_ts": self.stddev_ts, "samples_ts": self.samples_ts}
+
+
+# -- the engines: each returns (decode prompt of n tokens, decode n tokens one by one, close)
+
+Runner = tuple[Callable[[list[int], int], None], Callable[[list[int]], None], Callable[[], None]]
+
+
+def _gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+    from gguflm.batch import Batch
+    from gguflm.context import Context
+
+    ctx = Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                  n_threads=n_threads, n_threads_batch=n_threads, type_k=args.cache_type_k,
+                  type_v=args.cache_type_v)
+
+    def decode(batch: Batch) -> None:
+        status = ctx.decode(batch)
+        if status != 0:
+            raise RuntimeError(f"decode failed with status {status}")
+
+    def prompt(tokens: list[int], n_batch: int) -> None:
+        ctx.memory.seq_rm(0, -1, -1)
+        for start in range(0, len(tokens), n_batch):
+            decode(Batch.get_one(tokens[start:start + n_batch]))
+
+    def generate(tokens: list[int]) -> None:
+        ctx.memory.seq_rm(0, -1, -1)
+        one = Batch.get_one([0])
+        for tok in tokens:
+            one.token[0] = tok
+            decode(one)
+
+    return prompt, generate, ctx.close
+
+
+_LLAMA_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+
+
+def _llama_cpp_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                          n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
+                          type_k=_LLAMA_CACHE_TYPES[args.cache_type_k],
+                          type_v=_LLAMA_CACHE_TYPES[args.cache_type_v])
+    ctx = llm.ctx
+
+    def decode(tokens: list[int]) -> None:
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        status = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(array, len(tokens)))
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status}")
+
+    def clear() -> None:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+    def prompt(tokens: list[int], n_batch: int) -> None:
+        clear()
+        for start in range(0, len(tokens), n_batch):
+            decode(tokens[start:start + n_batch])
+        llama_cpp.llama_synchronize(ctx)
+
+    def generate(tokens: list[int]) -> None:
+        clear()
+        for tok in tokens:
+            decode([tok])
+        llama_cpp.llama_synchronize(ctx)
+
+    return prompt, generate, llm.close
+
+
+def _random_tokens(n: int, n_vocab: int, bos: int | None, rng: random.Random) -> list[int]:
+    tokens = [rng.randrange(n_vocab) for _ in range(n)]
+    if bos is not None and tokens:
+        tokens[0] = bos
+    return tokens
+
+
+def _measure(runner: Runner, result: BenchResult, args: argparse.Namespace, n_vocab: int,
+             bos: int | None, bar: ProgressBar, rng: random.Random) -> None:
+    prompt, generate, _ = runner
+    if result.n_prompt:
+        def once() -> None:
+            prompt(_random_tokens(result.n_prompt, n_vocab, bos, rng), args.batch_size)
+    else:
+        def once() -> None:
+            generate(_random_tokens(result.n_gen, n_vocab, bos, rng))
+    once()  # warm-up
+    for rep in range(args.repetitions):
+        bar.update(rep / args.repetitions, f"{result.engine} {result.test} t={result.n_threads}")
+        start = time.perf_counter_ns()
+        once()
+        result.samples_ns.append(time.perf_counter_ns() - start)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, "
+                                         f"got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench flags (named like llama-bench's)."""
+    parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
+    parser.add_argument("-p", "--n-prompt", type=_int_list, default=[512],
+                        help="prompt sizes to test, comma-separated (0 skips)")
+    parser.add_argument("-n", "--n-gen", type=_int_list, default=[128],
+                        help="generation lengths to test, comma-separated (0 skips)")
+    parser.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test")
+    parser.add_argument("-t", "--threads", type=_int_list, default=None,
+                        help="thread counts, comma-separated (default: usable cores)")
+    parser.add_argument("-b", "--batch-size", type=int, default=2048, help="prompt chunk size")
+    parser.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size")
+    parser.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f32", "f16", "q8_0"))
+    parser.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f32", "f16", "q8_0"))
+    parser.add_argument("-o", "--output", default="md", choices=("md", "json"))
+    parser.add_argument("--compare", choices=("llama-cpp",),
+                        help="also run llama-cpp-python on the same file and print the ratio")
+    parser.add_argument("--load-mode", default="auto",
+                        choices=("auto", "mmap", "none", "mlock", "mmap+mlock"))
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random tokens")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark described by ``args`` (see :func:`add_arguments`); prints the table."""
+    from gguflm.default_model import load_model
+    from gguflm.threads import resolve_n_threads
+
+    if args.repetitions < 1:
+        print("gguflm bench: -r must be >= 1", file=sys.stderr)
+        return 2
+    if args.compare == "llama-cpp":
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("gguflm bench: --compare llama-cpp needs llama-cpp-python "
+                  "(pip install llama-cpp-python)", file=sys.stderr)
+            return 2
+    enabled = False if args.quiet else None
+    model = load_model(args.model, enabled, load_mode=args.load_mode)
+    path = model.path
+    threads = [resolve_n_threads(t or None) for t in (args.threads or [0])]
+    tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
+    n_ctx = max([p + n for p, n in tests] + [256])
+    engines: list[tuple[str, Callable[[int], Runner]]] = [
+        ("gguflm", lambda t: _gguflm_runner(model, args, t, n_ctx))]
+    if args.compare == "llama-cpp":
+        engines.append(("llama.cpp", lambda t: _llama_cpp_runner(str(path), args, t, n_ctx)))
+    vocab = model.vocab
+    bos = vocab.bos if vocab.add_bos else None
+    description = model_description(model)
+    results: list[BenchResult] = []
+    rng = random.Random(args.seed)
+    with ProgressBar("bench", enabled=enabled) as bar:
+        try:
+            for n_threads in threads:
+                for engine, make in engines:
+                    runner = make(n_threads)
+                    try:
+                        for n_prompt, n_gen in tests:
+                            result = BenchResult(
+                                engine, description, model.size_bytes, model.n_params, n_threads,
+                                args.batch_size, args.ubatch_size, args.cache_type_k,
+                                args.cache_type_v, n_prompt, n_gen)
+                            _measure(runner, result, args, vocab.n_tokens, bos, bar, rng)
+                            results.append(result)
+                    finally:
+                        runner[2]()
+        finally:
+            model.close()
+    if args.output == "json":
+        print(json.dumps(_records(results), indent=2))
+    else:
+        print(markdown_table(results))
+        for line in ratio_lines(results):
+            print(line)
+    return 0
+
+
+def model_description(model: Any) -> str:
+    """``arch size-label file-type``, like llama.cpp's ``llama_model_desc``."""
+    label = model.metadata.get("general.size_label") or "?B"
+    return f"{model.arch} {label} {model.file_type}"
+
+
+def _ratios(results: Sequence[BenchResult]) -> dict[tuple[str, int], float]:
+    by_key = {(r.engine, r.test, r.n_threads): r for r in results}
+    return {(r.test, r.n_threads): r.avg_ts / peer.avg_ts
+            for r in results if r.engine == "gguflm"
+            and (peer := by_key.get(("llama.cpp", r.test, r.n_threads))) is not None}
+
+
+def _records(results: Sequence[BenchResult]) -> list[dict[str, Any]]:
+    ratios = _ratios(results)
+    records = []
+    for r in results:
+        record = r.record()
+        if r.engine == "gguflm" and (r.test, r.n_threads) in ratios:
+            record["ratio_vs_llama_cpp"] = ratios[(r.test, r.n_threads)]
+        records.append(record)
+    return records
+
+
+def markdown_table(results: Sequence[BenchResult]) -> str:
+    """llama-bench's markdown table (the backend column names the engine)."""
+    header = ("model", "size", "params", "backend", "threads", "test", "t/s")
+    rows = [(r.model, f"{r.model_size / 2**20:.2f} MiB", f"{r.model_n_params / 1e6:.2f} M",
+             r.engine, str(r.n_threads), r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}")
+            for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    right = {1, 2, 4, 5, 6}
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    rule = "| " + " | ".join(("-" * (w - 1) + ":") if i in right else "-" * w
+                             for i, w in enumerate(widths)) + " |"
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+def ratio_lines(results: Sequence[BenchResult]) -> list[str]:
+    """``test t=N: gguflm / llama.cpp = 0.85x`` for every test both engines ran."""
+    return [f"{test} t={threads}: gguflm / llama.cpp = {ratio:.2f}x"
+            for (test, threads), ratio in _ratios(results).items()]
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gguflm.bench model", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

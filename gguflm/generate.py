@@ -1,0 +1,353 @@
+"""The token loop: prompt ingestion with KV-prefix reuse, sampling, UTF-8-safe streaming text with
+stop strings, cancellation, timings.
+
+Per generated token the loop does a constant amount of Python work outside ``decode``: one sample,
+one cached piece lookup, an incremental UTF-8 decode of that piece, and a stop-string check over a
+window no longer than the longest stop string. Nothing re-tokenizes or re-joins the whole text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gguflm.batch import Batch
+from gguflm.context import Context
+from gguflm.errors import Error
+from gguflm.sampling import SamplerChain
+
+FINISH_STOP = "stop"            # an end-of-generation token or a stop string
+FINISH_LENGTH = "length"        # max_tokens or the context is full
+FINISH_CANCELLED = "cancelled"  # cancel() from another thread, or close()
+
+DECODE_ABORTED = 2
+
+
+class Cancelled(Exception):
+    """Raised inside the loop when the abort callback stopped a decode."""
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token with its log-probability under the model's raw logits, and the
+    ``n`` most likely alternatives as (token id, text, logprob), best first."""
+
+    token: int
+    text: str
+    logprob: float
+    top: list[tuple[int, str, float]]
+
+
+@dataclass
+class Timings:
+    """Where a request's time went (milliseconds), like llama.cpp's perf print."""
+
+    prompt_n: int = 0           # prompt tokens decoded for this request
+    prompt_cached: int = 0      # prompt tokens whose KV entries were reused
+    prompt_ms: float = 0.0
+    gen_n: int = 0              # tokens generated
+    gen_ms: float = 0.0         # from the first sample to the end
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def gen_per_second(self) -> float:
+        return 1e3 * self.gen_n / self.gen_ms if self.gen_ms > 0 else 0.0
+
+    def line(self) -> str:
+        """One line for the terminal: prompt and generation throughput."""
+        return (f"prompt: {self.prompt_n} tokens in {self.prompt_ms:.1f} ms "
+                f"({self.prompt_per_second:.2f} tokens/s, {self.prompt_cached} cached) | "
+                f"generation: {self.gen_n} tokens in {self.gen_ms:.1f} ms "
+                f"({self.gen_per_second:.2f} tokens/s)")
+
+
+@dataclass
+class Completion:
+    """The result of one request.
+
+    Attributes
+    ----------
+    text : str
+        The generated text (stop strings and end-of-generation tokens not included).
+    finish_reason : str
+        ``"stop"``, ``"length"`` or ``"cancelled"``.
+    prompt_tokens : list[int]
+        The prompt as decoded.
+    token_ids : list[int]
+        The generated tokens (an end-of-generation token is not included).
+    logprobs : list[TokenLogprob] or None
+        Per generated token, when asked for.
+    timings : Timings
+    """
+
+    text: str
+    finish_reason: str
+    prompt_tokens: list[int]
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    timings: Timings
+
+    @property
+    def usage(self) -> dict[str, int]:
+        n_prompt, n_gen = len(self.prompt_tokens), len(self.token_ids)
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+                "total_tokens": n_prompt + n_gen}
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output: whole characters only, never part of a stop string.
+
+    ``token_ids`` are the tokens generated since the previous chunk (text may lag a token
+    behind them while a character or a possible stop string is incomplete). The last chunk has
+    ``finish_reason`` set and ``completion`` holding the whole result.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    completion: Completion | None = None
+
+
+class TextAssembler:
+    """Token bytes in, releasable text out.
+
+    Bytes go through an incremental UTF-8 decoder, so a character split across tokens is released
+    whole once its last byte arrives. With stop strings, the longest tail that could still begin
+    one is held back; when a stop string completes, the text before it is released and
+    :attr:`stopped` is set. Invalid bytes become U+FFFD.
+    """
+
+    def __init__(self, stops: Sequence[str] = ()) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stops = tuple(s for s in stops if s)
+        self._longest = max((len(s) for s in self._stops), default=0)
+        self._held = ""
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        """Add one token's bytes; returns the text that may be shown now."""
+        return self._release(self._decoder.decode(data))
+
+    def flush(self) -> str:
+        """The end of generation: everything still held (an unfinished character as U+FFFD)."""
+        return self._release(self._decoder.decode(b"", final=True), final=True)
+
+    def _release(self, text: str, final: bool = False) -> str:
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return text
+        pending = self._held + text
+        cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return pending[:cut]
+        keep = 0 if final else self._stop_prefix_length(pending)
+        self._held = pending[len(pending) - keep:] if keep else ""
+        return pending[:len(pending) - keep]
+
+    def _stop_prefix_length(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+        for k in range(min(len(text), self._longest - 1), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                return k
+        return 0
+
+
+class Session:
+    """Sequence 0 of one context and the tokens its KV cache holds.
+
+    Parameters
+    ----------
+    ctx
+        The context; its abort callback must report ``cancel``.
+    cancel
+        Set from any thread to stop the running request.
+    """
+
+    def __init__(self, ctx: Context, cancel: threading.Event) -> None:
+        self.ctx = ctx
+        self.cancel = cancel
+        self.tokens: list[int] = []
+        self._one = Batch.get_one([0])   # reused for every generated token
+        hp = ctx.model.hparams
+        # a sliding-window cache forgets old positions: a prefix is reusable only if the window
+        # before its end is still there (llama.cpp's server checks the same)
+        self._n_swa = hp.n_swa if any(hp.is_swa(il) for il in range(hp.n_layer)) else 0
+
+    def reusable_prefix(self, prompt: Sequence[int]) -> int:
+        """How many leading prompt tokens can keep their cache entries (the last prompt token is
+        always decoded again, for its logits)."""
+        n = 0
+        limit = min(len(self.tokens), len(prompt) - 1)
+        cached = self.tokens
+        while n < limit and cached[n] == prompt[n]:
+            n += 1
+        if n and self._n_swa and self.ctx.memory.seq_pos_min(0) > max(0, n - self._n_swa):
+            return 0
+        return n
+
+    def ingest(self, prompt: Sequence[int]) -> int:
+        """Bring the cache to ``prompt`` (decoding only what is not cached, in n_batch chunks) so
+        the last prompt token's logits are ready. Returns the number of reused tokens.
+
+        Raises
+        ------
+        Cancelled
+            The cancel flag stopped a decode; the cache keeps the chunks already done.
+        gguflm.Error
+            The context refused the batch.
+        """
+        n_keep = self.reusable_prefix(prompt)
+        self.ctx.memory.seq_rm(0, n_keep, -1)
+        self.tokens = list(prompt[:n_keep])
+        n_batch = self.ctx.n_batch
+        for start in range(n_keep, len(prompt), n_batch):
+            chunk = prompt[start:start + n_batch]
+            self._decode(Batch.get_one(chunk), chunk)
+        return n_keep
+
+    def step(self, token: int) -> None:
+        """Decode one generated token (its logits become the next row to sample)."""
+        self._one.token[0] = token
+        self._decode(self._one, (token,))
+
+    def _decode(self, batch: Batch, tokens: Sequence[int]) -> None:
+        """Decode ``batch`` (holding ``tokens``) after the cached tokens."""
+        try:
+            status = self.ctx.decode(batch)
+        except BaseException:   # e.g. KeyboardInterrupt between layers: the cache is unknown
+            self.reset()
+            raise
+        if status == 0:
+            self.tokens.extend(tokens)
+            return
+        if status == DECODE_ABORTED:
+            # the ubatches finished before the abort stay in the cache
+            n_held = self.ctx.memory.seq_pos_max(0) + 1
+            self.tokens.extend(tokens[: max(0, n_held - len(self.tokens))])
+            raise Cancelled()
+        n_total = len(self.tokens) + len(tokens)
+        self.reset()
+        reason = "no room in the KV cache" if status == 1 else f"status {status}"
+        raise Error(f"decode failed ({reason}) at {n_total} tokens of a {self.ctx.n_ctx}-token "
+                    f"context")
+
+    def reset(self) -> None:
+        """Forget the cache."""
+        self.ctx.memory.clear()
+        self.tokens = []
+
+
+def token_logprobs(row: np.ndarray, token: int, n_top: int, piece: Callable[[int], str]
+                   ) -> TokenLogprob:
+    """Log-softmax of the raw logits ``row`` at ``token`` and its ``n_top`` best alternatives."""
+    peak = float(row.max())
+    lse = peak + float(np.log(np.exp(row - peak, dtype=np.float32).sum(dtype=np.float64)))
+    top: list[tuple[int, str, float]] = []
+    if n_top > 0:
+        k = min(n_top, len(row))
+        best = np.argpartition(row, len(row) - k)[len(row) - k:]
+        best = best[np.argsort(-row[best], kind="stable")]
+        top = [(int(t), piece(int(t)), float(row[t]) - lse) for t in best]
+    return TokenLogprob(token, piece(token), float(row[token]) - lse, top)
+
+
+@dataclass
+class Request:
+    """What to generate after a prompt (see :func:`run`)."""
+
+    max_tokens: int
+    stop: Sequence[str] = ()
+    n_logprobs: int | None = None
+    # llama-cpp-python's hooks: f(input_ids, scores) -> new scores, and -> bool to stop
+    logits_processor: Sequence[Callable[[np.ndarray, np.ndarray], np.ndarray]] = \
+        field(default_factory=list)
+    stopping_criteria: Sequence[Callable[[np.ndarray, np.ndarray], bool]] = \
+        field(default_factory=list)
+
+
+def run(session: Session, prompt: list[int], chain: SamplerChain, request: Request,
+        is_open: Callable[[], bool] = lambda: True) -> Iterator[Chunk]:
+    """Generate after ``prompt``; yields :class:`Chunk` objects, the last with the result.
+
+    ``is_open()`` returning False (the owner was closed while a stream was suspended) ends the
+    loop as cancelled without touching the context again.
+    """
+    vocab = session.ctx.model.vocab
+    timings = Timings()
+    t_start = time.perf_counter()
+    finish = FINISH_LENGTH
+    generated: list[int] = []
+    logprobs: list[TokenLogprob] | None = [] if request.n_logprobs is not None else None
+    assembler = TextAssembler(request.stop)
+    since = 0                                   # first token not yet reported in a chunk
+    try:
+        timings.prompt_cached = session.ingest(prompt)
+    except Cancelled:
+        finish = FINISH_CANCELLED
+    timings.prompt_n = len(prompt) - timings.prompt_cached
+    t_gen = time.perf_counter()
+    timings.prompt_ms = (t_gen - t_start) * 1e3
+
+    def piece_text(tok: int) -> str:
+        return vocab.token_to_piece(tok).decode("utf-8", "ignore")
+
+    ctx = session.ctx
+    parts: list[str] = []                       # every piece of text released
+    pending = ""                                # released but not yet yielded
+    while finish != FINISH_CANCELLED and len(generated) < request.max_tokens:
+        if session.cancel.is_set() or not is_open():
+            finish = FINISH_CANCELLED
+            break
+        row = raw = ctx.get_logits_ith(-1)
+        if request.logits_processor:
+            if logprobs is not None:
+                raw = row.copy()                # logprobs describe the model, not the processors
+            ids = np.asarray(session.tokens, dtype=np.intc)
+            for processor in request.logits_processor:
+                row[:] = processor(ids, row)
+        token = chain.sample(ctx, -1)
+        if vocab.is_eog(token):
+            finish = FINISH_STOP
+            break
+        generated.append(token)
+        if logprobs is not None:
+            logprobs.append(token_logprobs(raw, token, request.n_logprobs, piece_text))
+        pending += assembler.push(vocab.token_to_piece(token))
+        if assembler.stopped or any(crit(np.asarray(session.tokens + [token], dtype=np.intc), row)
+                                    for crit in request.stopping_criteria):
+            finish = FINISH_STOP
+            break
+        if len(generated) >= request.max_tokens:
+            break
+        if pending:
+            parts.append(pending)
+            yield Chunk(pending, generated[since:], _slice(logprobs, since))
+            pending, since = "", len(generated)
+        try:
+            session.step(token)
+        except Cancelled:
+            finish = FINISH_CANCELLED
+    pending += assembler.flush()
+    parts.append(pending)
+    timings.gen_n = len(generated)
+    timings.gen_ms = (time.perf_counter() - t_gen) * 1e3
+    completion = Completion("".join(parts), finish, list(prompt), generated, logprobs, timings)
+    yield Chunk(pending, generated[since:], _slice(logprobs, since), finish, completion)
+
+
+def _slice(items: list | None, start: int) -> list | None:
+    return None if items is None else items[start:]

