@@ -1,14 +1,39 @@
-/* Row-wise operations of the forward pass with ggml's numerics: RMS norm, RoPE, gated linear
- * units. Each works on one row; the Cython wrappers spread rows over threads. */
+/* The forward pass's kernels other than matmul, with ggml's CPU numerics: RMS norm, RoPE, gated
+ * linear units and attention over the KV cache.
+ *
+ * Attention follows ggml's non-flash-attention path: q rounded to the K type, K·q in the lane
+ * order of ggml's AVX2 dot, scale + mask + softmax with ggml's vector expf and double sum,
+ * probabilities rounded to the V type, then P·V. Cache rows are cells: K is [n_cells][n_head_kv *
+ * head_dim_k], V is [n_cells][n_head_kv * head_dim_v], each F32, F16 or Q8_0 blocks. A Q8_0 K takes
+ * the query quantized to Q8_0 and integer dots, as ggml's mul_mat does; a Q8_0 V (which llama.cpp
+ * only allows with flash attention) is dequantized row by row and weighted by unrounded
+ * probabilities. A cell is visible to a token when it holds the token's sequence, is not in its
+ * future (causal) and lies inside its sliding window (p_tok - p_cell < n_swa). Masked cells are
+ * skipped: ggml adds -inf and multiplies by 0, which changes nothing.
+ *
+ * The row kernels live in ops_body.h, compiled twice: scalar, and AVX2+FMA+F16C.
+ */
 #ifndef GGUFLM_OPS_H
 #define GGUFLM_OPS_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <math.h>
 #include "ops_math.h"
+#include "omp_compat.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GGUFLM_OPS_X86 1
+#else
+#define GGUFLM_OPS_X86 0
+#endif
+
+enum { GGUFLM_CACHE_F32 = 0, GGUFLM_CACHE_F16 = 1, GGUFLM_CACHE_Q8_0 = 8 };
 
 /* y = x / sqrt(mean(x^2) + eps) [* w]: squares summed in double, scale applied in float */
-GGUFLM_NO_CONTRACT static void gguflm_rms_norm_row(int n, const float *x, const float *w, float eps, float *y) {
+static void gguflm_rms_norm_row(int n, const float *x, const float *w, float eps, float *y) {
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float mean = (float)(sum / n);
@@ -44,7 +69,7 @@ static void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, f
     *high = end < n_dims - 1 ? end : n_dims - 1;
 }
 
-GGUFLM_NO_CONTRACT static void gguflm_rope_angles(const gguflm_rope_params *p, float pos, float *cos_sin) {
+static void gguflm_rope_angles(const gguflm_rope_params *p, float pos, float *cos_sin) {
     const float theta_scale = powf(p->freq_base, -2.0f / p->n_dims);
     float theta = pos;
     for (int i0 = 0; i0 < p->n_dims; i0 += 2) {
@@ -65,7 +90,7 @@ GGUFLM_NO_CONTRACT static void gguflm_rope_angles(const gguflm_rope_params *p, f
 }
 
 /* Rotate n_heads rows of head_dim values in place with the angles of one position. */
-GGUFLM_NO_CONTRACT static void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin,
+static void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin,
                                                 int n_heads, int head_dim, float *x) {
     const int half = p->n_dims / 2;
     for (int h = 0; h < n_heads; h++) {
@@ -81,13 +106,155 @@ GGUFLM_NO_CONTRACT static void gguflm_rope_rows(const gguflm_rope_params *p, con
     }
 }
 
-/* ---- gated linear units: y = act(gate) * up ---- */
-GGUFLM_NO_CONTRACT static void gguflm_swiglu_row(int n, const float *gate, const float *up, float *y) {
-    for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i]) * up[i];
+typedef struct {
+    const float *q;            /* [n_tok][q_stride], head h at h * head_dim_k */
+    int64_t q_stride;
+    int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v;
+    const void *k;             /* [n_cells][k_row_bytes] */
+    const void *v;             /* [n_cells][v_row_bytes] */
+    int cache_type_k, cache_type_v;
+    int64_t k_row_bytes, v_row_bytes;
+    int n_kv;                  /* cells [0, n_kv) are candidates */
+    const int32_t *cell_pos;   /* [n_kv], -1 = empty */
+    const uint64_t *cell_seq;  /* [n_kv], bit s set = cell belongs to sequence s */
+    const int32_t *tok_pos;    /* [n_tok] */
+    const int32_t *tok_seq;    /* [n_tok], the token's first sequence id */
+    int causal;
+    int32_t n_swa;             /* 0 = no window */
+    float kq_scale;
+    float softcap;             /* 0 = none */
+    float *out;                /* [n_tok][out_stride], head h at h * head_dim_v */
+    int64_t out_stride;
+} gguflm_attn_args;
+
+/* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
+ * rounded to nearest even */
+GGUFLM_INLINE void gguflm_quantize_q8_0_act(int n, const float *x, block_q8_0 *y) {
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float *xb = x + ib * QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[ib].d = gguflm_fp32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[ib].qs[j] = (int8_t)nearbyintf(xb[j] * id);
+    }
 }
 
-static void gguflm_geglu_row(const ggml_half *gelu_table, int n, const float *gate, const float *up, float *y) {
-    for (int i = 0; i < n; i++) y[i] = gguflm_gelu(gelu_table, gate[i]) * up[i];
+/* ggml's AVX2 vec_dot_q8_0_q8_0: per block, 8 int32 lanes of 4 products each, scaled and fused
+ * into 8 float lanes; the lanes are summed at the end in hsum_float_8's order */
+GGUFLM_INLINE float gguflm_dot_q8_0_lanes(int n, const block_q8_0 *x, const block_q8_0 *y) {
+    float acc[8] = {0};
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float d = gguflm_fp16_to_fp32(x[ib].d) * gguflm_fp16_to_fp32(y[ib].d);
+        for (int l = 0; l < 8; l++) {
+            int32_t sum = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) sum += x[ib].qs[j] * y[ib].qs[j];
+            acc[l] = fmaf(d, (float)sum, acc[l]);
+        }
+    }
+    return gguflm_hsum8_movehl(acc);
+}
+
+/* one Q8_0 row dequantized: d * q */
+GGUFLM_INLINE void gguflm_dequantize_q8_0_row(int n, const block_q8_0 *x, float *y) {
+    for (int ib = 0; ib < n / QK8_0; ib++) {
+        const float d = gguflm_fp16_to_fp32(x[ib].d);
+        for (int j = 0; j < QK8_0; j++) y[ib * QK8_0 + j] = d * x[ib].qs[j];
+    }
+}
+
+static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
+    const int32_t pc = a->cell_pos[c];
+    if (pc < 0 || !((a->cell_seq[c] >> a->tok_seq[t]) & 1u)) return 0;
+    const int32_t pt = a->tok_pos[t];
+    if (a->causal && pc > pt) return 0;
+    if (a->n_swa > 0 && pt - pc >= a->n_swa) return 0;
+    return 1;
+}
+
+/* Per-thread scratch: the query row, the scores over cells, and 32 lanes of V accumulators. */
+typedef struct {
+    float *q;         /* [head_dim_k] */
+    float *score;     /* [n_kv] */
+    int32_t *cells;   /* [n_kv] visible cell ids */
+    float *acc;       /* [32][head_dim_v] */
+    block_q8_0 *qq;   /* [head_dim_k / 32] the query as Q8_0 (Q8_0 keys) */
+    float *vrow;      /* [head_dim_v] one dequantized V row (Q8_0 values) */
+} gguflm_attn_scratch;
+
+static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
+    if (type == GGUFLM_CACHE_Q8_0) return head * (head_dim / QK8_0) * (int64_t)sizeof(block_q8_0);
+    return head * head_dim * (type == GGUFLM_CACHE_F16 ? 2 : 4);
+}
+
+
+
+/* ---- the row kernels, once per ISA ---- */
+#define GGUFLM_FN(name) name##_scalar
+#define GGUFLM_TARGET
+#define GGUFLM_VARIANT_AVX2 0
+#include "ops_body.h"
+#undef GGUFLM_FN
+#undef GGUFLM_TARGET
+#undef GGUFLM_VARIANT_AVX2
+
+#if GGUFLM_OPS_X86
+#define GGUFLM_FN(name) name##_avx2
+#define GGUFLM_TARGET __attribute__((target("avx2,fma,f16c")))
+#define GGUFLM_VARIANT_AVX2 1
+#include "ops_body.h"
+#undef GGUFLM_FN
+#undef GGUFLM_TARGET
+#undef GGUFLM_VARIANT_AVX2
+#endif
+
+typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y);
+typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
+typedef void (*gguflm_attn_one_fn)(const gguflm_attn_args *a, int t, int h, gguflm_attn_scratch *s);
+
+typedef struct {
+    gguflm_glu_fn swiglu_row;
+    gguflm_geglu_fn geglu_row;
+    gguflm_attn_one_fn attn_one;
+} gguflm_ops_kernels;
+
+static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
+#if GGUFLM_OPS_X86
+    if (use_avx2) return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_one_avx2};
+#else
+    (void)use_avx2;
+#endif
+    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_one_scalar};
+}
+
+/* All (token, head) pairs over n_threads threads. Returns 0, or -1 if scratch allocation failed. */
+static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
+    const gguflm_attn_one_fn attn_one = gguflm_ops_select(use_avx2).attn_one;
+    const int64_t n_items = (int64_t)a->n_tok * a->n_head;
+    if (n_items <= 0) return 0;
+    if (n_threads > n_items) n_threads = (int)n_items;
+    const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
+    /* floats per thread: q, scores, cell ids (int32, same size), 32 lanes of V accumulators,
+     * the Q8_0 query (34 bytes per 32 values, rounded up to floats), one V row */
+    const int64_t qq_floats = (a->head_dim_k / QK8_0 * (int64_t)sizeof(block_q8_0) + 3) / 4;
+    const int64_t per_thread = a->head_dim_k + 2 * n_kv + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v
+                               + qq_floats + a->head_dim_v;
+    float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
+    if (!scratch) return -1;
+    #pragma omp parallel num_threads(n_threads)
+    {
+        float *mine = scratch + per_thread * omp_get_thread_num();
+        float *acc = mine + a->head_dim_k + 2 * n_kv;
+        float *qq = acc + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v;
+        gguflm_attn_scratch s = {mine, mine + a->head_dim_k, (int32_t *)(mine + a->head_dim_k + n_kv),
+                                 acc, (block_q8_0 *)qq, qq + qq_floats};
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < n_items; item++)
+            attn_one(a, (int)(item / a->n_head), (int)(item % a->n_head), &s);
+    }
+    free(scratch);
+    return 0;
 }
 
 #endif

@@ -1,9 +1,9 @@
 """Forward-pass kernels other than matmul: RMS norm, RoPE, gated linear units, attention.
 
-Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``attention.h``)
+Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``ops_body.h``)
 with the GIL released, rows spread over ``n_threads`` OpenMP threads. Numerics follow ggml's CPU
 backend (see the headers); results do not depend on the thread count, and the AVX2 and scalar
-variants of attention agree bit for bit.
+variants agree bit for bit.
 """
 
 import os
@@ -38,10 +38,13 @@ cdef extern from "ops.h" nogil:
     void gguflm_rope_angles(const gguflm_rope_params *p, float pos, float *cos_sin)
     void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin, int n_heads,
                           int head_dim, float *x)
-    void gguflm_swiglu_row(int n, const float *gate, const float *up, float *y)
-    void gguflm_geglu_row(const ggml_half *table, int n, const float *gate, const float *up, float *y)
-
-cdef extern from "attention.h" nogil:
+    ctypedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y)
+    ctypedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up,
+                                     float *y)
+    ctypedef struct gguflm_ops_kernels:
+        gguflm_glu_fn swiglu_row
+        gguflm_geglu_fn geglu_row
+    gguflm_ops_kernels gguflm_ops_select(int use_avx2)
     ctypedef struct gguflm_attn_args:
         const float *q
         int64_t q_stride
@@ -77,16 +80,18 @@ def _default_isa() -> str:
 
 
 cdef int _use_avx2 = _default_isa() == "avx2"
+cdef gguflm_ops_kernels _kern = gguflm_ops_select(_use_avx2)
 
 
 def set_isa(str isa) -> None:
-    """Select the attention kernels: ``"scalar"``, or ``"avx2"`` / ``"avx512"`` (both use AVX2+F16C)."""
-    global _use_avx2
+    """Select the kernels: ``"scalar"``, or ``"avx2"`` / ``"avx512"`` (both use AVX2+FMA+F16C)."""
+    global _use_avx2, _kern
     if isa not in ("scalar", "avx2", "avx512"):
         raise ValueError(f"unknown ISA {isa!r}")
     if isa != "scalar" and not (gguflm_has_avx2() and gguflm_has_f16c()):
         raise ValueError(f"this CPU cannot run the {isa} kernels")
     _use_avx2 = isa != "scalar"
+    _kern = gguflm_ops_select(_use_avx2)
 
 
 def current_isa() -> str:
@@ -166,7 +171,7 @@ def swiglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, 
     cdef int nt = _threads_for(gate.shape[0], n_threads)
     with nogil, parallel(num_threads=nt):
         for i in prange(gate.shape[0], schedule="static"):
-            gguflm_swiglu_row(<int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+            _kern.swiglu_row(<int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
 
 
 def geglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
@@ -176,7 +181,7 @@ def geglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, i
     cdef int nt = _threads_for(gate.shape[0], n_threads)
     with nogil, parallel(num_threads=nt):
         for i in prange(gate.shape[0], schedule="static"):
-            gguflm_geglu_row(GELU_TABLE, <int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+            _kern.geglu_row(GELU_TABLE, <int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
 
 
 def gelu_table() -> np.ndarray:

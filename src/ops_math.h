@@ -1,6 +1,7 @@
 /* Scalar math that reproduces ggml's CPU numerics: its vector expf, SiLU, the GELU lookup table and
- * the lane order of its AVX2 f16 dot product. Every variant of our kernels calls these, so results
- * do not depend on which ISA ran them. Explicit fmaf() where ggml fuses; nothing else is fused. */
+ * the lane orders of its AVX2 reductions. Every variant of our kernels inlines these (the build
+ * passes -ffp-contract=off, and fmaf() marks where ggml fuses), so results do not depend on
+ * which ISA ran them. The forms are branch-free so that compilers can vectorize the loops. */
 #ifndef GGUFLM_OPS_MATH_H
 #define GGUFLM_OPS_MATH_H
 
@@ -8,14 +9,10 @@
 #include <stdint.h>
 #include "ggml_blocks.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define GGUFLM_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else
-#define GGUFLM_NO_CONTRACT
-#endif
+#define GGUFLM_INLINE static inline __attribute__((always_inline))
 
 /* ggml_v_expf (AVX2 form, from ARM's optimized routines): max error 1.45 ulp + 0.5 */
-GGUFLM_NO_CONTRACT static inline float gguflm_expf(float x) {
+GGUFLM_INLINE float gguflm_expf(float x) {
     const float r = 0x1.8p23f;
     const float z = fmaf(x, 0x1.715476p+0f, r);
     const float n = z - r;
@@ -27,35 +24,37 @@ GGUFLM_NO_CONTRACT static inline float gguflm_expf(float x) {
                               fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                          u, 0x1.ffffecp-1f * b);
     const float an = fabsf(n);
-    if (!(an > 126.0f)) return fmaf(j, k, k);
-    const uint32_t g = (n <= 0.0f) ? 0x82000000u : 0u;
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
     const float s1 = gguflm_bits_f32(g + 0x7f000000u);
     const float s2 = gguflm_bits_f32(e - g);
-    if (an > 192.0f) return s1 * s1;
-    return fmaf(s2, j, s2) * s1;
+    /* all three candidates computed, then selected: the loop stays branch-free */
+    const float normal = fmaf(j, k, k);
+    const float scaled = fmaf(s2, j, s2) * s1;
+    const float extreme = s1 * s1;
+    const float result = an > 126.0f ? scaled : normal;
+    return an > 192.0f ? extreme : result;
 }
 
 /* ggml_v_silu: x / (1 + exp(-x)) with a real divide */
-GGUFLM_NO_CONTRACT static inline float gguflm_silu(float x) {
+GGUFLM_INLINE float gguflm_silu(float x) {
     return x / (1.0f + gguflm_expf(0.0f - x));
 }
 
 /* tanh-approximated GELU as ggml computes it once per fp16 value to fill its lookup table */
-GGUFLM_NO_CONTRACT static inline float gguflm_gelu_exact(float x) {
+static float gguflm_gelu_exact(float x) {
     const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
     const float coef_a = 0.044715f;
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
 
 /* Fill the 65,536-entry fp16 GELU table (ggml_table_gelu_f16). */
-static inline void gguflm_gelu_table_init(ggml_half *table) {
-    for (uint32_t i = 0; i < 65536u; i++) {
+static void gguflm_gelu_table_init(ggml_half *table) {
+    for (uint32_t i = 0; i < 65536u; i++)
         table[i] = gguflm_fp32_to_fp16(gguflm_gelu_exact(gguflm_fp16_to_fp32((ggml_half)i)));
-    }
 }
 
 /* GELU via the table, with ggml's saturation outside [-10, 10] */
-static inline float gguflm_gelu(const ggml_half *table, float x) {
+GGUFLM_INLINE float gguflm_gelu(const ggml_half *table, float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
     return gguflm_fp16_to_fp32(table[gguflm_fp32_to_fp16(x)]);
@@ -63,28 +62,24 @@ static inline float gguflm_gelu(const ggml_half *table, float x) {
 
 /* Horizontal sums of 8 lanes in the two orders ggml's AVX2 code uses: both first add the high
  * half onto the low half; the dot products then hadd twice, softmax adds movehl then movehdup. */
-GGUFLM_NO_CONTRACT static inline float gguflm_hsum8_hadd(const float v[8]) {
+GGUFLM_INLINE float gguflm_hsum8_hadd(const float v[8]) {
     const float t0 = v[0] + v[4], t1 = v[1] + v[5], t2 = v[2] + v[6], t3 = v[3] + v[7];
     return (t0 + t1) + (t2 + t3);
 }
 
-GGUFLM_NO_CONTRACT static inline float gguflm_hsum8_movehl(const float v[8]) {
+GGUFLM_INLINE float gguflm_hsum8_movehl(const float v[8]) {
     const float t0 = v[0] + v[4], t1 = v[1] + v[5], t2 = v[2] + v[6], t3 = v[3] + v[7];
     return (t0 + t2) + (t1 + t3);
 }
 
 /* Lane layout of ggml's AVX2 f16/f32 dot: 4 accumulators of 8 lanes over steps of 32 elements,
- * reduced acc0+acc2, acc1+acc3, then (acc0+acc1), then hsum8; the n % 32 tail is summed in double.
- * Accumulating a whole row of such dots at once keeps the same order per output. */
+ * reduced acc0+acc2, acc1+acc3, then (acc0+acc1), then hsum8. Accumulating a whole row of such
+ * dots at once keeps the same order per output. */
 #define GGUFLM_DOT_LANES 32
 
-GGUFLM_NO_CONTRACT static inline float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
+GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
     float a[8];
-    for (int l = 0; l < 8; l++) {
-        const float a02 = acc[l] + acc[16 + l];
-        const float a13 = acc[8 + l] + acc[24 + l];
-        a[l] = a02 + a13;
-    }
+    for (int l = 0; l < 8; l++) a[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
     return gguflm_hsum8_hadd(a);
 }
 
