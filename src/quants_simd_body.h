@@ -90,7 +90,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
         const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
         const __m256i p = has_min ? GGUFLM_SIMD(dot_u8_s8)(qx, qy) : GGUFLM_SIMD(dot_s8_s8)(qx, qy);
         const float dxy = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
-        if (has_min) summs += GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]) * GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s);
+        /* explicit fmaf: the same single rounding whether or not the compiler may contract */
+        if (has_min) summs = fmaf(GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]), GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs);
         if (ib & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc1);
         else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc0);
     }
@@ -178,7 +179,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float)(int typ
     }
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, vx, i), GGUFLM_SIMD(load8)(type, vy, i), acc[0]);
     float sum = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) sum += gguflm_float_at(type, vx, i) * gguflm_float_at(type, vy, i);
+    for (; i < n; ++i) sum = fmaf(gguflm_float_at(type, vx, i), gguflm_float_at(type, vy, i), sum);
     *s = sum;
 }
 

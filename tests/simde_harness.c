@@ -2,6 +2,8 @@
  * (+VNNI) dot kernels run on any CPU. tests/test_quants_simd_emulated.py compiles this into a
  * shared library at test time and calls it through ctypes. */
 #define GGUFLM_SIMDE 1
+/* make SIMDe's _mm*_fmadd_ps round once (through fmaf), as the FMA instructions do */
+#define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
 /* *s = dot of n elements with the kernel of isa (0 scalar, 1 avx2, 2 avx512); 0 if none exists */

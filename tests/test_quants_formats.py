@@ -68,7 +68,8 @@ def test_quantize_matches_gguf_package(name, data):
     fmt = q.get(name)
     block = max(fmt.block_size, 32)
     x = data.draw(gst.float_rows(st.integers(1, 4).map(lambda b: b * block), st.integers(1, 3), max_magnitude=2e5))
-    expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name]).view(np.uint8).reshape(x.shape[0], -1)
+    with np.errstate(all="ignore"):  # tiny blocks overflow 1/d to inf in both implementations
+        expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name]).view(np.uint8).reshape(x.shape[0], -1)
     assert np.array_equal(fmt.quantize(x), expected)
 
 
