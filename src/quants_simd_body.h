@@ -136,25 +136,90 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(kquants)(int ty
     }
 }
 
+/* a K super-block's 16 scales and 16 mins (one per 16 elements, int16) and its d, dmin; the same
+ * values as gguflm_kscales, decoded with vector instructions */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type, const uint8_t *xb, __m256i *sc16,
+                                                                      __m256i *mn16, float *d, float *dmin) {
+    switch (type) {
+    case GGUFLM_Q2_K: {
+        const block_q2_K *b = (const block_q2_K *)xb;
+        const __m128i s = _mm_loadu_si128((const __m128i *)b->scales);
+        *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0F)));
+        *mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0F)));
+        *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        *dmin = GGUFLM_FP16_TO_FP32_SIMD(b->dmin);
+        break;
+    }
+    case GGUFLM_Q3_K: {
+        /* 32-bit words: low nibbles of scales 0-7 and 8-15 in words 0-1, two-bit highs in word 2 */
+        const block_q3_K *b = (const block_q3_K *)xb;
+        uint32_t w[3], s[4];
+        memcpy(w, b->scales, 12);
+        s[0] = (w[0] & 0x0f0f0f0f) | ((w[2] & 0x03030303) << 4);
+        s[1] = (w[1] & 0x0f0f0f0f) | (((w[2] >> 2) & 0x03030303) << 4);
+        s[2] = ((w[0] >> 4) & 0x0f0f0f0f) | (((w[2] >> 4) & 0x03030303) << 4);
+        s[3] = ((w[1] >> 4) & 0x0f0f0f0f) | (((w[2] >> 6) & 0x03030303) << 4);
+        const __m128i v = _mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3]);
+        *sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), _mm256_set1_epi16(32));
+        *mn16 = _mm256_setzero_si256();
+        *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        *dmin = 0.0f;
+        break;
+    }
+    case GGUFLM_Q4_K:
+    case GGUFLM_Q5_K: {
+        /* words: scales 0-3 | mins 0-3 (low six bits of bytes 0-7), then nibbles of bytes 8-11 with
+         * the top two bits of bytes 0-7 give scales and mins 4-7 */
+        const block_q4_K *b = (const block_q4_K *)xb;
+        uint32_t w[3], s[4];
+        memcpy(w, b->scales, 12);
+        s[0] = w[0] & 0x3f3f3f3f;
+        s[1] = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
+        s[2] = w[1] & 0x3f3f3f3f;
+        s[3] = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
+        const __m128i v = _mm_setr_epi32((int)s[0], (int)s[1], (int)s[2], (int)s[3]);   /* scales 0-7, mins 0-7 */
+        *sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));     /* each one twice: 32-element sub-blocks */
+        *mn16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+        *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        *dmin = GGUFLM_FP16_TO_FP32_SIMD(b->dmin);
+        break;
+    }
+    default: { /* Q6_K */
+        const block_q6_K *b = (const block_q6_K *)xb;
+        *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        *mn16 = _mm256_setzero_si256();
+        *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        *dmin = 0.0f;
+        break;
+    }
+    }
+}
+
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_k)(int type, size_t bx, int64_t n, float *s,
                                                                     const void *vx, const void *vy) {
     const block_q8_K *y = (const block_q8_K *)vy;
-    gguflm_kblock kb;
+    const int zero = type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : 0;
+    /* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the
+     * pair (2g, 2g+1) broadcast as one int32, then its low or high half repeated per 128-bit lane */
+    const __m256i pair_spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
     float sumf = 0;
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = (const uint8_t *)vx + i * bx;
-        gguflm_kscales(type, xb, &kb);
+        __m256i sc16, mn16;
+        float d, dmin;
+        GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d, &dmin);
         __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
             const __m256i u = GGUFLM_SIMD(kquants)(type, xb, g);
             const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g)));
-            /* int16 lanes 0-7 hold elements 32g..32g+15 (scale 2g), lanes 8-15 the next 16 */
-            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)kb.sc[2 * g + 1]), _mm_set1_epi16((short)kb.sc[2 * g]));
+            const __m256i sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g)), pair_spread);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
         }
-        int32_t sumz, summ;
-        gguflm_kbsum_terms(&kb, y[i].bsums, &sumz, &summ);
-        sumf += gguflm_kblock_value(y[i].d, kb.d, kb.dmin, GGUFLM_SIMD(hsum_i32)(acc) - kb.zero * sumz, summ);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        if (zero) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_madd_epi16(bsums, sc16), _mm256_set1_epi32(zero)));
+        const int32_t summ = zero ? 0 : GGUFLM_SIMD(hsum_i32)(_mm256_madd_epi16(bsums, mn16));
+        sumf += gguflm_kblock_value(y[i].d, d, dmin, GGUFLM_SIMD(hsum_i32)(acc), summ);
     }
     *s = sumf;
 }
