@@ -13,6 +13,12 @@
 
 typedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const void *vy);
 
+/* the same for GGUFLM_DOT_TOKENS activation rows at once, y_stride bytes apart, results
+ * s_stride floats apart; SIMD-only, for batches (a weight block is decoded once per group) */
+#define GGUFLM_DOT_TOKENS 4
+typedef void (*gguflm_vec_dotn_fn)(int64_t n, float *s, int64_t s_stride, const void *vx, const void *vy,
+                                   int64_t y_stride);
+
 /* types whose partner is Q8_1 (they carry a min; Q8_1's s = d*sum(qs) applies it once per block) */
 static inline int gguflm_legacy_has_min(int type) { return type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1; }
 

@@ -75,27 +75,43 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(
     }
 }
 
+/* One weight row against nt activation rows (nt <= GGUFLM_DOT_TOKENS, a constant after inlining):
+ * s[t * s_stride] = W . Y_t where Y_t starts y_stride bytes after Y_(t-1). Each weight block is
+ * decoded once for all nt tokens; every token's arithmetic is the same as with nt = 1, so the
+ * multi-token kernels give the single-token floats bit for bit. */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n, float *s,
-                                                                         const void *vx, const void *vy) {
+                                                                         int64_t s_stride, const void *vx,
+                                                                         const void *vy, int64_t y_stride, int nt) {
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    /* two accumulators hide the FMA latency */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float summs = 0.0f;
-    const int64_t nb = n / 32;
-    for (int64_t ib = 0; ib < nb; ++ib) {
-        const uint8_t *xb = (const uint8_t *)vx + ib * bx;
-        const uint8_t *yb = (const uint8_t *)vy + ib * by;
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
-        const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
-        const __m256i p = has_min ? GGUFLM_SIMD(dot_u8_s8)(qx, qy) : GGUFLM_SIMD(dot_s8_s8)(qx, qy);
-        const float dxy = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
-        /* explicit fmaf: the same single rounding whether or not the compiler may contract */
-        if (has_min) summs = fmaf(GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]), GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs);
-        if (ib & 1) acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc1);
-        else acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dxy), _mm256_cvtepi32_ps(p), acc0);
+    /* two accumulators per token (even and odd blocks) hide the FMA latency */
+    __m256 acc0[GGUFLM_DOT_TOKENS], acc1[GGUFLM_DOT_TOKENS];
+    float summs[GGUFLM_DOT_TOKENS];
+    for (int t = 0; t < nt; ++t) {
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
+        summs[t] = 0.0f;
     }
-    *s = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0, acc1)) + summs;
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const uint8_t *xb = (const uint8_t *)vx + ib * bx;
+        const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
+        /* signed quants go in as |x| with x's sign moved onto y */
+        const __m256i ux = has_min ? qx : _mm256_sign_epi8(qx, qx);
+        const float dx = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
+        for (int t = 0; t < nt; ++t) {
+            const uint8_t *yb = (const uint8_t *)vy + t * y_stride + ib * by;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
+            const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux, has_min ? qy : _mm256_sign_epi8(qy, qx));
+            const __m256 dxy = _mm256_set1_ps(dx * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb));
+            /* explicit fmaf: the same single rounding whether or not the compiler may contract */
+            if (has_min) {
+                summs[t] = fmaf(GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]),
+                                GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs[t]);
+            }
+            if (ib & 1) acc1[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc1[t]);
+            else acc0[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc0[t]);
+        }
+    }
+    for (int t = 0; t < nt; ++t) s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + summs[t];
 }
 
 /* the 32 unsigned quants of elements 32g .. 32g+31 of a K super-block (layouts: see gguflm_kunpack) */
@@ -196,32 +212,39 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
 }
 
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_k)(int type, size_t bx, int64_t n, float *s,
-                                                                    const void *vx, const void *vy) {
-    const block_q8_K *y = (const block_q8_K *)vy;
+                                                                    int64_t s_stride, const void *vx, const void *vy,
+                                                                    int64_t y_stride, int nt) {
     const int zero = type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : 0;
     /* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the
      * pair (2g, 2g+1) broadcast as one int32, then its low or high half repeated per 128-bit lane */
     const __m256i pair_spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                                  2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    float sumf = 0;
+    float sumf[GGUFLM_DOT_TOKENS];
+    for (int t = 0; t < nt; ++t) sumf[t] = 0.0f;
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = (const uint8_t *)vx + i * bx;
-        __m256i sc16, mn16;
+        __m256i sc16, mn16, acc[GGUFLM_DOT_TOKENS];
         float d, dmin;
         GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d, &dmin);
-        __m256i acc = _mm256_setzero_si256();
+        for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
             const __m256i u = GGUFLM_SIMD(kquants)(type, xb, g);
-            const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g)));
             const __m256i sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g)), pair_spread);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+            for (int t = 0; t < nt; ++t) {
+                const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + t * y_stride) + i;
+                const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)));
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, sc));
+            }
         }
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        if (zero) acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_madd_epi16(bsums, sc16), _mm256_set1_epi32(zero)));
-        const int32_t summ = zero ? 0 : GGUFLM_SIMD(hsum_i32)(_mm256_madd_epi16(bsums, mn16));
-        sumf += gguflm_kblock_value(y[i].d, d, dmin, GGUFLM_SIMD(hsum_i32)(acc), summ);
+        for (int t = 0; t < nt; ++t) {
+            const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + t * y_stride) + i;
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+            if (zero) acc[t] = _mm256_sub_epi32(acc[t], _mm256_mullo_epi32(_mm256_madd_epi16(bsums, sc16), _mm256_set1_epi32(zero)));
+            const int32_t summ = zero ? 0 : GGUFLM_SIMD(hsum_i32)(_mm256_madd_epi16(bsums, mn16));
+            sumf[t] += gguflm_kblock_value(y->d, d, dmin, GGUFLM_SIMD(hsum_i32)(acc[t]), summ);
+        }
     }
-    *s = sumf;
+    for (int t = 0; t < nt; ++t) s[t * s_stride] = sumf[t];
 }
 
 /* 8 consecutive elements of a float-format row as fp32 */
@@ -248,16 +271,26 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float)(int typ
     *s = sum;
 }
 
-static void GGUFLM_SIMD(dot_q4_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q4_0, sizeof(block_q4_0), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q4_1)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q4_1, sizeof(block_q4_1), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q5_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q5_0, sizeof(block_q5_0), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q5_1)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q5_1, sizeof(block_q5_1), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q8_0)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_legacy)(GGUFLM_Q8_0, sizeof(block_q8_0), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q2_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q2_K, sizeof(block_q2_K), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q3_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q3_K, sizeof(block_q3_K), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q4_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q4_K, sizeof(block_q4_K), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q5_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q5_K, sizeof(block_q5_K), n, s, x, y); }
-static void GGUFLM_SIMD(dot_q6_K)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_k)(GGUFLM_Q6_K, sizeof(block_q6_K), n, s, x, y); }
+/* single-token and GGUFLM_DOT_TOKENS-token kernels of the block formats */
+#define GGUFLM_BLOCK_DOTS(tag, TYPE, body, block)                                                                         \
+    static void GGUFLM_SIMD(dot_##tag)(int64_t n, float *s, const void *x, const void *y) {                               \
+        GGUFLM_SIMD(body)(TYPE, sizeof(block), n, s, 0, x, y, 0, 1);                                                     \
+    }                                                                                                                     \
+    static void GGUFLM_SIMD(dotn_##tag)(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,             \
+                                        int64_t y_stride) {                                                               \
+        GGUFLM_SIMD(body)(TYPE, sizeof(block), n, s, s_stride, x, y, y_stride, GGUFLM_DOT_TOKENS);                       \
+    }
+GGUFLM_BLOCK_DOTS(q4_0, GGUFLM_Q4_0, dot_legacy, block_q4_0)
+GGUFLM_BLOCK_DOTS(q4_1, GGUFLM_Q4_1, dot_legacy, block_q4_1)
+GGUFLM_BLOCK_DOTS(q5_0, GGUFLM_Q5_0, dot_legacy, block_q5_0)
+GGUFLM_BLOCK_DOTS(q5_1, GGUFLM_Q5_1, dot_legacy, block_q5_1)
+GGUFLM_BLOCK_DOTS(q8_0, GGUFLM_Q8_0, dot_legacy, block_q8_0)
+GGUFLM_BLOCK_DOTS(q2_K, GGUFLM_Q2_K, dot_k, block_q2_K)
+GGUFLM_BLOCK_DOTS(q3_K, GGUFLM_Q3_K, dot_k, block_q3_K)
+GGUFLM_BLOCK_DOTS(q4_K, GGUFLM_Q4_K, dot_k, block_q4_K)
+GGUFLM_BLOCK_DOTS(q5_K, GGUFLM_Q5_K, dot_k, block_q5_K)
+GGUFLM_BLOCK_DOTS(q6_K, GGUFLM_Q6_K, dot_k, block_q6_K)
+#undef GGUFLM_BLOCK_DOTS
 static void GGUFLM_SIMD(dot_f32)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F32, n, s, x, y); }
 static void GGUFLM_SIMD(dot_f16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F16, n, s, x, y); }
 static void GGUFLM_SIMD(dot_bf16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_BF16, n, s, x, y); }
@@ -270,4 +303,12 @@ static const gguflm_vec_dot_fn GGUFLM_SIMD(dot_table)[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_Q2_K] = GGUFLM_SIMD(dot_q2_K), [GGUFLM_Q3_K] = GGUFLM_SIMD(dot_q3_K),
     [GGUFLM_Q4_K] = GGUFLM_SIMD(dot_q4_K), [GGUFLM_Q5_K] = GGUFLM_SIMD(dot_q5_K),
     [GGUFLM_Q6_K] = GGUFLM_SIMD(dot_q6_K),
+};
+
+static const gguflm_vec_dotn_fn GGUFLM_SIMD(dotn_table)[GGUFLM_TYPE_COUNT] = {
+    [GGUFLM_Q4_0] = GGUFLM_SIMD(dotn_q4_0), [GGUFLM_Q4_1] = GGUFLM_SIMD(dotn_q4_1),
+    [GGUFLM_Q5_0] = GGUFLM_SIMD(dotn_q5_0), [GGUFLM_Q5_1] = GGUFLM_SIMD(dotn_q5_1),
+    [GGUFLM_Q8_0] = GGUFLM_SIMD(dotn_q8_0), [GGUFLM_Q2_K] = GGUFLM_SIMD(dotn_q2_K),
+    [GGUFLM_Q3_K] = GGUFLM_SIMD(dotn_q3_K), [GGUFLM_Q4_K] = GGUFLM_SIMD(dotn_q4_K),
+    [GGUFLM_Q5_K] = GGUFLM_SIMD(dotn_q5_K), [GGUFLM_Q6_K] = GGUFLM_SIMD(dotn_q6_K),
 };
