@@ -37,9 +37,9 @@ static inline __m256i GGUFLM_SIMD(dot_s8_s8)(__m256i x, __m256i y) {
 
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones */
 static inline __m256i GGUFLM_SIMD(nibbles_32)(const uint8_t *qs) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    /* the 16 bytes in both 128-bit lanes, the upper lane shifted right by 4 */
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 /* 32 bits -> 32 bytes, 0xFF where the bit is set */
@@ -75,6 +75,42 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(
     }
 }
 
+/* the leading halves of a Q4_1/Q5_1 block (d, m) and of its Q8_1 partner (d, s) as floats
+ * [dx, mx, dy, sy], in one vcvtph2ps */
+static inline __m128 GGUFLM_SIMD(half_pairs)(const uint8_t *xb, const uint8_t *yb) {
+    uint32_t xh, yh;
+    memcpy(&xh, xb, 4);
+    memcpy(&yh, yb, 4);
+    return _mm_cvtph_ps(_mm_setr_epi32((int)xh, (int)yh, 0, 0));
+}
+
+/* block ib of one weight row against nt activation rows: acc[t] += dx*dy_t * (x . y_t) lanes,
+ * summs[t] lane 1 += mx*sy_t (Q4_1/Q5_1) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_block)(int type, const uint8_t *xb, const uint8_t *y0,
+                                                                           int64_t y_stride, int nt, __m256 *acc,
+                                                                           __m128 *summs) {
+    const int has_min = gguflm_legacy_has_min(type);
+    const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
+    /* signed quants go in as |x| with x's sign moved onto y */
+    const __m256i ux = has_min ? qx : _mm256_sign_epi8(qx, qx);
+    for (int t = 0; t < nt; ++t) {
+        const uint8_t *yb = y0 + t * y_stride;
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
+        const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux, has_min ? qy : _mm256_sign_epi8(qy, qx));
+        __m256 dxy;
+        if (has_min) {
+            /* one conversion for four halves: v = [dx, mx, dy, sy], w = [dy, sy, dy, sy] */
+            const __m128 v = GGUFLM_SIMD(half_pairs)(xb, yb);
+            const __m128 w = _mm_movehl_ps(v, v);
+            dxy = _mm256_broadcastss_ps(_mm_mul_ss(v, w));
+            summs[t] = _mm_fmadd_ps(v, w, summs[t]);
+        } else {
+            dxy = _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb));
+        }
+        acc[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc[t]);
+    }
+}
+
 /* One weight row against nt activation rows (nt <= GGUFLM_DOT_TOKENS, a constant after inlining):
  * s[t * s_stride] = W . Y_t where Y_t starts y_stride bytes after Y_(t-1). Each weight block is
  * decoded once for all nt tokens; every token's arithmetic is the same as with nt = 1, so the
@@ -82,36 +118,27 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n, float *s,
                                                                          int64_t s_stride, const void *vx,
                                                                          const void *vy, int64_t y_stride, int nt) {
-    const int has_min = gguflm_legacy_has_min(type);
-    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    /* two accumulators per token (even and odd blocks) hide the FMA latency */
+    const size_t by = gguflm_legacy_has_min(type) ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    /* even blocks go to acc0, odd ones to acc1 (two chains hide the FMA latency); lane 1 of summs
+     * accumulates the Q4_1/Q5_1 min terms */
     __m256 acc0[GGUFLM_DOT_TOKENS], acc1[GGUFLM_DOT_TOKENS];
-    float summs[GGUFLM_DOT_TOKENS];
+    __m128 summs[GGUFLM_DOT_TOKENS];
     for (int t = 0; t < nt; ++t) {
         acc0[t] = acc1[t] = _mm256_setzero_ps();
-        summs[t] = 0.0f;
+        summs[t] = _mm_setzero_ps();
     }
-    for (int64_t ib = 0; ib < n / 32; ++ib) {
-        const uint8_t *xb = (const uint8_t *)vx + ib * bx;
-        const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
-        /* signed quants go in as |x| with x's sign moved onto y */
-        const __m256i ux = has_min ? qx : _mm256_sign_epi8(qx, qx);
-        const float dx = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
-        for (int t = 0; t < nt; ++t) {
-            const uint8_t *yb = (const uint8_t *)vy + t * y_stride + ib * by;
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
-            const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux, has_min ? qy : _mm256_sign_epi8(qy, qx));
-            const __m256 dxy = _mm256_set1_ps(dx * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb));
-            /* explicit fmaf: the same single rounding whether or not the compiler may contract */
-            if (has_min) {
-                summs[t] = fmaf(GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]),
-                                GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs[t]);
-            }
-            if (ib & 1) acc1[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc1[t]);
-            else acc0[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc0[t]);
-        }
+    const uint8_t *x = (const uint8_t *)vx, *y = (const uint8_t *)vy;
+    const int64_t nb = n / 32;
+    int64_t ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, summs);
+        GGUFLM_SIMD(legacy_block)(type, x + (ib + 1) * bx, y + (ib + 1) * by, y_stride, nt, acc1, summs);
     }
-    for (int t = 0; t < nt; ++t) s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + summs[t];
+    if (ib < nb) GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, summs);
+    for (int t = 0; t < nt; ++t) {
+        const float min_terms = _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
+        s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + min_terms;
+    }
 }
 
 /* the 32 unsigned quants of elements 32g .. 32g+31 of a K super-block (layouts: see gguflm_kunpack) */
