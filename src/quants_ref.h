@@ -786,14 +786,8 @@ static void gguflm_dequantize_row_q8_K(const void *vx, float *y, int64_t k) {
 static void gguflm_quantize_row_f32(const float *x, void *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
 static void gguflm_dequantize_row_f32(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
 
-static void gguflm_quantize_row_f16(const float *x, void *vy, int64_t k) {
-    ggml_half *y = (ggml_half *)vy;
-    for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp32_to_fp16(x[i]);
-}
-static void gguflm_dequantize_row_f16(const void *vx, float *y, int64_t k) {
-    const ggml_half *x = (const ggml_half *)vx;
-    for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp16_to_fp32(x[i]);
-}
+static void gguflm_quantize_row_f16(const float *x, void *y, int64_t k) { gguflm_fp32_to_fp16_row(x, (ggml_half *)y, k); }
+static void gguflm_dequantize_row_f16(const void *x, float *y, int64_t k) { gguflm_fp16_to_fp32_row((const ggml_half *)x, y, k); }
 static void gguflm_quantize_row_bf16(const float *x, void *vy, int64_t k) {
     uint16_t *y = (uint16_t *)vy;
     for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp32_to_bf16(x[i]);

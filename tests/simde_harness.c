@@ -13,3 +13,16 @@ int gguflm_emulated_dot(int isa, int type, int64_t n, const void *x, const void 
     table[type](n, s, x, y);
     return 1;
 }
+
+/* the matmul driver with isa's kernel tables, chosen directly: the CPU check of
+ * gguflm_kernels_init would refuse AVX-512 here, and emulation makes it safe */
+void gguflm_emulated_matmul(int isa, int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
+                            const void *xq, int64_t n_tok, float *out, int n_threads) {
+    gguflm_dot_table = isa == 2 ? gguflm_dot_table_avx512 : isa == 1 ? gguflm_dot_table_avx2 : gguflm_dot_table_scalar;
+    gguflm_dotn_table = isa == 2 ? gguflm_dotn_table_avx512 : isa == 1 ? gguflm_dotn_table_avx2 : gguflm_dotn_table_scalar;
+    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, n_threads);
+}
+
+/* the software fp16 row conversions (GGUFLM_SIMDE builds leave out the F16C ones) */
+void gguflm_software_fp32_to_fp16(const float *x, ggml_half *y, int64_t n) { gguflm_fp32_to_fp16_row(x, y, n); }
+void gguflm_software_fp16_to_fp32(const ggml_half *x, float *y, int64_t n) { gguflm_fp16_to_fp32_row(x, y, n); }

@@ -16,8 +16,8 @@ from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, generate_data, gguf_tensors
 
 ALL_TYPES = [f.type for f in q.formats()]
-GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-GGUF_DEQUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+GGUF_QUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+GGUF_DEQUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def test_registry_lists_every_brief_format():
@@ -97,10 +97,14 @@ def test_fp16_conversion_is_exact_both_ways():
     bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
                            (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
     x = bits.view(np.float32)
-    x = x[~np.isnan(x)]
-    with np.errstate(over="ignore"):
-        expected = x.astype(np.float16)
-    assert np.array_equal(f16.quantize(x), expected.view(np.uint8))
+    nan = np.isnan(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    got = f16.quantize(x).view(np.uint16)
+    assert np.array_equal(got[~nan], expected[~nan])
+    # NaNs stay NaN, quiet, with the top payload bits (what vcvtps2ph does)
+    quiet = ((bits[nan] >> 16) & 0x8000) | 0x7E00 | ((bits[nan] >> 13) & 0x3FF)
+    assert np.array_equal(got[nan], quiet.astype(np.uint16))
 
 
 def test_bf16_nan_stays_nan_and_quiet():

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import gguflm.quants as q
 from gguflm.testing import strategies as gst
+from gguflm.testing import random_blocks
 from quants_oracles import DOT_TYPES, reference_matmul
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ def emulated(tmp_path_factory):
     if cc is None:
         pytest.fail("no C compiler (cc) to build the SIMDe harness")
     lib_path = tmp_path_factory.mktemp("simde") / "libgguflm_simde.so"
-    cmd = [cc, "-O1", "-shared", "-fPIC", "-Wno-unknown-pragmas", "-Wno-psabi", f"-I{ROOT / 'src'}",
+    cmd = [cc, "-O1", "-shared", "-fPIC", "-fopenmp", "-Wno-unknown-pragmas", "-Wno-psabi", f"-I{ROOT / 'src'}",
            f"-I{_simde_include()}", str(ROOT / "tests" / "simde_harness.c"), "-o", str(lib_path)]
     subprocess.run(cmd, check=True, capture_output=True)
     lib = ctypes.CDLL(str(lib_path))
@@ -52,36 +53,44 @@ def emulated(tmp_path_factory):
                                         ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)]
     lib.gguflm_emulated_dot.restype = ctypes.c_int
 
-    def dot(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
-        s = ctypes.c_float(np.nan)
-        assert lib.gguflm_emulated_dot(ISA_IDS[isa], int(t), n, w.ctypes.data, xq.ctypes.data, ctypes.byref(s))
-        return np.float32(s.value)
+    lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    for name in ("gguflm_software_fp32_to_fp16", "gguflm_software_fp16_to_fp32"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib
 
-    return dot
+
+def _dot(lib, isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
+    s = ctypes.c_float(np.nan)
+    assert lib.gguflm_emulated_dot(ISA_IDS[isa], int(t), n, w.ctypes.data, xq.ctypes.data, ctypes.byref(s))
+    return np.float32(s.value)
 
 
 @pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
+    def emulated_dot(isa, *args):
+        return _dot(emulated, isa, *args)
+
     fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
     n = max(fmt.block_size, 32) * data.draw(st.integers(1, 6))
     exact = data.draw(st.booleans())
     w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
     xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
-    scalar = emulated("scalar", t, n, w, xq)
+    scalar = emulated_dot("scalar", t, n, w, xq)
     assert scalar.view(np.uint32) == _native("scalar", t, n, w, xq).view(np.uint32)
     _, mag = reference_matmul(t, w, xq, n)
     for isa in ("avx2", "avx512"):
-        value = emulated(isa, t, n, w, xq)
+        value = emulated_dot(isa, t, n, w, xq)
         if exact or t.name.endswith("_K"):
             assert value.view(np.uint32) == scalar.view(np.uint32), isa
         else:
             assert abs(value - scalar) <= 2e-6 * mag[0, 0] + 1e-30, isa
     # AVX2 and AVX-512 share one body; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
-    assert emulated("avx2", t, n, w, xq).view(np.uint32) == emulated("avx512", t, n, w, xq).view(np.uint32)
+    assert emulated_dot("avx2", t, n, w, xq).view(np.uint32) == emulated_dot("avx512", t, n, w, xq).view(np.uint32)
     for isa in set(q.supported_isas()) - {"scalar"}:
-        assert _native(isa, t, n, w, xq).view(np.uint32) == emulated(isa, t, n, w, xq).view(np.uint32), isa
+        assert _native(isa, t, n, w, xq).view(np.uint32) == emulated_dot(isa, t, n, w, xq).view(np.uint32), isa
 
 
 def _native(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
@@ -90,3 +99,58 @@ def _native(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
         return np.float32(q._k.vec_dot(int(t), w, xq, n))
     finally:
         q.set_isa(previous)
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+def test_emulated_avx512_matmul(emulated, t):
+    """The matmul driver over the emulated AVX-512 kernels, multi-token paths and two threads
+    included, against the native scalar and AVX2 matmuls."""
+    fmt = q.get(t)
+    rng = np.random.default_rng(int(t))
+    n_in, n_rows = max(fmt.block_size, 32) * 2, 37
+    w = random_blocks(fmt, n_rows * n_in // fmt.block_size, rng).reshape(n_rows, -1)
+    for n_tok in (1, 5, 17):
+        xq = q.quantize_rows_for_dot(t, rng.standard_normal((n_tok, n_in)).astype(np.float32))
+        outs = {}
+        for isa in ("avx2", "avx512"):
+            out = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
+            emulated.gguflm_emulated_matmul(ISA_IDS[isa], int(t), w.ctypes.data, w.shape[1], n_rows, n_in,
+                                            xq.ctypes.data, n_tok, out.ctypes.data, 2)
+            outs[isa] = out
+        assert np.array_equal(outs["avx2"], outs["avx512"])
+        previous = q.set_isa("scalar")
+        try:
+            scalar = q.matmul_quantized(w, t, xq)
+        finally:
+            q.set_isa(previous)
+        _, mag = reference_matmul(t, w.reshape(-1), xq, n_in)
+        assert np.all(np.abs(outs["avx512"] - scalar) <= 2e-6 * mag + 1e-30)
+        if "avx2" in q.supported_isas():
+            previous = q.set_isa("avx2")
+            try:
+                assert np.array_equal(q.matmul_quantized(w, t, xq), outs["avx2"])
+            finally:
+                q.set_isa(previous)
+
+
+def test_software_fp16_rows_match_numpy(emulated):
+    """The portable fp16 conversions (builds without F16C use them) on every half and a dense
+    sweep of floats, halfway cases included."""
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    back = np.empty(halves.shape, np.float32)
+    emulated.gguflm_software_fp16_to_fp32(halves.ctypes.data, back.ctypes.data, halves.size)
+    ref = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(ref)
+    assert np.array_equal(back[finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.array_equal(np.isnan(back), np.isnan(ref))
+    bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
+                           (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
+    x = np.ascontiguousarray(bits.view(np.float32))
+    out = np.empty(x.shape, np.uint16)
+    emulated.gguflm_software_fp32_to_fp16(x.ctypes.data, out.ctypes.data, x.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(out[~nan], expected[~nan])
+    # NaNs stay NaN, quiet, with the top payload bits, as vcvtps2ph keeps them
+    assert np.array_equal(out[nan], (((bits[nan] >> 16) & 0x8000) | 0x7E00 | ((bits[nan] >> 13) & 0x3FF)).astype(np.uint16))
