@@ -175,3 +175,42 @@ def test_real_model_tensors_dequantize_like_gguf(request, model, name):
         rows = np.ascontiguousarray(rows[:64])
         expected = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(int(t)))
         assert np.array_equal(fmt.dequantize(rows), expected)
+
+
+def _rint_i8(v: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(v), -128, 127).astype(np.int8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=gst.float_rows(256, st.integers(1, 3), max_magnitude=1e4))
+def test_activation_quantizers_follow_ggml_x86(x):
+    """Q8_0/Q8_1 as ggml's AVX code quantizes src1 (multiplier 127/amax, round half to even), Q8_K
+    as its reference quantizer (scale -127/max of the signed largest magnitude), all in float32.
+    Blocks whose multiplier overflows to inf (subnormal maxima) are left out: there ggml's
+    rounding works on infinities and NaNs, which numpy cannot cast to int8 portably."""
+    rows = x.reshape(-1, 32)
+    amax = np.abs(rows).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        qs = _rint_i8(np.where(np.isfinite(inv), rows * inv, 0))
+    ok = np.isfinite(inv[:, 0])
+    q8_0 = q.get("Q8_0").quantize_activations(x).reshape(-1, 34)
+    assert np.array_equal(q8_0[:, :2].copy().view(np.float16)[:, 0], d[:, 0].astype(np.float16))
+    assert np.array_equal(q8_0[ok, 2:].view(np.int8), qs[ok])
+    q8_1 = q.get("Q8_1").quantize_activations(x).reshape(-1, 36)
+    s = (d[:, 0] * qs.astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float16)
+    assert np.array_equal(q8_1[ok, 2:4].copy().view(np.float16)[:, 0], s[ok])
+    assert np.array_equal(q8_1[ok, 4:].view(np.int8), qs[ok])
+
+    blocks = x.reshape(-1, 256)
+    signed_max = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)][:, None]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        iscale = np.float32(-127) / signed_max
+        ok = np.isfinite(iscale[:, 0])
+        qk = np.where(ok[:, None], np.minimum(np.rint(np.where(ok[:, None], iscale * blocks, 0)), 127), 0).astype(np.int8)
+        dk = np.where(ok, np.float32(1) / iscale[:, 0], 0).astype(np.float32)
+    q8_k = q.get("Q8_K").quantize_activations(x).reshape(-1, 292)
+    assert np.array_equal(q8_k[ok, :4].copy().view(np.float32)[:, 0].view(np.uint32), dk[ok].view(np.uint32))
+    assert np.array_equal(q8_k[ok, 4:260].view(np.int8), qk[ok])
+    assert np.array_equal(q8_k[ok, 260:].copy().view(np.int16), qk[ok].reshape(-1, 16, 16).sum(-1, dtype=np.int16))

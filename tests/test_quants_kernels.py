@@ -132,6 +132,8 @@ def test_get_rows_is_dequantize_of_those_rows():
         assert np.array_equal(q.get_rows(w, name, ids), fmt.dequantize(w[ids]))
     with pytest.raises(IndexError):
         q.get_rows(w, "Q4_1", np.array([9]))
+    with pytest.raises(IndexError):  # would wrap to row 1 as int32
+        q.get_rows(w, "Q4_1", np.array([2**32 + 1]))
     with pytest.raises(TypeError):
         q.get_rows(w, "Q4_1", np.array([0.5]))
 
