@@ -181,57 +181,27 @@ typedef struct {
     int has_min;
 } gguflm_legacy_block;
 
-static inline void gguflm_q5_high_bits(const uint8_t *qh_bytes, const uint8_t *qs, uint8_t *u) {
-    uint32_t qh;
-    memcpy(&qh, qh_bytes, sizeof(qh));
-    for (int j = 0; j < 16; ++j) {
-        u[j] = (uint8_t)((qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10));
-        u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10));
-    }
-}
-
-
 static inline __attribute__((always_inline)) void gguflm_legacy_unpack(int type, const void *vb, gguflm_legacy_block *out) {
-    uint8_t u[32];
-    out->m = 0.0f;
-    out->has_min = 0;
-    switch (type) {
-    case GGUFLM_Q4_0: {
-        const block_q4_0 *b = (const block_q4_0 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        for (int j = 0; j < 16; ++j) { out->v[j] = (int8_t)((b->qs[j] & 0x0F) - 8); out->v[j + 16] = (int8_t)((b->qs[j] >> 4) - 8); }
-        break;
+    const uint8_t *b = (const uint8_t *)vb;
+    const ggml_half *halves = (const ggml_half *)vb;
+    out->has_min = type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1;
+    out->d = gguflm_fp16_to_fp32(halves[0]);
+    out->m = out->has_min ? gguflm_fp16_to_fp32(halves[1]) : 0.0f;
+    if (type == GGUFLM_Q8_0 || type == GGUFLM_Q8_1) {
+        memcpy(out->v, b + (type == GGUFLM_Q8_0 ? 2 : 4), 32);   /* Q8_1's second half is s */
+        return;
     }
-    case GGUFLM_Q4_1: {
-        const block_q4_1 *b = (const block_q4_1 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        out->m = gguflm_fp16_to_fp32(b->m);
-        out->has_min = 1;
-        for (int j = 0; j < 16; ++j) { out->v[j] = (int8_t)(b->qs[j] & 0x0F); out->v[j + 16] = (int8_t)(b->qs[j] >> 4); }
-        break;
-    }
-    case GGUFLM_Q5_0: {
-        const block_q5_0 *b = (const block_q5_0 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        gguflm_q5_high_bits(b->qh, b->qs, u);
-        for (int j = 0; j < 32; ++j) out->v[j] = (int8_t)(u[j] - 16);
-        break;
-    }
-    case GGUFLM_Q5_1: {
-        const block_q5_1 *b = (const block_q5_1 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        out->m = gguflm_fp16_to_fp32(b->m);
-        out->has_min = 1;
-        gguflm_q5_high_bits(b->qh, b->qs, u);
-        for (int j = 0; j < 32; ++j) out->v[j] = (int8_t)u[j];
-        break;
-    }
-    default: { /* Q8_0 and Q8_1 share the layout after their half-precision header */
-        const int8_t *qs = type == GGUFLM_Q8_0 ? ((const block_q8_0 *)vb)->qs : ((const block_q8_1 *)vb)->qs;
-        out->d = gguflm_fp16_to_fp32(*(const ggml_half *)vb);
-        memcpy(out->v, qs, 32);
-        break;
-    }
+    /* after the halves: Q5's qh[4] (fifth bit of element j in bit j), then 16 bytes of nibbles with
+     * element j low and element j + 16 high; Q4_0/Q5_0 store value + 8 / value + 16 */
+    const int five = type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1;
+    const uint8_t *p = b + (out->has_min ? 4 : 2);
+    const uint8_t *qs = five ? p + 4 : p;
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, p, 4);
+    const int zero = out->has_min ? 0 : (five ? 16 : 8);
+    for (int j = 0; j < 16; ++j) {
+        out->v[j] = (int8_t)(((qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - zero);
+        out->v[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - zero);
     }
 }
 

@@ -29,6 +29,28 @@ def partner_values(wtype: GGMLType, xq: np.ndarray, n_in: int) -> tuple[np.ndarr
     return x, s
 
 
+def check_fp16_conversions(to_fp32, to_fp16) -> None:
+    """Assert that to_fp32(uint16 halves) and to_fp16(float32) convert like numpy on every half and
+    on a dense sweep of float bit patterns, halfway cases included, and that NaNs become quiet
+    NaNs keeping their top payload bits (what vcvtps2ph does; numpy does not say)."""
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    back = to_fp32(halves)
+    ref = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(ref)
+    assert np.array_equal(back[finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.array_equal(np.isnan(back), np.isnan(ref))
+    bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
+                           (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
+    x = bits.view(np.float32)
+    nan = np.isnan(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    got = to_fp16(x)
+    assert np.array_equal(got[~nan], expected[~nan])
+    quiet = ((bits[nan] >> 16) & 0x8000) | 0x7E00 | ((bits[nan] >> 13) & 0x3FF)
+    assert np.array_equal(got[nan], quiet.astype(np.uint16))
+
+
 # byte offset of the fp16 dmin of K-quants with a min
 _DMIN_OFFSET = {GGMLType.Q2_K: 82, GGMLType.Q4_K: 2, GGMLType.Q5_K: 2}
 
