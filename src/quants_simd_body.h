@@ -1,8 +1,10 @@
 /* SIMD dot kernels, written once and compiled twice by quants_simd.h: as AVX2 (+FMA, F16C) and as
- * AVX-512 with VNNI. GGUFLM_SIMD(name) gives each copy its own names; GGUFLM_SIMD_VNNI selects
- * vpdpbusd for the unsigned x signed byte dots where the AVX2 copy uses vpmaddubsw + vpmaddwd.
- * Both forms give the same int32 lanes (4 adjacent products each; no pair can saturate int16
- * because one side never holds -128), so the two copies agree bit for bit.
+ * AVX-512 with VNNI (on 256-bit vectors through AVX512VL, as ggml's q8_0 dot). GGUFLM_SIMD(name)
+ * gives each copy its own names; GGUFLM_SIMD_VNNI selects vpdpbusd for the legacy blocks' byte
+ * dots where the AVX2 copy uses vpmaddubsw + vpmaddwd. Both forms give the same int32 lanes (4
+ * adjacent products each; no pair can saturate int16 because the activation side never holds
+ * -128), so the two copies agree bit for bit. The K-quant dots need the int16 pair sums for their
+ * per-16 scales (vpmaddwd), so they use vpmaddubsw in both copies, as ggml does.
  * No include guard: this file is meant to be included more than once.
  */
 
@@ -28,11 +30,6 @@ static inline __m256i GGUFLM_SIMD(dot_u8_s8)(__m256i u, __m256i s) {
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
-}
-
-/* signed x signed: move x's sign onto y so that x can go in as unsigned |x| */
-static inline __m256i GGUFLM_SIMD(dot_s8_s8)(__m256i x, __m256i y) {
-    return GGUFLM_SIMD(dot_u8_s8)(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (elements 0..15), then the high ones */

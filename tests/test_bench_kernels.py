@@ -19,5 +19,5 @@ def test_kernels_bench_run_returns_figures():
     assert set(result["read_gbs"]) == {1, 2} and all(v > 0 for v in result["read_gbs"].values())
     (row,) = result["rows"]
     assert (row["type"], row["rows"], row["cols"], row["weight_bytes"]) == ("Q4_1", 40, 64, 40 * 40)
-    assert all(v > 0 for v in row["gbs"].values()) and row["gflops"] > 0
+    assert all(v > 0 for v in row["gbs"].values()) and row["gflops"] > 0 and row["gbs_cpu"] > 0
     assert any(line.startswith("Q4_1") for line in lines)
