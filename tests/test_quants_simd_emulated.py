@@ -109,7 +109,7 @@ def test_emulated_avx512_matmul(emulated, t):
     rng = np.random.default_rng(int(t))
     n_in, n_rows = max(fmt.block_size, 32) * 2, 37
     w = random_blocks(fmt, n_rows * n_in // fmt.block_size, rng).reshape(n_rows, -1)
-    for n_tok in (1, 5, 17):
+    for n_tok in (1, 3, 17, 512):
         xq = q.quantize_rows_for_dot(t, rng.standard_normal((n_tok, n_in)).astype(np.float32))
         outs = {}
         for isa in ("avx2", "avx512"):
