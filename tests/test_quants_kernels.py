@@ -201,3 +201,25 @@ def test_isa_environment_variable_is_honoured():
     run = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "GGUFLM_ISA": bad},
                          capture_output=True, text=True)
     assert run.returncode != 0 and "GGUFLM_ISA" in run.stderr
+
+
+def test_matmul_covers_every_row_when_the_team_is_smaller_than_asked():
+    """OMP_THREAD_LIMIT=1 gives one thread whatever n_threads asks for; every chunk must still run."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, gguflm.quants as q\n"
+        "rng = np.random.default_rng(0)\n"
+        "w = q.get('Q8_0').quantize(rng.standard_normal((300, 64)).astype(np.float32))\n"
+        "x = rng.standard_normal((3, 64)).astype(np.float32)\n"
+        "for n_tok in (1, 3):\n"
+        "    a = q.matmul(w, 'Q8_0', x[:n_tok], n_threads=2)\n"
+        "    b = q.matmul(w, 'Q8_0', x[:n_tok], n_threads=1)\n"
+        "    assert np.array_equal(a, b), n_tok\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
+                         capture_output=True, text=True)
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]
