@@ -7,6 +7,11 @@ K-quant matrices need whole 256-element blocks per row, so their column counts a
 a multiple of 256 (640 -> 768, 576 -> 768); the label says so.
 
 :func:`run` returns the figures as a dict, so the ``gguflm bench`` CLI can reuse it.
+
+On a machine shared with other busy processes, libgomp's default spin-waiting makes every
+multi-threaded parallel region wait for a time slice (about 10 ms per matmul was measured on a
+2-core machine under load); run with ``OMP_WAIT_POLICY=passive`` there. The variable has to be set
+before the process loads the OpenMP runtime, so it cannot be set from inside this module.
 """
 
 from __future__ import annotations
