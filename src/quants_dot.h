@@ -16,6 +16,7 @@ typedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const voi
 /* the same for GGUFLM_DOT_TOKENS activation rows at once, y_stride bytes apart, results
  * s_stride floats apart; SIMD-only, for batches (a weight block is decoded once per group) */
 #define GGUFLM_DOT_TOKENS 4
+_Static_assert(GGUFLM_DOT_TOKENS == 4, "the SIMD scale gathers insert exactly four lanes");
 typedef void (*gguflm_vec_dotn_fn)(int64_t n, float *s, int64_t s_stride, const void *vx, const void *vy,
                                    int64_t y_stride);
 

@@ -72,39 +72,58 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(
     }
 }
 
-/* the leading halves of a Q4_1/Q5_1 block (d, m) and of its Q8_1 partner (d, s) as floats
- * [dx, mx, dy, sy], in one vcvtph2ps */
-static inline __m128 GGUFLM_SIMD(half_pairs)(const uint8_t *xb, const uint8_t *yb) {
-    uint32_t xh, yh;
-    memcpy(&xh, xb, 4);
-    memcpy(&yh, yb, 4);
-    return _mm_cvtph_ps(_mm_setr_epi32((int)xh, (int)yh, 0, 0));
+/* the block scales for nt tokens at once, as dxy[t] = dx * dy_t broadcast; for Q4_1/Q5_1 also
+ * summs lane 2t+1 += mx * sy_t (one fma, the same single rounding for every ISA). The activation
+ * blocks' halves (d, or d and s) of all tokens go through one vcvtph2ps. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_scales)(int has_min, const uint8_t *xb,
+                                                                            const uint8_t *y0, int64_t y_stride, int nt,
+                                                                            __m256 *dxy, __m256 *summs) {
+    if (has_min) {
+        /* literal lane numbers: the insert instructions take immediates (GGUFLM_DOT_TOKENS is 4) */
+        uint32_t ds[GGUFLM_DOT_TOKENS] = {0};
+        for (int t = 0; t < nt; ++t) memcpy(&ds[t], y0 + t * y_stride, 4);
+        __m128i halves = _mm_cvtsi32_si128((int)ds[0]);
+        if (nt > 1) halves = _mm_insert_epi32(halves, (int)ds[1], 1);
+        if (nt > 2) halves = _mm_insert_epi32(halves, (int)ds[2], 2);
+        if (nt > 3) halves = _mm_insert_epi32(halves, (int)ds[3], 3);
+        const __m256 v = _mm256_cvtph_ps(halves);                        /* [dy0 sy0 dy1 sy1 ...] */
+        uint32_t dm;
+        memcpy(&dm, xb, 4);
+        const __m128 xdm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));   /* [dx mx 0 0] */
+        const __m256 xv = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xdm)));
+        const __m256 prod = _mm256_mul_ps(xv, v);                        /* even lanes: dx*dy_t */
+        *summs = _mm256_fmadd_ps(xv, v, *summs);                          /* odd lanes: += mx*sy_t */
+        for (int t = 0; t < nt; ++t) dxy[t] = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * t));
+    } else if (nt == 1) {
+        dxy[0] = _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)y0));
+    } else {
+        ggml_half d[GGUFLM_DOT_TOKENS] = {0};
+        for (int t = 0; t < nt; ++t) d[t] = *(const ggml_half *)(y0 + t * y_stride);
+        __m128i halves = _mm_cvtsi32_si128(d[0]);
+        if (nt > 1) halves = _mm_insert_epi16(halves, d[1], 1);
+        if (nt > 2) halves = _mm_insert_epi16(halves, d[2], 2);
+        if (nt > 3) halves = _mm_insert_epi16(halves, d[3], 3);
+        const __m128 prod = _mm_mul_ps(_mm_cvtph_ps(halves), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb)));
+        for (int t = 0; t < nt; ++t) dxy[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(prod), _mm256_set1_epi32(t));
+    }
 }
 
 /* block ib of one weight row against nt activation rows: acc[t] += dx*dy_t * (x . y_t) lanes,
- * summs[t] lane 1 += mx*sy_t (Q4_1/Q5_1) */
+ * summs lane 2t+1 += mx*sy_t (Q4_1/Q5_1) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_block)(int type, const uint8_t *xb, const uint8_t *y0,
                                                                            int64_t y_stride, int nt, __m256 *acc,
-                                                                           __m128 *summs) {
+                                                                           __m256 *summs) {
     const int has_min = gguflm_legacy_has_min(type);
     const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
     /* signed quants go in as |x| with x's sign moved onto y */
     const __m256i ux = has_min ? qx : _mm256_sign_epi8(qx, qx);
+    __m256 dxy[GGUFLM_DOT_TOKENS];
+    GGUFLM_SIMD(legacy_scales)(has_min, xb, y0, y_stride, nt, dxy, summs);
     for (int t = 0; t < nt; ++t) {
         const uint8_t *yb = y0 + t * y_stride;
         const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
         const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux, has_min ? qy : _mm256_sign_epi8(qy, qx));
-        __m256 dxy;
-        if (has_min) {
-            /* one conversion for four halves: v = [dx, mx, dy, sy], w = [dy, sy, dy, sy] */
-            const __m128 v = GGUFLM_SIMD(half_pairs)(xb, yb);
-            const __m128 w = _mm_movehl_ps(v, v);
-            dxy = _mm256_broadcastss_ps(_mm_mul_ss(v, w));
-            summs[t] = _mm_fmadd_ps(v, w, summs[t]);
-        } else {
-            dxy = _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb));
-        }
-        acc[t] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(p), acc[t]);
+        acc[t] = _mm256_fmadd_ps(dxy[t], _mm256_cvtepi32_ps(p), acc[t]);
     }
 }
 
@@ -116,26 +135,22 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
                                                                          int64_t s_stride, const void *vx,
                                                                          const void *vy, int64_t y_stride, int nt) {
     const size_t by = gguflm_legacy_has_min(type) ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    /* even blocks go to acc0, odd ones to acc1 (two chains hide the FMA latency); lane 1 of summs
-     * accumulates the Q4_1/Q5_1 min terms */
+    /* even blocks go to acc0, odd ones to acc1 (two chains hide the FMA latency); lane 2t+1 of
+     * summs accumulates token t's Q4_1/Q5_1 min terms */
     __m256 acc0[GGUFLM_DOT_TOKENS], acc1[GGUFLM_DOT_TOKENS];
-    __m128 summs[GGUFLM_DOT_TOKENS];
-    for (int t = 0; t < nt; ++t) {
-        acc0[t] = acc1[t] = _mm256_setzero_ps();
-        summs[t] = _mm_setzero_ps();
-    }
+    __m256 summs = _mm256_setzero_ps();
+    for (int t = 0; t < nt; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
     const uint8_t *x = (const uint8_t *)vx, *y = (const uint8_t *)vy;
     const int64_t nb = n / 32;
     int64_t ib = 0;
     for (; ib + 1 < nb; ib += 2) {
-        GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, summs);
-        GGUFLM_SIMD(legacy_block)(type, x + (ib + 1) * bx, y + (ib + 1) * by, y_stride, nt, acc1, summs);
+        GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, &summs);
+        GGUFLM_SIMD(legacy_block)(type, x + (ib + 1) * bx, y + (ib + 1) * by, y_stride, nt, acc1, &summs);
     }
-    if (ib < nb) GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, summs);
-    for (int t = 0; t < nt; ++t) {
-        const float min_terms = _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
-        s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + min_terms;
-    }
+    if (ib < nb) GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, &summs);
+    float min_terms[8];
+    _mm256_storeu_ps(min_terms, summs);
+    for (int t = 0; t < nt; ++t) s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + min_terms[2 * t + 1];
 }
 
 /* the 32 unsigned quants of elements 32g .. 32g+31 of a K super-block (layouts: see gguflm_kunpack) */
