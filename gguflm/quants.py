@@ -216,6 +216,8 @@ def get_rows(w: np.ndarray, wtype: TypeLike, ids: np.ndarray) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= wb.shape[0]):
+        raise IndexError(f"row ids must lie in [0, {wb.shape[0]}), got {ids.min()}..{ids.max()}")
     out = np.empty((ids.shape[0], n_in), dtype=np.float32)
     _k.get_rows(int(fmt.type), wb, n_in, np.ascontiguousarray(ids, dtype=np.int32), out)
     return out

@@ -94,4 +94,53 @@ static inline uint16_t gguflm_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
+/* ---- rows: F16C when the CPU has it (a target-attribute variant chosen at run time), else the
+ * software conversions above; both bit-identical ---- */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(GGUFLM_SIMDE)
+#include <immintrin.h>
+#define GGUFLM_ROW_F16C 1
+
+static inline int gguflm_row_f16c_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}
+
+__attribute__((target("avx,f16c"))) static void gguflm_fp32_to_fp16_row_f16c(const float *x, ggml_half *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        /* rounding immediate 0: round to nearest even */
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+    }
+    for (; i < n; ++i) y[i] = gguflm_fp32_to_fp16(x[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void gguflm_fp16_to_fp32_row_f16c(const ggml_half *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; ++i) y[i] = gguflm_fp16_to_fp32(x[i]);
+}
+#else
+#define GGUFLM_ROW_F16C 0
+#endif
+
+static inline void gguflm_fp32_to_fp16_row(const float *x, ggml_half *y, int64_t n) {
+#if GGUFLM_ROW_F16C
+    if (gguflm_row_f16c_ok()) {
+        gguflm_fp32_to_fp16_row_f16c(x, y, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = gguflm_fp32_to_fp16(x[i]);
+}
+
+static inline void gguflm_fp16_to_fp32_row(const ggml_half *x, float *y, int64_t n) {
+#if GGUFLM_ROW_F16C
+    if (gguflm_row_f16c_ok()) {
+        gguflm_fp16_to_fp32_row_f16c(x, y, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = gguflm_fp16_to_fp32(x[i]);
+}
+
 #endif

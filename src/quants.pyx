@@ -134,6 +134,7 @@ def quantize_act(int vec_dot_type, const float[:, ::1] x, uint8_t[:, ::1] out, i
 
 cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t n_tok, float[:, ::1] out,
                        int n_threads) except -1:
+    """Raises on bad arguments; returns 0 when there is nothing to compute (out is then done)."""
     _check_dot_type(wtype)
     _check_threads(n_threads)
     cdef int64_t rb = _row_bytes(wtype, n_in)
@@ -142,7 +143,12 @@ cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t
                          f"got {w.shape[1]}")
     if out.shape[0] != n_tok or out.shape[1] != w.shape[0]:
         raise ValueError(f"out must be [{n_tok}, {w.shape[0]}], got [{out.shape[0]}, {out.shape[1]}]")
-    return 0
+    if w.shape[0] == 0 or n_tok == 0:
+        return 0
+    if n_in == 0:
+        out[:, :] = 0
+        return 0
+    return 1
 
 
 def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,
@@ -151,13 +157,9 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     are quantized to the partner type inside the same parallel region."""
     if x.shape[1] != n_in:
         raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
-    _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads)
+    if not _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads):
+        return
     cdef int64_t n_rows = w.shape[0], n_tok = x.shape[0]
-    if n_rows == 0 or n_tok == 0:
-        return
-    if n_in == 0:
-        out[:, :] = 0
-        return
     scratch = np.empty(act_buffer_bytes(gguflm_traits[wtype].vec_dot_type, n_tok, n_in), dtype=np.uint8)
     cdef uint8_t[::1] sv = scratch
     with nogil:
@@ -168,16 +170,13 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
 def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
                      float[:, ::1] out, int n_threads=1):
     """``out`` = ``w`` . activations already quantized (``xq`` [n_tok, act row bytes])."""
-    _check_matmul(wtype, w, n_in, xq.shape[0], out, n_threads)
+    _check_dot_type(wtype)
     cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n_in)
     if xq.shape[1] != xb:
         raise ValueError(f"xq rows must take {xb} bytes, got {xq.shape[1]}")
+    if not _check_matmul(wtype, w, n_in, xq.shape[0], out, n_threads):
+        return
     cdef int64_t n_rows = w.shape[0], n_tok = xq.shape[0]
-    if n_rows == 0 or n_tok == 0:
-        return
-    if n_in == 0:
-        out[:, :] = 0
-        return
     with nogil:
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, n_threads)
 

@@ -13,14 +13,21 @@
 
 typedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const void *vy);
 
+/* the same for GGUFLM_DOT_TOKENS activation rows at once, y_stride bytes apart, results
+ * s_stride floats apart; SIMD-only, for batches (a weight block is decoded once per group) */
+#define GGUFLM_DOT_TOKENS 4
+_Static_assert(GGUFLM_DOT_TOKENS == 4, "the SIMD scale gathers insert exactly four lanes");
+typedef void (*gguflm_vec_dotn_fn)(int64_t n, float *s, int64_t s_stride, const void *vx, const void *vy,
+                                   int64_t y_stride);
+
 /* types whose partner is Q8_1 (they carry a min; Q8_1's s = d*sum(qs) applies it once per block) */
 static inline int gguflm_legacy_has_min(int type) { return type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1; }
 
-/* float contribution of one K super-block from its exact integer sums; shared by every ISA.
- * noinline keeps it out of the FMA-enabled SIMD functions, where GCC would contract it into an
- * fma and the ISAs would stop agreeing bit for bit. */
-static __attribute__((noinline)) float gguflm_kblock_value(float yd, float d, float dmin, int32_t sumi, int32_t summ) {
-    return (yd * d) * (float)sumi - (yd * dmin) * (float)summ;
+/* float value of one K super-block from its exact integer sums. The explicit fmaf leaves nothing
+ * for the compiler to contract, so the FMA-enabled SIMD code and the scalar code round alike and
+ * all ISAs give the same float for the same integers. */
+static inline float gguflm_kblock_value(float yd, float d, float dmin, int32_t sumi, int32_t summ) {
+    return fmaf(yd * d, (float)sumi, -((yd * dmin) * (float)summ));
 }
 
 /* sum_j sc[j]*bsums[j] and sum_j mn[j]*bsums[j]: the zero-point and min terms of a K dot */

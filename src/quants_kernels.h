@@ -68,6 +68,9 @@ enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2 };
 static const char *const gguflm_isa_names[] = {"scalar", "avx2", "avx512"};
 
 static const gguflm_vec_dot_fn *gguflm_dot_table = gguflm_dot_table_scalar;
+/* multi-token kernels: SIMD only; the scalar variant runs its single-token kernel per token */
+static const gguflm_vec_dotn_fn gguflm_dotn_table_scalar[GGUFLM_TYPE_COUNT] = {0};
+static const gguflm_vec_dotn_fn *gguflm_dotn_table = gguflm_dotn_table_scalar;
 static int gguflm_isa_current = -1;
 
 static inline int gguflm_isa_supported(int isa) {
@@ -113,12 +116,17 @@ static int gguflm_kernels_init(int isa) {
     gguflm_dot_table = isa == GGUFLM_ISA_AVX512 ? gguflm_dot_table_avx512
                      : isa == GGUFLM_ISA_AVX2   ? gguflm_dot_table_avx2
                                                 : gguflm_dot_table_scalar;
+    gguflm_dotn_table = isa == GGUFLM_ISA_AVX512 ? gguflm_dotn_table_avx512
+                      : isa == GGUFLM_ISA_AVX2   ? gguflm_dotn_table_avx2
+                                                 : gguflm_dotn_table_scalar;
 #endif
     gguflm_isa_current = isa;
     return ok ? isa : -1;
 }
 
 static inline gguflm_vec_dot_fn gguflm_vec_dot(int type) { return gguflm_dot_table[type]; }
+/* NULL when the current ISA has no multi-token kernel for type */
+static inline gguflm_vec_dotn_fn gguflm_vec_dotn(int type) { return gguflm_dotn_table[type]; }
 
 /* ======================= activations ======================= */
 
@@ -141,8 +149,9 @@ static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stri
                                 void *xq, int n_threads) {
     const int64_t nb = n_in / gguflm_traits[vec_dot_type].block_size;
     const int nth = (int)(n_threads < nb ? n_threads : (nb > 0 ? nb : 1));
+    /* the team may be smaller than asked (no OpenMP, thread limits): split by its real size */
     #pragma omp parallel num_threads(nth)
-    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, omp_get_thread_num(), nth);
+    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, omp_get_thread_num(), omp_get_num_threads());
 }
 
 /* ======================= matmul ======================= */
@@ -158,33 +167,42 @@ static inline int gguflm_matmul_threads(int64_t n_rows, int64_t n_tok, int n_thr
     return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
 }
 
-/* out[t, r] = W[r] . xq[t] for r in [r0, r1) and every token */
-static void gguflm_matmul_rows(gguflm_vec_dot_fn dot, const uint8_t *w, int64_t w_stride, int64_t r0, int64_t r1,
-                               int64_t n_in, const uint8_t *xq, int64_t xq_stride, int64_t n_tok, float *out,
-                               int64_t out_stride) {
+/* out[t, r] = W[r] . xq[t] for r in [r0, r1) and every token; dotn (may be NULL) takes tokens
+ * GGUFLM_DOT_TOKENS at a time and gives the same floats as dot */
+static void gguflm_matmul_rows(gguflm_vec_dot_fn dot, gguflm_vec_dotn_fn dotn, const uint8_t *w, int64_t w_stride,
+                               int64_t r0, int64_t r1, int64_t n_in, const uint8_t *xq, int64_t xq_stride,
+                               int64_t n_tok, float *out, int64_t out_stride) {
     for (int64_t t0 = 0; t0 < n_tok; t0 += GGUFLM_TOKEN_TILE) {
         const int64_t t1 = t0 + GGUFLM_TOKEN_TILE < n_tok ? t0 + GGUFLM_TOKEN_TILE : n_tok;
         for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t t = t0; t < t1; ++t) dot(n_in, out + t * out_stride + r, w + r * w_stride, xq + t * xq_stride);
+            int64_t t = t0;
+            if (dotn) {
+                for (; t + GGUFLM_DOT_TOKENS <= t1; t += GGUFLM_DOT_TOKENS) {
+                    dotn(n_in, out + t * out_stride + r, out_stride, w + r * w_stride, xq + t * xq_stride, xq_stride);
+                }
+            }
+            for (; t < t1; ++t) dot(n_in, out + t * out_stride + r, w + r * w_stride, xq + t * xq_stride);
         }
     }
 }
 
-/* inside a parallel region: thread ith starts on chunk ith, then takes chunks from *next_chunk
- * (which the caller set to nth before the region) until none are left */
+/* inside a parallel region: every thread takes row chunks from the shared counter *next_chunk
+ * (0 before the region) until none are left, so any team size covers every chunk */
 static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
-                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride, int ith,
+                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride,
                                  int64_t *next_chunk) {
     const gguflm_vec_dot_fn dot = gguflm_vec_dot(wtype);
+    const gguflm_vec_dotn_fn dotn = gguflm_vec_dotn(wtype);
     const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
     const int64_t rows = gguflm_chunk_rows(n_tok);
     const int64_t n_chunks = (n_rows + rows - 1) / rows;
-    int64_t chunk = ith;
-    while (chunk < n_chunks) {
-        const int64_t r0 = chunk * rows, r1 = r0 + rows < n_rows ? r0 + rows : n_rows;
-        gguflm_matmul_rows(dot, w, w_stride, r0, r1, n_in, xq, xq_stride, n_tok, out, out_stride);
+    for (;;) {
+        int64_t chunk;
         #pragma omp atomic capture
         chunk = (*next_chunk)++;
+        if (chunk >= n_chunks) break;
+        const int64_t r0 = chunk * rows, r1 = r0 + rows < n_rows ? r0 + rows : n_rows;
+        gguflm_matmul_rows(dot, dotn, w, w_stride, r0, r1, n_in, xq, xq_stride, n_tok, out, out_stride);
     }
 }
 
@@ -192,11 +210,10 @@ static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, 
  * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type */
 static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
                             int64_t n_tok, float *out, int64_t out_stride, int n_threads) {
-    const int nth = gguflm_matmul_threads(n_rows, n_tok, n_threads);
-    int64_t next_chunk = nth;
-    #pragma omp parallel num_threads(nth)
+    int64_t next_chunk = 0;
+    #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
     gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)xq, n_tok, out, out_stride,
-                         omp_get_thread_num(), &next_chunk);
+                         &next_chunk);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -205,16 +222,14 @@ static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t 
 static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const float *x,
                               int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
                               int n_threads) {
-    const int nth = gguflm_matmul_threads(n_rows, n_tok, n_threads);
     const int vdt = gguflm_traits[wtype].vec_dot_type;
-    int64_t next_chunk = nth;
-    #pragma omp parallel num_threads(nth)
+    int64_t next_chunk = 0;
+    #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
     {
-        const int ith = omp_get_thread_num();
-        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, ith, nth);
+        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, omp_get_thread_num(), omp_get_num_threads());
         #pragma omp barrier
         gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)scratch, n_tok, out,
-                             out_stride, ith, &next_chunk);
+                             out_stride, &next_chunk);
     }
 }
 

@@ -1,7 +1,18 @@
 # The nogil C API of the quantization kernels, for other Cython modules:
 #     from quants_kernels cimport gguflm_kernels_init, gguflm_matmul_q, gguflm_act_buffer_bytes, ...
 # The kernels are static functions in headers, so each importing extension gets its own copy and
-# must call gguflm_kernels_init(-1) once at import. Arguments are not checked at this level.
+# must call gguflm_kernels_init(-1) once at import (it honours $GGUFLM_ISA and returns -1 when that
+# names an ISA this CPU lacks, keeping the best one). Arguments are not checked at this level.
+#
+# A projection that shares its input (Q, K, V; gate, up), as tests/test_quants_pxd.py does:
+#     vdt = gguflm_traits[wtype].vec_dot_type
+#     xq = <buffer of gguflm_act_buffer_bytes(vdt, n_tok, n_embd) bytes, owned by the caller>
+#     with nogil:
+#         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, n_threads)
+#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, n_threads)
+#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, n_threads)
+# Weights of different types need activations in their own partner types (one buffer each).
+# n_threads: the context's n_threads for one token, n_threads_batch for more.
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cdef extern from "quants_kernels.h" nogil:

@@ -17,6 +17,13 @@
 #define GGUFLM_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define GROUP_MAX_EPS 1e-15f
 
+/* type ids are ggml's (enum ggml_type) */
+enum {
+    GGUFLM_F32 = 0, GGUFLM_F16 = 1, GGUFLM_Q4_0 = 2, GGUFLM_Q4_1 = 3, GGUFLM_Q5_0 = 6, GGUFLM_Q5_1 = 7,
+    GGUFLM_Q8_0 = 8, GGUFLM_Q8_1 = 9, GGUFLM_Q2_K = 10, GGUFLM_Q3_K = 11, GGUFLM_Q4_K = 12,
+    GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30, GGUFLM_TYPE_COUNT = 31
+};
+
 /* round to nearest, ties to even, for |fval| <= 2^22: adding 1.5 * 2^23 leaves the integer in the
  * low mantissa bits (ggml's nearest_int) */
 static inline int gguflm_nearest_int(float fval) {
@@ -28,92 +35,77 @@ static inline int gguflm_nearest_int(float fval) {
 
 /* ======================= legacy 32-element blocks ======================= */
 
-static void gguflm_quantize_row_q4_0(const float *x, void *vy, int64_t k) {
-    block_q4_0 *y = (block_q4_0 *)vy;
-    for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
-        float amax = 0.0f, max = 0.0f;   /* max keeps the sign of the largest magnitude */
-        for (int j = 0; j < QK4_0; j++) {
-            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-        }
-        const float d = max / -8;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = gguflm_fp32_to_fp16(d);
-        for (int j = 0; j < QK4_0 / 2; ++j) {
-            const float x0 = x[j] * id;
-            const float x1 = x[QK4_0 / 2 + j] * id;
-            const uint8_t xi0 = GGUFLM_MIN(15, (int8_t)(int32_t)(x0 + 8.5f));
-            const uint8_t xi1 = GGUFLM_MIN(15, (int8_t)(int32_t)(x1 + 8.5f));
-            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
-        }
+/* the element of largest magnitude, sign kept (the first one on ties) */
+static inline float gguflm_signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
     }
+    return max;
 }
 
-static void gguflm_quantize_row_q4_1(const float *x, void *vy, int64_t k) {
-    block_q4_1 *y = (block_q4_1 *)vy;
-    for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
-        float min = FLT_MAX, max = -FLT_MAX;
-        for (int j = 0; j < QK4_1; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
-        const float d = (max - min) / ((1 << 4) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = gguflm_fp32_to_fp16(d);
-        y[i].m = gguflm_fp32_to_fp16(min);
-        for (int j = 0; j < QK4_1 / 2; ++j) {
-            const float x0 = (x[j] - min) * id;
-            const float x1 = (x[QK4_1 / 2 + j] - min) * id;
-            const uint8_t xi0 = GGUFLM_MIN(15, (int8_t)(int32_t)(x0 + 0.5f));
-            const uint8_t xi1 = GGUFLM_MIN(15, (int8_t)(int32_t)(x1 + 0.5f));
-            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
-        }
-    }
+/* Q4_0/Q5_0: d = max / -2^(bits-1), quants trunc(x/d + 2^(bits-1) + 0.5) clamped to 2^bits - 1 */
+static inline float gguflm_quantize_sym_block(const float *x, int bits, uint8_t *xi) {
+    const int half = 1 << (bits - 1);
+    const float d = gguflm_signed_absmax(x, 32) / -half;
+    const float id = d ? 1.0f / d : 0.0f;
+    const float offset = half + 0.5f;
+    for (int j = 0; j < 32; ++j) xi[j] = GGUFLM_MIN(2 * half - 1, (int8_t)(int32_t)(x[j] * id + offset));
+    return d;
 }
 
-/* Q5_0/Q5_1: low nibbles in qs, the fifth bit of element j in bit j of qh */
+/* Q4_1/Q5_1: d = (max - min) / (2^bits - 1), quants trunc((x - min)/d + 0.5) */
+static inline float gguflm_quantize_min_block(const float *x, int bits, uint8_t *xi, float *min_out) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+    }
+    const int nmax = (1 << bits) - 1;
+    const float d = (max - min) / nmax;
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; ++j) xi[j] = GGUFLM_MIN(nmax, (int8_t)(int32_t)((x[j] - min) * id + 0.5f));
+    *min_out = min;
+    return d;
+}
+
+/* Q4_0/Q4_1: element j in the low nibble of qs[j], element j + 16 in the high one */
+static inline void gguflm_pack_q4(const uint8_t *xi, uint8_t *qs) {
+    for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)(xi[j] | (xi[j + 16] << 4));
+}
+
+/* Q5_0/Q5_1: low nibbles as Q4, the fifth bit of element j in bit j of qh */
 static inline void gguflm_pack_q5(const uint8_t *xi, uint8_t *qs, uint8_t *qh_bytes) {
     uint32_t qh = 0;
-    for (int j = 0; j < 16; ++j) {
-        qs[j] = (uint8_t)((xi[j] & 0x0F) | ((xi[j + 16] & 0x0F) << 4));
-        qh |= ((xi[j] & 0x10u) >> 4) << j;
-        qh |= ((xi[j + 16] & 0x10u) >> 4) << (j + 16);
-    }
+    for (int j = 0; j < 32; ++j) qh |= ((xi[j] & 0x10u) >> 4) << j;
+    for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)((xi[j] & 0x0F) | ((xi[j + 16] & 0x0F) << 4));
     memcpy(qh_bytes, &qh, sizeof(qh));
 }
 
-static void gguflm_quantize_row_q5_0(const float *x, void *vy, int64_t k) {
-    block_q5_0 *y = (block_q5_0 *)vy;
-    uint8_t xi[QK5_0];
-    for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QK5_0; j++) {
-            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-        }
-        const float d = max / -16;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = gguflm_fp32_to_fp16(d);
-        for (int j = 0; j < QK5_0; ++j) xi[j] = GGUFLM_MIN(31, (int8_t)(int32_t)(x[j] * id + 16.5f));
-        gguflm_pack_q5(xi, y[i].qs, y[i].qh);
+/* Q4_0, Q4_1, Q5_0, Q5_1 rows: fields after the half-precision d (and m) as the structs lay them */
+static inline __attribute__((always_inline)) void gguflm_quantize_legacy(int type, const float *x, void *vy, int64_t k) {
+    const int bits = (type == GGUFLM_Q4_0 || type == GGUFLM_Q4_1) ? 4 : 5;
+    const int has_min = type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1;
+    const size_t block_bytes = type == GGUFLM_Q4_0 ? sizeof(block_q4_0) : type == GGUFLM_Q4_1 ? sizeof(block_q4_1)
+                             : type == GGUFLM_Q5_0 ? sizeof(block_q5_0) : sizeof(block_q5_1);
+    uint8_t xi[32];
+    float min = 0.0f;
+    for (int64_t i = 0; i < k / 32; i++, x += 32) {
+        uint8_t *b = (uint8_t *)vy + i * block_bytes;
+        const float d = has_min ? gguflm_quantize_min_block(x, bits, xi, &min) : gguflm_quantize_sym_block(x, bits, xi);
+        ggml_half *dm = (ggml_half *)b;
+        dm[0] = gguflm_fp32_to_fp16(d);
+        if (has_min) dm[1] = gguflm_fp32_to_fp16(min);
+        uint8_t *after = b + (has_min ? 4 : 2);
+        if (bits == 4) gguflm_pack_q4(xi, after);
+        else gguflm_pack_q5(xi, after + 4, after);   /* qh[4] comes before qs */
     }
 }
 
-static void gguflm_quantize_row_q5_1(const float *x, void *vy, int64_t k) {
-    block_q5_1 *y = (block_q5_1 *)vy;
-    uint8_t xi[QK5_1];
-    for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
-        float min = FLT_MAX, max = -FLT_MAX;
-        for (int j = 0; j < QK5_1; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
-        const float d = (max - min) / ((1 << 5) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = gguflm_fp32_to_fp16(d);
-        y[i].m = gguflm_fp32_to_fp16(min);
-        for (int j = 0; j < QK5_1; ++j) xi[j] = (uint8_t)(int32_t)((x[j] - min) * id + 0.5f);
-        gguflm_pack_q5(xi, y[i].qs, y[i].qh);
-    }
-}
+static void gguflm_quantize_row_q4_0(const float *x, void *y, int64_t k) { gguflm_quantize_legacy(GGUFLM_Q4_0, x, y, k); }
+static void gguflm_quantize_row_q4_1(const float *x, void *y, int64_t k) { gguflm_quantize_legacy(GGUFLM_Q4_1, x, y, k); }
+static void gguflm_quantize_row_q5_0(const float *x, void *y, int64_t k) { gguflm_quantize_legacy(GGUFLM_Q5_0, x, y, k); }
+static void gguflm_quantize_row_q5_1(const float *x, void *y, int64_t k) { gguflm_quantize_legacy(GGUFLM_Q5_1, x, y, k); }
 
 /* weight-side Q8_0/Q8_1 (ggml's *_ref): scale amax/127, roundf (ties away from zero) */
 static inline float gguflm_q8_ref_block(const float *x, int8_t *qs) {
@@ -189,63 +181,27 @@ typedef struct {
     int has_min;
 } gguflm_legacy_block;
 
-static inline void gguflm_q5_high_bits(const uint8_t *qh_bytes, const uint8_t *qs, uint8_t *u) {
-    uint32_t qh;
-    memcpy(&qh, qh_bytes, sizeof(qh));
-    for (int j = 0; j < 16; ++j) {
-        u[j] = (uint8_t)((qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10));
-        u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10));
-    }
-}
-
-/* type ids are ggml's (enum ggml_type) */
-enum {
-    GGUFLM_F32 = 0, GGUFLM_F16 = 1, GGUFLM_Q4_0 = 2, GGUFLM_Q4_1 = 3, GGUFLM_Q5_0 = 6, GGUFLM_Q5_1 = 7,
-    GGUFLM_Q8_0 = 8, GGUFLM_Q8_1 = 9, GGUFLM_Q2_K = 10, GGUFLM_Q3_K = 11, GGUFLM_Q4_K = 12,
-    GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30, GGUFLM_TYPE_COUNT = 31
-};
-
 static inline __attribute__((always_inline)) void gguflm_legacy_unpack(int type, const void *vb, gguflm_legacy_block *out) {
-    uint8_t u[32];
-    out->m = 0.0f;
-    out->has_min = 0;
-    switch (type) {
-    case GGUFLM_Q4_0: {
-        const block_q4_0 *b = (const block_q4_0 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        for (int j = 0; j < 16; ++j) { out->v[j] = (int8_t)((b->qs[j] & 0x0F) - 8); out->v[j + 16] = (int8_t)((b->qs[j] >> 4) - 8); }
-        break;
+    const uint8_t *b = (const uint8_t *)vb;
+    const ggml_half *halves = (const ggml_half *)vb;
+    out->has_min = type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1;
+    out->d = gguflm_fp16_to_fp32(halves[0]);
+    out->m = out->has_min ? gguflm_fp16_to_fp32(halves[1]) : 0.0f;
+    if (type == GGUFLM_Q8_0 || type == GGUFLM_Q8_1) {
+        memcpy(out->v, b + (type == GGUFLM_Q8_0 ? 2 : 4), 32);   /* Q8_1's second half is s */
+        return;
     }
-    case GGUFLM_Q4_1: {
-        const block_q4_1 *b = (const block_q4_1 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        out->m = gguflm_fp16_to_fp32(b->m);
-        out->has_min = 1;
-        for (int j = 0; j < 16; ++j) { out->v[j] = (int8_t)(b->qs[j] & 0x0F); out->v[j + 16] = (int8_t)(b->qs[j] >> 4); }
-        break;
-    }
-    case GGUFLM_Q5_0: {
-        const block_q5_0 *b = (const block_q5_0 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        gguflm_q5_high_bits(b->qh, b->qs, u);
-        for (int j = 0; j < 32; ++j) out->v[j] = (int8_t)(u[j] - 16);
-        break;
-    }
-    case GGUFLM_Q5_1: {
-        const block_q5_1 *b = (const block_q5_1 *)vb;
-        out->d = gguflm_fp16_to_fp32(b->d);
-        out->m = gguflm_fp16_to_fp32(b->m);
-        out->has_min = 1;
-        gguflm_q5_high_bits(b->qh, b->qs, u);
-        for (int j = 0; j < 32; ++j) out->v[j] = (int8_t)u[j];
-        break;
-    }
-    default: { /* Q8_0 and Q8_1 share the layout after their half-precision header */
-        const int8_t *qs = type == GGUFLM_Q8_0 ? ((const block_q8_0 *)vb)->qs : ((const block_q8_1 *)vb)->qs;
-        out->d = gguflm_fp16_to_fp32(*(const ggml_half *)vb);
-        memcpy(out->v, qs, 32);
-        break;
-    }
+    /* after the halves: Q5's qh[4] (fifth bit of element j in bit j), then 16 bytes of nibbles with
+     * element j low and element j + 16 high; Q4_0/Q5_0 store value + 8 / value + 16 */
+    const int five = type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1;
+    const uint8_t *p = b + (out->has_min ? 4 : 2);
+    const uint8_t *qs = five ? p + 4 : p;
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, p, 4);
+    const int zero = out->has_min ? 0 : (five ? 16 : 8);
+    for (int j = 0; j < 16; ++j) {
+        out->v[j] = (int8_t)(((qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - zero);
+        out->v[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - zero);
     }
 }
 
@@ -273,12 +229,8 @@ static void gguflm_dequantize_row_q8_1(const void *x, float *y, int64_t k) { ggu
 /* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): the best of 19
  * trial scales around -nmax/max by weighted least squares. L gets quants offset by nmax. */
 static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    const float max = gguflm_signed_absmax(x, n);
+    if (fabsf(max) < GROUP_MAX_EPS) {
         for (int i = 0; i < n; ++i) L[i] = 0;
         return 0.f;
     }
@@ -320,12 +272,8 @@ static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
 /* ggml's make_q3_quants(do_rmse=true): start from -nmax/max, then up to 5 rounds of moving single
  * quants while the weighted fit improves */
 static float gguflm_make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    const float max = gguflm_signed_absmax(x, n);
+    if (fabsf(max) < GROUP_MAX_EPS) {
         for (int i = 0; i < n; ++i) L[i] = 0;
         return 0.f;
     }
@@ -513,12 +461,8 @@ static void gguflm_quantize_row_q3_K(const float *x, void *vy, int64_t k) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < QK_K / 16; ++j) {
-            scales[j] = gguflm_make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
-            const float scale = fabsf(scales[j]);
-            if (scale > amax) { amax = scale; max_scale = scales[j]; }
-        }
+        for (int j = 0; j < QK_K / 16; ++j) scales[j] = gguflm_make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+        const float max_scale = gguflm_signed_absmax(scales, QK_K / 16);
         memset(y[i].scales, 0, 12);
         if (max_scale) {
             const float iscale = -32.f / max_scale;
@@ -639,13 +583,9 @@ static void gguflm_quantize_row_q6_K(const float *x, void *vy, int64_t k) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float max_scale = 0, max_abs_scale = 0;
-        for (int ib = 0; ib < QK_K / 16; ++ib) {
-            scales[ib] = gguflm_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-            const float abs_scale = fabsf(scales[ib]);
-            if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scales[ib]; }
-        }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        for (int ib = 0; ib < QK_K / 16; ++ib) scales[ib] = gguflm_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+        const float max_scale = gguflm_signed_absmax(scales, QK_K / 16);
+        if (fabsf(max_scale) < GROUP_MAX_EPS) {
             memset(&y[i], 0, sizeof(block_q6_K));
             continue;
         }
@@ -678,12 +618,8 @@ static void gguflm_quantize_row_q6_K(const float *x, void *vy, int64_t k) {
 static void gguflm_quantize_row_q8_K(const float *x, void *vy, int64_t k) {
     block_q8_K *y = (block_q8_K *)vy;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        float max = 0, amax = 0;
-        for (int j = 0; j < QK_K; ++j) {
-            const float ax = fabsf(x[j]);
-            if (ax > amax) { amax = ax; max = x[j]; }
-        }
-        if (!amax) {
+        const float max = gguflm_signed_absmax(x, QK_K);
+        if (!max) {
             /* ggml leaves bsums untouched here; zeros keep the block deterministic */
             memset(&y[i], 0, sizeof(block_q8_K));
             continue;
@@ -758,29 +694,24 @@ static inline __attribute__((always_inline)) void gguflm_kscales(int type, const
     }
 }
 
+/* u[e] = the bits-wide field of element e in qs, where each 32-byte run holds 8/bits consecutive
+ * 32-element stretches (stretch s at bit bits*s), plus, when high is given, bit e/32 of
+ * high[e % 32] as the next bit up (Q2_K/Q3_K: bits 2, Q4_K/Q5_K: bits 4) */
+static inline void gguflm_kunpack_bits(const uint8_t *qs, int bits, const uint8_t *high, uint8_t *u) {
+    const int per_byte = 8 / bits, run = 32 * per_byte;
+    for (int e = 0; e < QK_K; ++e) u[e] = (qs[32 * (e / run) + e % 32] >> (bits * ((e / 32) % per_byte))) & ((1 << bits) - 1);
+    if (high) {
+        for (int e = 0; e < QK_K; ++e) u[e] |= (uint8_t)(((high[e % 32] >> (e / 32)) & 1) << bits);
+    }
+}
+
 static inline __attribute__((always_inline)) void gguflm_kunpack(int type, const void *vb, gguflm_kblock *o) {
     gguflm_kscales(type, vb, o);
     switch (type) {
-    case GGUFLM_Q2_K:
-    case GGUFLM_Q3_K: {
-        const uint8_t *qs = type == GGUFLM_Q2_K ? ((const block_q2_K *)vb)->qs : ((const block_q3_K *)vb)->qs;
-        for (int e = 0; e < QK_K; ++e) o->u[e] = (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
-        if (type == GGUFLM_Q3_K) {
-            const uint8_t *hm = ((const block_q3_K *)vb)->hmask;
-            for (int e = 0; e < QK_K; ++e) o->u[e] |= (uint8_t)(((hm[e % 32] >> (e / 32)) & 1) << 2);
-        }
-        break;
-    }
-    case GGUFLM_Q4_K:
-    case GGUFLM_Q5_K: {
-        const uint8_t *qs = type == GGUFLM_Q4_K ? ((const block_q4_K *)vb)->qs : ((const block_q5_K *)vb)->qs;
-        for (int e = 0; e < QK_K; ++e) o->u[e] = (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0xF;
-        if (type == GGUFLM_Q5_K) {
-            const uint8_t *qh = ((const block_q5_K *)vb)->qh;
-            for (int e = 0; e < QK_K; ++e) o->u[e] |= (uint8_t)(((qh[e % 32] >> (e / 32)) & 1) << 4);
-        }
-        break;
-    }
+    case GGUFLM_Q2_K: gguflm_kunpack_bits(((const block_q2_K *)vb)->qs, 2, NULL, o->u); break;
+    case GGUFLM_Q3_K: gguflm_kunpack_bits(((const block_q3_K *)vb)->qs, 2, ((const block_q3_K *)vb)->hmask, o->u); break;
+    case GGUFLM_Q4_K: gguflm_kunpack_bits(((const block_q4_K *)vb)->qs, 4, NULL, o->u); break;
+    case GGUFLM_Q5_K: gguflm_kunpack_bits(((const block_q5_K *)vb)->qs, 4, ((const block_q5_K *)vb)->qh, o->u); break;
     default: { /* Q6_K: element 128n + 32s + l: nibble of ql[64n + 32(s%2) + l] (high if s >= 2),
                   two high bits at bits 2s of qh[32n + l] */
         const block_q6_K *b = (const block_q6_K *)vb;
@@ -825,14 +756,8 @@ static void gguflm_dequantize_row_q8_K(const void *vx, float *y, int64_t k) {
 static void gguflm_quantize_row_f32(const float *x, void *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
 static void gguflm_dequantize_row_f32(const void *x, float *y, int64_t k) { memcpy(y, x, (size_t)k * sizeof(float)); }
 
-static void gguflm_quantize_row_f16(const float *x, void *vy, int64_t k) {
-    ggml_half *y = (ggml_half *)vy;
-    for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp32_to_fp16(x[i]);
-}
-static void gguflm_dequantize_row_f16(const void *vx, float *y, int64_t k) {
-    const ggml_half *x = (const ggml_half *)vx;
-    for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp16_to_fp32(x[i]);
-}
+static void gguflm_quantize_row_f16(const float *x, void *y, int64_t k) { gguflm_fp32_to_fp16_row(x, (ggml_half *)y, k); }
+static void gguflm_dequantize_row_f16(const void *x, float *y, int64_t k) { gguflm_fp16_to_fp32_row((const ggml_half *)x, y, k); }
 static void gguflm_quantize_row_bf16(const float *x, void *vy, int64_t k) {
     uint16_t *y = (uint16_t *)vy;
     for (int64_t i = 0; i < k; ++i) y[i] = gguflm_fp32_to_bf16(x[i]);

@@ -29,25 +29,61 @@ def partner_values(wtype: GGMLType, xq: np.ndarray, n_in: int) -> tuple[np.ndarr
     return x, s
 
 
-def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray]:
-    """For Q4_1/Q5_1: (d*q part [rows, n_in], per-block min m [rows, n_blocks]); ggml applies the
-    min through the activation's s. Other types: (dequantized rows, zeros)."""
+def check_fp16_conversions(to_fp32, to_fp16) -> None:
+    """Assert that to_fp32(uint16 halves) and to_fp16(float32) convert like numpy on every half and
+    on a dense sweep of float bit patterns, halfway cases included, and that NaNs become quiet
+    NaNs keeping their top payload bits (what vcvtps2ph does; numpy does not say)."""
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    back = to_fp32(halves)
+    ref = halves.view(np.float16).astype(np.float32)
+    finite = np.isfinite(ref)
+    assert np.array_equal(back[finite].view(np.uint32), ref[finite].view(np.uint32))
+    assert np.array_equal(np.isnan(back), np.isnan(ref))
+    bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
+                           (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
+    x = bits.view(np.float32)
+    nan = np.isnan(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    got = to_fp16(x)
+    assert np.array_equal(got[~nan], expected[~nan])
+    quiet = ((bits[nan] >> 16) & 0x8000) | 0x7E00 | ((bits[nan] >> 13) & 0x3FF)
+    assert np.array_equal(got[nan], quiet.astype(np.uint16))
+
+
+# byte offset of the fp16 dmin of K-quants with a min
+_DMIN_OFFSET = {GGMLType.Q2_K: 82, GGMLType.Q4_K: 2, GGMLType.Q5_K: 2}
+
+
+def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dequantized rows without their min part [rows, n_in], the min part [rows, n_in],
+    Q4_1/Q5_1 per-block min m [rows, n_blocks]), float64.
+
+    ggml applies Q4_1/Q5_1 mins through the activation's s, so those rows come without m; a
+    K-quant's row is d*sc*q - dmin*mn, split by dequantizing with dmin zeroed. The parts matter
+    for rounding tolerances: float sums round relative to each part, not to their difference."""
     fmt = q.get(wtype)
-    rows = fmt.dequantize(w.reshape(-1, fmt.row_bytes(n_in)), n_in).astype(np.float64)
+    blocks = np.array(w, dtype=np.uint8).reshape(-1, fmt.row_bytes(n_in) // fmt.type_size, fmt.type_size)
+    rows = fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
     m = np.zeros((rows.shape[0], n_in // 32))
+    mins = np.zeros_like(rows)
     if wtype in (GGMLType.Q4_1, GGMLType.Q5_1):
-        blocks = w.reshape(rows.shape[0], -1, fmt.type_size)
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
         rows = rows - np.repeat(m, 32, axis=1)
-    return rows, m
+    elif wtype in _DMIN_OFFSET:
+        o = _DMIN_OFFSET[wtype]
+        blocks[:, :, o:o + 2] = 0
+        scaled = fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
+        mins, rows = scaled - rows, scaled
+    return rows, mins, m
 
 
 def reference_matmul(wtype: GGMLType, w: np.ndarray, xq: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     """(W . x in float64 [n_tok, n_rows], sum of |terms| for a rounding tolerance)."""
-    wd, m = weight_parts(wtype, w, n_in)
+    wd, wmin, m = weight_parts(wtype, w, n_in)
     xd, s = partner_values(wtype, xq, n_in)
-    out = xd @ wd.T + s @ m.T
-    mag = np.abs(xd) @ np.abs(wd).T + np.abs(s) @ np.abs(m).T
+    out = xd @ (wd - wmin).T + s @ m.T
+    mag = np.abs(xd) @ (np.abs(wd) + np.abs(wmin)).T + np.abs(s) @ np.abs(m).T
     return out, mag
 
 

@@ -2,6 +2,8 @@
  * (+VNNI) dot kernels run on any CPU. tests/test_quants_simd_emulated.py compiles this into a
  * shared library at test time and calls it through ctypes. */
 #define GGUFLM_SIMDE 1
+/* make SIMDe's _mm*_fmadd_ps round once (through fmaf), as the FMA instructions do */
+#define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
 /* *s = dot of n elements with the kernel of isa (0 scalar, 1 avx2, 2 avx512); 0 if none exists */
@@ -11,3 +13,16 @@ int gguflm_emulated_dot(int isa, int type, int64_t n, const void *x, const void 
     table[type](n, s, x, y);
     return 1;
 }
+
+/* the matmul driver with isa's kernel tables, chosen directly: the CPU check of
+ * gguflm_kernels_init would refuse AVX-512 here, and emulation makes it safe */
+void gguflm_emulated_matmul(int isa, int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
+                            const void *xq, int64_t n_tok, float *out, int n_threads) {
+    gguflm_dot_table = isa == 2 ? gguflm_dot_table_avx512 : isa == 1 ? gguflm_dot_table_avx2 : gguflm_dot_table_scalar;
+    gguflm_dotn_table = isa == 2 ? gguflm_dotn_table_avx512 : isa == 1 ? gguflm_dotn_table_avx2 : gguflm_dotn_table_scalar;
+    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, n_threads);
+}
+
+/* the software fp16 row conversions (GGUFLM_SIMDE builds leave out the F16C ones) */
+void gguflm_software_fp32_to_fp16(const float *x, ggml_half *y, int64_t n) { gguflm_fp32_to_fp16_row(x, y, n); }
+void gguflm_software_fp16_to_fp32(const ggml_half *x, float *y, int64_t n) { gguflm_fp16_to_fp32_row(x, y, n); }

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 import gguflm.quants as q
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
-from quants_oracles import DOT_TYPES, generate_data, gguf_tensors
+from quants_oracles import DOT_TYPES, check_fp16_conversions, generate_data, gguf_tensors
 
 ALL_TYPES = [f.type for f in q.formats()]
-GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-GGUF_DEQUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+GGUF_QUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+GGUF_DEQUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def test_registry_lists_every_brief_format():
@@ -68,7 +68,8 @@ def test_quantize_matches_gguf_package(name, data):
     fmt = q.get(name)
     block = max(fmt.block_size, 32)
     x = data.draw(gst.float_rows(st.integers(1, 4).map(lambda b: b * block), st.integers(1, 3), max_magnitude=2e5))
-    expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name]).view(np.uint8).reshape(x.shape[0], -1)
+    with np.errstate(all="ignore"):  # tiny blocks overflow 1/d to inf in both implementations
+        expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name]).view(np.uint8).reshape(x.shape[0], -1)
     assert np.array_equal(fmt.quantize(x), expected)
 
 
@@ -85,21 +86,8 @@ def test_dequantize_matches_gguf_package(name, data):
 
 
 def test_fp16_conversion_is_exact_both_ways():
-    halves = np.arange(1 << 16, dtype=np.uint16)
-    f16 = q.get("F16")
-    as_f32 = f16.dequantize(halves)
-    ref = halves.view(np.float16).astype(np.float32)
-    finite = np.isfinite(ref)
-    assert np.array_equal(as_f32[finite].view(np.uint32), ref[finite].view(np.uint32))
-    assert np.array_equal(np.isnan(as_f32), np.isnan(ref))
-    # fp32 -> fp16 round-to-nearest-even on a dense sweep of bit patterns, halfway cases included
-    bits = np.concatenate([np.arange(0, 1 << 32, 4099, dtype=np.uint64),
-                           (np.arange(1 << 16, dtype=np.uint64) << 13) + 0x1000]).astype(np.uint32)
-    x = bits.view(np.float32)
-    x = x[~np.isnan(x)]
-    with np.errstate(over="ignore"):
-        expected = x.astype(np.float16)
-    assert np.array_equal(f16.quantize(x), expected.view(np.uint8))
+    f16 = q.get("F16")  # F16C rows on CPUs that have it
+    check_fp16_conversions(f16.dequantize, lambda x: f16.quantize(x).view(np.uint16))
 
 
 def test_bf16_nan_stays_nan_and_quiet():
@@ -170,3 +158,43 @@ def test_real_model_tensors_dequantize_like_gguf(request, model, name):
         rows = np.ascontiguousarray(rows[:64])
         expected = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(int(t)))
         assert np.array_equal(fmt.dequantize(rows), expected)
+
+
+def _rint_i8(v: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(v), -128, 127).astype(np.int8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=gst.float_rows(256, st.integers(1, 3), max_magnitude=1e4))
+def test_activation_quantizers_follow_ggml_x86(x):
+    """Q8_0/Q8_1 as ggml's AVX code quantizes src1 (multiplier 127/amax, round half to even), Q8_K
+    as its reference quantizer (scale -127/max of the signed largest magnitude), all in float32.
+    Blocks whose multiplier overflows to inf (subnormal maxima) are left out: there ggml's
+    rounding works on infinities and NaNs, which numpy cannot cast to int8 portably."""
+    rows = x.reshape(-1, 32)
+    amax = np.abs(rows).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        qs = _rint_i8(np.where(np.isfinite(inv), rows * inv, 0))
+    ok = np.isfinite(inv[:, 0])
+    q8_0 = q.get("Q8_0").quantize_activations(x).reshape(-1, 34)
+    assert np.array_equal(q8_0[:, :2].copy().view(np.float16)[:, 0], d[:, 0].astype(np.float16))
+    assert np.array_equal(q8_0[ok, 2:].view(np.int8), qs[ok])
+    q8_1 = q.get("Q8_1").quantize_activations(x).reshape(-1, 36)
+    with np.errstate(over="ignore"):  # s may overflow fp16 to inf, in ggml as here
+        s = (d[:, 0] * qs.astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float16)
+    assert np.array_equal(q8_1[ok, 2:4].copy().view(np.float16)[:, 0], s[ok])
+    assert np.array_equal(q8_1[ok, 4:].view(np.int8), qs[ok])
+
+    blocks = x.reshape(-1, 256)
+    signed_max = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)][:, None]
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        iscale = np.float32(-127) / signed_max
+        ok = np.isfinite(iscale[:, 0])
+        qk = np.where(ok[:, None], np.minimum(np.rint(np.where(ok[:, None], iscale * blocks, 0)), 127), 0).astype(np.int8)
+        dk = np.where(ok, np.float32(1) / iscale[:, 0], 0).astype(np.float32)
+    q8_k = q.get("Q8_K").quantize_activations(x).reshape(-1, 292)
+    assert np.array_equal(q8_k[ok, :4].copy().view(np.float32)[:, 0].view(np.uint32), dk[ok].view(np.uint32))
+    assert np.array_equal(q8_k[ok, 4:260].view(np.int8), qk[ok])
+    assert np.array_equal(q8_k[ok, 260:].copy().view(np.int16), qk[ok].reshape(-1, 16, 16).sum(-1, dtype=np.int16))

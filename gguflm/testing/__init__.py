@@ -1,5 +1,74 @@
 """Helpers for testing code built on gguflm's kernels.
 
-:mod:`gguflm.testing.strategies` holds hypothesis strategies (adversarial float rows, valid random
-quantized blocks of every format, matmul shapes); importing it needs the ``hypothesis`` package.
+:func:`random_blocks` makes valid random quantized blocks of any format with numpy alone;
+:mod:`gguflm.testing.strategies` holds hypothesis strategies (adversarial float rows, random blocks,
+matmul shapes) and needs the ``hypothesis`` package.
 """
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguflm.ggml_types import GGMLType
+from gguflm.quants import Format
+
+# byte offsets of the half-precision scale fields inside a block: (offset, role); "d" is a scale,
+# "m" the signed min of Q4_1/Q5_1, "dmin" the positive min scale of K-quants
+_HALF_FIELDS = {
+    GGMLType.Q4_0: [(0, "d")], GGMLType.Q4_1: [(0, "d"), (2, "m")], GGMLType.Q5_0: [(0, "d")],
+    GGMLType.Q5_1: [(0, "d"), (2, "m")], GGMLType.Q8_0: [(0, "d")], GGMLType.Q8_1: [(0, "d")],
+    GGMLType.Q2_K: [(80, "d"), (82, "dmin")], GGMLType.Q3_K: [(108, "d")],
+    GGMLType.Q4_K: [(0, "d"), (2, "dmin")], GGMLType.Q5_K: [(0, "d"), (2, "dmin")], GGMLType.Q6_K: [(208, "d")],
+}
+
+
+def _halves(rng: np.random.Generator, n: int, role: str, exact: bool) -> np.ndarray:
+    if exact:
+        values = rng.choice([-1.0, 1.0], n) if role == "d" else rng.integers(-2, 3, n).astype(np.float64)
+    else:
+        values = rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 0, n)
+    if role == "dmin":
+        values = np.abs(values)
+    return values.astype(np.float16)
+
+
+def random_blocks(fmt: Format, n_blocks: int, rng: np.random.Generator, exact: bool = False,
+                  int8_min: int = -128) -> np.ndarray:
+    """uint8 bytes of ``n_blocks`` valid random blocks of ``fmt`` (F32/F16/BF16: elements).
+
+    Valid means finite scales (magnitudes 1e-4..1), a Q8_1 ``s`` equal to fp16(d*sum(qs)) and
+    Q8_K ``bsums`` equal to the sums of its quants.
+
+    Parameters
+    ----------
+    exact : bool
+        Scales of +-1 and small integer mins (floats: small integers), so that every float
+        operation of a dot on such blocks is exact.
+    int8_min : int
+        Smallest int8 quant for Q8 formats; pass -127 for activations (ggml's activation
+        quantizers never produce -128, and the SIMD sign trick relies on that).
+    """
+    t = fmt.type
+    if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        values = rng.integers(-8, 9, n_blocks) if exact else rng.standard_normal(n_blocks) * 10.0 ** rng.uniform(-3, 2, n_blocks)
+        return fmt.quantize(values.astype(np.float32))
+    nb = n_blocks
+    blocks = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
+    if t == GGMLType.Q8_K:
+        qs = rng.integers(max(int8_min, -127), 128, (nb, 256), dtype=np.int8)
+        d = rng.choice([-1.0, 1.0], nb) if exact else rng.standard_normal(nb) * 10.0 ** rng.uniform(-4, 0, nb)
+        blocks[:, 0:4] = d.astype(np.float32).view(np.uint8).reshape(nb, 4)
+        blocks[:, 4:260] = qs.view(np.uint8)
+        blocks[:, 260:292] = qs.reshape(nb, 16, 16).sum(-1, dtype=np.int16).view(np.uint8).reshape(nb, 32)
+        return blocks.reshape(-1)
+    for offset, role in _HALF_FIELDS[t]:
+        blocks[:, offset:offset + 2] = _halves(rng, nb, role, exact).view(np.uint8).reshape(nb, 2)
+    if t in (GGMLType.Q8_0, GGMLType.Q8_1):
+        start = 2 if t == GGMLType.Q8_0 else 4
+        qs = rng.integers(int8_min, 128, (nb, 32), dtype=np.int8)
+        blocks[:, start:start + 32] = qs.view(np.uint8)
+        if t == GGMLType.Q8_1:
+            d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+            s = (d * qs.sum(-1, dtype=np.int32)).astype(np.float16)
+            blocks[:, 2:4] = s.view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(-1)

@@ -12,19 +12,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from gguflm.ggml_types import GGMLType
 from gguflm.quants import Format
+from gguflm.testing import random_blocks
 
 KINDS = ("normal", "zeros", "constant", "spike", "subnormal", "huge", "tiny", "integers", "positive", "negative")
-
-# byte offsets of the half-precision scale fields inside a block: (offset, role); "d" is a scale,
-# "m" a signed min (Q4_1/Q5_1) or positive min (K-quants' dmin)
-_HALF_FIELDS = {
-    GGMLType.Q4_0: [(0, "d")], GGMLType.Q4_1: [(0, "d"), (2, "m")], GGMLType.Q5_0: [(0, "d")],
-    GGMLType.Q5_1: [(0, "d"), (2, "m")], GGMLType.Q8_0: [(0, "d")], GGMLType.Q8_1: [(0, "d")],
-    GGMLType.Q2_K: [(80, "d"), (82, "m")], GGMLType.Q3_K: [(108, "d")], GGMLType.Q4_K: [(0, "d"), (2, "m")],
-    GGMLType.Q5_K: [(0, "d"), (2, "m")], GGMLType.Q6_K: [(208, "d")],
-}
 
 
 def _stretch(rng: np.random.Generator, kind: str, n: int, magnitude: float, max_magnitude: float) -> np.ndarray:
@@ -74,54 +65,13 @@ def float_rows(draw, n_elements: int | st.SearchStrategy[int], n_rows: int | st.
     return out.astype(np.float32)
 
 
-def _halves(rng: np.random.Generator, n: int, role: str, exact: bool) -> np.ndarray:
-    if exact:
-        values = rng.choice([-1.0, 1.0], n) if role == "d" else rng.integers(-2, 3, n).astype(np.float64)
-    else:
-        values = rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 0, n)
-    if role == "m" and not exact:
-        values = np.abs(values)
-    return values.astype(np.float16)
-
-
 @st.composite
 def quantized_blocks(draw, fmt: Format, n_blocks: int | st.SearchStrategy[int], exact: bool = False,
                      int8_min: int = -128) -> np.ndarray:
-    """uint8 bytes of ``n_blocks`` valid random blocks of ``fmt`` (for F32/F16/BF16: elements).
-
-    Parameters
-    ----------
-    exact : bool
-        Scales of +-1 and small integer mins (floats: small integers), so dots are exact in float32.
-    int8_min : int
-        Smallest int8 quant for Q8 formats; pass -127 for activations (ggml's activation
-        quantizers never produce -128, and the SIMD sign trick relies on that).
-    """
+    """uint8 bytes of ``n_blocks`` valid random blocks of ``fmt``; see :func:`gguflm.testing.random_blocks`."""
     nb = draw(n_blocks) if isinstance(n_blocks, st.SearchStrategy) else n_blocks
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    t = fmt.type
-    if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        values = rng.integers(-8, 9, nb) if exact else rng.standard_normal(nb) * 10.0 ** rng.uniform(-3, 2, nb)
-        return fmt.quantize(values.astype(np.float32))
-    blocks = rng.integers(0, 256, (nb, fmt.type_size), dtype=np.uint8)
-    if t == GGMLType.Q8_K:
-        qs = rng.integers(max(int8_min, -127), 128, (nb, 256), dtype=np.int8)
-        d = rng.choice([-1.0, 1.0], nb) if exact else rng.standard_normal(nb) * 10.0 ** rng.uniform(-4, 0, nb)
-        blocks[:, 0:4] = d.astype(np.float32).view(np.uint8).reshape(nb, 4)
-        blocks[:, 4:260] = qs.view(np.uint8)
-        blocks[:, 260:292] = qs.reshape(nb, 16, 16).sum(-1, dtype=np.int16).view(np.uint8).reshape(nb, 32)
-        return blocks.reshape(-1)
-    for offset, role in _HALF_FIELDS[t]:
-        blocks[:, offset:offset + 2] = _halves(rng, nb, role, exact).view(np.uint8).reshape(nb, 2)
-    if t in (GGMLType.Q8_0, GGMLType.Q8_1):
-        start = 2 if t == GGMLType.Q8_0 else 4
-        qs = rng.integers(int8_min, 128, (nb, 32), dtype=np.int8)
-        blocks[:, start:start + 32] = qs.view(np.uint8)
-        if t == GGMLType.Q8_1:  # s = d * sum(qs), as the quantizer stores it
-            d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-            s = (d * qs.sum(-1, dtype=np.int32)).astype(np.float16)
-            blocks[:, 2:4] = s.view(np.uint8).reshape(nb, 2)
-    return blocks.reshape(-1)
+    return random_blocks(fmt, nb, rng, exact=exact, int8_min=int8_min)
 
 
 @st.composite

@@ -1,0 +1,117 @@
+"""Kernel speed: ``python -m gguflm.bench kernels [--quick] [options]``.
+
+For weight matrices shaped like the real models' (rows x cols) it prints the GB/s of weight
+streamed by a single-token matvec at each thread count, and the GFLOP/s of a batch of tokens,
+beside the machine's measured memory read bandwidth (a parallel read-sum over a large buffer).
+K-quant matrices need whole 256-element blocks per row, so their column counts are rounded up to
+a multiple of 256 (640 -> 768, 576 -> 768); the label says so.
+
+:func:`run` returns the figures as a dict, so the ``gguflm bench`` CLI can reuse it.
+
+On a machine shared with other busy processes, libgomp's default spin-waiting makes every
+multi-threaded parallel region wait for a time slice (about 10 ms per matmul was measured on a
+2-core machine under load); run with ``OMP_WAIT_POLICY=passive`` there. The variable has to be set
+before the process loads the OpenMP runtime, so it cannot be set from inside this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import gguflm.quants as q
+from gguflm._ext import quants as _k
+from gguflm.testing import random_blocks
+
+TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1"]
+SHAPES = [(262144, 640), (2048, 640), (640, 2048), (1536, 576)]
+
+
+def _best_seconds(fn, repeat: int, min_seconds: float = 0.0, clock=time.perf_counter) -> float:
+    """Best time of ``fn()`` on ``clock`` over ``repeat`` runs (more while under ``min_seconds``
+    of wall time in total)."""
+    best, total, runs = float("inf"), 0.0, 0
+    while runs < repeat or (total < min_seconds and runs < 50 * repeat):
+        w0, t0 = time.perf_counter(), clock()
+        fn()
+        best = min(best, clock() - t0)
+        total, runs = total + time.perf_counter() - w0, runs + 1
+    return best
+
+
+def read_bandwidth(n_bytes: int, n_threads: int, repeat: int = 3) -> float:
+    """Measured memory read bandwidth in GB/s: a parallel sum of ``n_bytes`` of 64-bit words."""
+    buf = np.ones(n_bytes // 8, dtype=np.uint64)  # written once so every page is resident
+    seconds = _best_seconds(lambda: _k.read_sum(buf, n_threads), repeat)
+    return buf.nbytes / seconds / 1e9
+
+
+def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
+    return random_blocks(fmt, n_rows * n_cols // fmt.block_size, rng).reshape(n_rows, -1)
+
+
+def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, threads: list[int] = [1, 2],
+        batch: int = 512, batch_threads: int = 2, membw_bytes: int = 1 << 30, repeat: int = 5,
+        out=print) -> dict:
+    """Measure and print; returns ``{"isa", "read_gbs": {threads: GB/s}, "rows": [...]}``."""
+    rng = np.random.default_rng(0)
+    results = {"isa": q.current_isa(), "read_gbs": {}, "rows": []}
+    out(f"kernels: {q.current_isa()}")
+    for n in threads:
+        results["read_gbs"][n] = read_bandwidth(membw_bytes, n)
+        out(f"memory read bandwidth, {n} thread(s): {results['read_gbs'][n]:.1f} GB/s "
+            f"({membw_bytes / 2**20:.0f} MiB buffer)")
+    header = f"{'type':6} {'rows x cols':>14} {'GB/s 1t cpu':>11} " + " ".join(f"{f'GB/s {n}t':>9}" for n in threads)
+    out(header + f" {f'%read {max(threads)}t':>9} {f'GFLOP/s b{batch} {batch_threads}t':>18}")
+    for name in types:
+        fmt = q.get(name)
+        for n_rows, n_cols in shapes:
+            cols = -(-n_cols // fmt.block_size) * fmt.block_size
+            w = _weights(fmt, n_rows, cols, rng)
+            x1 = rng.standard_normal((1, cols)).astype(np.float32)
+            out1 = np.empty((1, n_rows), np.float32)
+            row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}}
+            # single thread on the thread's CPU clock: what the kernel streams while it runs, which
+            # other processes on a shared machine do not distort the way they distort wall time
+            secs = _best_seconds(lambda: q.matmul(w, name, x1, out=out1, n_threads=1), repeat, 0.2, time.thread_time)
+            row["gbs_cpu"] = w.nbytes / secs / 1e9
+            for n in threads:
+                secs = _best_seconds(lambda: q.matmul(w, name, x1, out=out1, n_threads=n), repeat, 0.2)
+                row["gbs"][n] = w.nbytes / secs / 1e9
+            xb = rng.standard_normal((batch, cols)).astype(np.float32)
+            outb = np.empty((batch, n_rows), np.float32)
+            secs = _best_seconds(lambda: q.matmul(w, name, xb, out=outb, n_threads=batch_threads), 1 if w.nbytes > 2**26 else repeat)
+            row["gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
+            results["rows"].append(row)
+            label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "")
+            share = row["gbs"][max(threads)] / results["read_gbs"][max(threads)] * 100
+            out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
+                + f" {share:8.0f}% {row['gflops']:18.1f}")
+    out("* K-quant columns rounded up to whole 256-element blocks; 'cpu': on the thread's CPU clock")
+    return results
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gguflm.bench kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default=",".join(TYPES), help="comma-separated formats")
+    parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES), help="rows x cols list")
+    parser.add_argument("--threads", default="1,2", help="thread counts for the single-token matvec")
+    parser.add_argument("--batch", type=int, default=512, help="tokens of the batch matmul")
+    parser.add_argument("--batch-threads", type=int, default=2)
+    parser.add_argument("--membw-mib", type=int, default=1024, help="read-bandwidth buffer size")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--isa", help="force a kernel variant (scalar, avx2, avx512)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    args = parser.parse_args(argv)
+    if args.isa:
+        q.set_isa(args.isa)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    kwargs = dict(types=args.types.split(","), shapes=shapes, threads=[int(n) for n in args.threads.split(",")],
+                  batch=args.batch, batch_threads=args.batch_threads, membw_bytes=args.membw_mib << 20,
+                  repeat=args.repeat)
+    if args.quick:
+        kwargs.update(shapes=[(64, 256)], batch=4, membw_bytes=1 << 20, repeat=1)
+    run(**kwargs)
+    return 0

@@ -1,0 +1,23 @@
+"""The kernels benchmark runs end to end (tiny sizes) and reports sane figures."""
+
+from __future__ import annotations
+
+from gguflm.bench import kernels
+from gguflm.bench.__main__ import main as bench_main
+
+
+def test_kernels_bench_quick_run(capsys):
+    assert bench_main(["kernels", "--quick", "--types", "Q8_0,Q4_K"]) == 0
+    printed = capsys.readouterr().out
+    assert "memory read bandwidth" in printed and "Q4_K" in printed and "64x256" in printed
+
+
+def test_kernels_bench_run_returns_figures():
+    lines = []
+    result = kernels.run(types=["Q4_1"], shapes=[(40, 64)], threads=[1, 2], batch=3, membw_bytes=1 << 16,
+                         repeat=1, out=lines.append)
+    assert set(result["read_gbs"]) == {1, 2} and all(v > 0 for v in result["read_gbs"].values())
+    (row,) = result["rows"]
+    assert (row["type"], row["rows"], row["cols"], row["weight_bytes"]) == ("Q4_1", 40, 64, 40 * 40)
+    assert all(v > 0 for v in row["gbs"].values()) and row["gflops"] > 0 and row["gbs_cpu"] > 0
+    assert any(line.startswith("Q4_1") for line in lines)

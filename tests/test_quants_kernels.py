@@ -1,0 +1,225 @@
+"""Dot and matmul kernels: against float64 references, across ISAs, threads and shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gguflm.quants as q
+from gguflm.ggml_types import GGMLType
+from gguflm.testing import strategies as gst
+from quants_oracles import DOT_TYPES, reference_matmul
+
+ISAS = q.supported_isas()
+# float32 accumulation over at most a few thousand terms: relative to sum |w_i x_i|
+RTOL = 2e-6
+
+
+@pytest.fixture
+def isa():
+    """Restores the ISA a test switches."""
+    previous = q.current_isa()
+    yield
+    q.set_isa(previous)
+
+
+def _n_in(fmt, blocks):
+    return max(fmt.block_size, 32) * blocks
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_dot_equals_float_dot_of_dequantized_operands(t, data):
+    fmt = q.get(t)
+    n = _n_in(fmt, data.draw(st.integers(1, 4)))
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size))
+    x = data.draw(gst.float_rows(n, max_magnitude=1e3))[0]
+    xq = q.quantize_rows_for_dot(t, x[None])
+    ref, mag = reference_matmul(t, w, xq, n)
+    assert abs(fmt.dot(w, x) - ref[0, 0]) <= RTOL * mag[0, 0] + 1e-30
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_every_isa_equals_scalar(t, data):
+    """Exact operands (scales +-1, small integers): every ISA must give the very same float, since
+    all block sums are integers and every float operation is exact. With general operands the
+    K-quants still agree bit for bit (their per-super-block float expression is shared); the
+    legacy and float formats accumulate in 8 float lanes on SIMD and sequentially in scalar code
+    (as ggml's variants do), so they agree to float rounding."""
+    fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
+    n = _n_in(fmt, data.draw(st.integers(1, 6)))
+    exact = data.draw(st.booleans())
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
+    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
+    results = {}
+    previous = q.current_isa()
+    try:
+        for name in ISAS:
+            q.set_isa(name)
+            results[name] = np.float32(q._k.vec_dot(int(t), w, xq, n))
+    finally:
+        q.set_isa(previous)
+    _, mag = reference_matmul(t, w, xq, n)
+    for name, value in results.items():
+        if exact or t.name.endswith("_K"):
+            assert value.view(np.uint32) == results["scalar"].view(np.uint32), name
+        else:
+            assert abs(value - results["scalar"]) <= RTOL * mag[0, 0] + 1e-30, name
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 17, 512])
+def test_matmul_equals_reference_all_isas_and_threads(t, n_tok, isa):
+    fmt = q.get(t)
+    rng = np.random.default_rng(int(t) * 1000 + n_tok)
+    n_in, n_rows = _n_in(fmt, 2), 70  # 70 rows: a partial chunk at the end
+    w = fmt.quantize((rng.standard_normal((n_rows, n_in)) * rng.uniform(0.1, 3, (n_rows, 1))).astype(np.float32))
+    x = (rng.standard_normal((n_tok, n_in)) * 2).astype(np.float32)
+    xq = q.quantize_rows_for_dot(t, x)
+    ref, mag = reference_matmul(t, w, xq, n_in)
+    first = None
+    for name in ISAS:
+        q.set_isa(name)
+        for n_threads in (1, 2):
+            out = q.matmul(w, t, x, n_threads=n_threads)
+            assert out.shape == (n_tok, n_rows) and out.dtype == np.float32
+            assert np.all(np.abs(out - ref) <= RTOL * mag + 1e-30), (name, n_threads)
+            if n_threads == 1:
+                first = out
+            else:  # each output is one dot call whichever thread runs it
+                assert np.array_equal(out, first)
+        # the pre-quantized path, and single dots (batches run multi-token kernels), give the same floats
+        assert np.array_equal(q.matmul_quantized(w, t, xq, n_threads=2), first)
+        column = [q._k.vec_dot(int(t), w[5], xq[i], n_in) for i in range(n_tok)]
+        assert np.array_equal(first[:, 5], np.array(column, dtype=np.float32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_matmul_shapes_property(data):
+    t = data.draw(st.sampled_from(DOT_TYPES))
+    fmt = q.get(t)
+    n_rows, n_in, n_tok = data.draw(gst.matmul_shapes(fmt))
+    w = data.draw(gst.quantized_blocks(fmt, n_rows * n_in // fmt.block_size)).reshape(n_rows, -1)
+    x = data.draw(gst.float_rows(n_in, n_tok, max_magnitude=1e3))
+    out = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
+    assert q.matmul(w, t, x, out=out, n_threads=data.draw(st.integers(1, 3))) is out
+    ref, mag = reference_matmul(t, w.reshape(-1), q.quantize_rows_for_dot(t, x), n_in)
+    assert np.all(np.abs(out - ref) <= RTOL * mag + 1e-30)
+
+
+def test_matmul_typed_float_weights():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 48)).astype(np.float32)
+    w32 = rng.standard_normal((5, 48)).astype(np.float32)
+    assert np.allclose(q.matmul(w32, "F32", x), x @ w32.T, rtol=1e-5, atol=1e-5)
+    w16 = w32.astype(np.float16)
+    ref = x.astype(np.float16).astype(np.float64) @ w16.astype(np.float64).T
+    assert np.allclose(q.matmul(w16, "F16", x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_get_rows_is_dequantize_of_those_rows():
+    rng = np.random.default_rng(2)
+    for name in ("Q8_0", "Q4_K", "F16", "Q4_1"):
+        fmt = q.get(name)
+        w = fmt.quantize(rng.standard_normal((9, 256)).astype(np.float32))
+        ids = np.array([8, 0, 3, 3])
+        assert np.array_equal(q.get_rows(w, name, ids), fmt.dequantize(w[ids]))
+    with pytest.raises(IndexError):
+        q.get_rows(w, "Q4_1", np.array([9]))
+    with pytest.raises(IndexError):  # would wrap to row 1 as int32
+        q.get_rows(w, "Q4_1", np.array([2**32 + 1]))
+    with pytest.raises(TypeError):
+        q.get_rows(w, "Q4_1", np.array([0.5]))
+
+
+def test_act_buffer_bytes_and_quantize_rows_for_dot():
+    assert q.act_buffer_bytes("Q8_K", 3, 512) == 3 * 2 * 292
+    assert q.act_buffer_bytes(GGMLType.Q8_0, 1, 64) == 68
+    x = np.ones((2, 256), np.float32)
+    assert q.quantize_rows_for_dot("Q4_K", x).shape == (2, 292)
+    assert q.quantize_rows_for_dot("Q4_1", x).shape == (2, 8 * 36)
+    with pytest.raises(ValueError):
+        q.act_buffer_bytes("Q8_K", 1, 100)
+
+
+def test_matmul_rejects_bad_arguments():
+    w = q.get("Q8_0").quantize(np.ones((4, 64), np.float32))
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match="columns"):
+        q.matmul(w, "Q8_0", np.ones((2, 32), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        q.matmul(w, "Q8_0", x.astype(np.float64))
+    with pytest.raises(ValueError, match="2-D"):
+        q.matmul(w, "Q8_0", x[0])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        q.matmul(w, "Q8_0", np.ones((64, 2), np.float32).T)
+    with pytest.raises(ValueError, match="whole blocks"):
+        q.matmul(np.ascontiguousarray(w[:, :30]), "Q8_0", x)
+    with pytest.raises(TypeError, match="uint8"):
+        q.matmul(w.astype(np.int16), "Q8_0", x)
+    with pytest.raises(ValueError, match="shape"):
+        q.matmul(w, "Q8_0", x, out=np.empty((4, 2), np.float32))
+    with pytest.raises(TypeError):
+        q.matmul(w, "Q8_0", x, out=np.empty((2, 4), np.float64))
+    with pytest.raises(ValueError, match="activation format"):
+        q.matmul(q.get("Q8_K").quantize(np.ones((1, 256), np.float32)), "Q8_K", np.ones((1, 256), np.float32))
+    with pytest.raises(ValueError, match="n_threads"):
+        q.matmul(w, "Q8_0", x, n_threads=0)
+    with pytest.raises(ValueError):
+        q.matmul_quantized(w, "Q8_0", np.zeros((2, 30), np.uint8))
+    assert q.matmul(w[:0], "Q8_0", x).shape == (2, 0)
+
+
+def test_isa_switching(isa):
+    assert q.current_isa() in ISAS and "scalar" in ISAS
+    for name in ISAS:
+        q.set_isa(name)
+        assert q.current_isa() == name
+    with pytest.raises(ValueError, match="unknown"):
+        q.set_isa("sse9")
+    for name in {"avx2", "avx512"} - set(ISAS):
+        with pytest.raises(ValueError, match="cannot run"):
+            q.set_isa(name)
+
+
+def test_isa_environment_variable_is_honoured():
+    import subprocess
+    import sys
+
+    code = "import gguflm.quants as q; print(q.current_isa())"
+    run = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "GGUFLM_ISA": "scalar"},
+                         capture_output=True, text=True)
+    assert run.stdout.strip() == "scalar"
+    missing = {"avx2", "avx512"} - set(ISAS)
+    bad = "bogus" if not missing else sorted(missing)[0]
+    run = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "GGUFLM_ISA": bad},
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "GGUFLM_ISA" in run.stderr
+
+
+def test_matmul_covers_every_row_when_the_team_is_smaller_than_asked():
+    """OMP_THREAD_LIMIT=1 gives one thread whatever n_threads asks for; every chunk must still run."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, gguflm.quants as q\n"
+        "rng = np.random.default_rng(0)\n"
+        "w = q.get('Q8_0').quantize(rng.standard_normal((300, 64)).astype(np.float32))\n"
+        "x = rng.standard_normal((3, 64)).astype(np.float32)\n"
+        "for n_tok in (1, 3):\n"
+        "    a = q.matmul(w, 'Q8_0', x[:n_tok], n_threads=2)\n"
+        "    b = q.matmul(w, 'Q8_0', x[:n_tok], n_threads=1)\n"
+        "    assert np.array_equal(a, b), n_tok\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
+                         capture_output=True, text=True)
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]

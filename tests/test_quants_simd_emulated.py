@@ -1,0 +1,149 @@
+"""The AVX2 and AVX-512 (+VNNI) dot kernels run through SIMDe's portable intrinsics.
+
+CPUs without AVX-512 cannot run the native AVX-512 kernels, so this test compiles the kernel
+headers against SIMDe (package cmeel-simde, in the test extra) into a small shared library and
+checks every emulated kernel against the scalar one, exactly as test_quants_kernels checks the
+native variants. The emulated AVX2 kernels must also equal the native AVX2 ones bit for bit, which
+shows that the emulation computes what the hardware computes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import site
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gguflm.quants as q
+from gguflm.testing import strategies as gst
+from gguflm.testing import random_blocks
+from quants_oracles import DOT_TYPES, check_fp16_conversions, reference_matmul
+
+ROOT = Path(__file__).resolve().parent.parent
+ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+
+def _simde_include() -> Path:
+    bases = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    for base in bases:
+        include = Path(base) / "cmeel.prefix" / "include"
+        if (include / "simde" / "x86" / "avx512.h").is_file():
+            return include
+    pytest.fail("SIMDe headers not found: install the test extra (pip install -e '.[test]', cmeel-simde)")
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) to build the SIMDe harness")
+    lib_path = tmp_path_factory.mktemp("simde") / "libgguflm_simde.so"
+    cmd = [cc, "-O1", "-shared", "-fPIC", "-fopenmp", "-Wno-unknown-pragmas", "-Wno-psabi", f"-I{ROOT / 'src'}",
+           f"-I{_simde_include()}", str(ROOT / "tests" / "simde_harness.c"), "-o", str(lib_path)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.gguflm_emulated_dot.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)]
+    lib.gguflm_emulated_dot.restype = ctypes.c_int
+
+    lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    for name in ("gguflm_software_fp32_to_fp16", "gguflm_software_fp16_to_fp32"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
+def _dot(lib, isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
+    s = ctypes.c_float(np.nan)
+    assert lib.gguflm_emulated_dot(ISA_IDS[isa], int(t), n, w.ctypes.data, xq.ctypes.data, ctypes.byref(s))
+    return np.float32(s.value)
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
+    def emulated_dot(isa, *args):
+        return _dot(emulated, isa, *args)
+
+    fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
+    n = max(fmt.block_size, 32) * data.draw(st.integers(1, 6))
+    exact = data.draw(st.booleans())
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
+    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
+    scalar = emulated_dot("scalar", t, n, w, xq)
+    assert scalar.view(np.uint32) == _native("scalar", t, n, w, xq).view(np.uint32)
+    _, mag = reference_matmul(t, w, xq, n)
+    for isa in ("avx2", "avx512"):
+        value = emulated_dot(isa, t, n, w, xq)
+        if exact or t.name.endswith("_K"):
+            assert value.view(np.uint32) == scalar.view(np.uint32), isa
+        else:
+            assert abs(value - scalar) <= 2e-6 * mag[0, 0] + 1e-30, isa
+    # AVX2 and AVX-512 share one body; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
+    assert emulated_dot("avx2", t, n, w, xq).view(np.uint32) == emulated_dot("avx512", t, n, w, xq).view(np.uint32)
+    for isa in set(q.supported_isas()) - {"scalar"}:
+        assert _native(isa, t, n, w, xq).view(np.uint32) == emulated_dot(isa, t, n, w, xq).view(np.uint32), isa
+
+
+def _native(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
+    previous = q.set_isa(isa)
+    try:
+        return np.float32(q._k.vec_dot(int(t), w, xq, n))
+    finally:
+        q.set_isa(previous)
+
+
+@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+def test_emulated_avx512_matmul(emulated, t):
+    """The matmul driver over the emulated AVX-512 kernels, multi-token paths and two threads
+    included, against the native scalar and AVX2 matmuls."""
+    fmt = q.get(t)
+    rng = np.random.default_rng(int(t))
+    n_in, n_rows = max(fmt.block_size, 32) * 2, 37
+    w = random_blocks(fmt, n_rows * n_in // fmt.block_size, rng).reshape(n_rows, -1)
+    for n_tok in (1, 3, 17, 512):
+        xq = q.quantize_rows_for_dot(t, rng.standard_normal((n_tok, n_in)).astype(np.float32))
+        outs = {}
+        for isa in ("avx2", "avx512"):
+            out = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
+            emulated.gguflm_emulated_matmul(ISA_IDS[isa], int(t), w.ctypes.data, w.shape[1], n_rows, n_in,
+                                            xq.ctypes.data, n_tok, out.ctypes.data, 2)
+            outs[isa] = out
+        assert np.array_equal(outs["avx2"], outs["avx512"])
+        previous = q.set_isa("scalar")
+        try:
+            scalar = q.matmul_quantized(w, t, xq)
+        finally:
+            q.set_isa(previous)
+        _, mag = reference_matmul(t, w.reshape(-1), xq, n_in)
+        assert np.all(np.abs(outs["avx512"] - scalar) <= 2e-6 * mag + 1e-30)
+        if "avx2" in q.supported_isas():
+            previous = q.set_isa("avx2")
+            try:
+                assert np.array_equal(q.matmul_quantized(w, t, xq), outs["avx2"])
+            finally:
+                q.set_isa(previous)
+
+
+def test_software_fp16_rows_match_numpy(emulated):
+    """The portable fp16 conversions, which builds without F16C use."""
+    def to_fp32(halves):
+        out = np.empty(halves.shape, np.float32)
+        emulated.gguflm_software_fp16_to_fp32(halves.ctypes.data, out.ctypes.data, halves.size)
+        return out
+
+    def to_fp16(x):
+        x = np.ascontiguousarray(x)
+        out = np.empty(x.shape, np.uint16)
+        emulated.gguflm_software_fp32_to_fp16(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    check_fp16_conversions(to_fp32, to_fp16)
