@@ -178,6 +178,8 @@ class Graph:
     def project(self, x: np.ndarray, *weights: Weight) -> tuple[np.ndarray, ...]:
         """x @ W.T for each weight; x is quantized once per partner type among them (the result
         equals ggml's, which quantizes again for every matmul)."""
+        if self.ub.n_tokens > 1:  # long prompts: let a cancel land between matmuls, not only layers
+            self.ctx._check_abort()
         quantized: dict[int, np.ndarray] = {}
         outs = []
         for w in weights:

@@ -176,19 +176,22 @@ def test_decode_returns_1_when_the_cache_is_full(llama_model):
 
 def test_decode_returns_2_on_abort_and_keeps_finished_ubatches(llama_model):
     tokens = tokens_of("llama")[:20]
-    calls = {"n": 0}
+    ctx = Context(llama_model, n_ctx=256, n_ubatch=8)
+    seen = []
 
-    def abort_after_first_ubatch() -> bool:
-        calls["n"] += 1
-        # checked once before each ubatch and once per layer (2 layers): stop in the second ubatch
-        return calls["n"] > 4
+    def abort_inside_second_ubatch() -> bool:
+        # the second ubatch's cells are placed before its layers run: positions 8..15
+        seen.append(ctx.memory.seq_pos_max(0))
+        return seen[-1] > 7
 
-    with Context(llama_model, n_ctx=256, n_ubatch=8, abort_callback=abort_after_first_ubatch) as ctx:
-        assert ctx.decode(Batch.get_one(tokens)) == 2
-        assert ctx.memory.seq_pos_max(0) == 7    # the first ubatch of 8 stays, the second rolled back
-        ctx.abort_callback = None
-        assert ctx.decode(Batch.get_one(tokens[8:])) == 0
-        resumed = ctx.get_logits_ith(-1).copy()
+    ctx.abort_callback = abort_inside_second_ubatch
+    assert ctx.decode(Batch.get_one(tokens)) == 2
+    assert 7 in seen and 15 in seen              # checked between ubatches and inside one
+    assert ctx.memory.seq_pos_max(0) == 7        # the first ubatch of 8 stays, the second rolled back
+    ctx.abort_callback = None
+    assert ctx.decode(Batch.get_one(tokens[8:])) == 0
+    resumed = ctx.get_logits_ith(-1).copy()
+    ctx.close()
     with Context(llama_model, n_ctx=256) as ctx:
         ctx.decode(Batch.get_one(tokens))
         assert rel_err(resumed, ctx.get_logits_ith(-1)) <= 1e-5
