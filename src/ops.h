@@ -229,6 +229,54 @@ static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 }
 
 /* All (token, head) pairs over n_threads threads. Returns 0, or -1 if scratch allocation failed. */
+/* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
+
+/* no more threads than rows, and one thread for a single row (not worth waking another) */
+static inline int gguflm_row_threads(int64_t n_rows, int n_threads) {
+    return n_rows <= 1 ? 1 : (int)(n_threads < n_rows ? n_threads : n_rows);
+}
+
+static void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
+                                 float eps, float *out, int64_t out_stride, int n_threads) {
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) gguflm_rms_norm_row(n, x + i * x_stride, w, eps, out + i * out_stride);
+}
+
+/* rotate every row of x ([n_rows][n_heads * head_dim], row stride x_stride) by its position */
+static int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
+                             int head_dim, float *x, int64_t x_stride, int n_threads) {
+    int failed = 0;
+    #pragma omp parallel num_threads(gguflm_row_threads(n_rows, n_threads)) reduction(|:failed)
+    {
+        float *cos_sin = (float *)malloc(sizeof(float) * p->n_dims);
+        failed = cos_sin == NULL;
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < n_rows; t++) {
+            if (!cos_sin) continue;
+            gguflm_rope_angles(p, (float)pos[t], cos_sin);
+            gguflm_rope_rows(p, cos_sin, n_heads, head_dim, x + t * x_stride);
+        }
+        free(cos_sin);
+    }
+    return failed ? -1 : 0;
+}
+
+enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1 };
+
+/* out = act(gate) * up for every row; gelu_table is used by GEGLU */
+static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
+                            int64_t gate_stride, const float *up, int64_t up_stride, float *out,
+                            int64_t out_stride, int use_avx2, int n_threads) {
+    const gguflm_ops_kernels k = gguflm_ops_select(use_avx2);
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) {
+        if (kind == GGUFLM_GLU_GEGLU)
+            k.geglu_row(gelu_table, n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
+        else
+            k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
+    }
+}
+
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
     const gguflm_attn_one_fn attn_one = gguflm_ops_select(use_avx2).attn_one;
     const int64_t n_items = (int64_t)a->n_tok * a->n_head;

@@ -11,9 +11,7 @@ import os
 import numpy as np
 
 cimport numpy as cnp
-from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
-from libc.stdlib cimport free, malloc
 
 cnp.import_array()
 
@@ -26,7 +24,6 @@ cdef extern from "cpu_features.h" nogil:
 
 cdef extern from "ops.h" nogil:
     void gguflm_gelu_table_init(ggml_half *table)
-    void gguflm_rms_norm_row(int n, const float *x, const float *w, float eps, float *y)
     ctypedef struct gguflm_rope_params:
         int n_dims
         int neox
@@ -35,16 +32,16 @@ cdef extern from "ops.h" nogil:
         const float *freq_factors
     void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                                float beta_slow, float *low, float *high)
-    void gguflm_rope_angles(const gguflm_rope_params *p, float pos, float *cos_sin)
-    void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin, int n_heads,
-                          int head_dim, float *x)
-    ctypedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y)
-    ctypedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up,
-                                     float *y)
-    ctypedef struct gguflm_ops_kernels:
-        gguflm_glu_fn swiglu_row
-        gguflm_geglu_fn geglu_row
-    gguflm_ops_kernels gguflm_ops_select(int use_avx2)
+    void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
+                              float eps, float *out, int64_t out_stride, int n_threads)
+    int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
+                          int head_dim, float *x, int64_t x_stride, int n_threads)
+    enum:
+        GGUFLM_GLU_SWIGLU
+        GGUFLM_GLU_GEGLU
+    void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
+                         int64_t gate_stride, const float *up, int64_t up_stride, float *out,
+                         int64_t out_stride, int use_avx2, int n_threads)
     ctypedef struct gguflm_attn_args:
         const float *q
         int64_t q_stride
@@ -80,43 +77,41 @@ def _default_isa() -> str:
 
 
 cdef int _use_avx2 = _default_isa() == "avx2"
-cdef gguflm_ops_kernels _kern = gguflm_ops_select(_use_avx2)
 
 
 def set_isa(str isa) -> None:
     """Select the kernels: ``"scalar"``, or ``"avx2"`` / ``"avx512"`` (both use AVX2+FMA+F16C)."""
-    global _use_avx2, _kern
+    global _use_avx2
     if isa not in ("scalar", "avx2", "avx512"):
         raise ValueError(f"unknown ISA {isa!r}")
     if isa != "scalar" and not (gguflm_has_avx2() and gguflm_has_f16c()):
         raise ValueError(f"this CPU cannot run the {isa} kernels")
     _use_avx2 = isa != "scalar"
-    _kern = gguflm_ops_select(_use_avx2)
 
 
 def current_isa() -> str:
     return "avx2" if _use_avx2 else "scalar"
 
 
-cdef inline int _threads_for(Py_ssize_t n_rows, int n_threads) except -1:
+cdef inline int _check_threads(int n_threads) except -1:
     if n_threads < 1:
         raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-    return <int>min(<Py_ssize_t>n_threads, max(n_rows, 1))
+    return 0
 
 
 def rms_norm(const float[:, ::1] x, const float[::1] weight, float eps, float[:, ::1] out,
              int n_threads=1):
     """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight`` for every row (``weight`` may be None)."""
-    cdef Py_ssize_t n_rows = x.shape[0], n = x.shape[1], i
+    cdef Py_ssize_t n_rows = x.shape[0], n = x.shape[1]
     if out.shape[0] != n_rows or out.shape[1] != n:
         raise ValueError(f"out has shape ({out.shape[0]}, {out.shape[1]}), expected ({n_rows}, {n})")
     if weight is not None and weight.shape[0] != n:
         raise ValueError(f"weight has {weight.shape[0]} values, rows have {n}")
+    _check_threads(n_threads)
     cdef const float *w = &weight[0] if weight is not None else NULL
-    cdef int nt = _threads_for(n_rows, n_threads)
-    with nogil, parallel(num_threads=nt):
-        for i in prange(n_rows, schedule="static"):
-            gguflm_rms_norm_row(<int>n, &x[i, 0], w, eps, &out[i, 0])
+    if n_rows:
+        with nogil:
+            gguflm_rms_norm_rows(n_rows, <int>n, &x[0, 0], n, w, eps, &out[0, 0], n, n_threads)
 
 
 def rope(float[:, ::1] x, const int32_t[::1] pos, int n_heads, int head_dim, int n_dims, bint neox,
@@ -146,15 +141,13 @@ def rope(float[:, ::1] x, const int32_t[::1] pos, int n_heads, int head_dim, int
     p.attn_factor = attn_factor
     p.freq_factors = &freq_factors[0] if freq_factors is not None else NULL
     gguflm_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, &p.corr_low, &p.corr_high)
-    cdef int nt = _threads_for(n_tok, n_threads)
-    cdef float *cos_sin = NULL
-    with nogil, parallel(num_threads=nt):
-        cos_sin = <float *>malloc(sizeof(float) * n_dims)
-        if cos_sin != NULL:
-            for t in prange(n_tok, schedule="static"):
-                gguflm_rope_angles(&p, <float>pos[t], cos_sin)
-                gguflm_rope_rows(&p, cos_sin, n_heads, head_dim, &x[t, 0])
-            free(cos_sin)
+    _check_threads(n_threads)
+    cdef int rc = 0
+    if n_tok:
+        with nogil:
+            rc = gguflm_rope_apply(&p, &pos[0], n_tok, n_heads, head_dim, &x[0, 0], x.shape[1], n_threads)
+    if rc:
+        raise MemoryError("rope scratch allocation failed")
 
 
 cdef int _check_glu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out) except -1:
@@ -164,24 +157,24 @@ cdef int _check_glu(const float[:, ::1] gate, const float[:, ::1] up, float[:, :
     return 0
 
 
+cdef _glu(int kind, const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads):
+    _check_glu(gate, up, out)
+    _check_threads(n_threads)
+    cdef Py_ssize_t n_rows = gate.shape[0], n = gate.shape[1]
+    if n_rows:
+        with nogil:
+            gguflm_glu_rows(kind, GELU_TABLE, n_rows, <int>n, &gate[0, 0], n, &up[0, 0], n, &out[0, 0], n,
+                            _use_avx2, n_threads)
+
+
 def swiglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
     """``out = silu(gate) * up`` (SwiGLU, ggml's vector SiLU)."""
-    _check_glu(gate, up, out)
-    cdef Py_ssize_t i, n = gate.shape[1]
-    cdef int nt = _threads_for(gate.shape[0], n_threads)
-    with nogil, parallel(num_threads=nt):
-        for i in prange(gate.shape[0], schedule="static"):
-            _kern.swiglu_row(<int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+    _glu(GGUFLM_GLU_SWIGLU, gate, up, out, n_threads)
 
 
 def geglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
     """``out = gelu(gate) * up`` with ggml's tanh-GELU fp16 lookup table."""
-    _check_glu(gate, up, out)
-    cdef Py_ssize_t i, n = gate.shape[1]
-    cdef int nt = _threads_for(gate.shape[0], n_threads)
-    with nogil, parallel(num_threads=nt):
-        for i in prange(gate.shape[0], schedule="static"):
-            _kern.geglu_row(GELU_TABLE, <int>n, &gate[i, 0], &up[i, 0], &out[i, 0])
+    _glu(GGUFLM_GLU_GEGLU, gate, up, out, n_threads)
 
 
 def gelu_table() -> np.ndarray:
@@ -271,8 +264,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.softcap = softcap
     a.out = &out[0, 0] if n_tok else NULL
     a.out_stride = out.shape[1]
-    if n_threads < 1:
-        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+    _check_threads(n_threads)
     cdef int rc
     with nogil:
         rc = gguflm_attention(&a, _use_avx2, n_threads)
