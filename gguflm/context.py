@@ -23,6 +23,7 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError
+from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.model import Model
@@ -34,7 +35,7 @@ CTX_PAD = 256           # n_ctx and window caches are padded to this, as llama.c
 MAX_SEQ = 64            # sequence ids are bits of a uint64 per cell
 POOLING_TYPES = ("none", "mean", "cls", "last")
 STATE_MAGIC = "gguflm-state-v1"
-_MAX_ARENAS = 4
+_MAX_PLANS = 4
 
 
 class InvalidBatchError(Error):
@@ -114,7 +115,9 @@ class Context:
                                             type_v, n_seq_max, n_swa=window))
         self.memory = Memory(self._caches, n_seq_max)
 
-        self._arenas: OrderedDict[tuple[int, int], Arena] = OrderedDict()
+        # recorded forward passes by ubatch shape, most recently used last
+        self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
+        self._rope_configs = [self._make_rope_config(il) for il in range(hp.n_layer)]
         self._logits: np.ndarray | None = None      # [n_outputs, n_vocab]
         self._embd: np.ndarray | None = None        # [n_outputs, n_embd]
         self._embd_seq: dict[int, np.ndarray] = {}
@@ -128,6 +131,9 @@ class Context:
     # -- configuration facts
 
     def rope_config(self, il: int) -> RopeConfig:
+        return self._rope_configs[il]
+
+    def _make_rope_config(self, il: int) -> RopeConfig:
         hp = self.model.hparams
         swa = hp.is_swa(il)
         # frequency factors: Llama 3.1's, or Phi 3's long/short set chosen by the context size
@@ -199,7 +205,9 @@ class Context:
                 self._check_abort()
                 for ci, cache in enumerate(self._caches):
                     cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
-                embd, logits = self.model.architecture.forward(Graph(self, ub, self._arena(ub)))
+                plan = self._plan_for(ub)
+                plan.run(self._check_abort)
+                embd, logits = plan.results
             except Aborted:
                 for cache, snap in zip(self._caches, snapshots):
                     cache.restore(snap)
@@ -314,17 +322,31 @@ class Context:
             for cache, snap in zip(self._caches, snapshots):
                 cache.restore(snap)
 
-    def _arena(self, ub: UBatch) -> Arena:
-        key = (ub.n_tokens, ub.n_outputs)
-        arena = self._arenas.get(key)
-        if arena is None:
-            arena = self._arenas[key] = Arena()
-            if len(self._arenas) > _MAX_ARENAS:
-                self._arenas.popitem(last=False)
+    def _plan_for(self, ub: UBatch) -> Plan:
+        """The recorded forward pass for ub's shape (recorded now if new), with ub's inputs in it."""
+        plan = self._plans.get(ub.shape)
+        if plan is None:
+            hp = self.model.hparams
+            plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0)
+            graph = Graph(self, ub, plan, Arena())
+            plan.results = self.model.architecture.forward(graph)
+            self._plans[ub.shape] = plan
+            if len(self._plans) > _MAX_PLANS:
+                self._plans.popitem(last=False)
         else:
-            self._arenas.move_to_end(key)
+            self._plans.move_to_end(ub.shape)
             self._perf["n_reused"] += 1
-        return arena
+        if ub.tokens is not None:
+            plan.tokens[:] = ub.tokens
+        else:
+            plan.embd[:] = ub.embd
+        plan.pos[:] = ub.pos
+        plan.seq_first[:] = ub.seq_first
+        plan.output_rows[:] = ub.output_rows
+        for ci, cache in enumerate(self._caches):
+            plan.cells[ci][:] = ub.cells[ci]
+            plan.n_kv[ci] = cache.used_max_p1
+        return plan
 
     def _apply_shifts(self) -> None:
         """Re-rotate cached K rows whose positions seq_add/seq_div moved (llama.cpp's K-shift)."""
@@ -463,7 +485,7 @@ class Context:
 
     def close(self) -> None:
         self._caches = []
-        self._arenas.clear()
+        self._plans.clear()
         self._logits = self._embd = None
 
     def __enter__(self) -> Context:

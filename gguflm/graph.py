@@ -1,13 +1,14 @@
-"""The building blocks every architecture's forward pass chains: one :class:`Graph` per ubatch.
+"""The building blocks every architecture's forward pass chains: one :class:`Graph` per ubatch shape.
 
-A Graph holds the ubatch (tokens, positions, sequences, cache cells, output rows), the thread
-count chosen for it, and an :class:`Arena` of activation buffers. Buffers are handed out in call
-order; when the next ubatch has the same shape, the forward pass makes the same calls in the same
-order and gets the same buffers back, allocated once (llama.cpp's graph reuse).
+A Graph records the forward pass instead of computing it: every building block appends one or
+more nodes (kernel calls on raw buffers) to a :class:`~gguflm._ext.plan.Plan` and returns the
+buffers its results will be in. The context then runs the plan with the GIL released, and replays
+it for every later ubatch of the same shape after filling in that ubatch's tokens, positions and
+cache cells (llama.cpp's graph reuse). Buffers come from an :class:`Arena` owned with the plan.
 
 Numerics are ggml's: every matmul quantizes its input to the weight type's dot partner
 (activations shared between matmuls of the same input and partner type, as the result is the
-same), norms, RoPE, attention and GLUs come from ``gguflm._ext.ops``.
+same), norms, RoPE, attention and GLUs come from ``src/ops.h``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gguflm._ext import ops, quants
-from gguflm.ggml_types import GGMLType
+from gguflm._ext.plan import Plan
 from gguflm.hparams import RopeType
 
 if TYPE_CHECKING:
     from gguflm.loader import Weight
-    from gguflm.model import Layer, Model
+    from gguflm.model import Layer
+
+GLU_SWIGLU, GLU_GEGLU = 0, 1
 
 
 class Aborted(Exception):
@@ -33,7 +36,7 @@ class Aborted(Exception):
 
 @dataclass
 class UBatch:
-    """One ubatch, as the forward pass sees it."""
+    """One ubatch, as the context hands it to a plan."""
 
     tokens: np.ndarray | None            # int32 [n_tokens] (None when embeddings are given)
     embd: np.ndarray | None              # float32 [n_tokens, n_embd]
@@ -51,24 +54,25 @@ class UBatch:
     def n_outputs(self) -> int:
         return len(self.output_rows)
 
+    @property
+    def shape(self) -> tuple[int, int, bool]:
+        return self.n_tokens, self.n_outputs, self.tokens is None
+
 
 class Arena:
-    """Activation buffers reused across ubatches of one shape, handed out in call order."""
+    """The activation buffers of one plan, allocated while it is recorded."""
 
     def __init__(self) -> None:
         self.buffers: list[np.ndarray] = []
-        self.next = 0
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        if self.next < len(self.buffers):
-            buf = self.buffers[self.next]
-            if buf.shape != shape or buf.dtype != dtype:
-                buf = self.buffers[self.next] = np.empty(shape, dtype)
-        else:
-            buf = np.empty(shape, dtype)
-            self.buffers.append(buf)
-        self.next += 1
+        buf = np.empty(shape, dtype)
+        self.buffers.append(buf)
         return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,15 @@ def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeCon
 
 
 class Graph:
-    """The forward pass of one ubatch through ``ctx``'s model."""
+    """Records the forward pass of ubatches shaped like ``ub`` through ``ctx``'s model."""
 
-    def __init__(self, ctx: Any, ub: UBatch, arena: Arena):
+    def __init__(self, ctx: Any, ub: UBatch, plan: Plan, arena: Arena):
         self.ctx = ctx
-        self.model: Model = ctx.model
+        self.model = ctx.model
         self.hparams = ctx.model.hparams
         self.ub = ub
+        self.plan = plan
         self.arena = arena
-        arena.next = 0
         # llama.cpp's one selection point: batches use the batch threads, single tokens the others
         self.n_threads = ctx.n_threads_batch if ub.n_tokens > 1 else ctx.n_threads
 
@@ -111,66 +115,64 @@ class Graph:
     def new(self, *shape: int, dtype: Any = np.float32) -> np.ndarray:
         return self.arena.take(tuple(shape), np.dtype(dtype))
 
-    # -- layers, with the abort check between them
+    # -- layers, with a segment boundary (abort check) before each
 
     def layers(self) -> Iterator[tuple[int, Layer]]:
         for il, layer in enumerate(self.model.layers):
-            self.ctx._check_abort()
+            self.plan.layer()
             yield il, layer
 
     # -- embeddings
 
     def embed(self, w: Weight, scale: float = 0.0) -> np.ndarray:
         """Rows of the embedding matrix for the ubatch's tokens (or its given embeddings)."""
-        n_embd = self.hparams.n_embd
-        x = self.new(self.ub.n_tokens, n_embd)
+        x = self.new(self.ub.n_tokens, self.hparams.n_embd)
         if self.ub.tokens is None:
-            x[:] = self.ub.embd
+            self.plan.copy(self.plan.embd, 0, x)
         else:
-            quants.get_rows(int(w.type), w.data.view(np.uint8), n_embd, self.ub.tokens, x)
+            self.plan.get_rows(int(w.type), w.data.view(np.uint8), w.shape[0], x)
         if scale:
-            np.multiply(x, np.float32(scale), out=x)
+            self.plan.scale(x, scale)
         return x
 
     # -- norms and elementwise
 
     def rms_norm(self, x: np.ndarray, w: Weight | None, eps: float | None = None) -> np.ndarray:
         out = self.new(*x.shape)
-        ops.rms_norm(x, None if w is None else w.data, self.hparams.f_norm_rms_eps if eps is None else eps,
-                     out, self._threads_for(x.shape[0]))
+        self.plan.rms_norm(x, None if w is None else w.data,
+                           self.hparams.f_norm_rms_eps if eps is None else eps, out, self.n_threads)
         return out
 
     def rms_norm_heads(self, x: np.ndarray, w: Weight | None) -> np.ndarray:
         """RMS norm of every head's slice of every row, in place (Gemma 3 / Qwen 3 QK-norm);
         nothing when the model has no such norm (``w`` is None)."""
-        if w is None:
-            return x
-        rows = x.reshape(-1, w.shape[0])
-        ops.rms_norm(rows, w.data, self.hparams.f_norm_rms_eps, rows, self._threads_for(x.shape[0]))
+        if w is not None:
+            rows = x.reshape(-1, w.shape[0])
+            self.plan.rms_norm(rows, w.data, self.hparams.f_norm_rms_eps, rows, self.n_threads)
         return x
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """x += y (residual), in place."""
-        np.add(x, y, out=x)
+        self.plan.add(x, y)
         return x
 
     def add_bias(self, x: np.ndarray, b: Weight | None) -> np.ndarray:
         if b is not None:
-            np.add(x, b.data, out=x)
+            self.plan.add_row(x, b.data)
         return x
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
-        np.multiply(x, np.float32(s), out=x)
+        self.plan.scale(x, s)
         return x
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = self.new(*gate.shape)
-        ops.swiglu(gate, up, out, self._threads_for(gate.shape[0]))
+        self.plan.glu(GLU_SWIGLU, gate, up, out, self.n_threads)
         return out
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = self.new(*gate.shape)
-        ops.geglu(gate, up, out, self._threads_for(gate.shape[0]))
+        self.plan.glu(GLU_GEGLU, gate, up, out, self.n_threads)
         return out
 
     # -- matmul
@@ -179,7 +181,7 @@ class Graph:
         """x @ W.T for each weight; x is quantized once per partner type among them (the result
         equals ggml's, which quantizes again for every matmul)."""
         if self.ub.n_tokens > 1:  # long prompts: let a cancel land between matmuls, not only layers
-            self.ctx._check_abort()
+            self.plan.layer()
         quantized: dict[int, np.ndarray] = {}
         outs = []
         for w in weights:
@@ -188,10 +190,9 @@ class Graph:
             if xq is None:
                 xq = quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]),
                                                    dtype=np.uint8)
-                quants.quantize_act(partner, x, xq, self.n_threads)
+                self.plan.quantize(partner, x, xq, self.n_threads)
             out = self.new(x.shape[0], w.data.shape[0])
-            quants.matmul_quantized(int(w.type), w.data.view(np.uint8), x.shape[1], xq, out,
-                                    self.n_threads)
+            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], xq, out, self.n_threads)
             outs.append(out)
         return tuple(outs)
 
@@ -202,7 +203,7 @@ class Graph:
         outs, start = [], 0
         for width in widths:
             out = self.new(x.shape[0], width)
-            out[:] = x[:, start:start + width]
+            self.plan.copy(x, start, out)
             outs.append(out)
             start += width
         return tuple(outs)
@@ -212,57 +213,47 @@ class Graph:
 
     # -- attention
 
-    def rope_config(self, il: int) -> RopeConfig:
-        return self.ctx.rope_config(il)
-
     def rope(self, x: np.ndarray, il: int, n_head: int) -> np.ndarray:
         """Rotate x ([n_tokens, n_head * head_dim]) in place by the ubatch positions."""
         hp = self.hparams
-        if hp.rope_type is RopeType.NONE:
-            return x
-        apply_rope(x, self.ub.pos, n_head, hp, self.rope_config(il), self._threads_for(x.shape[0]))
+        if hp.rope_type is not RopeType.NONE:
+            rc = self.ctx.rope_config(il)
+            self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base,
+                           rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
+                           rc.n_ctx_orig, rc.freq_factors, self.n_threads)
         return x
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   kq_scale: float) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache."""
         hp = self.hparams
-        cache_index, cache = self.ctx.cache_for_layer(il)
-        cells = self.ub.cells[cache_index]
-        cache.k[il].write(cells, k)
-        cache.v[il].write(cells, v)
+        ci, cache = self.ctx.cache_for_layer(il)
+        k_store, v_store = cache.k[il], cache.v[il]
+        self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
+        self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
-        ops.attention(q, cache.k[il].data, cache.k[il].cache_type, cache.v[il].data,
-                      cache.v[il].cache_type, cache.used_max_p1, cache.pos, cache.seq,
-                      self.ub.pos, self.ub.seq_first, hp.n_head[il], hp.n_head_kv[il],
-                      hp.n_embd_head_k, hp.n_embd_head_v, kq_scale, out, causal=hp.causal_attn,
-                      n_swa=hp.n_swa if hp.is_swa(il) else 0, softcap=hp.f_attn_logit_softcapping,
-                      n_threads=self.n_threads)
+        self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
+                            cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
+                            hp.n_embd_head_v, kq_scale, hp.causal_attn,
+                            hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
+                            self.n_threads)
         return out
 
     # -- outputs
 
     def output_rows(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
         """Keep only the rows that produce output (llama.cpp's inp_out_ids before the last layer)."""
-        rows = self.ub.output_rows
-        if len(rows) == self.ub.n_tokens:
+        if self.ub.n_outputs == self.ub.n_tokens:
             return xs
         outs = []
         for x in xs:
-            out = self.new(len(rows), x.shape[1])
-            np.take(x, rows, axis=0, out=out)
+            out = self.new(self.ub.n_outputs, x.shape[1])
+            self.plan.take_output_rows(x, out)
             outs.append(out)
         return tuple(outs)
 
     def logits(self, x: np.ndarray, w: Weight) -> np.ndarray:
         (out,) = self.project(x, w)
-        cap = self.hparams.f_final_logit_softcapping
-        if cap:
-            np.multiply(out, np.float32(1.0 / cap), out=out)
-            np.tanh(out, out=out)
-            np.multiply(out, np.float32(cap), out=out)
+        if self.hparams.f_final_logit_softcapping:
+            self.plan.softcap(out, self.hparams.f_final_logit_softcapping)
         return out
-
-    def _threads_for(self, n_rows: int) -> int:
-        # row-wise ops on a single token are too small to be worth waking a second thread
-        return self.n_threads if n_rows > 1 else 1

@@ -1,0 +1,144 @@
+/* The forward pass as a list of nodes, executed without Python: what a ubatch's Graph records and
+ * what later ubatches of the same shape replay (llama.cpp's graph reuse).
+ *
+ * A node names one kernel call with its buffers as raw pointers. Buffers are the arena's, the
+ * model's weights and the KV cache's, all stable while the plan lives; what changes from one
+ * ubatch to the next (tokens, positions, cache cells, the number of cells to scan, the output
+ * rows) lives in arrays owned by the plan that the context fills before each run. LAYER nodes
+ * split the list into segments so that the caller can check its abort callback in between.
+ */
+#ifndef GGUFLM_PLAN_H
+#define GGUFLM_PLAN_H
+
+#include <stdint.h>
+#include <string.h>
+#include "ops.h"
+#include "quants_kernels.h"
+
+typedef enum {
+    GGUFLM_OP_LAYER = 0,     /* segment boundary */
+    GGUFLM_OP_GET_ROWS,      /* out[i] = row ids[i] of W, dequantized */
+    GGUFLM_OP_COPY,          /* out[i] = x[i][col0 : col0 + n] (embeddings in, fused projections out) */
+    GGUFLM_OP_TAKE_ROWS,     /* out[i] = x[rows[i]] */
+    GGUFLM_OP_SCALE,         /* x *= s */
+    GGUFLM_OP_ADD,           /* x += y */
+    GGUFLM_OP_ADD_ROW,       /* x[i] += b */
+    GGUFLM_OP_RMS_NORM,      /* out = rms_norm(x) * w */
+    GGUFLM_OP_QUANTIZE,      /* xq = x in the partner type */
+    GGUFLM_OP_MATMUL,        /* out = W . xq */
+    GGUFLM_OP_ROPE,          /* x rotated by positions */
+    GGUFLM_OP_KV_STORE,      /* cache row cells[i] = x[i] in the cache type */
+    GGUFLM_OP_ATTENTION,
+    GGUFLM_OP_GLU,           /* out = act(gate) * up */
+    GGUFLM_OP_SOFTCAP,       /* x = tanh(x / cap) * cap */
+} gguflm_op;
+
+typedef struct {
+    int32_t op;
+    int32_t n_threads;
+    int64_t n_rows, n;                   /* rows and values per row of the main operand */
+    int64_t x_stride, y_stride, out_stride;
+    int32_t type, aux;                   /* ggml type / GLU kind / cache type; n_in, col0, ... */
+    int64_t aux64;
+    float f;                             /* eps, scale, cap */
+    const void *w;                       /* weights, bias, norm weight, cache data */
+    int64_t w_stride;
+    const float *x, *y;
+    void *out;
+    const int32_t *i32;                  /* token ids, positions, n_kv (dynamic) */
+    const int64_t *i64;                  /* cells, output rows (dynamic) */
+    gguflm_rope_params rope;
+    gguflm_attn_args attn;
+} gguflm_node;
+
+static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
+                            int64_t n_rows, int64_t n, const float *x, int64_t x_stride) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        uint8_t *row = (uint8_t *)data + cells[i] * row_bytes;
+        const float *src = x + i * x_stride;
+        if (cache_type == GGUFLM_CACHE_F16) {
+            for (int64_t j = 0; j < n; j++) ((ggml_half *)row)[j] = gguflm_fp32_to_fp16(src[j]);
+        } else if (cache_type == GGUFLM_CACHE_F32) {
+            memcpy(row, src, sizeof(float) * n);
+        } else {
+            gguflm_traits[GGUFLM_Q8_0].from_float_act(src, row, n);
+        }
+    }
+}
+
+/* Run nodes[start..] up to the next LAYER node (exclusive); returns the index after it, or
+ * n_nodes at the end; -1 if a kernel could not allocate its scratch. */
+static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
+                               const ggml_half *gelu_table, int use_avx2) {
+    for (int64_t k = start; k < n_nodes; k++) {
+        const gguflm_node *nd = &nodes[k];
+        float *out = (float *)nd->out;
+        switch (nd->op) {
+        case GGUFLM_OP_LAYER:
+            if (k > start) return k + 1;
+            break;
+        case GGUFLM_OP_GET_ROWS:
+            gguflm_get_rows(nd->type, nd->w, nd->w_stride, nd->n, nd->i32, nd->n_rows, out, nd->out_stride);
+            break;
+        case GGUFLM_OP_COPY:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                memcpy(out + i * nd->out_stride, nd->x + i * nd->x_stride + nd->aux, sizeof(float) * nd->n);
+            break;
+        case GGUFLM_OP_TAKE_ROWS:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                memcpy(out + i * nd->out_stride, nd->x + nd->i64[i] * nd->x_stride, sizeof(float) * nd->n);
+            break;
+        case GGUFLM_OP_SCALE:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= nd->f;
+            break;
+        case GGUFLM_OP_ADD:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] += nd->y[i * nd->y_stride + j];
+            break;
+        case GGUFLM_OP_ADD_ROW:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] += ((const float *)nd->w)[j];
+            break;
+        case GGUFLM_OP_RMS_NORM:
+            gguflm_rms_norm_rows(nd->n_rows, (int)nd->n, nd->x, nd->x_stride, (const float *)nd->w, nd->f,
+                                 out, nd->out_stride, nd->n_threads);
+            break;
+        case GGUFLM_OP_QUANTIZE:
+            gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, nd->n_threads);
+            break;
+        case GGUFLM_OP_MATMUL:
+            gguflm_matmul_q(nd->type, nd->w, nd->w_stride, nd->aux64, nd->n, nd->x, nd->n_rows, out,
+                            nd->out_stride, nd->n_threads);
+            break;
+        case GGUFLM_OP_ROPE:
+            if (gguflm_rope_apply(&nd->rope, nd->i32, nd->n_rows, nd->aux, (int)(nd->n / nd->aux), out,
+                                  nd->out_stride, nd->n_threads))
+                return -1;
+            break;
+        case GGUFLM_OP_KV_STORE:
+            gguflm_kv_store(nd->type, nd->out, nd->w_stride, nd->i64, nd->n_rows, nd->n, nd->x, nd->x_stride);
+            break;
+        case GGUFLM_OP_ATTENTION: {
+            gguflm_attn_args a = nd->attn;
+            a.n_kv = *nd->i32;
+            if (gguflm_attention(&a, use_avx2, nd->n_threads)) return -1;
+            break;
+        }
+        case GGUFLM_OP_GLU:
+            gguflm_glu_rows(nd->aux, gelu_table, nd->n_rows, (int)nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride,
+                            out, nd->out_stride, use_avx2, nd->n_threads);
+            break;
+        case GGUFLM_OP_SOFTCAP:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) {
+                    float *v = out + i * nd->out_stride + j;
+                    *v = tanhf(*v * (1.0f / nd->f)) * nd->f;
+                }
+            break;
+        }
+    }
+    return n_nodes;
+}
+
+#endif

@@ -1,0 +1,272 @@
+"""Recorded forward passes: a :class:`Plan` is the node list a Graph records for one ubatch shape,
+run segment by segment with the GIL released and replayed for every later ubatch of that shape.
+
+Recording methods take numpy arrays and keep references to them, so every pointer a node holds
+stays valid for the plan's life. Nothing here checks shapes beyond what recording needs: the
+Graph (``gguflm/graph.py``) is the only caller.
+"""
+
+import os
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memset
+
+cnp.import_array()
+
+cdef extern from "ggml_blocks.h" nogil:
+    ctypedef uint16_t ggml_half
+
+cdef extern from "cpu_features.h" nogil:
+    int gguflm_has_avx2()
+    int gguflm_has_f16c()
+
+cdef extern from "plan.h" nogil:
+    void gguflm_gelu_table_init(ggml_half *table)
+    ctypedef struct gguflm_rope_params:
+        int n_dims
+        int neox
+        float freq_base, freq_scale, ext_factor, attn_factor
+        float corr_low, corr_high
+        const float *freq_factors
+    void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                               float beta_slow, float *low, float *high)
+    ctypedef struct gguflm_attn_args:
+        const float *q
+        int64_t q_stride
+        int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v
+        const void *k
+        const void *v
+        int cache_type_k, cache_type_v
+        int64_t k_row_bytes, v_row_bytes
+        int n_kv
+        const int32_t *cell_pos
+        const uint64_t *cell_seq
+        const int32_t *tok_pos
+        const int32_t *tok_seq
+        int causal
+        int32_t n_swa
+        float kq_scale
+        float softcap
+        float *out
+        int64_t out_stride
+    enum:
+        GGUFLM_OP_LAYER
+        GGUFLM_OP_GET_ROWS
+        GGUFLM_OP_COPY
+        GGUFLM_OP_TAKE_ROWS
+        GGUFLM_OP_SCALE
+        GGUFLM_OP_ADD
+        GGUFLM_OP_ADD_ROW
+        GGUFLM_OP_RMS_NORM
+        GGUFLM_OP_QUANTIZE
+        GGUFLM_OP_MATMUL
+        GGUFLM_OP_ROPE
+        GGUFLM_OP_KV_STORE
+        GGUFLM_OP_ATTENTION
+        GGUFLM_OP_GLU
+        GGUFLM_OP_SOFTCAP
+    ctypedef struct gguflm_node:
+        int32_t op
+        int32_t n_threads
+        int64_t n_rows, n
+        int64_t x_stride, y_stride, out_stride
+        int32_t type, aux
+        int64_t aux64
+        float f
+        const void *w
+        int64_t w_stride
+        const float *x
+        const float *y
+        void *out
+        const int32_t *i32
+        const int64_t *i64
+        gguflm_rope_params rope
+        gguflm_attn_args attn
+    int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
+                            const ggml_half *gelu_table, int use_avx2)
+    int gguflm_kernels_init(int isa)
+
+cdef ggml_half GELU_TABLE[65536]
+gguflm_gelu_table_init(GELU_TABLE)
+gguflm_kernels_init(-1)
+
+cdef int _use_avx2 = (os.environ.get("GGUFLM_ISA", "").strip().lower() != "scalar"
+                      and gguflm_has_avx2() and gguflm_has_f16c())
+
+# ggml type ids of the KV cache formats
+_CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
+
+
+cdef inline void *_ptr(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+cdef inline int64_t _stride(cnp.ndarray a):
+    """Row stride of a 2-D array in elements (float32 rows)."""
+    return a.strides[0] // a.itemsize
+
+
+cdef class Plan:
+    """Nodes recorded for one ubatch shape, and the per-ubatch inputs they read."""
+
+    cdef gguflm_node *nodes
+    cdef int64_t n_nodes, capacity
+    cdef list keep          # arrays the nodes point into
+    cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
+
+    def __cinit__(self):
+        self.nodes = NULL
+        self.n_nodes = self.capacity = 0
+
+    def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
+        self.keep = []
+        self.tokens = np.zeros(n_tokens, np.int32)
+        self.pos = np.zeros(n_tokens, np.int32)
+        self.seq_first = np.zeros(n_tokens, np.int32)
+        self.output_rows = np.zeros(n_outputs, np.int64)
+        self.n_kv = np.zeros(max(n_caches, 1), np.int32)
+        self.cells = [np.zeros(n_tokens, np.int64) for _ in range(n_caches)]
+        self.embd = np.zeros((n_tokens, n_embd_input), np.float32) if n_embd_input else None
+        self.results = None
+
+    def __dealloc__(self):
+        free(self.nodes)
+
+    @property
+    def size(self):
+        return self.n_nodes
+
+    cdef gguflm_node *_add(self, int op, int n_threads, tuple arrays=()) except NULL:
+        if self.n_nodes == self.capacity:
+            self.capacity = max(64, 2 * self.capacity)
+            new = <gguflm_node *>realloc(self.nodes, self.capacity * sizeof(gguflm_node))
+            if new == NULL:
+                raise MemoryError()
+            self.nodes = new
+        cdef gguflm_node *nd = &self.nodes[self.n_nodes]
+        memset(nd, 0, sizeof(gguflm_node))
+        nd.op = op
+        nd.n_threads = n_threads
+        self.n_nodes += 1
+        self.keep.extend(arrays)
+        return nd
+
+    # -- recording (arrays are C-contiguous float32 unless said otherwise)
+
+    def layer(self):
+        self._add(GGUFLM_OP_LAYER, 1)
+
+    def get_rows(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray out):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_GET_ROWS, 1, (w, out,))
+        nd.type, nd.w, nd.w_stride, nd.n = wtype, _ptr(w), w.strides[0], n_in
+        nd.i32 = <const int32_t *>_ptr(self.tokens)
+        nd.n_rows, nd.out, nd.out_stride = out.shape[0], _ptr(out), _stride(out)
+
+    def copy(self, cnp.ndarray x, int64_t col0, cnp.ndarray out):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_COPY, 1, (x, out,))
+        nd.x, nd.x_stride, nd.aux = <const float *>_ptr(x), _stride(x), col0
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def take_output_rows(self, cnp.ndarray x, cnp.ndarray out):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_TAKE_ROWS, 1, (x, out,))
+        nd.x, nd.x_stride = <const float *>_ptr(x), _stride(x)
+        nd.i64 = <const int64_t *>_ptr(self.output_rows)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def scale(self, cnp.ndarray x, float s):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SCALE, 1, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), s
+
+    def softcap(self, cnp.ndarray x, float cap):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SOFTCAP, 1, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), cap
+
+    def add(self, cnp.ndarray x, cnp.ndarray y):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD, 1, (x, y,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+        nd.y, nd.y_stride = <const float *>_ptr(y), _stride(y)
+
+    def add_row(self, cnp.ndarray x, cnp.ndarray b):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD_ROW, 1, (x, b,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(b)
+
+    def rms_norm(self, cnp.ndarray x, cnp.ndarray w, float eps, cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_RMS_NORM, n_threads, (x, w, out,))
+        nd.x, nd.x_stride, nd.w, nd.f = <const float *>_ptr(x), _stride(x), (_ptr(w) if w is not None else NULL), eps
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def quantize(self, int vec_dot_type, cnp.ndarray x, cnp.ndarray xq, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_QUANTIZE, n_threads, (x, xq,))
+        nd.type, nd.x, nd.x_stride = vec_dot_type, <const float *>_ptr(x), _stride(x)
+        nd.n_rows, nd.n, nd.out = x.shape[0], x.shape[1], _ptr(xq)
+
+    def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL, n_threads, (w, xq, out,))
+        nd.type, nd.w, nd.w_stride, nd.aux64, nd.n = wtype, _ptr(w), w.strides[0], w.shape[0], n_in
+        nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
+             float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
+             cnp.ndarray freq_factors, int n_threads, cnp.ndarray positions=None):
+        """Rotate x in place by the plan's positions (or by ``positions``, for K shifts)."""
+        cdef cnp.ndarray pos = self.pos if positions is None else positions
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ROPE, n_threads, (x, freq_factors, pos,))
+        nd.rope.n_dims, nd.rope.neox = n_dims, neox
+        nd.rope.freq_base, nd.rope.freq_scale = freq_base, freq_scale
+        nd.rope.ext_factor, nd.rope.attn_factor = ext_factor, attn_factor
+        nd.rope.freq_factors = <const float *>_ptr(freq_factors) if freq_factors is not None else NULL
+        gguflm_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow,
+                              &nd.rope.corr_low, &nd.rope.corr_high)
+        nd.i32 = <const int32_t *>_ptr(pos)
+        nd.n_rows, nd.n, nd.aux = x.shape[0], x.shape[1], n_heads
+        nd.out, nd.out_stride = _ptr(x), _stride(x)
+
+    def kv_store(self, str cache_type, cnp.ndarray data, int cache_index, cnp.ndarray x):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_KV_STORE, 1, (data, x,))
+        nd.type, nd.out, nd.w_stride = _CACHE_TYPE_IDS[cache_type], _ptr(data), data.strides[0]
+        nd.i64 = <const int64_t *>_ptr(self.cells[cache_index])
+        nd.x, nd.x_stride, nd.n_rows, nd.n = <const float *>_ptr(x), _stride(x), x.shape[0], x.shape[1]
+
+    def attention(self, cnp.ndarray q, str type_k, cnp.ndarray k_data, str type_v, cnp.ndarray v_data,
+                  int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
+                  int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
+                  cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,))
+        nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
+        nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
+        nd.attn.head_dim_k, nd.attn.head_dim_v = head_dim_k, head_dim_v
+        nd.attn.k, nd.attn.v = _ptr(k_data), _ptr(v_data)
+        nd.attn.cache_type_k, nd.attn.cache_type_v = _CACHE_TYPE_IDS[type_k], _CACHE_TYPE_IDS[type_v]
+        nd.attn.k_row_bytes, nd.attn.v_row_bytes = k_data.strides[0], v_data.strides[0]
+        nd.attn.cell_pos = <const int32_t *>_ptr(cell_pos)
+        nd.attn.cell_seq = <const uint64_t *>_ptr(cell_seq)
+        nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
+        nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
+        nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
+        nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
+        nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
+
+    def glu(self, int kind, cnp.ndarray gate, cnp.ndarray up, cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_GLU, n_threads, (gate, up, out,))
+        nd.aux, nd.x, nd.x_stride, nd.y, nd.y_stride = kind, <const float *>_ptr(gate), _stride(gate), \
+            <const float *>_ptr(up), _stride(up)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    # -- running
+
+    def run(self, check_abort=None):
+        """Run every node; ``check_abort()`` is called before each segment (it raises to stop)."""
+        cdef int64_t k = 0, n = self.n_nodes
+        cdef int avx2 = _use_avx2
+        while k < n:
+            if check_abort is not None:
+                check_abort()
+            with nogil:
+                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, avx2)
+            if k < 0:
+                raise MemoryError("a kernel could not allocate its scratch memory")
