@@ -173,14 +173,17 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
     return 1;
 }
 
-/* Per-thread scratch: the query row, the scores over cells, and 32 lanes of V accumulators. */
+/* Per-thread scratch of one (token, KV head) item. */
+#define GGUFLM_MAX_GQA 64          /* query heads per KV head */
+#define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
+
 typedef struct {
-    float *q;         /* [head_dim_k] */
-    float *score;     /* [n_kv] */
+    float *q;         /* [gqa][head_dim_k] the queries, in the K type's precision */
+    block_q8_0 *qq;   /* [gqa][head_dim_k / 32] the queries as Q8_0 (Q8_0 keys) */
+    float *score;     /* [gqa][n_kv] scores, then probabilities */
     int32_t *cells;   /* [n_kv] visible cell ids */
-    float *acc;       /* [32][head_dim_v] */
-    block_q8_0 *qq;   /* [head_dim_k / 32] the query as Q8_0 (Q8_0 keys) */
-    float *vrow;      /* [head_dim_v] one dequantized V row (Q8_0 values) */
+    float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
+    float *acc;       /* [gqa][32][DBLOCK] lane accumulators of P·V */
 } gguflm_attn_scratch;
 
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
@@ -211,24 +214,23 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
-typedef void (*gguflm_attn_one_fn)(const gguflm_attn_args *a, int t, int h, gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
 
 typedef struct {
     gguflm_glu_fn swiglu_row;
     gguflm_geglu_fn geglu_row;
-    gguflm_attn_one_fn attn_one;
+    gguflm_attn_group_fn attn_group;
 } gguflm_ops_kernels;
 
 static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
-    if (use_avx2) return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_one_avx2};
+    if (use_avx2) return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_group_avx2};
 #else
     (void)use_avx2;
 #endif
-    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_one_scalar};
+    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_group_scalar};
 }
 
-/* All (token, head) pairs over n_threads threads. Returns 0, or -1 if scratch allocation failed. */
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
 
 /* no more threads than rows, and one thread for a single row (not worth waking another) */
@@ -277,29 +279,36 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
     }
 }
 
+/* Every (token, KV head) item over n_threads threads. Returns 0, or -1 if scratch allocation failed. */
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
-    const gguflm_attn_one_fn attn_one = gguflm_ops_select(use_avx2).attn_one;
-    const int64_t n_items = (int64_t)a->n_tok * a->n_head;
+    const gguflm_attn_group_fn attn_group = gguflm_ops_select(use_avx2).attn_group;
+    const int64_t n_items = (int64_t)a->n_tok * a->n_head_kv;
+    const int64_t gqa = a->n_head / a->n_head_kv;
     if (n_items <= 0) return 0;
+    if (gqa > GGUFLM_MAX_GQA) return -1;
     if (n_threads > n_items) n_threads = (int)n_items;
     const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
-    /* floats per thread: q, scores, cell ids (int32, same size), 32 lanes of V accumulators,
-     * the Q8_0 query (34 bytes per 32 values, rounded up to floats), one V row */
-    const int64_t qq_floats = (a->head_dim_k / QK8_0 * (int64_t)sizeof(block_q8_0) + 3) / 4;
-    const int64_t per_thread = a->head_dim_k + 2 * n_kv + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v
-                               + qq_floats + a->head_dim_v;
+    const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
+    /* floats per thread: queries, Q8_0 queries (34 bytes per 32 values, in floats), scores,
+     * cell ids (int32), one row, lane accumulators */
+    const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
+    const int64_t acc_floats = gqa * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK;
+    const int64_t per_thread = gqa * dk + qq_floats + gqa * n_kv + n_kv + row + acc_floats;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
     #pragma omp parallel num_threads(n_threads)
     {
-        float *mine = scratch + per_thread * omp_get_thread_num();
-        float *acc = mine + a->head_dim_k + 2 * n_kv;
-        float *qq = acc + (int64_t)GGUFLM_DOT_LANES * a->head_dim_v;
-        gguflm_attn_scratch s = {mine, mine + a->head_dim_k, (int32_t *)(mine + a->head_dim_k + n_kv),
-                                 acc, (block_q8_0 *)qq, qq + qq_floats};
+        float *p = scratch + per_thread * omp_get_thread_num();
+        gguflm_attn_scratch s;
+        s.q = p;                           p += gqa * dk;
+        s.qq = (block_q8_0 *)p;            p += qq_floats;
+        s.score = p;                       p += gqa * n_kv;
+        s.cells = (int32_t *)p;            p += n_kv;
+        s.row = p;                         p += row;
+        s.acc = p;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++)
-            attn_one(a, (int)(item / a->n_head), (int)(item % a->n_head), &s);
+            attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);
     }
     free(scratch);
     return 0;

@@ -12,135 +12,142 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_geglu_row)(const ggml_half *table, in
     for (int i = 0; i < n; i++) y[i] = gguflm_gelu(table, gate[i]) * up[i];
 }
 
-/* acc[lane] += x[i] * y[i] for i < n (n a multiple of 32), lanes as ggml's AVX2 dot */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot_f16)(int n, const ggml_half *x, const float *y, float *acc) {
+/* y[i] = x[i] as floats (fp16 -> fp32 is exact) */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_half *x, float *y) {
 #if GGUFLM_VARIANT_AVX2
-    __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + 16), a3 = _mm256_loadu_ps(acc + 24);
-    for (int i = 0; i < n; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), _mm256_loadu_ps(y + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8))), _mm256_loadu_ps(y + i + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 16))), _mm256_loadu_ps(y + i + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 24))), _mm256_loadu_ps(y + i + 24), a3);
-    }
-    _mm256_storeu_ps(acc, a0); _mm256_storeu_ps(acc + 8, a1);
-    _mm256_storeu_ps(acc + 16, a2); _mm256_storeu_ps(acc + 24, a3);
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
 #else
-    for (int i = 0; i < n; i += GGUFLM_DOT_LANES)
-        for (int l = 0; l < GGUFLM_DOT_LANES; l++)
-            acc[l] = fmaf(gguflm_fp16_to_fp32(x[i + l]), y[i + l], acc[l]);
+    for (int i = 0; i < n; i++) y[i] = gguflm_fp16_to_fp32(x[i]);
 #endif
 }
 
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot_f32)(int n, const float *x, const float *y, float *acc) {
+/* acc[lane] += x[i] * y[i] for i < n (n a multiple of 32), lanes as ggml's AVX2 dot */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, const float *y, float *acc) {
     for (int i = 0; i < n; i += GGUFLM_DOT_LANES)
         for (int l = 0; l < GGUFLM_DOT_LANES; l++)
             acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
 }
 
-/* acc[d] += p * x[d] for d < n: one cell's V row into its lane */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy_f16)(int n, float p, const ggml_half *x, float *acc) {
-#if GGUFLM_VARIANT_AVX2
-    const __m256 vp = _mm256_set1_ps(p);
-    for (int d = 0; d < n; d += 8) {
-        const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + d)));
-        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(v, vp, _mm256_loadu_ps(acc + d)));
-    }
-#else
-    for (int d = 0; d < n; d++) acc[d] = fmaf(gguflm_fp16_to_fp32(x[d]), p, acc[d]);
-#endif
-}
-
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy_f32)(int n, float p, const float *x, float *acc) {
+/* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
     for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
 }
 
-/* One (token, head) of attention: scores of visible cells, softmax, P·V into out. */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_one)(const gguflm_attn_args *a, int t, int h,
-                                                     gguflm_attn_scratch *s) {
+/* One token and one KV head: the group of query heads sharing that head. K and V rows are
+ * converted to floats once for the whole group; every head keeps ggml's lane order. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a, int t, int hkv,
+                                                       gguflm_attn_scratch *s) {
     const int dk = a->head_dim_k, dv = a->head_dim_v;
-    const int hkv = h / (a->n_head / a->n_head_kv);
-    const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)h * dk;
+    const int gqa = a->n_head / a->n_head_kv, h0 = hkv * gqa;
     const int tk = a->cache_type_k, tv = a->cache_type_v;
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(tk, hkv, dk);
     const char *v_base = (const char *)a->v + gguflm_cache_head_offset(tv, hkv, dv);
-    float *out = a->out + (int64_t)t * a->out_stride + (int64_t)h * dv;
+    const int64_t q8_blocks = dk / QK8_0;
 
-    /* the query enters the K·q product in the K type's precision */
-    if (tk == GGUFLM_CACHE_Q8_0) {
-        gguflm_quantize_q8_0_act(dk, q, s->qq);
-    } else if (tk == GGUFLM_CACHE_F16) {
-        for (int d = 0; d < dk; d++) s->q[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
-    } else {
-        for (int d = 0; d < dk; d++) s->q[d] = q[d];
-    }
-
-    /* scores of visible cells; ggml scales (and soft-caps) every cell, then adds the mask */
+    /* the cells this token sees (the same for every head) */
     int n_vis = 0;
-    float max = -INFINITY;
-    for (int c = 0; c < a->n_kv; c++) {
-        if (!gguflm_attn_visible(a, t, c)) continue;
-        const char *krow = k_base + (int64_t)c * a->k_row_bytes;
-        float kq;
-        if (tk == GGUFLM_CACHE_Q8_0) {
-            kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq);
-        } else {
-            float lanes[GGUFLM_DOT_LANES] = {0};
-            if (tk == GGUFLM_CACHE_F16) GGUFLM_FN(gguflm_lane_dot_f16)(dk, (const ggml_half *)krow, s->q, lanes);
-            else GGUFLM_FN(gguflm_lane_dot_f32)(dk, (const float *)krow, s->q, lanes);
-            kq = gguflm_reduce_lanes(lanes);
-        }
-        if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
-        kq = kq * a->kq_scale;
-        s->cells[n_vis] = c;
-        s->score[n_vis++] = kq;
-        max = kq > max ? kq : max;
-    }
+    for (int c = 0; c < a->n_kv; c++)
+        if (gguflm_attn_visible(a, t, c)) s->cells[n_vis++] = c;
     if (n_vis == 0) {  /* a token that sees nothing gets zeros (ggml would produce NaN) */
-        memset(out, 0, sizeof(float) * dv);
+        for (int g = 0; g < gqa; g++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv, 0, sizeof(float) * dv);
         return;
     }
 
-    /* softmax: ggml sums exp in groups of 8 cells (float), the groups in double; masked cells
-     * contribute exact zeros, so grouping by cell index reproduces its partial sums */
-    for (int i = 0; i < n_vis; i++) s->score[i] = gguflm_expf(s->score[i] - max);
-    double sum = 0.0;
-    float group[8] = {0};
-    int group_id = s->cells[0] / 8;
-    for (int i = 0; i < n_vis; i++) {
-        const int c = s->cells[i];
-        if (c / 8 != group_id) {
-            sum += (double)gguflm_hsum8_movehl(group);
-            memset(group, 0, sizeof(group));
-            group_id = c / 8;
-        }
-        group[c % 8] = s->score[i];
+    /* the queries enter the K·q product in the K type's precision */
+    for (int g = 0; g < gqa; g++) {
+        const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)(h0 + g) * dk;
+        float *qg = s->q + (int64_t)g * dk;
+        if (tk == GGUFLM_CACHE_Q8_0) gguflm_quantize_q8_0_act(dk, q, s->qq + g * q8_blocks);
+        else if (tk == GGUFLM_CACHE_F16) for (int d = 0; d < dk; d++) qg[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
+        else for (int d = 0; d < dk; d++) qg[d] = q[d];
     }
-    sum += (double)gguflm_hsum8_movehl(group);
-    const float inv_sum = (float)(1.0 / sum);
 
-    /* P·V: each cell's probability, rounded to the V type, weights its V row into the lane that
-     * ggml's dot over cells would have used */
-    memset(s->acc, 0, sizeof(float) * GGUFLM_DOT_LANES * dv);
+    /* scores; ggml scales (and soft-caps) every cell, then adds the mask */
+    float max[GGUFLM_MAX_GQA];
+    for (int g = 0; g < gqa; g++) max[g] = -INFINITY;
     for (int i = 0; i < n_vis; i++) {
-        const int c = s->cells[i];
-        float p = s->score[i] * inv_sum;
-        if (tv == GGUFLM_CACHE_F16) p = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p));
-        if (p == 0.0f) continue;
-        const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
-        float *lane = s->acc + (int64_t)(c % GGUFLM_DOT_LANES) * dv;
-        if (tv == GGUFLM_CACHE_Q8_0) {
-            gguflm_dequantize_q8_0_row(dv, (const block_q8_0 *)vrow, s->vrow);
-            GGUFLM_FN(gguflm_lane_axpy_f32)(dv, p, s->vrow, lane);
-        } else if (tv == GGUFLM_CACHE_F16) {
-            GGUFLM_FN(gguflm_lane_axpy_f16)(dv, p, (const ggml_half *)vrow, lane);
-        } else {
-            GGUFLM_FN(gguflm_lane_axpy_f32)(dv, p, (const float *)vrow, lane);
+        const char *krow = k_base + (int64_t)s->cells[i] * a->k_row_bytes;
+        const float *kf = (const float *)krow;
+        if (tk == GGUFLM_CACHE_F16) {
+            GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, s->row);
+            kf = s->row;
+        }
+        for (int g = 0; g < gqa; g++) {
+            float kq;
+            if (tk == GGUFLM_CACHE_Q8_0) {
+                kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
+            } else {
+                float lanes[GGUFLM_DOT_LANES] = {0};
+                GGUFLM_FN(gguflm_lane_dot)(dk, kf, s->q + (int64_t)g * dk, lanes);
+                kq = gguflm_reduce_lanes(lanes);
+            }
+            if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
+            kq = kq * a->kq_scale;
+            s->score[(int64_t)g * n_vis + i] = kq;
+            max[g] = kq > max[g] ? kq : max[g];
         }
     }
-    for (int d = 0; d < dv; d++) {
-        float lanes[GGUFLM_DOT_LANES];
-        for (int l = 0; l < GGUFLM_DOT_LANES; l++) lanes[l] = s->acc[(int64_t)l * dv + d];
-        out[d] = gguflm_reduce_lanes(lanes);
+
+    /* softmax per head: ggml sums exp in groups of 8 cells (float), the groups in double; masked
+     * cells contribute exact zeros, so grouping by cell index reproduces its partial sums. The
+     * probabilities are then rounded to the V type, as ggml's P·V matmul takes them. */
+    for (int g = 0; g < gqa; g++) {
+        float *sc = s->score + (int64_t)g * n_vis;
+        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max[g]);
+        double sum = 0.0;
+        float group[8] = {0};
+        int group_id = s->cells[0] / 8;
+        for (int i = 0; i < n_vis; i++) {
+            const int c = s->cells[i];
+            if (c / 8 != group_id) {
+                sum += (double)gguflm_hsum8_movehl(group);
+                memset(group, 0, sizeof(group));
+                group_id = c / 8;
+            }
+            group[c % 8] = sc[i];
+        }
+        sum += (double)gguflm_hsum8_movehl(group);
+        const float inv_sum = (float)(1.0 / sum);
+        for (int i = 0; i < n_vis; i++) {
+            const float p = sc[i] * inv_sum;
+            sc[i] = tv == GGUFLM_CACHE_F16 ? gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p)) : p;
+        }
+    }
+
+    /* P·V, a block of value dimensions at a time so that every head's 32 lanes stay in cache:
+     * each cell's V values go into the lane that ggml's dot over cells would have used */
+    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
+        const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
+        memset(s->acc, 0, sizeof(float) * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK * gqa);
+        for (int i = 0; i < n_vis; i++) {
+            const int c = s->cells[i];
+            const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
+            const float *vf;
+            if (tv == GGUFLM_CACHE_F16) {
+                GGUFLM_FN(gguflm_f16_row_to_f32)(db, (const ggml_half *)vrow + d0, s->row);
+                vf = s->row;
+            } else if (tv == GGUFLM_CACHE_Q8_0) {
+                gguflm_dequantize_q8_0_row(dv, (const block_q8_0 *)vrow, s->row);
+                vf = s->row + d0;
+            } else {
+                vf = (const float *)vrow + d0;
+            }
+            for (int g = 0; g < gqa; g++) {
+                const float p = s->score[(int64_t)g * n_vis + i];
+                if (p == 0.0f) continue;
+                float *lane = s->acc + ((int64_t)g * GGUFLM_DOT_LANES + c % GGUFLM_DOT_LANES) * GGUFLM_ATTN_DBLOCK;
+                GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
+            }
+        }
+        for (int g = 0; g < gqa; g++) {
+            float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
+            const float *acc = s->acc + (int64_t)g * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK;
+            for (int d = 0; d < db; d++) {
+                float lanes[GGUFLM_DOT_LANES];
+                for (int l = 0; l < GGUFLM_DOT_LANES; l++) lanes[l] = acc[(int64_t)l * GGUFLM_ATTN_DBLOCK + d];
+                out[d] = gguflm_reduce_lanes(lanes);
+            }
+        }
     }
 }
