@@ -168,8 +168,12 @@ def quantize_rows_for_dot(wtype: TypeLike, x: np.ndarray) -> np.ndarray:
 
 
 def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None = None,
-           n_threads: int | None = 1) -> np.ndarray:
+           n_threads: int | None = 1, repacked: bool = True) -> np.ndarray:
     """``out`` [n_tok, n_rows] = ``x`` [n_tok, n_in] times the weight matrix ``w`` [n_rows, n_in].
+
+    Every output rounds exactly as in llama.cpp's CPU backend (x86 AVX2 build), which picks its
+    kernel by the shape: ``ggml_vec_dot``, llamafile's sgemm, the tiled K-quant GEMM, or for Q4_0
+    and Q4_K weights with rows % 8 == 0 its repacked GEMV/GEMM.
 
     Parameters
     ----------
@@ -181,6 +185,9 @@ def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None
     out : numpy.ndarray of float32, shape (n_tok, n_rows), optional
     n_threads : int or None
         OpenMP threads (None: the usable cores); never more than there are row chunks.
+    repacked : bool
+        ``w`` is a model weight that llama.cpp keeps in its repacked layout (any matmul weight);
+        False for a token embedding that doubles as the output matrix.
 
     Returns
     -------
@@ -193,19 +200,19 @@ def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None
     if x.shape[1] != n_in:
         raise ValueError(f"x has {x.shape[1]} columns, the weight rows {n_in}")
     out = _out_matrix(out, x.shape[0], wb.shape[0])
-    _k.matmul(int(fmt.type), wb, n_in, x, out, resolve_n_threads(n_threads))
+    _k.matmul(int(fmt.type), wb, n_in, x, out, resolve_n_threads(n_threads), bool(repacked))
     return out
 
 
 def matmul_quantized(w: np.ndarray, wtype: TypeLike, xq: np.ndarray, out: np.ndarray | None = None,
-                     n_threads: int | None = 1) -> np.ndarray:
+                     n_threads: int | None = 1, repacked: bool = True) -> np.ndarray:
     """:func:`matmul` from activations already quantized by :func:`quantize_rows_for_dot`."""
     fmt = get(wtype)
     fmt._partner()
     wb, n_in = _weight_bytes(w, fmt)
     xq = _byte_rows(xq, "xq")
     out = _out_matrix(out, xq.shape[0], wb.shape[0])
-    _k.matmul_quantized(int(fmt.type), wb, n_in, xq, out, resolve_n_threads(n_threads))
+    _k.matmul_quantized(int(fmt.type), wb, n_in, xq, out, resolve_n_threads(n_threads), bool(repacked))
     return out
 
 

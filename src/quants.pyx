@@ -103,7 +103,7 @@ def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
 
 def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -> float:
     """Dot of one weight row (``n`` elements of ``wtype``) with one activation row already in
-    ``wtype``'s vec_dot partner type, with the current ISA's kernel."""
+    ``wtype``'s vec_dot partner type: ggml's ``ggml_vec_dot`` arithmetic, current ISA's kernel."""
     _check_dot_type(wtype)
     cdef int64_t wb = _row_bytes(wtype, n)
     cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n)
@@ -112,9 +112,9 @@ def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -
     cdef float s = 0.0
     if n == 0:
         return 0.0
-    cdef gguflm_vec_dot_fn dot = gguflm_vec_dot(wtype)
+    cdef gguflm_gemm_fn dot = gguflm_kernel(GGUFLM_PATH_DOT, wtype)
     with nogil:
-        dot(n, &s, &w[0], &xq[0])
+        dot(n, &w[0], 0, 1, &xq[0], 0, 1, &s, 0)
     return s
 
 
@@ -152,9 +152,11 @@ cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t
 
 
 def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,
-           int n_threads=1):
+           int n_threads=1, bint repacked=True):
     """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations
-    are quantized to the partner type inside the same parallel region."""
+    are quantized to the partner type inside the same parallel region. Each output is computed
+    with the arithmetic llama.cpp's CPU backend uses for this shape; ``repacked``: ``w`` is a weight
+    llama.cpp would repack (False for a token embedding that doubles as the output matrix)."""
     if x.shape[1] != n_in:
         raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
     if not _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads):
@@ -164,12 +166,13 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     cdef uint8_t[::1] sv = scratch
     with nogil:
         gguflm_matmul_f32(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &x[0, 0], n_in, n_tok, &sv[0],
-                          &out[0, 0], n_rows, n_threads)
+                          &out[0, 0], n_rows, repacked, n_threads)
 
 
 def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
-                     float[:, ::1] out, int n_threads=1):
-    """``out`` = ``w`` . activations already quantized (``xq`` [n_tok, act row bytes])."""
+                     float[:, ::1] out, int n_threads=1, bint repacked=True):
+    """``out`` = ``w`` . activations already quantized (``xq`` [n_tok, act row bytes]); see
+    :func:`matmul` for ``repacked``."""
     _check_dot_type(wtype)
     cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n_in)
     if xq.shape[1] != xb:
@@ -178,7 +181,8 @@ def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uin
         return
     cdef int64_t n_rows = w.shape[0], n_tok = xq.shape[0]
     with nogil:
-        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, n_threads)
+        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, repacked,
+                        n_threads)
 
 
 def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids, float[:, ::1] out):

@@ -1,85 +1,211 @@
-/* Portable scalar dot products: weight row (any type) x activation row in its vec_dot partner type.
+/* Weight x activation dot products with the float arithmetic of llama.cpp's CPU backend, bit for
+ * bit: the routing of a matmul to ggml's kernels, and the portable scalar reference of each one.
  *
- * One signature for every kernel and every ISA (STYLE.md section 2): n elements, *s the result,
- * vx the weight row, vy the activation row. Integer sums inside a block, float scales once per
- * block, as ggml. The SIMD variants (quants_simd.h) must give the same integer block sums; for the
- * K-quants they also give the same float result bit for bit, since the float arithmetic per
- * super-block is the same scalar expression there.
+ * ggml-cpu (x86, AVX2 build) computes a weight row . activation row in one of these ways, which
+ * round differently (each checked against llama-cpp-python 0.3.36's libggml-cpu, whose vec_dot
+ * functions GCC compiled with -ffp-contract=fast: fmaf() below marks every FMA it emitted):
+ *
+ *   DOT          ggml_vec_dot_<type>: 8 float lanes, lane l takes the 4-element integer sums at
+ *                32-element offsets 4l..4l+3, acc = fma(d, lane, acc) per block, hsum_float_8.
+ *   TILED        K-quants in batches of 8+ tokens (tiled/ GEMM): one exact integer per
+ *                super-block, res = d*s1 (- dmin*s2 fused), out = fma(res, y.d, out).
+ *   Q4_K_GEMV    repacked Q4_K (rows % 8 == 0), single tokens: per super-block, two fma chains
+ *                (scaled sums, scaled mins) of the whole integer sums; out = acc - acc_min.
+ *   Q4_K_GEMM    the same for groups of 4 tokens, but one fma per 64 elements.
+ *   Q4_0_REPACK  repacked Q4_0: one fma per block of the block's integer sum.
+ *   SGEMM        F32/F16/BF16 batches (llamafile tinyBLAS): one 8-lane fma chain, hsum.
+ *
+ * All ISA variants (quants_simd.h) reproduce these recipes exactly; AVX-512 builds of ggml would
+ * differ for F16/F32/BF16 dots (16-lane vectors), the tiled GEMM (unfused epilogue) and the
+ * repacked GEMMs, so the AVX2 build's arithmetic is the one reproduced everywhere.
+ *
+ * One signature for every kernel (STYLE.md section 2): out[t * out_stride + r] = W_r . Y_t for
+ * r < nr weight rows w_stride bytes apart and t < nt activation rows y_stride bytes apart, the
+ * activations already in the weight type's dot partner. n elements per row.
  */
 #ifndef GGUFLM_QUANTS_DOT_H
 #define GGUFLM_QUANTS_DOT_H
 
+#include "ops_math.h"
 #include "quants_ref.h"
 
-typedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const void *vy);
+typedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
+                               int64_t y_stride, int64_t nt, float *out, int64_t out_stride);
 
-/* the same for GGUFLM_DOT_TOKENS activation rows at once, y_stride bytes apart, results
- * s_stride floats apart; SIMD-only, for batches (a weight block is decoded once per group) */
-#define GGUFLM_DOT_TOKENS 4
-_Static_assert(GGUFLM_DOT_TOKENS == 4, "the SIMD scale gathers insert exactly four lanes");
-typedef void (*gguflm_vec_dotn_fn)(int64_t n, float *s, int64_t s_stride, const void *vx, const void *vy,
-                                   int64_t y_stride);
+enum {
+    GGUFLM_PATH_DOT = 0,
+    GGUFLM_PATH_TILED,
+    GGUFLM_PATH_Q4_K_GEMV,
+    GGUFLM_PATH_Q4_K_GEMM,
+    GGUFLM_PATH_Q4_0_REPACK,
+    GGUFLM_PATH_SGEMM,
+    GGUFLM_PATH_COUNT
+};
 
-/* types whose partner is Q8_1 (they carry a min; Q8_1's s = d*sum(qs) applies it once per block) */
-static inline int gguflm_legacy_has_min(int type) { return type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1; }
+/* a run of token rows [t0, t1) that one recipe computes */
+typedef struct {
+    int path;
+    int64_t t0, t1;
+} gguflm_segment;
 
-/* float value of one K super-block from its exact integer sums. The explicit fmaf leaves nothing
- * for the compiler to contract, so the FMA-enabled SIMD code and the scalar code round alike and
- * all ISAs give the same float for the same integers. */
-static inline float gguflm_kblock_value(float yd, float d, float dmin, int32_t sumi, int32_t summ) {
-    return fmaf(yd * d, (float)sumi, -((yd * dmin) * (float)summ));
-}
+static inline int gguflm_is_kquant(int type) { return type >= GGUFLM_Q2_K && type <= GGUFLM_Q6_K; }
+static inline int gguflm_is_float(int type) { return type == GGUFLM_F32 || type == GGUFLM_F16 || type == GGUFLM_BF16; }
 
-/* sum_j sc[j]*bsums[j] and sum_j mn[j]*bsums[j]: the zero-point and min terms of a K dot */
-static inline void gguflm_kbsum_terms(const gguflm_kblock *kb, const int16_t *bsums, int32_t *sumz, int32_t *summ) {
-    int32_t z = 0, m = 0;
-    for (int j = 0; j < QK_K / 16; ++j) {
-        z += kb->sc[j] * bsums[j];
-        m += kb->mn[j] * bsums[j];
+/* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows by n_tok tokens:
+ * up to two segments. `repacked`: the weight is a matrix that llama.cpp would keep in its CPU_REPACK
+ * buffer (a model weight only used by matmuls: not a tied token embedding). */
+static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t n_in, int64_t n_tok, int repacked,
+                                     gguflm_segment seg[2]) {
+    const int repack = repacked && n_rows % 8 == 0 && (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K);
+    if (repack && wtype == GGUFLM_Q4_K && n_tok > 3) {
+        /* tokens go to the GEMM in groups of 4, the rest to the GEMV */
+        const int64_t grouped = n_tok - n_tok % 4;
+        seg[0] = (gguflm_segment){GGUFLM_PATH_Q4_K_GEMM, 0, grouped};
+        seg[1] = (gguflm_segment){GGUFLM_PATH_Q4_K_GEMV, grouped, n_tok};
+        return grouped < n_tok ? 2 : 1;
     }
-    *sumz = z;
-    *summ = m;
+    int path = GGUFLM_PATH_DOT;
+    if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
+    else if (gguflm_is_kquant(wtype) && n_tok >= 8) path = GGUFLM_PATH_TILED;
+    else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 && n_in % 8 == 0) path = GGUFLM_PATH_SGEMM;
+    seg[0] = (gguflm_segment){path, 0, n_tok};
+    return 1;
 }
 
-static inline __attribute__((always_inline)) void gguflm_dot_legacy_scalar(int type, size_t bx, int64_t n, float *s,
-                                                                           const void *vx, const void *vy) {
+/* ======================= integer parts ======================= */
+
+/* types whose partner is Q8_1 (they carry a min, applied through Q8_1's s = d*sum(qs)) */
+static inline int gguflm_legacy_has_min(int type) { return type == GGUFLM_Q4_1 || type == GGUFLM_Q5_1; }
+static inline int gguflm_k_has_min(int type) { return type == GGUFLM_Q2_K || type == GGUFLM_Q4_K || type == GGUFLM_Q5_K; }
+
+/* The integers of one K super-block against one Q8_K block.
+ * lanes:  ggml_vec_dot's int32 lanes of sc * (q - zero) * y, element e in lane (e % 32) / 4;
+ *         Q6_K takes its -32 offset off each lane as 32 * (sc[2l] bsums[2l] + sc[2l+1] bsums[2l+1]).
+ * part:   the same products summed per 64 elements (all four add up to the lanes' total).
+ * mins:   mn[2l] bsums[2l] + mn[2l+1] bsums[2l+1], the min terms (16 elements per index). */
+typedef struct {
+    int32_t lanes[8], part[4], mins[8];
+} gguflm_kints;
+
+static inline void gguflm_k_ints(int type, const gguflm_kblock *kb, const block_q8_K *y, gguflm_kints *o) {
+    const int lane_zero = type == GGUFLM_Q6_K ? 0 : kb->zero;
+    memset(o, 0, sizeof(*o));
+    for (int e = 0; e < QK_K; ++e) {
+        const int32_t sy = kb->sc[e / 16] * y->qs[e];
+        o->lanes[(e % 32) / 4] += sy * (kb->u[e] - lane_zero);
+        o->part[e / 64] += sy * (kb->u[e] - kb->zero);
+    }
+    for (int l = 0; l < 8; ++l) {
+        o->mins[l] = kb->mn[2 * l] * y->bsums[2 * l] + kb->mn[2 * l + 1] * y->bsums[2 * l + 1];
+        if (type == GGUFLM_Q6_K) o->lanes[l] -= 32 * (kb->sc[2 * l] * y->bsums[2 * l] + kb->sc[2 * l + 1] * y->bsums[2 * l + 1]);
+    }
+}
+
+static inline int32_t gguflm_sum8_i32(const int32_t v[8]) {
+    int32_t s = 0;
+    for (int l = 0; l < 8; ++l) s += v[l];
+    return s;
+}
+
+/* ======================= float epilogues, shared by every ISA ======================= */
+
+/* ggml_vec_dot_q4_K_q8_K folds its 4 min lanes as (m0 + m2) + (m1 + m3) */
+static inline float gguflm_hsum4_movehl(const float m[4]) { return (m[0] + m[2]) + (m[1] + m[3]); }
+
+/* TILED, per super-block: the weight row's res = d*s1 - dmin*s2 (fused), then out += res*y.d */
+static inline float gguflm_tiled_step(int has_min, float d, float dmin, int32_t s1, int32_t s2, float yd, float out) {
+    float res = d * (float)s1;
+    if (has_min) res = fmaf(-dmin, (float)s2, res);
+    return fmaf(res, yd, out);
+}
+
+/* ======================= scalar reference kernels (one output) ======================= */
+
+static inline __attribute__((always_inline)) float gguflm_dot_legacy_1(int type, size_t bx, int64_t n, const uint8_t *x,
+                                                                      const uint8_t *y) {
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     gguflm_legacy_block xb;
-    float sumf = 0;
+    float acc[8] = {0}, summs = 0.0f;
     for (int64_t ib = 0; ib < n / 32; ++ib) {
-        const uint8_t *yb = (const uint8_t *)vy + ib * by;
-        const int8_t *yq = has_min ? ((const block_q8_1 *)yb)->qs : ((const block_q8_0 *)yb)->qs;
-        gguflm_legacy_unpack(type, (const uint8_t *)vx + ib * bx, &xb);
-        int sumi = 0;
-        for (int j = 0; j < 32; ++j) sumi += xb.v[j] * yq[j];
-        const float dxy = xb.d * gguflm_fp16_to_fp32(*(const ggml_half *)yb);
-        if (has_min) {
-            sumf += dxy * sumi + xb.m * gguflm_fp16_to_fp32(((const block_q8_1 *)yb)->s);
-        } else {
-            sumf += dxy * sumi;
+        const uint8_t *yb = y + ib * by;
+        const int8_t *yq = (const int8_t *)(yb + (has_min ? 4 : 2));
+        gguflm_legacy_unpack(type, x + ib * bx, &xb);
+        const float d = xb.d * gguflm_fp16_to_fp32(*(const ggml_half *)yb);
+        for (int l = 0; l < 8; ++l) {
+            int32_t lane = 0;
+            for (int j = 4 * l; j < 4 * l + 4; ++j) lane += xb.v[j] * yq[j];
+            acc[l] = fmaf(d, (float)lane, acc[l]);
         }
+        if (has_min) summs = fmaf(xb.m, gguflm_fp16_to_fp32(((const block_q8_1 *)yb)->s), summs);
     }
-    *s = sumf;
+    return gguflm_hsum8_movehl(acc) + summs;
 }
 
-static inline __attribute__((always_inline)) void gguflm_dot_k_scalar(int type, size_t bx, int64_t n, float *s,
-                                                                      const void *vx, const void *vy) {
-    const block_q8_K *y = (const block_q8_K *)vy;
+static inline __attribute__((always_inline)) float gguflm_dot_k_1(int type, size_t bx, int64_t n, const uint8_t *x,
+                                                                 const block_q8_K *y) {
     gguflm_kblock kb;
-    float sumf = 0;
+    gguflm_kints in;
+    float acc[8] = {0}, acc_m[4] = {0}, summs = 0.0f;
     for (int64_t i = 0; i < n / QK_K; ++i) {
-        gguflm_kunpack(type, (const uint8_t *)vx + i * bx, &kb);
-        int32_t sumi = 0, sumz, summ;
-        for (int j = 0; j < QK_K / 16; ++j) {
-            int32_t sub = 0;
-            for (int l = 0; l < 16; ++l) sub += kb.u[16 * j + l] * y[i].qs[16 * j + l];
-            sumi += kb.sc[j] * sub;
+        gguflm_kunpack(type, x + i * bx, &kb);
+        gguflm_k_ints(type, &kb, &y[i], &in);
+        const float d = y[i].d * kb.d, dmin = -y[i].d * kb.dmin;
+        if (type == GGUFLM_Q2_K) {
+            for (int l = 0; l < 8; ++l) acc[l] = fmaf(dmin, (float)in.mins[l], acc[l]);
+        } else if (type == GGUFLM_Q4_K) {
+            for (int m = 0; m < 4; ++m) acc_m[m] = fmaf(dmin, (float)(in.mins[2 * m] + in.mins[2 * m + 1]), acc_m[m]);
+        } else if (type == GGUFLM_Q5_K) {
+            summs = fmaf((float)gguflm_sum8_i32(in.mins), dmin, summs);
         }
-        gguflm_kbsum_terms(&kb, y[i].bsums, &sumz, &summ);
-        sumf += gguflm_kblock_value(y[i].d, kb.d, kb.dmin, sumi - kb.zero * sumz, summ);
+        for (int l = 0; l < 8; ++l) acc[l] = fmaf(d, (float)in.lanes[l], acc[l]);
     }
-    *s = sumf;
+    return gguflm_hsum8_movehl(acc) + (type == GGUFLM_Q4_K ? gguflm_hsum4_movehl(acc_m) : summs);
+}
+
+static inline __attribute__((always_inline)) float gguflm_tiled_1(int type, size_t bx, int64_t n, const uint8_t *x,
+                                                                 const block_q8_K *y) {
+    gguflm_kblock kb;
+    gguflm_kints in;
+    float out = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        gguflm_kunpack(type, x + i * bx, &kb);
+        gguflm_k_ints(type, &kb, &y[i], &in);
+        out = gguflm_tiled_step(gguflm_k_has_min(type), kb.d, kb.dmin, gguflm_sum8_i32(in.lanes),
+                                gguflm_sum8_i32(in.mins), y[i].d, out);
+    }
+    return out;
+}
+
+/* repacked Q4_K: `parts` integer sums per super-block, 1 (GEMV) or 4 (GEMM, per 64 elements) */
+static inline float gguflm_q4_K_repack_1(int parts, int64_t n, const uint8_t *x, const block_q8_K *y) {
+    gguflm_kblock kb;
+    gguflm_kints in;
+    float acc = 0.0f, acc_min = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        gguflm_kunpack(GGUFLM_Q4_K, x + i * sizeof(block_q4_K), &kb);
+        gguflm_k_ints(GGUFLM_Q4_K, &kb, &y[i], &in);
+        const float scale = kb.d * y[i].d, scale_min = kb.dmin * y[i].d;
+        for (int p = 0; p < parts; ++p) {
+            const int32_t sum = parts == 1 ? gguflm_sum8_i32(in.lanes) : in.part[p];
+            const int32_t min = parts == 1 ? gguflm_sum8_i32(in.mins) : in.mins[2 * p] + in.mins[2 * p + 1];
+            acc = fmaf((float)sum, scale, acc);
+            acc_min = fmaf((float)min, scale_min, acc_min);
+        }
+    }
+    return acc - acc_min;
+}
+
+static inline float gguflm_q4_0_repack_1(int64_t n, const uint8_t *x, const block_q8_0 *y) {
+    gguflm_legacy_block xb;
+    float acc = 0.0f;
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        gguflm_legacy_unpack(GGUFLM_Q4_0, x + ib * sizeof(block_q4_0), &xb);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum += xb.v[j] * y[ib].qs[j];
+        acc = fmaf((float)sum, xb.d * gguflm_fp16_to_fp32(y[ib].d), acc);
+    }
+    return acc;
 }
 
 /* one element of a float-format row */
@@ -89,33 +215,120 @@ static inline __attribute__((always_inline)) float gguflm_float_at(int type, con
     return ((const float *)p)[i];
 }
 
-/* F32/F16/BF16 x same type: float products summed in double (ggml's ggml_float) */
-static inline __attribute__((always_inline)) void gguflm_dot_float_scalar(int type, int64_t n, float *s, const void *vx, const void *vy) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += (double)(gguflm_float_at(type, vx, i) * gguflm_float_at(type, vy, i));
-    *s = (float)sum;
+/* ggml_vec_dot_f32/f16/bf16 after the 32-element steps (acc: 4 x 8 lanes, see ops_math.h):
+ * F16 and BF16 add the rest in double; F32's tail runs as GCC vectorized it, blocks of 8 and
+ * then 4 unfused products added in order, the last < 4 elements with FMAs */
+static inline __attribute__((always_inline)) float gguflm_dot_float_finish(int type, int64_t n, const void *x,
+                                                                          const void *y, const float acc[32]) {
+    const int64_t np = n - n % 32;
+    if (type == GGUFLM_BF16 || type == GGUFLM_F16) {
+        float lanes[8];
+        for (int l = 0; l < 8; ++l) lanes[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
+        double sum = type == GGUFLM_BF16 ? gguflm_hsum8_movehl(lanes) : gguflm_hsum8_hadd(lanes);
+        for (int64_t i = np; i < n; ++i) sum += (double)(gguflm_float_at(type, x, i) * gguflm_float_at(type, y, i));
+        return (float)sum;
+    }
+    float sum = gguflm_reduce_lanes(acc);
+    const int64_t r = n - np;
+    int64_t unfused = r >= 8 ? 8 * (r / 8) : 0;
+    if (r - unfused >= 4) unfused += 4;
+    for (int64_t k = 0; k < r; ++k) {
+        const float a = ((const float *)x)[np + k], b = ((const float *)y)[np + k];
+        sum = k < unfused ? sum + a * b : fmaf(a, b, sum);
+    }
+    return sum;
 }
 
-static void gguflm_dot_q4_0_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_legacy_scalar(GGUFLM_Q4_0, sizeof(block_q4_0), n, s, x, y); }
-static void gguflm_dot_q4_1_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_legacy_scalar(GGUFLM_Q4_1, sizeof(block_q4_1), n, s, x, y); }
-static void gguflm_dot_q5_0_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_legacy_scalar(GGUFLM_Q5_0, sizeof(block_q5_0), n, s, x, y); }
-static void gguflm_dot_q5_1_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_legacy_scalar(GGUFLM_Q5_1, sizeof(block_q5_1), n, s, x, y); }
-static void gguflm_dot_q8_0_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_legacy_scalar(GGUFLM_Q8_0, sizeof(block_q8_0), n, s, x, y); }
-static void gguflm_dot_q2_K_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_k_scalar(GGUFLM_Q2_K, sizeof(block_q2_K), n, s, x, y); }
-static void gguflm_dot_q3_K_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_k_scalar(GGUFLM_Q3_K, sizeof(block_q3_K), n, s, x, y); }
-static void gguflm_dot_q4_K_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_k_scalar(GGUFLM_Q4_K, sizeof(block_q4_K), n, s, x, y); }
-static void gguflm_dot_q5_K_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_k_scalar(GGUFLM_Q5_K, sizeof(block_q5_K), n, s, x, y); }
-static void gguflm_dot_q6_K_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_k_scalar(GGUFLM_Q6_K, sizeof(block_q6_K), n, s, x, y); }
-static void gguflm_dot_f32_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_float_scalar(GGUFLM_F32, n, s, x, y); }
-static void gguflm_dot_f16_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_float_scalar(GGUFLM_F16, n, s, x, y); }
-static void gguflm_dot_bf16_scalar(int64_t n, float *s, const void *x, const void *y) { gguflm_dot_float_scalar(GGUFLM_BF16, n, s, x, y); }
+static inline __attribute__((always_inline)) float gguflm_dot_float_1(int type, int64_t n, const void *x, const void *y) {
+    float acc[32] = {0};
+    for (int64_t i = 0; i + 32 <= n; i += 32)
+        for (int l = 0; l < 32; ++l) acc[l] = fmaf(gguflm_float_at(type, x, i + l), gguflm_float_at(type, y, i + l), acc[l]);
+    return gguflm_dot_float_finish(type, n, x, y, acc);
+}
 
-static const gguflm_vec_dot_fn gguflm_dot_table_scalar[GGUFLM_TYPE_COUNT] = {
-    [GGUFLM_F32] = gguflm_dot_f32_scalar,   [GGUFLM_F16] = gguflm_dot_f16_scalar,   [GGUFLM_BF16] = gguflm_dot_bf16_scalar,
-    [GGUFLM_Q4_0] = gguflm_dot_q4_0_scalar, [GGUFLM_Q4_1] = gguflm_dot_q4_1_scalar, [GGUFLM_Q5_0] = gguflm_dot_q5_0_scalar,
-    [GGUFLM_Q5_1] = gguflm_dot_q5_1_scalar, [GGUFLM_Q8_0] = gguflm_dot_q8_0_scalar, [GGUFLM_Q2_K] = gguflm_dot_q2_K_scalar,
-    [GGUFLM_Q3_K] = gguflm_dot_q3_K_scalar, [GGUFLM_Q4_K] = gguflm_dot_q4_K_scalar, [GGUFLM_Q5_K] = gguflm_dot_q5_K_scalar,
-    [GGUFLM_Q6_K] = gguflm_dot_q6_K_scalar,
-};
+static inline __attribute__((always_inline)) float gguflm_sgemm_1(int type, int64_t n, const void *x, const void *y) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] = fmaf(gguflm_float_at(type, x, i + l), gguflm_float_at(type, y, i + l), acc[l]);
+    return gguflm_hsum8_movehl(acc);
+}
+
+/* one output of `path` for weight type `type` (bx bytes per weight block) */
+static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int type, size_t bx, int64_t n,
+                                                                  const uint8_t *x, const uint8_t *y) {
+    switch (path) {
+    case GGUFLM_PATH_TILED: return gguflm_tiled_1(type, bx, n, x, (const block_q8_K *)y);
+    case GGUFLM_PATH_Q4_K_GEMV: return gguflm_q4_K_repack_1(1, n, x, (const block_q8_K *)y);
+    case GGUFLM_PATH_Q4_K_GEMM: return gguflm_q4_K_repack_1(4, n, x, (const block_q8_K *)y);
+    case GGUFLM_PATH_Q4_0_REPACK: return gguflm_q4_0_repack_1(n, x, (const block_q8_0 *)y);
+    case GGUFLM_PATH_SGEMM: return gguflm_sgemm_1(type, n, x, y);
+    default:
+        if (gguflm_is_float(type)) return gguflm_dot_float_1(type, n, x, y);
+        if (gguflm_is_kquant(type)) return gguflm_dot_k_1(type, bx, n, x, (const block_q8_K *)y);
+        return gguflm_dot_legacy_1(type, bx, n, x, y);
+    }
+}
+
+static inline __attribute__((always_inline)) void gguflm_gemm_scalar(int path, int type, size_t bx, int64_t n,
+                                                                    const uint8_t *w, int64_t w_stride, int64_t nr,
+                                                                    const uint8_t *y, int64_t y_stride, int64_t nt,
+                                                                    float *out, int64_t out_stride) {
+    for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < nr; ++r)
+            out[t * out_stride + r] = gguflm_recipe_1(path, type, bx, n, w + r * w_stride, y + t * y_stride);
+}
+
+/* the scalar kernel table: [path][type], NULL where llama.cpp has no such recipe */
+#define GGUFLM_SCALAR_KERNEL(path, tag, TYPE, bx)                                                                \
+    static void gguflm_##path##_##tag##_scalar(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,            \
+                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os) { \
+        gguflm_gemm_scalar(GGUFLM_PATH_##path, TYPE, bx, n, w, ws, nr, y, ys, nt, o, os);                       \
+    }
+#define GGUFLM_SCALAR_KERNELS_K(tag, TYPE)                             \
+    GGUFLM_SCALAR_KERNEL(DOT, tag, TYPE, sizeof(block_##tag))          \
+    GGUFLM_SCALAR_KERNEL(TILED, tag, TYPE, sizeof(block_##tag))
+GGUFLM_SCALAR_KERNEL(DOT, q4_0, GGUFLM_Q4_0, sizeof(block_q4_0))
+GGUFLM_SCALAR_KERNEL(DOT, q4_1, GGUFLM_Q4_1, sizeof(block_q4_1))
+GGUFLM_SCALAR_KERNEL(DOT, q5_0, GGUFLM_Q5_0, sizeof(block_q5_0))
+GGUFLM_SCALAR_KERNEL(DOT, q5_1, GGUFLM_Q5_1, sizeof(block_q5_1))
+GGUFLM_SCALAR_KERNEL(DOT, q8_0, GGUFLM_Q8_0, sizeof(block_q8_0))
+GGUFLM_SCALAR_KERNELS_K(q2_K, GGUFLM_Q2_K)
+GGUFLM_SCALAR_KERNELS_K(q3_K, GGUFLM_Q3_K)
+GGUFLM_SCALAR_KERNELS_K(q4_K, GGUFLM_Q4_K)
+GGUFLM_SCALAR_KERNELS_K(q5_K, GGUFLM_Q5_K)
+GGUFLM_SCALAR_KERNELS_K(q6_K, GGUFLM_Q6_K)
+GGUFLM_SCALAR_KERNEL(Q4_K_GEMV, q4_K, GGUFLM_Q4_K, sizeof(block_q4_K))
+GGUFLM_SCALAR_KERNEL(Q4_K_GEMM, q4_K, GGUFLM_Q4_K, sizeof(block_q4_K))
+GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_Q4_0, sizeof(block_q4_0))
+GGUFLM_SCALAR_KERNEL(DOT, f32, GGUFLM_F32, 4)
+GGUFLM_SCALAR_KERNEL(DOT, f16, GGUFLM_F16, 2)
+GGUFLM_SCALAR_KERNEL(DOT, bf16, GGUFLM_BF16, 2)
+GGUFLM_SCALAR_KERNEL(SGEMM, f32, GGUFLM_F32, 4)
+GGUFLM_SCALAR_KERNEL(SGEMM, f16, GGUFLM_F16, 2)
+GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
+#undef GGUFLM_SCALAR_KERNELS_K
+#undef GGUFLM_SCALAR_KERNEL
+
+/* a [path][type] table of kernels named gguflm_<PATH>_<tag><suffix> */
+#define GGUFLM_KERNEL_TABLE(suffix)                                                                              \
+    {                                                                                                            \
+        [GGUFLM_PATH_DOT] = {[GGUFLM_F32] = gguflm_DOT_f32##suffix, [GGUFLM_F16] = gguflm_DOT_f16##suffix,       \
+                             [GGUFLM_BF16] = gguflm_DOT_bf16##suffix, [GGUFLM_Q4_0] = gguflm_DOT_q4_0##suffix,   \
+                             [GGUFLM_Q4_1] = gguflm_DOT_q4_1##suffix, [GGUFLM_Q5_0] = gguflm_DOT_q5_0##suffix,   \
+                             [GGUFLM_Q5_1] = gguflm_DOT_q5_1##suffix, [GGUFLM_Q8_0] = gguflm_DOT_q8_0##suffix,   \
+                             [GGUFLM_Q2_K] = gguflm_DOT_q2_K##suffix, [GGUFLM_Q3_K] = gguflm_DOT_q3_K##suffix,   \
+                             [GGUFLM_Q4_K] = gguflm_DOT_q4_K##suffix, [GGUFLM_Q5_K] = gguflm_DOT_q5_K##suffix,   \
+                             [GGUFLM_Q6_K] = gguflm_DOT_q6_K##suffix},                                           \
+        [GGUFLM_PATH_TILED] = {[GGUFLM_Q2_K] = gguflm_TILED_q2_K##suffix, [GGUFLM_Q3_K] = gguflm_TILED_q3_K##suffix, \
+                               [GGUFLM_Q4_K] = gguflm_TILED_q4_K##suffix, [GGUFLM_Q5_K] = gguflm_TILED_q5_K##suffix, \
+                               [GGUFLM_Q6_K] = gguflm_TILED_q6_K##suffix},                                       \
+        [GGUFLM_PATH_Q4_K_GEMV] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMV_q4_K##suffix},                              \
+        [GGUFLM_PATH_Q4_K_GEMM] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMM_q4_K##suffix},                              \
+        [GGUFLM_PATH_Q4_0_REPACK] = {[GGUFLM_Q4_0] = gguflm_Q4_0_REPACK_q4_0##suffix},                          \
+        [GGUFLM_PATH_SGEMM] = {[GGUFLM_F32] = gguflm_SGEMM_f32##suffix, [GGUFLM_F16] = gguflm_SGEMM_f16##suffix, \
+                               [GGUFLM_BF16] = gguflm_SGEMM_bf16##suffix},                                       \
+    }
+
+static const gguflm_gemm_fn gguflm_kernels_scalar[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_scalar);
 
 #endif

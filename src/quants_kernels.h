@@ -67,10 +67,8 @@ static inline int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, i
 enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2 };
 static const char *const gguflm_isa_names[] = {"scalar", "avx2", "avx512"};
 
-static const gguflm_vec_dot_fn *gguflm_dot_table = gguflm_dot_table_scalar;
-/* multi-token kernels: SIMD only; the scalar variant runs its single-token kernel per token */
-static const gguflm_vec_dotn_fn gguflm_dotn_table_scalar[GGUFLM_TYPE_COUNT] = {0};
-static const gguflm_vec_dotn_fn *gguflm_dotn_table = gguflm_dotn_table_scalar;
+/* the [path][type] kernel table of the ISA in use */
+static const gguflm_gemm_fn (*gguflm_kernels)[GGUFLM_TYPE_COUNT] = gguflm_kernels_scalar;
 static int gguflm_isa_current = -1;
 
 static inline int gguflm_isa_supported(int isa) {
@@ -113,20 +111,16 @@ static int gguflm_kernels_init(int isa) {
         isa = gguflm_isa_current >= 0 ? gguflm_isa_current : gguflm_isa_best();
     }
 #if GGUFLM_HAVE_SIMD
-    gguflm_dot_table = isa == GGUFLM_ISA_AVX512 ? gguflm_dot_table_avx512
-                     : isa == GGUFLM_ISA_AVX2   ? gguflm_dot_table_avx2
-                                                : gguflm_dot_table_scalar;
-    gguflm_dotn_table = isa == GGUFLM_ISA_AVX512 ? gguflm_dotn_table_avx512
-                      : isa == GGUFLM_ISA_AVX2   ? gguflm_dotn_table_avx2
-                                                 : gguflm_dotn_table_scalar;
+    gguflm_kernels = isa == GGUFLM_ISA_AVX512 ? gguflm_kernels_avx512
+                   : isa == GGUFLM_ISA_AVX2   ? gguflm_kernels_avx2
+                                              : gguflm_kernels_scalar;
 #endif
     gguflm_isa_current = isa;
     return ok ? isa : -1;
 }
 
-static inline gguflm_vec_dot_fn gguflm_vec_dot(int type) { return gguflm_dot_table[type]; }
-/* NULL when the current ISA has no multi-token kernel for type */
-static inline gguflm_vec_dotn_fn gguflm_vec_dotn(int type) { return gguflm_dotn_table[type]; }
+/* the current ISA's kernel of recipe `path` for weight type `type` (NULL: no such recipe) */
+static inline gguflm_gemm_fn gguflm_kernel(int path, int type) { return gguflm_kernels[path][type]; }
 
 /* ======================= activations ======================= */
 
@@ -167,32 +161,14 @@ static inline int gguflm_matmul_threads(int64_t n_rows, int64_t n_tok, int n_thr
     return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
 }
 
-/* out[t, r] = W[r] . xq[t] for r in [r0, r1) and every token; dotn (may be NULL) takes tokens
- * GGUFLM_DOT_TOKENS at a time and gives the same floats as dot */
-static void gguflm_matmul_rows(gguflm_vec_dot_fn dot, gguflm_vec_dotn_fn dotn, const uint8_t *w, int64_t w_stride,
-                               int64_t r0, int64_t r1, int64_t n_in, const uint8_t *xq, int64_t xq_stride,
-                               int64_t n_tok, float *out, int64_t out_stride) {
-    for (int64_t t0 = 0; t0 < n_tok; t0 += GGUFLM_TOKEN_TILE) {
-        const int64_t t1 = t0 + GGUFLM_TOKEN_TILE < n_tok ? t0 + GGUFLM_TOKEN_TILE : n_tok;
-        for (int64_t r = r0; r < r1; ++r) {
-            int64_t t = t0;
-            if (dotn) {
-                for (; t + GGUFLM_DOT_TOKENS <= t1; t += GGUFLM_DOT_TOKENS) {
-                    dotn(n_in, out + t * out_stride + r, out_stride, w + r * w_stride, xq + t * xq_stride, xq_stride);
-                }
-            }
-            for (; t < t1; ++t) dot(n_in, out + t * out_stride + r, w + r * w_stride, xq + t * xq_stride);
-        }
-    }
-}
-
 /* inside a parallel region: every thread takes row chunks from the shared counter *next_chunk
- * (0 before the region) until none are left, so any team size covers every chunk */
+ * (0 before the region) until none are left, so any team size covers every chunk; each chunk
+ * runs the recipes llama.cpp would use for this matmul (gguflm_matmul_plan) */
 static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
-                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride,
+                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
                                  int64_t *next_chunk) {
-    const gguflm_vec_dot_fn dot = gguflm_vec_dot(wtype);
-    const gguflm_vec_dotn_fn dotn = gguflm_vec_dotn(wtype);
+    gguflm_segment seg[2];
+    const int n_seg = gguflm_matmul_plan(wtype, n_rows, n_in, n_tok, repacked, seg);
     const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
     const int64_t rows = gguflm_chunk_rows(n_tok);
     const int64_t n_chunks = (n_rows + rows - 1) / rows;
@@ -201,19 +177,27 @@ static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, 
         #pragma omp atomic capture
         chunk = (*next_chunk)++;
         if (chunk >= n_chunks) break;
-        const int64_t r0 = chunk * rows, r1 = r0 + rows < n_rows ? r0 + rows : n_rows;
-        gguflm_matmul_rows(dot, dotn, w, w_stride, r0, r1, n_in, xq, xq_stride, n_tok, out, out_stride);
+        const int64_t r0 = chunk * rows, nr = (r0 + rows < n_rows ? r0 + rows : n_rows) - r0;
+        for (int s = 0; s < n_seg; ++s) {
+            const gguflm_gemm_fn kernel = gguflm_kernel(seg[s].path, wtype);
+            for (int64_t t0 = seg[s].t0; t0 < seg[s].t1; t0 += GGUFLM_TOKEN_TILE) {
+                const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[s].t1) - t0;
+                kernel(n_in, w + r0 * w_stride, w_stride, nr, xq + t0 * xq_stride, xq_stride, nt,
+                       out + t0 * out_stride + r0, out_stride);
+            }
+        }
     }
 }
 
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
- * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type */
+ * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type. repacked: W is a
+ * model weight that llama.cpp keeps repacked (see gguflm_matmul_plan); 0 for a tied embedding. */
 static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
-                            int64_t n_tok, float *out, int64_t out_stride, int n_threads) {
+                            int64_t n_tok, float *out, int64_t out_stride, int repacked, int n_threads) {
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
     gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)xq, n_tok, out, out_stride,
-                         &next_chunk);
+                         repacked, &next_chunk);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -221,7 +205,7 @@ static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t 
  * parallel region as ggml does it */
 static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const float *x,
                               int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
-                              int n_threads) {
+                              int repacked, int n_threads) {
     const int vdt = gguflm_traits[wtype].vec_dot_type;
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
@@ -229,7 +213,7 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
         gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, omp_get_thread_num(), omp_get_num_threads());
         #pragma omp barrier
         gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)scratch, n_tok, out,
-                             out_stride, &next_chunk);
+                             out_stride, repacked, &next_chunk);
     }
 }
 

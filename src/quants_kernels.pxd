@@ -9,11 +9,11 @@
 #     xq = <buffer of gguflm_act_buffer_bytes(vdt, n_tok, n_embd) bytes, owned by the caller>
 #     with nogil:
 #         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, n_threads)
-#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, n_threads)
-#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, n_threads)
+#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, n_threads)
+#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, n_threads)
 # Weights of different types need activations in their own partner types (one buffer each).
 # n_threads: the context's n_threads for one token, n_threads_batch for more.
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 cdef extern from "quants_kernels.h" nogil:
     enum:
@@ -21,8 +21,11 @@ cdef extern from "quants_kernels.h" nogil:
         GGUFLM_ISA_SCALAR
         GGUFLM_ISA_AVX2
         GGUFLM_ISA_AVX512
+        GGUFLM_PATH_DOT
 
-    ctypedef void (*gguflm_vec_dot_fn)(int64_t n, float *s, const void *vx, const void *vy)
+    # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt (see quants_dot.h)
+    ctypedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
+                                    int64_t y_stride, int64_t nt, float *out, int64_t out_stride)
     ctypedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k)
     ctypedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k)
 
@@ -46,18 +49,20 @@ cdef extern from "quants_kernels.h" nogil:
     int gguflm_kernels_init(int isa)
     int gguflm_isa_supported(int isa)
     int gguflm_isa_from_name(const char *name)
-    gguflm_vec_dot_fn gguflm_vec_dot(int type)
+    gguflm_gemm_fn gguflm_kernel(int path, int type)
 
     # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
     void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
                              void *xq, int n_threads)
-    # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq
+    # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with llama.cpp's
+    # arithmetic for this shape; repacked = 0 for a token embedding used as the output matrix
     void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
-                         const void *xq, int64_t n_tok, float *out, int64_t out_stride, int n_threads)
+                         const void *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
+                         int n_threads)
     # the same from float x, quantized into scratch (act_buffer_bytes) inside the one parallel region
     void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                            const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
-                           int64_t out_stride, int n_threads)
+                           int64_t out_stride, int repacked, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
                          int64_t n_ids, float *out, int64_t out_stride)

@@ -1,5 +1,5 @@
 /* The SIMD dot kernels: quants_simd_body.h compiled once for AVX2 (+FMA, F16C) and once for
- * AVX-512 with VNNI, each inside a GCC target region (no -march flag; gguflm_kernels_init picks a
+ * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no -march flag; gguflm_kernels_init picks a
  * table at run time from the CPU's features). Off x86, or without GCC's target pragmas, only the
  * scalar kernels exist.
  *
@@ -41,6 +41,7 @@ GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_VNNI 0
 #include "quants_simd_body.h"
+static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
 GGUFLM_TARGET_END
@@ -49,6 +50,7 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512
 #define GGUFLM_SIMD_VNNI 1
 #include "quants_simd_body.h"
+static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
 GGUFLM_TARGET_END

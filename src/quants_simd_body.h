@@ -72,87 +72,6 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(legacy_quants)(
     }
 }
 
-/* the block scales for nt tokens at once, as dxy[t] = dx * dy_t broadcast; for Q4_1/Q5_1 also
- * summs lane 2t+1 += mx * sy_t (one fma, the same single rounding for every ISA). The activation
- * blocks' halves (d, or d and s) of all tokens go through one vcvtph2ps. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_scales)(int has_min, const uint8_t *xb,
-                                                                            const uint8_t *y0, int64_t y_stride, int nt,
-                                                                            __m256 *dxy, __m256 *summs) {
-    if (has_min) {
-        /* literal lane numbers: the insert instructions take immediates (GGUFLM_DOT_TOKENS is 4) */
-        uint32_t ds[GGUFLM_DOT_TOKENS] = {0};
-        for (int t = 0; t < nt; ++t) memcpy(&ds[t], y0 + t * y_stride, 4);
-        __m128i halves = _mm_cvtsi32_si128((int)ds[0]);
-        if (nt > 1) halves = _mm_insert_epi32(halves, (int)ds[1], 1);
-        if (nt > 2) halves = _mm_insert_epi32(halves, (int)ds[2], 2);
-        if (nt > 3) halves = _mm_insert_epi32(halves, (int)ds[3], 3);
-        const __m256 v = _mm256_cvtph_ps(halves);                        /* [dy0 sy0 dy1 sy1 ...] */
-        uint32_t dm;
-        memcpy(&dm, xb, 4);
-        const __m128 xdm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));   /* [dx mx 0 0] */
-        const __m256 xv = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(xdm)));
-        const __m256 prod = _mm256_mul_ps(xv, v);                        /* even lanes: dx*dy_t */
-        *summs = _mm256_fmadd_ps(xv, v, *summs);                          /* odd lanes: += mx*sy_t */
-        for (int t = 0; t < nt; ++t) dxy[t] = _mm256_permutevar8x32_ps(prod, _mm256_set1_epi32(2 * t));
-    } else if (nt == 1) {
-        dxy[0] = _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb) * GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)y0));
-    } else {
-        ggml_half d[GGUFLM_DOT_TOKENS] = {0};
-        for (int t = 0; t < nt; ++t) d[t] = *(const ggml_half *)(y0 + t * y_stride);
-        __m128i halves = _mm_cvtsi32_si128(d[0]);
-        if (nt > 1) halves = _mm_insert_epi16(halves, d[1], 1);
-        if (nt > 2) halves = _mm_insert_epi16(halves, d[2], 2);
-        if (nt > 3) halves = _mm_insert_epi16(halves, d[3], 3);
-        const __m128 prod = _mm_mul_ps(_mm_cvtph_ps(halves), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb)));
-        for (int t = 0; t < nt; ++t) dxy[t] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(prod), _mm256_set1_epi32(t));
-    }
-}
-
-/* block ib of one weight row against nt activation rows: acc[t] += dx*dy_t * (x . y_t) lanes,
- * summs lane 2t+1 += mx*sy_t (Q4_1/Q5_1) */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_block)(int type, const uint8_t *xb, const uint8_t *y0,
-                                                                           int64_t y_stride, int nt, __m256 *acc,
-                                                                           __m256 *summs) {
-    const int has_min = gguflm_legacy_has_min(type);
-    const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb);
-    /* signed quants go in as |x| with x's sign moved onto y */
-    const __m256i ux = has_min ? qx : _mm256_sign_epi8(qx, qx);
-    __m256 dxy[GGUFLM_DOT_TOKENS];
-    GGUFLM_SIMD(legacy_scales)(has_min, xb, y0, y_stride, nt, dxy, summs);
-    for (int t = 0; t < nt; ++t) {
-        const uint8_t *yb = y0 + t * y_stride;
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
-        const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux, has_min ? qy : _mm256_sign_epi8(qy, qx));
-        acc[t] = _mm256_fmadd_ps(dxy[t], _mm256_cvtepi32_ps(p), acc[t]);
-    }
-}
-
-/* One weight row against nt activation rows (nt <= GGUFLM_DOT_TOKENS, a constant after inlining):
- * s[t * s_stride] = W . Y_t where Y_t starts y_stride bytes after Y_(t-1). Each weight block is
- * decoded once for all nt tokens; every token's arithmetic is the same as with nt = 1, so the
- * multi-token kernels give the single-token floats bit for bit. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n, float *s,
-                                                                         int64_t s_stride, const void *vx,
-                                                                         const void *vy, int64_t y_stride, int nt) {
-    const size_t by = gguflm_legacy_has_min(type) ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    /* even blocks go to acc0, odd ones to acc1 (two chains hide the FMA latency); lane 2t+1 of
-     * summs accumulates token t's Q4_1/Q5_1 min terms */
-    __m256 acc0[GGUFLM_DOT_TOKENS], acc1[GGUFLM_DOT_TOKENS];
-    __m256 summs = _mm256_setzero_ps();
-    for (int t = 0; t < nt; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
-    const uint8_t *x = (const uint8_t *)vx, *y = (const uint8_t *)vy;
-    const int64_t nb = n / 32;
-    int64_t ib = 0;
-    for (; ib + 1 < nb; ib += 2) {
-        GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, &summs);
-        GGUFLM_SIMD(legacy_block)(type, x + (ib + 1) * bx, y + (ib + 1) * by, y_stride, nt, acc1, &summs);
-    }
-    if (ib < nb) GGUFLM_SIMD(legacy_block)(type, x + ib * bx, y + ib * by, y_stride, nt, acc0, &summs);
-    float min_terms[8];
-    _mm256_storeu_ps(min_terms, summs);
-    for (int t = 0; t < nt; ++t) s[t * s_stride] = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc0[t], acc1[t])) + min_terms[2 * t + 1];
-}
-
 /* the 32 unsigned quants of elements 32g .. 32g+31 of a K super-block (layouts: see gguflm_kunpack) */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(kquants)(int type, const uint8_t *xb, int g) {
     const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -250,41 +169,233 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
     }
 }
 
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_k)(int type, size_t bx, int64_t n, float *s,
-                                                                    int64_t s_stride, const void *vx, const void *vy,
-                                                                    int64_t y_stride, int nt) {
-    const int zero = type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : 0;
-    /* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the
-     * pair (2g, 2g+1) broadcast as one int32, then its low or high half repeated per 128-bit lane */
-    const __m256i pair_spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                                 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    float sumf[GGUFLM_DOT_TOKENS];
-    for (int t = 0; t < nt; ++t) sumf[t] = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; ++i) {
-        const uint8_t *xb = (const uint8_t *)vx + i * bx;
-        __m256i sc16, mn16, acc[GGUFLM_DOT_TOKENS];
-        float d, dmin;
-        GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d, &dmin);
-        for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_si256();
-        for (int g = 0; g < QK_K / 32; ++g) {
-            const __m256i u = GGUFLM_SIMD(kquants)(type, xb, g);
-            const __m256i sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g)), pair_spread);
-            for (int t = 0; t < nt; ++t) {
-                const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + t * y_stride) + i;
-                const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(y->qs + 32 * g)));
-                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, sc));
+/* ======================= tiles: R weight rows x T tokens ======================= */
+
+/* Every kernel below computes a tile of R rows x T tokens (constants after inlining: R*T
+ * accumulators stay in registers, each weight block is decoded once for the T tokens and each
+ * activation block loaded once for the R rows). The float arithmetic per output is the recipe of
+ * quants_dot.h and does not depend on the tile shape. */
+#define GGUFLM_MAX_TILE 4
+
+/* Weight rows are streamed from memory once per matmul; the hardware prefetchers follow one long
+ * stream well but not R short interleaved ones (rows of a few hundred bytes), so each tile asks
+ * for the same block of the rows one tile ahead. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(prefetch)(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+}
+
+/* ---- DOT, legacy blocks: 8 lanes of 4-product sums, acc = fma(dx*dy, lanes, acc) ---- */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(int type, size_t bx, int64_t n,
+                                                                              const uint8_t *w, int64_t ws, int R,
+                                                                              const uint8_t *y, int64_t ys, int T,
+                                                                              float *out, int64_t os) {
+    const int has_min = gguflm_legacy_has_min(type);
+    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    float summs[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), summs[r][t] = 0.0f;
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        __m256i qx[GGUFLM_MAX_TILE], ux[GGUFLM_MAX_TILE];
+        float dx[GGUFLM_MAX_TILE], mx[GGUFLM_MAX_TILE];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *xb = w + r * ws + ib * bx;
+            GGUFLM_SIMD(prefetch)(xb + R * ws, bx);
+            qx[r] = GGUFLM_SIMD(legacy_quants)(type, xb);
+            /* signed quants go in as |x| with x's sign moved onto y */
+            ux[r] = has_min ? qx[r] : _mm256_sign_epi8(qx[r], qx[r]);
+            dx[r] = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
+            if (has_min) mx[r] = GGUFLM_FP16_TO_FP32_SIMD(((const ggml_half *)xb)[1]);
+        }
+        for (int t = 0; t < T; ++t) {
+            const uint8_t *yb = y + t * ys + ib * by;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
+            const float dy = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
+            for (int r = 0; r < R; ++r) {
+                const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux[r], has_min ? qy : _mm256_sign_epi8(qy, qx[r]));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), _mm256_cvtepi32_ps(p), acc[r][t]);
+                if (has_min) summs[r][t] = fmaf(mx[r], GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs[r][t]);
             }
         }
-        for (int t = 0; t < nt; ++t) {
-            const block_q8_K *y = (const block_q8_K *)((const uint8_t *)vy + t * y_stride) + i;
-            const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
-            if (zero) acc[t] = _mm256_sub_epi32(acc[t], _mm256_mullo_epi32(_mm256_madd_epi16(bsums, sc16), _mm256_set1_epi32(zero)));
-            const int32_t summ = zero ? 0 : GGUFLM_SIMD(hsum_i32)(_mm256_madd_epi16(bsums, mn16));
-            sumf[t] += gguflm_kblock_value(y->d, d, dmin, GGUFLM_SIMD(hsum_i32)(acc[t]), summ);
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) out[t * os + r] = GGUFLM_SIMD(hsum_f32)(acc[r][t]) + summs[r][t];
+}
+
+/* ---- K-quants: the integers of one super-block ---- */
+
+/* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the pair
+ * (2g, 2g+1) broadcast as one int32, then its low or high half repeated per 128-bit lane */
+static inline __m256i GGUFLM_SIMD(kscale_pair)(__m256i sc16, int g) {
+    const __m256i pair_spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g)), pair_spread);
+}
+
+/* lanes[r][t]: the int32 lanes of ggml_vec_dot (gguflm_kints.lanes) of super-block i of weight
+ * rows w + r*ws against tokens y + t*ys; part[r][t][p] (when part is given) the sum per 64
+ * elements. Also each row's scales (sc16, mn16, d, dmin) for the epilogues. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, size_t bx, int64_t i, const uint8_t *w,
+                                                                     int64_t ws, int R, const uint8_t *y, int64_t ys,
+                                                                     int T, __m256i lanes[][GGUFLM_MAX_TILE],
+                                                                     int32_t part[][GGUFLM_MAX_TILE][4], __m256i *sc16,
+                                                                     __m256i *mn16, float *d, float *dmin) {
+    const uint8_t *xb[GGUFLM_MAX_TILE];
+    const block_q8_K *yb[GGUFLM_MAX_TILE];
+    __m256i pair[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE] = {{_mm256_setzero_si256()}};
+    for (int r = 0; r < R; ++r) {
+        xb[r] = w + r * ws + i * bx;
+        GGUFLM_SIMD(prefetch)(xb[r] + R * ws, bx);
+        GGUFLM_SIMD(kscales)(type, xb[r], &sc16[r], &mn16[r], &d[r], &dmin[r]);
+        for (int t = 0; t < T; ++t) lanes[r][t] = _mm256_setzero_si256();
+    }
+    for (int t = 0; t < T; ++t) yb[t] = (const block_q8_K *)(y + t * ys) + i;
+    for (int g = 0; g < QK_K / 32; ++g) {
+        __m256i u[GGUFLM_MAX_TILE], sc[GGUFLM_MAX_TILE];
+        for (int r = 0; r < R; ++r) {
+            u[r] = GGUFLM_SIMD(kquants)(type, xb[r], g);
+            sc[r] = GGUFLM_SIMD(kscale_pair)(sc16[r], g);
+        }
+        for (int t = 0; t < T; ++t) {
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb[t]->qs + 32 * g));
+            /* Q3_K's offset of 4 per element, in the same int16 pairs as the products */
+            const __m256i off = type == GGUFLM_Q3_K ? _mm256_maddubs_epi16(_mm256_set1_epi8(4), qy) : _mm256_setzero_si256();
+            for (int r = 0; r < R; ++r) {
+                __m256i p = _mm256_maddubs_epi16(u[r], qy);
+                if (type == GGUFLM_Q3_K) p = _mm256_sub_epi16(p, off);
+                const __m256i s = _mm256_madd_epi16(p, sc[r]);
+                lanes[r][t] = _mm256_add_epi32(lanes[r][t], s);
+                if (part) {
+                    /* groups 2p and 2p+1 make the p-th 64 elements */
+                    if (g % 2 == 0) pair[r][t] = s;
+                    else part[r][t][g / 2] = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(pair[r][t], s));
+                }
+            }
         }
     }
-    for (int t = 0; t < nt; ++t) s[t * s_stride] = sumf[t];
+    if (type == GGUFLM_Q6_K) {
+        /* ggml multiplies the unsigned 6-bit quants and takes 32 * scale * bsums off each lane */
+        for (int t = 0; t < T; ++t) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb[t]->bsums);
+            for (int r = 0; r < R; ++r)
+                lanes[r][t] = _mm256_sub_epi32(lanes[r][t], _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16[r]), 5));
+        }
+    }
 }
+
+/* min lanes mn[2l] bsums[2l] + mn[2l+1] bsums[2l+1] of super-block i for token row y */
+static inline __m256i GGUFLM_SIMD(k_mins)(__m256i mn16, const uint8_t *y, int64_t i) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)((const block_q8_K *)y + i)->bsums), mn16);
+}
+
+/* ---- DOT, K-quants ---- */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_k_tile)(int type, size_t bx, int64_t n,
+                                                                         const uint8_t *w, int64_t ws, int R,
+                                                                         const uint8_t *y, int64_t ys, int T,
+                                                                         float *out, int64_t os) {
+    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    __m128 acc_m[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    float summs[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), acc_m[r][t] = _mm_setzero_ps(), summs[r][t] = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i lanes[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE], sc16[GGUFLM_MAX_TILE], mn16[GGUFLM_MAX_TILE];
+        float d[GGUFLM_MAX_TILE], dmin[GGUFLM_MAX_TILE];
+        GGUFLM_SIMD(k_ints)(type, bx, i, w, ws, R, y, ys, T, lanes, NULL, sc16, mn16, d, dmin);
+        for (int t = 0; t < T; ++t) {
+            const float yd = ((const block_q8_K *)(y + t * ys))[i].d;
+            for (int r = 0; r < R; ++r) {
+                if (gguflm_k_has_min(type)) {
+                    const float neg_dmin = -yd * dmin[r];
+                    const __m256i mins = GGUFLM_SIMD(k_mins)(mn16[r], y + t * ys, i);
+                    if (type == GGUFLM_Q2_K) {
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(neg_dmin), _mm256_cvtepi32_ps(mins), acc[r][t]);
+                    } else if (type == GGUFLM_Q4_K) {
+                        /* 4 lanes of 32-element min sums: adjacent pairs of the 16-element lanes */
+                        const __m256i pairs = _mm256_hadd_epi32(mins, mins);
+                        const __m128i m4 = _mm_unpacklo_epi64(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+                        acc_m[r][t] = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(m4), acc_m[r][t]);
+                    } else {
+                        summs[r][t] = fmaf((float)GGUFLM_SIMD(hsum_i32)(mins), neg_dmin, summs[r][t]);
+                    }
+                }
+                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(yd * d[r]), _mm256_cvtepi32_ps(lanes[r][t]), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) {
+            float m[4];
+            _mm_storeu_ps(m, acc_m[r][t]);
+            out[t * os + r] = GGUFLM_SIMD(hsum_f32)(acc[r][t]) + (type == GGUFLM_Q4_K ? gguflm_hsum4_movehl(m) : summs[r][t]);
+        }
+}
+
+/* ---- TILED (K batches) and the repacked Q4_K GEMV/GEMM: whole integer sums, scalar float chains ---- */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_sums_tile)(int path, int type, size_t bx, int64_t n,
+                                                                          const uint8_t *w, int64_t ws, int R,
+                                                                          const uint8_t *y, int64_t ys, int T,
+                                                                          float *out, int64_t os) {
+    const int gemm = path == GGUFLM_PATH_Q4_K_GEMM;
+    float acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE], acc_min[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = acc_min[r][t] = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        __m256i lanes[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE], sc16[GGUFLM_MAX_TILE], mn16[GGUFLM_MAX_TILE];
+        int32_t part[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE][4];
+        float d[GGUFLM_MAX_TILE], dmin[GGUFLM_MAX_TILE];
+        GGUFLM_SIMD(k_ints)(type, bx, i, w, ws, R, y, ys, T, lanes, gemm ? part : NULL, sc16, mn16, d, dmin);
+        for (int t = 0; t < T; ++t) {
+            const float yd = ((const block_q8_K *)(y + t * ys))[i].d;
+            for (int r = 0; r < R; ++r) {
+                const __m256i mins = GGUFLM_SIMD(k_mins)(mn16[r], y + t * ys, i);
+                if (path == GGUFLM_PATH_TILED) {
+                    acc[r][t] = gguflm_tiled_step(gguflm_k_has_min(type), d[r], dmin[r], GGUFLM_SIMD(hsum_i32)(lanes[r][t]),
+                                                  gguflm_k_has_min(type) ? GGUFLM_SIMD(hsum_i32)(mins) : 0, yd, acc[r][t]);
+                } else if (!gemm) {
+                    acc[r][t] = fmaf((float)GGUFLM_SIMD(hsum_i32)(lanes[r][t]), d[r] * yd, acc[r][t]);
+                    acc_min[r][t] = fmaf((float)GGUFLM_SIMD(hsum_i32)(mins), dmin[r] * yd, acc_min[r][t]);
+                } else {
+                    int32_t m[8];
+                    _mm256_storeu_si256((__m256i *)m, mins);
+                    for (int p = 0; p < 4; ++p) {
+                        acc[r][t] = fmaf((float)part[r][t][p], d[r] * yd, acc[r][t]);
+                        acc_min[r][t] = fmaf((float)(m[2 * p] + m[2 * p + 1]), dmin[r] * yd, acc_min[r][t]);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t] - acc_min[r][t];
+}
+
+/* ---- repacked Q4_0: one fma per block of the block's whole integer sum ---- */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(int64_t n, const uint8_t *w, int64_t ws,
+                                                                               int R, const uint8_t *y, int64_t ys,
+                                                                               int T, float *out, int64_t os) {
+    float acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *xb = w + r * ws + ib * sizeof(block_q4_0);
+            GGUFLM_SIMD(prefetch)(xb + R * ws, sizeof(block_q4_0));
+            const __m256i qx = GGUFLM_SIMD(legacy_quants)(GGUFLM_Q4_0, xb), ux = _mm256_sign_epi8(qx, qx);
+            const float dx = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
+            for (int t = 0; t < T; ++t) {
+                const block_q8_0 *yb = (const block_q8_0 *)(y + t * ys) + ib;
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)yb->qs);
+                const int32_t sum = GGUFLM_SIMD(hsum_i32)(GGUFLM_SIMD(dot_u8_s8)(ux, _mm256_sign_epi8(qy, qx)));
+                acc[r][t] = fmaf((float)sum, dx * GGUFLM_FP16_TO_FP32_SIMD(yb->d), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t];
+}
+
+/* ---- float formats ---- */
 
 /* 8 consecutive elements of a float-format row as fp32 */
 static inline __attribute__((always_inline)) __m256 GGUFLM_SIMD(load8)(int type, const void *p, int64_t i) {
@@ -296,58 +407,91 @@ static inline __attribute__((always_inline)) __m256 GGUFLM_SIMD(load8)(int type,
     return _mm256_loadu_ps((const float *)p + i);
 }
 
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float)(int type, int64_t n, float *s, const void *vx, const void *vy) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int k = 0; k < 4; ++k) {
-            acc[k] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, vx, i + 8 * k), GGUFLM_SIMD(load8)(type, vy, i + 8 * k), acc[k]);
+/* DOT: ggml_vec_dot_f32/f16/bf16, 4 accumulators of 8 lanes per 32 elements */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float_tile)(int type, int64_t n, const uint8_t *w,
+                                                                             int64_t ws, int R, const uint8_t *y,
+                                                                             int64_t ys, int T, float *out, int64_t os) {
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) {
+            const uint8_t *x = w + r * ws, *yt = y + t * ys;
+            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int64_t i = 0; i + 32 <= n; i += 32)
+                for (int k = 0; k < 4; ++k)
+                    a[k] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, x, i + 8 * k), GGUFLM_SIMD(load8)(type, yt, i + 8 * k), a[k]);
+            float acc[32];
+            for (int k = 0; k < 4; ++k) _mm256_storeu_ps(acc + 8 * k, a[k]);
+            out[t * os + r] = gguflm_dot_float_finish(type, n, x, yt, acc);
         }
-    }
-    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, vx, i), GGUFLM_SIMD(load8)(type, vy, i), acc[0]);
-    float sum = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; ++i) sum = fmaf(gguflm_float_at(type, vx, i), gguflm_float_at(type, vy, i), sum);
-    *s = sum;
 }
 
-/* single-token and GGUFLM_DOT_TOKENS-token kernels of the block formats */
-#define GGUFLM_BLOCK_DOTS(tag, TYPE, body, block)                                                                         \
-    static void GGUFLM_SIMD(dot_##tag)(int64_t n, float *s, const void *x, const void *y) {                               \
-        GGUFLM_SIMD(body)(TYPE, sizeof(block), n, s, 0, x, y, 0, 1);                                                     \
-    }                                                                                                                     \
-    static void GGUFLM_SIMD(dotn_##tag)(int64_t n, float *s, int64_t s_stride, const void *x, const void *y,             \
-                                        int64_t y_stride) {                                                               \
-        GGUFLM_SIMD(body)(TYPE, sizeof(block), n, s, s_stride, x, y, y_stride, GGUFLM_DOT_TOKENS);                       \
+/* SGEMM: llamafile's tinyBLAS, one 8-lane fma chain per output */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int type, int64_t n, const uint8_t *w,
+                                                                         int64_t ws, int R, const uint8_t *y,
+                                                                         int64_t ys, int T, float *out, int64_t os) {
+    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 b[GGUFLM_MAX_TILE];
+        for (int t = 0; t < T; ++t) b[t] = GGUFLM_SIMD(load8)(type, y + t * ys, i);
+        for (int r = 0; r < R; ++r) {
+            const __m256 a = GGUFLM_SIMD(load8)(type, w + r * ws, i);
+            for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(a, b[t], acc[r][t]);
+        }
     }
-GGUFLM_BLOCK_DOTS(q4_0, GGUFLM_Q4_0, dot_legacy, block_q4_0)
-GGUFLM_BLOCK_DOTS(q4_1, GGUFLM_Q4_1, dot_legacy, block_q4_1)
-GGUFLM_BLOCK_DOTS(q5_0, GGUFLM_Q5_0, dot_legacy, block_q5_0)
-GGUFLM_BLOCK_DOTS(q5_1, GGUFLM_Q5_1, dot_legacy, block_q5_1)
-GGUFLM_BLOCK_DOTS(q8_0, GGUFLM_Q8_0, dot_legacy, block_q8_0)
-GGUFLM_BLOCK_DOTS(q2_K, GGUFLM_Q2_K, dot_k, block_q2_K)
-GGUFLM_BLOCK_DOTS(q3_K, GGUFLM_Q3_K, dot_k, block_q3_K)
-GGUFLM_BLOCK_DOTS(q4_K, GGUFLM_Q4_K, dot_k, block_q4_K)
-GGUFLM_BLOCK_DOTS(q5_K, GGUFLM_Q5_K, dot_k, block_q5_K)
-GGUFLM_BLOCK_DOTS(q6_K, GGUFLM_Q6_K, dot_k, block_q6_K)
-#undef GGUFLM_BLOCK_DOTS
-static void GGUFLM_SIMD(dot_f32)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F32, n, s, x, y); }
-static void GGUFLM_SIMD(dot_f16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_F16, n, s, x, y); }
-static void GGUFLM_SIMD(dot_bf16)(int64_t n, float *s, const void *x, const void *y) { GGUFLM_SIMD(dot_float)(GGUFLM_BF16, n, s, x, y); }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) out[t * os + r] = GGUFLM_SIMD(hsum_f32)(acc[r][t]);
+}
 
-static const gguflm_vec_dot_fn GGUFLM_SIMD(dot_table)[GGUFLM_TYPE_COUNT] = {
-    [GGUFLM_F32] = GGUFLM_SIMD(dot_f32),   [GGUFLM_F16] = GGUFLM_SIMD(dot_f16),
-    [GGUFLM_BF16] = GGUFLM_SIMD(dot_bf16), [GGUFLM_Q4_0] = GGUFLM_SIMD(dot_q4_0),
-    [GGUFLM_Q4_1] = GGUFLM_SIMD(dot_q4_1), [GGUFLM_Q5_0] = GGUFLM_SIMD(dot_q5_0),
-    [GGUFLM_Q5_1] = GGUFLM_SIMD(dot_q5_1), [GGUFLM_Q8_0] = GGUFLM_SIMD(dot_q8_0),
-    [GGUFLM_Q2_K] = GGUFLM_SIMD(dot_q2_K), [GGUFLM_Q3_K] = GGUFLM_SIMD(dot_q3_K),
-    [GGUFLM_Q4_K] = GGUFLM_SIMD(dot_q4_K), [GGUFLM_Q5_K] = GGUFLM_SIMD(dot_q5_K),
-    [GGUFLM_Q6_K] = GGUFLM_SIMD(dot_q6_K),
-};
+/* ======================= kernels: any rows x tokens, in tiles ======================= */
 
-static const gguflm_vec_dotn_fn GGUFLM_SIMD(dotn_table)[GGUFLM_TYPE_COUNT] = {
-    [GGUFLM_Q4_0] = GGUFLM_SIMD(dotn_q4_0), [GGUFLM_Q4_1] = GGUFLM_SIMD(dotn_q4_1),
-    [GGUFLM_Q5_0] = GGUFLM_SIMD(dotn_q5_0), [GGUFLM_Q5_1] = GGUFLM_SIMD(dotn_q5_1),
-    [GGUFLM_Q8_0] = GGUFLM_SIMD(dotn_q8_0), [GGUFLM_Q2_K] = GGUFLM_SIMD(dotn_q2_K),
-    [GGUFLM_Q3_K] = GGUFLM_SIMD(dotn_q3_K), [GGUFLM_Q4_K] = GGUFLM_SIMD(dotn_q4_K),
-    [GGUFLM_Q5_K] = GGUFLM_SIMD(dotn_q5_K), [GGUFLM_Q6_K] = GGUFLM_SIMD(dotn_q6_K),
-};
+/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
+#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
+    do {                                                                                                         \
+        if (nt == 1) {                                                                                           \
+            int64_t r = 0;                                                                                       \
+            for (; r + 4 <= nr; r += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y, ys, 1, o + r, os);                \
+            for (; r < nr; ++r) TILE(__VA_ARGS__ w + r * ws, ws, 1, y, ys, 1, o + r, os);                        \
+        } else {                                                                                                 \
+            for (int64_t r = 0; r < nr; ++r) {                                                                   \
+                int64_t t = 0;                                                                                   \
+                for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
+                for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os); \
+            }                                                                                                    \
+        }                                                                                                        \
+    } while (0)
+
+#define GGUFLM_SIMD_KERNEL(path, tag, ...)                                                                       \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os) {                        \
+        GGUFLM_TILE_LOOP(__VA_ARGS__);                                                                           \
+    }
+#define GGUFLM_SIMD_LEGACY(tag, TYPE) GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_legacy_tile), TYPE, sizeof(block_##tag), n,)
+#define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
+    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
+    GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
+#define GGUFLM_SIMD_FLOAT(tag, TYPE)                                                                             \
+    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                          \
+    GGUFLM_SIMD_KERNEL(SGEMM, tag, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
+GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
+GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
+GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
+GGUFLM_SIMD_LEGACY(q5_1, GGUFLM_Q5_1)
+GGUFLM_SIMD_LEGACY(q8_0, GGUFLM_Q8_0)
+GGUFLM_SIMD_K(q2_K, GGUFLM_Q2_K)
+GGUFLM_SIMD_K(q3_K, GGUFLM_Q3_K)
+GGUFLM_SIMD_K(q4_K, GGUFLM_Q4_K)
+GGUFLM_SIMD_K(q5_K, GGUFLM_Q5_K)
+GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
+GGUFLM_SIMD_KERNEL(Q4_K_GEMV, q4_K, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_Q4_K_GEMV, GGUFLM_Q4_K, sizeof(block_q4_K), n,)
+GGUFLM_SIMD_KERNEL(Q4_K_GEMM, q4_K, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_Q4_K_GEMM, GGUFLM_Q4_K, sizeof(block_q4_K), n,)
+GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
+GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
+GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
+GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
+#undef GGUFLM_SIMD_FLOAT
+#undef GGUFLM_SIMD_K
+#undef GGUFLM_SIMD_LEGACY
+#undef GGUFLM_SIMD_KERNEL
+#undef GGUFLM_TILE_LOOP
+#undef GGUFLM_MAX_TILE

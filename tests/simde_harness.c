@@ -6,11 +6,14 @@
 #define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
-/* *s = dot of n elements with the kernel of isa (0 scalar, 1 avx2, 2 avx512); 0 if none exists */
+static const gguflm_gemm_fn (*gguflm_emulated_kernels(int isa))[GGUFLM_TYPE_COUNT] {
+    return isa == 2 ? gguflm_kernels_avx512 : isa == 1 ? gguflm_kernels_avx2 : gguflm_kernels_scalar;
+}
+
+/* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512); 0 if none exists */
 int gguflm_emulated_dot(int isa, int type, int64_t n, const void *x, const void *y, float *s) {
-    const gguflm_vec_dot_fn *table = isa == 2 ? gguflm_dot_table_avx512 : isa == 1 ? gguflm_dot_table_avx2 : gguflm_dot_table_scalar;
-    if (type < 0 || type >= GGUFLM_TYPE_COUNT || !table[type]) return 0;
-    table[type](n, s, x, y);
+    if (type < 0 || type >= GGUFLM_TYPE_COUNT || !gguflm_emulated_kernels(isa)[GGUFLM_PATH_DOT][type]) return 0;
+    gguflm_emulated_kernels(isa)[GGUFLM_PATH_DOT][type](n, x, 0, 1, y, 0, 1, s, 0);
     return 1;
 }
 
@@ -18,9 +21,8 @@ int gguflm_emulated_dot(int isa, int type, int64_t n, const void *x, const void 
  * gguflm_kernels_init would refuse AVX-512 here, and emulation makes it safe */
 void gguflm_emulated_matmul(int isa, int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                             const void *xq, int64_t n_tok, float *out, int n_threads) {
-    gguflm_dot_table = isa == 2 ? gguflm_dot_table_avx512 : isa == 1 ? gguflm_dot_table_avx2 : gguflm_dot_table_scalar;
-    gguflm_dotn_table = isa == 2 ? gguflm_dotn_table_avx512 : isa == 1 ? gguflm_dotn_table_avx2 : gguflm_dotn_table_scalar;
-    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, n_threads);
+    gguflm_kernels = gguflm_emulated_kernels(isa);
+    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, 1, n_threads);
 }
 
 /* the software fp16 row conversions (GGUFLM_SIMDE builds leave out the F16C ones) */

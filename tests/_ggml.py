@@ -1,0 +1,117 @@
+"""ggml-cpu itself (the libraries llama-cpp-python ships) as a test oracle, when installed.
+
+``vec_dot`` calls the library's own ``ggml_vec_dot_*`` through its CPU type traits; ``mul_mat``
+builds a one-node ggml graph and computes it on the CPU backend, so the weight goes through the
+same kernels llama.cpp picks for a model weight of that shape: llamafile's sgemm, the tiled GEMM,
+the vec_dot chunks, or (rows % 8 == 0, Q4_0/Q4_K) the CPU_REPACK buffer and its GEMV/GEMM.
+Tests that need it skip when ``llama_cpp`` is not importable: it is a reference peer, not a
+dependency.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+import pytest
+
+try:
+    import llama_cpp
+except ImportError:  # pragma: no cover - depends on the environment
+    llama_cpp = None
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class _TraitsCpu(ctypes.Structure):
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+_VecDot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
+                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_P = ctypes.c_void_p
+_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+@functools.cache
+def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    if llama_cpp is None:
+        pytest.skip("llama-cpp-python is not installed (ggml-cpu is the reference peer for exactness checks)")
+    folder = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    base = ctypes.CDLL(os.path.join(folder, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(os.path.join(folder, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    for lib, name, res, args in [
+        (cpu, "ggml_get_type_traits_cpu", ctypes.POINTER(_TraitsCpu), [ctypes.c_int]),
+        (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [_P, _P, ctypes.c_int]),
+        (cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", _P, []),
+        (base, "ggml_backend_cpu_buffer_type", _P, []),
+        (base, "ggml_init", _P, [_InitParams]),
+        (base, "ggml_free", None, [_P]),
+        (base, "ggml_new_tensor_2d", _P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
+        (base, "ggml_mul_mat", _P, [_P, _P, _P]),
+        (base, "ggml_new_graph", _P, [_P]),
+        (base, "ggml_build_forward_expand", None, [_P, _P]),
+        (base, "ggml_get_data", _P, [_P]),
+        (base, "ggml_backend_alloc_ctx_tensors_from_buft", _P, [_P, _P]),
+        (base, "ggml_backend_tensor_set", None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
+        (base, "ggml_backend_buffer_free", None, [_P]),
+        (base, "ggml_log_set", None, [_LogCallback, _P]),
+    ]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    cpu.ggml_cpu_init()
+    # the repack buffer logs every tensor it repacks; keep the test output readable
+    _libs.silence = _LogCallback(lambda level, text, user: None)
+    base.ggml_log_set(_libs.silence, None)
+    return base, cpu
+
+
+def require_ggml() -> None:
+    _libs()
+
+
+def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:
+    """ggml-cpu's vec_dot of one weight row with one activation row in the dot partner type."""
+    _, cpu = _libs()
+    fn = _VecDot(cpu.ggml_get_type_traits_cpu(int(t)).contents.vec_dot)
+    w, xq = np.ascontiguousarray(w), np.ascontiguousarray(xq)
+    s = ctypes.c_float(np.nan)
+    fn(n, ctypes.byref(s), 0, w.ctypes.data, 0, xq.ctypes.data, 0, 1)
+    return np.float32(s.value)
+
+
+def mul_mat(t: int, w: np.ndarray, n_in: int, x: np.ndarray, n_threads: int = 1, repacked: bool = True) -> np.ndarray:
+    """ggml_mul_mat(w, x) on the CPU backend: w uint8 [n_rows, row bytes] of type t, x float32
+    [n_tok, n_in] -> [n_tok, n_rows]. ``repacked``: hold w where llama.cpp holds a model weight
+    (the CPU_REPACK buffer for Q4_0/Q4_K with rows % 8 == 0)."""
+    base, cpu = _libs()
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n_rows, n_tok = w.shape[0], x.shape[0]
+    repack = repacked and n_rows % 8 == 0 and int(t) in (2, 12)
+    ctx_w = base.ggml_init(_InitParams(1 << 16, None, True))
+    ctx = base.ggml_init(_InitParams((16 << 20) + 2 * x.nbytes + 4 * n_rows * n_tok, None, False))
+    buf = None
+    try:
+        tw = base.ggml_new_tensor_2d(ctx_w, int(t), n_in, n_rows)
+        buft = cpu._Z35ggml_backend_cpu_repack_buffer_typev() if repack else base.ggml_backend_cpu_buffer_type()
+        buf = base.ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, buft)
+        base.ggml_backend_tensor_set(tw, w.ctypes.data, 0, w.nbytes)   # repacks into the buffer's layout
+        tx = base.ggml_new_tensor_2d(ctx, 0, n_in, n_tok)
+        ctypes.memmove(base.ggml_get_data(tx), x.ctypes.data, x.nbytes)
+        out = base.ggml_mul_mat(ctx, tw, tx)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, out)
+        assert cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads) == 0
+        data = ctypes.cast(base.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(data, shape=(n_tok, n_rows)).copy()
+    finally:
+        base.ggml_free(ctx)
+        if buf:
+            base.ggml_backend_buffer_free(buf)
+        base.ggml_free(ctx_w)

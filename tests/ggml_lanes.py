@@ -1,0 +1,376 @@
+"""ggml's CPU matmul arithmetic re-implemented in numpy: the test oracle for exact dot products.
+
+Written from ggml-cpu's x86 source (``arch/x86/quants.c`` AVX2 branches, ``vec.cpp``,
+``llamafile/sgemm.cpp``, ``arch/x86/repack.cpp``, ``tiled/`` AVX2 kernel) and the instructions GCC
+emitted for llama-cpp-python 0.3.36's build (which ops it fused into FMAs), independently of
+gguflm's C kernels: blocks are decoded here from their byte layout, integer sums are formed in
+int64, and every float operation is a float32 numpy operation in ggml's order. ``fma32`` rounds
+once, exactly, through a double-double sum.
+
+Every function returns float32 and takes raw blocks as uint8 arrays: weights [n_rows, row bytes],
+activations [n_tok, row bytes] already in the weight type's dot partner (F16/BF16/F32 activations
+are rows of that type).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguflm.ggml_types import GGMLType as T
+
+F32 = np.float32
+
+
+# ---------------------------------------------------------------- float helpers
+
+def fma32(a, b, c) -> np.ndarray:
+    """a*b + c on float32 values with a single rounding (x86 vfmadd)."""
+    a64, b64, c64 = (np.asarray(v, F32).astype(np.float64) for v in (a, b, c))
+    p = a64 * b64                       # exact: 24 + 24 bits
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)   # p + c == s + err exactly (TwoSum)
+    r = s.astype(F32)
+    up = np.nextafter(r, F32(np.inf))
+    down = np.nextafter(r, F32(-np.inf))
+    r64 = r.astype(np.float64)
+    # s on a float32 midpoint: round-to-nearest-even chose r, the dropped err decides the side
+    r = np.where((s == (r64 + up.astype(np.float64)) / 2) & (err > 0), up, r)
+    r = np.where((s == (r64 + down.astype(np.float64)) / 2) & (err < 0), down, r)
+    return r.astype(F32)
+
+
+def hsum_movehl(v: np.ndarray) -> np.ndarray:
+    """ggml's hsum_float_8 (and sgemm's hsum) over the last axis of 8 lanes."""
+    v = v.astype(F32)
+    t = v[..., 4:] + v[..., :4]
+    return (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+
+
+def hsum_hadd(v: np.ndarray) -> np.ndarray:
+    """GGML_F32x8_REDUCE's final step: high half onto the low one, then two hadds."""
+    v = v.astype(F32)
+    t = v[..., :4] + v[..., 4:]
+    return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16).astype(F32)[..., 0]
+
+
+def _u32(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.uint32)[..., 0].astype(np.int64)
+
+
+# ---------------------------------------------------------------- block decoding
+
+BLOCK_BYTES = {T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24, T.Q8_0: 34, T.Q8_1: 36,
+               T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210, T.Q8_K: 292}
+LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+KQUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
+FLOATS = (T.F32, T.F16, T.BF16)
+
+
+def _blocks(t: T, rows: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    return rows.reshape(rows.shape[0], -1, BLOCK_BYTES[t])
+
+
+def decode_legacy(t: T, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(quants [R, nb, 32] int64 as the dot multiplies them, d [R, nb], m [R, nb] or zeros)."""
+    b = _blocks(t, rows)
+    d = _f16(b[..., 0:2])
+    m = np.zeros_like(d)
+    if t == T.Q8_0:
+        return b[..., 2:34].view(np.int8).astype(np.int64), d, m
+    has_min = t in (T.Q4_1, T.Q5_1)
+    off = 4 if has_min else 2
+    if has_min:
+        m = _f16(b[..., 2:4])
+    qh = None
+    if t in (T.Q5_0, T.Q5_1):
+        qh = _u32(b[..., off:off + 4])
+        off += 4
+    qs = b[..., off:off + 16].astype(np.int64)
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+    if qh is not None:
+        q = q | (((qh[..., None] >> np.arange(32)) & 1) << 4)
+    if t == T.Q4_0:
+        q = q - 8
+    elif t == T.Q5_0:
+        q = q - 16
+    return q, d, m
+
+
+def decode_q8(t: T, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Activation blocks: d, qs (and s for Q8_1, bsums for Q8_K)."""
+    b = _blocks(t, rows)
+    if t == T.Q8_K:
+        return {"d": np.ascontiguousarray(b[..., 0:4]).view(F32)[..., 0],
+                "qs": b[..., 4:260].view(np.int8).astype(np.int64),
+                "bsums": np.ascontiguousarray(b[..., 260:292]).view(np.int16).astype(np.int64)}
+    out = {"d": _f16(b[..., 0:2])}
+    off = 2
+    if t == T.Q8_1:
+        out["s"] = _f16(b[..., 2:4])
+        off = 4
+    out["qs"] = b[..., off:off + 32].view(np.int8).astype(np.int64)
+    return out
+
+
+def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: 8 six-bit scales and mins from the 12 packed bytes."""
+    sc = sc.astype(np.int64)
+    scales, mins = [], []
+    for j in range(8):
+        if j < 4:
+            scales.append(sc[..., j] & 63)
+            mins.append(sc[..., j + 4] & 63)
+        else:
+            scales.append((sc[..., j + 4] & 0xF) | ((sc[..., j - 4] >> 6) << 4))
+            mins.append((sc[..., j + 4] >> 4) | ((sc[..., j] >> 6) << 4))
+    return np.stack(scales, -1), np.stack(mins, -1)
+
+
+def _q3_scales(sc: np.ndarray) -> np.ndarray:
+    aux = np.ascontiguousarray(sc).view(np.uint32).astype(np.int64)
+    k1, k2 = 0x03030303, 0x0F0F0F0F
+    tmp = aux[..., 2]
+    words = [(aux[..., 0] & k2) | (((tmp >> 0) & k1) << 4), (aux[..., 1] & k2) | (((tmp >> 2) & k1) << 4),
+             ((aux[..., 0] >> 4) & k2) | (((tmp >> 4) & k1) << 4), ((aux[..., 1] >> 4) & k2) | (((tmp >> 6) & k1) << 4)]
+    w = np.stack(words, -1).astype(np.uint32)
+    return w.view(np.int8).reshape(*w.shape[:-1], 16).astype(np.int64) - 32
+
+
+def decode_k(t: T, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """K super-blocks: q [R, nb, 256] signed as the dots multiply them (Q3_K/Q6_K offsets
+    applied), sc16/mn16 [R, nb, 16] per 16 elements, sc32/mn32 per 32 (K4/K5), d, dmin."""
+    b = _blocks(t, rows)
+    e = np.arange(256)
+    n, s, lane = e // 128, (e // 32) % 4, e % 32
+    out: dict[str, np.ndarray] = {}
+    if t in (T.Q2_K, T.Q3_K):
+        qs = b[..., 16:80] if t == T.Q2_K else b[..., 32:96]
+        q = (qs[..., 32 * n + lane].astype(np.int64) >> (2 * s)) & 3
+        if t == T.Q2_K:
+            raw = b[..., 0:16].astype(np.int64)
+            out.update(sc16=raw & 0xF, mn16=raw >> 4, d=_f16(b[..., 80:82]), dmin=_f16(b[..., 82:84]))
+        else:
+            h = (b[..., lane].astype(np.int64) >> (e // 32)) & 1
+            q = q + 4 * h - 4
+            out.update(sc16=_q3_scales(b[..., 96:108]), d=_f16(b[..., 108:110]))
+    elif t in (T.Q4_K, T.Q5_K):
+        sc32, mn32 = _scale_min_k4(b[..., 4:16])
+        qs = b[..., 16:144] if t == T.Q4_K else b[..., 48:176]
+        j, hi = e // 64, (e % 64) // 32
+        q = (qs[..., 32 * j + lane].astype(np.int64) >> (4 * hi)) & 0xF
+        if t == T.Q5_K:
+            q = q | (((b[..., 16 + lane].astype(np.int64) >> (e // 32)) & 1) << 4)
+        out.update(sc32=sc32, mn32=mn32, sc16=np.repeat(sc32, 2, -1), mn16=np.repeat(mn32, 2, -1),
+                   d=_f16(b[..., 0:2]), dmin=_f16(b[..., 2:4]))
+    else:
+        ql = b[..., 0:128][..., 64 * n + 32 * (s % 2) + lane].astype(np.int64)
+        low = (ql >> (4 * (s // 2))) & 0xF
+        high = (b[..., 128:192][..., 32 * n + lane].astype(np.int64) >> (2 * s)) & 3
+        out["u"] = low | (high << 4)
+        q = out["u"] - 32
+        out.update(sc16=b[..., 192:208].view(np.int8).astype(np.int64), d=_f16(b[..., 208:210]))
+    out["q"] = q
+    return out
+
+
+def _lanes(prod: np.ndarray) -> np.ndarray:
+    """[..., n*32] products -> [..., 8] int sums: lane l holds elements with (e % 32) // 4 == l."""
+    return prod.reshape(*prod.shape[:-1], -1, 8, 4).sum(axis=(-3, -1))
+
+
+# ---------------------------------------------------------------- vec_dot (one row x one row)
+
+def _vec_dot_legacy(t, w, x):
+    q, dx, m = decode_legacy(t, w)                   # [R, nb, 32]
+    act = decode_q8(T.Q8_1 if t in (T.Q4_1, T.Q5_1) else T.Q8_0, x)
+    lanes = _lanes(q[None] * act["qs"][:, None])     # [T, R, nb, 8]
+    d = dx[None] * act["d"][:, None]                  # float32 product
+    acc = np.zeros(lanes.shape[:2] + (8,), F32)
+    summs = np.zeros(lanes.shape[:2], F32)
+    for ib in range(lanes.shape[2]):
+        acc = fma32(d[:, :, ib, None], lanes[:, :, ib].astype(F32), acc)
+        if t in (T.Q4_1, T.Q5_1):
+            summs = fma32(m[None, :, ib], act["s"][:, None, ib], summs)
+    return hsum_movehl(acc) + summs
+
+
+def _kq_lanes(t, kb, act):
+    """per super-block integer lanes [T, R, nb, 8] of scale * q * y. Q6_K multiplies the unsigned
+    quants and takes the -32 offset off each lane as 32 * (two adjacent bsums . scales)."""
+    sc16 = np.repeat(kb["sc16"], 16, -1)[None]
+    if t != T.Q6_K:
+        return _lanes(kb["q"][None] * sc16 * act["qs"][:, None])
+    offset = (kb["sc16"][None] * act["bsums"][:, None]).reshape(*act["bsums"].shape[:1], -1,
+                                                                  kb["sc16"].shape[1], 8, 2).sum(-1)
+    return _lanes(kb["u"][None] * sc16 * act["qs"][:, None]) - 32 * offset
+
+
+def _vec_dot_k(t, w, x):
+    kb, act = decode_k(t, w), decode_q8(T.Q8_K, x)
+    lanes = _kq_lanes(t, kb, act)
+    yd = act["d"][:, None]                               # [T, 1, nb]
+    d = yd * kb["d"][None]
+    dmin = (-yd) * kb["dmin"][None] if "dmin" in kb else None
+    nt, nr, nb = lanes.shape[:3]
+    acc = np.zeros((nt, nr, 8), F32)
+    acc_m = np.zeros((nt, nr, 4), F32)
+    summs = np.zeros((nt, nr), F32)
+    for i in range(nb):
+        if t == T.Q2_K:
+            prod = (kb["mn16"][None, :, i] * act["bsums"][:, None, i]).reshape(nt, nr, 8, 2).sum(-1)
+            acc = fma32(dmin[:, :, i, None], prod.astype(F32), acc)
+        elif t in (T.Q4_K, T.Q5_K):
+            q8s = act["bsums"][:, i].reshape(nt, 8, 2).sum(-1)            # per 32 elements
+            prod = (kb["mn32"][None, :, i] * q8s[:, None]).reshape(nt, nr, 4, 2).sum(-1)
+            if t == T.Q4_K:
+                acc_m = fma32(dmin[:, :, i, None], prod.astype(F32), acc_m)
+            else:
+                summs = fma32(prod.sum(-1).astype(F32), dmin[:, :, i], summs)
+        acc = fma32(d[:, :, i, None], lanes[:, :, i].astype(F32), acc)
+    result = hsum_movehl(acc)
+    if t == T.Q4_K:
+        result = result + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+    return result + summs
+
+
+def float_values(t: T, rows: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    if t == T.F32:
+        return rows.view(F32)
+    if t == T.F16:
+        return rows.view(np.float16).astype(F32)
+    return (rows.view(np.uint16).astype(np.uint32) << 16).view(F32)
+
+
+def _vec_dot_float(t, w, x):
+    a, b = float_values(t, w), float_values(t, x)
+    n = a.shape[1]
+    np_ = n - n % 32
+    prod_shape = (b.shape[0], a.shape[0])
+    acc = np.zeros(prod_shape + (4, 8), F32)
+    for i in range(0, np_, 32):
+        acc = fma32(a[None, :, i:i + 32].reshape(1, -1, 4, 8), b[:, None, i:i + 32].reshape(-1, 1, 4, 8), acc)
+    if t == T.BF16:
+        v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        total = hsum_movehl(v).astype(np.float64)
+    else:
+        v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        total = hsum_hadd(v)
+    if np_ == n:
+        return total.astype(F32)
+    prods = a[None, :, np_:] * b[:, None, np_:]          # float32 products
+    if t in (T.F16, T.BF16):                              # leftovers summed in double
+        total = total.astype(np.float64)
+        for k in range(n - np_):
+            total = total + prods[..., k].astype(np.float64)
+        return total.astype(F32)
+    # F32 leftovers: GCC vectorized the tail into blocks of 8 and 4 unfused products summed in
+    # order, the last (< 4) elements use scalar FMAs
+    r = n - np_
+    unfused = 8 * (r // 8) if r >= 8 else 0
+    if r - unfused >= 4:
+        unfused += 4
+    for k in range(r):
+        if k < unfused:
+            total = total + prods[..., k]
+        else:
+            total = fma32(a[None, :, np_ + k], b[:, None, np_ + k], total)
+    return total.astype(F32)
+
+
+def vec_dot(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_<t> of every weight row with every activation row: [n_tok, n_rows]."""
+    t = T(t)
+    w, x = np.atleast_2d(w), np.atleast_2d(x)
+    if t in LEGACY:
+        return _vec_dot_legacy(t, w, x)
+    if t in KQUANTS:
+        return _vec_dot_k(t, w, x)
+    return _vec_dot_float(t, w, x)
+
+
+# ---------------------------------------------------------------- batch paths
+
+def tiled(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The tiled K-quant GEMM (AVX2 microkernel): an exact int per super-block, then
+    res = d*s1 (- dmin*s2 fused), buf = fma(res, y.d, buf)."""
+    kb, act = decode_k(T(t), w), decode_q8(T.Q8_K, x)
+    s1 = (kb["q"][None] * np.repeat(kb["sc16"], 16, -1)[None] * act["qs"][:, None]).sum(-1)   # [T, R, nb]
+    buf = np.zeros(s1.shape[:2], F32)
+    for i in range(s1.shape[2]):
+        res = kb["d"][None, :, i] * s1[..., i].astype(F32)
+        if "dmin" in kb:
+            s2 = (kb["mn16"][None, :, i] * act["bsums"][:, None, i]).sum(-1)
+            res = fma32(-kb["dmin"][None, :, i], s2.astype(F32), res)
+        buf = fma32(res, act["d"][:, None, i], buf)
+    return buf
+
+
+def repack_q4_K(w: np.ndarray, x: np.ndarray, gemm: bool) -> np.ndarray:
+    """ggml_gemv_q4_K_8x8_q8_K (gemm False) and ggml_gemm_q4_K_8x8_q8_K: the integer dot and the
+    min term of a whole super-block (GEMV) or of each 64 elements (GEMM), each scaled by
+    d_row * d_act and accumulated in its own fma chain; the min chain is subtracted last."""
+    kb, act = decode_k(T.Q4_K, w), decode_q8(T.Q8_K, x)
+    parts = 4 if gemm else 1
+    prod = kb["q"][None] * np.repeat(kb["sc16"], 16, -1)[None] * act["qs"][:, None]
+    isum = prod.reshape(*prod.shape[:3], parts, -1).sum(-1)
+    mins = kb["mn16"][None] * act["bsums"][:, None]
+    imin = mins.reshape(*mins.shape[:3], parts, -1).sum(-1)
+    acc = np.zeros(isum.shape[:2], F32)
+    acc_min = np.zeros_like(acc)
+    for i in range(isum.shape[2]):
+        scale = kb["d"][None, :, i] * act["d"][:, None, i]
+        scale_min = kb["dmin"][None, :, i] * act["d"][:, None, i]
+        for p in range(parts):
+            acc = fma32(isum[..., i, p].astype(F32), scale, acc)
+            acc_min = fma32(imin[..., i, p].astype(F32), scale_min, acc_min)
+    return acc - acc_min
+
+
+def repack_q4_0(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_gemv/gemm_q4_0_8x8_q8_0: one fma per block of the whole block's integer dot."""
+    q, dx, _ = decode_legacy(T.Q4_0, w)
+    act = decode_q8(T.Q8_0, x)
+    isum = (q[None] * act["qs"][:, None]).sum(-1)
+    acc = np.zeros(isum.shape[:2], F32)
+    for ib in range(isum.shape[2]):
+        acc = fma32(isum[..., ib].astype(F32), dx[None, :, ib] * act["d"][:, None, ib], acc)
+    return acc
+
+
+def sgemm_float(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """llamafile's tinyBLAS for F32/F16/BF16: one 8-lane fma accumulator per output, hsum."""
+    a, b = float_values(T(t), w), float_values(T(t), x)
+    acc = np.zeros((b.shape[0], a.shape[0], 8), F32)
+    for i in range(0, a.shape[1], 8):
+        acc = fma32(a[None, :, i:i + 8], b[:, None, i:i + 8], acc)
+    return hsum_movehl(acc)
+
+
+def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, repacked: bool = True) -> np.ndarray:
+    """[n_tok, n_rows] as llama.cpp's CPU backend computes it: the kernel it picks for the shape
+    (probed against libggml-cpu: repacked Q4_0/Q4_K when rows % 8 == 0, tiled K-quants from 8
+    tokens, llamafile's sgemm for floats from 2 tokens when rows % 4 == 0 and n_in % 8 == 0,
+    ggml_vec_dot otherwise; the Q0 sgemm rounds as vec_dot does)."""
+    t = T(t)
+    w, x = np.atleast_2d(w), np.atleast_2d(x)
+    n_rows, n_tok = w.shape[0], x.shape[0]
+    if repacked and n_rows % 8 == 0 and t in (T.Q4_0, T.Q4_K):
+        if t == T.Q4_0:
+            return repack_q4_0(w, x)
+        grouped = n_tok - n_tok % 4 if n_tok > 3 else 0
+        parts = [repack_q4_K(w, x[:grouped], gemm=True)] if grouped else []
+        if grouped < n_tok:
+            parts.append(repack_q4_K(w, x[grouped:], gemm=False))
+        return np.concatenate(parts)
+    if t in KQUANTS and n_tok >= 8:
+        return tiled(t, w, x)
+    if t in FLOATS and n_tok >= 2 and n_rows % 4 == 0 and n_in % 8 == 0:
+        return sgemm_float(t, w, x)
+    return vec_dot(t, w, x)
