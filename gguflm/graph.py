@@ -192,7 +192,11 @@ class Graph:
                                                    dtype=np.uint8)
                 self.plan.quantize(partner, x, xq, self.n_threads)
             out = self.new(x.shape[0], w.data.shape[0])
-            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], xq, out, self.n_threads)
+            # llama.cpp repacks every matmul weight except the token embedding (it also serves
+            # get_rows), which a tied output projection multiplies in its file layout
+            repacked = w.name != "token_embd.weight"
+            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], xq, out, repacked,
+                             self.n_threads)
             outs.append(out)
         return tuple(outs)
 

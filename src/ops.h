@@ -2,8 +2,9 @@
  * linear units and attention over the KV cache.
  *
  * Attention follows ggml's non-flash-attention path: q rounded to the K type, K·q in the lane
- * order of ggml's AVX2 dot, scale + mask + softmax with ggml's vector expf and double sum,
- * probabilities rounded to the V type, then P·V. Cache rows are cells: K is [n_cells][n_head_kv *
+ * order of ggml's AVX2 dot (single tokens) or of llamafile's sgemm (batches), scale + mask +
+ * softmax with ggml's vector expf and double sum, probabilities rounded to the V type, then P·V
+ * in the same two orders. Cache rows are cells: K is [n_cells][n_head_kv *
  * head_dim_k], V is [n_cells][n_head_kv * head_dim_v], each F32, F16 or Q8_0 blocks. A Q8_0 K takes
  * the query quantized to Q8_0 and integer dots, as ggml's mul_mat does; a Q8_0 V (which llama.cpp
  * only allows with flash attention) is dequantized row by row and weighted by unrounded
@@ -100,8 +101,9 @@ static void gguflm_rope_rows(const gguflm_rope_params *p, const float *cos_sin,
             const int b = p->neox ? i0 / 2 + half : i0 + 1;
             const float c = cos_sin[i0], s = cos_sin[i0 + 1];
             const float x0 = r[a], x1 = r[b];
-            r[a] = x0 * c - x1 * s;
-            r[b] = x0 * s + x1 * c;
+            /* the FMAs GCC contracts ggml's rotate_pairs into (the first product fused) */
+            r[a] = fmaf(x0, c, -(x1 * s));
+            r[b] = fmaf(x0, s, x1 * c);
         }
     }
 }

@@ -22,11 +22,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 #endif
 }
 
-/* acc[lane] += x[i] * y[i] for i < n (n a multiple of 32), lanes as ggml's AVX2 dot */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, const float *y, float *acc) {
-    for (int i = 0; i < n; i += GGUFLM_DOT_LANES)
-        for (int l = 0; l < GGUFLM_DOT_LANES; l++)
-            acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+/* acc[i % n_lanes] += x[i] * y[i] for i < n (n a multiple of n_lanes): a dot's lanes */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, const float *y, float *acc, int n_lanes) {
+    if (n_lanes == GGUFLM_SGEMM_LANES) {  /* constant trip counts, so both forms vectorise */
+        for (int i = 0; i < n; i += GGUFLM_SGEMM_LANES)
+            for (int l = 0; l < GGUFLM_SGEMM_LANES; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    } else {
+        for (int i = 0; i < n; i += GGUFLM_DOT_LANES)
+            for (int l = 0; l < GGUFLM_DOT_LANES; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    }
 }
 
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
@@ -44,6 +48,11 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(tk, hkv, dk);
     const char *v_base = (const char *)a->v + gguflm_cache_head_offset(tv, hkv, dv);
     const int64_t q8_blocks = dk / QK8_0;
+    /* ggml hands batches of float K/V to llamafile's sgemm, single tokens to vec_dot; an F32 K
+     * misses sgemm because the permuted queries are not contiguous and need no conversion */
+    const int batch = a->n_tok >= 2;
+    const int k_lanes = batch && tk == GGUFLM_CACHE_F16 && dk % GGUFLM_SGEMM_LANES == 0 ? GGUFLM_SGEMM_LANES : GGUFLM_DOT_LANES;
+    const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 ? GGUFLM_SGEMM_LANES : GGUFLM_DOT_LANES;
 
     /* the cells this token sees (the same for every head) */
     int n_vis = 0;
@@ -79,8 +88,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
                 kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
             } else {
                 float lanes[GGUFLM_DOT_LANES] = {0};
-                GGUFLM_FN(gguflm_lane_dot)(dk, kf, s->q + (int64_t)g * dk, lanes);
-                kq = gguflm_reduce_lanes(lanes);
+                GGUFLM_FN(gguflm_lane_dot)(dk, kf, s->q + (int64_t)g * dk, lanes, k_lanes);
+                kq = gguflm_reduce_n_lanes(lanes, k_lanes);
             }
             if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
             kq = kq * a->kq_scale;
@@ -115,7 +124,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         }
     }
 
-    /* P·V, a block of value dimensions at a time so that every head's 32 lanes stay in cache:
+    /* P·V, a block of value dimensions at a time so that every head's lanes stay in cache:
      * each cell's V values go into the lane that ggml's dot over cells would have used */
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
@@ -136,7 +145,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
             for (int g = 0; g < gqa; g++) {
                 const float p = s->score[(int64_t)g * n_vis + i];
                 if (p == 0.0f) continue;
-                float *lane = s->acc + ((int64_t)g * GGUFLM_DOT_LANES + c % GGUFLM_DOT_LANES) * GGUFLM_ATTN_DBLOCK;
+                float *lane = s->acc + ((int64_t)g * GGUFLM_DOT_LANES + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
                 GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
             }
         }
@@ -145,8 +154,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
             const float *acc = s->acc + (int64_t)g * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK;
             for (int d = 0; d < db; d++) {
                 float lanes[GGUFLM_DOT_LANES];
-                for (int l = 0; l < GGUFLM_DOT_LANES; l++) lanes[l] = acc[(int64_t)l * GGUFLM_ATTN_DBLOCK + d];
-                out[d] = gguflm_reduce_lanes(lanes);
+                for (int l = 0; l < v_lanes; l++) lanes[l] = acc[(int64_t)l * GGUFLM_ATTN_DBLOCK + d];
+                out[d] = gguflm_reduce_n_lanes(lanes, v_lanes);
             }
         }
     }

@@ -83,4 +83,13 @@ GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
     return gguflm_hsum8_hadd(a);
 }
 
+/* llamafile's tinyBLAS (ggml's float matmul for batches) instead keeps one chain of 8 lanes over
+ * the whole row and sums it movehl-first at the end. */
+#define GGUFLM_SGEMM_LANES 8
+
+/* the sum of a dot's lanes: n_lanes is GGUFLM_DOT_LANES (vec_dot) or GGUFLM_SGEMM_LANES */
+GGUFLM_INLINE float gguflm_reduce_n_lanes(const float *acc, int n_lanes) {
+    return n_lanes == GGUFLM_SGEMM_LANES ? gguflm_hsum8_movehl(acc) : gguflm_reduce_lanes(acc);
+}
+
 #endif

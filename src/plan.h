@@ -38,7 +38,7 @@ typedef struct {
     int32_t n_threads;
     int64_t n_rows, n;                   /* rows and values per row of the main operand */
     int64_t x_stride, y_stride, out_stride;
-    int32_t type, aux;                   /* ggml type / GLU kind / cache type; n_in, col0, ... */
+    int32_t type, aux;                   /* ggml type / GLU kind / cache type; n_in, col0, repacked, ... */
     int64_t aux64;
     float f;                             /* eps, scale, cap */
     const void *w;                       /* weights, bias, norm weight, cache data */
@@ -109,7 +109,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_MATMUL:
             gguflm_matmul_q(nd->type, nd->w, nd->w_stride, nd->aux64, nd->n, nd->x, nd->n_rows, out,
-                            nd->out_stride, nd->n_threads);
+                            nd->out_stride, nd->aux, nd->n_threads);
             break;
         case GGUFLM_OP_ROPE:
             if (gguflm_rope_apply(&nd->rope, nd->i32, nd->n_rows, nd->aux, (int)(nd->n / nd->aux), out,

@@ -204,9 +204,11 @@ cdef class Plan:
         nd.type, nd.x, nd.x_stride = vec_dot_type, <const float *>_ptr(x), _stride(x)
         nd.n_rows, nd.n, nd.out = x.shape[0], x.shape[1], _ptr(xq)
 
-    def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, int n_threads):
+    def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, bint repacked,
+               int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL, n_threads, (w, xq, out,))
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n = wtype, _ptr(w), w.strides[0], w.shape[0], n_in
+        nd.aux = repacked
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
