@@ -40,11 +40,12 @@ GGUFLM_INLINE float gguflm_silu(float x) {
     return x / (1.0f + gguflm_expf(0.0f - x));
 }
 
-/* tanh-approximated GELU as ggml computes it once per fp16 value to fill its lookup table */
+/* tanh-approximated GELU as ggml computes it once per fp16 value to fill its lookup table
+ * (with the FMA that GCC contracts 1 + a*x*x into) */
 static float gguflm_gelu_exact(float x) {
     const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
     const float coef_a = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef_a * x, x, 1.0f)));
 }
 
 /* Fill the 65,536-entry fp16 GELU table (ggml_table_gelu_f16). */
