@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gguflm
+from _ggml import require_ggml
 from conftest import load_reference
 
 PRINTED = 6e-5   # the reference's 4 decimals, plus float32 rounding of the comparison
@@ -48,7 +49,8 @@ def test_position_zero_equals_llama_cpp_reference(model_and_logits):
 
 
 def test_logits_equal_local_llama_cpp(model_and_logits, real_model_path):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference peer")
+    require_ggml()
+    import llama_cpp
     model, cases, logits = model_and_logits
     llm = llama_cpp.Llama(str(real_model_path), logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2,
                           verbose=False)
