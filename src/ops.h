@@ -127,6 +127,7 @@ typedef struct {
     float softcap;             /* 0 = none */
     float *out;                /* [n_tok][out_stride], head h at h * head_dim_v */
     int64_t out_stride;
+    int arith;                 /* GGUFLM_ARITH_*: the ggml build whose rounding to reproduce */
 } gguflm_attn_args;
 
 /* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
@@ -185,7 +186,7 @@ typedef struct {
     float *score;     /* [gqa][n_kv] scores, then probabilities */
     int32_t *cells;   /* [n_kv] visible cell ids */
     float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
-    float *acc;       /* [gqa][32][DBLOCK] lane accumulators of P·V */
+    float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
 } gguflm_attn_scratch;
 
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
@@ -214,7 +215,7 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 #undef GGUFLM_VARIANT_AVX2
 #endif
 
-typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y);
+typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
 typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
 
@@ -270,14 +271,14 @@ enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1 };
 /* out = act(gate) * up for every row; gelu_table is used by GEGLU */
 static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
                             int64_t gate_stride, const float *up, int64_t up_stride, float *out,
-                            int64_t out_stride, int use_avx2, int n_threads) {
+                            int64_t out_stride, int arith, int use_avx2, int n_threads) {
     const gguflm_ops_kernels k = gguflm_ops_select(use_avx2);
     #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
     for (int64_t i = 0; i < n_rows; i++) {
         if (kind == GGUFLM_GLU_GEGLU)
             k.geglu_row(gelu_table, n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
         else
-            k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
+            k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride, arith);
     }
 }
 
@@ -294,7 +295,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     /* floats per thread: queries, Q8_0 queries (34 bytes per 32 values, in floats), scores,
      * cell ids (int32), one row, lane accumulators */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
-    const int64_t acc_floats = gqa * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK;
+    const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
     const int64_t per_thread = gqa * dk + qq_floats + gqa * n_kv + n_kv + row + acc_floats;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;

@@ -39,9 +39,12 @@ cdef extern from "ops.h" nogil:
     enum:
         GGUFLM_GLU_SWIGLU
         GGUFLM_GLU_GEGLU
+    enum:
+        GGUFLM_ARITH_AVX2
+        GGUFLM_ARITH_AVX512
     void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
                          int64_t gate_stride, const float *up, int64_t up_stride, float *out,
-                         int64_t out_stride, int use_avx2, int n_threads)
+                         int64_t out_stride, int arith, int use_avx2, int n_threads)
     ctypedef struct gguflm_attn_args:
         const float *q
         int64_t q_stride
@@ -61,6 +64,7 @@ cdef extern from "ops.h" nogil:
         float softcap
         float *out
         int64_t out_stride
+        int arith
     int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
 
 
@@ -91,6 +95,34 @@ def set_isa(str isa) -> None:
 
 def current_isa() -> str:
     return "avx2" if _use_avx2 else "scalar"
+
+
+ARITHMETICS = {"avx2": GGUFLM_ARITH_AVX2, "avx512": GGUFLM_ARITH_AVX512}
+
+
+def _default_arithmetic() -> str:
+    forced = os.environ.get("GGUFLM_ARITH", "").strip().lower()
+    if forced:
+        if forced not in ARITHMETICS:
+            raise ValueError(f"GGUFLM_ARITH must be one of {sorted(ARITHMETICS)}, got {forced!r}")
+        return forced
+    return "avx2"
+
+
+cdef int _arith = ARITHMETICS[_default_arithmetic()]
+
+
+def set_arithmetic(str name) -> None:
+    """Reproduce the float rounding of ggml-cpu's ``"avx2"`` or ``"avx512"`` x86 build (vector
+    sums, exp) in norms' neighbours: attention, softmax and SiLU. Any kernel ISA computes either."""
+    global _arith
+    if name not in ARITHMETICS:
+        raise ValueError(f"unknown arithmetic {name!r}; expected one of {sorted(ARITHMETICS)}")
+    _arith = ARITHMETICS[name]
+
+
+def current_arithmetic() -> str:
+    return next(name for name, value in ARITHMETICS.items() if value == _arith)
 
 
 cdef inline int _check_threads(int n_threads) except -1:
@@ -164,7 +196,7 @@ cdef _glu(int kind, const float[:, ::1] gate, const float[:, ::1] up, float[:, :
     if n_rows:
         with nogil:
             gguflm_glu_rows(kind, GELU_TABLE, n_rows, <int>n, &gate[0, 0], n, &up[0, 0], n, &out[0, 0], n,
-                            _use_avx2, n_threads)
+                            _arith, _use_avx2, n_threads)
 
 
 def swiglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
@@ -264,6 +296,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.softcap = softcap
     a.out = &out[0, 0] if n_tok else NULL
     a.out_stride = out.shape[1]
+    a.arith = _arith
     _check_threads(n_threads)
     cdef int rc
     with nogil:

@@ -3,8 +3,9 @@
  * The arithmetic is the same scalar expression in every variant (ops_math.h); the AVX2 variant
  * only lets the compiler use 256-bit registers, FMA and F16C for it. */
 
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate, const float *up, float *y) {
-    for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i]) * up[i];
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate, const float *up, float *y,
+                                                       int arith) {
+    for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], arith) * up[i];
 }
 
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_geglu_row)(const ggml_half *table, int n, const float *gate,
@@ -22,16 +23,20 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 #endif
 }
 
-/* acc[i % n_lanes] += x[i] * y[i] for i < n (n a multiple of n_lanes): a dot's lanes */
+/* acc[i % L] += x[i] * y[i] for i < n (n a multiple of L): a dot's L lanes */
+#define GGUFLM_LANE_DOT(L) \
+    for (int i = 0; i < n; i += L)      \
+        for (int l = 0; l < L; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l])
+
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, const float *y, float *acc, int n_lanes) {
-    if (n_lanes == GGUFLM_SGEMM_LANES) {  /* constant trip counts, so both forms vectorise */
-        for (int i = 0; i < n; i += GGUFLM_SGEMM_LANES)
-            for (int l = 0; l < GGUFLM_SGEMM_LANES; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-    } else {
-        for (int i = 0; i < n; i += GGUFLM_DOT_LANES)
-            for (int l = 0; l < GGUFLM_DOT_LANES; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    switch (n_lanes) {  /* constant trip counts, so that every form vectorises */
+    case 8: GGUFLM_LANE_DOT(8); break;
+    case 16: GGUFLM_LANE_DOT(16); break;
+    case 32: GGUFLM_LANE_DOT(32); break;
+    default: GGUFLM_LANE_DOT(64); break;
     }
 }
+#undef GGUFLM_LANE_DOT
 
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
@@ -50,9 +55,11 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
     const int64_t q8_blocks = dk / QK8_0;
     /* ggml hands batches of float K/V to llamafile's sgemm, single tokens to vec_dot; an F32 K
      * misses sgemm because the permuted queries are not contiguous and need no conversion */
-    const int batch = a->n_tok >= 2;
-    const int k_lanes = batch && tk == GGUFLM_CACHE_F16 && dk % GGUFLM_SGEMM_LANES == 0 ? GGUFLM_SGEMM_LANES : GGUFLM_DOT_LANES;
-    const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 ? GGUFLM_SGEMM_LANES : GGUFLM_DOT_LANES;
+    const int batch = a->n_tok >= 2, vec = gguflm_vec_lanes(a->arith), dot = gguflm_dot_lanes(a->arith);
+    const int k_lanes = batch && tk == GGUFLM_CACHE_F16 ? vec : dot;
+    const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 ? vec : dot;
+    /* a vec_dot leaves the elements after its last whole step to a scalar sum (in double for F16) */
+    const int k_main = dk - dk % k_lanes;
 
     /* the cells this token sees (the same for every head) */
     int n_vis = 0;
@@ -87,9 +94,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
             if (tk == GGUFLM_CACHE_Q8_0) {
                 kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
             } else {
-                float lanes[GGUFLM_DOT_LANES] = {0};
-                GGUFLM_FN(gguflm_lane_dot)(dk, kf, s->q + (int64_t)g * dk, lanes, k_lanes);
-                kq = gguflm_reduce_n_lanes(lanes, k_lanes);
+                const float *qg = s->q + (int64_t)g * dk;
+                float lanes[GGUFLM_MAX_LANES] = {0};
+                GGUFLM_FN(gguflm_lane_dot)(k_main, kf, qg, lanes, k_lanes);
+                kq = gguflm_reduce_any(lanes, k_lanes);
+                if (k_main < dk) {
+                    double rest = kq;
+                    for (int d = k_main; d < dk; d++) rest += (double)(kf[d] * qg[d]);
+                    kq = (float)rest;
+                }
             }
             if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
             kq = kq * a->kq_scale;
@@ -98,25 +111,25 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         }
     }
 
-    /* softmax per head: ggml sums exp in groups of 8 cells (float), the groups in double; masked
-     * cells contribute exact zeros, so grouping by cell index reproduces its partial sums. The
-     * probabilities are then rounded to the V type, as ggml's P·V matmul takes them. */
+    /* softmax per head: ggml sums exp one vector of cells at a time (float), the vectors in
+     * double; masked cells contribute exact zeros, so grouping by cell index reproduces its
+     * partial sums. The probabilities are then rounded to the V type, as ggml's P·V matmul takes them. */
     for (int g = 0; g < gqa; g++) {
         float *sc = s->score + (int64_t)g * n_vis;
-        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max[g]);
+        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_arith(sc[i] - max[g], a->arith);
         double sum = 0.0;
-        float group[8] = {0};
-        int group_id = s->cells[0] / 8;
+        float group[16] = {0};
+        int group_id = s->cells[0] / vec;
         for (int i = 0; i < n_vis; i++) {
             const int c = s->cells[i];
-            if (c / 8 != group_id) {
-                sum += (double)gguflm_hsum8_movehl(group);
+            if (c / vec != group_id) {
+                sum += (double)gguflm_reduce_any(group, vec);
                 memset(group, 0, sizeof(group));
-                group_id = c / 8;
+                group_id = c / vec;
             }
-            group[c % 8] = sc[i];
+            group[c % vec] = sc[i];
         }
-        sum += (double)gguflm_hsum8_movehl(group);
+        sum += (double)gguflm_reduce_any(group, vec);
         const float inv_sum = (float)(1.0 / sum);
         for (int i = 0; i < n_vis; i++) {
             const float p = sc[i] * inv_sum;
@@ -128,7 +141,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
      * each cell's V values go into the lane that ggml's dot over cells would have used */
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        memset(s->acc, 0, sizeof(float) * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK * gqa);
+        memset(s->acc, 0, sizeof(float) * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK * gqa);
         for (int i = 0; i < n_vis; i++) {
             const int c = s->cells[i];
             const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
@@ -145,17 +158,17 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
             for (int g = 0; g < gqa; g++) {
                 const float p = s->score[(int64_t)g * n_vis + i];
                 if (p == 0.0f) continue;
-                float *lane = s->acc + ((int64_t)g * GGUFLM_DOT_LANES + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
+                float *lane = s->acc + ((int64_t)g * GGUFLM_MAX_LANES + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
                 GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
             }
         }
         for (int g = 0; g < gqa; g++) {
             float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
-            const float *acc = s->acc + (int64_t)g * GGUFLM_DOT_LANES * GGUFLM_ATTN_DBLOCK;
+            const float *acc = s->acc + (int64_t)g * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
             for (int d = 0; d < db; d++) {
-                float lanes[GGUFLM_DOT_LANES];
+                float lanes[GGUFLM_MAX_LANES];
                 for (int l = 0; l < v_lanes; l++) lanes[l] = acc[(int64_t)l * GGUFLM_ATTN_DBLOCK + d];
-                out[d] = gguflm_reduce_n_lanes(lanes, v_lanes);
+                out[d] = gguflm_reduce_any(lanes, v_lanes);
             }
         }
     }

@@ -35,11 +35,6 @@ GGUFLM_INLINE float gguflm_expf(float x) {
     return an > 192.0f ? extreme : result;
 }
 
-/* ggml_v_silu: x / (1 + exp(-x)) with a real divide */
-GGUFLM_INLINE float gguflm_silu(float x) {
-    return x / (1.0f + gguflm_expf(0.0f - x));
-}
-
 /* tanh-approximated GELU as ggml computes it once per fp16 value to fill its lookup table
  * (with the FMA that GCC contracts 1 + a*x*x into) */
 static float gguflm_gelu_exact(float x) {
@@ -84,13 +79,58 @@ GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
     return gguflm_hsum8_hadd(a);
 }
 
-/* llamafile's tinyBLAS (ggml's float matmul for batches) instead keeps one chain of 8 lanes over
- * the whole row and sums it movehl-first at the end. */
-#define GGUFLM_SGEMM_LANES 8
+/* Which x86 build of ggml-cpu the float arithmetic reproduces: the AVX2 build (8-float vectors)
+ * or the AVX-512 build (16-float vectors). They sum vector lanes and compute exp differently;
+ * the integer parts of quantized dots are the same. */
+enum { GGUFLM_ARITH_AVX2 = 0, GGUFLM_ARITH_AVX512 = 1 };
+#define GGUFLM_MAX_LANES 64
 
-/* the sum of a dot's lanes: n_lanes is GGUFLM_DOT_LANES (vec_dot) or GGUFLM_SGEMM_LANES */
-GGUFLM_INLINE float gguflm_reduce_n_lanes(const float *acc, int n_lanes) {
-    return n_lanes == GGUFLM_SGEMM_LANES ? gguflm_hsum8_movehl(acc) : gguflm_reduce_lanes(acc);
+/* _mm512_reduce_add_ps as GCC expands it: the upper half added onto the lower, then as hsum8_movehl */
+GGUFLM_INLINE float gguflm_hsum16(const float v[16]) {
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = v[l] + v[8 + l];
+    return gguflm_hsum8_movehl(t);
+}
+
+/* ggml_vec_dot_f16/f32 keep 4 accumulator vectors (32 or 64 lanes); llamafile's sgemm (batches)
+ * and the softmax's exp sums one vector (8 or 16 lanes) */
+GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 64 : 32; }
+GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 16 : 8; }
+
+/* the sum of n_lanes lanes in the order of the kernel that keeps that many */
+GGUFLM_INLINE float gguflm_reduce_any(const float *acc, int n_lanes) {
+    float a[16];
+    switch (n_lanes) {
+    case 8: return gguflm_hsum8_movehl(acc);
+    case 16: return gguflm_hsum16(acc);
+    case 32: return gguflm_reduce_lanes(acc);
+    default:  /* 64: acc0+acc2, acc1+acc3, then their sum, then one 16-lane reduce */
+        for (int l = 0; l < 16; l++) a[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+        return gguflm_hsum16(a);
+    }
+}
+
+/* ggml_v_expf of the AVX-512 build: the same polynomial as gguflm_expf, but 1 is added inside
+ * the last FMA and the result scaled by 2^n exactly (scalef) */
+GGUFLM_INLINE float gguflm_expf_avx512(float x) {
+    const float r = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, r);
+    const float n = z - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
+GGUFLM_INLINE float gguflm_expf_arith(float x, int arith) {
+    return arith == GGUFLM_ARITH_AVX512 ? gguflm_expf_avx512(x) : gguflm_expf(x);
+}
+
+/* ggml_v_silu: x / (1 + exp(-x)) with a real divide */
+GGUFLM_INLINE float gguflm_silu(float x, int arith) {
+    return x / (1.0f + gguflm_expf_arith(0.0f - x, arith));
 }
 
 #endif

@@ -127,7 +127,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         }
         case GGUFLM_OP_GLU:
             gguflm_glu_rows(nd->aux, gelu_table, nd->n_rows, (int)nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride,
-                            out, nd->out_stride, use_avx2, nd->n_threads);
+                            out, nd->out_stride, nd->type, use_avx2, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

@@ -53,6 +53,7 @@ cdef extern from "plan.h" nogil:
         float softcap
         float *out
         int64_t out_stride
+        int arith
     enum:
         GGUFLM_OP_LAYER
         GGUFLM_OP_GET_ROWS
@@ -96,6 +97,12 @@ gguflm_kernels_init(-1)
 
 cdef int _use_avx2 = (os.environ.get("GGUFLM_ISA", "").strip().lower() != "scalar"
                       and gguflm_has_avx2() and gguflm_has_f16c())
+
+
+cdef int _current_arith():
+    """The arithmetic (ggml build) that ops.set_arithmetic chose, as its GGUFLM_ARITH_* id."""
+    from gguflm._ext import ops
+    return ops.ARITHMETICS[ops.current_arithmetic()]
 
 # ggml type ids of the KV cache formats
 _CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -251,12 +258,14 @@ cdef class Plan:
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
+        nd.attn.arith = _current_arith()
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
 
     def glu(self, int kind, cnp.ndarray gate, cnp.ndarray up, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_GLU, n_threads, (gate, up, out,))
         nd.aux, nd.x, nd.x_stride, nd.y, nd.y_stride = kind, <const float *>_ptr(gate), _stride(gate), \
             <const float *>_ptr(up), _stride(up)
+        nd.type = _current_arith()
         nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
 
     # -- running
