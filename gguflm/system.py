@@ -6,6 +6,7 @@ import os
 import platform
 from typing import Any
 
+from gguflm._ext import ops as _ops
 from gguflm._ext import system as _system
 from gguflm.threads import resolve_n_threads, usable_cores
 
@@ -15,7 +16,8 @@ def system_info() -> dict[str, Any]:
 
     Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``usable_cores``, ``default_threads``,
     ``cpu_features`` (``avx2``, ``f16c``, ``avx512``, ``avx512_vnni``), ``machine``, ``isa_override``
-    (the value of ``GGUFLM_ISA`` if set).
+    (the value of ``GGUFLM_ISA`` if set), ``arithmetic`` (the ggml x86 build whose float rounding
+    is reproduced: ``avx2`` or ``avx512``).
     """
     info: dict[str, Any] = dict(_system.build_info())
     info["usable_cores"] = usable_cores()
@@ -23,4 +25,5 @@ def system_info() -> dict[str, Any]:
     info["cpu_features"] = _system.cpu_features()
     info["machine"] = platform.machine()
     info["isa_override"] = os.environ.get("GGUFLM_ISA")
+    info["arithmetic"] = _ops.current_arithmetic()
     return info

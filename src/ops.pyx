@@ -20,6 +20,7 @@ cdef extern from "ggml_blocks.h" nogil:
 
 cdef extern from "cpu_features.h" nogil:
     int gguflm_has_avx2()
+    int gguflm_has_avx512()
     int gguflm_has_f16c()
 
 cdef extern from "ops.h" nogil:
@@ -106,15 +107,18 @@ def _default_arithmetic() -> str:
         if forced not in ARITHMETICS:
             raise ValueError(f"GGUFLM_ARITH must be one of {sorted(ARITHMETICS)}, got {forced!r}")
         return forced
-    return "avx2"
+    # what a native build of llama.cpp on this CPU computes
+    return "avx512" if gguflm_has_avx512() else "avx2"
 
 
 cdef int _arith = ARITHMETICS[_default_arithmetic()]
 
 
 def set_arithmetic(str name) -> None:
-    """Reproduce the float rounding of ggml-cpu's ``"avx2"`` or ``"avx512"`` x86 build (vector
-    sums, exp) in norms' neighbours: attention, softmax and SiLU. Any kernel ISA computes either."""
+    """Reproduce the float rounding of ggml-cpu's ``"avx2"`` or ``"avx512"`` x86 build in attention,
+    softmax and SiLU (their vector sums and exp), whichever kernels run. The default is the build
+    llama.cpp compiles natively for this CPU; ``GGUFLM_ARITH`` overrides it. Forward passes
+    recorded afterwards use it (a context keeps the plans it already recorded)."""
     global _arith
     if name not in ARITHMETICS:
         raise ValueError(f"unknown arithmetic {name!r}; expected one of {sorted(ARITHMETICS)}")
