@@ -121,6 +121,8 @@ GGUFLM_INLINE float gguflm_expf_avx512(float x) {
     const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                          u, fmaf(0x1.ffffecp-1f, b, 1.0f));
     if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    /* scalef rounds j * 2^n once, as a multiply by an exact power of two does */
+    if (n >= -126.0f && n <= 127.0f) return j * gguflm_bits_f32((uint32_t)((int32_t)n + 127) << 23);
     return ldexpf(j, (int)n);
 }
 
