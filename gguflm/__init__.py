@@ -8,7 +8,15 @@ Heavy submodules are imported on first use so that ``import gguflm`` stays cheap
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
+
+# gguflm never calls BLAS; the threads a BLAS library behind numpy starts would only compete with
+# its OpenMP teams for the cores. When numpy is not loaded yet, ask for none (user settings win).
+if "numpy" not in sys.modules:
+    for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError
 from gguflm.system import system_info

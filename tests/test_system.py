@@ -1,5 +1,9 @@
 """The build path (Cython → C → -fopenmp) and system facts."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -50,3 +54,15 @@ def test_thread_resolution(monkeypatch):
     assert resolve_n_threads(None) == 1
     with pytest.raises(ValueError):
         resolve_n_threads(0)
+
+
+def test_import_keeps_numpy_blas_to_one_thread():
+    """Imported before numpy, gguflm stops a BLAS library from starting threads of its own."""
+    probe = ("import os, gguflm, numpy; numpy.ones((64, 64)) @ numpy.ones((64, 64)); "
+             "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    blas_threads, n_threads = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                             text=True, check=True).stdout.split()
+    assert blas_threads == "1"
+    if sys.platform == "linux":
+        assert n_threads == "1"
