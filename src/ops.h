@@ -179,6 +179,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 /* Per-thread scratch of one (token, KV head) item. */
 #define GGUFLM_MAX_GQA 64          /* query heads per KV head */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
+#define GGUFLM_ATTN_CBLOCK 32      /* cells whose K·q lanes are reduced together */
 
 typedef struct {
     float *q;         /* [gqa][head_dim_k] the queries, in the K type's precision */
@@ -187,6 +188,8 @@ typedef struct {
     int32_t *cells;   /* [n_kv] visible cell ids */
     float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
     float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
+    float *kl;        /* [gqa][MAX_LANES][CBLOCK] K·q lanes of a block of cells */
+    double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
@@ -292,23 +295,28 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     if (n_threads > n_items) n_threads = (int)n_items;
     const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
     const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
-    /* floats per thread: queries, Q8_0 queries (34 bytes per 32 values, in floats), scores,
-     * cell ids (int32), one row, lane accumulators */
+    /* floats per thread: K·q tails (doubles, first for their alignment), queries, Q8_0 queries
+     * (34 bytes per 32 values, in floats), scores, cell ids (int32), one row, lane accumulators
+     * of P·V and of K·q; rounded up to whole cache lines */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
-    const int64_t per_thread = gqa * dk + qq_floats + gqa * n_kv + n_kv + row + acc_floats;
+    const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
+    const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + gqa * dk + qq_floats + gqa * n_kv + n_kv + row +
+                                acc_floats + kl_floats + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
     #pragma omp parallel num_threads(n_threads)
     {
         float *p = scratch + per_thread * omp_get_thread_num();
         gguflm_attn_scratch s;
+        s.rest = (double *)p;              p += 2 * gqa * GGUFLM_ATTN_CBLOCK;
         s.q = p;                           p += gqa * dk;
         s.qq = (block_q8_0 *)p;            p += qq_floats;
         s.score = p;                       p += gqa * n_kv;
         s.cells = (int32_t *)p;            p += n_kv;
         s.row = p;                         p += row;
-        s.acc = p;
+        s.acc = p;                         p += acc_floats;
+        s.kl = p;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++)
             attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);

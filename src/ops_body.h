@@ -5,7 +5,10 @@
 
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate, const float *up, float *y,
                                                        int arith) {
-    for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], arith) * up[i];
+    if (arith == GGUFLM_ARITH_AVX512)  /* constant arithmetic in each loop, so both vectorise */
+        for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], GGUFLM_ARITH_AVX512) * up[i];
+    else
+        for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], GGUFLM_ARITH_AVX2) * up[i];
 }
 
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_geglu_row)(const ggml_half *table, int n, const float *gate,
@@ -41,6 +44,35 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, cons
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
     for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
+}
+
+/* out[d] = the sum of the n_lanes lanes of column d (lane l at acc[l * stride + d]) for d < n,
+ * in the order of the dot that keeps that many lanes: llamafile sgemm's one vector (8 or 16),
+ * vec_dot's four vectors (32 or 64); all columns at once, so that it vectorises. acc is consumed. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_reduce_cols)(float *acc, int64_t stride, int n_lanes, int n, float *out) {
+#define GGUFLM_LANE(l) acc[(int64_t)(l) * stride + d]
+    int hadd = 0;
+    if (n_lanes == 64) {         /* (acc0 + acc2) + (acc1 + acc3), 16-lane vectors: into lanes 0-15 */
+        for (int l = 0; l < 16; l++)
+            for (int d = 0; d < n; d++)
+                GGUFLM_LANE(l) = (GGUFLM_LANE(l) + GGUFLM_LANE(32 + l)) + (GGUFLM_LANE(16 + l) + GGUFLM_LANE(48 + l));
+        n_lanes = 16;
+    } else if (n_lanes == 32) {  /* the same with 8-lane vectors, then hadd */
+        for (int l = 0; l < 8; l++)
+            for (int d = 0; d < n; d++)
+                GGUFLM_LANE(l) = (GGUFLM_LANE(l) + GGUFLM_LANE(16 + l)) + (GGUFLM_LANE(8 + l) + GGUFLM_LANE(24 + l));
+        n_lanes = 8;
+        hadd = 1;
+    }
+    if (n_lanes == 16)           /* _mm512_reduce_add_ps: upper 8 lanes onto the lower */
+        for (int l = 0; l < 8; l++)
+            for (int d = 0; d < n; d++) GGUFLM_LANE(l) = GGUFLM_LANE(l) + GGUFLM_LANE(8 + l);
+    for (int d = 0; d < n; d++) {
+        const float t0 = GGUFLM_LANE(0) + GGUFLM_LANE(4), t1 = GGUFLM_LANE(1) + GGUFLM_LANE(5);
+        const float t2 = GGUFLM_LANE(2) + GGUFLM_LANE(6), t3 = GGUFLM_LANE(3) + GGUFLM_LANE(7);
+        out[d] = hadd ? (t0 + t1) + (t2 + t3) : (t0 + t2) + (t1 + t3);
+    }
+#undef GGUFLM_LANE
 }
 
 /* One token and one KV head: the group of query heads sharing that head. K and V rows are
@@ -79,34 +111,53 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         else for (int d = 0; d < dk; d++) qg[d] = q[d];
     }
 
-    /* scores; ggml scales (and soft-caps) every cell, then adds the mask */
-    float max[GGUFLM_MAX_GQA];
-    for (int g = 0; g < gqa; g++) max[g] = -INFINITY;
-    for (int i = 0; i < n_vis; i++) {
-        const char *krow = k_base + (int64_t)s->cells[i] * a->k_row_bytes;
-        const float *kf = (const float *)krow;
-        if (tk == GGUFLM_CACHE_F16) {
-            GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, s->row);
-            kf = s->row;
-        }
-        for (int g = 0; g < gqa; g++) {
-            float kq;
+    /* scores, GGUFLM_ATTN_CBLOCK cells at a time: each cell's dot lanes are stored as a column,
+     * then reduced for all the block's cells at once */
+    for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
+        const int nc = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
+        for (int ci = 0; ci < nc; ci++) {
+            const char *krow = k_base + (int64_t)s->cells[i0 + ci] * a->k_row_bytes;
+            const float *kf = (const float *)krow;
             if (tk == GGUFLM_CACHE_Q8_0) {
-                kq = gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
-            } else {
+                for (int g = 0; g < gqa; g++)
+                    s->score[(int64_t)g * n_vis + i0 + ci] =
+                        gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
+                continue;
+            }
+            if (tk == GGUFLM_CACHE_F16) {
+                GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, s->row);
+                kf = s->row;
+            }
+            for (int g = 0; g < gqa; g++) {
                 const float *qg = s->q + (int64_t)g * dk;
                 float lanes[GGUFLM_MAX_LANES] = {0};
                 GGUFLM_FN(gguflm_lane_dot)(k_main, kf, qg, lanes, k_lanes);
-                kq = gguflm_reduce_any(lanes, k_lanes);
-                if (k_main < dk) {
-                    double rest = kq;
-                    for (int d = k_main; d < dk; d++) rest += (double)(kf[d] * qg[d]);
-                    kq = (float)rest;
-                }
+                float *col = s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK + ci;
+                for (int l = 0; l < k_lanes; l++) col[(int64_t)l * GGUFLM_ATTN_CBLOCK] = lanes[l];
+                double rest = 0.0;
+                for (int d = k_main; d < dk; d++) rest += (double)(kf[d] * qg[d]);
+                s->rest[g * GGUFLM_ATTN_CBLOCK + ci] = rest;
             }
+        }
+        if (tk == GGUFLM_CACHE_Q8_0) continue;
+        for (int g = 0; g < gqa; g++) {
+            float *sc = s->score + (int64_t)g * n_vis + i0;
+            GGUFLM_FN(gguflm_reduce_cols)(s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK, GGUFLM_ATTN_CBLOCK, k_lanes,
+                                          nc, sc);
+            if (k_main < dk)
+                for (int ci = 0; ci < nc; ci++) sc[ci] = (float)((double)sc[ci] + s->rest[g * GGUFLM_ATTN_CBLOCK + ci]);
+        }
+    }
+    /* ggml scales (and soft-caps) every cell, then adds the mask */
+    float max[GGUFLM_MAX_GQA];
+    for (int g = 0; g < gqa; g++) {
+        float *sc = s->score + (int64_t)g * n_vis;
+        max[g] = -INFINITY;
+        for (int i = 0; i < n_vis; i++) {
+            float kq = sc[i];
             if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
             kq = kq * a->kq_scale;
-            s->score[(int64_t)g * n_vis + i] = kq;
+            sc[i] = kq;
             max[g] = kq > max[g] ? kq : max[g];
         }
     }
@@ -116,20 +167,23 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
      * partial sums. The probabilities are then rounded to the V type, as ggml's P·V matmul takes them. */
     for (int g = 0; g < gqa; g++) {
         float *sc = s->score + (int64_t)g * n_vis;
-        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_arith(sc[i] - max[g], a->arith);
+        if (a->arith == GGUFLM_ARITH_AVX512)
+            for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_avx512(sc[i] - max[g]);
+        else
+            for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max[g]);
         double sum = 0.0;
         float group[16] = {0};
         int group_id = s->cells[0] / vec;
         for (int i = 0; i < n_vis; i++) {
             const int c = s->cells[i];
             if (c / vec != group_id) {
-                sum += (double)gguflm_reduce_any(group, vec);
+                sum += (double)gguflm_hsum_vec(group, vec);
                 memset(group, 0, sizeof(group));
                 group_id = c / vec;
             }
             group[c % vec] = sc[i];
         }
-        sum += (double)gguflm_reduce_any(group, vec);
+        sum += (double)gguflm_hsum_vec(group, vec);
         const float inv_sum = (float)(1.0 / sum);
         for (int i = 0; i < n_vis; i++) {
             const float p = sc[i] * inv_sum;
@@ -141,7 +195,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
      * each cell's V values go into the lane that ggml's dot over cells would have used */
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        memset(s->acc, 0, sizeof(float) * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK * gqa);
+        memset(s->acc, 0, sizeof(float) * v_lanes * GGUFLM_ATTN_DBLOCK * gqa);
         for (int i = 0; i < n_vis; i++) {
             const int c = s->cells[i];
             const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
@@ -158,18 +212,14 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
             for (int g = 0; g < gqa; g++) {
                 const float p = s->score[(int64_t)g * n_vis + i];
                 if (p == 0.0f) continue;
-                float *lane = s->acc + ((int64_t)g * GGUFLM_MAX_LANES + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
+                float *lane = s->acc + ((int64_t)g * v_lanes + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
                 GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
             }
         }
         for (int g = 0; g < gqa; g++) {
             float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
-            const float *acc = s->acc + (int64_t)g * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
-            for (int d = 0; d < db; d++) {
-                float lanes[GGUFLM_MAX_LANES];
-                for (int l = 0; l < v_lanes; l++) lanes[l] = acc[(int64_t)l * GGUFLM_ATTN_DBLOCK + d];
-                out[d] = gguflm_reduce_any(lanes, v_lanes);
-            }
+            GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,
+                                          db, out);
         }
     }
 }

@@ -97,17 +97,9 @@ GGUFLM_INLINE float gguflm_hsum16(const float v[16]) {
 GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 64 : 32; }
 GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 16 : 8; }
 
-/* the sum of n_lanes lanes in the order of the kernel that keeps that many */
-GGUFLM_INLINE float gguflm_reduce_any(const float *acc, int n_lanes) {
-    float a[16];
-    switch (n_lanes) {
-    case 8: return gguflm_hsum8_movehl(acc);
-    case 16: return gguflm_hsum16(acc);
-    case 32: return gguflm_reduce_lanes(acc);
-    default:  /* 64: acc0+acc2, acc1+acc3, then their sum, then one 16-lane reduce */
-        for (int l = 0; l < 16; l++) a[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
-        return gguflm_hsum16(a);
-    }
+/* the sum of one vector's lanes (8 or 16), as the build's horizontal sum adds them */
+GGUFLM_INLINE float gguflm_hsum_vec(const float *v, int n_lanes) {
+    return n_lanes == 16 ? gguflm_hsum16(v) : gguflm_hsum8_movehl(v);
 }
 
 /* ggml_v_expf of the AVX-512 build: the same polynomial as gguflm_expf, but 1 is added inside
@@ -120,10 +112,15 @@ GGUFLM_INLINE float gguflm_expf_avx512(float x) {
     const float u = b * b;
     const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                          u, fmaf(0x1.ffffecp-1f, b, 1.0f));
-    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
-    /* scalef rounds j * 2^n once, as a multiply by an exact power of two does */
-    if (n >= -126.0f && n <= 127.0f) return j * gguflm_bits_f32((uint32_t)((int32_t)n + 127) << 23);
-    return ldexpf(j, (int)n);
+    /* scalef rounds j * 2^n once, as a multiply by an exact power of two does; beyond the normal
+     * exponents the power is split in two, the first product still exact (branch-free, so that
+     * loops of it vectorise) */
+    const int32_t e = (int32_t)n;
+    const int32_t split = e < -126 ? -100 : (e > 127 ? 100 : 0);
+    const float scaled = (j * gguflm_bits_f32((uint32_t)(e - split + 127) << 23)) *
+                         gguflm_bits_f32((uint32_t)(split + 127) << 23);
+    const float extreme = n <= 0.0f ? 0.0f : INFINITY;
+    return fabsf(n) > 192.0f ? extreme : scaled;
 }
 
 GGUFLM_INLINE float gguflm_expf_arith(float x, int arith) {
