@@ -180,6 +180,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
 /* Weight rows are streamed from memory once per matmul; the hardware prefetchers follow one long
  * stream well but not R short interleaved ones (rows of a few hundred bytes), so each tile asks
  * for the same block of the rows one tile ahead. */
+#ifndef GGUFLM_PREFETCH_TILES
+#define GGUFLM_PREFETCH_TILES 4
+#endif
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(prefetch)(const uint8_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
 }
@@ -200,7 +203,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
         float dx[GGUFLM_MAX_TILE], mx[GGUFLM_MAX_TILE];
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + ib * bx;
-            GGUFLM_SIMD(prefetch)(xb + R * ws, bx);
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * R * ws, bx);
             qx[r] = GGUFLM_SIMD(legacy_quants)(type, xb);
             /* signed quants go in as |x| with x's sign moved onto y */
             ux[r] = has_min ? qx[r] : _mm256_sign_epi8(qx[r], qx[r]);
@@ -245,7 +248,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, 
     __m256i pair[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE] = {{_mm256_setzero_si256()}};
     for (int r = 0; r < R; ++r) {
         xb[r] = w + r * ws + i * bx;
-        GGUFLM_SIMD(prefetch)(xb[r] + R * ws, bx);
+        GGUFLM_SIMD(prefetch)(xb[r] + GGUFLM_PREFETCH_TILES * R * ws, bx);
         GGUFLM_SIMD(kscales)(type, xb[r], &sc16[r], &mn16[r], &d[r], &dmin[r]);
         for (int t = 0; t < T; ++t) lanes[r][t] = _mm256_setzero_si256();
     }
@@ -380,7 +383,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(
     for (int64_t ib = 0; ib < n / 32; ++ib) {
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + ib * sizeof(block_q4_0);
-            GGUFLM_SIMD(prefetch)(xb + R * ws, sizeof(block_q4_0));
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * R * ws, sizeof(block_q4_0));
             const __m256i qx = GGUFLM_SIMD(legacy_quants)(GGUFLM_Q4_0, xb), ux = _mm256_sign_epi8(qx, qx);
             const float dx = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
             for (int t = 0; t < T; ++t) {
