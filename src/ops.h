@@ -189,6 +189,7 @@ typedef struct {
     float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
     float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
     float *kl;        /* [gqa][MAX_LANES][CBLOCK] K·q lanes of a block of cells */
+    float *krows;     /* [CBLOCK][head_dim_k] that block's K rows as floats */
     double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
@@ -297,12 +298,12 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
     /* floats per thread: K·q tails (doubles, first for their alignment), queries, Q8_0 queries
      * (34 bytes per 32 values, in floats), scores, cell ids (int32), one row, lane accumulators
-     * of P·V and of K·q; rounded up to whole cache lines */
+     * of P·V and of K·q, a block of K rows; rounded up to whole cache lines */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
     const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
     const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + gqa * dk + qq_floats + gqa * n_kv + n_kv + row +
-                                acc_floats + kl_floats + 15) / 16 * 16;
+                                acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
     #pragma omp parallel num_threads(n_threads)
@@ -316,7 +317,8 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         s.cells = (int32_t *)p;            p += n_kv;
         s.row = p;                         p += row;
         s.acc = p;                         p += acc_floats;
-        s.kl = p;
+        s.kl = p;                          p += kl_floats;
+        s.krows = p;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++)
             attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);

@@ -26,20 +26,66 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 #endif
 }
 
-/* acc[i % L] += x[i] * y[i] for i < n (n a multiple of L): a dot's L lanes */
-#define GGUFLM_LANE_DOT(L) \
-    for (int i = 0; i < n; i += L)      \
-        for (int l = 0; l < L; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l])
+/* acc[r][i % L] = sum of rows[r][i] * y[i] for i < n (n a multiple of L), r < nr (at most 4): the
+ * L lanes of nr dots (acc rows GGUFLM_MAX_LANES apart). Several rows at once keep several FMA chains in flight: one
+ * dot of 8 or 16 lanes is a single dependent chain. */
+#define GGUFLM_LANE_DOTS(NR, L)                                                                     \
+    do {                                                                                            \
+        float t[4][L] = {{0}};  /* local: no aliasing with the rows, so it lives in registers */   \
+        for (int i = 0; i < n; i += L)                                                              \
+            for (int r = 0; r < NR; r++)                                                            \
+                for (int l = 0; l < L; l++) t[r][l] = fmaf(rows[r][i + l], y[i + l], t[r][l]);     \
+        for (int r = 0; r < NR; r++)                                                                \
+            for (int l = 0; l < L; l++) acc[r * GGUFLM_MAX_LANES + l] = t[r][l];                    \
+    } while (0)
+#define GGUFLM_LANE_DOTS_L(NR)                                                                      \
+    switch (n_lanes) {  /* constant trip counts, so that every form vectorises */                   \
+    case 8: GGUFLM_LANE_DOTS(NR, 8); break;                                                         \
+    case 16: GGUFLM_LANE_DOTS(NR, 16); break;                                                       \
+    case 32: GGUFLM_LANE_DOTS(NR, 32); break;                                                       \
+    default: GGUFLM_LANE_DOTS(NR, 64); break;                                                       \
+    }
 
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dot)(int n, const float *x, const float *y, float *acc, int n_lanes) {
-    switch (n_lanes) {  /* constant trip counts, so that every form vectorises */
-    case 8: GGUFLM_LANE_DOT(8); break;
-    case 16: GGUFLM_LANE_DOT(16); break;
-    case 32: GGUFLM_LANE_DOT(32); break;
-    default: GGUFLM_LANE_DOT(64); break;
+#if GGUFLM_VARIANT_AVX2
+/* four dots of NV 8-float vectors each (one sgemm lane vector: NV = 1 for AVX2's, 2 for AVX-512's),
+ * accumulators pinned in registers */
+#define GGUFLM_LANE_DOTS4_AVX2(NV)                                                                  \
+    do {                                                                                            \
+        __m256 t[4][NV];                                                                            \
+        for (int r = 0; r < 4; r++)                                                                 \
+            for (int h = 0; h < NV; h++) t[r][h] = _mm256_setzero_ps();                             \
+        for (int i = 0; i < n; i += 8 * NV)                                                         \
+            for (int h = 0; h < NV; h++) {                                                          \
+                const __m256 yv = _mm256_loadu_ps(y + i + 8 * h);                                   \
+                for (int r = 0; r < 4; r++)                                                         \
+                    t[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r] + i + 8 * h), yv, t[r][h]);   \
+            }                                                                                       \
+        for (int r = 0; r < 4; r++)                                                                 \
+            for (int h = 0; h < NV; h++) _mm256_storeu_ps(acc + r * GGUFLM_MAX_LANES + 8 * h, t[r][h]); \
+    } while (0)
+#endif
+
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dots)(int n, const float *const *rows, int nr, const float *y,
+                                                      float *acc, int n_lanes) {
+#if GGUFLM_VARIANT_AVX2
+    if (nr == 4 && n_lanes == 8) {
+        GGUFLM_LANE_DOTS4_AVX2(1);
+        return;
+    }
+    if (nr == 4 && n_lanes == 16) {
+        GGUFLM_LANE_DOTS4_AVX2(2);
+        return;
+    }
+#undef GGUFLM_LANE_DOTS4_AVX2
+#endif
+    if (nr == 4) {
+        GGUFLM_LANE_DOTS_L(4)
+    } else {
+        GGUFLM_LANE_DOTS_L(nr)
     }
 }
-#undef GGUFLM_LANE_DOT
+#undef GGUFLM_LANE_DOTS_L
+#undef GGUFLM_LANE_DOTS
 
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
@@ -115,30 +161,36 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
      * then reduced for all the block's cells at once */
     for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
         const int nc = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
+        const float *krows[GGUFLM_ATTN_CBLOCK];
         for (int ci = 0; ci < nc; ci++) {
             const char *krow = k_base + (int64_t)s->cells[i0 + ci] * a->k_row_bytes;
-            const float *kf = (const float *)krow;
+            krows[ci] = (const float *)krow;
             if (tk == GGUFLM_CACHE_Q8_0) {
                 for (int g = 0; g < gqa; g++)
                     s->score[(int64_t)g * n_vis + i0 + ci] =
                         gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
-                continue;
-            }
-            if (tk == GGUFLM_CACHE_F16) {
-                GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, s->row);
-                kf = s->row;
-            }
-            for (int g = 0; g < gqa; g++) {
-                const float *qg = s->q + (int64_t)g * dk;
-                float lanes[GGUFLM_MAX_LANES] = {0};
-                GGUFLM_FN(gguflm_lane_dot)(k_main, kf, qg, lanes, k_lanes);
-                float *col = s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK + ci;
-                for (int l = 0; l < k_lanes; l++) col[(int64_t)l * GGUFLM_ATTN_CBLOCK] = lanes[l];
-                double rest = 0.0;
-                for (int d = k_main; d < dk; d++) rest += (double)(kf[d] * qg[d]);
-                s->rest[g * GGUFLM_ATTN_CBLOCK + ci] = rest;
+            } else if (tk == GGUFLM_CACHE_F16) {
+                float *kf = s->krows + (int64_t)ci * dk;
+                GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, kf);
+                krows[ci] = kf;
             }
         }
+        if (tk != GGUFLM_CACHE_Q8_0)
+            for (int g = 0; g < gqa; g++) {
+                const float *qg = s->q + (int64_t)g * dk;
+                for (int c0 = 0; c0 < nc; c0 += 4) {
+                    const int m = nc - c0 < 4 ? nc - c0 : 4;
+                    float lanes[4 * GGUFLM_MAX_LANES] = {0};
+                    GGUFLM_FN(gguflm_lane_dots)(k_main, krows + c0, m, qg, lanes, k_lanes);
+                    for (int j = 0; j < m; j++) {
+                        float *col = s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK + c0 + j;
+                        for (int l = 0; l < k_lanes; l++) col[(int64_t)l * GGUFLM_ATTN_CBLOCK] = lanes[j * GGUFLM_MAX_LANES + l];
+                        double rest = 0.0;
+                        for (int d = k_main; d < dk; d++) rest += (double)(krows[c0 + j][d] * qg[d]);
+                        s->rest[g * GGUFLM_ATTN_CBLOCK + c0 + j] = rest;
+                    }
+                }
+            }
         if (tk == GGUFLM_CACHE_Q8_0) continue;
         for (int g = 0; g < gqa; g++) {
             float *sc = s->score + (int64_t)g * n_vis + i0;
