@@ -190,6 +190,7 @@ typedef struct {
     float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
     float *kl;        /* [gqa][MAX_LANES][CBLOCK] K·q lanes of a block of cells */
     float *krows;     /* [CBLOCK][head_dim_k] that block's K rows as floats */
+    int32_t *order;   /* [n_kv] visible cells' indices grouped by P·V lane */
     double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
@@ -303,7 +304,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
     const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
     const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + gqa * dk + qq_floats + gqa * n_kv + n_kv + row +
-                                acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + 15) / 16 * 16;
+                                acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
     #pragma omp parallel num_threads(n_threads)
@@ -318,7 +319,8 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         s.row = p;                         p += row;
         s.acc = p;                         p += acc_floats;
         s.kl = p;                          p += kl_floats;
-        s.krows = p;
+        s.krows = p;                       p += GGUFLM_ATTN_CBLOCK * dk;
+        s.order = (int32_t *)p;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++)
             attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);

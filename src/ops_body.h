@@ -121,6 +121,92 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_reduce_cols)(float *acc, int64_t stri
 #undef GGUFLM_LANE
 }
 
+/* s->acc[g][lane][d] (DBLOCK apart) = the P·V lanes of head g for value dimensions d0 + d, d < db:
+ * cell c's V values times its probability go into lane c % v_lanes, in cell order */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes_generic)(const gguflm_attn_args *a, const char *v_base, int n_vis,
+                                                             int gqa, int v_lanes, int d0, int db,
+                                                             gguflm_attn_scratch *s) {
+    const int tv = a->cache_type_v, dv = a->head_dim_v;
+    memset(s->acc, 0, sizeof(float) * v_lanes * GGUFLM_ATTN_DBLOCK * gqa);
+    for (int i = 0; i < n_vis; i++) {
+        const int c = s->cells[i];
+        const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
+        const float *vf;
+        if (tv == GGUFLM_CACHE_F16) {
+            GGUFLM_FN(gguflm_f16_row_to_f32)(db, (const ggml_half *)vrow + d0, s->row);
+            vf = s->row;
+        } else if (tv == GGUFLM_CACHE_Q8_0) {
+            gguflm_dequantize_q8_0_row(dv, (const block_q8_0 *)vrow, s->row);
+            vf = s->row + d0;
+        } else {
+            vf = (const float *)vrow + d0;
+        }
+        for (int g = 0; g < gqa; g++) {
+            const float p = s->score[(int64_t)g * n_vis + i];
+            if (p == 0.0f) continue;  /* adds nothing */
+            float *lane = s->acc + ((int64_t)g * v_lanes + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
+            GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
+        }
+    }
+}
+
+#if GGUFLM_VARIANT_AVX2
+/* The same for float V: cells bucketed by lane (in cell order), then per lane, 16 dimensions and
+ * up to 4 heads at a time, the lane's FMA chains run in registers. p = 0 adds an exact zero. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base, int n_vis, int gqa,
+                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
+    const int tv = a->cache_type_v;
+    if (tv == GGUFLM_CACHE_Q8_0 || db % 16) {
+        GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
+        return;
+    }
+    int start[GGUFLM_MAX_LANES + 1] = {0}, fill[GGUFLM_MAX_LANES];
+    for (int i = 0; i < n_vis; i++) start[s->cells[i] % v_lanes + 1]++;
+    for (int l = 0; l < v_lanes; l++) {
+        start[l + 1] += start[l];
+        fill[l] = start[l];
+    }
+    for (int i = 0; i < n_vis; i++) s->order[fill[s->cells[i] % v_lanes]++] = i;
+    for (int dd = 0; dd < db; dd += 16)
+        for (int g0 = 0; g0 < gqa; g0 += 4) {
+            const int ng = gqa - g0 < 4 ? gqa - g0 : 4;
+            for (int l = 0; l < v_lanes; l++) {
+                __m256 t[4][2];
+                for (int g = 0; g < 4; g++) t[g][0] = t[g][1] = _mm256_setzero_ps();
+                for (int k = start[l]; k < start[l + 1]; k++) {
+                    const int i = s->order[k];
+                    const char *vrow = v_base + (int64_t)s->cells[i] * a->v_row_bytes;
+                    __m256 v0, v1;
+                    if (tv == GGUFLM_CACHE_F16) {
+                        const ggml_half *vh = (const ggml_half *)vrow + d0 + dd;
+                        v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vh));
+                        v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8)));
+                    } else {
+                        const float *vf = (const float *)vrow + d0 + dd;
+                        v0 = _mm256_loadu_ps(vf);
+                        v1 = _mm256_loadu_ps(vf + 8);
+                    }
+                    for (int g = 0; g < ng; g++) {
+                        const __m256 p = _mm256_set1_ps(s->score[(int64_t)(g0 + g) * n_vis + i]);
+                        t[g][0] = _mm256_fmadd_ps(v0, p, t[g][0]);
+                        t[g][1] = _mm256_fmadd_ps(v1, p, t[g][1]);
+                    }
+                }
+                for (int g = 0; g < ng; g++) {
+                    float *lane = s->acc + ((int64_t)(g0 + g) * v_lanes + l) * GGUFLM_ATTN_DBLOCK + dd;
+                    _mm256_storeu_ps(lane, t[g][0]);
+                    _mm256_storeu_ps(lane + 8, t[g][1]);
+                }
+            }
+        }
+}
+#else
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base, int n_vis, int gqa,
+                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
+    GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
+}
+#endif
+
 /* One token and one KV head: the group of query heads sharing that head. K and V rows are
  * converted to floats once for the whole group; every head keeps ggml's lane order. */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a, int t, int hkv,
@@ -247,27 +333,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
      * each cell's V values go into the lane that ggml's dot over cells would have used */
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        memset(s->acc, 0, sizeof(float) * v_lanes * GGUFLM_ATTN_DBLOCK * gqa);
-        for (int i = 0; i < n_vis; i++) {
-            const int c = s->cells[i];
-            const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
-            const float *vf;
-            if (tv == GGUFLM_CACHE_F16) {
-                GGUFLM_FN(gguflm_f16_row_to_f32)(db, (const ggml_half *)vrow + d0, s->row);
-                vf = s->row;
-            } else if (tv == GGUFLM_CACHE_Q8_0) {
-                gguflm_dequantize_q8_0_row(dv, (const block_q8_0 *)vrow, s->row);
-                vf = s->row + d0;
-            } else {
-                vf = (const float *)vrow + d0;
-            }
-            for (int g = 0; g < gqa; g++) {
-                const float p = s->score[(int64_t)g * n_vis + i];
-                if (p == 0.0f) continue;
-                float *lane = s->acc + ((int64_t)g * v_lanes + c % v_lanes) * GGUFLM_ATTN_DBLOCK;
-                GGUFLM_FN(gguflm_lane_axpy)(db, p, vf, lane);
-            }
-        }
+        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
         for (int g = 0; g < gqa; g++) {
             float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
             GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,

@@ -246,9 +246,10 @@ def test_attention_with_q8_0_caches():
 
 @pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has no AVX2/F16C")
 @pytest.mark.parametrize("n_tok", [1, 6])   # single tokens take vec_dot's lanes, batches sgemm's
-def test_attention_isas_agree_bit_for_bit(arithmetic, n_tok):
+@pytest.mark.parametrize("cache_dtype", [np.float16, np.float32])
+def test_attention_isas_agree_bit_for_bit(arithmetic, n_tok, cache_dtype):
     rng = np.random.default_rng(4)
-    q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, np.float16, n_tok=n_tok)
+    q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, cache_dtype, n_tok=n_tok)
     results = []
     for isa in ISAS:
         ops.set_isa(isa)
