@@ -13,8 +13,10 @@ from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, reference_matmul
 
 ISAS = q.supported_isas()
-# float32 accumulation over at most a few thousand terms: relative to sum |w_i x_i|
-RTOL = 2e-6
+# float32 accumulation over at most a few thousand terms, relative to sum |w_i x_i|. Our dots are
+# ggml's bit for bit (test_quants_exact); hypothesis found a Q6_K case where ggml's own result is
+# 2.9e-6 of that sum away from the exact value (6 rows x 256, two tokens), hence the margin.
+RTOL = 1e-5
 
 
 @pytest.fixture
