@@ -12,61 +12,12 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from ops_kernels cimport (GGUFLM_ARITH_AVX2, GGUFLM_ARITH_AVX512, GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, ggml_half,
+                          gguflm_attention, gguflm_attn_args, gguflm_gelu_table_init, gguflm_glu_rows, gguflm_has_avx2,
+                          gguflm_has_avx512, gguflm_has_f16c, gguflm_rms_norm_rows, gguflm_rope_apply,
+                          gguflm_rope_corr_dims, gguflm_rope_params)
 
 cnp.import_array()
-
-cdef extern from "ggml_blocks.h" nogil:
-    ctypedef uint16_t ggml_half
-
-cdef extern from "cpu_features.h" nogil:
-    int gguflm_has_avx2()
-    int gguflm_has_avx512()
-    int gguflm_has_f16c()
-
-cdef extern from "ops.h" nogil:
-    void gguflm_gelu_table_init(ggml_half *table)
-    ctypedef struct gguflm_rope_params:
-        int n_dims
-        int neox
-        float freq_base, freq_scale, ext_factor, attn_factor
-        float corr_low, corr_high
-        const float *freq_factors
-    void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
-                               float beta_slow, float *low, float *high)
-    void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
-                              float eps, float *out, int64_t out_stride, int n_threads)
-    int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
-                          int head_dim, float *x, int64_t x_stride, int n_threads)
-    enum:
-        GGUFLM_GLU_SWIGLU
-        GGUFLM_GLU_GEGLU
-    enum:
-        GGUFLM_ARITH_AVX2
-        GGUFLM_ARITH_AVX512
-    void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
-                         int64_t gate_stride, const float *up, int64_t up_stride, float *out,
-                         int64_t out_stride, int arith, int use_avx2, int n_threads)
-    ctypedef struct gguflm_attn_args:
-        const float *q
-        int64_t q_stride
-        int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v
-        const void *k
-        const void *v
-        int cache_type_k, cache_type_v
-        int64_t k_row_bytes, v_row_bytes
-        int n_kv
-        const int32_t *cell_pos
-        const uint64_t *cell_seq
-        const int32_t *tok_pos
-        const int32_t *tok_seq
-        int causal
-        int32_t n_swa
-        float kq_scale
-        float softcap
-        float *out
-        int64_t out_stride
-        int arith
-    int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
 
 
 cdef ggml_half GELU_TABLE[65536]

@@ -14,46 +14,12 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
+from ops_kernels cimport (ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_has_avx2, gguflm_has_f16c,
+                          gguflm_rope_corr_dims, gguflm_rope_params)
 
 cnp.import_array()
 
-cdef extern from "ggml_blocks.h" nogil:
-    ctypedef uint16_t ggml_half
-
-cdef extern from "cpu_features.h" nogil:
-    int gguflm_has_avx2()
-    int gguflm_has_f16c()
-
 cdef extern from "plan.h" nogil:
-    void gguflm_gelu_table_init(ggml_half *table)
-    ctypedef struct gguflm_rope_params:
-        int n_dims
-        int neox
-        float freq_base, freq_scale, ext_factor, attn_factor
-        float corr_low, corr_high
-        const float *freq_factors
-    void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
-                               float beta_slow, float *low, float *high)
-    ctypedef struct gguflm_attn_args:
-        const float *q
-        int64_t q_stride
-        int n_tok, n_head, n_head_kv, head_dim_k, head_dim_v
-        const void *k
-        const void *v
-        int cache_type_k, cache_type_v
-        int64_t k_row_bytes, v_row_bytes
-        int n_kv
-        const int32_t *cell_pos
-        const uint64_t *cell_seq
-        const int32_t *tok_pos
-        const int32_t *tok_seq
-        int causal
-        int32_t n_swa
-        float kq_scale
-        float softcap
-        float *out
-        int64_t out_stride
-        int arith
     enum:
         GGUFLM_OP_LAYER
         GGUFLM_OP_GET_ROWS
