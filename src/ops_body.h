@@ -1,7 +1,8 @@
 /* The row kernels of the forward pass, compiled once per ISA variant: ops.h includes this file
  * with GGUFLM_FN(name) naming the variant's function and GGUFLM_TARGET its target attribute.
- * The arithmetic is the same scalar expression in every variant (ops_math.h); the AVX2 variant
- * only lets the compiler use 256-bit registers, FMA and F16C for it. */
+ * The arithmetic is the same in every variant (ops_math.h): the AVX2 variant lets the compiler use
+ * 256-bit registers, FMA and F16C for the scalar expressions, and where it would not keep FMA
+ * chains in registers (batch K·q, P·V) spells the same operations with intrinsics. */
 
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate, const float *up, float *y,
                                                        int arith) {
@@ -27,8 +28,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 }
 
 /* acc[r][i % L] = sum of rows[r][i] * y[i] for i < n (n a multiple of L), r < nr (at most 4): the
- * L lanes of nr dots (acc rows GGUFLM_MAX_LANES apart). Several rows at once keep several FMA chains in flight: one
- * dot of 8 or 16 lanes is a single dependent chain. */
+ * L lanes of nr dots (acc rows GGUFLM_MAX_LANES apart). Several rows at once keep several FMA
+ * chains in flight: one dot of 8 or 16 lanes is a single dependent chain. */
 #define GGUFLM_LANE_DOTS(NR, L)                                                                     \
     do {                                                                                            \
         float t[4][L] = {{0}};  /* local: no aliasing with the rows, so it lives in registers */   \

@@ -38,7 +38,7 @@ typedef struct {
     int32_t n_threads;
     int64_t n_rows, n;                   /* rows and values per row of the main operand */
     int64_t x_stride, y_stride, out_stride;
-    int32_t type, aux;                   /* ggml type / GLU kind / cache type; n_in, col0, repacked, ... */
+    int32_t type, aux;                   /* ggml type / cache type; GLU kind, n_in, col0, repacked, ... */
     int64_t aux64;
     float f;                             /* eps, scale, cap */
     const void *w;                       /* weights, bias, norm weight, cache data */
@@ -66,10 +66,11 @@ static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const
     }
 }
 
-/* Run nodes[start..] up to the next LAYER node (exclusive); returns the index after it, or
- * n_nodes at the end; -1 if a kernel could not allocate its scratch. */
+/* Run nodes[start..] up to the next LAYER node (exclusive) in the arithmetic arith
+ * (GGUFLM_ARITH_*); returns the index after it, or n_nodes at the end; -1 if a kernel could not
+ * allocate its scratch. */
 static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                               const ggml_half *gelu_table, int use_avx2) {
+                               const ggml_half *gelu_table, int arith, int use_avx2) {
     for (int64_t k = start; k < n_nodes; k++) {
         const gguflm_node *nd = &nodes[k];
         float *out = (float *)nd->out;
@@ -122,12 +123,13 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_ATTENTION: {
             gguflm_attn_args a = nd->attn;
             a.n_kv = *nd->i32;
+            a.arith = arith;
             if (gguflm_attention(&a, use_avx2, nd->n_threads)) return -1;
             break;
         }
         case GGUFLM_OP_GLU:
             gguflm_glu_rows(nd->aux, gelu_table, nd->n_rows, (int)nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride,
-                            out, nd->out_stride, nd->type, use_avx2, nd->n_threads);
+                            out, nd->out_stride, arith, use_avx2, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

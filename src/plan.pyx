@@ -54,7 +54,7 @@ cdef extern from "plan.h" nogil:
         gguflm_rope_params rope
         gguflm_attn_args attn
     int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                            const ggml_half *gelu_table, int use_avx2)
+                            const ggml_half *gelu_table, int arith, int use_avx2)
     int gguflm_kernels_init(int isa)
 
 cdef ggml_half GELU_TABLE[65536]
@@ -88,6 +88,7 @@ cdef class Plan:
 
     cdef gguflm_node *nodes
     cdef int64_t n_nodes, capacity
+    cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
     cdef list keep          # arrays the nodes point into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
@@ -96,6 +97,7 @@ cdef class Plan:
         self.n_nodes = self.capacity = 0
 
     def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
+        self.arith = _current_arith()
         self.keep = []
         self.tokens = np.zeros(n_tokens, np.int32)
         self.pos = np.zeros(n_tokens, np.int32)
@@ -224,14 +226,12 @@ cdef class Plan:
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
-        nd.attn.arith = _current_arith()
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
 
     def glu(self, int kind, cnp.ndarray gate, cnp.ndarray up, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_GLU, n_threads, (gate, up, out,))
         nd.aux, nd.x, nd.x_stride, nd.y, nd.y_stride = kind, <const float *>_ptr(gate), _stride(gate), \
             <const float *>_ptr(up), _stride(up)
-        nd.type = _current_arith()
         nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
 
     # -- running
@@ -244,6 +244,6 @@ cdef class Plan:
             if check_abort is not None:
                 check_abort()
             with nogil:
-                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, avx2)
+                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, self.arith, avx2)
             if k < 0:
                 raise MemoryError("a kernel could not allocate its scratch memory")
