@@ -60,8 +60,10 @@ def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray,
     Q4_1/Q5_1 per-block min m [rows, n_blocks]), float64.
 
     ggml applies Q4_1/Q5_1 mins through the activation's s, so those rows come without m; a
-    K-quant's row is d*sc*q - dmin*mn, split by dequantizing with dmin zeroed. The parts matter
-    for rounding tolerances: float sums round relative to each part, not to their difference."""
+    K-quant's row is d*sc*q - dmin*mn, split by dequantizing with dmin zeroed; Q6_K's row
+    d*sc*(q - 32) is split likewise, as ggml takes the 32 off through the activation's bsums
+    (in other lanes than the products). The parts matter for rounding tolerances: float sums
+    round relative to each part, not to their difference."""
     fmt = q.get(wtype)
     blocks = np.array(w, dtype=np.uint8).reshape(-1, fmt.row_bytes(n_in) // fmt.type_size, fmt.type_size)
     rows = fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
@@ -75,6 +77,10 @@ def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray,
         blocks[:, :, o:o + 2] = 0
         scaled = fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
         mins, rows = scaled - rows, scaled
+    elif wtype == GGMLType.Q6_K:
+        blocks[:, :, :192] = 0   # every quant 0: the block dequantizes to d*sc*(-32)
+        mins = -fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
+        rows = rows + mins
     return rows, mins, m
 
 

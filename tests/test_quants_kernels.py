@@ -13,10 +13,9 @@ from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, reference_matmul
 
 ISAS = q.supported_isas()
-# float32 accumulation over at most a few thousand terms, relative to sum |w_i x_i|. Our dots are
-# ggml's bit for bit (test_quants_exact); hypothesis found a Q6_K case where ggml's own result is
-# 2.9e-6 of that sum away from the exact value (6 rows x 256, two tokens), hence the margin.
-RTOL = 1e-5
+# float32 accumulation over at most a few thousand terms, relative to the sum of |terms| that ggml
+# adds in float (quants_oracles.weight_parts splits off the parts it adds separately)
+RTOL = 2e-6
 
 
 @pytest.fixture
