@@ -373,6 +373,85 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_sums_tile)(int p
         for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t] - acc_min[r][t];
 }
 
+/* ---- repacked Q4_K GEMV/GEMM over 8 rows at once: lane r of every vector is weight row r ----
+ * ggml runs these on its 8-row interleaved copy of the weights with the float chains of the 8 rows
+ * in the lanes of one vector; we keep the file's layout and get the same per-row integer sums by a
+ * transposing reduction, so the float steps (those of gguflm_q4_K_repack_1) run 8 rows per
+ * instruction. parts: 1 (GEMV, one sum per super-block) or 4 (GEMM, one per 64 elements). */
+
+/* lane r = the sum of the 8 lanes of v[r] */
+static inline __m256i GGUFLM_SIMD(reduce8_i32)(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* out[p] lane r = m[r] lanes 2p + 2p+1 (the four 64-element parts of per-32-element lanes) */
+static inline void GGUFLM_SIMD(reduce8_pairs_i32)(const __m256i m[8], __m256i out[4]) {
+    __m256 even[2], odd[2];
+    for (int h = 0; h < 2; ++h) {
+        /* [r p0, r p1, r+1 p0, r+1 p1 | r p2, r p3, r+1 p2, r+1 p3] for r = 4h, 4h+2 */
+        const __m256 x = _mm256_castsi256_ps(_mm256_hadd_epi32(m[4 * h], m[4 * h + 1]));
+        const __m256 y = _mm256_castsi256_ps(_mm256_hadd_epi32(m[4 * h + 2], m[4 * h + 3]));
+        even[h] = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));   /* rows 4h..4h+3: [p0 | p2] */
+        odd[h] = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));    /* [p1 | p3] */
+    }
+    out[0] = _mm256_castps_si256(_mm256_permute2f128_ps(even[0], even[1], 0x20));
+    out[1] = _mm256_castps_si256(_mm256_permute2f128_ps(odd[0], odd[1], 0x20));
+    out[2] = _mm256_castps_si256(_mm256_permute2f128_ps(even[0], even[1], 0x31));
+    out[3] = _mm256_castps_si256(_mm256_permute2f128_ps(odd[0], odd[1], 0x31));
+}
+
+#define GGUFLM_Q4_K_TOKENS 16
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(int parts, int64_t n, const uint8_t *w,
+                                                                              int64_t ws, const uint8_t *y, int64_t ys,
+                                                                              int T, float *out, int64_t os) {
+    __m256 acc[GGUFLM_Q4_K_TOKENS], acc_min[GGUFLM_Q4_K_TOKENS];
+    for (int t = 0; t < T; ++t) acc[t] = acc_min[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        /* the 8 rows' quants and per-32 scale pairs, decoded once for all the tokens */
+        __m256i u[8][QK_K / 32], sc[8][QK_K / 32], mn16[8];
+        float d[8], dmin[8];
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t *xb = w + r * ws + i * sizeof(block_q4_K);
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 8 * ws, sizeof(block_q4_K));
+            __m256i sc16;
+            GGUFLM_SIMD(kscales)(GGUFLM_Q4_K, xb, &sc16, &mn16[r], &d[r], &dmin[r]);
+            for (int g = 0; g < QK_K / 32; ++g) {
+                u[r][g] = GGUFLM_SIMD(kquants)(GGUFLM_Q4_K, xb, g);
+                sc[r][g] = GGUFLM_SIMD(kscale_pair)(sc16, g);
+            }
+        }
+        const __m256 dv = _mm256_loadu_ps(d), dminv = _mm256_loadu_ps(dmin);
+        for (int t = 0; t < T; ++t) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
+            const __m256 yd = _mm256_set1_ps(yb->d);
+            const __m256 scale = _mm256_mul_ps(dv, yd), scale_min = _mm256_mul_ps(dminv, yd);
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+            __m256i m[8], sums[4], mins[4];
+            for (int r = 0; r < 8; ++r) m[r] = _mm256_madd_epi16(bsums, mn16[r]);
+            for (int p = 0; p < parts; ++p) {
+                const int g0 = (QK_K / 32 / parts) * p, g1 = g0 + QK_K / 32 / parts;
+                __m256i v[8];
+                for (int r = 0; r < 8; ++r) v[r] = _mm256_setzero_si256();
+                for (int g = g0; g < g1; ++g) {
+                    const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
+                    for (int r = 0; r < 8; ++r)
+                        v[r] = _mm256_add_epi32(v[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[r][g], qy), sc[r][g]));
+                }
+                sums[p] = GGUFLM_SIMD(reduce8_i32)(v);
+            }
+            if (parts == 1) mins[0] = GGUFLM_SIMD(reduce8_i32)(m);
+            else GGUFLM_SIMD(reduce8_pairs_i32)(m, mins);
+            for (int p = 0; p < parts; ++p) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[p]), scale, acc[t]);
+                acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[p]), scale_min, acc_min[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * os, _mm256_sub_ps(acc[t], acc_min[t]));
+}
+
 /* ---- repacked Q4_0: one fma per block of the block's whole integer sum ---- */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(int64_t n, const uint8_t *w, int64_t ws,
                                                                                int R, const uint8_t *y, int64_t ys,
@@ -486,8 +565,23 @@ GGUFLM_SIMD_K(q3_K, GGUFLM_Q3_K)
 GGUFLM_SIMD_K(q4_K, GGUFLM_Q4_K)
 GGUFLM_SIMD_K(q5_K, GGUFLM_Q5_K)
 GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
-GGUFLM_SIMD_KERNEL(Q4_K_GEMV, q4_K, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_Q4_K_GEMV, GGUFLM_Q4_K, sizeof(block_q4_K), n,)
-GGUFLM_SIMD_KERNEL(Q4_K_GEMM, q4_K, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_Q4_K_GEMM, GGUFLM_Q4_K, sizeof(block_q4_K), n,)
+/* repacked Q4_K: rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
+#define GGUFLM_SIMD_Q4_K_REPACK(path, parts)                                                                     \
+    static void GGUFLM_SIMD(path##_q4_K)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
+                                         int64_t ys, int64_t nt, float *o, int64_t os) {                         \
+        for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
+            const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
+            int64_t r = 0;                                                                                       \
+            for (; r + 8 <= nr; r += 8) GGUFLM_SIMD(q4_K_rows8_tile)(parts, n, w + r * ws, ws, y + t * ys, ys, T, o + t * os + r, os); \
+            for (; r < nr; ++r)                                                                                  \
+                for (int k = 0; k < T; ++k)                                                                      \
+                    GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_##path, GGUFLM_Q4_K, sizeof(block_q4_K), n, w + r * ws, ws, 1, \
+                                             y + (t + k) * ys, ys, 1, o + (t + k) * os + r, os);                 \
+        }                                                                                                        \
+    }
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
+#undef GGUFLM_SIMD_Q4_K_REPACK
 GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
 GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
@@ -498,3 +592,4 @@ GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
 #undef GGUFLM_SIMD_KERNEL
 #undef GGUFLM_TILE_LOOP
 #undef GGUFLM_MAX_TILE
+#undef GGUFLM_Q4_K_TOKENS
