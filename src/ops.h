@@ -180,6 +180,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 #define GGUFLM_MAX_GQA 64          /* query heads per KV head */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
 #define GGUFLM_ATTN_CBLOCK 32      /* cells whose K·q lanes are reduced together */
+#define GGUFLM_ATTN_TBLOCK 4       /* tokens per item of a batch with F16 K and V */
 
 typedef struct {
     float *q;         /* [gqa][head_dim_k] the queries, in the K type's precision */
@@ -223,20 +224,26 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
 typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
+                                     int64_t vt_stride, gguflm_attn_scratch *s);
 
 typedef struct {
     gguflm_glu_fn swiglu_row;
     gguflm_geglu_fn geglu_row;
     gguflm_attn_group_fn attn_group;
+    gguflm_attn_block_fn attn_block;
 } gguflm_ops_kernels;
 
 static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
-    if (use_avx2) return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_group_avx2};
+    if (use_avx2)
+        return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_group_avx2,
+                                    gguflm_attn_block_avx2};
 #else
     (void)use_avx2;
 #endif
-    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_group_scalar};
+    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_group_scalar,
+                                gguflm_attn_block_scalar};
 }
 
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
@@ -287,15 +294,40 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
     }
 }
 
-/* Every (token, KV head) item over n_threads threads. Returns 0, or -1 if scratch allocation failed. */
+/* Batches with F16 K and V (the default cache) go through gguflm_attn_block, GGUFLM_ATTN_TBLOCK
+ * tokens per item, with V transposed once per call; everything else one token per item. */
+static int gguflm_attn_blocked(const gguflm_attn_args *a) {
+    return a->n_tok >= 2 && a->cache_type_k == GGUFLM_CACHE_F16 && a->cache_type_v == GGUFLM_CACHE_F16 &&
+           a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16;
+}
+
+/* vt[h][d][c] = V of head h, dimension d, cell c (zeros for c >= n_kv), row stride vt_stride */
+static void gguflm_transpose_v(const gguflm_attn_args *a, ggml_half *vt, int64_t vt_stride) {
+    const int dv = a->head_dim_v;
+    #pragma omp for schedule(static)
+    for (int64_t hd = 0; hd < (int64_t)a->n_head_kv * dv; hd++) {
+        const int64_t h = hd / dv, d = hd % dv;
+        const char *col = (const char *)a->v + gguflm_cache_head_offset(GGUFLM_CACHE_F16, h, dv) + d * 2;
+        ggml_half *row = vt + hd * vt_stride;
+        for (int c = 0; c < a->n_kv; c++) row[c] = *(const ggml_half *)(col + (int64_t)c * a->v_row_bytes);
+        for (int64_t c = a->n_kv; c < vt_stride; c++) row[c] = 0;
+    }
+}
+
+/* Every (token or token block, KV head) item over n_threads threads. Returns 0, or -1 if scratch
+ * allocation failed. */
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
-    const gguflm_attn_group_fn attn_group = gguflm_ops_select(use_avx2).attn_group;
-    const int64_t n_items = (int64_t)a->n_tok * a->n_head_kv;
+    const gguflm_ops_kernels kernels = gguflm_ops_select(use_avx2);
+    const int blocked = gguflm_attn_blocked(a);
+    const int tb = blocked ? GGUFLM_ATTN_TBLOCK : 1;
+    const int64_t n_blocks = ((int64_t)a->n_tok + tb - 1) / tb;
+    const int64_t n_items = n_blocks * a->n_head_kv;
     const int64_t gqa = a->n_head / a->n_head_kv;
     if (n_items <= 0) return 0;
     if (gqa > GGUFLM_MAX_GQA) return -1;
     if (n_threads > n_items) n_threads = (int)n_items;
     const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
+    const int64_t vt_stride = (n_kv + 15) / 16 * 16;
     const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
     /* floats per thread: K·q tails (doubles, first for their alignment), queries, Q8_0 queries
      * (34 bytes per 32 values, in floats), scores, cell ids (int32), one row, lane accumulators
@@ -303,29 +335,45 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
     const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
-    const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + gqa * dk + qq_floats + gqa * n_kv + n_kv + row +
-                                acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + 15) / 16 * 16;
+    const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + tb * gqa * dk + qq_floats + tb * gqa * vt_stride +
+                                n_kv + row + acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
-    if (!scratch) return -1;
+    ggml_half *vt = blocked ? (ggml_half *)malloc(sizeof(ggml_half) * a->n_head_kv * a->head_dim_v * vt_stride) : NULL;
+    if (!scratch || (blocked && !vt)) {
+        free(scratch);
+        free(vt);
+        return -1;
+    }
     #pragma omp parallel num_threads(n_threads)
     {
         float *p = scratch + per_thread * omp_get_thread_num();
         gguflm_attn_scratch s;
         s.rest = (double *)p;              p += 2 * gqa * GGUFLM_ATTN_CBLOCK;
-        s.q = p;                           p += gqa * dk;
+        s.q = p;                           p += tb * gqa * dk;
         s.qq = (block_q8_0 *)p;            p += qq_floats;
-        s.score = p;                       p += gqa * n_kv;
+        s.score = p;                       p += tb * gqa * vt_stride;
         s.cells = (int32_t *)p;            p += n_kv;
         s.row = p;                         p += row;
         s.acc = p;                         p += acc_floats;
         s.kl = p;                          p += kl_floats;
         s.krows = p;                       p += GGUFLM_ATTN_CBLOCK * dk;
         s.order = (int32_t *)p;
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < n_items; item++)
-            attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);
+        if (blocked) {
+            gguflm_transpose_v(a, vt, vt_stride);  /* ends with a barrier */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < n_items; item++) {
+                const int t0 = (int)(item / a->n_head_kv) * tb;
+                kernels.attn_block(a, t0, a->n_tok - t0 < tb ? a->n_tok - t0 : tb, (int)(item % a->n_head_kv),
+                                   vt + (item % a->n_head_kv) * a->head_dim_v * vt_stride, vt_stride, &s);
+            }
+        } else {
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < n_items; item++)
+                kernels.attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);
+        }
     }
     free(scratch);
+    free(vt);
     return 0;
 }
 

@@ -342,3 +342,187 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         }
     }
 }
+
+/* ---- batches with F16 K and V: a block of tokens at a time, as llamafile's sgemm tiles them ---- */
+
+/* res[j * res_stride + i] = the dot of a[i] (n values, F16 when a_f16, else F32) and b[j] (F32),
+ * for i < ma, j < nb: one chain of n_lanes (8 or 16) lanes per output over k ascending, the lanes
+ * then summed by gguflm_hsum_vec, the way llamafile's sgemm computes a float matmul. n is a
+ * multiple of n_lanes. */
+#if GGUFLM_VARIANT_AVX2
+GGUFLM_TARGET static inline __attribute__((always_inline)) __m256 GGUFLM_FN(gguflm_row8)(const void *p, int f16, int64_t k) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + k)))
+               : _mm256_loadu_ps((const float *)p + k);
+}
+
+/* a tile of RM rows of a by RN rows of b, NV vectors per chain; RM * RN * NV <= 12 accumulators */
+GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm_dots_tile)(
+        int n, const void *const *a, int a_f16, int RM, const float *const *b, int RN, int NV, float *res,
+        int64_t res_stride) {
+    __m256 acc[3][4][2];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8 * NV)
+        for (int h = 0; h < NV; h++) {
+            __m256 av[3];
+            for (int i = 0; i < RM; i++) av[i] = GGUFLM_FN(gguflm_row8)(a[i], a_f16, k + 8 * h);
+            for (int j = 0; j < RN; j++) {
+                const __m256 bv = _mm256_loadu_ps(b[j] + k + 8 * h);
+                for (int i = 0; i < RM; i++) acc[i][j][h] = _mm256_fmadd_ps(av[i], bv, acc[i][j][h]);
+            }
+        }
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) {
+            /* 16 lanes: the upper 8 onto the lower first; then as gguflm_hsum8_movehl */
+            const __m256 v = NV == 2 ? _mm256_add_ps(acc[i][j][0], acc[i][j][1]) : acc[i][j][0];
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            res[j * res_stride + i] = _mm_cvtss_f32(r);
+        }
+}
+
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
+                                                       const float *const *b, int nb, int n_lanes, float *res,
+                                                       int64_t res_stride) {
+    const int NV = n_lanes / 8, RN = 4 / NV;
+    for (int i = 0; i < ma; i += 3) {
+        const int rm = ma - i < 3 ? ma - i : 3;
+        int j = 0;
+        /* constant tile shapes, so that every accumulator stays in a register */
+#define GGUFLM_DOTS_TILE(RM_, RN_, NV_) \
+    GGUFLM_FN(gguflm_dots_tile)(n, a + i, a_f16, RM_, b + j, RN_, NV_, res + j * res_stride + i, res_stride)
+        if (NV == 1) {
+            for (; j + 4 <= nb; j += 4) {
+                if (rm == 3) GGUFLM_DOTS_TILE(3, 4, 1);
+                else if (rm == 2) GGUFLM_DOTS_TILE(2, 4, 1);
+                else GGUFLM_DOTS_TILE(1, 4, 1);
+            }
+            for (; j < nb; j++) {
+                if (rm == 3) GGUFLM_DOTS_TILE(3, 1, 1);
+                else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, 1);
+                else GGUFLM_DOTS_TILE(1, 1, 1);
+            }
+        } else {
+            for (; j + RN <= nb; j += RN) {
+                if (rm == 3) GGUFLM_DOTS_TILE(3, 2, 2);
+                else if (rm == 2) GGUFLM_DOTS_TILE(2, 2, 2);
+                else GGUFLM_DOTS_TILE(1, 2, 2);
+            }
+            for (; j < nb; j++) {
+                if (rm == 3) GGUFLM_DOTS_TILE(3, 1, 2);
+                else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, 2);
+                else GGUFLM_DOTS_TILE(1, 1, 2);
+            }
+        }
+#undef GGUFLM_DOTS_TILE
+    }
+}
+#else
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
+                                                       const float *const *b, int nb, int n_lanes, float *res,
+                                                       int64_t res_stride) {
+    for (int i = 0; i < ma; i++)
+        for (int j = 0; j < nb; j++) {
+            float lanes[16] = {0};
+            for (int k = 0; k < n; k += n_lanes)
+                for (int l = 0; l < n_lanes; l++) {
+                    const float x = a_f16 ? gguflm_fp16_to_fp32(((const ggml_half *)a[i])[k + l]) : ((const float *)a[i])[k + l];
+                    lanes[l] = fmaf(x, b[j][k + l], lanes[l]);
+                }
+            res[j * res_stride + i] = gguflm_hsum_vec(lanes, n_lanes);
+        }
+}
+#endif
+
+/* Tokens t0 .. t0+nt-1 and KV head hkv, F16 K and V, as ggml computes a batch: K·q for every cell
+ * of the block's visible range (chains over the head dimension), the softmax of gguflm_attn_group,
+ * then P·V with V transposed (vt: [head_dim_v][vt_stride] F16 for this head, zero past n_kv):
+ * chains over cells, lane = cell % lanes, masked cells adding exact zeros. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a, int t0, int nt, int hkv,
+                                                       const ggml_half *vt, int64_t vt_stride,
+                                                       gguflm_attn_scratch *s) {
+    const int dk = a->head_dim_k, dv = a->head_dim_v;
+    const int gqa = a->n_head / a->n_head_kv, h0 = hkv * gqa, nq = nt * gqa;
+    const int lanes = gguflm_vec_lanes(a->arith);
+    const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
+
+    /* the cells any token of the block sees, widened to whole lane groups */
+    int lo = a->n_kv, hi = 0;
+    for (int t = t0; t < t0 + nt; t++)
+        for (int c = 0; c < a->n_kv; c++)
+            if (gguflm_attn_visible(a, t, c)) {
+                lo = c < lo ? c : lo;
+                hi = c + 1 > hi ? c + 1 : hi;
+            }
+    if (hi == 0) {
+        for (int t = t0; t < t0 + nt; t++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)h0 * dv, 0, sizeof(float) * gqa * dv);
+        return;
+    }
+    lo -= lo % lanes;
+    hi += (lanes - hi % lanes) % lanes;
+    const int nc = hi - lo, nk = (hi < a->n_kv ? hi : a->n_kv) - lo;
+
+    /* queries (token-major, then head) in the K type's precision; scores [nq][nc] */
+    const float *qrows[GGUFLM_ATTN_TBLOCK * GGUFLM_MAX_GQA];
+    const float *prows[GGUFLM_ATTN_TBLOCK * GGUFLM_MAX_GQA];
+    for (int qi = 0; qi < nq; qi++) {
+        const float *q = a->q + (int64_t)(t0 + qi / gqa) * a->q_stride + (int64_t)(h0 + qi % gqa) * dk;
+        float *qf = s->q + (int64_t)qi * dk;
+        for (int d = 0; d < dk; d++) qf[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
+        qrows[qi] = qf;
+        prows[qi] = s->score + (int64_t)qi * nc;
+    }
+    for (int c0 = 0; c0 < nk; c0 += GGUFLM_ATTN_CBLOCK) {
+        const int m = nk - c0 < GGUFLM_ATTN_CBLOCK ? nk - c0 : GGUFLM_ATTN_CBLOCK;
+        const void *krows[GGUFLM_ATTN_CBLOCK];
+        for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)(lo + c0 + i) * a->k_row_bytes;
+        GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, qrows, nq, lanes, s->score + c0, nc);
+    }
+
+    /* softmax per query, over the cells its token sees (the order of gguflm_attn_group) */
+    for (int qi = 0; qi < nq; qi++) {
+        const int t = t0 + qi / gqa;
+        float *sc = s->score + (int64_t)qi * nc;
+        float max = -INFINITY;
+        int n_vis = 0;
+        for (int i = 0; i < nc; i++) {
+            const int c = lo + i;
+            if (c >= a->n_kv || !gguflm_attn_visible(a, t, c)) {
+                sc[i] = -INFINITY;
+                continue;
+            }
+            float kq = sc[i];
+            if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
+            kq = kq * a->kq_scale;
+            sc[i] = kq;
+            max = kq > max ? kq : max;
+            n_vis++;
+        }
+        if (n_vis == 0) {  /* sees nothing: zeros, as gguflm_attn_group */
+            memset(sc, 0, sizeof(float) * nc);
+            continue;
+        }
+        for (int i = 0; i < nc; i++) {
+            if (sc[i] == -INFINITY) sc[i] = 0.0f;
+            else sc[i] = a->arith == GGUFLM_ARITH_AVX512 ? gguflm_expf_avx512(sc[i] - max) : gguflm_expf(sc[i] - max);
+        }
+        double sum = 0.0;
+        for (int i = 0; i < nc; i += lanes) sum += (double)gguflm_hsum_vec(sc + i, lanes);
+        const float inv_sum = (float)(1.0 / sum);
+        for (int i = 0; i < nc; i++) sc[i] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(sc[i] * inv_sum));
+    }
+
+    /* P·V, a block of value dimensions at a time */
+    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_CBLOCK) {
+        const int m = dv - d0 < GGUFLM_ATTN_CBLOCK ? dv - d0 : GGUFLM_ATTN_CBLOCK;
+        const void *vrows[GGUFLM_ATTN_CBLOCK];
+        float res[GGUFLM_ATTN_TBLOCK * GGUFLM_MAX_GQA * GGUFLM_ATTN_CBLOCK];
+        for (int i = 0; i < m; i++) vrows[i] = vt + (int64_t)(d0 + i) * vt_stride + lo;
+        for (int qi = 0; qi < nq; qi++) prows[qi] = s->score + (int64_t)qi * nc;
+        GGUFLM_FN(gguflm_dots_block)(nc, vrows, 1, m, prows, nq, lanes, res, GGUFLM_ATTN_CBLOCK);
+        for (int qi = 0; qi < nq; qi++)
+            memcpy(a->out + (int64_t)(t0 + qi / gqa) * a->out_stride + (int64_t)(h0 + qi % gqa) * dv + d0,
+                   res + (int64_t)qi * GGUFLM_ATTN_CBLOCK, sizeof(float) * m);
+    }
+}
