@@ -224,6 +224,7 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
 typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_head_fn)(const gguflm_attn_args *a, int t, int h, gguflm_attn_scratch *s);
 typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
                                      int64_t vt_stride, gguflm_attn_scratch *s);
 
@@ -231,6 +232,7 @@ typedef struct {
     gguflm_glu_fn swiglu_row;
     gguflm_geglu_fn geglu_row;
     gguflm_attn_group_fn attn_group;
+    gguflm_attn_head_fn attn_head;
     gguflm_attn_block_fn attn_block;
 } gguflm_ops_kernels;
 
@@ -238,12 +240,12 @@ static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
     if (use_avx2)
         return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_group_avx2,
-                                    gguflm_attn_block_avx2};
+                                    gguflm_attn_head_avx2, gguflm_attn_block_avx2};
 #else
     (void)use_avx2;
 #endif
     return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_group_scalar,
-                                gguflm_attn_block_scalar};
+                                gguflm_attn_head_scalar, gguflm_attn_block_scalar};
 }
 
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
@@ -294,11 +296,17 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
     }
 }
 
-/* Batches with F16 K and V (the default cache) go through gguflm_attn_block, GGUFLM_ATTN_TBLOCK
- * tokens per item, with V transposed once per call; everything else one token per item. */
-static int gguflm_attn_blocked(const gguflm_attn_args *a) {
-    return a->n_tok >= 2 && a->cache_type_k == GGUFLM_CACHE_F16 && a->cache_type_v == GGUFLM_CACHE_F16 &&
-           a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16;
+/* With F16 K and V (the default cache), batches go through gguflm_attn_block (GGUFLM_ATTN_TBLOCK
+ * tokens per item, V transposed once per call) and single tokens through gguflm_attn_head (one
+ * query head per item); other caches through gguflm_attn_group (one token and KV head per item). */
+enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
+static int gguflm_attn_scheme(const gguflm_attn_args *a) {
+    if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
+    if (a->n_tok >= 2)
+        return a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16 ? GGUFLM_ATTN_BY_BLOCK
+                                                                                                : GGUFLM_ATTN_BY_GROUP;
+    return a->head_dim_k % gguflm_dot_lanes(a->arith) == 0 && a->head_dim_v % 8 == 0 ? GGUFLM_ATTN_BY_HEAD
+                                                                                     : GGUFLM_ATTN_BY_GROUP;
 }
 
 /* vt[h][d][c] = V of head h, dimension d, cell c (zeros for c >= n_kv), row stride vt_stride */
@@ -318,10 +326,9 @@ static void gguflm_transpose_v(const gguflm_attn_args *a, ggml_half *vt, int64_t
  * allocation failed. */
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
     const gguflm_ops_kernels kernels = gguflm_ops_select(use_avx2);
-    const int blocked = gguflm_attn_blocked(a);
+    const int scheme = gguflm_attn_scheme(a), blocked = scheme == GGUFLM_ATTN_BY_BLOCK;
     const int tb = blocked ? GGUFLM_ATTN_TBLOCK : 1;
-    const int64_t n_blocks = ((int64_t)a->n_tok + tb - 1) / tb;
-    const int64_t n_items = n_blocks * a->n_head_kv;
+    const int64_t n_items = ((int64_t)a->n_tok + tb - 1) / tb * (scheme == GGUFLM_ATTN_BY_HEAD ? a->n_head : a->n_head_kv);
     const int64_t gqa = a->n_head / a->n_head_kv;
     if (n_items <= 0) return 0;
     if (gqa > GGUFLM_MAX_GQA) return -1;
@@ -366,6 +373,10 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
                 kernels.attn_block(a, t0, a->n_tok - t0 < tb ? a->n_tok - t0 : tb, (int)(item % a->n_head_kv),
                                    vt + (item % a->n_head_kv) * a->head_dim_v * vt_stride, vt_stride, &s);
             }
+        } else if (scheme == GGUFLM_ATTN_BY_HEAD) {
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < n_items; item++)
+                kernels.attn_head(a, (int)(item / a->n_head), (int)(item % a->n_head), &s);
         } else {
             #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < n_items; item++)

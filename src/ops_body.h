@@ -208,6 +208,46 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, 
 }
 #endif
 
+/* One head's scores sc[i] of the visible cells cells[i] (ascending) become probabilities, as ggml
+ * computes them: every score scaled (and soft-capped), the max taken, then exp summed one vector of
+ * cells at a time (float), the vectors in double; masked cells contribute exact zeros, so grouping
+ * by cell index reproduces its partial sums. The probabilities are then rounded to the V type, as
+ * ggml's P·V matmul takes them. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args *a, const int32_t *cells, int n_vis,
+                                                          float *sc) {
+    const int vec = gguflm_vec_lanes(a->arith);
+    float max = -INFINITY;
+    for (int i = 0; i < n_vis; i++) {
+        float kq = sc[i];
+        if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
+        kq = kq * a->kq_scale;
+        sc[i] = kq;
+        max = kq > max ? kq : max;
+    }
+    if (a->arith == GGUFLM_ARITH_AVX512)
+        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_avx512(sc[i] - max);
+    else
+        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max);
+    double sum = 0.0;
+    float group[16] = {0};
+    int group_id = cells[0] / vec;
+    for (int i = 0; i < n_vis; i++) {
+        const int c = cells[i];
+        if (c / vec != group_id) {
+            sum += (double)gguflm_hsum_vec(group, vec);
+            memset(group, 0, sizeof(group));
+            group_id = c / vec;
+        }
+        group[c % vec] = sc[i];
+    }
+    sum += (double)gguflm_hsum_vec(group, vec);
+    const float inv_sum = (float)(1.0 / sum);
+    for (int i = 0; i < n_vis; i++) {
+        const float p = sc[i] * inv_sum;
+        sc[i] = a->cache_type_v == GGUFLM_CACHE_F16 ? gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p)) : p;
+    }
+}
+
 /* One token and one KV head: the group of query heads sharing that head. K and V rows are
  * converted to floats once for the whole group; every head keeps ggml's lane order. */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a, int t, int hkv,
@@ -287,48 +327,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
                 for (int ci = 0; ci < nc; ci++) sc[ci] = (float)((double)sc[ci] + s->rest[g * GGUFLM_ATTN_CBLOCK + ci]);
         }
     }
-    /* ggml scales (and soft-caps) every cell, then adds the mask */
-    float max[GGUFLM_MAX_GQA];
-    for (int g = 0; g < gqa; g++) {
-        float *sc = s->score + (int64_t)g * n_vis;
-        max[g] = -INFINITY;
-        for (int i = 0; i < n_vis; i++) {
-            float kq = sc[i];
-            if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
-            kq = kq * a->kq_scale;
-            sc[i] = kq;
-            max[g] = kq > max[g] ? kq : max[g];
-        }
-    }
-
-    /* softmax per head: ggml sums exp one vector of cells at a time (float), the vectors in
-     * double; masked cells contribute exact zeros, so grouping by cell index reproduces its
-     * partial sums. The probabilities are then rounded to the V type, as ggml's P·V matmul takes them. */
-    for (int g = 0; g < gqa; g++) {
-        float *sc = s->score + (int64_t)g * n_vis;
-        if (a->arith == GGUFLM_ARITH_AVX512)
-            for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_avx512(sc[i] - max[g]);
-        else
-            for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max[g]);
-        double sum = 0.0;
-        float group[16] = {0};
-        int group_id = s->cells[0] / vec;
-        for (int i = 0; i < n_vis; i++) {
-            const int c = s->cells[i];
-            if (c / vec != group_id) {
-                sum += (double)gguflm_hsum_vec(group, vec);
-                memset(group, 0, sizeof(group));
-                group_id = c / vec;
-            }
-            group[c % vec] = sc[i];
-        }
-        sum += (double)gguflm_hsum_vec(group, vec);
-        const float inv_sum = (float)(1.0 / sum);
-        for (int i = 0; i < n_vis; i++) {
-            const float p = sc[i] * inv_sum;
-            sc[i] = tv == GGUFLM_CACHE_F16 ? gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(p)) : p;
-        }
-    }
+    for (int g = 0; g < gqa; g++) GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, s->score + (int64_t)g * n_vis);
 
     /* P·V, a block of value dimensions at a time so that every head's lanes stay in cache:
      * each cell's V values go into the lane that ggml's dot over cells would have used */
@@ -346,22 +345,24 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
 /* ---- batches with F16 K and V: a block of tokens at a time, as llamafile's sgemm tiles them ---- */
 
 /* res[j * res_stride + i] = the dot of a[i] (n values, F16 when a_f16, else F32) and b[j] (F32),
- * for i < ma, j < nb: one chain of n_lanes (8 or 16) lanes per output over k ascending, the lanes
- * then summed by gguflm_hsum_vec, the way llamafile's sgemm computes a float matmul. n is a
- * multiple of n_lanes. */
+ * for i < ma, j < nb, in the lane order of ggml's float dots: n_lanes 8 or 16 is llamafile's sgemm
+ * (one chain of that many lanes, summed as gguflm_hsum_vec), 32 or 64 is ggml_vec_dot_f16/f32
+ * (four accumulator vectors, reduced as gguflm_reduce_cols). n is a multiple of n_lanes. */
 #if GGUFLM_VARIANT_AVX2
 GGUFLM_TARGET static inline __attribute__((always_inline)) __m256 GGUFLM_FN(gguflm_row8)(const void *p, int f16, int64_t k) {
     return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + k)))
                : _mm256_loadu_ps((const float *)p + k);
 }
 
-/* a tile of RM rows of a by RN rows of b, NV vectors per chain; RM * RN * NV <= 12 accumulators */
+/* a tile of RM rows of a by RN rows of b, NV 8-float vectors per step (n_lanes / 8); at most 12
+ * accumulators, so that they stay in registers */
 GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm_dots_tile)(
         int n, const void *const *a, int a_f16, int RM, const float *const *b, int RN, int NV, float *res,
         int64_t res_stride) {
-    __m256 acc[3][4][2];
+    __m256 acc[3][4][8];
     for (int i = 0; i < RM; i++)
-        for (int j = 0; j < RN; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+        for (int j = 0; j < RN; j++)
+            for (int h = 0; h < NV; h++) acc[i][j][h] = _mm256_setzero_ps();
     for (int k = 0; k < n; k += 8 * NV)
         for (int h = 0; h < NV; h++) {
             __m256 av[3];
@@ -373,11 +374,22 @@ GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm
         }
     for (int i = 0; i < RM; i++)
         for (int j = 0; j < RN; j++) {
-            /* 16 lanes: the upper 8 onto the lower first; then as gguflm_hsum8_movehl */
-            const __m256 v = NV == 2 ? _mm256_add_ps(acc[i][j][0], acc[i][j][1]) : acc[i][j][0];
+            const __m256 *x = acc[i][j];
+            __m256 v;
+            if (NV == 1) v = x[0];
+            else if (NV == 2) v = _mm256_add_ps(x[0], x[1]);        /* 16 lanes: upper half onto lower */
+            else if (NV == 4) v = _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
+            else                                                     /* 16-lane vectors (x[2k], x[2k+1]) */
+                v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6])),
+                                  _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7])));
             __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            if (NV == 4) {  /* ggml's AVX2 dot ends with two hadds, everything else movehl, movehdup */
+                r = _mm_hadd_ps(r, r);
+                r = _mm_hadd_ps(r, r);
+            } else {
+                r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            }
             res[j * res_stride + i] = _mm_cvtss_f32(r);
         }
 }
@@ -385,38 +397,35 @@ GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
                                                        const float *const *b, int nb, int n_lanes, float *res,
                                                        int64_t res_stride) {
-    const int NV = n_lanes / 8, RN = 4 / NV;
-    for (int i = 0; i < ma; i += 3) {
-        const int rm = ma - i < 3 ? ma - i : 3;
-        int j = 0;
-        /* constant tile shapes, so that every accumulator stays in a register */
+    /* constant tile shapes per lane count: (rows of a, rows of b) = (3, 4), (3, 2), (3, 1), (1, 1) */
 #define GGUFLM_DOTS_TILE(RM_, RN_, NV_) \
     GGUFLM_FN(gguflm_dots_tile)(n, a + i, a_f16, RM_, b + j, RN_, NV_, res + j * res_stride + i, res_stride)
-        if (NV == 1) {
-            for (; j + 4 <= nb; j += 4) {
-                if (rm == 3) GGUFLM_DOTS_TILE(3, 4, 1);
-                else if (rm == 2) GGUFLM_DOTS_TILE(2, 4, 1);
-                else GGUFLM_DOTS_TILE(1, 4, 1);
-            }
-            for (; j < nb; j++) {
-                if (rm == 3) GGUFLM_DOTS_TILE(3, 1, 1);
-                else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, 1);
-                else GGUFLM_DOTS_TILE(1, 1, 1);
-            }
-        } else {
-            for (; j + RN <= nb; j += RN) {
-                if (rm == 3) GGUFLM_DOTS_TILE(3, 2, 2);
-                else if (rm == 2) GGUFLM_DOTS_TILE(2, 2, 2);
-                else GGUFLM_DOTS_TILE(1, 2, 2);
-            }
-            for (; j < nb; j++) {
-                if (rm == 3) GGUFLM_DOTS_TILE(3, 1, 2);
-                else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, 2);
-                else GGUFLM_DOTS_TILE(1, 1, 2);
-            }
-        }
-#undef GGUFLM_DOTS_TILE
+#define GGUFLM_DOTS_TILES(RN_, NV_)                                              \
+    for (int i = 0; i < ma; i += 3) {                                            \
+        const int rm = ma - i < 3 ? ma - i : 3;                                  \
+        int j = 0;                                                               \
+        for (; j + RN_ <= nb; j += RN_) {                                        \
+            if (rm == 3) GGUFLM_DOTS_TILE(3, RN_, NV_);                          \
+            else if (rm == 2) GGUFLM_DOTS_TILE(2, RN_, NV_);                     \
+            else GGUFLM_DOTS_TILE(1, RN_, NV_);                                  \
+        }                                                                        \
+        for (; j < nb; j++) {                                                    \
+            if (rm == 3) GGUFLM_DOTS_TILE(3, 1, NV_);                            \
+            else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, NV_);                       \
+            else GGUFLM_DOTS_TILE(1, 1, NV_);                                    \
+        }                                                                        \
     }
+    switch (n_lanes) {
+    case 8: GGUFLM_DOTS_TILES(4, 1); break;
+    case 16: GGUFLM_DOTS_TILES(2, 2); break;
+    case 32: GGUFLM_DOTS_TILES(1, 4); break;
+    default:
+        for (int i = 0; i < ma; i++)
+            for (int j = 0; j < nb; j++) GGUFLM_DOTS_TILE(1, 1, 8);
+        break;
+    }
+#undef GGUFLM_DOTS_TILES
+#undef GGUFLM_DOTS_TILE
 }
 #else
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
@@ -424,13 +433,13 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const 
                                                        int64_t res_stride) {
     for (int i = 0; i < ma; i++)
         for (int j = 0; j < nb; j++) {
-            float lanes[16] = {0};
+            float lanes[GGUFLM_MAX_LANES] = {0};
             for (int k = 0; k < n; k += n_lanes)
                 for (int l = 0; l < n_lanes; l++) {
                     const float x = a_f16 ? gguflm_fp16_to_fp32(((const ggml_half *)a[i])[k + l]) : ((const float *)a[i])[k + l];
                     lanes[l] = fmaf(x, b[j][k + l], lanes[l]);
                 }
-            res[j * res_stride + i] = gguflm_hsum_vec(lanes, n_lanes);
+            GGUFLM_FN(gguflm_reduce_cols)(lanes, 1, n_lanes, 1, res + j * res_stride + i);
         }
 }
 #endif
@@ -524,5 +533,78 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         for (int qi = 0; qi < nq; qi++)
             memcpy(a->out + (int64_t)(t0 + qi / gqa) * a->out_stride + (int64_t)(h0 + qi % gqa) * dv + d0,
                    res + (int64_t)qi * GGUFLM_ATTN_CBLOCK, sizeof(float) * m);
+    }
+}
+
+/* Single tokens with F16 K and V, as ggml's vec_dot computes them (chains of gguflm_dot_lanes lanes):
+ * one query head per item, so that a model with one KV head still spreads over the threads. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a, int t, int h,
+                                                      gguflm_attn_scratch *s) {
+    const int dk = a->head_dim_k, dv = a->head_dim_v, hkv = h / (a->n_head / a->n_head_kv);
+    const int lanes = gguflm_dot_lanes(a->arith);
+    const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
+    const char *v_base = (const char *)a->v + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dv);
+    float *out = a->out + (int64_t)t * a->out_stride + (int64_t)h * dv;
+    int n_vis = 0;
+    for (int c = 0; c < a->n_kv; c++)
+        if (gguflm_attn_visible(a, t, c)) s->cells[n_vis++] = c;
+    if (n_vis == 0) {
+        memset(out, 0, sizeof(float) * dv);
+        return;
+    }
+    const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)h * dk;
+    for (int d = 0; d < dk; d++) s->q[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
+    const float *qrow = s->q;
+    for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
+        const int m = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
+        const void *krows[GGUFLM_ATTN_CBLOCK];
+        for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)s->cells[i0 + i] * a->k_row_bytes;
+        GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, &qrow, 1, lanes, s->score + i0, 0);
+    }
+    GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, s->score);
+
+    /* P·V: cell c's values times its probability into lane c % lanes, cells in order; lanes
+     * [lane][GGUFLM_ATTN_DBLOCK] in s->acc, a block of value dimensions at a time */
+#if GGUFLM_VARIANT_AVX2
+    /* cells bucketed by lane, so that each lane's chains run in registers */
+    int start[GGUFLM_MAX_LANES + 1] = {0}, fill[GGUFLM_MAX_LANES];
+    for (int i = 0; i < n_vis; i++) start[s->cells[i] % lanes + 1]++;
+    for (int l = 0; l < lanes; l++) {
+        start[l + 1] += start[l];
+        fill[l] = start[l];
+    }
+    for (int i = 0; i < n_vis; i++) s->order[fill[s->cells[i] % lanes]++] = i;
+#endif
+    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
+        const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
+#if GGUFLM_VARIANT_AVX2
+        for (int l = 0; l < lanes; l++)
+            for (int v0 = 0; v0 < db;) {
+                /* 8 vectors (64 dimensions) per pass where they fit, else one */
+                const int nv = db - v0 >= 64 ? 8 : 1;
+                __m256 acc[8];
+                for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+                for (int k = start[l]; k < start[l + 1]; k++) {
+                    const int i = s->order[k];
+                    const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)s->cells[i] * a->v_row_bytes) + d0 + v0;
+                    const __m256 p = _mm256_set1_ps(s->score[i]);
+                    if (nv == 8)
+                        for (int k8 = 0; k8 < 8; k8++)
+                            acc[k8] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8 * k8))), p, acc[k8]);
+                    else
+                        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vh)), p, acc[0]);
+                }
+                for (int k = 0; k < nv; k++) _mm256_storeu_ps(s->acc + (int64_t)l * GGUFLM_ATTN_DBLOCK + v0 + 8 * k, acc[k]);
+                v0 += 8 * nv;
+            }
+#else
+        memset(s->acc, 0, sizeof(float) * lanes * GGUFLM_ATTN_DBLOCK);
+        for (int i = 0; i < n_vis; i++) {
+            const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)s->cells[i] * a->v_row_bytes) + d0;
+            float *lane = s->acc + (int64_t)(s->cells[i] % lanes) * GGUFLM_ATTN_DBLOCK;
+            for (int d = 0; d < db; d++) lane[d] = fmaf(gguflm_fp16_to_fp32(vh[d]), s->score[i], lane[d]);
+        }
+#endif
+        GGUFLM_FN(gguflm_reduce_cols)(s->acc, GGUFLM_ATTN_DBLOCK, lanes, db, out + d0);
     }
 }
