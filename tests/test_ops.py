@@ -247,14 +247,15 @@ def test_attention_with_q8_0_caches():
 @pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has no AVX2/F16C")
 @pytest.mark.parametrize("n_tok", [1, 6])   # single tokens take vec_dot's lanes, batches sgemm's
 @pytest.mark.parametrize("cache_dtype", [np.float16, np.float32])
-def test_attention_isas_agree_bit_for_bit(arithmetic, n_tok, cache_dtype):
+@pytest.mark.parametrize("dk,dv", [(64, 32), (128, 96)])   # value dimensions in passes of 64, then 8
+def test_attention_isas_agree_bit_for_bit(arithmetic, n_tok, cache_dtype, dk, dv):
     rng = np.random.default_rng(4)
-    q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, cache_dtype, n_tok=n_tok)
+    q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, cache_dtype, n_tok=n_tok, dk=dk, dv=dv)
     results = []
     for isa in ISAS:
         ops.set_isa(isa)
-        out = np.empty((q.shape[0], 128), np.float32)
-        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out)
+        out = np.empty((q.shape[0], 4 * dv), np.float32)
+        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, dk, dv, 0.125, out)
         results.append(out)
     ops.set_isa(ISAS[-1])
     np.testing.assert_array_equal(results[0], results[1])
