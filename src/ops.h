@@ -195,6 +195,19 @@ typedef struct {
     double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
+/* order[start[l] .. start[l+1]) = the indices i of the cells with cells[i] % n_lanes == l, in
+ * cell order: P·V visits each lane's cells together, so that the lane's chains stay in registers */
+static void gguflm_order_by_lane(const int32_t *cells, int n_vis, int n_lanes, int *start, int32_t *order) {
+    int fill[GGUFLM_MAX_LANES];
+    memset(start, 0, sizeof(int) * (n_lanes + 1));
+    for (int i = 0; i < n_vis; i++) start[cells[i] % n_lanes + 1]++;
+    for (int l = 0; l < n_lanes; l++) {
+        start[l + 1] += start[l];
+        fill[l] = start[l];
+    }
+    for (int i = 0; i < n_vis; i++) order[fill[cells[i] % n_lanes]++] = i;
+}
+
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
     if (type == GGUFLM_CACHE_Q8_0) return head * (head_dim / QK8_0) * (int64_t)sizeof(block_q8_0);
     return head * head_dim * (type == GGUFLM_CACHE_F16 ? 2 : 4);

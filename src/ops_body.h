@@ -161,13 +161,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, 
         GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
         return;
     }
-    int start[GGUFLM_MAX_LANES + 1] = {0}, fill[GGUFLM_MAX_LANES];
-    for (int i = 0; i < n_vis; i++) start[s->cells[i] % v_lanes + 1]++;
-    for (int l = 0; l < v_lanes; l++) {
-        start[l + 1] += start[l];
-        fill[l] = start[l];
-    }
-    for (int i = 0; i < n_vis; i++) s->order[fill[s->cells[i] % v_lanes]++] = i;
+    int start[GGUFLM_MAX_LANES + 1];
+    gguflm_order_by_lane(s->cells, n_vis, v_lanes, start, s->order);
     for (int dd = 0; dd < db; dd += 16)
         for (int g0 = 0; g0 < gqa; g0 += 4) {
             const int ng = gqa - g0 < 4 ? gqa - g0 : 4;
@@ -567,13 +562,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a,
      * [lane][GGUFLM_ATTN_DBLOCK] in s->acc, a block of value dimensions at a time */
 #if GGUFLM_VARIANT_AVX2
     /* cells bucketed by lane, so that each lane's chains run in registers */
-    int start[GGUFLM_MAX_LANES + 1] = {0}, fill[GGUFLM_MAX_LANES];
-    for (int i = 0; i < n_vis; i++) start[s->cells[i] % lanes + 1]++;
-    for (int l = 0; l < lanes; l++) {
-        start[l + 1] += start[l];
-        fill[l] = start[l];
-    }
-    for (int i = 0; i < n_vis; i++) s->order[fill[s->cells[i] % lanes]++] = i;
+    int start[GGUFLM_MAX_LANES + 1];
+    gguflm_order_by_lane(s->cells, n_vis, lanes, start, s->order);
 #endif
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
