@@ -153,11 +153,20 @@ static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stri
 /* token tile: the weight rows of a chunk stay in L1 while they meet every token of the tile */
 #define GGUFLM_TOKEN_TILE 16
 
-/* decode (one token) hands out 64-row chunks, batches 16-row chunks, as ggml's mul_mat */
-static inline int64_t gguflm_chunk_rows(int64_t n_tok) { return n_tok == 1 ? 64 : 16; }
+/* decode (one token) hands out 64-row chunks, batches 16-row chunks, as ggml's mul_mat; and as it
+ * does, a matrix too small for 4 chunks per thread is cut into one chunk per thread instead (a
+ * multiple of 8 rows, the repacked Q4_K kernels' step), so that no thread waits on another's
+ * second chunk */
+static inline int64_t gguflm_chunk_rows(int64_t n_rows, int64_t n_tok, int n_threads) {
+    const int64_t rows = n_tok == 1 ? 64 : 16;
+    if (n_tok > 1 || n_threads <= 1 || (n_rows + rows - 1) / rows >= 4 * (int64_t)n_threads) return rows;
+    const int64_t per_thread = (n_rows + n_threads - 1) / n_threads;
+    return (per_thread + 7) / 8 * 8;
+}
 
 static inline int gguflm_matmul_threads(int64_t n_rows, int64_t n_tok, int n_threads) {
-    const int64_t n_chunks = (n_rows + gguflm_chunk_rows(n_tok) - 1) / gguflm_chunk_rows(n_tok);
+    const int64_t rows = gguflm_chunk_rows(n_rows, n_tok, n_threads);
+    const int64_t n_chunks = (n_rows + rows - 1) / rows;
     return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
 }
 
@@ -170,7 +179,7 @@ static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, 
     gguflm_segment seg[2];
     const int n_seg = gguflm_matmul_plan(wtype, n_rows, n_in, n_tok, repacked, seg);
     const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
-    const int64_t rows = gguflm_chunk_rows(n_tok);
+    const int64_t rows = gguflm_chunk_rows(n_rows, n_tok, omp_get_num_threads());
     const int64_t n_chunks = (n_rows + rows - 1) / rows;
     for (;;) {
         int64_t chunk;
