@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
 
 class Batch:
     """Room for ``n_tokens_max`` tokens; ``embd > 0`` makes it carry embeddings instead of ids.
@@ -48,9 +50,9 @@ class Batch:
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.ndim != 1 or len(ids) == 0:
             raise ValueError("get_one needs a non-empty 1-D sequence of token ids")
-        batch = cls(len(ids))
-        if (ids < np.iinfo(np.int32).min).any() or (ids > np.iinfo(np.int32).max).any():
+        if ids.min() < _INT32_MIN or ids.max() > _INT32_MAX:
             raise ValueError("token ids must fit in int32")
+        batch = cls(len(ids))
         batch.token[:] = ids
         batch.n_tokens = len(ids)
         batch.pos = batch.n_seq_id = batch.seq_id = batch.logits = None

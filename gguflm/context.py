@@ -262,16 +262,32 @@ class Context:
             seq_first = np.array([seqs[0] for seqs in seq_lists], np.int32)
             seq_mask = np.array([sum(1 << int(s) for s in set(seqs)) for seqs in seq_lists], np.uint64)
 
-        # positions: continue each sequence when the batch leaves them out
-        if batch.pos is None:
-            next_pos = {s: self.memory.seq_pos_max(s) + 1 for s in range(self.n_seq_max)}
-            pos = np.empty(n, np.int32)
-            for i, seqs in enumerate(seq_lists):
-                pos[i] = next_pos[seqs[0]]
-                for s in seqs:
-                    next_pos[s] = pos[i] + 1
+        # positions: continue each sequence when the batch leaves them out (a batch of sequence
+        # 0 alone, as get_one makes, then continues it by construction and needs no check)
+        if batch.pos is None and batch.seq_id is None:
+            start = self.memory.seq_pos_max(0) + 1
+            pos = np.arange(start, start + n, dtype=np.int32)
         else:
-            pos = np.ascontiguousarray(batch.pos[:n], dtype=np.int32)
+            if batch.pos is None:
+                next_pos = {s: self.memory.seq_pos_max(s) + 1 for s in range(self.n_seq_max)}
+                pos = np.empty(n, np.int32)
+                for i, seqs in enumerate(seq_lists):
+                    pos[i] = next_pos[seqs[0]]
+                    for s in seqs:
+                        next_pos[s] = pos[i] + 1
+            else:
+                pos = np.ascontiguousarray(batch.pos[:n], dtype=np.int32)
+            self._check_positions(pos, seq_mask)
+
+        if batch.logits is None:
+            output = np.ones(n, bool) if self.embeddings else np.zeros(n, bool)
+            output[-1] = True
+        else:
+            output = batch.logits[:n] != 0
+        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, output)
+
+    def _check_positions(self, pos: np.ndarray, seq_mask: np.ndarray) -> None:
+        """Given positions must continue each sequence the cache holds, without gaps or repeats."""
         if (pos < 0).any():
             raise InvalidBatchError("positions must be >= 0")
         for s in range(self.n_seq_max):
@@ -287,13 +303,6 @@ class Context:
                     f"the batch is {p.min()}; they must be consecutive")
             if p.max() - p.min() + 1 > len(p) or len(np.unique(p)) != len(p):
                 raise InvalidBatchError(f"the positions of sequence {s} in the batch are not continuous")
-
-        if batch.logits is None:
-            output = np.ones(n, bool) if self.embeddings else np.zeros(n, bool)
-            output[-1] = True
-        else:
-            output = batch.logits[:n] != 0
-        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, output)
 
     def _split(self, b: _PreparedBatch) -> list[UBatch]:
         ubatches = []

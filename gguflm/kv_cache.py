@@ -152,10 +152,13 @@ class KVCache:
         head = self.head
         if head > self.n_used + 2 * n_tokens:  # enough room before the head: refill from 0
             head = 0
-        free = np.flatnonzero(np.roll(self._reusable(), -head))
+        reusable = self._reusable()
+        free = np.flatnonzero(reusable[head:]) + head
         if len(free) < n_tokens:
-            return None
-        return (free[:n_tokens] + head) % self.size
+            free = np.concatenate([free, np.flatnonzero(reusable[:head])])
+            if len(free) < n_tokens:
+                return None
+        return free[:n_tokens]
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> Slot:
         """Occupy ``cells`` with tokens at ``pos`` in sequences ``seq_mask``; returns the undo."""
