@@ -192,6 +192,7 @@ typedef struct {
     float *kl;        /* [gqa][MAX_LANES][CBLOCK] K·q lanes of a block of cells */
     float *krows;     /* [CBLOCK][head_dim_k] that block's K rows as floats */
     int32_t *order;   /* [n_kv] visible cells' indices grouped by P·V lane */
+    uint8_t *vis;     /* [TBLOCK][n_kv] which cells each token of a block sees */
     double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
@@ -237,7 +238,8 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
 typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
-typedef void (*gguflm_attn_head_fn)(const gguflm_attn_args *a, int t, int h, gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_head_fn)(const gguflm_attn_args *a, int t, int h, const int32_t *cells, int n_vis,
+                                    gguflm_attn_scratch *s);
 typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
                                      int64_t vt_stride, gguflm_attn_scratch *s);
 
@@ -335,8 +337,8 @@ static void gguflm_transpose_v(const gguflm_attn_args *a, ggml_half *vt, int64_t
     }
 }
 
-/* Every (token or token block, KV head) item over n_threads threads. Returns 0, or -1 if scratch
- * allocation failed. */
+/* Every item of the scheme (gguflm_attn_scheme) over n_threads threads. Returns 0, or -1 if
+ * scratch allocation failed. */
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
     const gguflm_ops_kernels kernels = gguflm_ops_select(use_avx2);
     const int scheme = gguflm_attn_scheme(a), blocked = scheme == GGUFLM_ATTN_BY_BLOCK;
@@ -351,19 +353,29 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
     /* floats per thread: K·q tails (doubles, first for their alignment), queries, Q8_0 queries
      * (34 bytes per 32 values, in floats), scores, cell ids (int32), one row, lane accumulators
-     * of P·V and of K·q, a block of K rows; rounded up to whole cache lines */
+     * of P·V and of K·q, a block of K rows, the P·V lane order (int32), a block's visibility
+     * bytes; rounded up to whole cache lines */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
     const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
+    const int64_t vis_floats = blocked ? (tb * n_kv + 3) / 4 : 0;
     const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + tb * gqa * dk + qq_floats + tb * gqa * vt_stride +
-                                n_kv + row + acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + 15) / 16 * 16;
+                                n_kv + row + acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + vis_floats +
+                                15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     ggml_half *vt = blocked ? (ggml_half *)malloc(sizeof(ggml_half) * a->n_head_kv * a->head_dim_v * vt_stride) : NULL;
-    if (!scratch || (blocked && !vt)) {
+    /* one token, every head: the cells it sees, found once */
+    int32_t *cells = scheme == GGUFLM_ATTN_BY_HEAD ? (int32_t *)malloc(sizeof(int32_t) * n_kv) : NULL;
+    if (!scratch || (blocked && !vt) || (scheme == GGUFLM_ATTN_BY_HEAD && !cells)) {
         free(scratch);
         free(vt);
+        free(cells);
         return -1;
     }
+    int n_vis = 0;
+    if (cells)
+        for (int c = 0; c < a->n_kv; c++)
+            if (gguflm_attn_visible(a, 0, c)) cells[n_vis++] = c;
     #pragma omp parallel num_threads(n_threads)
     {
         float *p = scratch + per_thread * omp_get_thread_num();
@@ -377,7 +389,8 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         s.acc = p;                         p += acc_floats;
         s.kl = p;                          p += kl_floats;
         s.krows = p;                       p += GGUFLM_ATTN_CBLOCK * dk;
-        s.order = (int32_t *)p;
+        s.order = (int32_t *)p;            p += n_kv;
+        s.vis = (uint8_t *)p;
         if (blocked) {
             gguflm_transpose_v(a, vt, vt_stride);  /* ends with a barrier */
             #pragma omp for schedule(dynamic, 1)
@@ -389,7 +402,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         } else if (scheme == GGUFLM_ATTN_BY_HEAD) {
             #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < n_items; item++)
-                kernels.attn_head(a, (int)(item / a->n_head), (int)(item % a->n_head), &s);
+                kernels.attn_head(a, 0, (int)item, cells, n_vis, &s);
         } else {
             #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < n_items; item++)
@@ -398,6 +411,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     }
     free(scratch);
     free(vt);
+    free(cells);
     return 0;
 }
 

@@ -451,14 +451,19 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
     const int lanes = gguflm_vec_lanes(a->arith);
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
 
-    /* the cells any token of the block sees, widened to whole lane groups */
+    /* which cells each token sees (one scan), and the range any of them sees, widened to whole
+     * lane groups */
     int lo = a->n_kv, hi = 0;
-    for (int t = t0; t < t0 + nt; t++)
-        for (int c = 0; c < a->n_kv; c++)
-            if (gguflm_attn_visible(a, t, c)) {
+    for (int t = t0; t < t0 + nt; t++) {
+        uint8_t *vis = s->vis + (int64_t)(t - t0) * a->n_kv;
+        for (int c = 0; c < a->n_kv; c++) {
+            vis[c] = (uint8_t)gguflm_attn_visible(a, t, c);
+            if (vis[c]) {
                 lo = c < lo ? c : lo;
                 hi = c + 1 > hi ? c + 1 : hi;
             }
+        }
+    }
     if (hi == 0) {
         for (int t = t0; t < t0 + nt; t++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)h0 * dv, 0, sizeof(float) * gqa * dv);
         return;
@@ -486,13 +491,13 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
 
     /* softmax per query, over the cells its token sees (the order of gguflm_attn_group) */
     for (int qi = 0; qi < nq; qi++) {
-        const int t = t0 + qi / gqa;
+        const uint8_t *vis = s->vis + (int64_t)(qi / gqa) * a->n_kv;
         float *sc = s->score + (int64_t)qi * nc;
         float max = -INFINITY;
         int n_vis = 0;
         for (int i = 0; i < nc; i++) {
             const int c = lo + i;
-            if (c >= a->n_kv || !gguflm_attn_visible(a, t, c)) {
+            if (c >= a->n_kv || !vis[c]) {
                 sc[i] = -INFINITY;
                 continue;
             }
@@ -532,17 +537,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
 }
 
 /* Single tokens with F16 K and V, as ggml's vec_dot computes them (chains of gguflm_dot_lanes lanes):
- * one query head per item, so that a model with one KV head still spreads over the threads. */
+ * one query head per item, so that a model with one KV head still spreads over the threads. cells:
+ * the n_vis cells token t sees, ascending (found once for all the heads). */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a, int t, int h,
-                                                      gguflm_attn_scratch *s) {
+                                                      const int32_t *cells, int n_vis, gguflm_attn_scratch *s) {
     const int dk = a->head_dim_k, dv = a->head_dim_v, hkv = h / (a->n_head / a->n_head_kv);
     const int lanes = gguflm_dot_lanes(a->arith);
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
     const char *v_base = (const char *)a->v + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dv);
     float *out = a->out + (int64_t)t * a->out_stride + (int64_t)h * dv;
-    int n_vis = 0;
-    for (int c = 0; c < a->n_kv; c++)
-        if (gguflm_attn_visible(a, t, c)) s->cells[n_vis++] = c;
     if (n_vis == 0) {
         memset(out, 0, sizeof(float) * dv);
         return;
@@ -553,17 +556,17 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a,
     for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
         const int m = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
         const void *krows[GGUFLM_ATTN_CBLOCK];
-        for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)s->cells[i0 + i] * a->k_row_bytes;
+        for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)cells[i0 + i] * a->k_row_bytes;
         GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, &qrow, 1, lanes, s->score + i0, 0);
     }
-    GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, s->score);
+    GGUFLM_FN(gguflm_softmax_cells)(a, cells, n_vis, s->score);
 
     /* P·V: cell c's values times its probability into lane c % lanes, cells in order; lanes
      * [lane][GGUFLM_ATTN_DBLOCK] in s->acc, a block of value dimensions at a time */
 #if GGUFLM_VARIANT_AVX2
     /* cells bucketed by lane, so that each lane's chains run in registers */
     int start[GGUFLM_MAX_LANES + 1];
-    gguflm_order_by_lane(s->cells, n_vis, lanes, start, s->order);
+    gguflm_order_by_lane(cells, n_vis, lanes, start, s->order);
 #endif
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
@@ -576,7 +579,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a,
                 for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
                 for (int k = start[l]; k < start[l + 1]; k++) {
                     const int i = s->order[k];
-                    const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)s->cells[i] * a->v_row_bytes) + d0 + v0;
+                    const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0 + v0;
                     const __m256 p = _mm256_set1_ps(s->score[i]);
                     if (nv == 8)
                         for (int k8 = 0; k8 < 8; k8++)
@@ -590,8 +593,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a,
 #else
         memset(s->acc, 0, sizeof(float) * lanes * GGUFLM_ATTN_DBLOCK);
         for (int i = 0; i < n_vis; i++) {
-            const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)s->cells[i] * a->v_row_bytes) + d0;
-            float *lane = s->acc + (int64_t)(s->cells[i] % lanes) * GGUFLM_ATTN_DBLOCK;
+            const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0;
+            float *lane = s->acc + (int64_t)(cells[i] % lanes) * GGUFLM_ATTN_DBLOCK;
             for (int d = 0; d < db; d++) lane[d] = fmaf(gguflm_fp16_to_fp32(vh[d]), s->score[i], lane[d]);
         }
 #endif
