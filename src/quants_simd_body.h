@@ -176,6 +176,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
  * activation block loaded once for the R rows). The float arithmetic per output is the recipe of
  * quants_dot.h and does not depend on the tile shape. */
 #define GGUFLM_MAX_TILE 4
+/* the legacy blocks' batch tiles take 8 tokens: their weight decoding costs more than a dot */
+#define GGUFLM_MAX_TOKENS 8
 
 /* Weight rows are streamed from memory once per matmul; the hardware prefetchers follow one long
  * stream well but not R short interleaved ones (rows of a few hundred bytes), so each tile asks
@@ -194,8 +196,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
                                                                               float *out, int64_t os) {
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
-    float summs[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TOKENS];
+    float summs[GGUFLM_MAX_TILE][GGUFLM_MAX_TOKENS];
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), summs[r][t] = 0.0f;
     for (int64_t ib = 0; ib < n / 32; ++ib) {
@@ -527,8 +529,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
 
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
-/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
-#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
+/* one token: 4 rows per tile; several tokens: TMAX (4 or 8) tokens per tile, row by row */
+#define GGUFLM_TILE_LOOP(TMAX, TILE, ...)                                                                        \
     do {                                                                                                         \
         if (nt == 1) {                                                                                           \
             int64_t r = 0;                                                                                       \
@@ -537,6 +539,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
         } else {                                                                                                 \
             for (int64_t r = 0; r < nr; ++r) {                                                                   \
                 int64_t t = 0;                                                                                   \
+                if (TMAX == 8)                                                                                   \
+                    for (; t + 8 <= nt; t += 8) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 8, o + t * os + r, os); \
                 for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
                 for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os); \
             }                                                                                                    \
@@ -548,13 +552,14 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
                                           int64_t ys, int64_t nt, float *o, int64_t os) {                        \
         GGUFLM_TILE_LOOP(__VA_ARGS__);                                                                           \
     }
-#define GGUFLM_SIMD_LEGACY(tag, TYPE) GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_legacy_tile), TYPE, sizeof(block_##tag), n,)
+#define GGUFLM_SIMD_LEGACY(tag, TYPE) \
+    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_MAX_TOKENS, GGUFLM_SIMD(dot_legacy_tile), TYPE, sizeof(block_##tag), n,)
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
-    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
-    GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
+    GGUFLM_SIMD_KERNEL(DOT, tag, 4, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                      \
+    GGUFLM_SIMD_KERNEL(TILED, tag, 4, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
 #define GGUFLM_SIMD_FLOAT(tag, TYPE)                                                                             \
-    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                          \
-    GGUFLM_SIMD_KERNEL(SGEMM, tag, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
+    GGUFLM_SIMD_KERNEL(DOT, tag, 4, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                       \
+    GGUFLM_SIMD_KERNEL(SGEMM, tag, 4, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
 GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
 GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
 GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
@@ -582,7 +587,7 @@ GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
 #undef GGUFLM_SIMD_Q4_K_REPACK
-GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
+GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, 4, GGUFLM_SIMD(q4_0_repack_tile), n,)
 GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
 GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
 GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
@@ -592,4 +597,5 @@ GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
 #undef GGUFLM_SIMD_KERNEL
 #undef GGUFLM_TILE_LOOP
 #undef GGUFLM_MAX_TILE
+#undef GGUFLM_MAX_TOKENS
 #undef GGUFLM_Q4_K_TOKENS
