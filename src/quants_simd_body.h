@@ -176,8 +176,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
  * activation block loaded once for the R rows). The float arithmetic per output is the recipe of
  * quants_dot.h and does not depend on the tile shape. */
 #define GGUFLM_MAX_TILE 4
-/* the legacy blocks' batch tiles take 8 tokens: their weight decoding costs more than a dot */
-#define GGUFLM_MAX_TOKENS 8
+#define GGUFLM_MAX_TOKENS 8   /* tokens of a legacy-block tile */
 
 /* Weight rows are streamed from memory once per matmul; the hardware prefetchers follow one long
  * stream well but not R short interleaved ones (rows of a few hundred bytes), so each tile asks
@@ -189,11 +188,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(prefetch)(const ui
     for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
 }
 
-/* ---- DOT, legacy blocks: 8 lanes of 4-product sums, acc = fma(dx*dy, lanes, acc) ---- */
+/* ---- DOT, legacy blocks: 8 lanes of 4-product sums, acc = fma(dx*dy, lanes, acc) ----
+ * yd, ysum (or NULL): the tokens' block scales d and (Q8_1) s as floats, token t's block ib at
+ * [t * yf_stride + ib], converted once by dot_legacy for all the rows of a batch */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(int type, size_t bx, int64_t n,
                                                                               const uint8_t *w, int64_t ws, int R,
                                                                               const uint8_t *y, int64_t ys, int T,
-                                                                              float *out, int64_t os) {
+                                                                              const float *yd, const float *ysum,
+                                                                              int64_t yf_stride, float *out,
+                                                                              int64_t os) {
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TOKENS];
@@ -215,11 +218,14 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
         for (int t = 0; t < T; ++t) {
             const uint8_t *yb = y + t * ys + ib * by;
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
-            const float dy = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
+            const float dy = yd ? yd[t * yf_stride + ib] : GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
             for (int r = 0; r < R; ++r) {
                 const __m256i p = GGUFLM_SIMD(dot_u8_s8)(ux[r], has_min ? qy : _mm256_sign_epi8(qy, qx[r]));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), _mm256_cvtepi32_ps(p), acc[r][t]);
-                if (has_min) summs[r][t] = fmaf(mx[r], GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s), summs[r][t]);
+                if (has_min) {
+                    const float sy = ysum ? ysum[t * yf_stride + ib] : GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s);
+                    summs[r][t] = fmaf(mx[r], sy, summs[r][t]);
+                }
             }
         }
     }
@@ -529,8 +535,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
 
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
-/* one token: 4 rows per tile; several tokens: TMAX (4 or 8) tokens per tile, row by row */
-#define GGUFLM_TILE_LOOP(TMAX, TILE, ...)                                                                        \
+/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
+#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
     do {                                                                                                         \
         if (nt == 1) {                                                                                           \
             int64_t r = 0;                                                                                       \
@@ -539,27 +545,69 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
         } else {                                                                                                 \
             for (int64_t r = 0; r < nr; ++r) {                                                                   \
                 int64_t t = 0;                                                                                   \
-                if (TMAX == 8)                                                                                   \
-                    for (; t + 8 <= nt; t += 8) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 8, o + t * os + r, os); \
                 for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
                 for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os); \
             }                                                                                                    \
         }                                                                                                        \
     } while (0)
 
+/* The legacy blocks' kernel: for a batch, the tokens' block scales are converted to floats once for
+ * all the rows (when they fit the table; else each tile converts its own), and tiles take 8 tokens,
+ * since decoding a weight block (Q5_0's bit unpacking especially) costs more than a dot. */
+#define GGUFLM_LEGACY_TABLE 8192
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n,
+                                                                         const uint8_t *w, int64_t ws, int64_t nr,
+                                                                         const uint8_t *y, int64_t ys, int64_t nt,
+                                                                         float *o, int64_t os) {
+    const int has_min = gguflm_legacy_has_min(type);
+    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    const int64_t nb = n / 32;
+    if (nt == 1) {
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 4, y, ys, 1, NULL, NULL, 0, o + r, os);
+        for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
+        return;
+    }
+    float table[GGUFLM_LEGACY_TABLE];
+    const float *yd = NULL, *ysum = NULL;
+    if (2 * nt * nb <= GGUFLM_LEGACY_TABLE) {
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t ib = 0; ib < nb; ++ib) {
+                const uint8_t *yb = y + t * ys + ib * by;
+                table[t * nb + ib] = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb);
+                if (has_min) table[(nt + t) * nb + ib] = GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s);
+            }
+        yd = table;
+        ysum = table + nt * nb;
+    }
+#define GGUFLM_LEGACY_TILE(T)                                                                                    \
+    GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y + t * ys, ys, T, yd ? yd + t * nb : NULL,      \
+                                 ysum ? ysum + t * nb : NULL, nb, o + t * os + r, os)
+    for (int64_t r = 0; r < nr; ++r) {
+        int64_t t = 0;
+        for (; t + 8 <= nt; t += 8) GGUFLM_LEGACY_TILE(8);
+        for (; t + 4 <= nt; t += 4) GGUFLM_LEGACY_TILE(4);
+        for (; t < nt; ++t) GGUFLM_LEGACY_TILE(1);
+    }
+#undef GGUFLM_LEGACY_TILE
+}
+
 #define GGUFLM_SIMD_KERNEL(path, tag, ...)                                                                       \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os) {                        \
         GGUFLM_TILE_LOOP(__VA_ARGS__);                                                                           \
     }
-#define GGUFLM_SIMD_LEGACY(tag, TYPE) \
-    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_MAX_TOKENS, GGUFLM_SIMD(dot_legacy_tile), TYPE, sizeof(block_##tag), n,)
+#define GGUFLM_SIMD_LEGACY(tag, TYPE)                                                                            \
+    static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
+                                       int64_t ys, int64_t nt, float *o, int64_t os) {                           \
+        GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                      \
+    }
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
-    GGUFLM_SIMD_KERNEL(DOT, tag, 4, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                      \
-    GGUFLM_SIMD_KERNEL(TILED, tag, 4, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
+    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
+    GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
 #define GGUFLM_SIMD_FLOAT(tag, TYPE)                                                                             \
-    GGUFLM_SIMD_KERNEL(DOT, tag, 4, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                       \
-    GGUFLM_SIMD_KERNEL(SGEMM, tag, 4, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
+    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                          \
+    GGUFLM_SIMD_KERNEL(SGEMM, tag, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
 GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
 GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
 GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
@@ -587,7 +635,7 @@ GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
 #undef GGUFLM_SIMD_Q4_K_REPACK
-GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, 4, GGUFLM_SIMD(q4_0_repack_tile), n,)
+GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
 GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
 GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
@@ -598,4 +646,5 @@ GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
 #undef GGUFLM_TILE_LOOP
 #undef GGUFLM_MAX_TILE
 #undef GGUFLM_MAX_TOKENS
+#undef GGUFLM_LEGACY_TABLE
 #undef GGUFLM_Q4_K_TOKENS

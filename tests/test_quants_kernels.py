@@ -92,6 +92,21 @@ def test_matmul_equals_reference_all_isas_and_threads(t, n_tok, isa):
         assert np.array_equal(q.matmul_quantized(w, t, xq, n_threads=2), first)
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_in", [640, 8448])   # batch block scales from the float table, or per tile
+def test_legacy_batch_matmul_isas_agree_bit_for_bit(t, n_in, isa):
+    rng = np.random.default_rng(int(t) + n_in)
+    w = q.get(t).quantize(rng.standard_normal((24, n_in)).astype(np.float32))
+    x = rng.standard_normal((21, n_in)).astype(np.float32)   # tiles of 8, 4 and 1 tokens
+    outs = {}
+    for name in ISAS:
+        q.set_isa(name)
+        outs[name] = q.matmul(w, t, x, n_threads=2)
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, outs["scalar"], err_msg=name)
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_matmul_shapes_property(data):
