@@ -5,7 +5,8 @@ As llama-bench: ``ppN`` decodes N random tokens (BOS first when the model adds o
 cache in ``n_batch`` chunks; ``tgN`` decodes N random tokens one at a time; each test runs once
 to warm up, then ``-r`` times; t/s is the mean over repetitions ± their sample standard deviation.
 ``--compare llama-cpp`` runs the same tests through llama-cpp-python's ``llama_decode`` on the same
-file in the same process and prints gguflm's speed as a ratio of llama.cpp's.
+file in the same process, the two engines' repetitions taking turns, and prints gguflm's speed as a
+ratio of llama.cpp's.
 """
 
 from __future__ import annotations
@@ -141,21 +142,27 @@ def _random_tokens(n: int, n_vocab: int, bos: int | None, rng: random.Random) ->
     return tokens
 
 
-def _measure(runner: Runner, result: BenchResult, args: argparse.Namespace, n_vocab: int,
-             bos: int | None, bar: ProgressBar, rng: random.Random) -> None:
+def _test_fn(runner: Runner, result: BenchResult, args: argparse.Namespace, n_vocab: int,
+             bos: int | None, rng: random.Random) -> Callable[[], None]:
+    """One run of ``result``'s test (ppN or tgN) on ``runner``, with fresh random tokens."""
     prompt, generate, _ = runner
     if result.n_prompt:
-        def once() -> None:
-            prompt(_random_tokens(result.n_prompt, n_vocab, bos, rng), args.batch_size)
-    else:
-        def once() -> None:
-            generate(_random_tokens(result.n_gen, n_vocab, bos, rng))
-    once()  # warm-up
-    for rep in range(args.repetitions):
-        bar.update(rep / args.repetitions, f"{result.engine} {result.test} t={result.n_threads}")
-        start = time.perf_counter_ns()
+        return lambda: prompt(_random_tokens(result.n_prompt, n_vocab, bos, rng), args.batch_size)
+    return lambda: generate(_random_tokens(result.n_gen, n_vocab, bos, rng))
+
+
+def _measure(tests: Sequence[tuple[BenchResult, Callable[[], None]]], repetitions: int,
+             bar: ProgressBar) -> None:
+    """Warm every engine's run up once, then time the repetitions in turns (engine after engine),
+    so that a machine whose speed drifts slows every engine alike."""
+    for _, once in tests:
         once()
-        result.samples_ns.append(time.perf_counter_ns() - start)
+    for rep in range(repetitions):
+        for result, once in tests:
+            bar.update(rep / repetitions, f"{result.engine} {result.test} t={result.n_threads}")
+            start = time.perf_counter_ns()
+            once()
+            result.samples_ns.append(time.perf_counter_ns() - start)
 
 
 def _int_list(text: str) -> list[int]:
@@ -225,17 +232,22 @@ def run(args: argparse.Namespace) -> int:
     with ProgressBar("bench", enabled=enabled) as bar:
         try:
             for n_threads in threads:
-                for engine, make in engines:
-                    runner = make(n_threads)
-                    try:
-                        for n_prompt, n_gen in tests:
+                runners: list[tuple[str, Runner]] = []
+                try:
+                    for engine, make in engines:
+                        runners.append((engine, make(n_threads)))
+                    for n_prompt, n_gen in tests:
+                        timed = []
+                        for engine, runner in runners:
                             result = BenchResult(
                                 engine, description, model.size_bytes, model.n_params, n_threads,
                                 args.batch_size, args.ubatch_size, args.cache_type_k,
                                 args.cache_type_v, n_prompt, n_gen)
-                            _measure(runner, result, args, vocab.n_tokens, bos, bar, rng)
-                            results.append(result)
-                    finally:
+                            timed.append((result, _test_fn(runner, result, args, vocab.n_tokens, bos, rng)))
+                        _measure(timed, args.repetitions, bar)
+                        results.extend(result for result, _ in timed)
+                finally:
+                    for _, runner in runners:
                         runner[2]()
         finally:
             model.close()
