@@ -39,8 +39,12 @@ enum {
     GGUFLM_PATH_Q4_K_GEMM,
     GGUFLM_PATH_Q4_0_REPACK,
     GGUFLM_PATH_SGEMM,
+    GGUFLM_PATH_DOT_STREAM,  /* DOT's arithmetic, one row at a time: single tokens on large matrices */
     GGUFLM_PATH_COUNT
 };
+
+/* a single token's legacy-block matrix this large is streamed row by row (see dot_legacy) */
+#define GGUFLM_STREAM_BYTES (16 << 20)
 
 /* a run of token rows [t0, t1) that one recipe computes */
 typedef struct {
@@ -50,6 +54,15 @@ typedef struct {
 
 static inline int gguflm_is_kquant(int type) { return type >= GGUFLM_Q2_K && type <= GGUFLM_Q6_K; }
 static inline int gguflm_is_float(int type) { return type == GGUFLM_F32 || type == GGUFLM_F16 || type == GGUFLM_BF16; }
+static inline int gguflm_is_legacy(int type) {
+    return type == GGUFLM_Q4_0 || type == GGUFLM_Q4_1 || type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1 || type == GGUFLM_Q8_0;
+}
+static inline int64_t gguflm_legacy_row_bytes(int type, int64_t n) {
+    const size_t bx = type == GGUFLM_Q4_0 ? sizeof(block_q4_0) : type == GGUFLM_Q4_1 ? sizeof(block_q4_1)
+                    : type == GGUFLM_Q5_0 ? sizeof(block_q5_0) : type == GGUFLM_Q5_1 ? sizeof(block_q5_1)
+                    : sizeof(block_q8_0);
+    return n / 32 * (int64_t)bx;
+}
 
 /* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows by n_tok tokens:
  * up to two segments. `repacked`: the weight is a matrix that llama.cpp would keep in its CPU_REPACK
@@ -66,6 +79,8 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t n_in, in
     }
     int path = GGUFLM_PATH_DOT;
     if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
+    else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * gguflm_legacy_row_bytes(wtype, n_in) >= GGUFLM_STREAM_BYTES)
+        path = GGUFLM_PATH_DOT_STREAM;
     else if (gguflm_is_kquant(wtype) && n_tok >= 8) path = GGUFLM_PATH_TILED;
     else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 && n_in % 8 == 0) path = GGUFLM_PATH_SGEMM;
     seg[0] = (gguflm_segment){path, 0, n_tok};
@@ -287,11 +302,14 @@ static inline __attribute__((always_inline)) void gguflm_gemm_scalar(int path, i
 #define GGUFLM_SCALAR_KERNELS_K(tag, TYPE)                             \
     GGUFLM_SCALAR_KERNEL(DOT, tag, TYPE, sizeof(block_##tag))          \
     GGUFLM_SCALAR_KERNEL(TILED, tag, TYPE, sizeof(block_##tag))
-GGUFLM_SCALAR_KERNEL(DOT, q4_0, GGUFLM_Q4_0, sizeof(block_q4_0))
-GGUFLM_SCALAR_KERNEL(DOT, q4_1, GGUFLM_Q4_1, sizeof(block_q4_1))
-GGUFLM_SCALAR_KERNEL(DOT, q5_0, GGUFLM_Q5_0, sizeof(block_q5_0))
-GGUFLM_SCALAR_KERNEL(DOT, q5_1, GGUFLM_Q5_1, sizeof(block_q5_1))
-GGUFLM_SCALAR_KERNEL(DOT, q8_0, GGUFLM_Q8_0, sizeof(block_q8_0))
+#define GGUFLM_SCALAR_KERNELS_LEGACY(tag, TYPE)                        \
+    GGUFLM_SCALAR_KERNEL(DOT, tag, TYPE, sizeof(block_##tag))          \
+    GGUFLM_SCALAR_KERNEL(DOT_STREAM, tag, TYPE, sizeof(block_##tag))
+GGUFLM_SCALAR_KERNELS_LEGACY(q4_0, GGUFLM_Q4_0)
+GGUFLM_SCALAR_KERNELS_LEGACY(q4_1, GGUFLM_Q4_1)
+GGUFLM_SCALAR_KERNELS_LEGACY(q5_0, GGUFLM_Q5_0)
+GGUFLM_SCALAR_KERNELS_LEGACY(q5_1, GGUFLM_Q5_1)
+GGUFLM_SCALAR_KERNELS_LEGACY(q8_0, GGUFLM_Q8_0)
 GGUFLM_SCALAR_KERNELS_K(q2_K, GGUFLM_Q2_K)
 GGUFLM_SCALAR_KERNELS_K(q3_K, GGUFLM_Q3_K)
 GGUFLM_SCALAR_KERNELS_K(q4_K, GGUFLM_Q4_K)
@@ -307,6 +325,7 @@ GGUFLM_SCALAR_KERNEL(SGEMM, f32, GGUFLM_F32, 4)
 GGUFLM_SCALAR_KERNEL(SGEMM, f16, GGUFLM_F16, 2)
 GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
 #undef GGUFLM_SCALAR_KERNELS_K
+#undef GGUFLM_SCALAR_KERNELS_LEGACY
 #undef GGUFLM_SCALAR_KERNEL
 
 /* a [path][type] table of kernels named gguflm_<PATH>_<tag><suffix> */
@@ -327,6 +346,11 @@ GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
         [GGUFLM_PATH_Q4_0_REPACK] = {[GGUFLM_Q4_0] = gguflm_Q4_0_REPACK_q4_0##suffix},                          \
         [GGUFLM_PATH_SGEMM] = {[GGUFLM_F32] = gguflm_SGEMM_f32##suffix, [GGUFLM_F16] = gguflm_SGEMM_f16##suffix, \
                                [GGUFLM_BF16] = gguflm_SGEMM_bf16##suffix},                                       \
+        [GGUFLM_PATH_DOT_STREAM] = {[GGUFLM_Q4_0] = gguflm_DOT_STREAM_q4_0##suffix,                              \
+                                    [GGUFLM_Q4_1] = gguflm_DOT_STREAM_q4_1##suffix,                              \
+                                    [GGUFLM_Q5_0] = gguflm_DOT_STREAM_q5_0##suffix,                              \
+                                    [GGUFLM_Q5_1] = gguflm_DOT_STREAM_q5_1##suffix,                              \
+                                    [GGUFLM_Q8_0] = gguflm_DOT_STREAM_q8_0##suffix},                             \
     }
 
 static const gguflm_gemm_fn gguflm_kernels_scalar[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_scalar);

@@ -208,7 +208,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
         float dx[GGUFLM_MAX_TILE], mx[GGUFLM_MAX_TILE];
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + ib * bx;
-            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * R * ws, bx);
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * (R == 1 && T == 1 ? 4 : R) * ws, bx);
             qx[r] = GGUFLM_SIMD(legacy_quants)(type, xb);
             /* signed quants go in as |x| with x's sign moved onto y */
             ux[r] = has_min ? qx[r] : _mm256_sign_epi8(qx[r], qx[r]);
@@ -558,13 +558,16 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int type, size_t bx, int64_t n,
                                                                          const uint8_t *w, int64_t ws, int64_t nr,
                                                                          const uint8_t *y, int64_t ys, int64_t nt,
-                                                                         float *o, int64_t os) {
+                                                                         float *o, int64_t os, int stream) {
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const int64_t nb = n / 32;
     if (nt == 1) {
+        /* 4 rows per tile share the activation's loads; a matrix streamed from memory (stream)
+         * goes one row at a time, which the hardware prefetchers follow better */
         int64_t r = 0;
-        for (; r + 4 <= nr; r += 4) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 4, y, ys, 1, NULL, NULL, 0, o + r, os);
+        if (!stream)
+            for (; r + 4 <= nr; r += 4) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 4, y, ys, 1, NULL, NULL, 0, o + r, os);
         for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
         return;
     }
@@ -600,7 +603,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
 #define GGUFLM_SIMD_LEGACY(tag, TYPE)                                                                            \
     static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
                                        int64_t ys, int64_t nt, float *o, int64_t os) {                           \
-        GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                      \
+        GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os, 0);                   \
+    }                                                                                                            \
+    static void GGUFLM_SIMD(DOT_STREAM_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,               \
+                                              const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os) {  \
+        GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os, 1);                   \
     }
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
     GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \

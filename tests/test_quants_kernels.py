@@ -107,6 +107,24 @@ def test_legacy_batch_matmul_isas_agree_bit_for_bit(t, n_in, isa):
         np.testing.assert_array_equal(out, outs["scalar"], err_msg=name)
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
+    # a single token against a matrix of 16 MiB or more is streamed row by row; its halves, below
+    # that size, take the 4-row tiles: the floats must not change
+    rng = np.random.default_rng(11)
+    n_in = 1024
+    n_rows = (16 << 20) // q.get(t).row_bytes(n_in) + 8
+    w = q.get(t).quantize(rng.standard_normal((n_rows, n_in)).astype(np.float32))
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    half = n_rows // 2
+    for name in ISAS:
+        q.set_isa(name)
+        whole = q.matmul(w, t, x, n_threads=2, repacked=False)
+        halves = np.concatenate([q.matmul(w[:half], t, x, n_threads=2, repacked=False),
+                                 q.matmul(w[half:], t, x, n_threads=2, repacked=False)], axis=1)
+        np.testing.assert_array_equal(whole, halves, err_msg=name)
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_matmul_shapes_property(data):
