@@ -57,18 +57,13 @@ static inline int gguflm_is_float(int type) { return type == GGUFLM_F32 || type 
 static inline int gguflm_is_legacy(int type) {
     return type == GGUFLM_Q4_0 || type == GGUFLM_Q4_1 || type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1 || type == GGUFLM_Q8_0;
 }
-static inline int64_t gguflm_legacy_row_bytes(int type, int64_t n) {
-    const size_t bx = type == GGUFLM_Q4_0 ? sizeof(block_q4_0) : type == GGUFLM_Q4_1 ? sizeof(block_q4_1)
-                    : type == GGUFLM_Q5_0 ? sizeof(block_q5_0) : type == GGUFLM_Q5_1 ? sizeof(block_q5_1)
-                    : sizeof(block_q8_0);
-    return n / 32 * (int64_t)bx;
-}
 
-/* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows by n_tok tokens:
- * up to two segments. `repacked`: the weight is a matrix that llama.cpp would keep in its CPU_REPACK
- * buffer (a model weight only used by matmuls: not a tied token embedding). */
-static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t n_in, int64_t n_tok, int repacked,
-                                     gguflm_segment seg[2]) {
+/* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows (w_stride bytes
+ * apart) by n_tok tokens: up to two segments. `repacked`: the weight is a matrix that llama.cpp would
+ * keep in its CPU_REPACK buffer (a model weight only used by matmuls: not a tied token embedding).
+ * DOT_STREAM is ours: DOT's arithmetic in another row order. */
+static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
+                                     int repacked, gguflm_segment seg[2]) {
     const int repack = repacked && n_rows % 8 == 0 && (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K);
     if (repack && wtype == GGUFLM_Q4_K && n_tok > 3) {
         /* tokens go to the GEMM in groups of 4, the rest to the GEMV */
@@ -79,7 +74,7 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t n_in, in
     }
     int path = GGUFLM_PATH_DOT;
     if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
-    else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * gguflm_legacy_row_bytes(wtype, n_in) >= GGUFLM_STREAM_BYTES)
+    else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
     else if (gguflm_is_kquant(wtype) && n_tok >= 8) path = GGUFLM_PATH_TILED;
     else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 && n_in % 8 == 0) path = GGUFLM_PATH_SGEMM;

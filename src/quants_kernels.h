@@ -177,7 +177,7 @@ static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, 
                                  const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
                                  int64_t *next_chunk) {
     gguflm_segment seg[2];
-    const int n_seg = gguflm_matmul_plan(wtype, n_rows, n_in, n_tok, repacked, seg);
+    const int n_seg = gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, n_tok, repacked, seg);
     const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
     const int64_t rows = gguflm_chunk_rows(n_rows, n_tok, omp_get_num_threads());
     const int64_t n_chunks = (n_rows + rows - 1) / rows;
