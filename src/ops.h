@@ -179,7 +179,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 /* Per-thread scratch of one (token, KV head) item. */
 #define GGUFLM_MAX_GQA 64          /* query heads per KV head */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
-#define GGUFLM_ATTN_CBLOCK 32      /* cells whose K·q lanes are reduced together */
+#define GGUFLM_ATTN_CBLOCK 32      /* K rows (or V^T rows) handed to the dot kernel at a time */
 #define GGUFLM_ATTN_TBLOCK 4       /* tokens per item of a batch with F16 K and V */
 
 typedef struct {
@@ -189,11 +189,8 @@ typedef struct {
     int32_t *cells;   /* [n_kv] visible cell ids */
     float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
     float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
-    float *kl;        /* [gqa][MAX_LANES][CBLOCK] K·q lanes of a block of cells */
-    float *krows;     /* [CBLOCK][head_dim_k] that block's K rows as floats */
     int32_t *order;   /* [n_kv] visible cells' indices grouped by P·V lane */
     uint8_t *vis;     /* [TBLOCK][n_kv] which cells each token of a block sees */
-    double *rest;     /* [gqa][CBLOCK] K·q terms after the dot's whole steps */
 } gguflm_attn_scratch;
 
 /* order[start[l] .. start[l+1]) = the indices i of the cells with cells[i] % n_lanes == l, in
@@ -351,17 +348,14 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     const int64_t n_kv = a->n_kv > 0 ? a->n_kv : 1;
     const int64_t vt_stride = (n_kv + 15) / 16 * 16;
     const int64_t dk = a->head_dim_k, row = dk > a->head_dim_v ? dk : a->head_dim_v;
-    /* floats per thread: K·q tails (doubles, first for their alignment), queries, Q8_0 queries
-     * (34 bytes per 32 values, in floats), scores, cell ids (int32), one row, lane accumulators
-     * of P·V and of K·q, a block of K rows, the P·V lane order (int32), a block's visibility
-     * bytes; rounded up to whole cache lines */
+    /* floats per thread: queries, Q8_0 queries (34 bytes per 32 values, in floats), scores, cell
+     * ids (int32), one row, lane accumulators of P·V, the P·V lane order (int32), a block's
+     * visibility bytes; rounded up to whole cache lines */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
-    const int64_t kl_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK;
     const int64_t vis_floats = blocked ? (tb * n_kv + 3) / 4 : 0;
-    const int64_t per_thread = (2 * gqa * GGUFLM_ATTN_CBLOCK + tb * gqa * dk + qq_floats + tb * gqa * vt_stride +
-                                n_kv + row + acc_floats + kl_floats + GGUFLM_ATTN_CBLOCK * dk + n_kv + vis_floats +
-                                15) / 16 * 16;
+    const int64_t per_thread = (tb * gqa * dk + qq_floats + tb * gqa * vt_stride + n_kv + row + acc_floats + n_kv +
+                                vis_floats + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
     ggml_half *vt = blocked ? (ggml_half *)malloc(sizeof(ggml_half) * a->n_head_kv * a->head_dim_v * vt_stride) : NULL;
     /* one token, every head: the cells it sees, found once */
@@ -380,15 +374,12 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
     {
         float *p = scratch + per_thread * omp_get_thread_num();
         gguflm_attn_scratch s;
-        s.rest = (double *)p;              p += 2 * gqa * GGUFLM_ATTN_CBLOCK;
         s.q = p;                           p += tb * gqa * dk;
         s.qq = (block_q8_0 *)p;            p += qq_floats;
         s.score = p;                       p += tb * gqa * vt_stride;
         s.cells = (int32_t *)p;            p += n_kv;
         s.row = p;                         p += row;
         s.acc = p;                         p += acc_floats;
-        s.kl = p;                          p += kl_floats;
-        s.krows = p;                       p += GGUFLM_ATTN_CBLOCK * dk;
         s.order = (int32_t *)p;            p += n_kv;
         s.vis = (uint8_t *)p;
         if (blocked) {

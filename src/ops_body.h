@@ -27,67 +27,6 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 #endif
 }
 
-/* acc[r][i % L] = sum of rows[r][i] * y[i] for i < n (n a multiple of L), r < nr (at most 4): the
- * L lanes of nr dots (acc rows GGUFLM_MAX_LANES apart). Several rows at once keep several FMA
- * chains in flight: one dot of 8 or 16 lanes is a single dependent chain. */
-#define GGUFLM_LANE_DOTS(NR, L)                                                                     \
-    do {                                                                                            \
-        float t[4][L] = {{0}};  /* local: no aliasing with the rows, so it lives in registers */   \
-        for (int i = 0; i < n; i += L)                                                              \
-            for (int r = 0; r < NR; r++)                                                            \
-                for (int l = 0; l < L; l++) t[r][l] = fmaf(rows[r][i + l], y[i + l], t[r][l]);     \
-        for (int r = 0; r < NR; r++)                                                                \
-            for (int l = 0; l < L; l++) acc[r * GGUFLM_MAX_LANES + l] = t[r][l];                    \
-    } while (0)
-#define GGUFLM_LANE_DOTS_L(NR)                                                                      \
-    switch (n_lanes) {  /* constant trip counts, so that every form vectorises */                   \
-    case 8: GGUFLM_LANE_DOTS(NR, 8); break;                                                         \
-    case 16: GGUFLM_LANE_DOTS(NR, 16); break;                                                       \
-    case 32: GGUFLM_LANE_DOTS(NR, 32); break;                                                       \
-    default: GGUFLM_LANE_DOTS(NR, 64); break;                                                       \
-    }
-
-#if GGUFLM_VARIANT_AVX2
-/* four dots of NV 8-float vectors each (one sgemm lane vector: NV = 1 for AVX2's, 2 for AVX-512's),
- * accumulators pinned in registers */
-#define GGUFLM_LANE_DOTS4_AVX2(NV)                                                                  \
-    do {                                                                                            \
-        __m256 t[4][NV];                                                                            \
-        for (int r = 0; r < 4; r++)                                                                 \
-            for (int h = 0; h < NV; h++) t[r][h] = _mm256_setzero_ps();                             \
-        for (int i = 0; i < n; i += 8 * NV)                                                         \
-            for (int h = 0; h < NV; h++) {                                                          \
-                const __m256 yv = _mm256_loadu_ps(y + i + 8 * h);                                   \
-                for (int r = 0; r < 4; r++)                                                         \
-                    t[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(rows[r] + i + 8 * h), yv, t[r][h]);   \
-            }                                                                                       \
-        for (int r = 0; r < 4; r++)                                                                 \
-            for (int h = 0; h < NV; h++) _mm256_storeu_ps(acc + r * GGUFLM_MAX_LANES + 8 * h, t[r][h]); \
-    } while (0)
-#endif
-
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_dots)(int n, const float *const *rows, int nr, const float *y,
-                                                      float *acc, int n_lanes) {
-#if GGUFLM_VARIANT_AVX2
-    if (nr == 4 && n_lanes == 8) {
-        GGUFLM_LANE_DOTS4_AVX2(1);
-        return;
-    }
-    if (nr == 4 && n_lanes == 16) {
-        GGUFLM_LANE_DOTS4_AVX2(2);
-        return;
-    }
-#undef GGUFLM_LANE_DOTS4_AVX2
-#endif
-    if (nr == 4) {
-        GGUFLM_LANE_DOTS_L(4)
-    } else {
-        GGUFLM_LANE_DOTS_L(nr)
-    }
-}
-#undef GGUFLM_LANE_DOTS_L
-#undef GGUFLM_LANE_DOTS
-
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
     for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
@@ -121,6 +60,106 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_reduce_cols)(float *acc, int64_t stri
     }
 #undef GGUFLM_LANE
 }
+
+/* res[j * res_stride + i] = the dot of a[i] (n values, F16 when a_f16, else F32) and b[j] (F32),
+ * for i < ma, j < nb, in the lane order of ggml's float dots: n_lanes 8 or 16 is llamafile's sgemm
+ * (one chain of that many lanes, summed as gguflm_hsum_vec), 32 or 64 is ggml_vec_dot_f16/f32
+ * (four accumulator vectors, reduced as gguflm_reduce_cols). n is a multiple of n_lanes. */
+#if GGUFLM_VARIANT_AVX2
+GGUFLM_TARGET static inline __attribute__((always_inline)) __m256 GGUFLM_FN(gguflm_row8)(const void *p, int f16, int64_t k) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + k)))
+               : _mm256_loadu_ps((const float *)p + k);
+}
+
+/* a tile of RM rows of a by RN rows of b, NV 8-float vectors per step (n_lanes / 8); at most 12
+ * accumulators, so that they stay in registers */
+GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm_dots_tile)(
+        int n, const void *const *a, int a_f16, int RM, const float *const *b, int RN, int NV, float *res,
+        int64_t res_stride) {
+    __m256 acc[3][4][8];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++)
+            for (int h = 0; h < NV; h++) acc[i][j][h] = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8 * NV)
+        for (int h = 0; h < NV; h++) {
+            __m256 av[3];
+            for (int i = 0; i < RM; i++) av[i] = GGUFLM_FN(gguflm_row8)(a[i], a_f16, k + 8 * h);
+            for (int j = 0; j < RN; j++) {
+                const __m256 bv = _mm256_loadu_ps(b[j] + k + 8 * h);
+                for (int i = 0; i < RM; i++) acc[i][j][h] = _mm256_fmadd_ps(av[i], bv, acc[i][j][h]);
+            }
+        }
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) {
+            const __m256 *x = acc[i][j];
+            __m256 v;
+            if (NV == 1) v = x[0];
+            else if (NV == 2) v = _mm256_add_ps(x[0], x[1]);        /* 16 lanes: upper half onto lower */
+            else if (NV == 4) v = _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
+            else                                                     /* 16-lane vectors (x[2k], x[2k+1]) */
+                v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6])),
+                                  _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7])));
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            if (NV == 4) {  /* ggml's AVX2 dot ends with two hadds, everything else movehl, movehdup */
+                r = _mm_hadd_ps(r, r);
+                r = _mm_hadd_ps(r, r);
+            } else {
+                r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            }
+            res[j * res_stride + i] = _mm_cvtss_f32(r);
+        }
+}
+
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
+                                                       const float *const *b, int nb, int n_lanes, float *res,
+                                                       int64_t res_stride) {
+    /* constant tile shapes per lane count: (rows of a, rows of b) = (3, 4), (3, 2), (3, 1), (1, 1) */
+#define GGUFLM_DOTS_TILE(RM_, RN_, NV_) \
+    GGUFLM_FN(gguflm_dots_tile)(n, a + i, a_f16, RM_, b + j, RN_, NV_, res + j * res_stride + i, res_stride)
+#define GGUFLM_DOTS_TILES(RN_, NV_)                                              \
+    for (int i = 0; i < ma; i += 3) {                                            \
+        const int rm = ma - i < 3 ? ma - i : 3;                                  \
+        int j = 0;                                                               \
+        for (; j + RN_ <= nb; j += RN_) {                                        \
+            if (rm == 3) GGUFLM_DOTS_TILE(3, RN_, NV_);                          \
+            else if (rm == 2) GGUFLM_DOTS_TILE(2, RN_, NV_);                     \
+            else GGUFLM_DOTS_TILE(1, RN_, NV_);                                  \
+        }                                                                        \
+        for (; j < nb; j++) {                                                    \
+            if (rm == 3) GGUFLM_DOTS_TILE(3, 1, NV_);                            \
+            else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, NV_);                       \
+            else GGUFLM_DOTS_TILE(1, 1, NV_);                                    \
+        }                                                                        \
+    }
+    switch (n_lanes) {
+    case 8: GGUFLM_DOTS_TILES(4, 1); break;
+    case 16: GGUFLM_DOTS_TILES(2, 2); break;
+    case 32: GGUFLM_DOTS_TILES(1, 4); break;
+    default:
+        for (int i = 0; i < ma; i++)
+            for (int j = 0; j < nb; j++) GGUFLM_DOTS_TILE(1, 1, 8);
+        break;
+    }
+#undef GGUFLM_DOTS_TILES
+#undef GGUFLM_DOTS_TILE
+}
+#else
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
+                                                       const float *const *b, int nb, int n_lanes, float *res,
+                                                       int64_t res_stride) {
+    for (int i = 0; i < ma; i++)
+        for (int j = 0; j < nb; j++) {
+            float lanes[GGUFLM_MAX_LANES] = {0};
+            for (int k = 0; k < n; k += n_lanes)
+                for (int l = 0; l < n_lanes; l++) {
+                    const float x = a_f16 ? gguflm_fp16_to_fp32(((const ggml_half *)a[i])[k + l]) : ((const float *)a[i])[k + l];
+                    lanes[l] = fmaf(x, b[j][k + l], lanes[l]);
+                }
+            GGUFLM_FN(gguflm_reduce_cols)(lanes, 1, n_lanes, 1, res + j * res_stride + i);
+        }
+}
+#endif
 
 /* s->acc[g][lane][d] (DBLOCK apart) = the P·V lanes of head g for value dimensions d0 + d, d < db:
  * cell c's V values times its probability go into lane c % v_lanes, in cell order */
@@ -279,48 +318,34 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         else for (int d = 0; d < dk; d++) qg[d] = q[d];
     }
 
-    /* scores, GGUFLM_ATTN_CBLOCK cells at a time: each cell's dot lanes are stored as a column,
-     * then reduced for all the block's cells at once */
+    /* scores, GGUFLM_ATTN_CBLOCK cells at a time, every head of the group together */
+    const float *qrows[GGUFLM_MAX_GQA];
+    for (int g = 0; g < gqa; g++) qrows[g] = s->q + (int64_t)g * dk;
     for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
         const int nc = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
-        const float *krows[GGUFLM_ATTN_CBLOCK];
-        for (int ci = 0; ci < nc; ci++) {
-            const char *krow = k_base + (int64_t)s->cells[i0 + ci] * a->k_row_bytes;
-            krows[ci] = (const float *)krow;
-            if (tk == GGUFLM_CACHE_Q8_0) {
+        const void *krows[GGUFLM_ATTN_CBLOCK];
+        for (int ci = 0; ci < nc; ci++) krows[ci] = k_base + (int64_t)s->cells[i0 + ci] * a->k_row_bytes;
+        if (tk == GGUFLM_CACHE_Q8_0) {
+            for (int ci = 0; ci < nc; ci++)
                 for (int g = 0; g < gqa; g++)
                     s->score[(int64_t)g * n_vis + i0 + ci] =
-                        gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krow, s->qq + g * q8_blocks);
-            } else if (tk == GGUFLM_CACHE_F16) {
-                float *kf = s->krows + (int64_t)ci * dk;
-                GGUFLM_FN(gguflm_f16_row_to_f32)(dk, (const ggml_half *)krow, kf);
-                krows[ci] = kf;
-            }
+                        gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krows[ci], s->qq + g * q8_blocks);
+            continue;
         }
-        if (tk != GGUFLM_CACHE_Q8_0)
-            for (int g = 0; g < gqa; g++) {
-                const float *qg = s->q + (int64_t)g * dk;
-                for (int c0 = 0; c0 < nc; c0 += 4) {
-                    const int m = nc - c0 < 4 ? nc - c0 : 4;
-                    float lanes[4 * GGUFLM_MAX_LANES] = {0};
-                    GGUFLM_FN(gguflm_lane_dots)(k_main, krows + c0, m, qg, lanes, k_lanes);
-                    for (int j = 0; j < m; j++) {
-                        float *col = s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK + c0 + j;
-                        for (int l = 0; l < k_lanes; l++) col[(int64_t)l * GGUFLM_ATTN_CBLOCK] = lanes[j * GGUFLM_MAX_LANES + l];
-                        double rest = 0.0;
-                        for (int d = k_main; d < dk; d++) rest += (double)(krows[c0 + j][d] * qg[d]);
-                        s->rest[g * GGUFLM_ATTN_CBLOCK + c0 + j] = rest;
+        const int k_f16 = tk == GGUFLM_CACHE_F16;
+        GGUFLM_FN(gguflm_dots_block)(k_main, krows, k_f16, nc, qrows, gqa, k_lanes, s->score + i0, n_vis);
+        if (k_main < dk)
+            for (int g = 0; g < gqa; g++)
+                for (int ci = 0; ci < nc; ci++) {
+                    double rest = 0.0;
+                    for (int d = k_main; d < dk; d++) {
+                        const float kv = k_f16 ? gguflm_fp16_to_fp32(((const ggml_half *)krows[ci])[d])
+                                               : ((const float *)krows[ci])[d];
+                        rest += (double)(kv * qrows[g][d]);
                     }
+                    float *sc = s->score + (int64_t)g * n_vis + i0 + ci;
+                    *sc = (float)((double)*sc + rest);
                 }
-            }
-        if (tk == GGUFLM_CACHE_Q8_0) continue;
-        for (int g = 0; g < gqa; g++) {
-            float *sc = s->score + (int64_t)g * n_vis + i0;
-            GGUFLM_FN(gguflm_reduce_cols)(s->kl + (int64_t)g * k_lanes * GGUFLM_ATTN_CBLOCK, GGUFLM_ATTN_CBLOCK, k_lanes,
-                                          nc, sc);
-            if (k_main < dk)
-                for (int ci = 0; ci < nc; ci++) sc[ci] = (float)((double)sc[ci] + s->rest[g * GGUFLM_ATTN_CBLOCK + ci]);
-        }
     }
     for (int g = 0; g < gqa; g++) GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, s->score + (int64_t)g * n_vis);
 
@@ -338,106 +363,6 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
 }
 
 /* ---- batches with F16 K and V: a block of tokens at a time, as llamafile's sgemm tiles them ---- */
-
-/* res[j * res_stride + i] = the dot of a[i] (n values, F16 when a_f16, else F32) and b[j] (F32),
- * for i < ma, j < nb, in the lane order of ggml's float dots: n_lanes 8 or 16 is llamafile's sgemm
- * (one chain of that many lanes, summed as gguflm_hsum_vec), 32 or 64 is ggml_vec_dot_f16/f32
- * (four accumulator vectors, reduced as gguflm_reduce_cols). n is a multiple of n_lanes. */
-#if GGUFLM_VARIANT_AVX2
-GGUFLM_TARGET static inline __attribute__((always_inline)) __m256 GGUFLM_FN(gguflm_row8)(const void *p, int f16, int64_t k) {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + k)))
-               : _mm256_loadu_ps((const float *)p + k);
-}
-
-/* a tile of RM rows of a by RN rows of b, NV 8-float vectors per step (n_lanes / 8); at most 12
- * accumulators, so that they stay in registers */
-GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm_dots_tile)(
-        int n, const void *const *a, int a_f16, int RM, const float *const *b, int RN, int NV, float *res,
-        int64_t res_stride) {
-    __m256 acc[3][4][8];
-    for (int i = 0; i < RM; i++)
-        for (int j = 0; j < RN; j++)
-            for (int h = 0; h < NV; h++) acc[i][j][h] = _mm256_setzero_ps();
-    for (int k = 0; k < n; k += 8 * NV)
-        for (int h = 0; h < NV; h++) {
-            __m256 av[3];
-            for (int i = 0; i < RM; i++) av[i] = GGUFLM_FN(gguflm_row8)(a[i], a_f16, k + 8 * h);
-            for (int j = 0; j < RN; j++) {
-                const __m256 bv = _mm256_loadu_ps(b[j] + k + 8 * h);
-                for (int i = 0; i < RM; i++) acc[i][j][h] = _mm256_fmadd_ps(av[i], bv, acc[i][j][h]);
-            }
-        }
-    for (int i = 0; i < RM; i++)
-        for (int j = 0; j < RN; j++) {
-            const __m256 *x = acc[i][j];
-            __m256 v;
-            if (NV == 1) v = x[0];
-            else if (NV == 2) v = _mm256_add_ps(x[0], x[1]);        /* 16 lanes: upper half onto lower */
-            else if (NV == 4) v = _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
-            else                                                     /* 16-lane vectors (x[2k], x[2k+1]) */
-                v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6])),
-                                  _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7])));
-            __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            if (NV == 4) {  /* ggml's AVX2 dot ends with two hadds, everything else movehl, movehdup */
-                r = _mm_hadd_ps(r, r);
-                r = _mm_hadd_ps(r, r);
-            } else {
-                r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-                r = _mm_add_ss(r, _mm_movehdup_ps(r));
-            }
-            res[j * res_stride + i] = _mm_cvtss_f32(r);
-        }
-}
-
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
-                                                       const float *const *b, int nb, int n_lanes, float *res,
-                                                       int64_t res_stride) {
-    /* constant tile shapes per lane count: (rows of a, rows of b) = (3, 4), (3, 2), (3, 1), (1, 1) */
-#define GGUFLM_DOTS_TILE(RM_, RN_, NV_) \
-    GGUFLM_FN(gguflm_dots_tile)(n, a + i, a_f16, RM_, b + j, RN_, NV_, res + j * res_stride + i, res_stride)
-#define GGUFLM_DOTS_TILES(RN_, NV_)                                              \
-    for (int i = 0; i < ma; i += 3) {                                            \
-        const int rm = ma - i < 3 ? ma - i : 3;                                  \
-        int j = 0;                                                               \
-        for (; j + RN_ <= nb; j += RN_) {                                        \
-            if (rm == 3) GGUFLM_DOTS_TILE(3, RN_, NV_);                          \
-            else if (rm == 2) GGUFLM_DOTS_TILE(2, RN_, NV_);                     \
-            else GGUFLM_DOTS_TILE(1, RN_, NV_);                                  \
-        }                                                                        \
-        for (; j < nb; j++) {                                                    \
-            if (rm == 3) GGUFLM_DOTS_TILE(3, 1, NV_);                            \
-            else if (rm == 2) GGUFLM_DOTS_TILE(2, 1, NV_);                       \
-            else GGUFLM_DOTS_TILE(1, 1, NV_);                                    \
-        }                                                                        \
-    }
-    switch (n_lanes) {
-    case 8: GGUFLM_DOTS_TILES(4, 1); break;
-    case 16: GGUFLM_DOTS_TILES(2, 2); break;
-    case 32: GGUFLM_DOTS_TILES(1, 4); break;
-    default:
-        for (int i = 0; i < ma; i++)
-            for (int j = 0; j < nb; j++) GGUFLM_DOTS_TILE(1, 1, 8);
-        break;
-    }
-#undef GGUFLM_DOTS_TILES
-#undef GGUFLM_DOTS_TILE
-}
-#else
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const *a, int a_f16, int ma,
-                                                       const float *const *b, int nb, int n_lanes, float *res,
-                                                       int64_t res_stride) {
-    for (int i = 0; i < ma; i++)
-        for (int j = 0; j < nb; j++) {
-            float lanes[GGUFLM_MAX_LANES] = {0};
-            for (int k = 0; k < n; k += n_lanes)
-                for (int l = 0; l < n_lanes; l++) {
-                    const float x = a_f16 ? gguflm_fp16_to_fp32(((const ggml_half *)a[i])[k + l]) : ((const float *)a[i])[k + l];
-                    lanes[l] = fmaf(x, b[j][k + l], lanes[l]);
-                }
-            GGUFLM_FN(gguflm_reduce_cols)(lanes, 1, n_lanes, 1, res + j * res_stride + i);
-        }
-}
-#endif
 
 /* Tokens t0 .. t0+nt-1 and KV head hkv, F16 K and V, as ggml computes a batch: K·q for every cell
  * of the block's visible range (chains over the head dimension), the softmax of gguflm_attn_group,
@@ -489,37 +414,20 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, qrows, nq, lanes, s->score + c0, nc);
     }
 
-    /* softmax per query, over the cells its token sees (the order of gguflm_attn_group) */
-    for (int qi = 0; qi < nq; qi++) {
-        const uint8_t *vis = s->vis + (int64_t)(qi / gqa) * a->n_kv;
-        float *sc = s->score + (int64_t)qi * nc;
-        float max = -INFINITY;
+    /* softmax per query over the cells its token sees, as gguflm_attn_group's: the visible scores
+     * gathered to the front of the row in cell order, then spread back, zeros between */
+    for (int tl = 0; tl < nt; tl++) {
+        const uint8_t *vis = s->vis + (int64_t)tl * a->n_kv;
         int n_vis = 0;
-        for (int i = 0; i < nc; i++) {
-            const int c = lo + i;
-            if (c >= a->n_kv || !vis[c]) {
-                sc[i] = -INFINITY;
-                continue;
-            }
-            float kq = sc[i];
-            if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
-            kq = kq * a->kq_scale;
-            sc[i] = kq;
-            max = kq > max ? kq : max;
-            n_vis++;
+        for (int c = lo; c < lo + nk; c++)
+            if (vis[c]) s->cells[n_vis++] = c;
+        for (int qi = tl * gqa; qi < (tl + 1) * gqa; qi++) {
+            float *sc = s->score + (int64_t)qi * nc;
+            for (int i = 0; i < n_vis; i++) sc[i] = sc[s->cells[i] - lo];
+            if (n_vis > 0) GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, sc);
+            for (int i = nc - 1, k = n_vis - 1; i >= 0; i--)
+                sc[i] = k >= 0 && s->cells[k] - lo == i ? sc[k--] : 0.0f;
         }
-        if (n_vis == 0) {  /* sees nothing: zeros, as gguflm_attn_group */
-            memset(sc, 0, sizeof(float) * nc);
-            continue;
-        }
-        for (int i = 0; i < nc; i++) {
-            if (sc[i] == -INFINITY) sc[i] = 0.0f;
-            else sc[i] = a->arith == GGUFLM_ARITH_AVX512 ? gguflm_expf_avx512(sc[i] - max) : gguflm_expf(sc[i] - max);
-        }
-        double sum = 0.0;
-        for (int i = 0; i < nc; i += lanes) sum += (double)gguflm_hsum_vec(sc + i, lanes);
-        const float inv_sum = (float)(1.0 / sum);
-        for (int i = 0; i < nc; i++) sc[i] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(sc[i] * inv_sum));
     }
 
     /* P·V, a block of value dimensions at a time */
