@@ -176,7 +176,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
     return 1;
 }
 
-/* Per-thread scratch of one (token, KV head) item. */
+/* Per-thread scratch of one attention item (see gguflm_attn_scheme). */
 #define GGUFLM_MAX_GQA 64          /* query heads per KV head */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
 #define GGUFLM_ATTN_CBLOCK 32      /* K rows (or V^T rows) handed to the dot kernel at a time */
@@ -194,16 +194,26 @@ typedef struct {
 } gguflm_attn_scratch;
 
 /* order[start[l] .. start[l+1]) = the indices i of the cells with cells[i] % n_lanes == l, in
- * cell order: P·V visits each lane's cells together, so that the lane's chains stay in registers */
+ * cell order: P·V visits each lane's cells together, so that the lane's chains stay in registers.
+ * n_lanes is a power of two (8 to 64). */
 static void gguflm_order_by_lane(const int32_t *cells, int n_vis, int n_lanes, int *start, int32_t *order) {
+    const int mask = n_lanes - 1;
     int fill[GGUFLM_MAX_LANES];
     memset(start, 0, sizeof(int) * (n_lanes + 1));
-    for (int i = 0; i < n_vis; i++) start[cells[i] % n_lanes + 1]++;
+    for (int i = 0; i < n_vis; i++) start[(cells[i] & mask) + 1]++;
     for (int l = 0; l < n_lanes; l++) {
         start[l + 1] += start[l];
         fill[l] = start[l];
     }
-    for (int i = 0; i < n_vis; i++) order[fill[cells[i] % n_lanes]++] = i;
+    for (int i = 0; i < n_vis; i++) order[fill[cells[i] & mask]++] = i;
+}
+
+/* cells[0 .. n) = the cells token t sees, ascending; returns n */
+static int gguflm_visible_cells(const gguflm_attn_args *a, int t, int32_t *cells) {
+    int n = 0;
+    for (int c = 0; c < a->n_kv; c++)
+        if (gguflm_attn_visible(a, t, c)) cells[n++] = c;
+    return n;
 }
 
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
@@ -234,30 +244,28 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
 typedef void (*gguflm_geglu_fn)(const ggml_half *table, int n, const float *gate, const float *up, float *y);
-typedef void (*gguflm_attn_group_fn)(const gguflm_attn_args *a, int t, int hkv, gguflm_attn_scratch *s);
-typedef void (*gguflm_attn_head_fn)(const gguflm_attn_args *a, int t, int h, const int32_t *cells, int n_vis,
-                                    gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_heads_fn)(const gguflm_attn_args *a, int t, int h0, int nh, const int32_t *cells,
+                                     int n_vis, gguflm_attn_scratch *s);
 typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
                                      int64_t vt_stride, gguflm_attn_scratch *s);
 
 typedef struct {
     gguflm_glu_fn swiglu_row;
     gguflm_geglu_fn geglu_row;
-    gguflm_attn_group_fn attn_group;
-    gguflm_attn_head_fn attn_head;
+    gguflm_attn_heads_fn attn_heads;
     gguflm_attn_block_fn attn_block;
 } gguflm_ops_kernels;
 
 static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
     if (use_avx2)
-        return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_group_avx2,
-                                    gguflm_attn_head_avx2, gguflm_attn_block_avx2};
+        return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_heads_avx2,
+                                    gguflm_attn_block_avx2};
 #else
     (void)use_avx2;
 #endif
-    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_group_scalar,
-                                gguflm_attn_head_scalar, gguflm_attn_block_scalar};
+    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_heads_scalar,
+                                gguflm_attn_block_scalar};
 }
 
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
@@ -309,8 +317,8 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
 }
 
 /* With F16 K and V (the default cache), batches go through gguflm_attn_block (GGUFLM_ATTN_TBLOCK
- * tokens per item, V transposed once per call) and single tokens through gguflm_attn_head (one
- * query head per item); other caches through gguflm_attn_group (one token and KV head per item). */
+ * tokens per item, V transposed once per call) and single tokens through gguflm_attn_heads one
+ * query head per item; other caches through gguflm_attn_heads one token and KV head per item. */
 enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
 static int gguflm_attn_scheme(const gguflm_attn_args *a) {
     if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
@@ -366,10 +374,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         free(cells);
         return -1;
     }
-    int n_vis = 0;
-    if (cells)
-        for (int c = 0; c < a->n_kv; c++)
-            if (gguflm_attn_visible(a, 0, c)) cells[n_vis++] = c;
+    const int n_vis = cells ? gguflm_visible_cells(a, 0, cells) : 0;
     #pragma omp parallel num_threads(n_threads)
     {
         float *p = scratch + per_thread * omp_get_thread_num();
@@ -393,11 +398,14 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         } else if (scheme == GGUFLM_ATTN_BY_HEAD) {
             #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < n_items; item++)
-                kernels.attn_head(a, 0, (int)item, cells, n_vis, &s);
+                kernels.attn_heads(a, 0, (int)item, 1, cells, n_vis, &s);
         } else {
             #pragma omp for schedule(dynamic, 1)
-            for (int64_t item = 0; item < n_items; item++)
-                kernels.attn_group(a, (int)(item / a->n_head_kv), (int)(item % a->n_head_kv), &s);
+            for (int64_t item = 0; item < n_items; item++) {
+                const int t = (int)(item / a->n_head_kv);
+                kernels.attn_heads(a, t, (int)(item % a->n_head_kv * gqa), (int)gqa, s.cells,
+                                   gguflm_visible_cells(a, t, s.cells), &s);
+            }
         }
     }
     free(scratch);

@@ -162,14 +162,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const 
 #endif
 
 /* s->acc[g][lane][d] (DBLOCK apart) = the P·V lanes of head g for value dimensions d0 + d, d < db:
- * cell c's V values times its probability go into lane c % v_lanes, in cell order */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes_generic)(const gguflm_attn_args *a, const char *v_base, int n_vis,
-                                                             int gqa, int v_lanes, int d0, int db,
-                                                             gguflm_attn_scratch *s) {
+ * cell cells[i]'s V values times its probability s->score[g * n_vis + i] go into lane
+ * cells[i] % v_lanes, in cell order */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes_generic)(const gguflm_attn_args *a, const char *v_base,
+                                                             const int32_t *cells, int n_vis, int gqa, int v_lanes,
+                                                             int d0, int db, gguflm_attn_scratch *s) {
     const int tv = a->cache_type_v, dv = a->head_dim_v;
     memset(s->acc, 0, sizeof(float) * v_lanes * GGUFLM_ATTN_DBLOCK * gqa);
     for (int i = 0; i < n_vis; i++) {
-        const int c = s->cells[i];
+        const int c = cells[i];
         const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
         const float *vf;
         if (tv == GGUFLM_CACHE_F16) {
@@ -191,54 +192,69 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes_generic)(const gguflm_attn_a
 }
 
 #if GGUFLM_VARIANT_AVX2
-/* The same for float V: cells bucketed by lane (in cell order), then per lane, 16 dimensions and
- * up to 4 heads at a time, the lane's FMA chains run in registers. p = 0 adds an exact zero. */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base, int n_vis, int gqa,
-                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
-    const int tv = a->cache_type_v;
-    if (tv == GGUFLM_CACHE_Q8_0 || db % 16) {
-        GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
-        return;
-    }
-    int start[GGUFLM_MAX_LANES + 1];
-    gguflm_order_by_lane(s->cells, n_vis, v_lanes, start, s->order);
-    for (int dd = 0; dd < db; dd += 16)
-        for (int g0 = 0; g0 < gqa; g0 += 4) {
-            const int ng = gqa - g0 < 4 ? gqa - g0 : 4;
-            for (int l = 0; l < v_lanes; l++) {
-                __m256 t[4][2];
-                for (int g = 0; g < 4; g++) t[g][0] = t[g][1] = _mm256_setzero_ps();
-                for (int k = start[l]; k < start[l + 1]; k++) {
-                    const int i = s->order[k];
-                    const char *vrow = v_base + (int64_t)s->cells[i] * a->v_row_bytes;
-                    __m256 v0, v1;
-                    if (tv == GGUFLM_CACHE_F16) {
-                        const ggml_half *vh = (const ggml_half *)vrow + d0 + dd;
-                        v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vh));
-                        v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8)));
-                    } else {
-                        const float *vf = (const float *)vrow + d0 + dd;
-                        v0 = _mm256_loadu_ps(vf);
-                        v1 = _mm256_loadu_ps(vf + 8);
-                    }
-                    for (int g = 0; g < ng; g++) {
-                        const __m256 p = _mm256_set1_ps(s->score[(int64_t)(g0 + g) * n_vis + i]);
-                        t[g][0] = _mm256_fmadd_ps(v0, p, t[g][0]);
-                        t[g][1] = _mm256_fmadd_ps(v1, p, t[g][1]);
-                    }
-                }
-                for (int g = 0; g < ng; g++) {
-                    float *lane = s->acc + ((int64_t)(g0 + g) * v_lanes + l) * GGUFLM_ATTN_DBLOCK + dd;
-                    _mm256_storeu_ps(lane, t[g][0]);
-                    _mm256_storeu_ps(lane + 8, t[g][1]);
-                }
+/* one pass of gguflm_pv_lanes: heads g0 .. g0+ng-1 (ng <= NH), NV vectors of dimensions from d0+dd */
+GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm_pv_pass)(
+        const gguflm_attn_args *a, const char *v_base, const int32_t *cells, int n_vis, const int *start,
+        int v_lanes, int d0, int dd, int g0, int ng, int NH, int NV, int f16, gguflm_attn_scratch *s) {
+    for (int l = 0; l < v_lanes; l++) {
+        __m256 t[4][8];
+        for (int g = 0; g < NH; g++)
+            for (int h = 0; h < NV; h++) t[g][h] = _mm256_setzero_ps();
+        for (int k = start[l]; k < start[l + 1]; k++) {
+            const int i = s->order[k];
+            const char *vrow = v_base + (int64_t)cells[i] * a->v_row_bytes;
+            __m256 v[8];
+            for (int h = 0; h < NV; h++)
+                v[h] = f16
+                           ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)vrow + d0 + dd + 8 * h)))
+                           : _mm256_loadu_ps((const float *)vrow + d0 + dd + 8 * h);
+            for (int g = 0; g < NH && g < ng; g++) {
+                const __m256 p = _mm256_set1_ps(s->score[(int64_t)(g0 + g) * n_vis + i]);
+                for (int h = 0; h < NV; h++) t[g][h] = _mm256_fmadd_ps(v[h], p, t[g][h]);
             }
         }
+        for (int g = 0; g < NH && g < ng; g++)
+            for (int h = 0; h < NV; h++)
+                _mm256_storeu_ps(s->acc + ((int64_t)(g0 + g) * v_lanes + l) * GGUFLM_ATTN_DBLOCK + dd + 8 * h, t[g][h]);
+    }
+}
+
+/* The same for float V: cells bucketed by lane (start and s->order from gguflm_order_by_lane), then
+ * per lane the lane's FMA chains
+ * run in registers: 64 dimensions of one head, or 16 dimensions of up to 4 heads, at a time.
+ * p = 0 adds an exact zero. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base,
+                                                     const int32_t *cells, int n_vis, const int *start, int gqa,
+                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
+    if (a->cache_type_v == GGUFLM_CACHE_Q8_0 || db % 16) {
+        GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_vis, gqa, v_lanes, d0, db, s);
+        return;
+    }
+    /* constant shapes and V type per call, so that the accumulators stay in registers */
+#define GGUFLM_PV_PASS(G0, NG, NH, NV)                                                                          \
+    do {                                                                                                        \
+        if (a->cache_type_v == GGUFLM_CACHE_F16)                                                                \
+            GGUFLM_FN(gguflm_pv_pass)(a, v_base, cells, n_vis, start, v_lanes, d0, dd, G0, NG, NH, NV, 1, s);  \
+        else                                                                                                    \
+            GGUFLM_FN(gguflm_pv_pass)(a, v_base, cells, n_vis, start, v_lanes, d0, dd, G0, NG, NH, NV, 0, s);  \
+    } while (0)
+    for (int dd = 0; dd < db;) {
+        if (gqa == 1 && db - dd >= 64) {
+            GGUFLM_PV_PASS(0, 1, 1, 8);
+            dd += 64;
+            continue;
+        }
+        for (int g0 = 0; g0 < gqa; g0 += 4) GGUFLM_PV_PASS(g0, gqa - g0 < 4 ? gqa - g0 : 4, 4, 2);
+        dd += 16;
+    }
+#undef GGUFLM_PV_PASS
 }
 #else
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base, int n_vis, int gqa,
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base,
+                                                     const int32_t *cells, int n_vis, const int *start, int gqa,
                                                      int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
-    GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
+    (void)start;
+    GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_vis, gqa, v_lanes, d0, db, s);
 }
 #endif
 
@@ -282,12 +298,12 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args
     }
 }
 
-/* One token and one KV head: the group of query heads sharing that head. K and V rows are
- * converted to floats once for the whole group; every head keeps ggml's lane order. */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a, int t, int hkv,
-                                                       gguflm_attn_scratch *s) {
-    const int dk = a->head_dim_k, dv = a->head_dim_v;
-    const int gqa = a->n_head / a->n_head_kv, h0 = hkv * gqa;
+/* One token t, the query heads h0 .. h0+nh-1 (all sharing one KV head), over the n_vis cells `cells`
+ * the token sees (ascending): K and V rows are read once for all those heads; every head keeps
+ * ggml's lane order. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a, int t, int h0, int nh,
+                                                       const int32_t *cells, int n_vis, gguflm_attn_scratch *s) {
+    const int dk = a->head_dim_k, dv = a->head_dim_v, hkv = h0 / (a->n_head / a->n_head_kv);
     const int tk = a->cache_type_k, tv = a->cache_type_v;
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(tk, hkv, dk);
     const char *v_base = (const char *)a->v + gguflm_cache_head_offset(tv, hkv, dv);
@@ -300,17 +316,13 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
     /* a vec_dot leaves the elements after its last whole step to a scalar sum (in double for F16) */
     const int k_main = dk - dk % k_lanes;
 
-    /* the cells this token sees (the same for every head) */
-    int n_vis = 0;
-    for (int c = 0; c < a->n_kv; c++)
-        if (gguflm_attn_visible(a, t, c)) s->cells[n_vis++] = c;
     if (n_vis == 0) {  /* a token that sees nothing gets zeros (ggml would produce NaN) */
-        for (int g = 0; g < gqa; g++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv, 0, sizeof(float) * dv);
+        for (int g = 0; g < nh; g++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv, 0, sizeof(float) * dv);
         return;
     }
 
     /* the queries enter the K·q product in the K type's precision */
-    for (int g = 0; g < gqa; g++) {
+    for (int g = 0; g < nh; g++) {
         const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)(h0 + g) * dk;
         float *qg = s->q + (int64_t)g * dk;
         if (tk == GGUFLM_CACHE_Q8_0) gguflm_quantize_q8_0_act(dk, q, s->qq + g * q8_blocks);
@@ -318,24 +330,24 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
         else for (int d = 0; d < dk; d++) qg[d] = q[d];
     }
 
-    /* scores, GGUFLM_ATTN_CBLOCK cells at a time, every head of the group together */
+    /* scores, GGUFLM_ATTN_CBLOCK cells at a time, every head together */
     const float *qrows[GGUFLM_MAX_GQA];
-    for (int g = 0; g < gqa; g++) qrows[g] = s->q + (int64_t)g * dk;
+    for (int g = 0; g < nh; g++) qrows[g] = s->q + (int64_t)g * dk;
     for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
         const int nc = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
         const void *krows[GGUFLM_ATTN_CBLOCK];
-        for (int ci = 0; ci < nc; ci++) krows[ci] = k_base + (int64_t)s->cells[i0 + ci] * a->k_row_bytes;
+        for (int ci = 0; ci < nc; ci++) krows[ci] = k_base + (int64_t)cells[i0 + ci] * a->k_row_bytes;
         if (tk == GGUFLM_CACHE_Q8_0) {
             for (int ci = 0; ci < nc; ci++)
-                for (int g = 0; g < gqa; g++)
+                for (int g = 0; g < nh; g++)
                     s->score[(int64_t)g * n_vis + i0 + ci] =
                         gguflm_dot_q8_0_lanes(dk, (const block_q8_0 *)krows[ci], s->qq + g * q8_blocks);
             continue;
         }
         const int k_f16 = tk == GGUFLM_CACHE_F16;
-        GGUFLM_FN(gguflm_dots_block)(k_main, krows, k_f16, nc, qrows, gqa, k_lanes, s->score + i0, n_vis);
+        GGUFLM_FN(gguflm_dots_block)(k_main, krows, k_f16, nc, qrows, nh, k_lanes, s->score + i0, n_vis);
         if (k_main < dk)
-            for (int g = 0; g < gqa; g++)
+            for (int g = 0; g < nh; g++)
                 for (int ci = 0; ci < nc; ci++) {
                     double rest = 0.0;
                     for (int d = k_main; d < dk; d++) {
@@ -347,14 +359,16 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
                     *sc = (float)((double)*sc + rest);
                 }
     }
-    for (int g = 0; g < gqa; g++) GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, s->score + (int64_t)g * n_vis);
+    for (int g = 0; g < nh; g++) GGUFLM_FN(gguflm_softmax_cells)(a, cells, n_vis, s->score + (int64_t)g * n_vis);
 
     /* P·V, a block of value dimensions at a time so that every head's lanes stay in cache:
      * each cell's V values go into the lane that ggml's dot over cells would have used */
+    int start[GGUFLM_MAX_LANES + 1];
+    gguflm_order_by_lane(cells, n_vis, v_lanes, start, s->order);
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, n_vis, gqa, v_lanes, d0, db, s);
-        for (int g = 0; g < gqa; g++) {
+        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, cells, n_vis, start, nh, v_lanes, d0, db, s);
+        for (int g = 0; g < nh; g++) {
             float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
             GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,
                                           db, out);
@@ -365,7 +379,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_group)(const gguflm_attn_args *a
 /* ---- batches with F16 K and V: a block of tokens at a time, as llamafile's sgemm tiles them ---- */
 
 /* Tokens t0 .. t0+nt-1 and KV head hkv, F16 K and V, as ggml computes a batch: K·q for every cell
- * of the block's visible range (chains over the head dimension), the softmax of gguflm_attn_group,
+ * of the block's visible range (chains over the head dimension), the softmax of gguflm_attn_heads,
  * then P·V with V transposed (vt: [head_dim_v][vt_stride] F16 for this head, zero past n_kv):
  * chains over cells, lane = cell % lanes, masked cells adding exact zeros. */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a, int t0, int nt, int hkv,
@@ -414,7 +428,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, qrows, nq, lanes, s->score + c0, nc);
     }
 
-    /* softmax per query over the cells its token sees, as gguflm_attn_group's: the visible scores
+    /* softmax per query over the cells its token sees, as gguflm_attn_heads': the visible scores
      * gathered to the front of the row in cell order, then spread back, zeros between */
     for (int tl = 0; tl < nt; tl++) {
         const uint8_t *vis = s->vis + (int64_t)tl * a->n_kv;
@@ -441,71 +455,5 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         for (int qi = 0; qi < nq; qi++)
             memcpy(a->out + (int64_t)(t0 + qi / gqa) * a->out_stride + (int64_t)(h0 + qi % gqa) * dv + d0,
                    res + (int64_t)qi * GGUFLM_ATTN_CBLOCK, sizeof(float) * m);
-    }
-}
-
-/* Single tokens with F16 K and V, as ggml's vec_dot computes them (chains of gguflm_dot_lanes lanes):
- * one query head per item, so that a model with one KV head still spreads over the threads. cells:
- * the n_vis cells token t sees, ascending (found once for all the heads). */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_head)(const gguflm_attn_args *a, int t, int h,
-                                                      const int32_t *cells, int n_vis, gguflm_attn_scratch *s) {
-    const int dk = a->head_dim_k, dv = a->head_dim_v, hkv = h / (a->n_head / a->n_head_kv);
-    const int lanes = gguflm_dot_lanes(a->arith);
-    const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
-    const char *v_base = (const char *)a->v + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dv);
-    float *out = a->out + (int64_t)t * a->out_stride + (int64_t)h * dv;
-    if (n_vis == 0) {
-        memset(out, 0, sizeof(float) * dv);
-        return;
-    }
-    const float *q = a->q + (int64_t)t * a->q_stride + (int64_t)h * dk;
-    for (int d = 0; d < dk; d++) s->q[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
-    const float *qrow = s->q;
-    for (int i0 = 0; i0 < n_vis; i0 += GGUFLM_ATTN_CBLOCK) {
-        const int m = n_vis - i0 < GGUFLM_ATTN_CBLOCK ? n_vis - i0 : GGUFLM_ATTN_CBLOCK;
-        const void *krows[GGUFLM_ATTN_CBLOCK];
-        for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)cells[i0 + i] * a->k_row_bytes;
-        GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, &qrow, 1, lanes, s->score + i0, 0);
-    }
-    GGUFLM_FN(gguflm_softmax_cells)(a, cells, n_vis, s->score);
-
-    /* P·V: cell c's values times its probability into lane c % lanes, cells in order; lanes
-     * [lane][GGUFLM_ATTN_DBLOCK] in s->acc, a block of value dimensions at a time */
-#if GGUFLM_VARIANT_AVX2
-    /* cells bucketed by lane, so that each lane's chains run in registers */
-    int start[GGUFLM_MAX_LANES + 1];
-    gguflm_order_by_lane(cells, n_vis, lanes, start, s->order);
-#endif
-    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
-        const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-#if GGUFLM_VARIANT_AVX2
-        for (int l = 0; l < lanes; l++)
-            for (int v0 = 0; v0 < db;) {
-                /* 8 vectors (64 dimensions) per pass where they fit, else one */
-                const int nv = db - v0 >= 64 ? 8 : 1;
-                __m256 acc[8];
-                for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
-                for (int k = start[l]; k < start[l + 1]; k++) {
-                    const int i = s->order[k];
-                    const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0 + v0;
-                    const __m256 p = _mm256_set1_ps(s->score[i]);
-                    if (nv == 8)
-                        for (int k8 = 0; k8 < 8; k8++)
-                            acc[k8] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8 * k8))), p, acc[k8]);
-                    else
-                        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vh)), p, acc[0]);
-                }
-                for (int k = 0; k < nv; k++) _mm256_storeu_ps(s->acc + (int64_t)l * GGUFLM_ATTN_DBLOCK + v0 + 8 * k, acc[k]);
-                v0 += 8 * nv;
-            }
-#else
-        memset(s->acc, 0, sizeof(float) * lanes * GGUFLM_ATTN_DBLOCK);
-        for (int i = 0; i < n_vis; i++) {
-            const ggml_half *vh = (const ggml_half *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0;
-            float *lane = s->acc + (int64_t)(cells[i] % lanes) * GGUFLM_ATTN_DBLOCK;
-            for (int d = 0; d < db; d++) lane[d] = fmaf(gguflm_fp16_to_fp32(vh[d]), s->score[i], lane[d]);
-        }
-#endif
-        GGUFLM_FN(gguflm_reduce_cols)(s->acc, GGUFLM_ATTN_DBLOCK, lanes, db, out + d0);
     }
 }
