@@ -534,10 +534,19 @@ class MinP(Sampler):
         cur_p.size = kernels.min_p_cut_sorted(cur_p.logits, self.p, self.min_keep)
 
 
+def _logf(x: Any) -> Any:
+    """C's logf of a float32 scalar or array (llama.cpp's samplers use it; numpy's float32 log
+    rounds differently at times)."""
+    a = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    out = np.empty_like(a)
+    kernels.logf_array(a, out)
+    return out.reshape(np.shape(x)) if np.ndim(x) else out[0]
+
+
 def _entropy_terms(p: np.ndarray) -> np.ndarray:
-    """-p * log(p) in float32 (0 * log 0 is NaN, as in C)."""
+    """-p * logf(p) in float32 (0 * log 0 is NaN, as in C)."""
     with _c_float_math():
-        return -p * np.log(p)
+        return -p * _logf(p)
 
 
 def _sum_f32(values: np.ndarray) -> _F32:
@@ -562,7 +571,7 @@ class Typical(Sampler):
         p = cur_p.p
         entropy = _sum_f32(_entropy_terms(p))
         with _c_float_math():
-            shifted = np.abs(-np.log(p) - entropy)
+            shifted = np.abs(-_logf(p) - entropy)
         order = cur_p.sorted_positions(-shifted)  # ascending shifted score, stable
         cumulative = np.cumsum(p[order], dtype=_F32)
         enough = np.arange(len(order)) >= self.min_keep - 1 if self.min_keep else True
@@ -616,7 +625,7 @@ class TempExt(Sampler):
         with _c_float_math():
             min_temp = max(_F32(0.0), _F32(self.t) - _F32(self.delta))
             max_temp = _F32(self.t) + _F32(self.delta)
-            max_entropy = -np.log(_F32(1.0) / _F32(cur_p.size))
+            max_entropy = -_logf(_F32(1.0) / _F32(cur_p.size))
             p = cur_p.p
             entropy = _sum_f32(_entropy_terms(p[p > 0.0]))
             normalized = entropy / max_entropy
@@ -726,8 +735,8 @@ class Mirostat(_Mirostat):
         count = min(self.m - 1 if self.m >= 1 else cur_p.size, cur_p.size - 1)
         ranks = np.arange(1, count + 1, dtype=_F32)
         with _c_float_math():
-            t = np.log((ranks + _F32(1.0)) / ranks)
-            b = np.log(cur_p.p[:count] / cur_p.p[1:count + 1])
+            t = _logf((ranks + _F32(1.0)) / ranks)
+            b = _logf(cur_p.p[:count] / cur_p.p[1:count + 1])
             s_hat = _sum_f32(t * b) / _sum_f32(t * t)
             epsilon_hat = s_hat - _F32(1.0)
             k = np.power((epsilon_hat * np.power(_F32(2.0), self.mu))

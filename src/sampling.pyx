@@ -440,3 +440,14 @@ def dry_repeat_counts(const int32_t[::1] recent, int rep_limit, int32_t[::1] out
                     out[last - k] = run if run < rep_limit else rep_limit
                     lt = k
                     rt = i - 1
+
+
+def logf_array(const float[::1] x, float[::1] out) -> None:
+    """``out[i] = logf(x[i])``: C's float log, as llama.cpp's samplers take it (numpy's float32
+    log is a different approximation and differs from it by an ulp at times)."""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("out must have x's length")
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(x.shape[0]):
+            out[i] = logf(x[i])
