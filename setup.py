@@ -44,16 +44,26 @@ def compiler_accepts_openmp(compiler_cmd: list[str]) -> bool:
 
 
 class BuildExt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:  # the extensions compile independently: one job per core
+            self.parallel = os.cpu_count() or 1
+
     def build_extensions(self):
         cc = self.compiler.compiler_so[:1] if hasattr(self.compiler, "compiler_so") else ["cc"]
         use_openmp = os.environ.get("GGUFLM_NO_OPENMP") != "1" and compiler_accepts_openmp(cc)
         if not use_openmp:
             warnings.warn("gguflm: building without OpenMP; kernels will run on one thread")
+        # an interpreter built with -rpath in its LDFLAGS (pyenv, some distributions) passes it on;
+        # the extensions need no library from its prefix, and a wheel must not name build paths
+        if hasattr(self.compiler, "linker_so"):
+            self.compiler.linker_so = [a for a in self.compiler.linker_so if not a.startswith("-Wl,-rpath")]
         for ext in self.extensions:
-            # no fused multiply-adds the source does not ask for: every ISA variant of a kernel
-            # rounds the same way (kernels call fmaf() where ggml fuses); FP exception flags are
-            # not observed, so branch-free selects may be vectorized (results are unchanged)
-            ext.extra_compile_args = ["-O3", "-ffp-contract=off", "-fno-trapping-math",
+            # -g0: debug info would record the build directory (profilers need only the symbol
+            # table, which stays). No fused multiply-adds the source does not ask for: every ISA
+            # variant of a kernel rounds the same way (kernels call fmaf() where ggml fuses). FP
+            # exception flags are not observed, so branch-free selects may be vectorized.
+            ext.extra_compile_args = ["-O3", "-g0", "-ffp-contract=off", "-fno-trapping-math",
                                       "-Wno-unused-function", "-Wno-unknown-pragmas"]
             if use_openmp:
                 ext.extra_compile_args.append("-fopenmp")
