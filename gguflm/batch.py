@@ -7,6 +7,7 @@ token asks for output (every token when the context computes embeddings).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -47,9 +48,12 @@ class Batch:
     @classmethod
     def get_one(cls, tokens: Sequence[int] | np.ndarray) -> Batch:
         """A batch of ``tokens`` for sequence 0 whose positions and outputs the context decides."""
-        ids = np.asarray(tokens, dtype=np.int64)
+        ids = np.asarray(tokens)
         if ids.ndim != 1 or len(ids) == 0:
             raise ValueError("get_one needs a non-empty 1-D sequence of token ids")
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be integers, got {ids.dtype}")
+        ids = ids.astype(np.int64)
         if ids.min() < _INT32_MIN or ids.max() > _INT32_MAX:
             raise ValueError("token ids must fit in int32")
         batch = cls(len(ids))
@@ -69,7 +73,7 @@ class Batch:
             raise ValueError(f"a token needs 1 to {self.n_seq_max} sequence ids, got {len(seqs)}")
         i = self.n_tokens
         if self.token is not None:
-            self.token[i] = int(token)
+            self.token[i] = operator.index(token)  # an int, never a truncated float
         else:
             self.embd[i] = np.asarray(token, dtype=np.float32)
         self.pos[i] = pos

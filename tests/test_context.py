@@ -254,6 +254,16 @@ def test_invalid_batches_return_minus_1(llama_model, kind):
         assert ctx.state_save() == before
 
 
+def test_batches_refuse_non_integer_tokens():
+    with pytest.raises(TypeError):
+        Batch.get_one([5, 1.5])
+    with pytest.raises(TypeError):
+        Batch.get_one(np.array([5.0]))
+    with pytest.raises(TypeError):
+        Batch(2).add(1.5, 0, [0], True)
+    assert Batch.get_one(np.array([5, 6], np.uint16)).token.tolist() == [5, 6]
+
+
 # -- memory operations
 
 def test_seq_rm_then_redecode_equals_fresh(llama_model):
