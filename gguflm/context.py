@@ -336,9 +336,15 @@ class Context:
         plan = self._plans.get(ub.shape)
         if plan is None:
             hp = self.model.hparams
-            plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0)
-            graph = Graph(self, ub, plan, Arena())
-            plan.results = self.model.architecture.forward(graph)
+            def record(arena: Arena) -> Plan:
+                plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0)
+                plan.results = self.model.architecture.forward(Graph(self, ub, plan, arena))
+                return plan
+
+            # once to learn when each buffer is in use, then into buffers that share memory
+            sizing = Arena()
+            sized = record(sizing)
+            plan = record(sizing.packed(sized.node_arrays, sized.results))
             self._plans[ub.shape] = plan
             if len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)

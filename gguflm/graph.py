@@ -13,7 +13,7 @@ same), norms, RoPE, attention and GLUs come from ``src/ops.h``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,20 +59,85 @@ class UBatch:
         return self.n_tokens, self.n_outputs, self.tokens is None
 
 
-class Arena:
-    """The activation buffers of one plan, allocated while it is recorded."""
+_ALIGN = 64  # bytes: every buffer starts on a cache line
 
-    def __init__(self) -> None:
+
+class Arena:
+    """The activation buffers of one plan.
+
+    A forward pass is recorded twice. In the first recording every buffer gets memory of its own
+    (``np.empty``, never touched, so nothing becomes resident) and the nodes show when each buffer
+    is first used and last used. :meth:`packed` then lays the buffers out in one block where those
+    whose lifetimes do not overlap share bytes (ggml-alloc's reuse); the second recording takes its
+    buffers from that layout, in the same order. Without the reuse a 512-token ubatch of a small
+    model would hold every layer's intermediates at once: hundreds of MB.
+    """
+
+    def __init__(self, offsets: list[int] | None = None, size: int = 0) -> None:
         self.buffers: list[np.ndarray] = []
+        self._offsets = offsets
+        self._block: np.ndarray | None = None
+        if offsets is not None:
+            raw = np.empty(size + _ALIGN, np.uint8)
+            skip = -raw.ctypes.data % _ALIGN
+            self._block = raw[skip:skip + size]
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        buf = np.empty(shape, dtype)
+        if self._block is None:
+            buf = np.empty(shape, dtype)
+        else:
+            i = len(self.buffers)
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            if i >= len(self._offsets) or self._offsets[i] + nbytes > len(self._block):
+                raise RuntimeError("the forward pass asked for other buffers than when it was laid out")
+            buf = self._block[self._offsets[i]:self._offsets[i] + nbytes].view(dtype).reshape(shape)
         self.buffers.append(buf)
         return buf
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return len(self._block) if self._block is not None else sum(b.nbytes for b in self.buffers)
+
+    def packed(self, node_arrays: Sequence[tuple[Any, ...]], results: Any) -> Arena:
+        """An arena laying out this one's buffers (in the order they were taken) in one block,
+        given the arrays of each recorded node; buffers in ``results`` stay alive to the end."""
+        owner = {id(b): i for i, b in enumerate(self.buffers)}
+        end = len(node_arrays)
+        first, last = [end] * len(self.buffers), [-1] * len(self.buffers)
+
+        def touch(a: Any, k: int) -> None:
+            # views (reshapes, byte views) name the buffer they came from as their base
+            i = owner.get(id(a if a.base is None else a.base)) if isinstance(a, np.ndarray) else None
+            if i is not None:
+                first[i], last[i] = min(first[i], k), max(last[i], k)
+
+        for k, arrays in enumerate(node_arrays):
+            for a in arrays:
+                touch(a, k)
+        for a in _arrays_in(results):
+            touch(a, end)
+        offsets, size = [0] * len(self.buffers), 0
+        live: list[tuple[int, int, int]] = []  # (offset, stop, last use) of buffers placed so far
+        for i in sorted(range(len(self.buffers)), key=lambda i: (first[i], i)):
+            live = sorted(b for b in live if b[2] >= first[i])  # the others are dead by now
+            need = -(-self.buffers[i].nbytes // _ALIGN) * _ALIGN
+            at = 0
+            for start, stop, _ in live:  # first gap wide enough
+                if at + need <= start:
+                    break
+                at = max(at, stop)
+            offsets[i] = at
+            live.append((at, at + need, max(last[i], first[i])))
+            size = max(size, at + need)
+        return Arena(offsets, size)
+
+
+def _arrays_in(value: Any) -> Iterator[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _arrays_in(v)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ cdef class Plan:
     cdef gguflm_node *nodes
     cdef int64_t n_nodes, capacity
     cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
-    cdef list keep          # arrays the nodes point into
+    cdef list keep          # per node, the arrays it points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
     def __cinit__(self):
@@ -115,6 +115,11 @@ cdef class Plan:
     def size(self):
         return self.n_nodes
 
+    @property
+    def node_arrays(self):
+        """For each node in order, the tuple of arrays it reads or writes."""
+        return self.keep
+
     cdef gguflm_node *_add(self, int op, int n_threads, tuple arrays=()) except NULL:
         if self.n_nodes == self.capacity:
             self.capacity = max(64, 2 * self.capacity)
@@ -127,7 +132,7 @@ cdef class Plan:
         nd.op = op
         nd.n_threads = n_threads
         self.n_nodes += 1
-        self.keep.extend(arrays)
+        self.keep.append(arrays)
         return nd
 
     # -- recording (arrays are C-contiguous float32 unless said otherwise)

@@ -1,0 +1,84 @@
+"""The arena's layout: buffers alive at the same node never share bytes, dead ones are reused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gguflm import Context, Model
+from gguflm._ext.plan import Plan
+from gguflm.graph import Arena, Graph, UBatch
+
+ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    return a.ctypes.data, a.ctypes.data + a.nbytes
+
+
+@st.composite
+def recordings(draw):
+    """Buffer sizes, the buffers each node uses (by index, some through views), the results."""
+    sizes = draw(st.lists(st.integers(1, 3000), min_size=1, max_size=30))
+    n = len(sizes)
+    nodes = draw(st.lists(st.lists(st.integers(0, n - 1), min_size=1, max_size=4), max_size=40))
+    results = draw(st.lists(st.integers(0, n - 1), max_size=3))
+    views = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return sizes, nodes, results, views
+
+
+@settings(max_examples=150, deadline=None)
+@given(recordings())
+def test_buffers_alive_together_never_overlap(recording):
+    sizes, nodes, results, views = recording
+    sizing = Arena()
+    first = [sizing.take((size,), np.uint8) for size in sizes]
+
+    def use(bufs: list[np.ndarray], i: int) -> np.ndarray:
+        return bufs[i][1:] if views[i] and sizes[i] > 1 else bufs[i]
+
+    packed = sizing.packed([tuple(use(first, i) for i in node) for node in nodes],
+                           tuple(use(first, i) for i in results))
+    laid = [packed.take((size,), np.uint8) for size in sizes]
+
+    # lifetimes as node indices; results live past the last node, unused buffers only there
+    end = len(nodes)
+    born = [min([k for k, node in enumerate(nodes) if i in node] + [end]) for i in range(len(sizes))]
+    dies = [max([k for k, node in enumerate(nodes) if i in node] + [end if i in results else -1, born[i]])
+            for i in range(len(sizes))]
+    start = min(_span(a)[0] for a in laid)  # the first buffer placed is at the block's start
+    block = (start, start + packed.nbytes)
+    for i, a in enumerate(laid):
+        lo, hi = _span(a)
+        assert block[0] <= lo and hi <= block[1] and lo % 64 == 0
+        for j in range(i):
+            if born[i] <= dies[j] and born[j] <= dies[i]:
+                lo2, hi2 = _span(laid[j])
+                assert hi <= lo2 or hi2 <= lo, f"buffers {j} and {i} overlap while both are alive"
+    assert packed.nbytes <= sum(-(-s // 64) * 64 for s in sizes)
+
+
+def test_a_recorded_forward_pass_reuses_memory():
+    """A 64-token ubatch of the synthetic llama model: laid out, its buffers need a fraction of
+    their sum, and the second recording takes exactly the buffers the first one did."""
+    with Model.load(ARCH_DIR / "llama.gguf") as model, Context(model, n_ctx=256) as ctx:
+        n = 64
+        ub = UBatch(tokens=np.zeros(n, np.int32), embd=None, pos=np.arange(n, dtype=np.int32),
+                    seq_first=np.zeros(n, np.int32), seq_mask=np.ones(n, np.uint64),
+                    output_rows=np.array([n - 1]))
+
+        def record(arena: Arena) -> Plan:
+            plan = Plan(n, 1, 1)
+            plan.results = model.architecture.forward(Graph(ctx, ub, plan, arena))
+            return plan
+
+        sizing = Arena()
+        sized = record(sizing)
+        packed = sizing.packed(sized.node_arrays, sized.results)
+        replayed = record(packed)
+        assert [b.shape for b in packed.buffers] == [b.shape for b in sizing.buffers]
+        assert replayed.size == sized.size
+        assert model.hparams.n_layer >= 2 and packed.nbytes < sizing.nbytes / 2
