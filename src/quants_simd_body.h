@@ -233,6 +233,46 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
         for (int t = 0; t < T; ++t) out[t * os + r] = GGUFLM_SIMD(hsum_f32)(acc[r][t]) + summs[r][t];
 }
 
+/* One token against 4 weight rows of a type with mins (Q4_1, Q5_1; decode): the tile's arithmetic
+ * for R = 4, T = 1, except that the rows' scales and mins are converted, multiplied by the token's
+ * scale or accumulated with its sum as 4-lane vectors, lane r being row r's scalar operation (same
+ * roundings), where the tile spends two conversions, a multiply and a scalar fma per row and block
+ * (13% faster on a 1536x576 Q4_1 matrix; no gain for the types without mins). */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_rows4)(int type, size_t bx, int64_t n,
+                                                                               const uint8_t *w, int64_t ws,
+                                                                               const uint8_t *y, float *out) {
+    const int has_min = gguflm_legacy_has_min(type);
+    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 summs = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const uint8_t *xb = w + ib * bx, *yb = y + ib * by;
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
+        __m128i d16 = _mm_setzero_si128(), m16 = _mm_setzero_si128();
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+            GGUFLM_SIMD(prefetch)(xb + r * ws + GGUFLM_PREFETCH_TILES * 4 * ws, bx);
+            d16 = _mm_insert_epi16(d16, ((const uint16_t *)(xb + r * ws))[0], r);
+            if (has_min) m16 = _mm_insert_epi16(m16, ((const uint16_t *)(xb + r * ws))[1], r);
+        }
+        float ddy[4];
+        _mm_storeu_ps(ddy, _mm_mul_ps(_mm_cvtph_ps(d16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb))));
+        if (has_min)
+            summs = _mm_fmadd_ps(_mm_cvtph_ps(m16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s)),
+                                 summs);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+            const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb + r * ws);
+            const __m256i p = has_min ? GGUFLM_SIMD(dot_u8_s8)(qx, qy)
+                                      : GGUFLM_SIMD(dot_u8_s8)(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ddy[r]), _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    float mins[4];
+    _mm_storeu_ps(mins, summs);
+    for (int r = 0; r < 4; ++r) out[r] = GGUFLM_SIMD(hsum_f32)(acc[r]) + mins[r];
+}
+
 /* ---- K-quants: the integers of one super-block ---- */
 
 /* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the pair
@@ -566,7 +606,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
         /* 4 rows per tile share the activation's loads; a matrix streamed from memory (stream)
          * goes one row at a time, which the hardware prefetchers follow better */
         int64_t r = 0;
-        if (!stream)
+        if (!stream && has_min)
+            for (; r + 4 <= nr; r += 4) GGUFLM_SIMD(dot_legacy_rows4)(type, bx, n, w + r * ws, ws, y, o + r);
+        else if (!stream)
             for (; r + 4 <= nr; r += 4) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 4, y, ys, 1, NULL, NULL, 0, o + r, os);
         for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
         return;
