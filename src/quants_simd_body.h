@@ -241,30 +241,28 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_tile)(i
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_rows4)(int type, size_t bx, int64_t n,
                                                                                const uint8_t *w, int64_t ws,
                                                                                const uint8_t *y, float *out) {
-    const int has_min = gguflm_legacy_has_min(type);
-    const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m128 summs = _mm_setzero_ps();
     for (int64_t ib = 0; ib < n / 32; ++ib) {
-        const uint8_t *xb = w + ib * bx, *yb = y + ib * by;
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb + (has_min ? 4 : 2)));
-        __m128i d16 = _mm_setzero_si128(), m16 = _mm_setzero_si128();
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-            GGUFLM_SIMD(prefetch)(xb + r * ws + GGUFLM_PREFETCH_TILES * 4 * ws, bx);
-            d16 = _mm_insert_epi16(d16, ((const uint16_t *)(xb + r * ws))[0], r);
-            if (has_min) m16 = _mm_insert_epi16(m16, ((const uint16_t *)(xb + r * ws))[1], r);
-        }
+        const uint8_t *x[4] = {w + ib * bx, w + ws + ib * bx, w + 2 * ws + ib * bx, w + 3 * ws + ib * bx};
+        const block_q8_1 *yb = (const block_q8_1 *)y + ib;
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)yb->qs);
+        /* each block starts with its half-precision d and m: both for the 4 rows into one vector */
+        int32_t head[4];
+        for (int r = 0; r < 4; ++r) memcpy(&head[r], x[r], 4);
+        __m128i dm = _mm_cvtsi32_si128(head[0]);
+        dm = _mm_insert_epi32(dm, head[1], 1);
+        dm = _mm_insert_epi32(dm, head[2], 2);
+        dm = _mm_insert_epi32(dm, head[3], 3);
+        const __m128i d16 = _mm_shuffle_epi8(dm, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+        const __m128i m16 = _mm_shuffle_epi8(dm, _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1));
         float ddy[4];
-        _mm_storeu_ps(ddy, _mm_mul_ps(_mm_cvtph_ps(d16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)yb))));
-        if (has_min)
-            summs = _mm_fmadd_ps(_mm_cvtph_ps(m16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(((const block_q8_1 *)yb)->s)),
-                                 summs);
+        _mm_storeu_ps(ddy, _mm_mul_ps(_mm_cvtph_ps(d16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(yb->d))));
+        summs = _mm_fmadd_ps(_mm_cvtph_ps(m16), _mm_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(yb->s)), summs);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
-            const __m256i qx = GGUFLM_SIMD(legacy_quants)(type, xb + r * ws);
-            const __m256i p = has_min ? GGUFLM_SIMD(dot_u8_s8)(qx, qy)
-                                      : GGUFLM_SIMD(dot_u8_s8)(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+            GGUFLM_SIMD(prefetch)(x[r] + GGUFLM_PREFETCH_TILES * 4 * ws, bx);
+            const __m256i p = GGUFLM_SIMD(dot_u8_s8)(GGUFLM_SIMD(legacy_quants)(type, x[r]), qy);
             acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ddy[r]), _mm256_cvtepi32_ps(p), acc[r]);
         }
     }
