@@ -248,21 +248,22 @@ class Graph:
         if self.ub.n_tokens > 1:  # long prompts: let a cancel land between matmuls, not only layers
             self.plan.layer()
         quantized: dict[int, np.ndarray] = {}
+        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        for partner in partners:
+            if partner not in quantized:
+                quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
+                self.plan.quantize(partner, x, quantized[partner], self.n_threads)
         outs = []
-        for w in weights:
-            partner = quants.type_traits(int(w.type))["vec_dot_type"]
-            xq = quantized.get(partner)
-            if xq is None:
-                xq = quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]),
-                                                   dtype=np.uint8)
-                self.plan.quantize(partner, x, xq, self.n_threads)
+        for w, partner in zip(weights, partners):
             out = self.new(x.shape[0], w.data.shape[0])
             # llama.cpp repacks every matmul weight except the token embedding (it also serves
             # get_rows), which a tied output projection multiplies in its file layout
             repacked = w.name != "token_embd.weight"
-            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], xq, out, repacked,
+            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out, repacked,
                              self.n_threads)
             outs.append(out)
+        if len(weights) > 1:  # one parallel region: no barrier between the projections
+            self.plan.group_matmuls(len(weights))
         return tuple(outs)
 
     def split(self, x: np.ndarray, *widths: int) -> tuple[np.ndarray, ...]:

@@ -39,6 +39,7 @@ typedef struct {
     int64_t n_rows, n;                   /* rows and values per row of the main operand */
     int64_t x_stride, y_stride, out_stride;
     int32_t type, aux;                   /* ggml type / cache type; GLU kind, n_in, col0, repacked, ... */
+    int32_t group;                       /* on the first MATMUL of matmuls run together: how many */
     int64_t aux64;
     float f;                             /* eps, scale, cap */
     const void *w;                       /* weights, bias, norm weight, cache data */
@@ -108,10 +109,19 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_QUANTIZE:
             gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, nd->n_threads);
             break;
-        case GGUFLM_OP_MATMUL:
-            gguflm_matmul_q(nd->type, nd->w, nd->w_stride, nd->aux64, nd->n, nd->x, nd->n_rows, out,
-                            nd->out_stride, nd->aux, nd->n_threads);
+        case GGUFLM_OP_MATMUL: {
+            /* this node and the group - 1 after it: matmuls of one input in one parallel region */
+            const int n_jobs = nd->group > 1 ? nd->group : 1;
+            gguflm_matmul_job jobs[GGUFLM_MAX_JOBS];
+            for (int j = 0; j < n_jobs; j++) {
+                const gguflm_node *m = nd + j;
+                jobs[j] = (gguflm_matmul_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
+                                              (const uint8_t *)m->x, (float *)m->out, m->out_stride};
+            }
+            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, nd->n_threads);
+            k += n_jobs - 1;
             break;
+        }
         case GGUFLM_OP_ROPE:
             if (gguflm_rope_apply(&nd->rope, nd->i32, nd->n_rows, nd->aux, (int)(nd->n / nd->aux), out,
                                   nd->out_stride, nd->n_threads))

@@ -36,12 +36,14 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_ATTENTION
         GGUFLM_OP_GLU
         GGUFLM_OP_SOFTCAP
+        GGUFLM_MAX_JOBS
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
         int64_t n_rows, n
         int64_t x_stride, y_stride, out_stride
         int32_t type, aux
+        int32_t group
         int64_t aux64
         float f
         const void *w
@@ -191,6 +193,16 @@ cdef class Plan:
         nd.aux = repacked
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def group_matmuls(self, int n):
+        """Run the last n recorded nodes, matmuls of one input, in one parallel region."""
+        if not 1 < n <= GGUFLM_MAX_JOBS or n > self.n_nodes:
+            raise ValueError(f"can group 2 to {GGUFLM_MAX_JOBS} matmuls, not {n}")
+        cdef gguflm_node *first = &self.nodes[self.n_nodes - n]
+        for i in range(n):
+            if first[i].op != GGUFLM_OP_MATMUL or first[i].n != first.n or first[i].n_rows != first.n_rows:
+                raise ValueError("only matmuls of one input can be grouped")
+        first.group = n
 
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,

@@ -164,49 +164,84 @@ static inline int64_t gguflm_chunk_rows(int64_t n_rows, int64_t n_tok, int n_thr
     return (per_thread + 7) / 8 * 8;
 }
 
-static inline int gguflm_matmul_threads(int64_t n_rows, int64_t n_tok, int n_threads) {
-    const int64_t rows = gguflm_chunk_rows(n_rows, n_tok, n_threads);
-    const int64_t n_chunks = (n_rows + rows - 1) / rows;
+/* one weight matrix W [n_rows, n_in] (row stride w_stride bytes, type wtype) times activations xq
+ * already quantized to wtype's vec_dot_type, into out [n_tok, n_rows] (row stride out_stride floats);
+ * repacked: W is a model weight llama.cpp keeps repacked (see gguflm_matmul_plan), 0 for a tied
+ * embedding */
+typedef struct {
+    int wtype, repacked;
+    const uint8_t *w;
+    int64_t w_stride, n_rows;
+    const uint8_t *xq;
+    float *out;
+    int64_t out_stride;
+} gguflm_matmul_job;
+
+/* the most matmuls of one input that share a parallel region (a fused Q, K, V projection) */
+#define GGUFLM_MAX_JOBS 4
+
+static inline int64_t gguflm_job_chunks(const gguflm_matmul_job *job, int64_t n_tok, int n_threads) {
+    const int64_t rows = gguflm_chunk_rows(job->n_rows, n_tok, n_threads);
+    return (job->n_rows + rows - 1) / rows;
+}
+
+static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_tok, int n_threads) {
+    int64_t n_chunks = 0;
+    for (int j = 0; j < n_jobs; ++j) n_chunks += gguflm_job_chunks(&jobs[j], n_tok, n_threads);
     return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
 }
 
-/* inside a parallel region: every thread takes row chunks from the shared counter *next_chunk
- * (0 before the region) until none are left, so any team size covers every chunk; each chunk
- * runs the recipes llama.cpp would use for this matmul (gguflm_matmul_plan) */
-static void gguflm_matmul_worker(int wtype, const uint8_t *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
-                                 const uint8_t *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
+/* inside a parallel region: every thread takes row chunks of the jobs, in order, from the shared
+ * counter *next_chunk (0 before the region) until none are left, so any team size covers every
+ * chunk; each chunk runs the recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
+static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok,
                                  int64_t *next_chunk) {
-    gguflm_segment seg[2];
-    const int n_seg = gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, n_tok, repacked, seg);
-    const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[wtype].vec_dot_type, n_in);
-    const int64_t rows = gguflm_chunk_rows(n_rows, n_tok, omp_get_num_threads());
-    const int64_t n_chunks = (n_rows + rows - 1) / rows;
-    for (;;) {
+    gguflm_segment seg[GGUFLM_MAX_JOBS][2];
+    int n_seg[GGUFLM_MAX_JOBS];
+    int64_t rows[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1];
+    first_chunk[0] = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+        const gguflm_matmul_job *job = &jobs[j];
+        n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, seg[j]);
+        rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
+        first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
+    }
+    for (int j = 0;;) {
         int64_t chunk;
         #pragma omp atomic capture
         chunk = (*next_chunk)++;
-        if (chunk >= n_chunks) break;
-        const int64_t r0 = chunk * rows, nr = (r0 + rows < n_rows ? r0 + rows : n_rows) - r0;
-        for (int s = 0; s < n_seg; ++s) {
-            const gguflm_gemm_fn kernel = gguflm_kernel(seg[s].path, wtype);
-            for (int64_t t0 = seg[s].t0; t0 < seg[s].t1; t0 += GGUFLM_TOKEN_TILE) {
-                const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[s].t1) - t0;
-                kernel(n_in, w + r0 * w_stride, w_stride, nr, xq + t0 * xq_stride, xq_stride, nt,
-                       out + t0 * out_stride + r0, out_stride);
+        if (chunk >= first_chunk[n_jobs]) break;
+        while (chunk >= first_chunk[j + 1]) ++j;  /* chunks are taken in increasing order */
+        const gguflm_matmul_job *job = &jobs[j];
+        const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
+        const int64_t r0 = (chunk - first_chunk[j]) * rows[j];
+        const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
+        for (int s = 0; s < n_seg[j]; ++s) {
+            const gguflm_gemm_fn kernel = gguflm_kernel(seg[j][s].path, job->wtype);
+            for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += GGUFLM_TOKEN_TILE) {
+                const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[j][s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[j][s].t1) - t0;
+                kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride, xq_stride, nt,
+                       job->out + t0 * job->out_stride + r0, job->out_stride);
             }
         }
     }
 }
 
+/* the jobs (n_jobs <= GGUFLM_MAX_JOBS) of one input of n_tok rows in one parallel region: a thread
+ * done with its share of one matrix goes on with the next instead of waiting at a barrier */
+static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int n_threads) {
+    int64_t next_chunk = 0;
+    #pragma omp parallel num_threads(gguflm_matmul_threads(jobs, n_jobs, n_tok, n_threads))
+    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, &next_chunk);
+}
+
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
- * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type. repacked: W is a
- * model weight that llama.cpp keeps repacked (see gguflm_matmul_plan); 0 for a tied embedding. */
+ * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type (one job) */
 static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
                             int64_t n_tok, float *out, int64_t out_stride, int repacked, int n_threads) {
-    int64_t next_chunk = 0;
-    #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
-    gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)xq, n_tok, out, out_stride,
-                         repacked, &next_chunk);
+    const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)xq, out,
+                                   out_stride};
+    gguflm_matmul_jobs(&job, 1, n_in, n_tok, n_threads);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -216,13 +251,14 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
                               int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
                               int repacked, int n_threads) {
     const int vdt = gguflm_traits[wtype].vec_dot_type;
+    const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)scratch,
+                                   out, out_stride};
     int64_t next_chunk = 0;
-    #pragma omp parallel num_threads(gguflm_matmul_threads(n_rows, n_tok, n_threads))
+    #pragma omp parallel num_threads(gguflm_matmul_threads(&job, 1, n_tok, n_threads))
     {
         gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, omp_get_thread_num(), omp_get_num_threads());
         #pragma omp barrier
-        gguflm_matmul_worker(wtype, (const uint8_t *)w, w_stride, n_rows, n_in, (const uint8_t *)scratch, n_tok, out,
-                             out_stride, repacked, &next_chunk);
+        gguflm_matmul_worker(&job, 1, n_in, n_tok, &next_chunk);
     }
 }
 

@@ -1,14 +1,16 @@
-"""The arena's layout: buffers alive at the same node never share bytes, dead ones are reused."""
+"""Recording a forward pass: the arena's layout (buffers alive at the same node never share bytes,
+dead ones are reused) and the grouping of matmuls into one parallel region."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gguflm import Context, Model
+from gguflm import Context, Model, quants
 from gguflm._ext.plan import Plan
 from gguflm.graph import Arena, Graph, UBatch
 
@@ -82,3 +84,23 @@ def test_a_recorded_forward_pass_reuses_memory():
         assert [b.shape for b in packed.buffers] == [b.shape for b in sizing.buffers]
         assert replayed.size == sized.size
         assert model.hparams.n_layer >= 2 and packed.nbytes < sizing.nbytes / 2
+
+
+def test_only_matmuls_of_one_input_are_grouped():
+    q8 = quants.get("Q8_0")
+    w = q8.quantize(np.ones((8, 64), np.float32))
+    xq2 = np.zeros((2, q8.row_bytes(64)), np.uint8)
+    xq3 = np.zeros((3, q8.row_bytes(64)), np.uint8)
+    plan = Plan(2, 1, 1)
+    x = np.zeros((2, 64), np.float32)
+    plan.scale(x, 2.0)
+    plan.matmul(8, w, 64, xq2, np.zeros((2, 8), np.float32), True, 1)
+    with pytest.raises(ValueError):
+        plan.group_matmuls(2)                     # a scale is not a matmul
+    plan.matmul(8, w, 64, xq3, np.zeros((3, 8), np.float32), True, 1)
+    with pytest.raises(ValueError):
+        plan.group_matmuls(2)                     # 2 and 3 input rows: not one input
+    with pytest.raises(ValueError):
+        plan.group_matmuls(5)                     # more than a region takes
+    plan.matmul(8, w, 64, xq3, np.zeros((3, 8), np.float32), True, 1)
+    plan.group_matmuls(2)
