@@ -198,11 +198,12 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
                                  int64_t *next_chunk) {
     gguflm_segment seg[GGUFLM_MAX_JOBS][2];
     int n_seg[GGUFLM_MAX_JOBS];
-    int64_t rows[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1];
+    int64_t rows[GGUFLM_MAX_JOBS], xq_stride[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1];
     first_chunk[0] = 0;
     for (int j = 0; j < n_jobs; ++j) {
         const gguflm_matmul_job *job = &jobs[j];
         n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, seg[j]);
+        xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
     }
@@ -213,14 +214,13 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         if (chunk >= first_chunk[n_jobs]) break;
         while (chunk >= first_chunk[j + 1]) ++j;  /* chunks are taken in increasing order */
         const gguflm_matmul_job *job = &jobs[j];
-        const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         const int64_t r0 = (chunk - first_chunk[j]) * rows[j];
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
             const gguflm_gemm_fn kernel = gguflm_kernel(seg[j][s].path, job->wtype);
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += GGUFLM_TOKEN_TILE) {
                 const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[j][s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[j][s].t1) - t0;
-                kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride, xq_stride, nt,
+                kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,
                        job->out + t0 * job->out_stride + r0, job->out_stride);
             }
         }

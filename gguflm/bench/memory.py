@@ -3,8 +3,8 @@
 Each engine runs in a fresh child process (so that one engine's pages never count in the other's
 figures), its runs taking turns with the other engine's: load the model and create a context of
 ``-c`` cells (timed: "load+ctx"), read the resident set size, decode a ``-p``-token prompt and
-``-n`` tokens one by one, and read it again, with the peak. For llama.cpp, llama-cpp-python's
-``Llama(path, n_ctx=...)`` is the first part.
+``-n`` tokens one by one from an empty cache (``gguflm bench``'s pp and tg runs), and read it
+again, with the peak. For llama.cpp, llama-cpp-python's ``Llama(path, n_ctx=...)`` is the first part.
 Resident memory counts the file pages a memory-mapped model has touched, as ``top`` does. Linux
 only (``/proc/self/statm``).
 """
@@ -34,38 +34,34 @@ def _peak_rss_mb() -> float:
 
 
 def _child(engine: str, path: str, n_ctx: int, n_prompt: int, n_gen: int, n_threads: int) -> dict[str, Any]:
-    """One engine's figures, measured in this (fresh) process."""
+    """One engine's figures, measured in this (fresh) process, the engine built and driven as
+    ``gguflm bench`` builds and drives it."""
     import numpy as np
 
+    from gguflm.bench.model import gguflm_runner, llama_cpp_runner
+
     if engine == "gguflm":
-        from gguflm import Batch, Context, Model
+        from gguflm import Model
     else:
-        import llama_cpp
+        import llama_cpp  # noqa: F401  (imported before the clock starts, as gguflm is)
     base = _rss_mb()  # the interpreter with numpy and the engine imported
+    settings = argparse.Namespace(batch_size=max(n_prompt, 1), ubatch_size=512, cache_type_k="f16",
+                                  cache_type_v="f16")
     tokens = [int(t) for t in np.random.default_rng(1).integers(100, 1000, n_prompt + n_gen)]
     start = time.perf_counter()
     if engine == "gguflm":
-        ctx = Context(Model.load(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads)
-        load_ms = 1e3 * (time.perf_counter() - start)
-        loaded = _rss_mb()
-
-        def decode(ids: list[int]) -> None:
-            if ctx.decode(Batch.get_one(ids)) != 0:
-                raise RuntimeError("decode failed")
+        prompt, generate, close = gguflm_runner(Model.load(path), settings, n_threads, n_ctx)
     else:
-        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=max(n_prompt, 1), n_threads=n_threads,
-                              n_threads_batch=n_threads, verbose=False)
-        load_ms = 1e3 * (time.perf_counter() - start)
-        loaded = _rss_mb()
-
-        def decode(ids: list[int]) -> None:
-            llm.eval(ids)
+        prompt, generate, close = llama_cpp_runner(path, settings, n_threads, n_ctx)
+    load_ms = 1e3 * (time.perf_counter() - start)
+    loaded = _rss_mb()
     if n_prompt:
-        decode(tokens[:n_prompt])
-    for tok in tokens[n_prompt:]:
-        decode([tok])
-    return {"engine": engine, "load_ctx_ms": load_ms, "rss_start_mb": base, "rss_loaded_mb": loaded,
-            "rss_run_mb": _rss_mb(), "rss_peak_mb": _peak_rss_mb()}
+        prompt(tokens[:n_prompt], settings.batch_size)
+    generate(tokens[n_prompt:])
+    figures = {"engine": engine, "load_ctx_ms": load_ms, "rss_start_mb": base, "rss_loaded_mb": loaded,
+               "rss_run_mb": _rss_mb(), "rss_peak_mb": _peak_rss_mb()}
+    close()
+    return figures
 
 
 def measure(engine: str, path: str, n_ctx: int, n_prompt: int, n_gen: int, n_threads: int) -> dict[str, Any]:

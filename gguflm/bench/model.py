@@ -71,7 +71,7 @@ class BenchResult:
 Runner = tuple[Callable[[list[int], int], None], Callable[[list[int]], None], Callable[[], None]]
 
 
-def _gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
     from gguflm.batch import Batch
     from gguflm.context import Context
 
@@ -102,7 +102,7 @@ def _gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: 
 _LLAMA_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
 
 
-def _llama_cpp_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+def llama_cpp_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
     import llama_cpp
 
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
@@ -221,9 +221,9 @@ def run(args: argparse.Namespace) -> int:
     tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + n for p, n in tests] + [256])
     engines: list[tuple[str, Callable[[int], Runner]]] = [
-        ("gguflm", lambda t: _gguflm_runner(model, args, t, n_ctx))]
+        ("gguflm", lambda t: gguflm_runner(model, args, t, n_ctx))]
     if args.compare == "llama-cpp":
-        engines.append(("llama.cpp", lambda t: _llama_cpp_runner(str(path), args, t, n_ctx)))
+        engines.append(("llama.cpp", lambda t: llama_cpp_runner(str(path), args, t, n_ctx)))
     vocab = model.vocab
     bos = vocab.bos if vocab.add_bos else None
     description = model_description(model)
