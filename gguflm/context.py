@@ -344,7 +344,7 @@ class Context:
             # once to learn when each buffer is in use, then into buffers that share memory
             sizing = Arena()
             sized = record(sizing)
-            plan = record(sizing.packed(sized.node_arrays, sized.results))
+            plan = record(sizing.packed(sized.step_arrays, sized.results))
             self._plans[ub.shape] = plan
             if len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)

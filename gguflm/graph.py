@@ -98,11 +98,13 @@ class Arena:
     def nbytes(self) -> int:
         return len(self._block) if self._block is not None else sum(b.nbytes for b in self.buffers)
 
-    def packed(self, node_arrays: Sequence[tuple[Any, ...]], results: Any) -> Arena:
+    def packed(self, step_arrays: Sequence[tuple[Any, ...]], results: Any) -> Arena:
         """An arena laying out this one's buffers (in the order they were taken) in one block,
-        given the arrays of each recorded node; buffers in ``results`` stay alive to the end."""
+        given the arrays of each step the plan executes (``Plan.step_arrays``: matmuls grouped
+        into one parallel region are one step, since they run at the same time); buffers in
+        ``results`` stay alive to the end."""
         owner = {id(b): i for i, b in enumerate(self.buffers)}
-        end = len(node_arrays)
+        end = len(step_arrays)
         first, last = [end] * len(self.buffers), [-1] * len(self.buffers)
 
         def touch(a: Any, k: int) -> None:
@@ -111,7 +113,7 @@ class Arena:
             if i is not None:
                 first[i], last[i] = min(first[i], k), max(last[i], k)
 
-        for k, arrays in enumerate(node_arrays):
+        for k, arrays in enumerate(step_arrays):
             for a in arrays:
                 touch(a, k)
         for a in _arrays_in(results):

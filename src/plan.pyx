@@ -91,7 +91,7 @@ cdef class Plan:
     cdef gguflm_node *nodes
     cdef int64_t n_nodes, capacity
     cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
-    cdef list keep          # per node, the arrays it points into
+    cdef list keep          # per step (node or group), the arrays it points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
     def __cinit__(self):
@@ -118,8 +118,9 @@ cdef class Plan:
         return self.n_nodes
 
     @property
-    def node_arrays(self):
-        """For each node in order, the tuple of arrays it reads or writes."""
+    def step_arrays(self):
+        """For each step the executor takes, in order (a node, or the matmuls of a group, which
+        run together), the tuple of arrays it reads or writes."""
         return self.keep
 
     cdef gguflm_node *_add(self, int op, int n_threads, tuple arrays=()) except NULL:
@@ -203,6 +204,8 @@ cdef class Plan:
             if first[i].op != GGUFLM_OP_MATMUL or first[i].n != first.n or first[i].n_rows != first.n_rows:
                 raise ValueError("only matmuls of one input can be grouped")
         first.group = n
+        # the group is one step of the executor: each member's buffers are in use while any runs
+        self.keep[-n:] = [sum(self.keep[-n:], ())]
 
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,

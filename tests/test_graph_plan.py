@@ -79,7 +79,7 @@ def test_a_recorded_forward_pass_reuses_memory():
 
         sizing = Arena()
         sized = record(sizing)
-        packed = sizing.packed(sized.node_arrays, sized.results)
+        packed = sizing.packed(sized.step_arrays, sized.results)
         replayed = record(packed)
         assert [b.shape for b in packed.buffers] == [b.shape for b in sizing.buffers]
         assert replayed.size == sized.size
@@ -104,3 +104,38 @@ def test_only_matmuls_of_one_input_are_grouped():
         plan.group_matmuls(5)                     # more than a region takes
     plan.matmul(8, w, 64, xq3, np.zeros((3, 8), np.float32), True, 1)
     plan.group_matmuls(2)
+
+
+def test_grouped_matmuls_are_one_step_of_the_layout():
+    """Q with an F32 weight and K, V with F16 weights share one input but not its quantized copy:
+    the F32 copy is read by Q alone. The three matmuls run in one parallel region, so that copy
+    must not share bytes with K's or V's output (laid over it, K's threads overwrote the input
+    Q's threads were still reading: different logits at 2+ threads, and NaN)."""
+    rng = np.random.default_rng(0)
+    n_in, n_tok = 64, 1
+    f32, f16 = quants.get("F32"), quants.get("F16")
+    wq = f32.quantize(rng.standard_normal((64, n_in), dtype=np.float32))
+    wk = f16.quantize(rng.standard_normal((32, n_in), dtype=np.float32))
+    wv = f16.quantize(rng.standard_normal((32, n_in), dtype=np.float32))
+
+    def record(arena: Arena) -> tuple[Plan, list[np.ndarray]]:
+        plan = Plan(n_tok, 1, 1)
+        x = arena.take((n_tok, n_in), np.float32)
+        plan.scale(x, 1.0)
+        xq32 = arena.take((n_tok, f32.row_bytes(n_in)), np.uint8)
+        xq16 = arena.take((n_tok, f16.row_bytes(n_in)), np.uint8)
+        plan.quantize(int(f32.type), x, xq32, 2)
+        plan.quantize(int(f16.type), x, xq16, 2)
+        outs = [arena.take((n_tok, w.shape[0]), np.float32) for w in (wq, wk, wv)]
+        for w, xq, out in zip((wq, wk, wv), (xq32, xq16, xq16), outs):
+            plan.matmul(int(f32.type if xq is xq32 else f16.type), w, n_in, xq, out, True, 2)
+        plan.group_matmuls(3)
+        plan.results = outs
+        return plan, [xq32, *outs[1:]]
+
+    sizing = Arena()
+    sized, _ = record(sizing)
+    _, (xq32, out_k, out_v) = record(sizing.packed(sized.step_arrays, sized.results))
+    for out in (out_k, out_v):
+        lo, hi = _span(out)
+        assert hi <= _span(xq32)[0] or _span(xq32)[1] <= lo
