@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gguflm.kv_store import CACHE_TYPES
+
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
-CACHE_TYPES = ("f32", "f16", "q8_0")
 
 
 def _progress(args: argparse.Namespace) -> bool | None:
@@ -214,8 +215,8 @@ def _context_args(p: argparse.ArgumentParser, ctx_size: int, batch_size: int) ->
     p.add_argument("-t", "--threads", type=int, default=None, help="threads for generation")
     p.add_argument("-tb", "--threads-batch", type=int, default=None,
                    help="threads for prompt processing (default: --threads)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=CACHE_TYPES)
-    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=tuple(CACHE_TYPES))
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=tuple(CACHE_TYPES))
 
 
 def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:

@@ -26,6 +26,7 @@ from gguflm.errors import Error, StateError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
+from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
 from gguflm.threads import resolve_n_threads
 
@@ -79,9 +80,8 @@ class Context:
             raise ValueError("n_ctx must be >= 0, n_batch and n_ubatch >= 1")
         if not 1 <= n_seq_max <= MAX_SEQ:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
-        for name, t in (("type_k", type_k), ("type_v", type_v)):
-            if t not in ("f32", "f16", "q8_0"):
-                raise ValueError(f"{name} must be f32, f16 or q8_0, got {t!r}")
+        check_cache_type("type_k", type_k, hp.n_embd_head_k)
+        check_cache_type("type_v", type_v, hp.n_embd_head_v)
         pooling = pooling or "none"
         if pooling not in POOLING_TYPES:
             raise ValueError(f"pooling must be one of {POOLING_TYPES}, got {pooling!r}")

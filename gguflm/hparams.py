@@ -259,6 +259,15 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
     )
 
 
+def require_heads_span_embd(kv: HParamReader, hp: HParams) -> None:
+    """Architectures whose Q and attention output llama.cpp declares n_embd x n_embd (Qwen 2,
+    Phi 3) reshape those rows into heads: n_head * head_dim must be n_embd in every layer."""
+    for il in range(hp.n_layer):
+        if hp.n_head[il] * hp.n_embd_head_k != hp.n_embd:
+            raise HParamError(f"{kv.source}: layer {il}: {hp.n_head[il]} heads of {hp.n_embd_head_k} "
+                              f"(attention.key_length) do not make embedding_length {hp.n_embd}")
+
+
 def swa_pattern(n_layer: int, period: int) -> tuple[bool, ...]:
     """llama.cpp's ``set_swa_pattern(period)``: every ``period``-th layer is global, others slide."""
     return tuple(il % period < period - 1 for il in range(n_layer))

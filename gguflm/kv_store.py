@@ -7,26 +7,35 @@ import numpy as np
 from gguflm.errors import StateError
 from gguflm.ggml_types import GGMLType
 
+# the KV cache types a context accepts, by name, and the ggml type of their rows
+CACHE_TYPES: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
+
+
+def check_cache_type(which: str, cache_type: str, head_dim: int) -> None:
+    """ValueError unless ``cache_type`` is a cache type whose blocks tile a head of ``head_dim``
+    values (llama.cpp refuses a quantized cache whose blocks would straddle two heads)."""
+    if cache_type not in CACHE_TYPES:
+        raise ValueError(f"{which} must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+    block = CACHE_TYPES[cache_type].block_size
+    if head_dim % block:
+        raise ValueError(f"{which} {cache_type} with block size {block} does not divide the head "
+                         f"size {head_dim}")
+
 
 class RowStore:
     """[size, n] rows of one cache type; writes convert float32 rows the way ggml's copy does."""
 
     def __init__(self, cache_type: str, size: int, n: int):
+        check_cache_type("cache type", cache_type, n)
         self.cache_type = cache_type
         self.n = n
+        self.ggml_type = CACHE_TYPES[cache_type]
         if cache_type == "f32":
-            self.ggml_type = GGMLType.F32
             self.data = np.zeros((size, n), np.float32)
         elif cache_type == "f16":
-            self.ggml_type = GGMLType.F16
             self.data = np.zeros((size, n), np.float16)  # numpy converts round-to-nearest-even
-        elif cache_type == "q8_0":
-            if n % 32:
-                raise ValueError(f"q8_0 cache rows need a multiple of 32 values, got {n}")
-            self.ggml_type = GGMLType.Q8_0
-            self.data = np.zeros((size, GGMLType.Q8_0.row_bytes(n)), np.uint8)
         else:
-            raise ValueError(f"cache type must be one of f32, f16, q8_0; got {cache_type!r}")
+            self.data = np.zeros((size, self.ggml_type.row_bytes(n)), np.uint8)
 
     @property
     def nbytes(self) -> int:

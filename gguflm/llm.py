@@ -33,6 +33,7 @@ from gguflm.context import Context
 from gguflm.default_model import load_model
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
+from gguflm.kv_store import CACHE_TYPES
 from gguflm.model import Model
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
 
@@ -52,7 +53,7 @@ _UNSUPPORTED_LLAMA_ARGS = frozenset({
     "lora_path", "lora_adapters", "vocab_only", "embedding", "draft_model", "chat_handler",
     "tokenizer",
 })
-_GGML_CACHE_TYPES = {0: "f32", 1: "f16", 8: "q8_0"}   # llama-cpp-python passes ggml type ids
+_GGML_CACHE_TYPES = {int(t): name for name, t in CACHE_TYPES.items()}  # llama-cpp-python passes ggml type ids
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
                         "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",

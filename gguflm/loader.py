@@ -227,7 +227,7 @@ def _bind_tensors(reader: GGUFReader, arch: Any, hparams: Any, source: str,
     weights: dict[str, Weight] = {}
     used: set[str] = set()
     for spec in specs:
-        info: TensorInfo | None = reader.tensor(spec.name) if spec.name in reader else None
+        info: TensorInfo | None = reader.tensor(spec.name) if spec.in_file and spec.name in reader else None
         if info is None:
             if spec.fallback is not None and spec.fallback in weights:
                 weights[spec.name] = weights[spec.fallback]

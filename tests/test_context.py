@@ -77,6 +77,19 @@ def test_unknown_pieces_of_a_context_are_rejected(llama_model):
         Context(llama_model, pooling="max")
 
 
+def test_a_quantized_cache_needs_whole_blocks_per_head(tmp_path):
+    """As llama.cpp: a Q8_0 block (32 values) must not straddle two heads of 16."""
+    from tiny_models import TinyModel, write_tiny_model
+
+    write_tiny_model(TinyModel("llama", n_embd=64, head_dim=16, n_ff=64, n_layer=1), tmp_path / "m.gguf",
+                     np.random.default_rng(0))
+    with Model.load(tmp_path / "m.gguf") as model:
+        for kind in ("type_k", "type_v"):
+            with pytest.raises(ValueError, match=f"{kind} q8_0 with block size 32 does not divide the head size 16"):
+                Context(model, n_ctx=256, **{kind: "q8_0"})
+        Context(model, n_ctx=256, type_k="f32", type_v="f16").close()
+
+
 def test_context_parameters(llama_model):
     ctx = Context(llama_model, n_ctx=0, n_batch=4096, n_ubatch=8192)
     assert ctx.n_ctx == 256                       # n_ctx_train, already a multiple of 256

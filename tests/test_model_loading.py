@@ -231,6 +231,14 @@ def test_wrong_tensor_count(tmp_path):
     bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", extra_tensors=extra)
     with pytest.raises(TensorCountError, match="wrong number of tensors"):
         Model.load(bad)
+    # Gemma 2's output projection is its token embedding: llama.cpp reads no output.weight
+    with Model.load(ARCH_DIR / "gemma2.gguf") as model:
+        embd = model.tensors["token_embd.weight"]
+        assert model.tensors["output.weight"] is embd
+        output = {"output.weight": (np.asarray(embd.data), embd.type, embd.shape)}
+    bad = rewrite(ARCH_DIR / "gemma2.gguf", tmp_path / "g.gguf", extra_tensors=output)
+    with pytest.raises(TensorCountError, match="not used: output.weight"):
+        Model.load(bad)
 
 
 def test_missing_key_and_bad_hparam(tmp_path):
@@ -242,6 +250,11 @@ def test_missing_key_and_bad_hparam(tmp_path):
         Model.load(bad)
     bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "c.gguf", set_keys={"llama.block_count": "two"})
     with pytest.raises(HParamError, match="block_count"):
+        Model.load(bad)
+    # Qwen 2's Q is n_embd x n_embd in llama.cpp: its heads must span n_embd
+    bad = rewrite(ARCH_DIR / "qwen2.gguf", tmp_path / "d.gguf", set_keys={"qwen2.attention.key_length": 32,
+                                                                        "qwen2.attention.value_length": 32})
+    with pytest.raises(HParamError, match="4 heads of 32"):
         Model.load(bad)
 
 

@@ -21,13 +21,16 @@ class TensorSpec:
 
     ``shape`` is in ggml order (row length first). An ``optional`` tensor may be absent; then, if
     ``fallback`` names another tensor, that one is used in its place (llama.cpp's
-    TENSOR_DUPLICATED, e.g. ``output.weight`` → ``token_embd.weight``).
+    TENSOR_DUPLICATED, e.g. ``output.weight`` → ``token_embd.weight``). A spec with ``in_file``
+    False is never read from the file: its name always means ``fallback`` (Gemma 2's output is its
+    token embedding, and llama.cpp refuses a file that has an ``output.weight`` of its own).
     """
 
     name: str
     shape: tuple[int, ...]
     optional: bool = False
     fallback: str | None = None
+    in_file: bool = True
 
 
 class Architecture:
@@ -65,14 +68,17 @@ class Architecture:
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         raise NotImplementedError
 
-    @staticmethod
-    def output_specs(hp: HParams) -> list[TensorSpec]:
+    # whether the output projection may have a tensor of its own (else it is the token embedding)
+    untied_output: ClassVar[bool] = True
+
+    @classmethod
+    def output_specs(cls, hp: HParams) -> list[TensorSpec]:
         """Token embedding, final norm and output projection (tied to the embedding if absent)."""
         return [
             TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
             TensorSpec("output_norm.weight", (hp.n_embd,)),
             TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True,
-                       fallback="token_embd.weight"),
+                       fallback="token_embd.weight", in_file=cls.untied_output),
         ]
 
     @staticmethod

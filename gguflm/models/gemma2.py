@@ -17,6 +17,7 @@ from gguflm.models.base import Architecture, TensorSpec
 class Gemma2(Architecture):
     name = "gemma2"
     rope_type = RopeType.NEOX
+    untied_output = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:

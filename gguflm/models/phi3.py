@@ -7,13 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParams, RopeType
+from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
 from gguflm.models.base import Architecture, TensorSpec
 
 
 class Phi3(Architecture):
     name = "phi3"
     rope_type = RopeType.NEOX
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        hp = super().read_hparams(kv, n_vocab)
+        require_heads_span_embd(kv, hp)
+        return hp
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:

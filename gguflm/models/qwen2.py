@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gguflm.hparams import HParams, RopeType
+from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
 from gguflm.models.base import TensorSpec
 from gguflm.models.llama import Llama
 
@@ -10,6 +10,12 @@ from gguflm.models.llama import Llama
 class Qwen2(Llama):
     name = "qwen2"
     rope_type = RopeType.NEOX
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        hp = super().read_hparams(kv, n_vocab)
+        require_heads_span_embd(kv, hp)
+        return hp
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:

@@ -1,0 +1,102 @@
+"""Same floats at every thread count: tiny random models of every architecture, every weight type
+mixed per tensor, every KV cache type, decoded at 1 to 4 threads and in ubatches of 1, an odd
+size and the whole prompt.
+
+For one ubatch size the logits must be bit-identical at every thread count, and never NaN. Across
+ubatch sizes they need not be: llama.cpp's kernels depend on the batch width (single tokens take
+vec_dot, batches sgemm or tiled GEMMs, Q4_K groups of 4 tokens the repacked GEMM), so its own
+logits move when a prompt is split differently, and ours are its logits for each split (compared
+here with llama.cpp itself, when llama-cpp-python is installed, with the tolerance of the
+architecture tests). CI draws a dozen models; ``pytest --hypothesis-profile soak`` draws as many
+as that profile says (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gguflm import Batch, Context, Model
+from tiny_models import N_VOCAB, TinyModel, tiny_models, write_tiny_model
+
+try:
+    import llama_cpp
+except ImportError:  # the peer is optional; the invariance itself is checked without it
+    llama_cpp = None
+
+THREADS = (1, 2, 3, 4)
+CACHE_TYPES = ("f32", "f16", "q8_0")
+GGML_CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
+EXAMPLES = 12 if settings.default.max_examples <= 100 else settings.default.max_examples
+
+
+def prompt_logits(model: Model, tokens: list[int], n_threads: int, n_ubatch: int, type_k: str,
+                  type_v: str) -> np.ndarray:
+    """Logits [n_tokens, n_vocab] of the prompt decoded in one call, every position an output."""
+    with Context(model, n_ctx=256, n_batch=len(tokens), n_ubatch=n_ubatch, n_threads=n_threads,
+                 n_threads_batch=n_threads, type_k=type_k, type_v=type_v) as ctx:
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens):
+            batch.add(tok, pos, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
+
+
+def llama_cpp_logits(path: Path, tokens: list[int], n_ubatch: int, type_k: str, type_v: str) -> np.ndarray:
+    llm = llama_cpp.Llama(str(path), n_ctx=256, n_batch=len(tokens), n_ubatch=n_ubatch, n_threads=2,
+                          n_threads_batch=2, type_k=GGML_CACHE_TYPE_IDS[type_k],
+                          type_v=GGML_CACHE_TYPE_IDS[type_v], logits_all=True, verbose=False)
+    try:
+        llm.eval(tokens)
+        return np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / (b.max() - b.min()))
+
+
+def cache_types(spec: TinyModel) -> st.SearchStrategy[tuple[str, str]]:
+    """K and V cache types; a Q8_0 cache needs whole blocks per head, as llama.cpp requires."""
+    allowed = [t for t in CACHE_TYPES if t != "q8_0" or spec.head_dim % 32 == 0]
+    return st.tuples(st.sampled_from(allowed), st.sampled_from(allowed))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[TinyModel, tuple[str, str], list[int], int, int]:
+    spec = draw(tiny_models())
+    n_prompt = draw(st.integers(6, 24))
+    tokens = [1] + draw(st.lists(st.integers(3, N_VOCAB - 2), min_size=n_prompt - 1, max_size=n_prompt - 1))
+    return spec, draw(cache_types(spec)), tokens, draw(st.sampled_from((3, 5, 7))), draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_logits_are_the_same_floats_at_every_thread_count(case):
+    spec, (type_k, type_v), tokens, odd, seed = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{spec.arch}.gguf"
+        write_tiny_model(spec, path, np.random.default_rng(seed))
+        with Model.load(path) as model:
+            by_ubatch = {}
+            for n_ubatch in (1, odd, len(tokens)):
+                first = prompt_logits(model, tokens, 1, n_ubatch, type_k, type_v)
+                assert np.isfinite(first).all(), f"non-finite logits at ubatch {n_ubatch}"
+                for n_threads in THREADS[1:]:
+                    other = prompt_logits(model, tokens, n_threads, n_ubatch, type_k, type_v)
+                    same = (other.view(np.uint32) == first.view(np.uint32)).all(axis=1)
+                    assert same.all(), (f"{n_threads} threads, ubatch {n_ubatch}: positions "
+                                        f"{np.flatnonzero(~same).tolist()} differ from 1 thread")
+                by_ubatch[n_ubatch] = first
+        # llama.cpp allows a quantized V cache only with flash attention, another algorithm
+        if llama_cpp is None or type_v == "q8_0":
+            return
+        for n_ubatch, ours in by_ubatch.items():
+            theirs = llama_cpp_logits(path, tokens, n_ubatch, type_k, type_v)
+            assert rel_err(ours, theirs) < 0.02, f"ubatch {n_ubatch}"
+            assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.9, f"ubatch {n_ubatch}"

@@ -1,0 +1,185 @@
+"""Tiny random models of every architecture gguflm runs, written with gguflm's GGUF writer.
+
+A :class:`TinyModel` says what to write: architecture, shape, the weight type of every matrix, a
+tied or separate output projection, the sliding window. :func:`write_tiny_model` writes it with
+random weights; :func:`tiny_models` is the hypothesis strategy that draws them over the shapes and
+types real files have (and the awkward ones: head dims of 8 or 80, rows too short for a K-quant
+block, one KV head for eight query heads). ``tests/data/arch/make_fixtures.py`` writes the
+committed fixtures with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from hypothesis import strategies as st
+
+from gguflm import quants
+from gguflm.ggml_types import GGMLType
+from gguflm.gguf import GGUFValueType, GGUFWriter
+
+N_VOCAB = 320
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+SWA_ARCHS = ("gemma2", "gemma3")
+# llama.cpp reads no output.weight for them: the output projection is the token embedding
+TIED_OUTPUT_ARCHS = ("gemma2",)
+# llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3")
+
+# every weight type with a dot kernel, as a matrix of a model may hold it
+WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+                GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                GGMLType.Q6_K)
+
+# the matrices of a layer by kind; "attn_qkv" and a double-width "ffn_up" replace Q, K, V and the
+# gate in Phi 3
+MATRIX_KINDS = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
+                "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """What to write. ``types`` maps a matrix kind (``MATRIX_KINDS``) to its default type and
+    ``tensor_types`` single tensors (``"blk.1.attn_k.weight"``) to theirs, overriding it."""
+
+    arch: str
+    n_embd: int = 256
+    head_dim: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 512
+    n_layer: int = 2
+    tied_output: bool = True
+    n_swa: int = 16                     # sliding window of the architectures that have one
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def type_of(self, name: str, kind: str) -> GGMLType:
+        return self.tensor_types.get(name, self.types.get(kind, GGMLType.F16))
+
+
+def add_vocab(w: GGUFWriter) -> None:
+    """A minimal SentencePiece vocabulary: unk, bos, eos, the 256 byte tokens, pieces, end-of-text."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581p{i}" for i in range(N_VOCAB - len(tokens) - 1)]
+    tokens.append("<|endoftext|>")  # llama.cpp's vocabulary loader wants it for Phi 3
+    types = [2, 3, 3] + [6] * 256 + [1] * (N_VOCAB - 260) + [3]
+    w.add("tokenizer.ggml.model", "llama")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.scores", np.array([0.0] * 259 + [-float(i) for i in range(N_VOCAB - 259)], np.float32))
+    w.add("tokenizer.ggml.token_type", np.array(types, np.int32))
+    for key, value in (("bos", 1), ("eos", 2), ("unknown", 0)):
+        w.add(f"tokenizer.ggml.{key}_token_id", value, GGUFValueType.UINT32)
+
+
+def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with weights from ``rng``: norms near 1, biases near 0, matrices N(0, 0.08)
+    (the token embedding N(0, 0.5)), each quantized with ggml's reference quantizer."""
+    s, arch = spec, spec.arch
+    w = GGUFWriter(path, arch=arch)
+
+    def vector(name: str, n: int, bias: bool = False) -> None:
+        data = 0.05 * rng.standard_normal(n) if bias else 1.0 + 0.1 * rng.standard_normal(n)
+        w.add_tensor(name, data.astype(np.float32), GGMLType.F32)
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.08) -> None:
+        t = spec.type_of(name, kind)
+        x = (scale * rng.standard_normal((n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.astype(np.float16), GGMLType.F16)
+        else:
+            w.add_tensor(name, quants.get(t).quantize(x), t, shape=(n_in, n_out))
+
+    w.add("general.name", f"tiny-{arch}")
+    e, hd, nh, nkv, ff = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
+    for key, value in {"context_length": 256, "embedding_length": e, "block_count": s.n_layer,
+                       "feed_forward_length": ff, "attention.head_count": nh,
+                       "attention.head_count_kv": nkv, "attention.key_length": hd,
+                       "attention.value_length": hd, "rope.freq_base": 10000.0}.items():
+        # llama.cpp insists on UINT32 for integer hyper-parameters
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    if arch in SWA_ARCHS:
+        w.add(f"{arch}.attention.sliding_window", s.n_swa, GGUFValueType.UINT32)
+    if arch == "gemma2":
+        w.add("gemma2.attn_logit_softcapping", 50.0)
+        w.add("gemma2.final_logit_softcapping", 30.0)
+    add_vocab(w)
+
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    vector("output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", "output", e, N_VOCAB)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        if arch == "phi3":
+            matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
+        else:
+            matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
+            matrix(f"{b}.attn_k.weight", "attn_k", e, nkv * hd)
+            matrix(f"{b}.attn_v.weight", "attn_v", e, nkv * hd)
+        matrix(f"{b}.attn_output.weight", "attn_output", nh * hd, e)
+        if arch == "qwen2":
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
+        if arch in ("qwen3", "gemma3"):
+            vector(f"{b}.attn_q_norm.weight", hd)
+            vector(f"{b}.attn_k_norm.weight", hd)
+        if arch in SWA_ARCHS:
+            vector(f"{b}.post_attention_norm.weight", e)
+            vector(f"{b}.post_ffw_norm.weight", e)
+        vector(f"{b}.ffn_norm.weight", e)
+        if arch == "phi3":
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, 2 * ff)
+        else:
+            matrix(f"{b}.ffn_gate.weight", "ffn_gate", e, ff)
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
+        matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
+    w.write()
+
+
+def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
+    """Every matrix of ``spec`` by tensor name: its kind and its row length (input width)."""
+    s = spec
+    out = {"token_embd.weight": ("token_embd", s.n_embd)}
+    if not s.tied_output:
+        out["output.weight"] = ("output", s.n_embd)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        kinds = ("attn_qkv", "ffn_up") if s.arch == "phi3" else ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+        out.update({f"{b}.{kind}.weight": (kind, s.n_embd) for kind in kinds})
+        out[f"{b}.attn_output.weight"] = ("attn_output", s.n_head * s.head_dim)
+        out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
+    return out
+
+
+def fits(t: GGMLType, n_in: int) -> bool:
+    """A row of n_in values is a whole number of t's blocks."""
+    return n_in % quants.get(t).block_size == 0
+
+
+@st.composite
+def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
+    """Any architecture; n_embd 32..512 (multiples of 16, most not of 64), head_dim 8..256, one
+    or two KV heads shared by 1..8 query heads, 1..3 layers, tied or separate output, and every
+    matrix of a type drawn from those whose block fits its rows."""
+    arch = draw(st.sampled_from(archs))
+    head_dim = draw(st.sampled_from((8, 16, 32, 48, 64, 80, 96, 128, 256)))
+    if arch in SQUARE_ATTENTION_ARCHS:
+        n_head = draw(st.sampled_from([h for h in range(1, 17) if 32 <= h * head_dim <= 512]))
+        n_head_kv = draw(st.sampled_from([k for k in (1, 2) if n_head % k == 0 and n_head // k <= 8]))
+        n_embd = n_head * head_dim
+    else:
+        n_head_kv = draw(st.integers(1, 2))
+        n_head = n_head_kv * draw(st.integers(1, 8))
+        n_embd = draw(st.integers(2, 32)) * 16
+    spec = TinyModel(
+        arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
+        n_ff=draw(st.integers(2, 48)) * 16, n_layer=draw(st.integers(1, 3)),
+        tied_output=arch in TIED_OUTPUT_ARCHS or draw(st.booleans()), n_swa=draw(st.integers(2, 24)))
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, (_, n_in) in matrix_inputs(spec).items()}
+    return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})
