@@ -136,7 +136,7 @@ class Model:
     def architecture(self) -> Architecture:
         """The forward pass (``gguflm/models/<arch>.py``)."""
         if self._architecture is None:
-            raise self._vocab_only("an architecture")
+            raise self._vocab_only("architecture")
         return self._architecture
 
     @property
