@@ -78,6 +78,7 @@ class Model:
 
     def __init__(self, loaded: LoadedModel):
         self._reader: GGUFReader | None = loaded.reader
+        self._gguf_version: int = loaded.reader.version  # describe() after close() needs it
         self.path: Path = loaded.path
         self.arch: str = loaded.arch_name
         self.n_vocab: int = loaded.n_vocab
@@ -193,7 +194,7 @@ class Model:
     def describe(self) -> str:
         """The summary llama.cpp's ``print_info`` logs: file, arch, sizes, BPW, hyper-parameters."""
         lines = [
-            f"file format = GGUF V{self._reader.version}",
+            f"file format = GGUF V{self._gguf_version}",
             f"file type   = {self.file_type}",
         ]
         if not self.vocab_only:
