@@ -213,7 +213,8 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
     arch_name = metadata.get("general.architecture")
     if not isinstance(arch_name, str):
         raise ModelLoadError(f"{source}: key not found in model: general.architecture")
-    # only the forward pass needs an architecture class; a full load looks it up first, as llama.cpp
+    # only the forward pass needs an architecture class; a full load looks it up before the
+    # vocabulary, as llama.cpp does
     arch = None if vocab_only else get_architecture(arch_name)
     vocab = Vocab.from_metadata(metadata)
     kv = HParamReader(arch_name, metadata, source)

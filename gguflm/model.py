@@ -142,6 +142,7 @@ class Model:
 
     @property
     def hparams(self) -> HParams:
+        """The hyper-parameters the architecture reads (llama.cpp's ``llama_hparams``)."""
         if self._hparams is None:
             raise self._vocab_only("hyper-parameters")
         return self._hparams
