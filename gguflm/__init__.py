@@ -18,7 +18,7 @@ if "numpy" not in sys.modules:
     for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
-from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError
+from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError, VocabOnlyError
 from gguflm.system import system_info
 
 __version__ = "0.1.0"
@@ -39,6 +39,7 @@ __all__ = [
     "GGUFError",
     "LoadCancelled",
     "ModelLoadError",
+    "VocabOnlyError",
     "system_info",
     *_LAZY,
     *sorted(_LAZY_MODULES),

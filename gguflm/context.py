@@ -22,7 +22,7 @@ import numpy as np
 
 from gguflm import kv_cache
 from gguflm.batch import Batch
-from gguflm.errors import Error, StateError
+from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
@@ -73,8 +73,11 @@ class Context:
                  pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  swa_full: bool = False, abort_callback: Callable[[], bool] | None = None):
         t0 = time.perf_counter()
-        if model.vocab_only or not model.tensors:
-            raise Error("cannot create a context from a vocab-only (or closed) model")
+        if model.vocab_only:
+            raise VocabOnlyError(f"cannot create a context from {model.path.name}: it was loaded "
+                                 f"with vocab_only=True (arch {model.arch!r})")
+        if not model.tensors:
+            raise Error(f"cannot create a context from {model.path.name}: the model is closed")
         hp = model.hparams
         if n_ctx < 0 or n_batch < 1 or n_ubatch < 1:
             raise ValueError("n_ctx must be >= 0, n_batch and n_ubatch >= 1")

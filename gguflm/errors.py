@@ -23,3 +23,8 @@ class VocabError(ModelLoadError):
 
 class StateError(Error):
     """A saved context state is malformed or does not fit this context."""
+
+
+class VocabOnlyError(Error):
+    """What was asked needs the forward pass (architecture, hyper-parameters, tensors, a Context),
+    and the model was loaded with ``vocab_only=True``."""

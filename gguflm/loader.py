@@ -1,6 +1,9 @@
 """Model loading (llama.cpp's llama_model_loader): open the file, apply metadata overrides, pick
 the architecture, read hyper-parameters and vocabulary, then bind the declared tensors.
 
+A vocab-only load stops after the vocabulary, as llama.cpp's does: it needs no architecture class,
+so it works for any ``general.architecture``, and reads no ``{arch}.*`` key but ``vocab_size``.
+
 With ``load_mode="mmap"`` tensors are zero-copy views of the mapped file: loading reads no weight
 bytes. Every failure raises a :class:`~gguflm.errors.ModelLoadError` subclass and releases what
 was opened.
@@ -15,15 +18,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from gguflm.errors import GGUFError, LoadCancelled, ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, TensorInfo
-from gguflm.hparams import HParamReader
-from gguflm.models import get_architecture
+from gguflm.hparams import HParamReader, HParams
+from gguflm.models import Architecture, get_architecture
+
+if TYPE_CHECKING:
+    from gguflm.vocab import Vocab
 
 log = logging.getLogger("gguflm")
 
@@ -143,6 +149,15 @@ def check_tensor_data(w: Weight, source: str) -> None:
         raise InvalidTensorDataError(f"{source}: tensor '{w.name}' has NaN or Inf values")
 
 
+@dataclass(frozen=True)
+class LoadedNetwork:
+    """What a full load adds to the vocabulary: everything the forward pass needs."""
+
+    arch: type[Architecture]
+    hparams: HParams
+    weights: dict[str, Weight]
+
+
 @dataclass
 class LoadedModel:
     """What :func:`load` hands to :class:`gguflm.model.Model`."""
@@ -150,10 +165,10 @@ class LoadedModel:
     path: Path
     reader: GGUFReader
     metadata: dict[str, Any]
-    arch: Any
-    hparams: Any
-    vocab: Any
-    weights: dict[str, Weight]
+    arch_name: str                  # general.architecture
+    n_vocab: int
+    vocab: Vocab
+    network: LoadedNetwork | None   # None: loaded with vocab_only
     load_mode: str
 
 
@@ -198,21 +213,27 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
     arch_name = metadata.get("general.architecture")
     if not isinstance(arch_name, str):
         raise ModelLoadError(f"{source}: key not found in model: general.architecture")
-    arch = get_architecture(arch_name)
+    # only the forward pass needs an architecture class; a full load looks it up before the
+    # vocabulary, as llama.cpp does
+    arch = None if vocab_only else get_architecture(arch_name)
     vocab = Vocab.from_metadata(metadata)
-    n_vocab = metadata.get(f"{arch_name}.vocab_size", vocab.n_tokens)
-    hparams = arch.read_hparams(HParamReader(arch_name, metadata, source), int(n_vocab))
+    kv = HParamReader(arch_name, metadata, source)
+    n_vocab = kv.get_int("{arch}.vocab_size", vocab.n_tokens)
+    if arch is None:
+        log.info("%s: arch %s, vocab %d; vocab only - skipping hyper-parameters and tensors",
+                 source, arch_name, n_vocab)
+        return LoadedModel(path, reader, metadata, arch_name, n_vocab, vocab, None, load_mode)
+    hparams = arch.read_hparams(kv, n_vocab)
     log.info("%s: arch %s, %d layers, n_embd %d, vocab %d", source, arch_name, hparams.n_layer,
              hparams.n_embd, hparams.n_vocab)
-    weights: dict[str, Weight] = {}
-    if not vocab_only:
-        weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
-        if load_mode in ("mlock", "mmap+mlock"):
-            _mlock([w.data for w in weights.values()], source)
-    return LoadedModel(path, reader, metadata, arch, hparams, vocab, weights, load_mode)
+    weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
+    if load_mode in ("mlock", "mmap+mlock"):
+        _mlock([w.data for w in weights.values()], source)
+    return LoadedModel(path, reader, metadata, arch_name, n_vocab, vocab,
+                       LoadedNetwork(arch, hparams, weights), load_mode)
 
 
-def _bind_tensors(reader: GGUFReader, arch: Any, hparams: Any, source: str,
+def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams, source: str,
                   progress_callback: Callable[[float], bool] | None,
                   check_tensors: bool) -> dict[str, Weight]:
     specs = arch.tensor_specs(hparams)

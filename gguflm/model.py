@@ -1,6 +1,7 @@
 """The model: architecture, hyper-parameters, vocabulary and weights of one GGUF file.
 
 A model holds no per-session state; any number of :class:`gguflm.Context` objects may share it.
+A vocab-only model (any architecture) has the vocabulary and metadata but no forward pass.
 """
 
 from __future__ import annotations
@@ -10,11 +11,17 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gguflm.errors import VocabOnlyError
 from gguflm.ggml_types import FileType, GGMLType
+from gguflm.gguf import GGUFReader
 from gguflm.hparams import HParams
-from gguflm.loader import LoadMode, Weight, load
+from gguflm.loader import LoadedModel, LoadMode, Weight, load
+from gguflm.models import Architecture
+
+if TYPE_CHECKING:
+    from gguflm.vocab import Vocab
 
 log = logging.getLogger("gguflm")
 
@@ -56,27 +63,34 @@ class Model:
     ----------
     arch : str
         ``general.architecture``.
-    hparams : HParams
+    n_vocab : int
+        ``{arch}.vocab_size``, else the number of tokens (``hparams.n_vocab`` of a full load).
     vocab : gguflm.vocab.Vocab
+    vocab_only : bool
+        Loaded with ``vocab_only=True``: no architecture, hyper-parameters or tensors.
     tensors : dict[str, Weight]
-        Bound tensors by GGUF name (a tied ``output.weight`` is the embedding's Weight).
+        Bound tensors by GGUF name (a tied ``output.weight`` is the embedding's Weight); empty
+        for a vocab-only model.
     layers : list[Layer]
     meta : dict[str, str]
         Every scalar metadata value as a string (llama.cpp's ``llama_model_meta_val_str``).
     """
 
-    def __init__(self, loaded: Any):
-        self._reader = loaded.reader
+    def __init__(self, loaded: LoadedModel):
+        self._reader: GGUFReader | None = loaded.reader
+        self._gguf_version: int = loaded.reader.version  # describe() after close() needs it
         self.path: Path = loaded.path
-        self.architecture = loaded.arch()
-        self.arch: str = loaded.arch.name
-        self.hparams: HParams = loaded.hparams
-        self.vocab = loaded.vocab
-        self.tensors: dict[str, Weight] = loaded.weights
+        self.arch: str = loaded.arch_name
+        self.n_vocab: int = loaded.n_vocab
+        self.vocab: Vocab = loaded.vocab
         self.metadata: dict[str, Any] = loaded.metadata
         self.load_mode: str = loaded.load_mode
-        self.vocab_only = not loaded.weights
-        self.layers = [Layer(il, self.tensors) for il in range(self.hparams.n_layer)] if self.tensors else []
+        net = loaded.network
+        self.vocab_only: bool = net is None
+        self._architecture: Architecture | None = None if net is None else net.arch()
+        self._hparams: HParams | None = None if net is None else net.hparams
+        self.tensors: dict[str, Weight] = {} if net is None else net.weights
+        self.layers = [] if net is None else [Layer(il, self.tensors) for il in range(net.hparams.n_layer)]
         self.meta = {k: _meta_str(v) for k, v in self.metadata.items() if _meta_str(v) is not None}
 
     @classmethod
@@ -94,7 +108,11 @@ class Model:
             the file), ``"none"`` (read into private memory), ``"mlock"`` (read and pin),
             ``"mmap+mlock"`` (map and pin).
         vocab_only
-            Read metadata and vocabulary only; no tensor is touched.
+            Read metadata and vocabulary only, as llama.cpp does: no tensor is touched and no
+            architecture class is needed, so any ``general.architecture`` loads (a full load of
+            one gguflm cannot run raises UnknownArchitectureError). The model tokenizes; what
+            needs the forward pass (``hparams``, ``architecture``, a Context) raises
+            :class:`gguflm.VocabOnlyError`.
         progress_callback
             Called with the fraction of tensor bytes bound (0 … 1); returning False cancels the
             load with :class:`gguflm.LoadCancelled`.
@@ -113,7 +131,32 @@ class Model:
                         progress_callback=progress_callback, kv_overrides=kv_overrides,
                         check_tensors=check_tensors))
 
+    # -- the forward pass: a full load only
+
+    @property
+    def architecture(self) -> Architecture:
+        """The forward pass (``gguflm/models/<arch>.py``)."""
+        if self._architecture is None:
+            raise self._vocab_only("architecture")
+        return self._architecture
+
+    @property
+    def hparams(self) -> HParams:
+        """The hyper-parameters the architecture reads (llama.cpp's ``llama_hparams``)."""
+        if self._hparams is None:
+            raise self._vocab_only("hyper-parameters")
+        return self._hparams
+
+    def _vocab_only(self, what: str) -> VocabOnlyError:
+        return VocabOnlyError(f"{self.path.name} (arch {self.arch!r}) was loaded with "
+                              f"vocab_only=True: it has no {what}")
+
     # -- facts
+
+    @property
+    def name(self) -> str:
+        """``general.name`` ("" if absent), which llama.cpp reads even for a vocab-only load."""
+        return self.meta.get("general.name", "")
 
     @property
     def n_params(self) -> int:
@@ -152,7 +195,7 @@ class Model:
     def describe(self) -> str:
         """The summary llama.cpp's ``print_info`` logs: file, arch, sizes, BPW, hyper-parameters."""
         lines = [
-            f"file format = GGUF V{self._reader.version}",
+            f"file format = GGUF V{self._gguf_version}",
             f"file type   = {self.file_type}",
         ]
         if not self.vocab_only:
@@ -160,8 +203,12 @@ class Model:
                 f"file size   = {self.size_bytes / 2**20:.2f} MiB ({self.bits_per_weight:.2f} BPW)",
                 f"model params = {self.n_params / 1e6:.2f} M",
             ]
-        lines += [f"{name:<26} = {value}" for name, value in self.hparams.describe()]
-        lines.append(f"general.name = {self.metadata.get('general.name', '')}")
+        if self.vocab_only:
+            rows = [("arch", self.arch), ("vocab_only", "1"), ("n_vocab", str(self.n_vocab))]
+        else:
+            rows = self.hparams.describe()
+        lines += [f"{name:<26} = {value}" for name, value in rows]
+        lines.append(f"general.name = {self.name}")
         text = "\n".join(lines)
         for line in lines:
             log.info("print_info: %s", line)
@@ -184,7 +231,8 @@ class Model:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Model({self.path.name!r}, arch={self.arch!r}, {self.n_params / 1e6:.1f}M params)"
+        size = "vocab only" if self.vocab_only else f"{self.n_params / 1e6:.1f}M params"
+        return f"Model({self.path.name!r}, arch={self.arch!r}, {size})"
 
 
 def _meta_str(value: Any) -> str | None:

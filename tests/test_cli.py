@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_vocab import read_suite
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 CLI = [sys.executable, "-m", "gguflm.cli"]
@@ -126,6 +127,27 @@ def test_tokenize_matches_llama_cpp_tokens(smollm_path):
     listing = gguflm("tokenize", "-m", str(smollm_path), "-p", "Hello world", "--show-count")
     assert listing.stdout.splitlines() == [" 19556 -> 'Hello'", "   905 -> ' world'",
                                            "Total number of tokens: 2"]
+
+
+def _plain_utf8(text: bytes) -> bool:
+    # the CLI reads its file as text: newlines translated, UTF-8 only
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\r" not in text
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-bert-bge.gguf", "ggml-vocab-gemma-4.gguf"])
+def test_tokenize_any_architecture_matches_llama_cpps_suite(vocab_dir, tmp_path, name):
+    """`gguflm tokenize` loads vocab-only, so files of architectures gguflm cannot run work."""
+    text, want = max(((t, ids) for t, ids in read_suite(vocab_dir / name).items() if _plain_utf8(t)),
+                     key=lambda case: len(case[0]))
+    (tmp_path / "text.txt").write_bytes(text)
+    done = gguflm("tokenize", "-m", str(vocab_dir / name), "-f", str(tmp_path / "text.txt"),
+                  "--ids", "--no-bos", "--no-parse-special")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == want
 
 
 def test_inspect_describes_the_file(smollm_path):

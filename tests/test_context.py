@@ -9,7 +9,7 @@ import pytest
 
 from _ggml import require_ggml
 from gguflm import Batch, Context, Model
-from gguflm.errors import Error, StateError
+from gguflm.errors import Error, StateError, VocabOnlyError
 
 ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
@@ -409,7 +409,12 @@ def test_embeddings_and_pooling(llama_model):
         assert ctx.get_embeddings_seq(1) is None
 
 
-def test_vocab_only_model_cannot_make_a_context():
-    model = Model.load(ARCH_DIR / "llama.gguf", vocab_only=True)
-    with pytest.raises(Error):
+def test_vocab_only_or_closed_model_cannot_make_a_context():
+    with Model.load(ARCH_DIR / "llama.gguf", vocab_only=True) as model:
+        with pytest.raises(VocabOnlyError, match="llama.gguf: it was loaded with vocab_only=True"):
+            Context(model)
+    model = Model.load(ARCH_DIR / "llama.gguf")
+    model.close()
+    with pytest.raises(Error, match="the model is closed") as raised:
         Context(model)
+    assert not isinstance(raised.value, VocabOnlyError)

@@ -10,13 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gguflm import LoadCancelled, Model, ModelLoadError
+from conftest import VOCAB_DIR
+
+from gguflm import Context, LoadCancelled, Model, ModelLoadError, VocabOnlyError
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguflm.hparams import MissingKeyError, HParamError
 from gguflm.loader import (InvalidTensorDataError, MissingTensorError, OverrideError,
                            TensorCountError, TensorShapeError, UnsupportedTensorTypeError)
-from gguflm.models import UnknownArchitectureError
+from gguflm.models import UnknownArchitectureError, architectures
 
 ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
@@ -80,7 +82,7 @@ def test_real_models_load_with_the_files_hparams(real_model_path):
         assert hp.n_head_kv == (want["n_head_kv"],) * hp.n_layer
         assert hp.f_norm_rms_eps == pytest.approx(want["eps"])
         assert hp.rope_freq_base_train == pytest.approx(want["base"])
-        assert hp.n_vocab == want["n_vocab"] == model.vocab.n_tokens
+        assert hp.n_vocab == model.n_vocab == want["n_vocab"] == model.vocab.n_tokens
         # the output matrix is tied to the embedding in both files: counted once
         assert model.n_params == want["n_params"]
         assert model.size_bytes == want["nbytes"]
@@ -189,11 +191,61 @@ def test_vocab_only_touches_no_tensor(smollm_path):
         assert model.vocab.n_tokens == 49152
 
 
+VOCAB_FILES = sorted(p.name for p in VOCAB_DIR.glob("*.gguf"))
+
+
+def _file_facts(path: Path) -> tuple[str, int, str]:
+    """general.architecture, n_vocab as llama.cpp reads it, general.name."""
+    with GGUFReader(path) as r:
+        arch = r.metadata["general.architecture"]
+        n_vocab = r.metadata.get(f"{arch}.vocab_size", len(r.metadata["tokenizer.ggml.tokens"]))
+        return arch, int(n_vocab), r.metadata["general.name"]
+
+
+def test_vocab_files_include_architectures_gguflm_cannot_run(vocab_dir):
+    archs = {_file_facts(vocab_dir / name)[0] for name in VOCAB_FILES}
+    assert {"bert", "falcon", "gemma4", "gpt2", "mpt", "refact", "starcoder2"} <= archs - set(architectures())
+
+
+@pytest.mark.parametrize("name", VOCAB_FILES)
+def test_vocab_only_loads_any_architecture(vocab_dir, name):
+    """llama.cpp's tokenizer-suite files: a vocab-only load needs no architecture class (their
+    tokenization is checked in test_vocab.py); what needs the forward pass says so."""
+    path = vocab_dir / name
+    arch, n_vocab, general_name = _file_facts(path)
+    with Model.load(path, vocab_only=True) as model:
+        assert (model.arch, model.n_vocab, model.name) == (arch, n_vocab, general_name)
+        assert model.vocab_only and model.tensors == {} and model.layers == []
+        assert model.n_params == 0
+        with pytest.raises(VocabOnlyError, match="vocab_only=True: it has no hyper-parameters"):
+            model.hparams
+        with pytest.raises(VocabOnlyError, match="vocab_only=True: it has no architecture"):
+            model.architecture
+        with pytest.raises(VocabOnlyError, match=f"cannot create a context from {name}"):
+            Context(model)
+        text = model.describe()
+        assert f"{'vocab_only':<26} = 1" in text and f"{'n_vocab':<26} = {n_vocab}" in text
+        assert "vocab only" in repr(model)
+    # a full load needs gguflm's architecture class, then the tensors these files lack
+    if arch in architectures():
+        with pytest.raises(MissingTensorError):
+            Model.load(path)
+    else:
+        with pytest.raises(UnknownArchitectureError, match=f"unknown model architecture: '{arch}'"):
+            Model.load(path)
+
+
 def test_one_model_many_closes(smollm_path):
     model = Model.load(smollm_path)
+    described = model.describe()
     model.close()
     model.close()
     assert _maps_of(smollm_path) == 0
+    # the file's facts outlive the map; the tensor sizes go with the tensors
+    def facts(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith(("file size", "model params"))]
+
+    assert facts(model.describe()) == facts(described)
 
 
 # -- the synthetic models, intact and broken
@@ -210,6 +262,12 @@ def test_unknown_architecture(tmp_path):
     bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "x.gguf", set_keys={"general.architecture": "xyz"})
     with pytest.raises(UnknownArchitectureError, match="unknown model architecture: 'xyz'"):
         Model.load(bad)
+    # the vocabulary needs no architecture
+    with Model.load(bad, vocab_only=True) as model, \
+            Model.load(ARCH_DIR / "llama.gguf", vocab_only=True) as llama:
+        assert model.arch == "xyz" and model.n_vocab == llama.n_vocab
+        text = "Hello world <s>"
+        assert model.vocab.tokenize(text, True, True) == llama.vocab.tokenize(text, True, True)
 
 
 def test_missing_tensor(tmp_path):
@@ -251,8 +309,14 @@ def test_missing_key_and_bad_hparam(tmp_path):
     bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "c.gguf", set_keys={"llama.block_count": "two"})
     with pytest.raises(HParamError, match="block_count"):
         Model.load(bad)
+    # as llama.cpp, a vocab-only load reads no hyper-parameter but vocab_size
+    with Model.load(bad, vocab_only=True) as model:
+        assert model.vocab_only and model.arch == "llama"
+    bad = rewrite(ARCH_DIR / "llama.gguf", tmp_path / "d.gguf", set_keys={"llama.vocab_size": "many"})
+    with pytest.raises(HParamError, match="llama.vocab_size"):
+        Model.load(bad, vocab_only=True)
     # Qwen 2's Q is n_embd x n_embd in llama.cpp: its heads must span n_embd
-    bad = rewrite(ARCH_DIR / "qwen2.gguf", tmp_path / "d.gguf", set_keys={"qwen2.attention.key_length": 32,
+    bad = rewrite(ARCH_DIR / "qwen2.gguf", tmp_path / "e.gguf", set_keys={"qwen2.attention.key_length": 32,
                                                                         "qwen2.attention.value_length": 32})
     with pytest.raises(HParamError, match="4 heads of 32"):
         Model.load(bad)
