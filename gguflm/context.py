@@ -28,6 +28,7 @@ from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
+from gguflm.system import guard_mode
 from gguflm.threads import resolve_n_threads
 
 log = logging.getLogger("gguflm")
@@ -347,7 +348,11 @@ class Context:
             # once to learn when each buffer is in use, then into buffers that share memory
             sizing = Arena()
             sized = record(sizing)
-            plan = record(sizing.packed(sized.step_arrays, sized.results))
+            guarded = guard_mode()
+            arena = sizing.packed(sized.step_arrays, sized.results, guarded=guarded)
+            plan = record(arena)
+            if guarded:
+                plan.set_guards(*arena.guard_zones())
             self._plans[ub.shape] = plan
             if len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)

@@ -28,3 +28,12 @@ class StateError(Error):
 class VocabOnlyError(Error):
     """What was asked needs the forward pass (architecture, hyper-parameters, tensors, a Context),
     and the model was loaded with ``vocab_only=True``."""
+
+
+class BufferOverrunError(Error):
+    """Guard mode (``GGUFLM_GUARD=1``) found bytes written outside the buffers a kernel was given:
+    a bug in gguflm, never in the input. ``zone`` is the damaged guard zone's index."""
+
+    def __init__(self, message: str, zone: int):
+        super().__init__(message)
+        self.zone = zone

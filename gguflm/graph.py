@@ -73,9 +73,11 @@ class Arena:
     model would hold every layer's intermediates at once: hundreds of MB.
     """
 
-    def __init__(self, offsets: list[int] | None = None, size: int = 0) -> None:
+    def __init__(self, offsets: list[int] | None = None, size: int = 0,
+                 lifetimes: list[tuple[int, int]] | None = None) -> None:
         self.buffers: list[np.ndarray] = []
         self._offsets = offsets
+        self._lifetimes = lifetimes   # guard mode: each buffer's first and last step
         self._block: np.ndarray | None = None
         if offsets is not None:
             raw = np.empty(size + _ALIGN, np.uint8)
@@ -98,11 +100,12 @@ class Arena:
     def nbytes(self) -> int:
         return len(self._block) if self._block is not None else sum(b.nbytes for b in self.buffers)
 
-    def packed(self, step_arrays: Sequence[tuple[Any, ...]], results: Any) -> Arena:
+    def packed(self, step_arrays: Sequence[tuple[Any, ...]], results: Any, guarded: bool = False) -> Arena:
         """An arena laying out this one's buffers (in the order they were taken) in one block,
         given the arrays of each step the plan executes (``Plan.step_arrays``: matmuls grouped
         into one parallel region are one step, since they run at the same time); buffers in
-        ``results`` stay alive to the end."""
+        ``results`` stay alive to the end. ``guarded``: every buffer gets a guard zone of
+        ``_ALIGN`` bytes on each side (and its alignment padding), see :meth:`guard_zones`."""
         owner = {id(b): i for i, b in enumerate(self.buffers)}
         end = len(step_arrays)
         first, last = [end] * len(self.buffers), [-1] * len(self.buffers)
@@ -122,16 +125,36 @@ class Arena:
         live: list[tuple[int, int, int]] = []  # (offset, stop, last use) of buffers placed so far
         for i in sorted(range(len(self.buffers)), key=lambda i: (first[i], i)):
             live = sorted(b for b in live if b[2] >= first[i])  # the others are dead by now
-            need = -(-self.buffers[i].nbytes // _ALIGN) * _ALIGN
+            guard = _ALIGN if guarded else 0
+            need = -(-self.buffers[i].nbytes // _ALIGN) * _ALIGN + 2 * guard
             at = 0
             for start, stop, _ in live:  # first gap wide enough
                 if at + need <= start:
                     break
                 at = max(at, stop)
-            offsets[i] = at
+            offsets[i] = at + guard
             live.append((at, at + need, max(last[i], first[i])))
             size = max(size, at + need)
-        return Arena(offsets, size)
+        lifetimes = [(min(f, end - 1), min(max(l, f), end - 1)) for f, l in zip(first, last)]
+        return Arena(offsets, size, lifetimes if guarded else None)
+
+    def guard_zones(self) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """Guard mode: the zones before and after every buffer (addresses, lengths) and the
+        first and last step each is in use, as :meth:`gguflm._ext.plan.Plan.set_guards` takes
+        them. Call once the plan that uses this arena is recorded."""
+        if self._lifetimes is None:
+            raise ValueError("not a guarded arena")
+        at, length, first, last = [], [], [], []
+        base = self._block.ctypes.data
+        # from the layout, not the buffers: numpy may give an empty view a pointer of its own
+        for buf, offset, (f, l) in zip(self.buffers, self._offsets, self._lifetimes):
+            start, stop = base + offset, base + offset + buf.nbytes
+            after = -(-buf.nbytes // _ALIGN) * _ALIGN - buf.nbytes + _ALIGN
+            at += [start - _ALIGN, stop]
+            length += [_ALIGN, after]
+            first += [f, f]
+            last += [l, l]
+        return np.array(at, np.int64), np.array(length, np.int64), first, last
 
 
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:

@@ -27,3 +27,11 @@ def system_info() -> dict[str, Any]:
     info["isa_override"] = os.environ.get("GGUFLM_ISA")
     info["arithmetic"] = _ops.current_arithmetic()
     return info
+
+
+def guard_mode() -> bool:
+    """Debug switch ``GGUFLM_GUARD=1``: forward passes recorded afterwards put guard zones around
+    every activation buffer, fill them with a canary byte and check them after every step, raising
+    :class:`gguflm.errors.BufferOverrunError` when a kernel wrote outside its buffers. Slower;
+    meant for test runs (``GGUFLM_GUARD=1 python -m pytest tests``)."""
+    return os.environ.get("GGUFLM_GUARD", "") == "1"

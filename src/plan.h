@@ -67,14 +67,44 @@ static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const
     }
 }
 
+/* The guard mode's zones: bytes around every arena buffer that no kernel may write. Before the
+ * step that starts at node k, the zones fill[fill_ptr[k] .. fill_ptr[k + 1]) (of the buffers
+ * first used there) get the canary byte; after it, the zones check[check_ptr[k] ..
+ * check_ptr[k + 1]) (of every buffer in use there) must still hold it. */
+#define GGUFLM_CANARY 0xA5
+typedef struct {
+    uint8_t *const *at;
+    const int64_t *len;
+    const int64_t *fill_ptr, *fill;
+    const int64_t *check_ptr, *check;
+} gguflm_guards;
+
+static void gguflm_guards_fill(const gguflm_guards *g, int64_t k) {
+    for (int64_t i = g->fill_ptr[k]; i < g->fill_ptr[k + 1]; i++) memset(g->at[g->fill[i]], GGUFLM_CANARY, g->len[g->fill[i]]);
+}
+
+/* the first damaged zone checked after node k, or -1 */
+static int64_t gguflm_guards_damaged(const gguflm_guards *g, int64_t k) {
+    for (int64_t i = g->check_ptr[k]; i < g->check_ptr[k + 1]; i++) {
+        const uint8_t *z = g->at[g->check[i]];
+        for (int64_t j = 0; j < g->len[g->check[i]]; j++)
+            if (z[j] != GGUFLM_CANARY) return g->check[i];
+    }
+    return -1;
+}
+
 /* Run nodes[start..] up to the next LAYER node (exclusive) in the arithmetic arith
  * (GGUFLM_ARITH_*); returns the index after it, or n_nodes at the end; -1 if a kernel could not
- * allocate its scratch. */
+ * allocate its scratch; -2 if guards (NULL: no guard mode) found a zone written by the step
+ * starting at node *bad_node, and *bad_zone is that zone. */
 static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                               const ggml_half *gelu_table, int arith, int use_avx2) {
+                               const ggml_half *gelu_table, int arith, int use_avx2,
+                               const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone) {
     for (int64_t k = start; k < n_nodes; k++) {
         const gguflm_node *nd = &nodes[k];
+        const int64_t step = k;
         float *out = (float *)nd->out;
+        if (guards) gguflm_guards_fill(guards, step);
         switch (nd->op) {
         case GGUFLM_OP_LAYER:
             if (k > start) return k + 1;
@@ -148,6 +178,10 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                     *v = tanhf(*v * (1.0f / nd->f)) * nd->f;
                 }
             break;
+        }
+        if (guards && (*bad_zone = gguflm_guards_damaged(guards, step)) >= 0) {
+            *bad_node = step;
+            return -2;
         }
     }
     return n_nodes;

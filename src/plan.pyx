@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
 from ops_kernels cimport (ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_has_avx2, gguflm_has_f16c,
@@ -55,9 +55,23 @@ cdef extern from "plan.h" nogil:
         const int64_t *i64
         gguflm_rope_params rope
         gguflm_attn_args attn
+    ctypedef struct gguflm_guards:
+        uint8_t *const *at
+        const int64_t *len
+        const int64_t *fill_ptr
+        const int64_t *fill
+        const int64_t *check_ptr
+        const int64_t *check
     int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                            const ggml_half *gelu_table, int arith, int use_avx2)
+                            const ggml_half *gelu_table, int arith, int use_avx2,
+                            const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone)
     int gguflm_kernels_init(int isa)
+
+_OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP_COPY: "COPY",
+             GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_ADD: "ADD",
+             GGUFLM_OP_ADD_ROW: "ADD_ROW", GGUFLM_OP_RMS_NORM: "RMS_NORM", GGUFLM_OP_QUANTIZE: "QUANTIZE",
+             GGUFLM_OP_MATMUL: "MATMUL", GGUFLM_OP_ROPE: "ROPE", GGUFLM_OP_KV_STORE: "KV_STORE",
+             GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP"}
 
 cdef ggml_half GELU_TABLE[65536]
 gguflm_gelu_table_init(GELU_TABLE)
@@ -92,6 +106,10 @@ cdef class Plan:
     cdef int64_t n_nodes, capacity
     cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
     cdef list keep          # per step (node or group), the arrays it points into
+    cdef list step_nodes    # per step, the index of its first node
+    cdef gguflm_guards guards
+    cdef bint guarded
+    cdef object guard_arrays   # what self.guards points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
     def __cinit__(self):
@@ -101,6 +119,8 @@ cdef class Plan:
     def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
         self.arith = _current_arith()
         self.keep = []
+        self.step_nodes = []
+        self.guarded = False
         self.tokens = np.zeros(n_tokens, np.int32)
         self.pos = np.zeros(n_tokens, np.int32)
         self.seq_first = np.zeros(n_tokens, np.int32)
@@ -134,8 +154,9 @@ cdef class Plan:
         memset(nd, 0, sizeof(gguflm_node))
         nd.op = op
         nd.n_threads = n_threads
-        self.n_nodes += 1
         self.keep.append(arrays)
+        self.step_nodes.append(self.n_nodes)
+        self.n_nodes += 1
         return nd
 
     # -- recording (arrays are C-contiguous float32 unless said otherwise)
@@ -206,6 +227,7 @@ cdef class Plan:
         first.group = n
         # the group is one step of the executor: each member's buffers are in use while any runs
         self.keep[-n:] = [sum(self.keep[-n:], ())]
+        del self.step_nodes[-n + 1:]
 
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
@@ -254,16 +276,52 @@ cdef class Plan:
             <const float *>_ptr(up), _stride(up)
         nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
 
+    # -- guard mode
+
+    def set_guards(self, cnp.ndarray at, cnp.ndarray length, first_step, last_step):
+        """Check, after every step, the zones at ``at`` (addresses, int64) of ``length`` bytes:
+        zone z is filled with the canary byte before step ``first_step[z]`` and must still hold
+        it after every step up to ``last_step[z]`` (inclusive)."""
+        nodes = np.asarray(self.step_nodes, np.int64)
+        n_steps = len(nodes)
+        first, last = np.asarray(first_step, np.int64), np.asarray(last_step, np.int64)
+        if not (len(at) == len(length) == len(first) == len(last)) or (first < 0).any() or (last >= n_steps).any():
+            raise ValueError("one first and last step per zone, within the plan's steps")
+        # by node: the zones a step fills before it and checks after it, as offsets into flat lists
+        fill = [np.flatnonzero(first == s) for s in range(n_steps)]
+        check = [np.flatnonzero((first <= s) & (s <= last)) for s in range(n_steps)]
+        arrays = {"at": np.ascontiguousarray(at, np.int64), "len": np.ascontiguousarray(length, np.int64)}
+        for name, lists in (("fill", fill), ("check", check)):
+            ptr = np.zeros(self.n_nodes + 1, np.int64)
+            np.add.at(ptr, nodes + 1, [len(z) for z in lists])
+            arrays[name + "_ptr"] = np.cumsum(ptr)
+            arrays[name] = np.concatenate(lists + [np.zeros(0, np.int64)]).astype(np.int64)
+        self.guard_arrays = arrays
+        self.guards.at = <uint8_t *const *>_ptr(arrays["at"])
+        self.guards.len = <const int64_t *>_ptr(arrays["len"])
+        self.guards.fill_ptr = <const int64_t *>_ptr(arrays["fill_ptr"])
+        self.guards.fill = <const int64_t *>_ptr(arrays["fill"])
+        self.guards.check_ptr = <const int64_t *>_ptr(arrays["check_ptr"])
+        self.guards.check = <const int64_t *>_ptr(arrays["check"])
+        self.guarded = True
+
     # -- running
 
     def run(self, check_abort=None):
-        """Run every node; ``check_abort()`` is called before each segment (it raises to stop)."""
-        cdef int64_t k = 0, n = self.n_nodes
+        """Run every node; ``check_abort()`` is called before each segment (it raises to stop).
+        In guard mode (:meth:`set_guards`) a kernel that wrote outside its buffers raises
+        :class:`gguflm.errors.BufferOverrunError`."""
+        cdef int64_t k = 0, n = self.n_nodes, bad_node = -1, bad_zone = -1
         cdef int avx2 = _use_avx2
+        cdef const gguflm_guards *guards = &self.guards if self.guarded else NULL
         while k < n:
             if check_abort is not None:
                 check_abort()
             with nogil:
-                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, self.arith, avx2)
-            if k < 0:
+                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, self.arith, avx2, guards, &bad_node, &bad_zone)
+            if k == -1:
                 raise MemoryError("a kernel could not allocate its scratch memory")
+            if k == -2:
+                from gguflm.errors import BufferOverrunError
+                raise BufferOverrunError(f"node {bad_node} ({_OP_NAMES[self.nodes[bad_node].op]}) wrote into "
+                                         f"guard zone {bad_zone}, outside the buffers it was given", bad_zone)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from gguflm.default_model import DEFAULT_MODEL_FILE, models_dir
 
@@ -17,6 +18,10 @@ VOCAB_DIR = SHARED / "vocab"
 
 GEMMA_FILE = DEFAULT_MODEL_FILE
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# `pytest --hypothesis-profile soak`: the long run of the property tests CI keeps small (the
+# invariance test draws a dozen models there, this many here)
+settings.register_profile("soak", max_examples=300, deadline=None)
 
 HOW_TO_GET_MODELS = (
     "real model {name} not found in {folder}. Run `bash .ci/run` once (it fetches both models "

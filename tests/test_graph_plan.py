@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gguflm import Context, Model, quants
+from gguflm import Batch, Context, Model, quants
+from gguflm.errors import BufferOverrunError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Arena, Graph, UBatch
 
@@ -139,3 +140,45 @@ def test_grouped_matmuls_are_one_step_of_the_layout():
     for out in (out_k, out_v):
         lo, hi = _span(out)
         assert hi <= _span(xq32)[0] or _span(xq32)[1] <= lo
+
+
+def _record_copy(arena: Arena, overrun: int) -> Plan:
+    """x -> out by a COPY node told that out's rows are ``overrun`` floats wider than they are."""
+    plan = Plan(2, 2, 1)
+    x = arena.take((2, 64), np.float32)
+    plan.scale(x, 1.0)
+    out = arena.take((2, 32), np.float32)
+    plan.scale(out, 0.0)
+    wide = np.lib.stride_tricks.as_strided(out, shape=(2, 32 + overrun), strides=out.strides)
+    plan.copy(x, 0, wide)
+    plan.scale(out, 2.0)
+    plan.results = (out,)
+    return plan
+
+
+@pytest.mark.parametrize("overrun", [0, 1])
+def test_guard_mode_catches_a_write_past_a_buffer(overrun):
+    sizing = Arena()
+    sized = _record_copy(sizing, overrun)
+    arena = sizing.packed(sized.step_arrays, sized.results, guarded=True)
+    plan = _record_copy(arena, overrun)
+    plan.set_guards(*arena.guard_zones())
+    if not overrun:
+        plan.run()
+        return
+    with pytest.raises(BufferOverrunError, match=r"node 2 \(COPY\) wrote into guard zone 3"):
+        plan.run()
+
+
+def test_guard_mode_runs_a_model(monkeypatch):
+    """GGUFLM_GUARD=1: a real forward pass is laid out with guards, checked, and gives the same
+    logits as without them."""
+    with Model.load(ARCH_DIR / "gemma3.gguf") as model:
+        logits = []
+        for guard in ("0", "1"):
+            monkeypatch.setenv("GGUFLM_GUARD", guard)
+            with Context(model, n_ctx=256, n_ubatch=7) as ctx:
+                assert ctx.decode(Batch.get_one(list(range(3, 23)))) == 0
+                assert ctx.decode(Batch.get_one([5])) == 0
+                logits.append(ctx.get_logits_ith(-1).copy())
+        np.testing.assert_array_equal(*logits)

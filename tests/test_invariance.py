@@ -100,3 +100,14 @@ def test_logits_are_the_same_floats_at_every_thread_count(case):
             theirs = llama_cpp_logits(path, tokens, n_ubatch, type_k, type_v)
             assert rel_err(ours, theirs) < 0.02, f"ubatch {n_ubatch}"
             assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.9, f"ubatch {n_ubatch}"
+
+
+def test_real_models_give_the_same_floats_at_every_thread_count(real_model_path):
+    with Model.load(real_model_path) as model:
+        tokens = model.vocab.tokenize("The quick brown fox jumps over the lazy dog, then it sleeps.", add_special=True)
+        for n_ubatch in (1, 7, len(tokens)):
+            first = prompt_logits(model, tokens, 1, n_ubatch, "f16", "f16")
+            assert np.isfinite(first).all()
+            for n_threads in THREADS[1:]:
+                other = prompt_logits(model, tokens, n_threads, n_ubatch, "f16", "f16")
+                assert (other.view(np.uint32) == first.view(np.uint32)).all(), (n_threads, n_ubatch)
