@@ -11,8 +11,10 @@ arithmetic, and the same random stream — seeded samplers own a ``std::mt19937`
 through libstdc++'s ``uniform_real_distribution``/``discrete_distribution`` formulas, so a seeded
 chain picks the tokens llama.cpp (built with GCC) picks. Where we differ:
 
-* ties are broken by position: among equal logits the candidate nearer the front ranks first
-  (llama.cpp's ``std::sort``/``partial_sort`` leave tied order unspecified);
+* NaN logits rank last (llama.cpp's ``a.logit > b.logit`` is no ordering with NaN, and GCC's
+  sort may then read past the array); equal logits otherwise come out in llama.cpp's order, which
+  our kernels reproduce move for move (GCC's ``std::sort``/``std::partial_sort`` and llama.cpp's
+  bucket sort);
 * an empty candidates array passes through every sampler unchanged and nothing is selected
   (llama.cpp asserts on it in softmax-based samplers);
 * ``clone()`` copies all state, including the penalties' token counts and mirostat's ``mu`` and
@@ -226,18 +228,19 @@ class TokenDataArray:
         return self._scratch
 
     def best_positions(self, k: int) -> np.ndarray:
-        """Positions of the ``min(k, size)`` best candidates, best first; nothing moves.
+        """Positions of the ``min(k, size)`` best candidates, best first, in the order llama.cpp's
+        ``llama_token_data_array_partial_sort_inplace`` leaves them (ties included); nothing moves.
 
-        Ties keep position order. The result is a view of an internal buffer, valid until the
-        next call.
+        The result is a view of an internal buffer, valid until the next call.
         """
-        k = kernels.top_k_positions(self.logits, k, self._positions, self._scratch_words())
+        k = kernels.partial_sort_positions(self.logits, k, self._positions,
+                                           self._scratch_words())
         return self._positions[:k]
 
-    def sorted_positions(self, keys: np.ndarray | None = None) -> np.ndarray:
-        """Positions of all candidates by descending ``keys`` (default: the logits), ties in
-        position order, NaN last; a view like :meth:`best_positions`."""
-        keys = self.logits if keys is None else np.ascontiguousarray(keys, dtype=_F32)
+    def sorted_positions(self, keys: np.ndarray) -> np.ndarray:
+        """Positions of all candidates by descending ``keys`` as GCC's ``std::sort`` orders them
+        (ties included, NaN last); a view like :meth:`best_positions`."""
+        keys = np.ascontiguousarray(keys, dtype=_F32)
         if len(keys) != self._size:
             raise ValueError(f"{len(keys)} keys for {self._size} candidates")
         kernels.sort_positions(keys, self._positions, self._scratch_words())
@@ -471,7 +474,8 @@ def _top_k(cur_p: TokenDataArray, k: int) -> None:
 class TopK(Sampler):
     """Keep the ``k`` candidates with the largest logits, best first; ``k <= 0`` keeps all.
 
-    Exactly ``min(k, size)`` stay even when logits tie at the cut (the earlier positions win).
+    Exactly ``min(k, size)`` stay even when logits tie at the cut; which of the tied ones stay,
+    and in what order, is what llama.cpp's partial sort leaves.
     """
 
     name = "top-k"
@@ -506,7 +510,7 @@ class TopP(Sampler):
         positions = cur_p.best_positions(256 if cur_p.size > 1024 else cur_p.size)
         cut = kernels.top_p_cut(cur_p.p[positions], self.p, self.min_keep)
         if cut < 0 and len(positions) < cur_p.size:
-            positions = cur_p.sorted_positions()
+            positions = cur_p.best_positions(cur_p.size)
             cut = kernels.top_p_cut(cur_p.p[positions], self.p, self.min_keep)
         cur_p.keep_positions(positions[:cut] if cut >= 0 else positions)
         cur_p.sorted = True
@@ -572,7 +576,7 @@ class Typical(Sampler):
         entropy = _sum_f32(_entropy_terms(p))
         with _c_float_math():
             shifted = np.abs(-_logf(p) - entropy)
-        order = cur_p.sorted_positions(-shifted)  # ascending shifted score, stable
+        order = cur_p.sorted_positions(-shifted)  # std::sort by ascending shifted score
         cumulative = np.cumsum(p[order], dtype=_F32)
         enough = np.arange(len(order)) >= self.min_keep - 1 if self.min_keep else True
         over = np.flatnonzero((cumulative > self.p) & enough)
