@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, logf, pow, sqrtf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -298,7 +299,8 @@ def min_p_filter(int32_t[::1] ids, float[::1] logits, float[::1] p, float min_p,
                  Py_ssize_t min_keep) -> int:
     """min-p on unsorted candidates: keep, in order, those with logit >= max + logf(min_p).
 
-    Compacts in place and returns the new size, or -1 (nothing changed) when fewer than
+    The max starts from -FLT_MAX, as llama.cpp's does: in a row of -inf nothing stays. Compacts
+    in place and returns the new size, or -1 (nothing changed) when fewer than
     ``max(min_keep, 1)`` would stay.
     """
     cdef Py_ssize_t n = ids.shape[0], i, kept = 0
@@ -308,7 +310,10 @@ def min_p_filter(int32_t[::1] ids, float[::1] logits, float[::1] p, float min_p,
     if n == 0:
         return -1
     with nogil:
-        min_logit = gguflm_max_logit(&logits[0], n) + logf(min_p)
+        min_logit = -FLT_MAX
+        for i in range(n):
+            min_logit = logits[i] if min_logit < logits[i] else min_logit
+        min_logit = min_logit + logf(min_p)
         for i in range(n):
             if logits[i] >= min_logit:
                 kept += 1

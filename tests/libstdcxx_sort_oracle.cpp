@@ -35,7 +35,8 @@ struct adversary {
     int32_t solid = 0;
     int32_t candidate = 0;
 
-    explicit adversary(int64_t n) : value(n, static_cast<int32_t>(n)), gas(static_cast<int32_t>(n)) {}
+    explicit adversary(int64_t n)
+        : value(n, static_cast<int32_t>(n)), gas(static_cast<int32_t>(n)) {}
 
     bool less(int32_t x, int32_t y) {
         if (value[x] == gas && value[y] == gas) {
