@@ -150,7 +150,7 @@ class TokenDataArray:
         self._logits = np.empty(capacity, dtype=_F32)  # [capacity]
         self._p = np.empty(capacity, dtype=_F32)  # [capacity]
         self._positions = np.empty(capacity, dtype=np.int32)  # orderings, [capacity]
-        self._scratch = np.empty(0, dtype=np.uint64)  # kernel scratch, 2 words a candidate
+        self._scratch = np.empty(0, dtype=np.uint64)  # kernel scratch, 3 words a candidate
         self._arange = np.empty(0, dtype=np.int32)  # 0..capacity-1 once needed
         self._start = 0
         self._size = 0
@@ -222,7 +222,7 @@ class TokenDataArray:
     # operations the samplers share --------------------------------------------------------
 
     def _scratch_words(self) -> np.ndarray:
-        need = 2 * len(self._ids)
+        need = 3 * len(self._ids)
         if len(self._scratch) < need:
             self._scratch = np.empty(need, dtype=np.uint64)
         return self._scratch

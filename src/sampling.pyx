@@ -159,10 +159,10 @@ def sort_positions(const float[::1] keys, int32_t[::1] out, uint64_t[::1] scratc
 
     This is llama.cpp's order for a sort by ``keys[a] > keys[b]``: equal keys end up wherever
     libstdc++'s introsort moves them (NaN ranks last). ``out`` needs ``len(keys)`` entries and
-    ``scratch`` ``len(keys)`` words.
+    ``scratch`` ``3 * len(keys)`` words.
     """
     cdef Py_ssize_t n = keys.shape[0]
-    if out.shape[0] < n or scratch.shape[0] < n:
+    if out.shape[0] < n or scratch.shape[0] < 3 * n:
         raise ValueError(f"sort_positions: buffers too small for {n} keys")
     if n == 0:
         return
@@ -178,7 +178,7 @@ def partial_sort_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] o
     Up to 128 that is GCC's ``std::partial_sort`` over the whole row, above it llama.cpp's bucket
     sort; equal logits land where those algorithms move them (NaN ranks last). Returns how many
     were written (``min(k, len(logits))``, 0 for k <= 0). ``out`` needs that many entries and
-    ``scratch`` ``2 * len(logits)`` words. ``isa`` names the scan variant (default:
+    ``scratch`` ``3 * len(logits)`` words. ``isa`` names the scan variant (default:
     :data:`DEFAULT_ISA`).
     """
     cdef Py_ssize_t n = logits.shape[0]
@@ -186,7 +186,7 @@ def partial_sort_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] o
     k = min(k, n)
     if k <= 0:
         return 0
-    if out.shape[0] < k or scratch.shape[0] < 2 * n:
+    if out.shape[0] < k or scratch.shape[0] < 3 * n:
         raise ValueError(f"partial_sort_positions: buffers too small for k={k} of {n}")
     with nogil:
         gguflm_llama_partial_sort(&logits[0], n, k, &out[0], &scratch[0], scan)

@@ -310,6 +310,79 @@ static void gguflm_std_sort(uint64_t *a, int64_t n) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* the same orders sooner where no keys tie                                                     */
+/*
+ * Where no two items share a key there is one sorted order only, whatever moves led to it: the
+ * emulation above matters for ties alone. Long runs take an LSD radix sort of a copy first (real
+ * logits seldom tie), kept when the keys that decide the result come out distinct.
+ */
+
+enum { GGUFLM_RADIX_MIN = 256 };
+
+/* Radix-sort a copy of a[0..n) by key. When the first `decided` items come out with distinct
+ * keys, and (decided < n) the last of them ranks strictly before the next, that copy is the
+ * order any sort leaves there: it replaces a and 1 is returned. Otherwise a is left as it was
+ * and 0 returned. spare: 2*n words. */
+static int gguflm_radix_sort_if_distinct(uint64_t *a, int64_t n, int64_t decided,
+                                         uint64_t *spare) {
+    enum { BITS = 11, BUCKETS = 1 << BITS, PASSES = 3 };
+    static const int shift[PASSES] = {32, 32 + BITS, 32 + 2 * BITS};
+    uint32_t hist[PASSES][BUCKETS];
+    memset(hist, 0, sizeof hist);
+    for (int64_t i = 0; i < n; i++) {
+        for (int p = 0; p < PASSES; p++) {
+            hist[p][(a[i] >> shift[p]) & (BUCKETS - 1)]++;
+        }
+    }
+    const uint64_t *src = a; /* a itself is only read */
+    uint64_t *dst = spare;
+    for (int p = 0; p < PASSES; p++) {
+        uint32_t *h = hist[p];
+        int single_bucket = 0;
+        uint32_t offset = 0;
+        for (int d = 0; d < BUCKETS; d++) {
+            single_bucket |= h[d] == (uint32_t)n; /* this digit is the same everywhere */
+            uint32_t count = h[d];
+            h[d] = offset;
+            offset += count;
+        }
+        if (single_bucket) {
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            dst[h[(src[i] >> shift[p]) & (BUCKETS - 1)]++] = src[i];
+        }
+        src = dst;
+        dst = dst == spare ? spare + n : spare;
+    }
+    int64_t last = decided < n ? decided : n - 1;
+    for (int64_t i = 1; i <= last; i++) {
+        if (!gguflm_before(src[i - 1], src[i])) {
+            return 0;
+        }
+    }
+    if (src != a) {
+        memcpy(a, src, (size_t)n * sizeof *a);
+    }
+    return 1;
+}
+
+/* the order std::sort(a, a + n) leaves. spare: 2*n words */
+static void gguflm_sort_as_std(uint64_t *a, int64_t n, uint64_t *spare) {
+    if (n < GGUFLM_RADIX_MIN || !gguflm_radix_sort_if_distinct(a, n, n, spare)) {
+        gguflm_std_sort(a, n);
+    }
+}
+
+/* a[0..middle) as std::partial_sort(a, a + middle, a + n) leaves it; what follows is in no
+ * particular order. spare: 2*n words */
+static void gguflm_partial_sort_as_std(uint64_t *a, int64_t middle, int64_t n, uint64_t *spare) {
+    if (middle < GGUFLM_RADIX_MIN || !gguflm_radix_sort_if_distinct(a, n, middle, spare)) {
+        gguflm_std_partial_sort(a, middle, n);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* the partial sort's scan: find the next 16-logit block holding a value above a threshold     */
 
 /* Start of the first 16-logit block from i on (blocks counted from i) with a logit > thr, or n.
@@ -445,11 +518,12 @@ static inline int gguflm_llama_bucket(float logit) {
 /* llama.cpp's llama_token_data_array_partial_sort, as positions: candidates are dealt into the
  * buckets, best bucket first and each in row order, until the buckets taken hold npartial; those
  * wholly inside are std::sort-ed, the last one std::partial_sort-ed up to npartial.
- * 0 < npartial <= n; scratch: 2*n words. */
+ * 0 < npartial <= n; scratch: 3*n words. */
 static void gguflm_bucket_partial_sort(const float *logits, int64_t n, int64_t npartial,
                                        int32_t *out, uint64_t *scratch) {
-    uint64_t *items = scratch;                    /* [n] */
-    uint8_t *bucket_of = (uint8_t *)(scratch + n); /* [n] */
+    uint64_t *items = scratch;                     /* [n] */
+    uint64_t *spare = scratch + n;                 /* [2*n], for the sorts */
+    uint8_t *bucket_of = (uint8_t *)(scratch + n); /* [n], in spare until the sorts start */
     int64_t histo[GGUFLM_LLAMA_BUCKETS] = {0};
     for (int64_t i = 0; i < n; i++) {
         int b = gguflm_llama_bucket(logits[i]);
@@ -478,10 +552,10 @@ static void gguflm_bucket_partial_sort(const float *logits, int64_t n, int64_t n
     }
     int64_t done = 0;
     for (int b = GGUFLM_LLAMA_BUCKETS - 1; b > last; b--) {
-        gguflm_std_sort(items + done, histo[b]);
+        gguflm_sort_as_std(items + done, histo[b], spare);
         done += histo[b];
     }
-    gguflm_std_partial_sort(items + done, npartial - done, histo[last]);
+    gguflm_partial_sort_as_std(items + done, npartial - done, histo[last], spare);
     for (int64_t j = 0; j < npartial; j++) {
         out[j] = gguflm_item_position(items[j]);
     }
@@ -489,7 +563,7 @@ static void gguflm_bucket_partial_sort(const float *logits, int64_t n, int64_t n
 
 /* llama.cpp's llama_token_data_array_partial_sort_inplace, as positions: the npartial best of
  * the row, in the order it leaves them (std::partial_sort up to 128, buckets above).
- * 0 < npartial <= n; scratch: 2*n words. */
+ * 0 < npartial <= n; scratch: 3*n words. */
 static void gguflm_llama_partial_sort(const float *logits, int64_t n, int64_t npartial,
                                       int32_t *out, uint64_t *scratch, gguflm_scan_fn scan) {
     if (npartial <= 128) {
@@ -500,13 +574,13 @@ static void gguflm_llama_partial_sort(const float *logits, int64_t n, int64_t np
 }
 
 /* std::sort of positions 0..n-1, best key first (llama.cpp's typical sorts its indices so).
- * scratch: n words. */
+ * scratch: 3*n words. */
 static void gguflm_std_sort_positions(const float *keys, int64_t n, int32_t *out,
                                       uint64_t *scratch) {
     for (int64_t i = 0; i < n; i++) {
         scratch[i] = gguflm_rank(keys[i], i);
     }
-    gguflm_std_sort(scratch, n);
+    gguflm_sort_as_std(scratch, n, scratch + n);
     for (int64_t i = 0; i < n; i++) {
         out[i] = gguflm_item_position(scratch[i]);
     }

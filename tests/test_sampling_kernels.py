@@ -96,18 +96,23 @@ def gcc_partial_sort(lib, logits: np.ndarray, middle: int) -> np.ndarray:
 
 @st.composite
 def tied_rows(draw, sizes=st.integers(0, 300)):
-    """Rows of a few distinct values (signed zeros and infinities among them), many repeats."""
+    """Rows of a few distinct values (signed zeros and infinities among them) repeated many
+    times, or of normal values rounded to a few digits (ties here and there), or not rounded
+    (distinct: the radix shortcut)."""
     n = draw(sizes)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    digits = draw(st.sampled_from([None, None, 1, 2, 4, 8]))
+    if digits is not None:
+        return np.round(rng.standard_normal(n), digits).astype(np.float32)
     pool = draw(st.lists(st.one_of(st.floats(-12, 12, width=32),
                                    st.sampled_from([0.0, -0.0, np.inf, -np.inf])),
                          min_size=1, max_size=5))
-    picks = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), n)
-    return np.array(pool, dtype=np.float32)[picks]
+    return np.array(pool, dtype=np.float32)[rng.integers(0, len(pool), n)]
 
 
-# sizes on both sides of libstdc++'s insertion-sort threshold (16) and of llama.cpp's in-place
-# partial sort limit (128), and long rows for the scan
-ordering_sizes = st.sampled_from([1, 2, 15, 16, 17, 33, 127, 128, 129, 500, 1000, 3000])
+# sizes on both sides of libstdc++'s insertion-sort threshold (16), of llama.cpp's in-place
+# partial sort limit (128) and of the radix shortcut (256), and long rows for the scan
+ordering_sizes = st.sampled_from([1, 2, 15, 16, 17, 33, 127, 128, 129, 255, 256, 1000, 3000])
 
 
 @SETTINGS
@@ -115,7 +120,7 @@ ordering_sizes = st.sampled_from([1, 2, 15, 16, 17, 33, 127, 128, 129, 500, 1000
 def test_sort_positions_is_gcc_std_sort(gcc_sorts, logits):
     n = len(logits)
     out = np.empty(n, dtype=np.int32)
-    kernels.sort_positions(logits, out, np.empty(n, dtype=np.uint64))
+    kernels.sort_positions(logits, out, np.empty(3 * n, dtype=np.uint64))
     np.testing.assert_array_equal(out, gcc_sort(gcc_sorts, logits))
 
 
@@ -128,7 +133,7 @@ def test_sort_positions_on_a_quicksort_killer_is_gcc_std_sort(gcc_sorts, n, merg
     gcc_sorts.oracle_killer_row(n, logits.ctypes.data)
     logits = np.floor(logits / merge).astype(np.float32)
     out = np.empty(n, dtype=np.int32)
-    kernels.sort_positions(logits, out, np.empty(n, dtype=np.uint64))
+    kernels.sort_positions(logits, out, np.empty(3 * n, dtype=np.uint64))
     np.testing.assert_array_equal(out, gcc_sort(gcc_sorts, logits))
 
 
@@ -139,7 +144,7 @@ def test_partial_sort_positions_up_to_128_is_gcc_std_partial_sort(gcc_sorts, log
     n = len(logits)
     k = min(k, n)
     out = np.empty(n, dtype=np.int32)
-    written = kernels.partial_sort_positions(logits, k, out, np.empty(2 * n, np.uint64), isa)
+    written = kernels.partial_sort_positions(logits, k, out, np.empty(3 * n, np.uint64), isa)
     assert written == k
     np.testing.assert_array_equal(out[:k], gcc_partial_sort(gcc_sorts, logits, k))
 
@@ -150,7 +155,7 @@ def test_partial_sort_positions_on_presorted_rows(gcc_sorts, order):
     logits = logits if order == "ascending" else logits[::-1].copy()
     out = np.empty(len(logits), dtype=np.int32)
     for isa in kernels.available_isas():
-        kernels.partial_sort_positions(logits, 40, out, np.empty(2 * len(logits), np.uint64), isa)
+        kernels.partial_sort_positions(logits, 40, out, np.empty(3 * len(logits), np.uint64), isa)
         np.testing.assert_array_equal(out[:40], gcc_partial_sort(gcc_sorts, logits, 40))
 
 
@@ -169,7 +174,7 @@ def test_partial_sort_positions_keeps_the_best_and_ranks_nan_last(logits, k):
     conversion of it does: there +inf ranks below every finite logit here, above -inf."""
     n = len(logits)
     out = np.empty(n, dtype=np.int32)
-    written = kernels.partial_sort_positions(logits, k, out, np.empty(2 * n, np.uint64))
+    written = kernels.partial_sort_positions(logits, k, out, np.empty(3 * n, np.uint64))
     assert written == max(0, min(k, n))
     kept = out[:written]
     assert len(np.unique(kept)) == written and np.all((kept >= 0) & (kept < n))
@@ -203,13 +208,13 @@ def test_isa_override_caps_the_variant(requested):
 def test_kernels_refuse_short_buffers():
     logits = np.zeros(10, dtype=np.float32)
     with pytest.raises(ValueError):
-        kernels.partial_sort_positions(logits, 5, np.empty(10, np.int32), np.empty(3, np.uint64))
+        kernels.partial_sort_positions(logits, 5, np.empty(10, np.int32), np.empty(29, np.uint64))
     with pytest.raises(ValueError):
         kernels.sort_positions(logits, np.empty(4, np.int32), np.empty(20, np.uint64))
     with pytest.raises(ValueError):
-        kernels.sort_positions(logits, np.empty(10, np.int32), np.empty(9, np.uint64))
+        kernels.sort_positions(logits, np.empty(10, np.int32), np.empty(29, np.uint64))
     with pytest.raises(ValueError, match="unknown ISA"):
-        kernels.partial_sort_positions(logits, 5, np.empty(10, np.int32), np.empty(20, np.uint64),
+        kernels.partial_sort_positions(logits, 5, np.empty(10, np.int32), np.empty(30, np.uint64),
                                        "sse9")
     with pytest.raises(ValueError):
         kernels.take_prefix(np.zeros(3, np.int32), np.zeros(3, np.float32),

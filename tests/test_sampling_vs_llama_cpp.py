@@ -336,3 +336,30 @@ def test_softmax_sorting_samplers_on_tied_rows(logits, seed, k, penalise):
         prefix.append((ours_pen, theirs_pen))
     for pair in softmax_sorting_samplers(len(logits), seed):
         apply_both([*prefix, pair], logits)
+
+
+@st.composite
+def narrow_rows(draw):
+    """Long rows squeezed into a few of llama.cpp's buckets (hundreds of candidates in each),
+    with distinct logits (the radix shortcut) or rounded to a few digits (ties among them)."""
+    n = draw(st.sampled_from([3000, 20000]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    logits = rng.standard_normal(n) * draw(st.sampled_from([0.05, 0.3]))
+    digits = draw(st.sampled_from([None, 3, 4]))
+    return (logits if digits is None else np.round(logits, digits)).astype(np.float32)
+
+
+@settings(max_examples=12, deadline=None)
+@given(logits=narrow_rows(), k=st.integers(129, 2999), p=unit, tie_at_cut=st.booleans())
+def test_bucket_sorts_on_narrow_rows(logits, k, p, tie_at_cut):
+    """top-k, top-p, min-p's sorting fallback and typical on the same row; with ``tie_at_cut``
+    the k-th best logit is also the next four's, so that top-k's partial sort decides which of
+    the five stays."""
+    n = len(logits)
+    if tie_at_cut:
+        best_first = np.argsort(-logits, kind="stable")
+        logits[best_first[k - 1:k + 4]] = logits[best_first[k - 1]]
+    apply_both([(TopK(k), REF.init("top_k", k))], logits)
+    apply_both([(TopP(p, 1), REF.init("top_p", p, 1))], logits)
+    apply_both([(MinP(0.05, n), REF.init("min_p", 0.05, n))], logits)
+    apply_both([(Typical(p, 1), REF.init("typical", p, 1))], logits)
