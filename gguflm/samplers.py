@@ -547,6 +547,11 @@ def _logf(x: Any) -> Any:
     return out.reshape(np.shape(x)) if np.ndim(x) else out[0]
 
 
+def _powf(x: Any, y: Any) -> _F32:
+    """C's powf of two float32 scalars (llama.cpp's temp-ext and mirostat use it)."""
+    return _F32(kernels.powf_scalar(x, y))
+
+
 def _entropy_terms(p: np.ndarray) -> np.ndarray:
     """-p * logf(p) in float32 (0 * log 0 is NaN, as in C)."""
     with _c_float_math():
@@ -633,13 +638,12 @@ class TempExt(Sampler):
             p = cur_p.p
             entropy = _sum_f32(_entropy_terms(p[p > 0.0]))
             normalized = entropy / max_entropy
-            dyn_temp = min_temp + (max_temp - min_temp) * np.power(normalized,
-                                                                  _F32(self.exponent))
+            dyn_temp = min_temp + (max_temp - min_temp) * _powf(normalized, self.exponent)
             _temperature(cur_p, float(dyn_temp))
             # probabilities again, this time in double
             logits = cur_p.logits.astype(np.float64)
             weights = np.exp(logits - logits[0])
-            cur_p.p[:] = weights.astype(_F32).astype(np.float64) / weights.sum()
+            cur_p.p[:] = weights.astype(_F32).astype(np.float64) / np.cumsum(weights)[-1]
 
 
 class XTC(_Seeded):
@@ -743,9 +747,8 @@ class Mirostat(_Mirostat):
             b = _logf(cur_p.p[:count] / cur_p.p[1:count + 1])
             s_hat = _sum_f32(t * b) / _sum_f32(t * t)
             epsilon_hat = s_hat - _F32(1.0)
-            k = np.power((epsilon_hat * np.power(_F32(2.0), self.mu))
-                         / (_F32(1.0) - np.power(_F32(self.n_vocab), -epsilon_hat)),
-                         _F32(1.0) / s_hat)
+            k = _powf((epsilon_hat * _powf(2.0, self.mu))
+                      / (_F32(1.0) - _powf(self.n_vocab, -epsilon_hat)), _F32(1.0) / s_hat)
         _top_k(cur_p, max(_c_int(k), 1))
 
 

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, logf, pow, sqrtf
+from libc.math cimport INFINITY, logf, pow, powf, sqrtf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -452,6 +452,12 @@ def dry_repeat_counts(const int32_t[::1] recent, int rep_limit, int32_t[::1] out
                     out[last - k] = run if run < rep_limit else rep_limit
                     lt = k
                     rt = i - 1
+
+
+def powf_scalar(float x, float y) -> float:
+    """C's ``powf(x, y)``, as llama.cpp's samplers take it (numpy's float32 power rounds
+    differently in about one case in five)."""
+    return powf(x, y)
 
 
 def logf_array(const float[::1] x, float[::1] out) -> None:
