@@ -263,9 +263,55 @@ static void gguflm_move_median_to_first(uint64_t *a, int64_t result, int64_t x, 
     gguflm_swap_items(a, result, median);
 }
 
-/* __unguarded_partition around the pivot item a[pivot] (which lies outside [first, last)) */
+/* __unguarded_partition around the pivot item a[pivot] (which lies outside [first, last)).
+ *
+ * Its k-th swap exchanges the k-th item from the left that does not rank before the pivot with
+ * the k-th from the right that the pivot does not rank before, for as long as the two have not
+ * crossed; which items those are depends on the input alone. So while a block of 64 from each
+ * end cannot reach the other, the blocks' stoppers are found without branches and swapped in
+ * pairs (as BlockQuicksort does, avoiding the mispredicted scans); the scalar loop then goes on
+ * from the last pair swapped, exactly where libstdc++'s would be. */
 static int64_t gguflm_unguarded_partition(uint64_t *a, int64_t first, int64_t last,
                                           int64_t pivot) {
+    enum { BLOCK = 64 };
+    const uint64_t p = a[pivot];
+    uint8_t stop_left[BLOCK], stop_right[BLOCK]; /* offsets into the blocks in hand */
+    int n_left = 0, n_right = 0, next_left = 0, next_right = 0;
+    int64_t l = first, r = last; /* the left block starts at l, the right one ends at r */
+    while (r - l > 2 * BLOCK) {
+        if (n_left == 0) {
+            next_left = 0;
+            for (int j = 0; j < BLOCK; j++) {
+                stop_left[n_left] = (uint8_t)j;
+                n_left += !gguflm_before(a[l + j], p);
+            }
+        }
+        if (n_right == 0) {
+            next_right = 0;
+            for (int j = 0; j < BLOCK; j++) {
+                stop_right[n_right] = (uint8_t)j;
+                n_right += !gguflm_before(p, a[r - 1 - j]);
+            }
+        }
+        int pairs = n_left < n_right ? n_left : n_right;
+        for (int j = 0; j < pairs; j++) {
+            gguflm_swap_items(a, l + stop_left[next_left + j], r - 1 - stop_right[next_right + j]);
+        }
+        if (pairs > 0) { /* where the scalar loop stands after that swap and its first++ */
+            first = l + stop_left[next_left + pairs - 1] + 1;
+            last = r - 1 - stop_right[next_right + pairs - 1];
+        }
+        n_left -= pairs;
+        n_right -= pairs;
+        next_left += pairs;
+        next_right += pairs;
+        if (n_left == 0) {
+            l += BLOCK;
+        }
+        if (n_right == 0) {
+            r -= BLOCK;
+        }
+    }
     for (;;) {
         while (gguflm_before(a[first], a[pivot])) {
             first++;
