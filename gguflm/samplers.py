@@ -11,8 +11,10 @@ arithmetic, and the same random stream — seeded samplers own a ``std::mt19937`
 through libstdc++'s ``uniform_real_distribution``/``discrete_distribution`` formulas, so a seeded
 chain picks the tokens llama.cpp (built with GCC) picks. Where we differ:
 
-* ties are broken by position: among equal logits the candidate nearer the front ranks first
-  (llama.cpp's ``std::sort``/``partial_sort`` leave tied order unspecified);
+* NaN logits rank last (llama.cpp's ``a.logit > b.logit`` is no ordering with NaN, and GCC's
+  sort may then read past the array); equal logits otherwise come out in llama.cpp's order, which
+  our kernels reproduce move for move (GCC's ``std::sort``/``std::partial_sort`` and llama.cpp's
+  bucket sort);
 * an empty candidates array passes through every sampler unchanged and nothing is selected
   (llama.cpp asserts on it in softmax-based samplers);
 * ``clone()`` copies all state, including the penalties' token counts and mirostat's ``mu`` and
@@ -148,7 +150,7 @@ class TokenDataArray:
         self._logits = np.empty(capacity, dtype=_F32)  # [capacity]
         self._p = np.empty(capacity, dtype=_F32)  # [capacity]
         self._positions = np.empty(capacity, dtype=np.int32)  # orderings, [capacity]
-        self._scratch = np.empty(0, dtype=np.uint64)  # kernel scratch, 2 words a candidate
+        self._scratch = np.empty(0, dtype=np.uint64)  # kernel scratch, 3 words a candidate
         self._arange = np.empty(0, dtype=np.int32)  # 0..capacity-1 once needed
         self._start = 0
         self._size = 0
@@ -220,24 +222,25 @@ class TokenDataArray:
     # operations the samplers share --------------------------------------------------------
 
     def _scratch_words(self) -> np.ndarray:
-        need = 2 * len(self._ids)
+        need = 3 * len(self._ids)
         if len(self._scratch) < need:
             self._scratch = np.empty(need, dtype=np.uint64)
         return self._scratch
 
     def best_positions(self, k: int) -> np.ndarray:
-        """Positions of the ``min(k, size)`` best candidates, best first; nothing moves.
+        """Positions of the ``min(k, size)`` best candidates, best first, in the order llama.cpp's
+        ``llama_token_data_array_partial_sort_inplace`` leaves them (ties included); nothing moves.
 
-        Ties keep position order. The result is a view of an internal buffer, valid until the
-        next call.
+        The result is a view of an internal buffer, valid until the next call.
         """
-        k = kernels.top_k_positions(self.logits, k, self._positions, self._scratch_words())
+        k = kernels.partial_sort_positions(self.logits, k, self._positions,
+                                           self._scratch_words())
         return self._positions[:k]
 
-    def sorted_positions(self, keys: np.ndarray | None = None) -> np.ndarray:
-        """Positions of all candidates by descending ``keys`` (default: the logits), ties in
-        position order, NaN last; a view like :meth:`best_positions`."""
-        keys = self.logits if keys is None else np.ascontiguousarray(keys, dtype=_F32)
+    def sorted_positions(self, keys: np.ndarray) -> np.ndarray:
+        """Positions of all candidates by descending ``keys`` as GCC's ``std::sort`` orders them
+        (ties included, NaN last); a view like :meth:`best_positions`."""
+        keys = np.ascontiguousarray(keys, dtype=_F32)
         if len(keys) != self._size:
             raise ValueError(f"{len(keys)} keys for {self._size} candidates")
         kernels.sort_positions(keys, self._positions, self._scratch_words())
@@ -471,7 +474,8 @@ def _top_k(cur_p: TokenDataArray, k: int) -> None:
 class TopK(Sampler):
     """Keep the ``k`` candidates with the largest logits, best first; ``k <= 0`` keeps all.
 
-    Exactly ``min(k, size)`` stay even when logits tie at the cut (the earlier positions win).
+    Exactly ``min(k, size)`` stay even when logits tie at the cut; which of the tied ones stay,
+    and in what order, is what llama.cpp's partial sort leaves.
     """
 
     name = "top-k"
@@ -506,7 +510,7 @@ class TopP(Sampler):
         positions = cur_p.best_positions(256 if cur_p.size > 1024 else cur_p.size)
         cut = kernels.top_p_cut(cur_p.p[positions], self.p, self.min_keep)
         if cut < 0 and len(positions) < cur_p.size:
-            positions = cur_p.sorted_positions()
+            positions = cur_p.best_positions(cur_p.size)
             cut = kernels.top_p_cut(cur_p.p[positions], self.p, self.min_keep)
         cur_p.keep_positions(positions[:cut] if cut >= 0 else positions)
         cur_p.sorted = True
@@ -543,6 +547,11 @@ def _logf(x: Any) -> Any:
     return out.reshape(np.shape(x)) if np.ndim(x) else out[0]
 
 
+def _powf(x: Any, y: Any) -> _F32:
+    """C's powf of two float32 scalars (llama.cpp's temp-ext and mirostat use it)."""
+    return _F32(kernels.powf_scalar(x, y))
+
+
 def _entropy_terms(p: np.ndarray) -> np.ndarray:
     """-p * logf(p) in float32 (0 * log 0 is NaN, as in C)."""
     with _c_float_math():
@@ -572,7 +581,7 @@ class Typical(Sampler):
         entropy = _sum_f32(_entropy_terms(p))
         with _c_float_math():
             shifted = np.abs(-_logf(p) - entropy)
-        order = cur_p.sorted_positions(-shifted)  # ascending shifted score, stable
+        order = cur_p.sorted_positions(-shifted)  # std::sort by ascending shifted score
         cumulative = np.cumsum(p[order], dtype=_F32)
         enough = np.arange(len(order)) >= self.min_keep - 1 if self.min_keep else True
         over = np.flatnonzero((cumulative > self.p) & enough)
@@ -629,13 +638,12 @@ class TempExt(Sampler):
             p = cur_p.p
             entropy = _sum_f32(_entropy_terms(p[p > 0.0]))
             normalized = entropy / max_entropy
-            dyn_temp = min_temp + (max_temp - min_temp) * np.power(normalized,
-                                                                  _F32(self.exponent))
+            dyn_temp = min_temp + (max_temp - min_temp) * _powf(normalized, self.exponent)
             _temperature(cur_p, float(dyn_temp))
             # probabilities again, this time in double
             logits = cur_p.logits.astype(np.float64)
             weights = np.exp(logits - logits[0])
-            cur_p.p[:] = weights.astype(_F32).astype(np.float64) / weights.sum()
+            cur_p.p[:] = weights.astype(_F32).astype(np.float64) / np.cumsum(weights)[-1]
 
 
 class XTC(_Seeded):
@@ -739,9 +747,8 @@ class Mirostat(_Mirostat):
             b = _logf(cur_p.p[:count] / cur_p.p[1:count + 1])
             s_hat = _sum_f32(t * b) / _sum_f32(t * t)
             epsilon_hat = s_hat - _F32(1.0)
-            k = np.power((epsilon_hat * np.power(_F32(2.0), self.mu))
-                         / (_F32(1.0) - np.power(_F32(self.n_vocab), -epsilon_hat)),
-                         _F32(1.0) / s_hat)
+            k = _powf((epsilon_hat * _powf(2.0, self.mu))
+                      / (_F32(1.0) - _powf(self.n_vocab, -epsilon_hat)), _F32(1.0) / s_hat)
         _top_k(cur_p, max(_c_int(k), 1))
 
 

@@ -4,15 +4,18 @@ Thin ``def`` entry points check sizes, then run C kernels (``sampling_kernels.h`
 GIL. Candidates are a structure of arrays: ``ids`` int32, ``logits`` float32, ``p`` float32.
 Work per call is one row of at most a vocabulary, so every kernel runs on the calling thread.
 
-The top-k scan has scalar, AVX2 and AVX-512 variants; the best one the CPU runs is chosen at
-import, capped by the environment variable ``GGUFLM_ISA`` (``scalar``, ``avx2`` or ``avx512``).
+Orderings reproduce llama.cpp's exactly, ties included: GCC's ``std::sort``/``std::partial_sort``
+move for move, and llama.cpp's bucket sort. The partial sort's scan has scalar, AVX2 and AVX-512
+variants; the best one the CPU runs is chosen at import, capped by the environment variable
+``GGUFLM_ISA`` (``scalar``, ``avx2`` or ``avx512``).
 """
 
 import os
 
 import numpy as np
 
-from libc.math cimport INFINITY, logf, pow, sqrtf
+from libc.float cimport FLT_MAX
+from libc.math cimport INFINITY, logf, pow, powf, sqrtf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -25,7 +28,7 @@ cdef extern from "sampling_kernels.h" nogil:
     uint32_t gguflm_mt_next(gguflm_mt19937 *g)
     double gguflm_mt_uniform_double(gguflm_mt19937 *g)
     float gguflm_mt_uniform_float(gguflm_mt19937 *g)
-    void gguflm_sort_positions(const float *logits, int64_t n, int32_t *out, uint64_t *scratch)
+    void gguflm_std_sort_positions(const float *keys, int64_t n, int32_t *out, uint64_t *scratch)
     ctypedef int64_t (*gguflm_scan_fn)(const float *logits, int64_t i, int64_t n, float thr)
     enum:
         GGUFLM_ISA_SCALAR
@@ -33,8 +36,8 @@ cdef extern from "sampling_kernels.h" nogil:
         GGUFLM_ISA_AVX512
     int gguflm_sampling_isa(int max_isa)
     gguflm_scan_fn gguflm_scan_for_isa(int isa)
-    void gguflm_top_k_positions(const float *logits, int64_t n, int64_t k, int32_t *out,
-                                uint64_t *scratch, gguflm_scan_fn scan)
+    void gguflm_llama_partial_sort(const float *logits, int64_t n, int64_t npartial,
+                                   int32_t *out, uint64_t *scratch, gguflm_scan_fn scan)
     void gguflm_softmax(const float *logits, float *p, int64_t n, int is_sorted)
     int64_t gguflm_dist_select(const float *logits, float *p, int64_t n, int is_sorted, double rnd)
     int64_t gguflm_discrete_select(const float *p, int64_t n, double u)
@@ -49,7 +52,7 @@ ISA_NAMES = ("scalar", "avx2", "avx512")
 
 
 def available_isas() -> tuple:
-    """The top-k scan variants this CPU can run, scalar first."""
+    """The partial sort's scan variants this CPU can run, scalar first."""
     return ISA_NAMES[:gguflm_sampling_isa(GGUFLM_ISA_AVX512) + 1]
 
 
@@ -151,26 +154,31 @@ cdef inline void _check_same_length(Py_ssize_t a, Py_ssize_t b, str what) except
         raise ValueError(f"{what}: lengths differ ({a} != {b})")
 
 
-def sort_positions(const float[::1] logits, int32_t[::1] out, uint64_t[::1] scratch) -> None:
-    """Positions of all logits, best first, ties in position order (stable radix sort).
+def sort_positions(const float[::1] keys, int32_t[::1] out, uint64_t[::1] scratch) -> None:
+    """Positions 0..n-1 ordered by descending ``keys`` as GCC's ``std::sort`` leaves them.
 
-    ``out`` needs ``len(logits)`` entries and ``scratch`` ``2 * len(logits)`` words.
+    This is llama.cpp's order for a sort by ``keys[a] > keys[b]``: equal keys end up wherever
+    libstdc++'s introsort moves them (NaN ranks last). ``out`` needs ``len(keys)`` entries and
+    ``scratch`` ``3 * len(keys)`` words.
     """
-    cdef Py_ssize_t n = logits.shape[0]
-    if out.shape[0] < n or scratch.shape[0] < 2 * n:
-        raise ValueError(f"sort_positions: buffers too small for {n} logits")
+    cdef Py_ssize_t n = keys.shape[0]
+    if out.shape[0] < n or scratch.shape[0] < 3 * n:
+        raise ValueError(f"sort_positions: buffers too small for {n} keys")
     if n == 0:
         return
     with nogil:
-        gguflm_sort_positions(&logits[0], n, &out[0], &scratch[0])
+        gguflm_std_sort_positions(&keys[0], n, &out[0], &scratch[0])
 
 
-def top_k_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] out,
-                    uint64_t[::1] scratch, isa=None) -> int:
-    """Positions of the ``k`` largest logits, best first, ties to the lower position.
+def partial_sort_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] out,
+                           uint64_t[::1] scratch, isa=None) -> int:
+    """Positions of the ``k`` largest logits in the order llama.cpp's in-place partial sort
+    (``llama_token_data_array_partial_sort_inplace``) leaves them, best first.
 
-    Returns how many were written (``min(k, len(logits))``, 0 for k <= 0). ``out`` needs that many
-    entries and ``scratch`` ``2 * len(logits)`` words. ``isa`` names the scan variant (default:
+    Up to 128 that is GCC's ``std::partial_sort`` over the whole row, above it llama.cpp's bucket
+    sort; equal logits land where those algorithms move them (NaN ranks last). Returns how many
+    were written (``min(k, len(logits))``, 0 for k <= 0). ``out`` needs that many entries and
+    ``scratch`` ``3 * len(logits)`` words. ``isa`` names the scan variant (default:
     :data:`DEFAULT_ISA`).
     """
     cdef Py_ssize_t n = logits.shape[0]
@@ -178,10 +186,10 @@ def top_k_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] out,
     k = min(k, n)
     if k <= 0:
         return 0
-    if out.shape[0] < k or scratch.shape[0] < 2 * n:
-        raise ValueError(f"top_k_positions: buffers too small for k={k} of {n}")
+    if out.shape[0] < k or scratch.shape[0] < 3 * n:
+        raise ValueError(f"partial_sort_positions: buffers too small for k={k} of {n}")
     with nogil:
-        gguflm_top_k_positions(&logits[0], n, k, &out[0], &scratch[0], scan)
+        gguflm_llama_partial_sort(&logits[0], n, k, &out[0], &scratch[0], scan)
     return k
 
 
@@ -291,7 +299,8 @@ def min_p_filter(int32_t[::1] ids, float[::1] logits, float[::1] p, float min_p,
                  Py_ssize_t min_keep) -> int:
     """min-p on unsorted candidates: keep, in order, those with logit >= max + logf(min_p).
 
-    Compacts in place and returns the new size, or -1 (nothing changed) when fewer than
+    The max starts from -FLT_MAX, as llama.cpp's does: in a row of -inf nothing stays. Compacts
+    in place and returns the new size, or -1 (nothing changed) when fewer than
     ``max(min_keep, 1)`` would stay.
     """
     cdef Py_ssize_t n = ids.shape[0], i, kept = 0
@@ -301,7 +310,10 @@ def min_p_filter(int32_t[::1] ids, float[::1] logits, float[::1] p, float min_p,
     if n == 0:
         return -1
     with nogil:
-        min_logit = gguflm_max_logit(&logits[0], n) + logf(min_p)
+        min_logit = -FLT_MAX
+        for i in range(n):
+            min_logit = logits[i] if min_logit < logits[i] else min_logit
+        min_logit = min_logit + logf(min_p)
         for i in range(n):
             if logits[i] >= min_logit:
                 kept += 1
@@ -440,6 +452,12 @@ def dry_repeat_counts(const int32_t[::1] recent, int rep_limit, int32_t[::1] out
                     out[last - k] = run if run < rep_limit else rep_limit
                     lt = k
                     rt = i - 1
+
+
+def powf_scalar(float x, float y) -> float:
+    """C's ``powf(x, y)``, as llama.cpp's samplers take it (numpy's float32 power rounds
+    differently in about one case in five)."""
+    return powf(x, y)
 
 
 def logf_array(const float[::1] x, float[::1] out) -> None:

@@ -95,128 +95,299 @@ static inline uint32_t gguflm_desc_key(float x) {
     return ~ascending;
 }
 
-/* key in the high word, position in the low word: ascending order = best first, ties by position */
+/* an item: the key in the high word, the candidate's position in the low word */
 static inline uint64_t gguflm_rank(float x, int64_t pos) {
     return ((uint64_t)gguflm_desc_key(x) << 32) | (uint32_t)pos;
 }
 
-static void gguflm_u64_sift_down(uint64_t *a, int64_t root, int64_t n) {
-    for (;;) {
-        int64_t child = 2 * root + 1;
-        if (child >= n) {
-            return;
-        }
-        if (child + 1 < n && a[child + 1] > a[child]) {
-            child++;
-        }
-        if (a[root] >= a[child]) {
-            return;
-        }
-        uint64_t t = a[root];
-        a[root] = a[child];
-        a[child] = t;
-        root = child;
-    }
+static inline int32_t gguflm_item_position(uint64_t item) {
+    return (int32_t)(uint32_t)item;
 }
 
-/* ascending heapsort: O(n log n) whatever the input */
-static void gguflm_u64_heapsort(uint64_t *a, int64_t n) {
-    for (int64_t i = n / 2 - 1; i >= 0; i--) {
-        gguflm_u64_sift_down(a, i, n);
-    }
-    for (int64_t end = n - 1; end > 0; end--) {
-        uint64_t t = a[0];
-        a[0] = a[end];
-        a[end] = t;
-        gguflm_u64_sift_down(a, 0, end);
-    }
+/* llama.cpp's comparator `a.logit > b.logit` on items: keys only, the position never breaks a
+ * tie. (For NaN, where that comparator is no strict weak order and libstdc++'s unguarded loops
+ * may run off the array, NaN ranks last instead.) */
+static inline int gguflm_before(uint64_t a, uint64_t b) {
+    return (uint32_t)(a >> 32) < (uint32_t)(b >> 32);
 }
 
-static void gguflm_u64_sort(uint64_t *a, int64_t n) {
-    if (n <= 24) { /* insertion sort: the common case after a top-k selection */
-        for (int64_t i = 1; i < n; i++) {
-            uint64_t v = a[i];
-            int64_t j = i - 1;
-            while (j >= 0 && a[j] > v) {
-                a[j + 1] = a[j];
-                j--;
-            }
-            a[j + 1] = v;
+static inline void gguflm_swap_items(uint64_t *a, int64_t i, int64_t j) {
+    uint64_t t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* libstdc++'s std::sort and std::partial_sort, move for move                                 */
+/*
+ * The C++ standard leaves the order of equal elements to the implementation; llama.cpp sorts its
+ * candidates with GCC's (bits/stl_algo.h, bits/stl_heap.h), so tied logits come out wherever
+ * those algorithms happen to move them. The functions below make the same comparisons and the
+ * same moves on items, indices standing for iterators; each is named after the libstdc++ helper
+ * it follows.
+ */
+
+/* __push_heap: move the hole up past parents that rank before value, then fill it */
+static void gguflm_push_heap(uint64_t *a, int64_t hole, int64_t top, uint64_t value) {
+    int64_t parent = (hole - 1) / 2;
+    while (hole > top && gguflm_before(a[parent], value)) {
+        a[hole] = a[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    a[hole] = value;
+}
+
+/* __adjust_heap: walk the hole down to a leaf along the later-ranked children (the right one
+ * unless the left ranks after it), then push value up from there */
+static void gguflm_adjust_heap(uint64_t *a, int64_t hole, int64_t len, uint64_t value) {
+    const int64_t top = hole;
+    int64_t child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (gguflm_before(a[child], a[child - 1])) {
+            child--;
         }
+        a[hole] = a[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) { /* a last parent with only a left child */
+        child = 2 * (child + 1);
+        a[hole] = a[child - 1];
+        hole = child - 1;
+    }
+    gguflm_push_heap(a, hole, top, value);
+}
+
+/* __make_heap: the top ranks last of all */
+static void gguflm_make_heap(uint64_t *a, int64_t len) {
+    if (len < 2) {
         return;
     }
-    gguflm_u64_heapsort(a, n);
-}
-
-/* Rearrange distinct keys so that a[0..k) are the k smallest (in any order).
- * Quickselect with a median-of-three pivot; heapsort if it stops converging. */
-static void gguflm_u64_select(uint64_t *a, int64_t n, int64_t k) {
-    if (k <= 0 || k >= n) {
-        return;
-    }
-    int64_t lo = 0, hi = n - 1, target = k - 1;
-    int budget = 64;
-    for (int64_t m = n; m > 1; m >>= 1) {
-        budget += 2;
-    }
-    while (hi > lo) {
-        if (--budget < 0) {
-            gguflm_u64_heapsort(a + lo, hi - lo + 1);
+    for (int64_t parent = (len - 2) / 2;; parent--) {
+        gguflm_adjust_heap(a, parent, len, a[parent]);
+        if (parent == 0) {
             return;
         }
-        int64_t mid = lo + (hi - lo) / 2;
-        uint64_t x = a[lo], y = a[mid], z = a[hi];
-        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < pivot) {
-                i++;
-            }
-            while (a[j] > pivot) {
-                j--;
-            }
-            if (i <= j) {
-                uint64_t t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                i++;
-                j--;
-            }
+    }
+}
+
+/* __pop_heap: the top moves to a[result] and the item that was there sifts in from the top */
+static void gguflm_pop_heap(uint64_t *a, int64_t len, int64_t result) {
+    uint64_t value = a[result];
+    a[result] = a[0];
+    gguflm_adjust_heap(a, 0, len, value);
+}
+
+/* __sort_heap */
+static void gguflm_sort_heap(uint64_t *a, int64_t len) {
+    while (len > 1) {
+        len--;
+        gguflm_pop_heap(a, len, len);
+    }
+}
+
+/* std::partial_sort(a, a + middle, a + n): __heap_select, then __sort_heap */
+static void gguflm_std_partial_sort(uint64_t *a, int64_t middle, int64_t n) {
+    gguflm_make_heap(a, middle);
+    for (int64_t i = middle; i < n; i++) {
+        if (gguflm_before(a[i], a[0])) {
+            gguflm_pop_heap(a, middle, i);
         }
-        /* now a[lo..j] <= pivot <= a[i..hi], and everything strictly between equals pivot */
-        if (target <= j) {
-            hi = j;
-        } else if (target >= i) {
-            lo = i;
+    }
+    gguflm_sort_heap(a, middle);
+}
+
+/* __unguarded_linear_insert: a[last] moves down past the items it ranks before */
+static void gguflm_unguarded_linear_insert(uint64_t *a, int64_t last) {
+    uint64_t value = a[last];
+    int64_t next = last - 1;
+    while (gguflm_before(value, a[next])) {
+        a[last] = a[next];
+        last = next;
+        next--;
+    }
+    a[last] = value;
+}
+
+/* __insertion_sort on a[first..last) */
+static void gguflm_insertion_sort(uint64_t *a, int64_t first, int64_t last) {
+    if (first == last) {
+        return;
+    }
+    for (int64_t i = first + 1; i != last; i++) {
+        if (gguflm_before(a[i], a[first])) {
+            uint64_t value = a[i];
+            memmove(a + first + 1, a + first, (size_t)(i - first) * sizeof *a);
+            a[first] = value;
         } else {
-            return;
+            gguflm_unguarded_linear_insert(a, i);
         }
     }
 }
 
-/* Stable LSD radix sort of all n positions by logit, best first (ties keep position order).
- * scratch: 2*n words. */
-static void gguflm_sort_positions(const float *logits, int64_t n, int32_t *out, uint64_t *scratch) {
+/* libstdc++'s _S_threshold: introsort leaves runs this short to the final insertion sort */
+enum { GGUFLM_STD_SORT_THRESHOLD = 16 };
+
+/* __final_insertion_sort */
+static void gguflm_final_insertion_sort(uint64_t *a, int64_t n) {
+    if (n > GGUFLM_STD_SORT_THRESHOLD) {
+        gguflm_insertion_sort(a, 0, GGUFLM_STD_SORT_THRESHOLD);
+        for (int64_t i = GGUFLM_STD_SORT_THRESHOLD; i < n; i++) {
+            gguflm_unguarded_linear_insert(a, i);
+        }
+    } else {
+        gguflm_insertion_sort(a, 0, n);
+    }
+}
+
+/* __move_median_to_first: swap the median of a[x], a[y], a[z] into a[result] */
+static void gguflm_move_median_to_first(uint64_t *a, int64_t result, int64_t x, int64_t y,
+                                        int64_t z) {
+    int64_t median;
+    if (gguflm_before(a[x], a[y])) {
+        if (gguflm_before(a[y], a[z])) {
+            median = y;
+        } else if (gguflm_before(a[x], a[z])) {
+            median = z;
+        } else {
+            median = x;
+        }
+    } else if (gguflm_before(a[x], a[z])) {
+        median = x;
+    } else if (gguflm_before(a[y], a[z])) {
+        median = z;
+    } else {
+        median = y;
+    }
+    gguflm_swap_items(a, result, median);
+}
+
+/* __unguarded_partition around the pivot item a[pivot] (which lies outside [first, last)).
+ *
+ * Its k-th swap exchanges the k-th item from the left that does not rank before the pivot with
+ * the k-th from the right that the pivot does not rank before, for as long as the two have not
+ * crossed; which items those are depends on the input alone. So while a block of 64 from each
+ * end cannot reach the other, the blocks' stoppers are found without branches and swapped in
+ * pairs (as BlockQuicksort does, avoiding the mispredicted scans); the scalar loop then goes on
+ * from the last pair swapped, exactly where libstdc++'s would be. */
+static int64_t gguflm_unguarded_partition(uint64_t *a, int64_t first, int64_t last,
+                                          int64_t pivot) {
+    enum { BLOCK = 64 };
+    const uint64_t p = a[pivot];
+    uint8_t stop_left[BLOCK], stop_right[BLOCK]; /* offsets into the blocks in hand */
+    int n_left = 0, n_right = 0, next_left = 0, next_right = 0;
+    int64_t l = first, r = last; /* the left block starts at l, the right one ends at r */
+    while (r - l > 2 * BLOCK) {
+        if (n_left == 0) {
+            next_left = 0;
+            for (int j = 0; j < BLOCK; j++) {
+                stop_left[n_left] = (uint8_t)j;
+                n_left += !gguflm_before(a[l + j], p);
+            }
+        }
+        if (n_right == 0) {
+            next_right = 0;
+            for (int j = 0; j < BLOCK; j++) {
+                stop_right[n_right] = (uint8_t)j;
+                n_right += !gguflm_before(p, a[r - 1 - j]);
+            }
+        }
+        int pairs = n_left < n_right ? n_left : n_right;
+        for (int j = 0; j < pairs; j++) {
+            gguflm_swap_items(a, l + stop_left[next_left + j], r - 1 - stop_right[next_right + j]);
+        }
+        if (pairs > 0) { /* where the scalar loop stands after that swap and its first++ */
+            first = l + stop_left[next_left + pairs - 1] + 1;
+            last = r - 1 - stop_right[next_right + pairs - 1];
+        }
+        n_left -= pairs;
+        n_right -= pairs;
+        next_left += pairs;
+        next_right += pairs;
+        if (n_left == 0) {
+            l += BLOCK;
+        }
+        if (n_right == 0) {
+            r -= BLOCK;
+        }
+    }
+    for (;;) {
+        while (gguflm_before(a[first], a[pivot])) {
+            first++;
+        }
+        last--;
+        while (gguflm_before(a[pivot], a[last])) {
+            last--;
+        }
+        if (!(first < last)) {
+            return first;
+        }
+        gguflm_swap_items(a, first, last);
+        first++;
+    }
+}
+
+/* __introsort_loop: median-of-three quicksort on the right part, loop on the left, heapsort
+ * (partial_sort over the whole range) once depth_limit partitions have been spent */
+static void gguflm_introsort_loop(uint64_t *a, int64_t first, int64_t last, int64_t depth_limit) {
+    while (last - first > GGUFLM_STD_SORT_THRESHOLD) {
+        if (depth_limit == 0) {
+            gguflm_std_partial_sort(a + first, last - first, last - first);
+            return;
+        }
+        depth_limit--;
+        int64_t mid = first + (last - first) / 2;
+        gguflm_move_median_to_first(a, first, first + 1, mid, last - 1);
+        int64_t cut = gguflm_unguarded_partition(a, first + 1, last, first);
+        gguflm_introsort_loop(a, cut, last, depth_limit);
+        last = cut;
+    }
+}
+
+/* std::sort(a, a + n): introsort to depth 2 * floor(log2 n), then the final insertion sort */
+static void gguflm_std_sort(uint64_t *a, int64_t n) {
+    if (n <= 0) {
+        return;
+    }
+    int64_t floor_log2 = 63 - __builtin_clzll((unsigned long long)n);
+    gguflm_introsort_loop(a, 0, n, 2 * floor_log2);
+    gguflm_final_insertion_sort(a, n);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the same orders sooner where no keys tie                                                     */
+/*
+ * Where no two items share a key there is one sorted order only, whatever moves led to it: the
+ * emulation above matters for ties alone. Long runs take an LSD radix sort of a copy first (real
+ * logits seldom tie), kept when the keys that decide the result come out distinct.
+ */
+
+enum { GGUFLM_RADIX_MIN = 256 };
+
+/* Radix-sort a copy of a[0..n) by key. When the first `decided` items come out with distinct
+ * keys, and (decided < n) the last of them ranks strictly before the next, that copy is the
+ * order any sort leaves there: it replaces a and 1 is returned. Otherwise a is left as it was
+ * and 0 returned. spare: 2*n words. */
+static int gguflm_radix_sort_if_distinct(uint64_t *a, int64_t n, int64_t decided,
+                                         uint64_t *spare) {
     enum { BITS = 11, BUCKETS = 1 << BITS, PASSES = 3 };
     static const int shift[PASSES] = {32, 32 + BITS, 32 + 2 * BITS};
     uint32_t hist[PASSES][BUCKETS];
-    uint64_t *a = scratch, *b = scratch + n;
     memset(hist, 0, sizeof hist);
     for (int64_t i = 0; i < n; i++) {
-        uint64_t r = gguflm_rank(logits[i], i);
-        a[i] = r;
         for (int p = 0; p < PASSES; p++) {
-            hist[p][(r >> shift[p]) & (BUCKETS - 1)]++;
+            hist[p][(a[i] >> shift[p]) & (BUCKETS - 1)]++;
         }
     }
+    const uint64_t *src = a; /* a itself is only read */
+    uint64_t *dst = spare;
     for (int p = 0; p < PASSES; p++) {
         uint32_t *h = hist[p];
         int single_bucket = 0;
         uint32_t offset = 0;
         for (int d = 0; d < BUCKETS; d++) {
-            if (h[d] == (uint32_t)n) {
-                single_bucket = 1; /* this digit is the same everywhere: nothing to reorder */
-            }
+            single_bucket |= h[d] == (uint32_t)n; /* this digit is the same everywhere */
             uint32_t count = h[d];
             h[d] = offset;
             offset += count;
@@ -225,19 +396,40 @@ static void gguflm_sort_positions(const float *logits, int64_t n, int32_t *out, 
             continue;
         }
         for (int64_t i = 0; i < n; i++) {
-            b[h[(a[i] >> shift[p]) & (BUCKETS - 1)]++] = a[i];
+            dst[h[(src[i] >> shift[p]) & (BUCKETS - 1)]++] = src[i];
         }
-        uint64_t *t = a;
-        a = b;
-        b = t;
+        src = dst;
+        dst = dst == spare ? spare + n : spare;
     }
-    for (int64_t i = 0; i < n; i++) {
-        out[i] = (int32_t)(uint32_t)a[i];
+    int64_t last = decided < n ? decided : n - 1;
+    for (int64_t i = 1; i <= last; i++) {
+        if (!gguflm_before(src[i - 1], src[i])) {
+            return 0;
+        }
+    }
+    if (src != a) {
+        memcpy(a, src, (size_t)n * sizeof *a);
+    }
+    return 1;
+}
+
+/* the order std::sort(a, a + n) leaves. spare: 2*n words */
+static void gguflm_sort_as_std(uint64_t *a, int64_t n, uint64_t *spare) {
+    if (n < GGUFLM_RADIX_MIN || !gguflm_radix_sort_if_distinct(a, n, n, spare)) {
+        gguflm_std_sort(a, n);
+    }
+}
+
+/* a[0..middle) as std::partial_sort(a, a + middle, a + n) leaves it; what follows is in no
+ * particular order. spare: 2*n words */
+static void gguflm_partial_sort_as_std(uint64_t *a, int64_t middle, int64_t n, uint64_t *spare) {
+    if (middle < GGUFLM_RADIX_MIN || !gguflm_radix_sort_if_distinct(a, n, middle, spare)) {
+        gguflm_std_partial_sort(a, middle, n);
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* the top-k scan: find the next 16-logit block holding a value above a threshold               */
+/* the partial sort's scan: find the next 16-logit block holding a value above a threshold     */
 
 /* Start of the first 16-logit block from i on (blocks counted from i) with a logit > thr, or n.
  * A short tail block is returned as is for the caller to check. One scalar reference and SIMD
@@ -317,61 +509,126 @@ static gguflm_scan_fn gguflm_scan_for_isa(int isa) {
     return gguflm_scan_above_scalar;
 }
 
-/* Cut a buffer of ranks down to its k best; returns the logit of the worst one kept. */
-static float gguflm_keep_best(const float *logits, uint64_t *buf, int64_t m, int64_t k) {
-    gguflm_u64_select(buf, m, k);
-    uint64_t worst = buf[0];
-    for (int64_t j = 1; j < k; j++) {
-        worst = buf[j] > worst ? buf[j] : worst;
-    }
-    return logits[(uint32_t)worst];
-}
+/* ------------------------------------------------------------------------------------------ */
+/* llama.cpp's orderings of a row of candidates                                                 */
 
-/* Positions of the k largest logits, best first, ties to the lower position.
- * scratch: 2*n words. Small k on a long row (the usual top-k of 40 out of 262,144) takes one
- * streaming pass: a buffer keeps every position that beats the current k-th best and is cut
- * back to k whenever it fills, so almost every logit costs one comparison. */
-static void gguflm_top_k_positions(const float *logits, int64_t n, int64_t k, int32_t *out,
-                                   uint64_t *scratch, gguflm_scan_fn scan) {
-    if (k > n) {
-        k = n;
+/* std::partial_sort(data, data + k, data + n) on a row's logits (llama.cpp's in-place partial
+ * sort for k <= 128), as positions, best first: the heap of the first k items takes each later
+ * item that ranks before its top, in row order, then is sorted. The scan skips blocks of 16 with
+ * no logit above the top's: heap_select compares those and leaves them. __pop_heap also writes
+ * the old top over the incoming item's slot, past the heap; nothing reads that slot again, so
+ * it is left out. heap: k words. */
+static void gguflm_heap_select_row(const float *logits, int64_t n, int64_t k, int32_t *out,
+                                   uint64_t *heap, gguflm_scan_fn scan) {
+    for (int64_t i = 0; i < k; i++) {
+        heap[i] = gguflm_rank(logits[i], i);
     }
-    if (k <= 0) {
-        return;
-    }
-    if (n > 4096 && 4 * k >= n) {
-        gguflm_sort_positions(logits, n, out, scratch);
-        return;
-    }
-    uint64_t *buf = scratch;
-    int64_t cap = n <= 4096 ? n : 2 * k + 64;
-    int64_t m = 0, i = 0;
-    for (; i < cap; i++) {
-        buf[m++] = gguflm_rank(logits[i], i);
-    }
-    /* a later position must beat the k-th best strictly (it loses ties); NaN ranks last */
-    float thr = gguflm_keep_best(logits, buf, m, k);
-    m = k;
+    gguflm_make_heap(heap, k);
+    float thr = logits[gguflm_item_position(heap[0])];
+    int64_t i = k;
     while (i < n) {
-        if (thr == thr) { /* a NaN threshold: every number beats it, so check them all */
+        if (thr == thr) { /* below a NaN top every number ranks first: check them all */
             i = scan(logits, i, n, thr);
         }
         int64_t block_end = i + 16 <= n ? i + 16 : n;
         for (; i < block_end; i++) {
-            float v = logits[i];
-            if (v > thr || (thr != thr && v == v)) {
-                buf[m++] = gguflm_rank(v, i);
-                if (m == cap) {
-                    thr = gguflm_keep_best(logits, buf, m, k);
-                    m = k;
-                }
+            uint64_t item = gguflm_rank(logits[i], i);
+            if (gguflm_before(item, heap[0])) {
+                gguflm_adjust_heap(heap, 0, k, item);
+                thr = logits[gguflm_item_position(heap[0])];
             }
         }
     }
-    gguflm_u64_select(buf, m, k);
-    gguflm_u64_sort(buf, k);
+    gguflm_sort_heap(heap, k);
     for (int64_t j = 0; j < k; j++) {
-        out[j] = (int32_t)(uint32_t)buf[j];
+        out[j] = gguflm_item_position(heap[j]);
+    }
+}
+
+/* llama.cpp's buckets: 128 over logits in [-10, 10), computed in float as it does. Its
+ * int(bucket_scale * logit + bucket_inter) is x86's truncating conversion, which turns NaN and
+ * anything at or beyond 2^31 (so +inf, and logits above ~3.4e8) into INT_MIN: bucket 0. */
+enum { GGUFLM_LLAMA_BUCKETS = 128 };
+
+static inline int gguflm_llama_bucket(float logit) {
+    const float low = -10.0f, high = 10.0f;
+    const float scale = GGUFLM_LLAMA_BUCKETS / (high - low);
+    const float inter = -low * scale;
+    float x = scale * logit + inter;
+    if (!(x < 2147483648.0f) || x < 1.0f) {
+        return 0;
+    }
+    return x >= (float)GGUFLM_LLAMA_BUCKETS ? GGUFLM_LLAMA_BUCKETS - 1 : (int)x;
+}
+
+/* llama.cpp's llama_token_data_array_partial_sort, as positions: candidates are dealt into the
+ * buckets, best bucket first and each in row order, until the buckets taken hold npartial; those
+ * wholly inside are std::sort-ed, the last one std::partial_sort-ed up to npartial.
+ * 0 < npartial <= n; scratch: 3*n words. */
+static void gguflm_bucket_partial_sort(const float *logits, int64_t n, int64_t npartial,
+                                       int32_t *out, uint64_t *scratch) {
+    uint64_t *items = scratch;                     /* [n] */
+    uint64_t *spare = scratch + n;                 /* [2*n], for the sorts */
+    uint8_t *bucket_of = (uint8_t *)(scratch + n); /* [n], in spare until the sorts start */
+    int64_t histo[GGUFLM_LLAMA_BUCKETS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int b = gguflm_llama_bucket(logits[i]);
+        bucket_of[i] = (uint8_t)b;
+        histo[b]++;
+    }
+    int64_t nhave = 0;
+    int last = GGUFLM_LLAMA_BUCKETS - 1;
+    for (;; last--) {
+        nhave += histo[last];
+        if (nhave >= npartial || last == 0) {
+            break;
+        }
+    }
+    int64_t next[GGUFLM_LLAMA_BUCKETS]; /* where each bucket taken writes its next item */
+    int64_t offset = 0;
+    for (int b = GGUFLM_LLAMA_BUCKETS - 1; b >= last; b--) {
+        next[b] = offset;
+        offset += histo[b];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int b = bucket_of[i];
+        if (b >= last) {
+            items[next[b]++] = gguflm_rank(logits[i], i);
+        }
+    }
+    int64_t done = 0;
+    for (int b = GGUFLM_LLAMA_BUCKETS - 1; b > last; b--) {
+        gguflm_sort_as_std(items + done, histo[b], spare);
+        done += histo[b];
+    }
+    gguflm_partial_sort_as_std(items + done, npartial - done, histo[last], spare);
+    for (int64_t j = 0; j < npartial; j++) {
+        out[j] = gguflm_item_position(items[j]);
+    }
+}
+
+/* llama.cpp's llama_token_data_array_partial_sort_inplace, as positions: the npartial best of
+ * the row, in the order it leaves them (std::partial_sort up to 128, buckets above).
+ * 0 < npartial <= n; scratch: 3*n words. */
+static void gguflm_llama_partial_sort(const float *logits, int64_t n, int64_t npartial,
+                                      int32_t *out, uint64_t *scratch, gguflm_scan_fn scan) {
+    if (npartial <= 128) {
+        gguflm_heap_select_row(logits, n, npartial, out, scratch, scan);
+    } else {
+        gguflm_bucket_partial_sort(logits, n, npartial, out, scratch);
+    }
+}
+
+/* std::sort of positions 0..n-1, best key first (llama.cpp's typical sorts its indices so).
+ * scratch: 3*n words. */
+static void gguflm_std_sort_positions(const float *keys, int64_t n, int32_t *out,
+                                      uint64_t *scratch) {
+    for (int64_t i = 0; i < n; i++) {
+        scratch[i] = gguflm_rank(keys[i], i);
+    }
+    gguflm_sort_as_std(scratch, n, scratch + n);
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = gguflm_item_position(scratch[i]);
     }
 }
 
