@@ -54,6 +54,9 @@ class BuildExt(build_ext):
         use_openmp = os.environ.get("GGUFLM_NO_OPENMP") != "1" and compiler_accepts_openmp(cc)
         if not use_openmp:
             warnings.warn("gguflm: building without OpenMP; kernels will run on one thread")
+        # a debug build for test runs, e.g. GGUFLM_SANITIZE=address (then run Python with the
+        # sanitizer's runtime preloaded: LD_PRELOAD=$(gcc -print-file-name=libasan.so))
+        sanitize = os.environ.get("GGUFLM_SANITIZE", "")
         # an interpreter built with -rpath in its LDFLAGS (pyenv, some distributions) passes it on;
         # the extensions need no library from its prefix, and a wheel must not name build paths
         if hasattr(self.compiler, "linker_so"):
@@ -65,9 +68,13 @@ class BuildExt(build_ext):
             # exception flags are not observed, so branch-free selects may be vectorized.
             ext.extra_compile_args = ["-O3", "-g0", "-ffp-contract=off", "-fno-trapping-math",
                                       "-Wno-unused-function", "-Wno-unknown-pragmas"]
+            ext.extra_link_args = []
             if use_openmp:
                 ext.extra_compile_args.append("-fopenmp")
-                ext.extra_link_args = ["-fopenmp"]
+                ext.extra_link_args.append("-fopenmp")
+            if sanitize:
+                ext.extra_compile_args += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
+                ext.extra_link_args.append(f"-fsanitize={sanitize}")
         super().build_extensions()
 
 
