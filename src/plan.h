@@ -68,10 +68,11 @@ static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const
 }
 
 /* Run nodes[start..] up to the next LAYER node (exclusive) in the arithmetic arith
- * (GGUFLM_ARITH_*); returns the index after it, or n_nodes at the end; -1 if a kernel could not
- * allocate its scratch. */
+ * (GGUFLM_ARITH_*) on isa's kernels (GGUFLM_ISA_*); returns the index after it, or n_nodes at the
+ * end; -1 if a kernel could not allocate its scratch. */
 static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                               const ggml_half *gelu_table, int arith, int use_avx2) {
+                               const ggml_half *gelu_table, int arith, int isa) {
+    const int use_avx2 = isa >= GGUFLM_ISA_AVX2;  /* the ops kernels' variants: scalar and AVX2 */
     for (int64_t k = start; k < n_nodes; k++) {
         const gguflm_node *nd = &nodes[k];
         float *out = (float *)nd->out;
@@ -118,7 +119,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 jobs[j] = (gguflm_matmul_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
                                               (const uint8_t *)m->x, (float *)m->out, m->out_stride};
             }
-            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, nd->n_threads);
+            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, nd->n_threads);
             k += n_jobs - 1;
             break;
         }

@@ -6,16 +6,14 @@ stays valid for the plan's life. Nothing here checks shapes beyond what recordin
 Graph (``gguflm/graph.py``) is the only caller.
 """
 
-import os
-
 import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
-from ops_kernels cimport (ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_has_avx2, gguflm_has_f16c,
-                          gguflm_rope_corr_dims, gguflm_rope_params)
+from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
+from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
 
 cnp.import_array()
 
@@ -56,21 +54,19 @@ cdef extern from "plan.h" nogil:
         gguflm_rope_params rope
         gguflm_attn_args attn
     int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                            const ggml_half *gelu_table, int arith, int use_avx2)
-    int gguflm_kernels_init(int isa)
+                            const ggml_half *gelu_table, int arith, int isa)
 
 cdef ggml_half GELU_TABLE[65536]
 gguflm_gelu_table_init(GELU_TABLE)
-gguflm_kernels_init(-1)
 
-cdef int _use_avx2 = (os.environ.get("GGUFLM_ISA", "").strip().lower() != "scalar"
-                      and gguflm_has_avx2() and gguflm_has_f16c())
+# every run reads the ISA and arithmetic in force when it starts (gguflm.system sets them) and
+# keeps them to its last node: a plan follows the switch, and one forward pass never mixes ISAs
+cdef const gguflm_dispatch *_switch = bind_dispatch()
 
 
-cdef int _current_arith():
-    """The arithmetic (ggml build) that ops.set_arithmetic chose, as its GGUFLM_ARITH_* id."""
-    from gguflm._ext import ops
-    return ops.ARITHMETICS[ops.current_arithmetic()]
+def dispatch() -> dict:
+    """The ISA and arithmetic a plan run would start with now, read through this module's binding."""
+    return dispatch_names(_switch)
 
 # ggml type ids of the KV cache formats
 _CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -90,16 +86,16 @@ cdef class Plan:
 
     cdef gguflm_node *nodes
     cdef int64_t n_nodes, capacity
-    cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
+    cdef gguflm_dispatch ran  # the ISA and arithmetic of the last run (isa < 0: never run)
     cdef list keep          # per step (node or group), the arrays it points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
     def __cinit__(self):
         self.nodes = NULL
         self.n_nodes = self.capacity = 0
+        self.ran.isa = -1
 
     def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
-        self.arith = _current_arith()
         self.keep = []
         self.tokens = np.zeros(n_tokens, np.int32)
         self.pos = np.zeros(n_tokens, np.int32)
@@ -112,6 +108,11 @@ cdef class Plan:
 
     def __dealloc__(self):
         free(self.nodes)
+
+    @property
+    def last_run(self):
+        """``{"isa", "arithmetic"}`` the last :meth:`run` took from the switch (None before one)."""
+        return dispatch_names(&self.ran) if self.ran.isa >= 0 else None
 
     @property
     def size(self):
@@ -259,11 +260,12 @@ cdef class Plan:
     def run(self, check_abort=None):
         """Run every node; ``check_abort()`` is called before each segment (it raises to stop)."""
         cdef int64_t k = 0, n = self.n_nodes
-        cdef int avx2 = _use_avx2
+        self.ran = _switch[0]
+        cdef int isa = self.ran.isa, arith = self.ran.arith
         while k < n:
             if check_abort is not None:
                 check_abort()
             with nogil:
-                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, self.arith, avx2)
+                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, arith, isa)
             if k < 0:
                 raise MemoryError("a kernel could not allocate its scratch memory")
