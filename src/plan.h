@@ -81,7 +81,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             if (k > start) return k + 1;
             break;
         case GGUFLM_OP_GET_ROWS:
-            gguflm_get_rows(nd->type, nd->w, nd->w_stride, nd->n, nd->i32, nd->n_rows, out, nd->out_stride);
+            gguflm_get_rows(nd->type, nd->w, nd->w_stride, nd->n, nd->i32, nd->n_rows, out, nd->out_stride, isa);
             break;
         case GGUFLM_OP_COPY:
             for (int64_t i = 0; i < nd->n_rows; i++)
@@ -108,7 +108,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                                  out, nd->out_stride, nd->n_threads);
             break;
         case GGUFLM_OP_QUANTIZE:
-            gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, nd->n_threads);
+            gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, isa, nd->n_threads);
             break;
         case GGUFLM_OP_MATMUL: {
             /* this node and the group - 1 after it: matmuls of one input in one parallel region */

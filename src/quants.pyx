@@ -83,7 +83,7 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
     cdef int64_t rb = _row_bytes(type, k)
     if out.shape[0] != n or out.shape[1] != rb:
         raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
-    cdef gguflm_from_float_fn fn = gguflm_traits[type].from_float_act if activation else gguflm_traits[type].from_float
+    cdef gguflm_from_float_fn fn = gguflm_from_float(_switch.isa, type, activation)
     if n == 0 or k == 0:
         return
     with nogil:
@@ -100,7 +100,7 @@ def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
         raise ValueError(f"blob must be [{n}, {rb}] for {k} elements per row, got [{blob.shape[0]}, {blob.shape[1]}]")
     if n == 0 or k == 0:
         return
-    cdef gguflm_to_float_fn fn = gguflm_traits[type].to_float
+    cdef gguflm_to_float_fn fn = gguflm_to_float(_switch.isa, type)
     with nogil:
         for i in range(n):
             fn(&blob[i, 0], &out[i, 0], k)
@@ -133,8 +133,9 @@ def quantize_act(int vec_dot_type, const float[:, ::1] x, uint8_t[:, ::1] out, i
         raise ValueError(f"out must be [{n_tok}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
     if n_tok == 0 or n_in == 0:
         return
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_quantize_act(vec_dot_type, &x[0, 0], n_in, n_tok, n_in, &out[0, 0], n_threads)
+        gguflm_quantize_act(vec_dot_type, &x[0, 0], n_in, n_tok, n_in, &out[0, 0], isa, n_threads)
 
 
 cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t n_tok, float[:, ::1] out,
@@ -205,8 +206,9 @@ def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1]
             raise IndexError(f"row id {ids[i]} out of range for {w.shape[0]} rows")
     if n_ids == 0 or n_in == 0:
         return
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in)
+        gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in, isa)
 
 
 def read_sum(const uint64_t[::1] buf, int n_threads=1) -> int:

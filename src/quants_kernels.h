@@ -78,30 +78,60 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe) */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) { return gguflm_kernel_table(isa)[path][type]; }
 
+/* isa's row conversions of type: the traits' portable ones, but F16 rows take F16C in the SIMD
+ * ISAs (the same bits) */
+#if GGUFLM_ROW_F16C
+static void gguflm_dequantize_row_f16_f16c(const void *x, float *y, int64_t k) {
+    gguflm_fp16_to_fp32_row_f16c((const ggml_half *)x, y, k);
+}
+static void gguflm_quantize_row_f16_f16c(const float *x, void *y, int64_t k) {
+    gguflm_fp32_to_fp16_row_f16c(x, (ggml_half *)y, k);
+}
+#endif
+
+static inline gguflm_to_float_fn gguflm_to_float(int isa, int type) {
+#if GGUFLM_ROW_F16C
+    if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_dequantize_row_f16_f16c;
+#endif
+    (void)isa;
+    return gguflm_traits[type].to_float;
+}
+
+/* activation: the quantizer ggml's CPU backend uses for src1, else ggml's reference one */
+static inline gguflm_from_float_fn gguflm_from_float(int isa, int type, int activation) {
+#if GGUFLM_ROW_F16C
+    if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_quantize_row_f16_f16c;
+#endif
+    (void)isa;
+    return activation ? gguflm_traits[type].from_float_act : gguflm_traits[type].from_float;
+}
+
 /* ======================= activations ======================= */
 
 /* thread ith of nth quantizes its share of the blocks of every row of x [n_tok, n_in] (row stride
  * x_stride floats) into xq [n_tok, row_bytes(vec_dot_type, n_in)] */
 static void gguflm_quantize_act_part(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                                     void *xq, int ith, int nth) {
+                                     void *xq, int isa, int ith, int nth) {
     const gguflm_type_traits *t = &gguflm_traits[vec_dot_type];
+    const gguflm_from_float_fn from_float = gguflm_from_float(isa, vec_dot_type, 1);
     const int64_t nb = n_in / t->block_size, row_bytes = nb * t->type_size;
     const int64_t b0 = nb * ith / nth, b1 = nb * (ith + 1) / nth;
     if (b1 <= b0) return;
     for (int64_t r = 0; r < n_tok; ++r) {
-        t->from_float_act(x + r * x_stride + b0 * t->block_size, (uint8_t *)xq + r * row_bytes + b0 * t->type_size,
-                          (b1 - b0) * t->block_size);
+        from_float(x + r * x_stride + b0 * t->block_size, (uint8_t *)xq + r * row_bytes + b0 * t->type_size,
+                   (b1 - b0) * t->block_size);
     }
 }
 
 /* x -> xq for the dot partner vec_dot_type, on n_threads threads */
 static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                                void *xq, int n_threads) {
+                                void *xq, int isa, int n_threads) {
     const int64_t nb = n_in / gguflm_traits[vec_dot_type].block_size;
     const int nth = (int)(n_threads < nb ? n_threads : (nb > 0 ? nb : 1));
     /* the team may be smaller than asked (no OpenMP, thread limits): split by its real size */
     #pragma omp parallel num_threads(nth)
-    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, omp_get_thread_num(), omp_get_num_threads());
+    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, isa, omp_get_thread_num(),
+                             omp_get_num_threads());
 }
 
 /* ======================= matmul ======================= */
@@ -214,7 +244,8 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(&job, 1, n_tok, n_threads))
     {
-        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, omp_get_thread_num(), omp_get_num_threads());
+        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, isa, omp_get_thread_num(),
+                                 omp_get_num_threads());
         #pragma omp barrier
         gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, &next_chunk);
     }
@@ -222,8 +253,8 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
 
 /* out[i] = row ids[i] of W dequantized (embedding lookup); ids must be in range */
 static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids, int64_t n_ids,
-                            float *out, int64_t out_stride) {
-    const gguflm_to_float_fn to_float = gguflm_traits[type].to_float;
+                            float *out, int64_t out_stride, int isa) {
+    const gguflm_to_float_fn to_float = gguflm_to_float(isa, type);
     for (int64_t i = 0; i < n_ids; ++i) to_float((const uint8_t *)w + ids[i] * w_stride, out + i * out_stride, n_in);
 }
 

@@ -11,7 +11,7 @@
 #     xq = <buffer of gguflm_act_buffer_bytes(vdt, n_tok, n_embd) bytes, owned by the caller>
 #     isa = switch.isa
 #     with nogil:
-#         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, n_threads)
+#         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, isa, n_threads)
 #         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, isa, n_threads)
 #         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, isa, n_threads)
 # Weights of different types need activations in their own partner types (one buffer each).
@@ -46,10 +46,14 @@ cdef extern from "quants_kernels.h" nogil:
 
     # isa's kernel of recipe path for a weight type (NULL: none); isa is a GGUFLM_ISA_* (dispatch.pxd)
     gguflm_gemm_fn gguflm_kernel(int isa, int path, int type)
+    # isa's row conversions of a type (the traits' ones, but F16C for F16 rows in the SIMD ISAs);
+    # activation: the quantizer ggml's CPU backend uses for src1
+    gguflm_to_float_fn gguflm_to_float(int isa, int type)
+    gguflm_from_float_fn gguflm_from_float(int isa, int type, int activation)
 
     # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
     void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                             void *xq, int n_threads)
+                             void *xq, int isa, int n_threads)
     # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with llama.cpp's
     # arithmetic for this shape, on isa's kernels; repacked = 0 for a token embedding used as the
     # output matrix
@@ -62,5 +66,5 @@ cdef extern from "quants_kernels.h" nogil:
                            int64_t out_stride, int repacked, int isa, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
-                         int64_t n_ids, float *out, int64_t out_stride)
+                         int64_t n_ids, float *out, int64_t out_stride, int isa)
     uint64_t gguflm_read_sum(const uint64_t *buf, int64_t n_words, int n_threads)

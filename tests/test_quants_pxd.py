@@ -39,7 +39,7 @@ def project(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1
     cdef float[:, :, ::1] o = out
     cdef int isa = _switch.isa
     with nogil:
-        gguflm_quantize_act(vdt, &x[0, 0], n_in, n_tok, n_in, &s[0], n_threads)
+        gguflm_quantize_act(vdt, &x[0, 0], n_in, n_tok, n_in, &s[0], isa, n_threads)
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[0, 0, 0], n_rows + 3, 1, isa,
                         n_threads)
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[1, 0, 0], n_rows + 3, 1, isa,
@@ -50,7 +50,7 @@ def embed(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] i
     out = np.empty((ids.shape[0], n_in), np.float32)
     cdef float[:, ::1] o = out
     with nogil:
-        gguflm_get_rows(wtype, &w[0, 0], w.shape[1], n_in, &ids[0], ids.shape[0], &o[0, 0], n_in)
+        gguflm_get_rows(wtype, &w[0, 0], w.shape[1], n_in, &ids[0], ids.shape[0], &o[0, 0], n_in, _switch.isa)
     return out
 '''
 

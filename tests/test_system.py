@@ -240,7 +240,7 @@ def full_batch(tokens) -> Batch:
     return b
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_forward_passes_run_the_isa_in_force_with_the_same_bits(arch):
     tokens = np.load(ARCH_DIR / f"{arch}.npz")["tokens"]
     logits = {}
