@@ -19,6 +19,7 @@ if "numpy" not in sys.modules:
         os.environ.setdefault(_var, "1")
 
 from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError, VocabOnlyError
+from gguflm import system
 from gguflm.system import system_info
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "LoadCancelled",
     "ModelLoadError",
     "VocabOnlyError",
+    "system",
     "system_info",
     *_LAZY,
     *sorted(_LAZY_MODULES),

@@ -13,8 +13,8 @@ and the matrix product every forward pass runs on::
 
 Activations are quantized the way ggml's x86 CPU backend quantizes ``src1`` (Q8_0/Q8_1 with a
 127/amax multiplier and round-half-even; Q8_K with its reference quantizer), which can differ in a
-last bit from the weight-side reference quantizer of the same type. The kernels' instruction set
-is chosen at import (``GGUFLM_ISA`` or the best the CPU runs); see :func:`current_isa`.
+last bit from the weight-side reference quantizer of the same type. The kernels run the
+instruction set of the one switch, :mod:`gguflm.system` (``set_isa``, ``GGUFLM_ISA``).
 """
 
 from __future__ import annotations
@@ -228,21 +228,6 @@ def get_rows(w: np.ndarray, wtype: TypeLike, ids: np.ndarray) -> np.ndarray:
     out = np.empty((ids.shape[0], n_in), dtype=np.float32)
     _k.get_rows(int(fmt.type), wb, n_in, np.ascontiguousarray(ids, dtype=np.int32), out)
     return out
-
-
-def current_isa() -> str:
-    """The kernel variant in use: ``"scalar"``, ``"avx2"`` or ``"avx512"``."""
-    return _k.current_isa()
-
-
-def supported_isas() -> list[str]:
-    """The kernel variants this CPU runs."""
-    return _k.supported_isas()
-
-
-def set_isa(name: str) -> str:
-    """Switch the kernels of this module (tests, benchmarks); returns the previous variant."""
-    return _k.set_isa(name)
 
 
 # ---- argument checking ----

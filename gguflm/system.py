@@ -1,37 +1,130 @@
-"""What this build and this machine offer: compiler, OpenMP, threads, CPU features."""
+"""The machine gguflm runs on, and the one switch of every kernel.
+
+Two settings decide how the kernels compute, and this module is the only place that sets them:
+
+* the **ISA**, the instruction set the kernels run (:data:`ISAS`: ``scalar``, ``avx2``,
+  ``avx512``). Every variant gives the same bits; the default is the best one the CPU has and the
+  OS enables (CPUID and XCR0, not merely what the CPU advertises). ``GGUFLM_ISA`` overrides it.
+* the **arithmetic**, the x86 build of ggml-cpu whose float rounding (vector sums, exp) is
+  reproduced (:data:`ARITHMETICS`: ``avx2``, ``avx512``). Any ISA computes either; the default is
+  the build llama.cpp compiles natively for this CPU. ``GGUFLM_ARITH`` overrides it.
+
+The environment variables are read once, when gguflm is first imported; an unknown value, or an ISA
+this machine cannot run, makes that import fail with a message naming the variable. After that,
+:func:`set_isa` and :func:`set_arithmetic` change what every kernel runs from its next call on: the
+quantized matmuls (:mod:`gguflm.quants`), the forward-pass ops, the sampler scans, and the recorded
+forward passes contexts replay. A recorded pass reads both settings when it starts and keeps them to
+its last node, so a switch never mixes ISAs or arithmetics within one forward pass; existing
+contexts follow it from their next pass on.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-from typing import Any
+from typing import Any, Iterator
 
-from gguflm._ext import ops as _ops
 from gguflm._ext import system as _system
 from gguflm.threads import resolve_n_threads, usable_cores
 
+#: every kernel variant, in increasing order of what it needs
+ISAS: tuple[str, ...] = _system.ISAS
+#: the ggml-cpu x86 builds whose float rounding the kernels reproduce
+ARITHMETICS: tuple[str, ...] = _system.ARITHMETICS
+
+
+def supported_isas() -> list[str]:
+    """The ISAs this CPU and OS run, best last (``scalar`` always)."""
+    return _system.supported_isas()
+
+
+def current_isa() -> str:
+    """The ISA every kernel runs now."""
+    return _system.current_isa()
+
+
+def set_isa(name: str) -> str:
+    """Make every kernel run ``name`` from its next call on; returns the previous ISA.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not one of :data:`ISAS`, or this machine cannot run it (the message says which
+        feature the CPU lacks or the OS does not enable).
+    """
+    return _system.set_isa(name)
+
+
+def current_arithmetic() -> str:
+    """The ggml build whose float rounding the kernels reproduce now."""
+    return _system.current_arithmetic()
+
+
+def set_arithmetic(name: str) -> str:
+    """Reproduce ggml-cpu's ``name`` build (``avx2`` or ``avx512``) from the next call on, whichever
+    ISA runs; returns the previous arithmetic.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not one of :data:`ARITHMETICS`.
+    """
+    return _system.set_arithmetic(name)
+
+
+@contextlib.contextmanager
+def using(isa: str | None = None, arithmetic: str | None = None) -> Iterator[None]:
+    """Run a block with another ISA and/or arithmetic, then restore the previous ones."""
+    with contextlib.ExitStack() as restore:
+        if isa is not None:
+            restore.callback(set_isa, set_isa(isa))
+        if arithmetic is not None:
+            restore.callback(set_arithmetic, set_arithmetic(arithmetic))
+        yield
+
 
 def system_info() -> dict[str, Any]:
-    """Describe the build and the CPU, as llama.cpp's ``llama_print_system_info`` does.
+    """Describe the build, the CPU and what runs, as llama.cpp's ``llama_print_system_info`` does.
 
-    Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``usable_cores``, ``default_threads``,
-    ``cpu_features`` (``avx2``, ``f16c``, ``avx512``, ``avx512_vnni``), ``machine``, ``isa_override``
-    (the value of ``GGUFLM_ISA`` if set), ``arithmetic`` (the ggml x86 build whose float rounding
-    is reproduced: ``avx2`` or ``avx512``).
+    Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``omp_num_procs``, ``usable_cores``,
+    ``default_threads``, ``machine``; ``isa`` and ``arithmetic`` (in force now),
+    ``supported_isas``, ``native_arithmetic`` (llama.cpp's native build for this CPU);
+    ``cpu_features`` (feature -> the CPU has it and the OS enables it: what may run),
+    ``cpu_advertises`` (feature -> CPUID has it), ``os_enables`` (``avx``, ``avx512``, ``amx``
+    register states in XCR0) and ``amx`` (``cpu``, ``os``, ``permitted``: whether the kernel has
+    granted this process the tile data state).
     """
+    features = _system.cpu_features()
     info: dict[str, Any] = dict(_system.build_info())
     info["usable_cores"] = usable_cores()
     info["default_threads"] = resolve_n_threads(None)
-    info["cpu_features"] = _system.cpu_features()
     info["machine"] = platform.machine()
-    info["isa_override"] = os.environ.get("GGUFLM_ISA")
-    info["arithmetic"] = _ops.current_arithmetic()
+    info["isa"] = current_isa()
+    info["arithmetic"] = current_arithmetic()
+    info["supported_isas"] = features["isas"]
+    info["native_arithmetic"] = features["native_arithmetic"]
+    info["cpu_features"] = features["usable"]
+    info["cpu_advertises"] = features["cpu"]
+    info["os_enables"] = features["os"]
+    info["amx"] = _system.amx()
     return info
 
 
 def guard_mode() -> bool:
-    """Debug switch ``GGUFLM_GUARD=1``: forward passes recorded afterwards put guard zones around
-    every activation buffer, fill them with a canary byte and check them after every step, raising
-    :class:`gguflm.errors.BufferOverrunError` when a kernel wrote outside its buffers. Slower;
-    meant for test runs (``GGUFLM_GUARD=1 python -m pytest tests``)."""
-    return os.environ.get("GGUFLM_GUARD", "") == "1"
+    """Whether forward passes recorded from now on run in guard mode (see :func:`set_guard_mode`)."""
+    return _guard
+
+
+def set_guard_mode(enabled: bool) -> bool:
+    """Debug switch (default: ``GGUFLM_GUARD=1`` at import): forward passes recorded afterwards
+    put guard zones around every activation buffer, fill them with a canary byte and check them
+    after every step, raising :class:`gguflm.errors.BufferOverrunError` when a kernel wrote
+    outside its buffers. Slower; meant for test runs (``GGUFLM_GUARD=1 python -m pytest tests``).
+    Returns the previous setting."""
+    global _guard
+    previous, _guard = _guard, bool(enabled)
+    return previous
+
+
+_guard = os.environ.get("GGUFLM_GUARD", "") == "1"

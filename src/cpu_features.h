@@ -1,24 +1,187 @@
-/* Run-time CPU feature detection and build facts, read once by gguflm._ext.system. */
+/* Run-time CPU features and build facts, read by gguflm._ext.system (the one place that decides
+ * which ISA runs, see dispatch.h).
+ *
+ * An instruction set is usable only when the CPU has it (CPUID) and the OS saves its registers
+ * across context switches (XCR0, read with XGETBV, which is itself legal only once CPUID reports
+ * OSXSAVE): a hypervisor or kernel may advertise AVX-512 or AMX in CPUID and still leave their
+ * state disabled, and then the instructions fault. The decision is one pure function of the CPUID
+ * and XCR0 words (gguflm_cpu_decide), so tests can hand it any machine; gguflm_cpu_read gathers
+ * the words of this one. AMX needs a third yes on Linux: the kernel's permission to use the tile
+ * data state (arch_prctl ARCH_REQ_XCOMP_PERM), without which the first tile instruction kills the
+ * process with SIGILL.
+ */
 #ifndef GGUFLM_CPU_FEATURES_H
 #define GGUFLM_CPU_FEATURES_H
 
+#include <stdint.h>
+#include "dispatch.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define GGUFLM_X86 1
-/* __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0). */
-static inline int gguflm_has_avx2(void) { __builtin_cpu_init(); return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-static inline int gguflm_has_f16c(void) { __builtin_cpu_init(); return __builtin_cpu_supports("f16c"); }
-static inline int gguflm_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
-static inline int gguflm_has_avx512_vnni(void) { __builtin_cpu_init(); return __builtin_cpu_supports("avx512vnni"); }
+#include <cpuid.h>
 #else
 #define GGUFLM_X86 0
-static inline int gguflm_has_avx2(void) { return 0; }
-static inline int gguflm_has_f16c(void) { return 0; }
-static inline int gguflm_has_avx512(void) { return 0; }
-static inline int gguflm_has_avx512_vnni(void) { return 0; }
+#endif
+
+/* the words the decision reads */
+typedef struct {
+    uint32_t max_leaf;          /* CPUID.0:EAX, the highest basic leaf */
+    uint32_t ecx1;              /* CPUID.1:ECX */
+    uint32_t ebx7, ecx7, edx7;  /* CPUID.(EAX=7, ECX=0) */
+    uint64_t xcr0;              /* XGETBV(ECX=0); only read, and only meaningful, with OSXSAVE */
+} gguflm_cpuid_words;
+
+/* features, one bit each */
+enum {
+    GGUFLM_CPU_AVX = 1 << 0,
+    GGUFLM_CPU_FMA = 1 << 1,
+    GGUFLM_CPU_F16C = 1 << 2,
+    GGUFLM_CPU_AVX2 = 1 << 3,
+    GGUFLM_CPU_AVX512F = 1 << 4,
+    GGUFLM_CPU_AVX512DQ = 1 << 5,
+    GGUFLM_CPU_AVX512BW = 1 << 6,
+    GGUFLM_CPU_AVX512VL = 1 << 7,
+    GGUFLM_CPU_AVX512_VNNI = 1 << 8,
+    GGUFLM_CPU_AMX_TILE = 1 << 9,
+    GGUFLM_CPU_AMX_INT8 = 1 << 10,
+    GGUFLM_CPU_AMX_BF16 = 1 << 11,
+    GGUFLM_CPU_FEATURE_COUNT = 12,
+};
+static const char *const gguflm_cpu_feature_names[GGUFLM_CPU_FEATURE_COUNT] = {
+    "avx", "fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
+    "amx_tile", "amx_int8", "amx_bf16"};
+
+/* register states the OS enables in XCR0 */
+enum { GGUFLM_OS_AVX = 1 << 0, GGUFLM_OS_AVX512 = 1 << 1, GGUFLM_OS_AMX = 1 << 2 };
+
+/* XCR0 bits: 1 SSE, 2 AVX (upper YMM); 5 opmask, 6 ZMM_Hi256, 7 Hi16_ZMM; 17 XTILECFG, 18 XTILEDATA */
+#define GGUFLM_XCR0_AVX ((uint64_t)0x6)
+#define GGUFLM_XCR0_AVX512 ((uint64_t)0xe0 | GGUFLM_XCR0_AVX)
+#define GGUFLM_XCR0_AMX ((uint64_t)0x60000)
+
+#define GGUFLM_CPU_AVX_FAMILY (GGUFLM_CPU_AVX | GGUFLM_CPU_FMA | GGUFLM_CPU_F16C | GGUFLM_CPU_AVX2)
+#define GGUFLM_CPU_AVX512_FAMILY (GGUFLM_CPU_AVX512F | GGUFLM_CPU_AVX512DQ | GGUFLM_CPU_AVX512BW | \
+                                  GGUFLM_CPU_AVX512VL | GGUFLM_CPU_AVX512_VNNI)
+#define GGUFLM_CPU_AMX_FAMILY (GGUFLM_CPU_AMX_TILE | GGUFLM_CPU_AMX_INT8 | GGUFLM_CPU_AMX_BF16)
+
+typedef struct {
+    uint32_t cpu;     /* GGUFLM_CPU_*: what CPUID advertises */
+    uint32_t os;      /* GGUFLM_OS_*: the register states XCR0 enables (none without OSXSAVE) */
+    uint32_t usable;  /* GGUFLM_CPU_*: what the CPU has and the OS enables (AMX: before permission) */
+} gguflm_cpu_features;
+
+static inline uint32_t gguflm_bit(uint32_t word, int bit) { return (word >> bit) & 1u; }
+
+static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
+    gguflm_cpu_features f = {0, 0, 0};
+    int osxsave = 0;
+    if (w->max_leaf >= 1) {
+        /* CPUID.1:ECX: 12 FMA, 27 OSXSAVE, 28 AVX, 29 F16C */
+        f.cpu |= gguflm_bit(w->ecx1, 12) ? GGUFLM_CPU_FMA : 0;
+        f.cpu |= gguflm_bit(w->ecx1, 28) ? GGUFLM_CPU_AVX : 0;
+        f.cpu |= gguflm_bit(w->ecx1, 29) ? GGUFLM_CPU_F16C : 0;
+        osxsave = (int)gguflm_bit(w->ecx1, 27);
+    }
+    if (w->max_leaf >= 7) {
+        /* EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX: 11 AVX512_VNNI;
+         * EDX: 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8 */
+        f.cpu |= gguflm_bit(w->ebx7, 5) ? GGUFLM_CPU_AVX2 : 0;
+        f.cpu |= gguflm_bit(w->ebx7, 16) ? GGUFLM_CPU_AVX512F : 0;
+        f.cpu |= gguflm_bit(w->ebx7, 17) ? GGUFLM_CPU_AVX512DQ : 0;
+        f.cpu |= gguflm_bit(w->ebx7, 30) ? GGUFLM_CPU_AVX512BW : 0;
+        f.cpu |= gguflm_bit(w->ebx7, 31) ? GGUFLM_CPU_AVX512VL : 0;
+        f.cpu |= gguflm_bit(w->ecx7, 11) ? GGUFLM_CPU_AVX512_VNNI : 0;
+        f.cpu |= gguflm_bit(w->edx7, 22) ? GGUFLM_CPU_AMX_BF16 : 0;
+        f.cpu |= gguflm_bit(w->edx7, 24) ? GGUFLM_CPU_AMX_TILE : 0;
+        f.cpu |= gguflm_bit(w->edx7, 25) ? GGUFLM_CPU_AMX_INT8 : 0;
+    }
+    if (osxsave) {
+        f.os |= (w->xcr0 & GGUFLM_XCR0_AVX) == GGUFLM_XCR0_AVX ? GGUFLM_OS_AVX : 0;
+        f.os |= (w->xcr0 & GGUFLM_XCR0_AVX512) == GGUFLM_XCR0_AVX512 ? GGUFLM_OS_AVX512 : 0;
+        f.os |= (w->xcr0 & GGUFLM_XCR0_AMX) == GGUFLM_XCR0_AMX ? GGUFLM_OS_AMX : 0;
+    }
+    /* VEX-encoded FMA and F16C need the AVX state as AVX does */
+    f.usable = f.cpu & ~(uint32_t)(GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AMX_FAMILY);
+    f.usable |= (f.os & GGUFLM_OS_AVX) ? f.cpu & GGUFLM_CPU_AVX_FAMILY : 0;
+    f.usable |= (f.os & GGUFLM_OS_AVX512) ? f.cpu & GGUFLM_CPU_AVX512_FAMILY : 0;
+    f.usable |= (f.os & GGUFLM_OS_AMX) ? f.cpu & GGUFLM_CPU_AMX_FAMILY : 0;
+    return f;
+}
+
+/* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c and the
+ * AVX-512 one adds avx512f/bw/vl/dq/vnni) */
+static const uint32_t gguflm_isa_needs[GGUFLM_ISA_COUNT] = {
+    [GGUFLM_ISA_SCALAR] = 0,
+    [GGUFLM_ISA_AVX2] = GGUFLM_CPU_AVX_FAMILY,
+    [GGUFLM_ISA_AVX512] = GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY,
+};
+
+static inline int gguflm_isa_runs(const gguflm_cpu_features *f, int isa) {
+    return isa >= 0 && isa < GGUFLM_ISA_COUNT && (f->usable & gguflm_isa_needs[isa]) == gguflm_isa_needs[isa];
+}
+
+/* the most capable ISA f runs */
+static inline int gguflm_isa_best(const gguflm_cpu_features *f) {
+    int isa = GGUFLM_ISA_COUNT - 1;
+    while (isa > GGUFLM_ISA_SCALAR && !gguflm_isa_runs(f, isa)) --isa;
+    return isa;
+}
+
+/* the ggml-cpu build llama.cpp compiles natively for f: -march=native turns on __AVX512F__, and with
+ * it ggml's 16-float vectors, wherever the compiler sees usable AVX-512F */
+static inline int gguflm_arith_native(const gguflm_cpu_features *f) {
+    return (f->usable & GGUFLM_CPU_AVX512F) ? GGUFLM_ARITH_AVX512 : GGUFLM_ARITH_AVX2;
+}
+
+#if GGUFLM_X86
+static inline uint64_t gguflm_xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+/* this machine's words */
+static gguflm_cpuid_words gguflm_cpu_read(void) {
+    gguflm_cpuid_words w = {0, 0, 0, 0, 0, 0};
+#if GGUFLM_X86
+    unsigned a, b, c, d;
+    w.max_leaf = __get_cpuid_max(0, 0);
+    if (w.max_leaf >= 1) {
+        __cpuid(1, a, b, c, d);
+        w.ecx1 = c;
+    }
+    if (w.max_leaf >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        w.ebx7 = b, w.ecx7 = c, w.edx7 = d;
+    }
+    if (gguflm_bit(w.ecx1, 27)) w.xcr0 = gguflm_xgetbv0();  /* without OSXSAVE, XGETBV is #UD */
+#endif
+    return w;
+}
+
+/* ---- AMX tile data permission (Linux >= 5.16; elsewhere never granted) ---- */
+#if GGUFLM_X86 && defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GGUFLM_ARCH_GET_XCOMP_PERM 0x1022
+#define GGUFLM_ARCH_REQ_XCOMP_PERM 0x1023
+#define GGUFLM_XFEATURE_XTILEDATA 18
+
+/* whether this process may use the tile data state now (asks for nothing) */
+static int gguflm_amx_permitted(void) {
+    unsigned long bits = 0;
+    return syscall(SYS_arch_prctl, GGUFLM_ARCH_GET_XCOMP_PERM, &bits) == 0 &&
+           ((bits >> GGUFLM_XFEATURE_XTILEDATA) & 1);
+}
+
+/* ask the kernel for the tile data state for the whole process; 1 when granted */
+static int gguflm_amx_request(void) {
+    return syscall(SYS_arch_prctl, GGUFLM_ARCH_REQ_XCOMP_PERM, GGUFLM_XFEATURE_XTILEDATA) == 0;
+}
+#else
+static int gguflm_amx_permitted(void) { return 0; }
+static int gguflm_amx_request(void) { return 0; }
 #endif
 
 #if defined(__clang__)

@@ -94,16 +94,11 @@ static inline uint16_t gguflm_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
-/* ---- rows: F16C when the CPU has it (a target-attribute variant chosen at run time), else the
- * software conversions above; both bit-identical ---- */
+/* ---- rows: the software conversions above, and F16C variants (target attributes) with the same
+ * bits, which the SIMD ISAs select (quants_kernels.h) ---- */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(GGUFLM_SIMDE)
 #include <immintrin.h>
 #define GGUFLM_ROW_F16C 1
-
-static inline int gguflm_row_f16c_ok(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-}
 
 __attribute__((target("avx,f16c"))) static void gguflm_fp32_to_fp16_row_f16c(const float *x, ggml_half *y, int64_t n) {
     int64_t i = 0;
@@ -124,22 +119,10 @@ __attribute__((target("avx,f16c"))) static void gguflm_fp16_to_fp32_row_f16c(con
 #endif
 
 static inline void gguflm_fp32_to_fp16_row(const float *x, ggml_half *y, int64_t n) {
-#if GGUFLM_ROW_F16C
-    if (gguflm_row_f16c_ok()) {
-        gguflm_fp32_to_fp16_row_f16c(x, y, n);
-        return;
-    }
-#endif
     for (int64_t i = 0; i < n; ++i) y[i] = gguflm_fp32_to_fp16(x[i]);
 }
 
 static inline void gguflm_fp16_to_fp32_row(const ggml_half *x, float *y, int64_t n) {
-#if GGUFLM_ROW_F16C
-    if (gguflm_row_f16c_ok()) {
-        gguflm_fp16_to_fp32_row_f16c(x, y, n);
-        return;
-    }
-#endif
     for (int64_t i = 0; i < n; ++i) y[i] = gguflm_fp16_to_fp32(x[i]);
 }
 

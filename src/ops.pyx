@@ -6,15 +6,13 @@ backend (see the headers); results do not depend on the thread count, and the AV
 variants agree bit for bit.
 """
 
-import os
-
 import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
-from ops_kernels cimport (GGUFLM_ARITH_AVX2, GGUFLM_ARITH_AVX512, GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, ggml_half,
-                          gguflm_attention, gguflm_attn_args, gguflm_gelu_table_init, gguflm_glu_rows, gguflm_has_avx2,
-                          gguflm_has_avx512, gguflm_has_f16c, gguflm_rms_norm_rows, gguflm_rope_apply,
+from dispatch cimport GGUFLM_ISA_AVX2, bind_dispatch, dispatch_names, gguflm_dispatch
+from ops_kernels cimport (GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, ggml_half, gguflm_attention, gguflm_attn_args,
+                          gguflm_gelu_table_init, gguflm_glu_rows, gguflm_rms_norm_rows, gguflm_rope_apply,
                           gguflm_rope_corr_dims, gguflm_rope_params)
 
 cnp.import_array()
@@ -23,61 +21,14 @@ cnp.import_array()
 cdef ggml_half GELU_TABLE[65536]
 gguflm_gelu_table_init(GELU_TABLE)
 
-
-def _default_isa() -> str:
-    forced = os.environ.get("GGUFLM_ISA", "").strip().lower()
-    has_avx2 = bool(gguflm_has_avx2() and gguflm_has_f16c())
-    if forced == "scalar" or not has_avx2:
-        return "scalar"
-    return "avx2"
+# the ISA and arithmetic of every call, read when it starts (gguflm.system sets them); the ops
+# kernels have a scalar and an AVX2 variant, which the avx512 ISA runs too
+cdef const gguflm_dispatch *_switch = bind_dispatch()
 
 
-cdef int _use_avx2 = _default_isa() == "avx2"
-
-
-def set_isa(str isa) -> None:
-    """Select the kernels: ``"scalar"``, or ``"avx2"`` / ``"avx512"`` (both use AVX2+FMA+F16C)."""
-    global _use_avx2
-    if isa not in ("scalar", "avx2", "avx512"):
-        raise ValueError(f"unknown ISA {isa!r}")
-    if isa != "scalar" and not (gguflm_has_avx2() and gguflm_has_f16c()):
-        raise ValueError(f"this CPU cannot run the {isa} kernels")
-    _use_avx2 = isa != "scalar"
-
-
-def current_isa() -> str:
-    return "avx2" if _use_avx2 else "scalar"
-
-
-ARITHMETICS = {"avx2": GGUFLM_ARITH_AVX2, "avx512": GGUFLM_ARITH_AVX512}
-
-
-def _default_arithmetic() -> str:
-    forced = os.environ.get("GGUFLM_ARITH", "").strip().lower()
-    if forced:
-        if forced not in ARITHMETICS:
-            raise ValueError(f"GGUFLM_ARITH must be one of {sorted(ARITHMETICS)}, got {forced!r}")
-        return forced
-    # what a native build of llama.cpp on this CPU computes
-    return "avx512" if gguflm_has_avx512() else "avx2"
-
-
-cdef int _arith = ARITHMETICS[_default_arithmetic()]
-
-
-def set_arithmetic(str name) -> None:
-    """Reproduce the float rounding of ggml-cpu's ``"avx2"`` or ``"avx512"`` x86 build in attention,
-    softmax and SiLU (their vector sums and exp), whichever kernels run. The default is the build
-    llama.cpp compiles natively for this CPU; ``GGUFLM_ARITH`` overrides it. Forward passes
-    recorded afterwards use it (a context keeps the plans it already recorded)."""
-    global _arith
-    if name not in ARITHMETICS:
-        raise ValueError(f"unknown arithmetic {name!r}; expected one of {sorted(ARITHMETICS)}")
-    _arith = ARITHMETICS[name]
-
-
-def current_arithmetic() -> str:
-    return next(name for name, value in ARITHMETICS.items() if value == _arith)
+def dispatch() -> dict:
+    """The ISA and arithmetic this module's kernels would run now, read through its binding."""
+    return dispatch_names(_switch)
 
 
 cdef inline int _check_threads(int n_threads) except -1:
@@ -148,10 +99,11 @@ cdef _glu(int kind, const float[:, ::1] gate, const float[:, ::1] up, float[:, :
     _check_glu(gate, up, out)
     _check_threads(n_threads)
     cdef Py_ssize_t n_rows = gate.shape[0], n = gate.shape[1]
+    cdef int arith = _switch.arith, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
     if n_rows:
         with nogil:
             gguflm_glu_rows(kind, GELU_TABLE, n_rows, <int>n, &gate[0, 0], n, &up[0, 0], n, &out[0, 0], n,
-                            _arith, _use_avx2, n_threads)
+                            arith, use_avx2, n_threads)
 
 
 def swiglu(const float[:, ::1] gate, const float[:, ::1] up, float[:, ::1] out, int n_threads=1):
@@ -251,10 +203,10 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.softcap = softcap
     a.out = &out[0, 0] if n_tok else NULL
     a.out_stride = out.shape[1]
-    a.arith = _arith
+    a.arith = _switch.arith
     _check_threads(n_threads)
-    cdef int rc
+    cdef int rc, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
     with nogil:
-        rc = gguflm_attention(&a, _use_avx2, n_threads)
+        rc = gguflm_attention(&a, use_avx2, n_threads)
     if rc != 0:
         raise MemoryError("attention scratch allocation failed")

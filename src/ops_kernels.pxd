@@ -1,15 +1,11 @@
 # The nogil C API of the forward-pass kernels (ops.h), shared by the ops and plan extensions:
-#     from ops_kernels cimport gguflm_attn_args, gguflm_attention, GGUFLM_ARITH_AVX2, ...
+#     from ops_kernels cimport gguflm_attn_args, gguflm_attention, ...
 # Like the quant kernels they are static functions in headers: each extension has its own copy.
+# arith (GGUFLM_ARITH_*) and use_avx2 (ISA >= avx2) come from the one switch (dispatch.pxd).
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 
 cdef extern from "ggml_blocks.h" nogil:
     ctypedef uint16_t ggml_half
-
-cdef extern from "cpu_features.h" nogil:
-    int gguflm_has_avx2()
-    int gguflm_has_avx512()
-    int gguflm_has_f16c()
 
 cdef extern from "ops.h" nogil:
     void gguflm_gelu_table_init(ggml_half *table)
@@ -28,9 +24,6 @@ cdef extern from "ops.h" nogil:
     enum:
         GGUFLM_GLU_SWIGLU
         GGUFLM_GLU_GEGLU
-    enum:
-        GGUFLM_ARITH_AVX2
-        GGUFLM_ARITH_AVX512
     void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
                          int64_t gate_stride, const float *up, int64_t up_stride, float *out,
                          int64_t out_stride, int arith, int use_avx2, int n_threads)

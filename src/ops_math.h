@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "ggml_blocks.h"
+#include "dispatch.h"  /* GGUFLM_ARITH_* */
 
 #define GGUFLM_INLINE static inline __attribute__((always_inline))
 
@@ -79,10 +80,6 @@ GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
     return gguflm_hsum8_hadd(a);
 }
 
-/* Which x86 build of ggml-cpu the float arithmetic reproduces: the AVX2 build (8-float vectors)
- * or the AVX-512 build (16-float vectors). They sum vector lanes and compute exp differently;
- * the integer parts of quantized dots are the same. */
-enum { GGUFLM_ARITH_AVX2 = 0, GGUFLM_ARITH_AVX512 = 1 };
 #define GGUFLM_MAX_LANES 64
 
 /* _mm512_reduce_add_ps as GCC expands it: the upper half added onto the lower, then as hsum8_movehl */

@@ -94,12 +94,13 @@ static int64_t gguflm_guards_damaged(const gguflm_guards *g, int64_t k) {
 }
 
 /* Run nodes[start..] up to the next LAYER node (exclusive) in the arithmetic arith
- * (GGUFLM_ARITH_*); returns the index after it, or n_nodes at the end; -1 if a kernel could not
- * allocate its scratch; -2 if guards (NULL: no guard mode) found a zone written by the step
- * starting at node *bad_node, and *bad_zone is that zone. */
+ * (GGUFLM_ARITH_*) on isa's kernels (GGUFLM_ISA_*); returns the index after it, or n_nodes at the
+ * end; -1 if a kernel could not allocate its scratch; -2 if guards (NULL: no guard mode) found a
+ * zone written by the step starting at node *bad_node, and *bad_zone is that zone. */
 static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                               const ggml_half *gelu_table, int arith, int use_avx2,
+                               const ggml_half *gelu_table, int arith, int isa,
                                const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone) {
+    const int use_avx2 = isa >= GGUFLM_ISA_AVX2;  /* the ops kernels' variants: scalar and AVX2 */
     for (int64_t k = start; k < n_nodes; k++) {
         const gguflm_node *nd = &nodes[k];
         const int64_t step = k;
@@ -110,7 +111,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             if (k > start) return k + 1;
             break;
         case GGUFLM_OP_GET_ROWS:
-            gguflm_get_rows(nd->type, nd->w, nd->w_stride, nd->n, nd->i32, nd->n_rows, out, nd->out_stride);
+            gguflm_get_rows(nd->type, nd->w, nd->w_stride, nd->n, nd->i32, nd->n_rows, out, nd->out_stride, isa);
             break;
         case GGUFLM_OP_COPY:
             for (int64_t i = 0; i < nd->n_rows; i++)
@@ -137,7 +138,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                                  out, nd->out_stride, nd->n_threads);
             break;
         case GGUFLM_OP_QUANTIZE:
-            gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, nd->n_threads);
+            gguflm_quantize_act(nd->type, nd->x, nd->x_stride, nd->n_rows, nd->n, nd->out, isa, nd->n_threads);
             break;
         case GGUFLM_OP_MATMUL: {
             /* this node and the group - 1 after it: matmuls of one input in one parallel region */
@@ -148,7 +149,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 jobs[j] = (gguflm_matmul_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
                                               (const uint8_t *)m->x, (float *)m->out, m->out_stride};
             }
-            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, nd->n_threads);
+            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, nd->n_threads);
             k += n_jobs - 1;
             break;
         }

@@ -6,16 +6,14 @@ stays valid for the plan's life. Nothing here checks shapes beyond what recordin
 Graph (``gguflm/graph.py``) is the only caller.
 """
 
-import os
-
 import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
-from ops_kernels cimport (ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_has_avx2, gguflm_has_f16c,
-                          gguflm_rope_corr_dims, gguflm_rope_params)
+from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
+from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
 
 cnp.import_array()
 
@@ -63,9 +61,8 @@ cdef extern from "plan.h" nogil:
         const int64_t *check_ptr
         const int64_t *check
     int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t n_nodes,
-                            const ggml_half *gelu_table, int arith, int use_avx2,
+                            const ggml_half *gelu_table, int arith, int isa,
                             const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone)
-    int gguflm_kernels_init(int isa)
 
 _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP_COPY: "COPY",
              GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_ADD: "ADD",
@@ -75,16 +72,15 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
 
 cdef ggml_half GELU_TABLE[65536]
 gguflm_gelu_table_init(GELU_TABLE)
-gguflm_kernels_init(-1)
 
-cdef int _use_avx2 = (os.environ.get("GGUFLM_ISA", "").strip().lower() != "scalar"
-                      and gguflm_has_avx2() and gguflm_has_f16c())
+# every run reads the ISA and arithmetic in force when it starts (gguflm.system sets them) and
+# keeps them to its last node: a plan follows the switch, and one forward pass never mixes ISAs
+cdef const gguflm_dispatch *_switch = bind_dispatch()
 
 
-cdef int _current_arith():
-    """The arithmetic (ggml build) that ops.set_arithmetic chose, as its GGUFLM_ARITH_* id."""
-    from gguflm._ext import ops
-    return ops.ARITHMETICS[ops.current_arithmetic()]
+def dispatch() -> dict:
+    """The ISA and arithmetic a plan run would start with now, read through this module's binding."""
+    return dispatch_names(_switch)
 
 # ggml type ids of the KV cache formats
 _CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -104,20 +100,20 @@ cdef class Plan:
 
     cdef gguflm_node *nodes
     cdef int64_t n_nodes, capacity
-    cdef int arith          # the ggml build whose rounding it reproduces, fixed when recorded
+    cdef gguflm_dispatch ran  # the ISA and arithmetic of the last run (isa < 0: never run)
     cdef list keep          # per step (node or group), the arrays it points into
     cdef list step_nodes    # per step, the index of its first node
     cdef gguflm_guards guards
-    cdef bint guarded
+    cdef readonly bint guarded
     cdef object guard_arrays   # what self.guards points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
 
     def __cinit__(self):
         self.nodes = NULL
         self.n_nodes = self.capacity = 0
+        self.ran.isa = -1
 
     def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
-        self.arith = _current_arith()
         self.keep = []
         self.step_nodes = []
         self.guarded = False
@@ -132,6 +128,11 @@ cdef class Plan:
 
     def __dealloc__(self):
         free(self.nodes)
+
+    @property
+    def last_run(self):
+        """``{"isa", "arithmetic"}`` the last :meth:`run` took from the switch (None before one)."""
+        return dispatch_names(&self.ran) if self.ran.isa >= 0 else None
 
     @property
     def size(self):
@@ -312,13 +313,14 @@ cdef class Plan:
         In guard mode (:meth:`set_guards`) a kernel that wrote outside its buffers raises
         :class:`gguflm.errors.BufferOverrunError`."""
         cdef int64_t k = 0, n = self.n_nodes, bad_node = -1, bad_zone = -1
-        cdef int avx2 = _use_avx2
+        self.ran = _switch[0]
+        cdef int isa = self.ran.isa, arith = self.ran.arith
         cdef const gguflm_guards *guards = &self.guards if self.guarded else NULL
         while k < n:
             if check_abort is not None:
                 check_abort()
             with nogil:
-                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, self.arith, avx2, guards, &bad_node, &bad_zone)
+                k = gguflm_plan_run(self.nodes, k, n, GELU_TABLE, arith, isa, guards, &bad_node, &bad_zone)
             if k == -1:
                 raise MemoryError("a kernel could not allocate its scratch memory")
             if k == -2:

@@ -1,18 +1,23 @@
 """Python entry points of the quantization kernels (``gguflm._ext.quants``).
 
 Thin wrappers: each checks its arguments, then calls a nogil C kernel from ``quants_kernels.h``.
-The public, friendlier API is :mod:`gguflm.quants`. ISA selection is per extension module: at
-import this module picks ``$GGUFLM_ISA`` or the best variant the CPU runs; :func:`set_isa` switches
-it for this module only.
+The public, friendlier API is :mod:`gguflm.quants`. The kernels run the ISA of the one switch,
+:mod:`gguflm.system`, read when each call starts.
 """
-
-import os
 
 import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
+from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from quants_kernels cimport *
+
+cdef const gguflm_dispatch *_switch = bind_dispatch()
+
+
+def dispatch() -> dict:
+    """The ISA and arithmetic this module's kernels would run now, read through its binding."""
+    return dispatch_names(_switch)
 
 
 cdef int _known(int t):
@@ -78,7 +83,7 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
     cdef int64_t rb = _row_bytes(type, k)
     if out.shape[0] != n or out.shape[1] != rb:
         raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
-    cdef gguflm_from_float_fn fn = gguflm_traits[type].from_float_act if activation else gguflm_traits[type].from_float
+    cdef gguflm_from_float_fn fn = gguflm_from_float(_switch.isa, type, activation)
     if n == 0 or k == 0:
         return
     with nogil:
@@ -95,7 +100,7 @@ def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
         raise ValueError(f"blob must be [{n}, {rb}] for {k} elements per row, got [{blob.shape[0]}, {blob.shape[1]}]")
     if n == 0 or k == 0:
         return
-    cdef gguflm_to_float_fn fn = gguflm_traits[type].to_float
+    cdef gguflm_to_float_fn fn = gguflm_to_float(_switch.isa, type)
     with nogil:
         for i in range(n):
             fn(&blob[i, 0], &out[i, 0], k)
@@ -112,7 +117,7 @@ def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -
     cdef float s = 0.0
     if n == 0:
         return 0.0
-    cdef gguflm_gemm_fn dot = gguflm_kernel(GGUFLM_PATH_DOT, wtype)
+    cdef gguflm_gemm_fn dot = gguflm_kernel(_switch.isa, GGUFLM_PATH_DOT, wtype)
     with nogil:
         dot(n, &w[0], 0, 1, &xq[0], 0, 1, &s, 0)
     return s
@@ -128,8 +133,9 @@ def quantize_act(int vec_dot_type, const float[:, ::1] x, uint8_t[:, ::1] out, i
         raise ValueError(f"out must be [{n_tok}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
     if n_tok == 0 or n_in == 0:
         return
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_quantize_act(vec_dot_type, &x[0, 0], n_in, n_tok, n_in, &out[0, 0], n_threads)
+        gguflm_quantize_act(vec_dot_type, &x[0, 0], n_in, n_tok, n_in, &out[0, 0], isa, n_threads)
 
 
 cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t n_tok, float[:, ::1] out,
@@ -164,9 +170,10 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     cdef int64_t n_rows = w.shape[0], n_tok = x.shape[0]
     scratch = np.empty(act_buffer_bytes(gguflm_traits[wtype].vec_dot_type, n_tok, n_in), dtype=np.uint8)
     cdef uint8_t[::1] sv = scratch
+    cdef int isa = _switch.isa
     with nogil:
         gguflm_matmul_f32(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &x[0, 0], n_in, n_tok, &sv[0],
-                          &out[0, 0], n_rows, repacked, n_threads)
+                          &out[0, 0], n_rows, repacked, isa, n_threads)
 
 
 def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
@@ -180,9 +187,10 @@ def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uin
     if not _check_matmul(wtype, w, n_in, xq.shape[0], out, n_threads):
         return
     cdef int64_t n_rows = w.shape[0], n_tok = xq.shape[0]
+    cdef int isa = _switch.isa
     with nogil:
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, repacked,
-                        n_threads)
+                        isa, n_threads)
 
 
 def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids, float[:, ::1] out):
@@ -198,29 +206,9 @@ def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1]
             raise IndexError(f"row id {ids[i]} out of range for {w.shape[0]} rows")
     if n_ids == 0 or n_in == 0:
         return
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in)
-
-
-def supported_isas() -> list[str]:
-    """The kernel variants this CPU can run, best last."""
-    return [gguflm_isa_names[i].decode() for i in range(3) if gguflm_isa_supported(i)]
-
-
-def current_isa() -> str:
-    """The variant this module's kernels use now."""
-    return gguflm_isa_names[gguflm_isa_current].decode()
-
-
-def set_isa(str name) -> str:
-    """Switch this module's kernels to ``name`` (scalar, avx2, avx512); returns the previous one."""
-    previous = current_isa()
-    cdef int isa = gguflm_isa_from_name(name.encode())
-    if isa < 0:
-        raise ValueError(f"unknown ISA {name!r}; expected one of scalar, avx2, avx512")
-    if gguflm_kernels_init(isa) < 0:
-        raise ValueError(f"this CPU cannot run the {name} kernels (it runs {supported_isas()})")
-    return previous
+        gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in, isa)
 
 
 def read_sum(const uint64_t[::1] buf, int n_threads=1) -> int:
@@ -230,13 +218,3 @@ def read_sum(const uint64_t[::1] buf, int n_threads=1) -> int:
     with nogil:
         total = gguflm_read_sum(&buf[0], buf.shape[0], n_threads)
     return total
-
-
-def _init_from_env():
-    requested = os.environ.get("GGUFLM_ISA", "")
-    if gguflm_kernels_init(-1) < 0:
-        raise ImportError(f"GGUFLM_ISA={requested!r}: unknown or not supported by this CPU "
-                          f"(supported: {supported_isas()})")
-
-
-_init_from_env()

@@ -1,11 +1,11 @@
-/* The kernel API other modules call with the GIL released: type traits, run-time ISA dispatch,
- * activation quantization, matmul and get_rows.
+/* The kernel API other modules call with the GIL released: type traits, the kernel tables of each
+ * ISA, activation quantization, matmul and get_rows.
  *
- * Everything here is static, so every extension that includes this header owns a private copy
- * of the dispatch state and must call gguflm_kernels_init() once at import. Functions assume valid
- * arguments (the Python wrappers in quants.pyx check them): type ids with a dot kernel, lengths a
- * multiple of the block size, buffers of the sizes given by gguflm_row_bytes and
- * gguflm_act_buffer_bytes.
+ * Nothing here keeps state: the entry points that pick kernels take the ISA (GGUFLM_ISA_*) as an
+ * argument, which callers read from gguflm._ext.system's one switch when a call starts (see
+ * dispatch.h). Functions assume valid arguments (the Python wrappers in quants.pyx check them):
+ * type ids with a dot kernel, lengths a multiple of the block size, an ISA this CPU runs, buffers
+ * of the sizes given by gguflm_row_bytes and gguflm_act_buffer_bytes.
  */
 #ifndef GGUFLM_QUANTS_KERNELS_H
 #define GGUFLM_QUANTS_KERNELS_H
@@ -62,90 +62,76 @@ static inline int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, i
     return row < 0 ? -1 : row * n_tok;
 }
 
-/* ======================= run-time ISA dispatch ======================= */
+/* ======================= ISA dispatch ======================= */
 
-enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2 };
-static const char *const gguflm_isa_names[] = {"scalar", "avx2", "avx512"};
-
-/* the [path][type] kernel table of the ISA in use */
-static const gguflm_gemm_fn (*gguflm_kernels)[GGUFLM_TYPE_COUNT] = gguflm_kernels_scalar;
-static int gguflm_isa_current = -1;
-
-static inline int gguflm_isa_supported(int isa) {
-    switch (isa) {
-    case GGUFLM_ISA_SCALAR: return 1;
+/* the [path][type] kernel table of isa; scalar where this build has no SIMD variants (off x86,
+ * where the system module never selects another ISA) */
+static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_COUNT] {
 #if GGUFLM_HAVE_SIMD
-    case GGUFLM_ISA_AVX2: return gguflm_has_avx2() && gguflm_has_f16c();
-    case GGUFLM_ISA_AVX512: return gguflm_has_avx2() && gguflm_has_f16c() && gguflm_has_avx512() && gguflm_has_avx512_vnni();
+    if (isa == GGUFLM_ISA_AVX512) return gguflm_kernels_avx512;
+    if (isa == GGUFLM_ISA_AVX2) return gguflm_kernels_avx2;
 #endif
-    default: return 0;
-    }
+    (void)isa;
+    return gguflm_kernels_scalar;
 }
 
-static inline int gguflm_isa_from_name(const char *name) {
-    for (int i = 0; i < 3; ++i) {
-        if (strcmp(name, gguflm_isa_names[i]) == 0) return i;
-    }
-    return -1;
-}
+/* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe) */
+static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) { return gguflm_kernel_table(isa)[path][type]; }
 
-static inline int gguflm_isa_best(void) {
-    for (int isa = GGUFLM_ISA_AVX512; isa > GGUFLM_ISA_SCALAR; --isa) {
-        if (gguflm_isa_supported(isa)) return isa;
-    }
-    return GGUFLM_ISA_SCALAR;
+/* isa's row conversions of type: the traits' portable ones, but F16 rows take F16C in the SIMD
+ * ISAs (the same bits) */
+#if GGUFLM_ROW_F16C
+static void gguflm_dequantize_row_f16_f16c(const void *x, float *y, int64_t k) {
+    gguflm_fp16_to_fp32_row_f16c((const ggml_half *)x, y, k);
 }
-
-/* Select the kernels of isa; isa < 0 means $GGUFLM_ISA when set, else the best this CPU runs.
- * Returns the ISA now in use, or -1 (and keeps the previous choice, or the best one on first use)
- * when the requested ISA is unknown or this CPU cannot run it. Safe to call repeatedly; not while
- * a kernel of the same module runs on another thread. */
-static int gguflm_kernels_init(int isa) {
-    int ok = 1;
-    if (isa < 0) {
-        const char *env = getenv("GGUFLM_ISA");
-        isa = (env && *env) ? gguflm_isa_from_name(env) : gguflm_isa_best();
-    }
-    if (isa < 0 || !gguflm_isa_supported(isa)) {
-        ok = 0;
-        isa = gguflm_isa_current >= 0 ? gguflm_isa_current : gguflm_isa_best();
-    }
-#if GGUFLM_HAVE_SIMD
-    gguflm_kernels = isa == GGUFLM_ISA_AVX512 ? gguflm_kernels_avx512
-                   : isa == GGUFLM_ISA_AVX2   ? gguflm_kernels_avx2
-                                              : gguflm_kernels_scalar;
+static void gguflm_quantize_row_f16_f16c(const float *x, void *y, int64_t k) {
+    gguflm_fp32_to_fp16_row_f16c(x, (ggml_half *)y, k);
+}
 #endif
-    gguflm_isa_current = isa;
-    return ok ? isa : -1;
+
+static inline gguflm_to_float_fn gguflm_to_float(int isa, int type) {
+#if GGUFLM_ROW_F16C
+    if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_dequantize_row_f16_f16c;
+#endif
+    (void)isa;
+    return gguflm_traits[type].to_float;
 }
 
-/* the current ISA's kernel of recipe `path` for weight type `type` (NULL: no such recipe) */
-static inline gguflm_gemm_fn gguflm_kernel(int path, int type) { return gguflm_kernels[path][type]; }
+/* activation: the quantizer ggml's CPU backend uses for src1, else ggml's reference one */
+static inline gguflm_from_float_fn gguflm_from_float(int isa, int type, int activation) {
+#if GGUFLM_ROW_F16C
+    if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_quantize_row_f16_f16c;
+#endif
+    (void)isa;
+    return activation ? gguflm_traits[type].from_float_act : gguflm_traits[type].from_float;
+}
 
 /* ======================= activations ======================= */
 
 /* thread ith of nth quantizes its share of the blocks of every row of x [n_tok, n_in] (row stride
  * x_stride floats) into xq [n_tok, row_bytes(vec_dot_type, n_in)] */
 static void gguflm_quantize_act_part(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                                     void *xq, int ith, int nth) {
+                                     void *xq, int isa, int ith, int nth) {
     const gguflm_type_traits *t = &gguflm_traits[vec_dot_type];
+    const gguflm_from_float_fn from_float = gguflm_from_float(isa, vec_dot_type, 1);
     const int64_t nb = n_in / t->block_size, row_bytes = nb * t->type_size;
     const int64_t b0 = nb * ith / nth, b1 = nb * (ith + 1) / nth;
     if (b1 <= b0) return;
     for (int64_t r = 0; r < n_tok; ++r) {
-        t->from_float_act(x + r * x_stride + b0 * t->block_size, (uint8_t *)xq + r * row_bytes + b0 * t->type_size,
-                          (b1 - b0) * t->block_size);
+        from_float(x + r * x_stride + b0 * t->block_size, (uint8_t *)xq + r * row_bytes + b0 * t->type_size,
+                   (b1 - b0) * t->block_size);
     }
 }
 
 /* x -> xq for the dot partner vec_dot_type, on n_threads threads */
 static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                                void *xq, int n_threads) {
+                                void *xq, int isa, int n_threads) {
     const int64_t nb = n_in / gguflm_traits[vec_dot_type].block_size;
     const int nth = (int)(n_threads < nb ? n_threads : (nb > 0 ? nb : 1));
     /* the team may be smaller than asked (no OpenMP, thread limits): split by its real size */
     #pragma omp parallel num_threads(nth)
-    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, omp_get_thread_num(), omp_get_num_threads());
+    gguflm_quantize_act_part(vec_dot_type, x, x_stride, n_tok, n_in, xq, isa, omp_get_thread_num(),
+                             omp_get_num_threads());
 }
 
 /* ======================= matmul ======================= */
@@ -194,7 +180,7 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
 /* inside a parallel region: every thread takes row chunks of the jobs, in order, from the shared
  * counter *next_chunk (0 before the region) until none are left, so any team size covers every
  * chunk; each chunk runs the recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
-static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok,
+static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
                                  int64_t *next_chunk) {
     gguflm_segment seg[GGUFLM_MAX_JOBS][2];
     int n_seg[GGUFLM_MAX_JOBS];
@@ -217,7 +203,7 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const int64_t r0 = (chunk - first_chunk[j]) * rows[j];
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
-            const gguflm_gemm_fn kernel = gguflm_kernel(seg[j][s].path, job->wtype);
+            const gguflm_gemm_fn kernel = gguflm_kernel(isa, seg[j][s].path, job->wtype);
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += GGUFLM_TOKEN_TILE) {
                 const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[j][s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[j][s].t1) - t0;
                 kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,
@@ -227,21 +213,23 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
     }
 }
 
-/* the jobs (n_jobs <= GGUFLM_MAX_JOBS) of one input of n_tok rows in one parallel region: a thread
- * done with its share of one matrix goes on with the next instead of waiting at a barrier */
-static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int n_threads) {
+/* the jobs (n_jobs <= GGUFLM_MAX_JOBS) of one input of n_tok rows in one parallel region, with isa's
+ * kernels: a thread done with its share of one matrix goes on with the next instead of waiting at
+ * a barrier */
+static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
+                               int n_threads) {
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(jobs, n_jobs, n_tok, n_threads))
-    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, &next_chunk);
+    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, &next_chunk);
 }
 
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
  * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type (one job) */
 static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
-                            int64_t n_tok, float *out, int64_t out_stride, int repacked, int n_threads) {
+                            int64_t n_tok, float *out, int64_t out_stride, int repacked, int isa, int n_threads) {
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)xq, out,
                                    out_stride};
-    gguflm_matmul_jobs(&job, 1, n_in, n_tok, n_threads);
+    gguflm_matmul_jobs(&job, 1, n_in, n_tok, isa, n_threads);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -249,23 +237,24 @@ static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t 
  * parallel region as ggml does it */
 static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const float *x,
                               int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
-                              int repacked, int n_threads) {
+                              int repacked, int isa, int n_threads) {
     const int vdt = gguflm_traits[wtype].vec_dot_type;
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)scratch,
                                    out, out_stride};
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(&job, 1, n_tok, n_threads))
     {
-        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, omp_get_thread_num(), omp_get_num_threads());
+        gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, isa, omp_get_thread_num(),
+                                 omp_get_num_threads());
         #pragma omp barrier
-        gguflm_matmul_worker(&job, 1, n_in, n_tok, &next_chunk);
+        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, &next_chunk);
     }
 }
 
 /* out[i] = row ids[i] of W dequantized (embedding lookup); ids must be in range */
 static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids, int64_t n_ids,
-                            float *out, int64_t out_stride) {
-    const gguflm_to_float_fn to_float = gguflm_traits[type].to_float;
+                            float *out, int64_t out_stride, int isa) {
+    const gguflm_to_float_fn to_float = gguflm_to_float(isa, type);
     for (int64_t i = 0; i < n_ids; ++i) to_float((const uint8_t *)w + ids[i] * w_stride, out + i * out_stride, n_in);
 }
 

@@ -1,16 +1,19 @@
 # The nogil C API of the quantization kernels, for other Cython modules:
-#     from quants_kernels cimport gguflm_kernels_init, gguflm_matmul_q, gguflm_act_buffer_bytes, ...
-# The kernels are static functions in headers, so each importing extension gets its own copy and
-# must call gguflm_kernels_init(-1) once at import (it honours $GGUFLM_ISA and returns -1 when that
-# names an ISA this CPU lacks, keeping the best one). Arguments are not checked at this level.
+#     from quants_kernels cimport gguflm_matmul_q, gguflm_act_buffer_bytes, ...
+# The kernels are static functions in headers (each importing extension compiles its own copy) and
+# keep no state: the ones that pick kernels take the ISA, which a caller reads from the one switch
+# (dispatch.pxd) when its call starts. Arguments are not checked at this level.
 #
 # A projection that shares its input (Q, K, V; gate, up), as tests/test_quants_pxd.py does:
+#     from dispatch cimport bind_dispatch, gguflm_dispatch
+#     cdef const gguflm_dispatch *switch = bind_dispatch()     # once, at import
 #     vdt = gguflm_traits[wtype].vec_dot_type
 #     xq = <buffer of gguflm_act_buffer_bytes(vdt, n_tok, n_embd) bytes, owned by the caller>
+#     isa = switch.isa
 #     with nogil:
-#         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, n_threads)
-#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, n_threads)
-#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, n_threads)
+#         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, isa, n_threads)
+#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, isa, n_threads)
+#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, isa, n_threads)
 # Weights of different types need activations in their own partner types (one buffer each).
 # n_threads: the context's n_threads for one token, n_threads_batch for more.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
@@ -18,9 +21,6 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 cdef extern from "quants_kernels.h" nogil:
     enum:
         GGUFLM_TYPE_COUNT
-        GGUFLM_ISA_SCALAR
-        GGUFLM_ISA_AVX2
-        GGUFLM_ISA_AVX512
         GGUFLM_PATH_DOT
 
     # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt (see quants_dot.h)
@@ -39,31 +39,32 @@ cdef extern from "quants_kernels.h" nogil:
         gguflm_from_float_fn from_float_act    # activations: ggml's CPU from_float
 
     const gguflm_type_traits gguflm_traits[]
-    const char *const gguflm_isa_names[]
-    int gguflm_isa_current
 
     int gguflm_type_known(int type)
     int64_t gguflm_row_bytes(int type, int64_t n)
     int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, int64_t n_in)
 
-    int gguflm_kernels_init(int isa)
-    int gguflm_isa_supported(int isa)
-    int gguflm_isa_from_name(const char *name)
-    gguflm_gemm_fn gguflm_kernel(int path, int type)
+    # isa's kernel of recipe path for a weight type (NULL: none); isa is a GGUFLM_ISA_* (dispatch.pxd)
+    gguflm_gemm_fn gguflm_kernel(int isa, int path, int type)
+    # isa's row conversions of a type (the traits' ones, but F16C for F16 rows in the SIMD ISAs);
+    # activation: the quantizer ggml's CPU backend uses for src1
+    gguflm_to_float_fn gguflm_to_float(int isa, int type)
+    gguflm_from_float_fn gguflm_from_float(int isa, int type, int activation)
 
     # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
     void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
-                             void *xq, int n_threads)
+                             void *xq, int isa, int n_threads)
     # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with llama.cpp's
-    # arithmetic for this shape; repacked = 0 for a token embedding used as the output matrix
+    # arithmetic for this shape, on isa's kernels; repacked = 0 for a token embedding used as the
+    # output matrix
     void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                          const void *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
-                         int n_threads)
+                         int isa, int n_threads)
     # the same from float x, quantized into scratch (act_buffer_bytes) inside the one parallel region
     void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                            const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
-                           int64_t out_stride, int repacked, int n_threads)
+                           int64_t out_stride, int repacked, int isa, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
-                         int64_t n_ids, float *out, int64_t out_stride)
+                         int64_t n_ids, float *out, int64_t out_stride, int isa)
     uint64_t gguflm_read_sum(const uint64_t *buf, int64_t n_words, int n_threads)

@@ -1,6 +1,7 @@
 /* The SIMD dot kernels: quants_simd_body.h compiled once for AVX2 (+FMA, F16C) and once for
- * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no -march flag; gguflm_kernels_init picks a
- * table at run time from the CPU's features). Off x86, or without GCC's target pragmas, only the
+ * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no
+ * -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features, and
+ * gguflm_kernel_table maps it to a table). Off x86, or without GCC's target pragmas, only the
  * scalar kernels exist.
  *
  * Test harnesses may define GGUFLM_SIMDE: the intrinsics then come from SIMDe's portable

@@ -6,11 +6,8 @@ Work per call is one row of at most a vocabulary, so every kernel runs on the ca
 
 Orderings reproduce llama.cpp's exactly, ties included: GCC's ``std::sort``/``std::partial_sort``
 move for move, and llama.cpp's bucket sort. The partial sort's scan has scalar, AVX2 and AVX-512
-variants; the best one the CPU runs is chosen at import, capped by the environment variable
-``GGUFLM_ISA`` (``scalar``, ``avx2`` or ``avx512``).
+variants; a call runs the ISA of the one switch, :mod:`gguflm.system`, unless it names one.
 """
-
-import os
 
 import numpy as np
 
@@ -18,6 +15,9 @@ from libc.float cimport FLT_MAX
 from libc.math cimport INFINITY, logf, pow, powf, sqrtf
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
+
+from gguflm._ext import system as _system
 
 
 cdef extern from "sampling_kernels.h" nogil:
@@ -30,11 +30,6 @@ cdef extern from "sampling_kernels.h" nogil:
     float gguflm_mt_uniform_float(gguflm_mt19937 *g)
     void gguflm_std_sort_positions(const float *keys, int64_t n, int32_t *out, uint64_t *scratch)
     ctypedef int64_t (*gguflm_scan_fn)(const float *logits, int64_t i, int64_t n, float thr)
-    enum:
-        GGUFLM_ISA_SCALAR
-        GGUFLM_ISA_AVX2
-        GGUFLM_ISA_AVX512
-    int gguflm_sampling_isa(int max_isa)
     gguflm_scan_fn gguflm_scan_for_isa(int isa)
     void gguflm_llama_partial_sort(const float *logits, int64_t n, int64_t npartial,
                                    int32_t *out, uint64_t *scratch, gguflm_scan_fn scan)
@@ -47,31 +42,27 @@ cdef extern from "sampling_kernels.h" nogil:
     float gguflm_max_logit(const float *logits, int64_t n)
 
 
-#: variant names, in increasing order
-ISA_NAMES = ("scalar", "avx2", "avx512")
+cdef const gguflm_dispatch *_switch = bind_dispatch()
+
+
+def dispatch() -> dict:
+    """The ISA and arithmetic this module's kernels would run now, read through its binding."""
+    return dispatch_names(_switch)
 
 
 def available_isas() -> tuple:
-    """The partial sort's scan variants this CPU can run, scalar first."""
-    return ISA_NAMES[:gguflm_sampling_isa(GGUFLM_ISA_AVX512) + 1]
+    """The top-k scan variants this machine runs, scalar first."""
+    return tuple(_system.supported_isas())
 
 
 def _isa_level(name) -> int:
     if name is None:
-        return _default_isa
-    if name not in ISA_NAMES:
-        raise ValueError(f"unknown ISA {name!r}; expected one of {ISA_NAMES}")
-    level = ISA_NAMES.index(name)
-    if level >= len(available_isas()):
-        raise ValueError(f"this CPU cannot run the {name} variant")
-    return level
-
-
-_requested = os.environ.get("GGUFLM_ISA", "").strip().lower()
-_default_isa = gguflm_sampling_isa(
-    ISA_NAMES.index(_requested) if _requested in ISA_NAMES else GGUFLM_ISA_AVX512)
-#: the variant used when none is named
-DEFAULT_ISA = ISA_NAMES[_default_isa]
+        return _switch.isa
+    if name not in _system.ISAS:
+        raise ValueError(f"unknown ISA {name!r}; expected one of {_system.ISAS}")
+    if name not in available_isas():
+        raise ValueError(f"this machine cannot run the {name} variant")
+    return _system.ISAS.index(name)
 
 
 cdef class MT19937:
@@ -178,8 +169,8 @@ def partial_sort_positions(const float[::1] logits, Py_ssize_t k, int32_t[::1] o
     Up to 128 that is GCC's ``std::partial_sort`` over the whole row, above it llama.cpp's bucket
     sort; equal logits land where those algorithms move them (NaN ranks last). Returns how many
     were written (``min(k, len(logits))``, 0 for k <= 0). ``out`` needs that many entries and
-    ``scratch`` ``3 * len(logits)`` words. ``isa`` names the scan variant (default:
-    :data:`DEFAULT_ISA`).
+    ``scratch`` ``3 * len(logits)`` words. ``isa`` names the scan variant (default: the ISA in
+    force).
     """
     cdef Py_ssize_t n = logits.shape[0]
     cdef gguflm_scan_fn scan = gguflm_scan_for_isa(_isa_level(isa))

@@ -483,19 +483,7 @@ static int64_t gguflm_scan_above_avx512(const float *logits, int64_t i, int64_t 
 }
 #endif
 
-enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2 };
-
-/* the best variant this CPU runs, capped at max_isa */
-static int gguflm_sampling_isa(int max_isa) {
-    int isa = GGUFLM_ISA_SCALAR;
-    if (gguflm_has_avx512()) {
-        isa = GGUFLM_ISA_AVX512;
-    } else if (gguflm_has_avx2()) {
-        isa = GGUFLM_ISA_AVX2;
-    }
-    return isa < max_isa ? isa : max_isa;
-}
-
+/* isa's scan (GGUFLM_ISA_*, dispatch.h); the avx512 ISA's CPUs run the AVX-512F one */
 static gguflm_scan_fn gguflm_scan_for_isa(int isa) {
 #if GGUFLM_X86
     if (isa >= GGUFLM_ISA_AVX512) {

@@ -1,8 +1,25 @@
-"""Build facts, CPU features and the first OpenMP loop (proves the Cython → C → -fopenmp path)."""
+"""The machine and the one switch of every kernel (``gguflm._ext.system``; public face:
+:mod:`gguflm.system`).
+
+This module owns the only dispatch state (``dispatch.h``): the instruction set (ISA) the kernels
+run and the ggml x86 build whose float arithmetic they reproduce. At import it decides what the
+CPU and the OS enable (``cpu_features.h``: CPUID and XCR0), starts from the best ISA and from the
+arithmetic of llama.cpp's native build for this CPU, then applies ``GGUFLM_ISA`` and
+``GGUFLM_ARITH``, the only place those variables are read. The quants, ops, plan and sampling
+extensions hold a read-only pointer to the state (``dispatch.pxd``) and read it when a call starts.
+
+Also here: build facts and the first OpenMP loop (proves the Cython -> C -> -fopenmp path).
+"""
+
+import os
 
 import numpy as np
 
+from cpython.pycapsule cimport PyCapsule_New
 from cython.parallel cimport parallel, prange
+from libc.stdint cimport uint32_t, uint64_t
+from dispatch cimport (GGUFLM_ARITH_COUNT, GGUFLM_DISPATCH_CAPSULE, GGUFLM_ISA_COUNT, gguflm_arith_names,
+                       gguflm_dispatch, gguflm_isa_names)
 
 
 cdef extern from "omp_compat.h" nogil:
@@ -13,10 +30,160 @@ cdef extern from "omp_compat.h" nogil:
 
 cdef extern from "cpu_features.h" nogil:
     const char *GGUFLM_COMPILER
-    int gguflm_has_avx2()
-    int gguflm_has_f16c()
-    int gguflm_has_avx512()
-    int gguflm_has_avx512_vnni()
+    ctypedef struct gguflm_cpuid_words:
+        uint32_t max_leaf, ecx1, ebx7, ecx7, edx7
+        uint64_t xcr0
+    ctypedef struct gguflm_cpu_features:
+        uint32_t cpu, os, usable
+    enum:
+        GGUFLM_CPU_FEATURE_COUNT
+        GGUFLM_CPU_AMX_TILE
+        GGUFLM_CPU_AMX_INT8
+        GGUFLM_OS_AVX
+        GGUFLM_OS_AVX512
+        GGUFLM_OS_AMX
+    const char *const gguflm_cpu_feature_names[]
+    const uint32_t gguflm_isa_needs[]
+    gguflm_cpuid_words gguflm_cpu_read()
+    gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w)
+    int gguflm_isa_runs(const gguflm_cpu_features *f, int isa)
+    int gguflm_isa_best(const gguflm_cpu_features *f)
+    int gguflm_arith_native(const gguflm_cpu_features *f)
+    int gguflm_amx_permitted()
+    int gguflm_amx_request()
+
+
+#: every kernel variant, in increasing order of what it needs
+ISAS = tuple(gguflm_isa_names[i].decode() for i in range(GGUFLM_ISA_COUNT))
+#: the ggml x86 builds whose float rounding the kernels can reproduce
+ARITHMETICS = tuple(gguflm_arith_names[i].decode() for i in range(GGUFLM_ARITH_COUNT))
+FEATURES = tuple(gguflm_cpu_feature_names[i].decode() for i in range(GGUFLM_CPU_FEATURE_COUNT))
+
+cdef gguflm_cpuid_words _words = gguflm_cpu_read()
+cdef gguflm_cpu_features _machine = gguflm_cpu_decide(&_words)
+cdef gguflm_dispatch _state
+_state.isa = gguflm_isa_best(&_machine)
+_state.arith = gguflm_arith_native(&_machine)
+cdef int _amx_granted = -1  # not asked yet
+
+
+cdef dict _flags(uint32_t bits):
+    return {name: bool(bits >> i & 1) for i, name in enumerate(FEATURES)}
+
+
+cdef list _isas(const gguflm_cpu_features *f):
+    return [name for i, name in enumerate(ISAS) if gguflm_isa_runs(f, i)]
+
+
+cdef dict _describe(const gguflm_cpu_features *f):
+    return {
+        "cpu": _flags(f.cpu),
+        "os": {"avx": bool(f.os & GGUFLM_OS_AVX), "avx512": bool(f.os & GGUFLM_OS_AVX512),
+               "amx": bool(f.os & GGUFLM_OS_AMX)},
+        "usable": _flags(f.usable),
+        "isas": _isas(f),
+        "native_arithmetic": ARITHMETICS[gguflm_arith_native(f)],
+    }
+
+
+cdef gguflm_cpuid_words _words_from(dict words) except *:
+    cdef gguflm_cpuid_words w
+    w.max_leaf, w.ecx1, w.ebx7 = words["max_leaf"], words["ecx1"], words["ebx7"]
+    w.ecx7, w.edx7, w.xcr0 = words["ecx7"], words["edx7"], words["xcr0"]
+    return w
+
+
+def decide_features(dict words) -> dict:
+    """The decision this module takes on a machine with the CPUID and XCR0 ``words`` (the keys of
+    :func:`cpu_words`).
+
+    Returns ``cpu`` (feature -> CPUID advertises it), ``os`` (``avx``, ``avx512``, ``amx`` ->
+    XCR0 enables that register state; nothing without OSXSAVE), ``usable`` (feature -> both),
+    ``isas`` (the kernel variants it runs) and ``native_arithmetic``.
+    """
+    cdef gguflm_cpuid_words w = _words_from(words)
+    cdef gguflm_cpu_features f = gguflm_cpu_decide(&w)
+    return _describe(&f)
+
+
+def cpu_words() -> dict:
+    """This machine's CPUID and XCR0 words, as :func:`decide_features` takes them."""
+    return {"max_leaf": _words.max_leaf, "ecx1": _words.ecx1, "ebx7": _words.ebx7, "ecx7": _words.ecx7,
+            "edx7": _words.edx7, "xcr0": _words.xcr0}
+
+
+def cpu_features() -> dict:
+    """:func:`decide_features` of this machine."""
+    return _describe(&_machine)
+
+
+def _simulate_machine(dict words=None) -> None:
+    """Tests: check ISAs as on a machine with these CPUID/XCR0 words (keys of :func:`cpu_words`);
+    None: this machine again. The kernels keep running the ISA in force."""
+    global _machine
+    cdef gguflm_cpuid_words w = _words if words is None else _words_from(words)
+    _machine = gguflm_cpu_decide(&w)
+
+
+def supported_isas() -> list[str]:
+    """The kernel variants this CPU and OS run, best last."""
+    return _isas(&_machine)
+
+
+def current_isa() -> str:
+    return ISAS[_state.isa]
+
+
+def set_isa(str name) -> str:
+    """Make every kernel run ``name``'s variant from their next call on; returns the previous one."""
+    if name not in ISAS:
+        raise ValueError(f"unknown ISA {name!r}; expected one of {', '.join(ISAS)}")
+    cdef int isa = ISAS.index(name)
+    if not gguflm_isa_runs(&_machine, isa):
+        needs = gguflm_isa_needs[isa]
+        missing = [f"{feature} ({'the OS does not enable it' if _machine.cpu >> i & 1 else 'not in this CPU'})"
+                   for i, feature in enumerate(FEATURES) if needs >> i & 1 and not _machine.usable >> i & 1]
+        raise ValueError(f"this machine cannot run the {name} kernels: {', '.join(missing)}; it runs "
+                         f"{', '.join(supported_isas())}")
+    previous = current_isa()
+    _state.isa = isa
+    return previous
+
+
+def current_arithmetic() -> str:
+    return ARITHMETICS[_state.arith]
+
+
+def set_arithmetic(str name) -> str:
+    """Reproduce ggml-cpu's ``name`` x86 build's float rounding from the next call on (any ISA
+    computes either); returns the previous one."""
+    if name not in ARITHMETICS:
+        raise ValueError(f"unknown arithmetic {name!r}; expected one of {', '.join(ARITHMETICS)}")
+    previous = current_arithmetic()
+    _state.arith = ARITHMETICS.index(name)
+    return previous
+
+
+def amx() -> dict:
+    """AMX tiles: ``cpu`` (CPUID has AMX-TILE and AMX-INT8), ``os`` (XCR0 enables the tile state),
+    ``permitted`` (the kernel has granted this process the tile data state)."""
+    return {"cpu": bool(_machine.cpu & GGUFLM_CPU_AMX_TILE and _machine.cpu & GGUFLM_CPU_AMX_INT8),
+            "os": bool(_machine.os & GGUFLM_OS_AMX), "permitted": bool(gguflm_amx_permitted())}
+
+
+def request_amx() -> bool:
+    """Ask the kernel, once per process, for the tile data state (Linux); True when AMX may run.
+
+    Never asked when the CPU or the OS lacks AMX. Asked only on demand: a grant makes every
+    signal frame of the process larger, for nothing while no kernel uses tiles.
+    """
+    global _amx_granted
+    state = amx()
+    if not (state["cpu"] and state["os"]):
+        return False
+    if _amx_granted < 0:
+        _amx_granted = gguflm_amx_request()
+    return bool(_amx_granted)
 
 
 def build_info() -> dict:
@@ -26,16 +193,6 @@ def build_info() -> dict:
         "openmp": bool(GGUFLM_HAVE_OPENMP),
         "omp_max_threads": omp_get_max_threads(),
         "omp_num_procs": omp_get_num_procs(),
-    }
-
-
-def cpu_features() -> dict:
-    """What this CPU can run, as the kernels' run-time dispatch sees it."""
-    return {
-        "avx2": bool(gguflm_has_avx2()),
-        "f16c": bool(gguflm_has_f16c()),
-        "avx512": bool(gguflm_has_avx512()),
-        "avx512_vnni": bool(gguflm_has_avx512_vnni()),
     }
 
 
@@ -56,3 +213,18 @@ def parallel_sum_squares(const float[::1] x, int n_threads):
             total += <double>x[i] * x[i]
             owner[i] = omp_get_thread_num()
     return total, thread_of_item
+
+
+def _apply_environment() -> None:
+    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic)):
+        value = os.environ.get(variable, "").strip().lower()
+        if value:
+            try:
+                setter(value)
+            except ValueError as e:
+                raise ImportError(f"{variable}={value!r}: {e}") from None
+
+
+_apply_environment()
+# published last: a module that binds it sees the environment applied
+_dispatch = PyCapsule_New(<void *>&_state, GGUFLM_DISPATCH_CAPSULE, NULL)

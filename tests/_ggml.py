@@ -17,6 +17,8 @@ import os
 import numpy as np
 import pytest
 
+from _llama import require_peer
+
 try:
     import llama_cpp
 except ImportError:  # pragma: no cover - depends on the environment
@@ -40,8 +42,7 @@ _LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_vo
 
 @functools.cache
 def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    if llama_cpp is None:
-        pytest.skip("llama-cpp-python is not installed (ggml-cpu is the reference peer for exactness checks)")
+    require_peer()  # installed, and a build that computes here (one that dies is no oracle)
     folder = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     base = ctypes.CDLL(os.path.join(folder, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(os.path.join(folder, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)

@@ -3,12 +3,21 @@
 ``LlamaVocab(path)`` loads a GGUF file vocab-only and answers with llama.cpp's own tokenize,
 token_to_piece and detokenize. Tests that need it skip when ``llama_cpp`` is not importable: it is a
 reference peer, not a dependency.
+
+Tests that run llama.cpp's kernels (decode, ggml ops) call :func:`require_peer` instead: a build
+that cannot compute on this machine (llama-cpp-python built natively where the CPU advertises AMX
+but the OS does not grant it dies with SIGILL on a 512-token prompt) makes them skip, never crash
+the run.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import signal
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -31,6 +40,49 @@ def require_llama() -> None:
     if L is None:
         pytest.skip("llama-cpp-python is not installed (reference peer for exactness checks)")
     _backend()
+
+
+TINY_MODEL = Path(__file__).resolve().parent / "data" / "arch" / "llama.gguf"
+
+# a 512-token prompt in one ubatch: the batch size at which llama.cpp's matmuls take their widest
+# paths (AMX tiles, where built in), on a tiny model with Q8_0/Q4_K/Q4_1/Q5_0/Q6_K weights
+_PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, verbose=False)
+llm.eval([3 + i % 300 for i in range(512)])
+"""
+
+
+@functools.cache
+def peer_problem() -> str | None:
+    """Why llama.cpp cannot serve as the computing peer on this machine, or None.
+
+    Probed once per session in a child process, so that a build that dies does not take the test
+    run with it.
+    """
+    if L is None:
+        return "llama-cpp-python is not installed (reference peer for exactness checks)"
+    try:
+        run = subprocess.run([sys.executable, "-c", _PROBE, str(TINY_MODEL)], capture_output=True, text=True,
+                             timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llama-cpp-python did not finish a 512-token prompt on a tiny model within 300 s"
+    if run.returncode < 0:
+        return (f"llama-cpp-python's build dies with {signal.Signals(-run.returncode).name} on a 512-token "
+                "prompt on this machine (built natively for instructions the OS does not grant, such as "
+                "AMX); rebuild it as .ci/run does")
+    if run.returncode != 0:
+        return f"llama-cpp-python fails a 512-token prompt on a tiny model: {run.stderr.strip()[-500:]}"
+    return None
+
+
+def require_peer() -> types.ModuleType:
+    """``llama_cpp``, once it has shown that it computes here; skips the test otherwise."""
+    problem = peer_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    import llama_cpp
+    return llama_cpp
 
 
 class LlamaVocab:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from _llama import require_peer
 from gguflm.bench import memory
 from gguflm.bench.__main__ import main as bench_main
 
@@ -19,7 +20,7 @@ def test_gguflm_figures_from_a_fresh_process(smollm_path):
 
 
 def test_table_beside_llama_cpp(smollm_path, capsys):
-    pytest.importorskip("llama_cpp")
+    require_peer()
     assert bench_main(["memory", "-m", str(smollm_path), "-c", "256", "-p", "32", "-n", "4", "-r", "1",
                        "-t", "1", "--compare", "llama-cpp"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from test_vocab import read_suite
 
+from _llama import require_peer
+
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 CLI = [sys.executable, "-m", "gguflm.cli"]
 
@@ -75,7 +77,7 @@ def test_bench_prints_a_llama_bench_table(smollm_path):
 
 
 def test_bench_json_and_compare_with_llama_cpp(smollm_path):
-    pytest.importorskip("llama_cpp")
+    require_peer()
     done = gguflm("bench", "-m", str(smollm_path), "-p", "16", "-n", "4", "-r", "2", "-t", "1",
                   "--compare", "llama-cpp", "-o", "json")
     assert done.returncode == 0, done.stderr

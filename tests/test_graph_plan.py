@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gguflm import Batch, Context, Model, quants
+from gguflm import Batch, Context, Model, quants, system
 from gguflm.errors import BufferOverrunError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Arena, Graph, UBatch
@@ -170,15 +170,17 @@ def test_guard_mode_catches_a_write_past_a_buffer(overrun):
         plan.run()
 
 
-def test_guard_mode_runs_a_model(monkeypatch):
-    """GGUFLM_GUARD=1: a real forward pass is laid out with guards, checked, and gives the same
+def test_guard_mode_runs_a_model():
+    """Guard mode: a real forward pass is laid out with guards, checked, and gives the same
     logits as without them."""
     with Model.load(ARCH_DIR / "gemma3.gguf") as model:
         logits = []
-        for guard in ("0", "1"):
-            monkeypatch.setenv("GGUFLM_GUARD", guard)
+        for guard in (False, True):
+            previous = system.set_guard_mode(guard)
             with Context(model, n_ctx=256, n_ubatch=7) as ctx:
                 assert ctx.decode(Batch.get_one(list(range(3, 23)))) == 0
                 assert ctx.decode(Batch.get_one([5])) == 0
                 logits.append(ctx.get_logits_ith(-1).copy())
+                assert any(plan.guarded for plan in ctx._plans.values()) == guard
+            system.set_guard_mode(previous)
         np.testing.assert_array_equal(*logits)

@@ -24,6 +24,7 @@ import gguflm
 from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error, LoadCancelled
 from gguflm.llm import LLM
+from _llama import require_peer
 
 ARCH = Path(__file__).resolve().parent / "data" / "arch"
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
@@ -527,7 +528,7 @@ def _shape(value):
 
 
 def test_dict_shapes_equal_llama_cpp_python(smol, smollm_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = require_peer()
     ref = llama_cpp.Llama(str(smollm_path), n_ctx=512, n_threads=1, n_threads_batch=1,
                           verbose=False, logits_all=True)
     try:

@@ -5,23 +5,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gguflm import system
 from gguflm._ext import ops
-from gguflm._ext.system import cpu_features
 
-ISAS = ["scalar"] + (["avx2"] if cpu_features()["avx2"] and cpu_features()["f16c"] else [])
+ISAS = system.supported_isas()
 
 
 def f16(x):
     return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
 
 
-@pytest.fixture(params=sorted(ops.ARITHMETICS))
+@pytest.fixture(params=system.ARITHMETICS)
 def arithmetic(request):
     """Each ggml build's float rounding in turn, the default restored afterwards."""
-    before = ops.current_arithmetic()
-    ops.set_arithmetic(request.param)
-    yield request.param
-    ops.set_arithmetic(before)
+    with system.using(arithmetic=request.param):
+        yield request.param
 
 
 @settings(max_examples=40, deadline=None)
@@ -216,12 +214,9 @@ def test_attention_matches_reference(isa, cache_dtype, n_swa, softcap, arithmeti
     rng = np.random.default_rng(3)
     q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, cache_dtype)
     out = np.empty((q.shape[0], 4 * 32), np.float32)
-    ops.set_isa(isa)
-    try:
+    with system.using(isa=isa):
         ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125, out,
                       n_swa=n_swa, softcap=softcap, n_threads=2)
-    finally:
-        ops.set_isa(ISAS[-1])
     ref = attention_reference(q, k, v, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125,
                               n_swa=n_swa, softcap=softcap)
     # probabilities are rounded to fp16 for an fp16 V (as ggml does): an ulp of float exp moves an
@@ -253,31 +248,29 @@ def test_attention_isas_agree_bit_for_bit(arithmetic, n_tok, cache_dtype, dk, dv
     q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, cache_dtype, n_tok=n_tok, dk=dk, dv=dv)
     results = []
     for isa in ISAS:
-        ops.set_isa(isa)
         out = np.empty((q.shape[0], 4 * dv), np.float32)
-        ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, dk, dv, 0.125, out)
+        with system.using(isa=isa):
+            ops.attention(q, k, tname(k), v, tname(v), 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, dk, dv, 0.125,
+                          out)
         results.append(out)
-    ops.set_isa(ISAS[-1])
-    np.testing.assert_array_equal(results[0], results[1])
+    for isa, out in zip(ISAS[1:], results[1:]):
+        np.testing.assert_array_equal(out, results[0], err_msg=isa)
 
 
 def test_attention_arithmetics_round_differently():
     """The AVX2 and AVX-512 builds' roundings are both faithful, but they are not the same."""
     rng = np.random.default_rng(6)
     q, k, v, cell_pos, cell_seq, tok_pos, tok_seq = make_case(rng, np.float16)
-    before, outs = ops.current_arithmetic(), {}
-    try:
-        for name in ops.ARITHMETICS:
-            ops.set_arithmetic(name)
-            outs[name] = np.empty((q.shape[0], 128), np.float32)
+    outs = {}
+    for name in system.ARITHMETICS:
+        outs[name] = np.empty((q.shape[0], 128), np.float32)
+        with system.using(arithmetic=name):
             ops.attention(q, k, "f16", v, "f16", 80, cell_pos, cell_seq, tok_pos, tok_seq, 4, 2, 64, 32, 0.125,
                           outs[name])
-    finally:
-        ops.set_arithmetic(before)
     assert not np.array_equal(outs["avx2"], outs["avx512"])
     np.testing.assert_allclose(outs["avx2"], outs["avx512"], rtol=0, atol=1e-5)
     with pytest.raises(ValueError):
-        ops.set_arithmetic("sse")
+        system.set_arithmetic("sse")
 
 
 def test_attention_thread_count_does_not_change_results():

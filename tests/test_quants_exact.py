@@ -7,7 +7,6 @@ gguflm are also checked against ggml-cpu's own vec_dot functions and its ggml_mu
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from fractions import Fraction
 
 import numpy as np
@@ -18,21 +17,13 @@ from hypothesis import strategies as st
 import _ggml
 import ggml_lanes as lanes
 import gguflm.quants as q
+from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES
 
-ISAS = q.supported_isas()
-
-
-@contextmanager
-def using_isa(name: str):
-    previous = q.set_isa(name)
-    try:
-        yield
-    finally:
-        q.set_isa(previous)
+ISAS = system.supported_isas()
 
 
 def _bits(a) -> np.ndarray:
@@ -81,7 +72,7 @@ def test_vec_dot_is_ggml_vec_dot(t, data):
     xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, int8_min=-127))
     expected = lanes.vec_dot(t, w.reshape(1, -1), xq.reshape(1, -1))[0, 0]
     for name in ISAS:
-        with using_isa(name):
+        with system.using(isa=name):
             assert _bits(q._k.vec_dot(int(t), w, xq, n)) == _bits(expected), name
 
 
@@ -109,7 +100,7 @@ def test_matmul_takes_llama_cpp_recipes(t):
         for repacked in ((True, False) if t in (GGMLType.Q4_0, GGMLType.Q4_K) else (True,)):
             expected = _bits(lanes.matmul_reference(t, w, xq, n_in, repacked))
             for name in ISAS:
-                with using_isa(name):
+                with system.using(isa=name):
                     for n_threads in (1, 2):
                         got = q.matmul_quantized(w, t, xq, n_threads=n_threads, repacked=repacked)
                         assert np.array_equal(_bits(got), expected), (name, n_rows, n_tok, repacked, n_threads)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gguflm.quants as q
+from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, check_fp16_conversions, generate_data, gguf_tensors
@@ -85,9 +86,13 @@ def test_dequantize_matches_gguf_package(name, data):
     assert np.array_equal(got.view(np.uint32), expected.astype(np.float32).view(np.uint32))
 
 
-def test_fp16_conversion_is_exact_both_ways():
-    f16 = q.get("F16")  # F16C rows on CPUs that have it
-    check_fp16_conversions(f16.dequantize, lambda x: f16.quantize(x).view(np.uint16))
+@pytest.mark.parametrize("isa", system.supported_isas())
+def test_fp16_conversion_is_exact_both_ways(isa):
+    f16 = q.get("F16")  # F16C rows in the SIMD ISAs, the portable ones in scalar
+    with system.using(isa=isa):
+        check_fp16_conversions(f16.dequantize, lambda x: f16.quantize(x).view(np.uint16))
+        check_fp16_conversions(lambda h: q.get_rows(h[None].view(np.uint8), "F16", np.zeros(1, np.int32))[0],
+                               lambda x: q.quantize_rows_for_dot("F16", x[None]).view(np.uint16)[0])
 
 
 def test_bf16_nan_stays_nan_and_quiet():

@@ -8,11 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gguflm.quants as q
+from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, reference_matmul
 
-ISAS = q.supported_isas()
+ISAS = system.supported_isas()
 # float32 accumulation over at most a few thousand terms, relative to the sum of |terms| that ggml
 # adds in float (quants_oracles.weight_parts splits off the parts it adds separately)
 RTOL = 2e-6
@@ -21,9 +22,9 @@ RTOL = 2e-6
 @pytest.fixture
 def isa():
     """Restores the ISA a test switches."""
-    previous = q.current_isa()
+    previous = system.current_isa()
     yield
-    q.set_isa(previous)
+    system.set_isa(previous)
 
 
 def _n_in(fmt, blocks):
@@ -56,13 +57,9 @@ def test_every_isa_equals_scalar(t, data):
     w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
     xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
     results = {}
-    previous = q.current_isa()
-    try:
-        for name in ISAS:
-            q.set_isa(name)
+    for name in ISAS:
+        with system.using(isa=name):
             results[name] = np.float32(q._k.vec_dot(int(t), w, xq, n))
-    finally:
-        q.set_isa(previous)
     for name, value in results.items():
         assert value.view(np.uint32) == results["scalar"].view(np.uint32), name
 
@@ -79,7 +76,7 @@ def test_matmul_equals_reference_all_isas_and_threads(t, n_tok, isa):
     ref, mag = reference_matmul(t, w, xq, n_in)
     first = None
     for name in ISAS:
-        q.set_isa(name)
+        system.set_isa(name)
         for n_threads in (1, 2):
             out = q.matmul(w, t, x, n_threads=n_threads)
             assert out.shape == (n_tok, n_rows) and out.dtype == np.float32
@@ -102,7 +99,7 @@ def test_legacy_matmul_isas_agree_bit_for_bit(t, n_in, n_tok, isa):
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     outs = {}
     for name in ISAS:
-        q.set_isa(name)
+        system.set_isa(name)
         outs[name] = q.matmul(w, t, x, n_threads=2)
     for name, out in outs.items():
         np.testing.assert_array_equal(out, outs["scalar"], err_msg=name)
@@ -119,7 +116,7 @@ def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     half = n_rows // 2
     for name in ISAS:
-        q.set_isa(name)
+        system.set_isa(name)
         whole = q.matmul(w, t, x, n_threads=2, repacked=False)
         halves = np.concatenate([q.matmul(w[:half], t, x, n_threads=2, repacked=False),
                                  q.matmul(w[half:], t, x, n_threads=2, repacked=False)], axis=1)
@@ -201,33 +198,6 @@ def test_matmul_rejects_bad_arguments():
     with pytest.raises(ValueError):
         q.matmul_quantized(w, "Q8_0", np.zeros((2, 30), np.uint8))
     assert q.matmul(w[:0], "Q8_0", x).shape == (2, 0)
-
-
-def test_isa_switching(isa):
-    assert q.current_isa() in ISAS and "scalar" in ISAS
-    for name in ISAS:
-        q.set_isa(name)
-        assert q.current_isa() == name
-    with pytest.raises(ValueError, match="unknown"):
-        q.set_isa("sse9")
-    for name in {"avx2", "avx512"} - set(ISAS):
-        with pytest.raises(ValueError, match="cannot run"):
-            q.set_isa(name)
-
-
-def test_isa_environment_variable_is_honoured():
-    import subprocess
-    import sys
-
-    code = "import gguflm.quants as q; print(q.current_isa())"
-    run = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "GGUFLM_ISA": "scalar"},
-                         capture_output=True, text=True)
-    assert run.stdout.strip() == "scalar"
-    missing = {"avx2", "avx512"} - set(ISAS)
-    bad = "bogus" if not missing else sorted(missing)[0]
-    run = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "GGUFLM_ISA": bad},
-                         capture_output=True, text=True)
-    assert run.returncode != 0 and "GGUFLM_ISA" in run.stderr
 
 
 def test_matmul_covers_every_row_when_the_team_is_smaller_than_asked():

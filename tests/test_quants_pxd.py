@@ -1,5 +1,6 @@
 """Another Cython module can cimport the kernel API from src/quants_kernels.pxd and call it
-without the GIL, as the inference core's forward pass will: built here into a temporary folder."""
+without the GIL, on the ISA of the one switch it binds through src/dispatch.pxd: built here into a
+temporary folder."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ import numpy as np
 import pytest
 
 import gguflm.quants as q
+from gguflm import system
 
 ROOT = Path(__file__).resolve().parent.parent
 
 CONSUMER = r'''
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from quants_kernels cimport (gguflm_act_buffer_bytes, gguflm_get_rows, gguflm_kernels_init, gguflm_matmul_q,
-                             gguflm_quantize_act, gguflm_traits)
+from dispatch cimport bind_dispatch, gguflm_dispatch
+from quants_kernels cimport (gguflm_act_buffer_bytes, gguflm_get_rows, gguflm_matmul_q, gguflm_quantize_act,
+                             gguflm_traits)
 import numpy as np
 
-def init():
-    return gguflm_kernels_init(-1)
+cdef const gguflm_dispatch *_switch = bind_dispatch()
+
+def isa():
+    return _switch.isa
 
 def project(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, int n_threads):
     """x quantized once into a caller-owned scratch, then two matmuls share it (as Q, K, V do);
@@ -32,17 +37,20 @@ def project(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1
     out = np.zeros((2, n_tok, n_rows + 3), np.float32)
     cdef uint8_t[::1] s = scratch
     cdef float[:, :, ::1] o = out
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_quantize_act(vdt, &x[0, 0], n_in, n_tok, n_in, &s[0], n_threads)
-        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[0, 0, 0], n_rows + 3, 1, n_threads)
-        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[1, 0, 0], n_rows + 3, 1, n_threads)
+        gguflm_quantize_act(vdt, &x[0, 0], n_in, n_tok, n_in, &s[0], isa, n_threads)
+        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[0, 0, 0], n_rows + 3, 1, isa,
+                        n_threads)
+        gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[1, 0, 0], n_rows + 3, 1, isa,
+                        n_threads)
     return out[:, :, :n_rows]
 
 def embed(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids):
     out = np.empty((ids.shape[0], n_in), np.float32)
     cdef float[:, ::1] o = out
     with nogil:
-        gguflm_get_rows(wtype, &w[0, 0], w.shape[1], n_in, &ids[0], ids.shape[0], &o[0, 0], n_in)
+        gguflm_get_rows(wtype, &w[0, 0], w.shape[1], n_in, &ids[0], ids.shape[0], &o[0, 0], n_in, _switch.isa)
     return out
 '''
 
@@ -75,7 +83,7 @@ def consumer(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q4_1", "F16"])
 def test_cimported_kernels_match_the_python_api(consumer, name):
-    assert consumer.init() == ["scalar", "avx2", "avx512"].index(q.current_isa())
+    assert consumer.isa() == system.ISAS.index(system.current_isa())
     fmt = q.get(name)
     rng = np.random.default_rng(3)
     n_in, n_rows = 512, 45
@@ -87,3 +95,10 @@ def test_cimported_kernels_match_the_python_api(consumer, name):
     assert np.array_equal(both[0], expected) and np.array_equal(both[1], expected)
     ids = np.array([44, 0, 7], dtype=np.int32)
     assert np.array_equal(consumer.embed(int(fmt.type), w, n_in, ids), q.get_rows(w, name, ids))
+
+
+def test_cimporting_module_follows_the_one_switch(consumer):
+    """A module outside gguflm reads the switch gguflm.system sets, not a copy of its own."""
+    for name in system.supported_isas():
+        with system.using(isa=name):
+            assert consumer.isa() == system.ISAS.index(name)

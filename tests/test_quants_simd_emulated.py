@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gguflm.quants as q
+from gguflm import system
 from gguflm.testing import strategies as gst
 from gguflm.testing import random_blocks
 import ggml_lanes as lanes
@@ -83,16 +84,13 @@ def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
     # every variant rounds as ggml's AVX2 build; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
     for isa in ("avx2", "avx512"):
         assert emulated_dot(isa, t, n, w, xq).view(np.uint32) == scalar.view(np.uint32), isa
-    for isa in set(q.supported_isas()) - {"scalar"}:
+    for isa in set(system.supported_isas()) - {"scalar"}:
         assert _native(isa, t, n, w, xq).view(np.uint32) == emulated_dot(isa, t, n, w, xq).view(np.uint32), isa
 
 
 def _native(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
-    previous = q.set_isa(isa)
-    try:
+    with system.using(isa=isa):
         return np.float32(q._k.vec_dot(int(t), w, xq, n))
-    finally:
-        q.set_isa(previous)
 
 
 @pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
@@ -115,12 +113,9 @@ def test_emulated_avx512_matmul(emulated, t):
         expected = lanes.matmul_reference(t, w, xq, n_in)
         for isa in ("avx2", "avx512"):
             assert np.array_equal(outs[isa].view(np.uint32), expected.view(np.uint32)), (isa, n_tok)
-        if "avx2" in q.supported_isas():
-            previous = q.set_isa("avx2")
-            try:
+        if "avx2" in system.supported_isas():
+            with system.using(isa="avx2"):
                 assert np.array_equal(q.matmul_quantized(w, t, xq), outs["avx2"])
-            finally:
-                q.set_isa(previous)
 
 
 def test_software_fp16_rows_match_numpy(emulated):

@@ -3,7 +3,7 @@ each prompt decoded as one batch, and greedy continuations decoded token by toke
 
 The reference was computed by llama-cpp-python 0.3.36 built for an AVX-512 CPU; its float
 rounding (vector sums, exp) differs from the AVX2 build's, so these tests select that arithmetic
-(``ops.set_arithmetic("avx512")``), which any CPU here computes.
+(``gguflm.system.set_arithmetic("avx512")``), which any CPU here computes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import GEMMA_FILE, SMOLLM_FILE, _model, load_reference
-from gguflm import Batch, Context, Model
-from gguflm._ext import ops
+from gguflm import Batch, Context, Model, system
 
 MODELS = {"gemma": GEMMA_FILE, "smollm": SMOLLM_FILE}
 PRINTED = 6e-5      # the reference's 4 decimals, plus float32 rounding of the comparison
@@ -24,13 +23,9 @@ NEAR_TIE = 0.05     # the issue's margin for a greedy step llama.cpp itself coul
 def run(request):
     """Our outputs for every reference prompt of one model, in the reference build's arithmetic."""
     ref = load_reference(MODELS[request.param])
-    before = ops.current_arithmetic()
-    ops.set_arithmetic("avx512")
-    try:
-        with Model.load(_model(MODELS[request.param])) as model:
-            yield request.param, [_decode_case(model, case) for case in ref["cases"]]
-    finally:
-        ops.set_arithmetic(before)
+    with system.using(arithmetic="avx512"), Model.load(_model(MODELS[request.param])) as model:
+        outputs = [_decode_case(model, case) for case in ref["cases"]]
+    yield request.param, outputs
 
 
 def _decode_case(model: Model, case: dict) -> tuple:

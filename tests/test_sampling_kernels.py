@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from gguflm import system
 from gguflm._ext import sampling as kernels
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -188,21 +189,16 @@ def test_partial_sort_positions_keeps_the_best_and_ranks_nan_last(logits, k):
     np.testing.assert_array_equal(nan[kept], nan[expected])
 
 
-@pytest.mark.parametrize("requested", ["scalar", "avx2", "bogus"])
-def test_isa_override_caps_the_variant(requested):
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, GGUFLM_ISA=requested)
-    code = "from gguflm._ext import sampling as k; print(k.DEFAULT_ISA)"
-    chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    best = kernels.available_isas()[-1]
-    if requested in kernels.available_isas():
-        assert chosen == requested
-    else:
-        assert chosen == best
+def test_unnamed_variant_is_the_one_switch():
+    """Without an ISA named, the scan runs the one gguflm.system sets (and GGUFLM_ISA with it)."""
+    logits = np.random.default_rng(9).standard_normal(3000).astype(np.float32)
+    out = np.empty(40, np.int32)
+    expected = np.argsort(-logits, kind="stable")[:40]
+    for name in kernels.available_isas():
+        with system.using(isa=name):
+            assert kernels.dispatch()["isa"] == name
+            kernels.partial_sort_positions(logits, 40, out, np.empty(3 * len(logits), np.uint64))
+        np.testing.assert_array_equal(out, expected)
 
 
 def test_kernels_refuse_short_buffers():

@@ -1,23 +1,38 @@
-"""The build path (Cython → C → -fopenmp) and system facts."""
+"""The machine and the one switch: the build path (Cython -> C -> -fopenmp), what the CPU and the
+OS enable (CPUID, XCR0, AMX permission), and gguflm.system's ISA and arithmetic reaching every
+kernel: the quants, ops and sampling modules and the recorded forward passes."""
 
+import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import _llama
 import gguflm
-from gguflm._ext import system
+from gguflm import Batch, Context, Model
+from gguflm import system
+from gguflm._ext import ops, plan, quants, sampling
+from gguflm._ext import system as ext
 from gguflm.threads import resolve_n_threads, usable_cores
+
+ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
+MODULES = {"quants": quants, "ops": ops, "plan": plan, "sampling": sampling}
+BEST = system.supported_isas()[-1]
 
 
 def test_prange_sums_and_shares_work():
     x = np.arange(1000, dtype=np.float32) / 7
-    total, owners = system.parallel_sum_squares(x, 2)
+    total, owners = ext.parallel_sum_squares(x, 2)
     assert total == pytest.approx(float(np.sum(x.astype(np.float64) ** 2)), rel=1e-12)
     assert owners.shape == (1000,)
-    if system.build_info()["openmp"]:
+    if ext.build_info()["openmp"]:
         # static schedule over 1000 items with 2 threads: both threads took a half
         assert set(np.unique(owners)) == {0, 1}
         assert (owners[:500] == 0).all() and (owners[500:] == 1).all()
@@ -27,23 +42,7 @@ def test_prange_sums_and_shares_work():
 
 def test_prange_rejects_zero_threads():
     with pytest.raises(ValueError):
-        system.parallel_sum_squares(np.ones(4, dtype=np.float32), 0)
-
-
-def test_system_info_reports_build_and_cpu():
-    info = gguflm.system_info()
-    assert info["compiler"]
-    assert isinstance(info["openmp"], bool)
-    assert info["usable_cores"] >= 1
-    feats = info["cpu_features"]
-    assert set(feats) == {"avx2", "f16c", "avx512", "avx512_vnni"}
-    # AVX-512 VNNI implies AVX-512 implies AVX2 on every CPU that has them
-    assert not feats["avx512_vnni"] or feats["avx512"]
-    assert not feats["avx512"] or feats["avx2"]
-    with open("/proc/cpuinfo") as f:
-        flags = next(line for line in f if line.startswith("flags")).split()
-    assert feats["avx2"] == ("avx2" in flags and "fma" in flags)
-    assert feats["avx512_vnni"] == ("avx512_vnni" in flags)
+        ext.parallel_sum_squares(np.ones(4, dtype=np.float32), 0)
 
 
 def test_thread_resolution(monkeypatch):
@@ -66,3 +65,263 @@ def test_import_keeps_numpy_blas_to_one_thread():
     assert blas_threads == "1"
     if sys.platform == "linux":
         assert n_threads == "1"
+
+
+# -- what the CPU has and the OS enables
+
+# CPUID.1:ECX, CPUID.7:EBX/ECX/EDX bits and XCR0 states (Intel SDM vol. 2A, CPUID; vol. 1, 13.3)
+FMA, OSXSAVE, AVX, F16C = 1 << 12, 1 << 27, 1 << 28, 1 << 29
+AVX2, AVX512F, AVX512DQ, AVX512BW, AVX512VL = 1 << 5, 1 << 16, 1 << 17, 1 << 30, 1 << 31
+AVX512_VNNI = 1 << 11
+AMX_BF16, AMX_TILE, AMX_INT8 = 1 << 22, 1 << 24, 1 << 25
+XCR0_SSE, XCR0_AVX, XCR0_AVX512, XCR0_AMX = 0x3, 0x7, 0xE7, 0x60000
+
+
+def words(ecx1=0, ebx7=0, ecx7=0, edx7=0, xcr0=0, max_leaf=0xD) -> dict:
+    return {"max_leaf": max_leaf, "ecx1": ecx1, "ebx7": ebx7, "ecx7": ecx7, "edx7": edx7, "xcr0": xcr0}
+
+
+AVX2_CPU = dict(ecx1=OSXSAVE | AVX | FMA | F16C, ebx7=AVX2)
+AVX512_CPU = dict(ecx1=AVX2_CPU["ecx1"], ebx7=AVX2 | AVX512F | AVX512DQ | AVX512BW | AVX512VL, ecx7=AVX512_VNNI)
+AMX_CPU = dict(AVX512_CPU, edx7=AMX_TILE | AMX_INT8 | AMX_BF16)
+AVX512_STATES = {"avx": True, "avx512": True, "amx": False}
+
+DECISIONS = {
+    # name: (words, ISAs run, native arithmetic, OS states)
+    "avx2 machine": (words(**AVX2_CPU, xcr0=XCR0_AVX), ["scalar", "avx2"], "avx2",
+                     {"avx": True, "avx512": False, "amx": False}),
+    "avx512 vnni machine": (words(**AVX512_CPU, xcr0=XCR0_AVX512), ["scalar", "avx2", "avx512"], "avx512",
+                            AVX512_STATES),
+    # a hypervisor that advertises AVX-512 but leaves its registers off: what llama.cpp's native
+    # build sees too (GCC's -march=native reads XCR0), so the AVX2 build's arithmetic
+    "avx512 cpu, os without its state": (words(**AVX512_CPU, xcr0=XCR0_AVX), ["scalar", "avx2"], "avx2",
+                                         {"avx": True, "avx512": False, "amx": False}),
+    "avx512 cpu, os without avx state": (words(**AVX512_CPU, xcr0=XCR0_SSE), ["scalar"], "avx2",
+                                         {"avx": False, "avx512": False, "amx": False}),
+    # without OSXSAVE the XCR0 word means nothing (XGETBV would fault)
+    "no osxsave": (words(**dict(AVX512_CPU, ecx1=AVX | FMA | F16C), xcr0=XCR0_AVX512), ["scalar"], "avx2",
+                   {"avx": False, "avx512": False, "amx": False}),
+    "leaf 7 beyond max_leaf": (words(**AVX512_CPU, xcr0=XCR0_AVX512, max_leaf=6), ["scalar"], "avx2",
+                               AVX512_STATES),
+    "avx2 without f16c": (words(**dict(AVX2_CPU, ecx1=OSXSAVE | AVX | FMA), xcr0=XCR0_AVX), ["scalar"], "avx2",
+                          {"avx": True, "avx512": False, "amx": False}),
+    "avx512 without vnni": (words(**dict(AVX512_CPU, ecx7=0), xcr0=XCR0_AVX512), ["scalar", "avx2"], "avx512",
+                            AVX512_STATES),
+    "amx cpu, os without tile state": (words(**AMX_CPU, xcr0=XCR0_AVX512), ["scalar", "avx2", "avx512"], "avx512",
+                                       AVX512_STATES),
+    "amx cpu, only XTILECFG": (words(**AMX_CPU, xcr0=XCR0_AVX512 | 0x20000), ["scalar", "avx2", "avx512"],
+                               "avx512", AVX512_STATES),
+    "amx machine": (words(**AMX_CPU, xcr0=XCR0_AVX512 | XCR0_AMX), ["scalar", "avx2", "avx512"], "avx512",
+                    {"avx": True, "avx512": True, "amx": True}),
+}
+
+
+@pytest.mark.parametrize("name", DECISIONS)
+def test_decision_table(name):
+    given_words, isas, arithmetic, os_states = DECISIONS[name]
+    decided = ext.decide_features(given_words)
+    assert decided["isas"] == isas
+    assert decided["native_arithmetic"] == arithmetic
+    assert decided["os"] == os_states
+    usable, cpu = decided["usable"], decided["cpu"]
+    for feature in usable:
+        state = "amx" if feature.startswith("amx") else "avx512" if feature.startswith("avx512") else "avx"
+        assert usable[feature] == (cpu[feature] and os_states[state]), feature
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 0x20), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_decision_properties(max_leaf, ecx1, ebx7, ecx7, edx7, xcr0, mask):
+    given_words = words(ecx1, ebx7, ecx7, edx7, xcr0, max_leaf)
+    decided = ext.decide_features(given_words)
+    usable, cpu = decided["usable"], decided["cpu"]
+    assert all(cpu[f] for f in usable if usable[f])
+    assert decided["isas"] == list(system.ISAS[:len(decided["isas"])]) and decided["isas"][0] == "scalar"
+    if not (ecx1 & OSXSAVE and max_leaf >= 1):
+        assert not any(decided["os"].values()) and decided["isas"] == ["scalar"]
+    # the OS taking a register state away never makes a feature usable
+    fewer = ext.decide_features(dict(given_words, xcr0=xcr0 & mask))
+    assert all(usable[f] for f in fewer["usable"] if fewer["usable"][f])
+
+
+def test_this_machine_agrees_with_the_kernel():
+    """Linux lists in /proc/cpuinfo the features the CPU has and XCR0 enables: exactly what is usable
+    (our feature names are the kernel's flag names)."""
+    features = ext.cpu_features()
+    assert features == ext.decide_features(ext.cpu_words())
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
+    assert features["usable"] == {name: name in flags for name in features["usable"]}
+    assert features["isas"] == system.supported_isas()
+
+
+def test_system_info_reports_what_runs():
+    info = gguflm.system_info()
+    assert info["compiler"] and isinstance(info["openmp"], bool) and info["usable_cores"] >= 1
+    assert info["isa"] == system.current_isa() and info["arithmetic"] == system.current_arithmetic()
+    assert info["supported_isas"] == system.supported_isas() and info["isa"] in info["supported_isas"]
+    assert info["native_arithmetic"] in system.ARITHMETICS
+    feats = info["cpu_features"]
+    assert set(feats) == set(info["cpu_advertises"]) >= {"avx2", "fma", "f16c", "avx512f", "avx512_vnni", "amx_tile"}
+    assert all(info["cpu_advertises"][f] for f in feats if feats[f])
+    assert set(info["os_enables"]) == {"avx", "avx512", "amx"}
+    assert info["amx"]["cpu"] == (info["cpu_advertises"]["amx_tile"] and info["cpu_advertises"]["amx_int8"])
+    assert info["amx"]["os"] == info["os_enables"]["amx"]
+    with system.using(isa="scalar", arithmetic="avx2"):
+        assert (gguflm.system_info()["isa"], gguflm.system_info()["arithmetic"]) == ("scalar", "avx2")
+
+
+def test_amx_permission_is_asked_only_where_amx_exists():
+    """In a child process (a grant enlarges its signal frames): no CPU or OS support, no request and
+    no permission; with both, Linux grants the tile data state."""
+    code = "from gguflm._ext import system as s; import json; print(json.dumps([s.amx(), s.request_amx(), s.amx()]))"
+    before, granted, after = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                       check=True).stdout)
+    assert not before["permitted"]
+    if before["cpu"] and before["os"] and sys.platform == "linux":
+        assert granted and after["permitted"]
+    else:
+        assert not granted and not after["permitted"]
+
+
+# -- one switch for every kernel
+
+def test_one_switch_reaches_every_module():
+    for isa in system.supported_isas():
+        for arithmetic in system.ARITHMETICS:
+            with system.using(isa=isa, arithmetic=arithmetic):
+                for name, module in MODULES.items():
+                    assert module.dispatch() == {"isa": isa, "arithmetic": arithmetic}, name
+    for module in [*MODULES.values(), gguflm.quants]:
+        assert not {"set_isa", "current_isa", "set_arithmetic", "current_arithmetic"} & set(dir(module))
+
+
+def test_setters_refuse_what_this_machine_cannot_run():
+    before = (system.current_isa(), system.current_arithmetic())
+    with pytest.raises(ValueError, match="unknown ISA 'sse9'"):
+        system.set_isa("sse9")
+    with pytest.raises(ValueError, match="unknown arithmetic 'sse'"):
+        system.set_arithmetic("sse")
+    for isa in set(system.ISAS) - set(system.supported_isas()):
+        with pytest.raises(ValueError, match=f"cannot run the {isa} kernels"):
+            system.set_isa(isa)
+    assert (system.current_isa(), system.current_arithmetic()) == before
+
+
+@pytest.fixture
+def simulated():
+    """Checks ISAs as on another machine; this one, and its ISA, restored afterwards."""
+    before = system.current_isa()
+    yield ext._simulate_machine
+    ext._simulate_machine(None)
+    system.set_isa(before)
+
+
+@pytest.mark.parametrize("machine,reason", [
+    ("avx2 machine", "avx512f (not in this CPU)"),
+    ("avx512 cpu, os without its state", "avx512f (the OS does not enable it)"),
+    ("avx512 without vnni", "avx512_vnni (not in this CPU)"),
+])
+def test_set_isa_names_what_is_missing(simulated, machine, reason):
+    simulated(DECISIONS[machine][0])
+    assert system.supported_isas() == DECISIONS[machine][1]
+    before = system.current_isa()
+    with pytest.raises(ValueError, match=rf"cannot run the avx512 kernels: .*{re.escape(reason)}"):
+        system.set_isa("avx512")
+    assert system.current_isa() == before
+    assert system.set_isa("scalar") == before
+
+
+def full_batch(tokens) -> Batch:
+    b = Batch(len(tokens))
+    for i, t in enumerate(tokens):
+        b.add(int(t), i, [0], True)
+    return b
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_forward_passes_run_the_isa_in_force_with_the_same_bits(arch):
+    tokens = np.load(ARCH_DIR / f"{arch}.npz")["tokens"]
+    logits = {}
+    with Model.load(ARCH_DIR / f"{arch}.gguf") as model:
+        for isa in system.supported_isas():
+            with system.using(isa=isa), Context(model, n_ctx=128) as ctx:
+                assert ctx.decode(full_batch(tokens)) == 0
+                logits[isa] = ctx.get_logits().copy()
+                (recorded,) = ctx._plans.values()
+                assert recorded.last_run == {"isa": isa, "arithmetic": system.current_arithmetic()}
+    for isa, values in logits.items():
+        assert np.array_equal(values.view(np.uint32), logits["scalar"].view(np.uint32)), isa
+
+
+def test_a_context_follows_the_switch_with_the_plans_it_recorded():
+    """Plans read the switch when a pass starts: an ISA changes nothing but the kernels, an
+    arithmetic changes the rounding (on Gemma 3's tiny model; the others' logits happen to round
+    alike in both), and no plan is recorded again."""
+    tokens = np.load(ARCH_DIR / "gemma3.npz")["tokens"]
+    with Model.load(ARCH_DIR / "gemma3.gguf") as model, Context(model, n_ctx=128) as ctx:
+        def run(isa: str, arithmetic: str) -> np.ndarray:
+            ctx.memory.seq_rm(-1)
+            with system.using(isa=isa, arithmetic=arithmetic):
+                assert ctx.decode(full_batch(tokens)) == 0
+            (recorded,) = ctx._plans.values()
+            assert recorded.last_run == {"isa": isa, "arithmetic": arithmetic}
+            return ctx.get_logits().copy()
+
+        first = run(BEST, "avx2")
+        recorded = list(ctx._plans.values())
+        assert np.array_equal(run("scalar", "avx2"), first)
+        assert not np.array_equal(run("scalar", "avx512"), first)
+        assert list(ctx._plans.values()) == recorded
+
+
+def _in_child(env: dict, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+
+
+def test_environment_takes_effect_everywhere():
+    isa = "avx2" if "avx2" in system.supported_isas() else "scalar"
+    code = f"""
+import json
+import numpy as np
+from gguflm import Batch, Context, Model, system
+from gguflm._ext import ops, plan, quants, sampling
+with Model.load({str(ARCH_DIR / "llama.gguf")!r}) as model, Context(model, n_ctx=64) as ctx:
+    ctx.decode(Batch.get_one([1, 5, 9]))
+    (ran,) = [p.last_run for p in ctx._plans.values()]
+print(json.dumps([system.current_isa(), system.current_arithmetic(), ran] + [m.dispatch() for m in (quants, ops, plan, sampling)]))
+"""
+    done = _in_child({"GGUFLM_ISA": isa, "GGUFLM_ARITH": "avx2"}, code)
+    assert done.returncode == 0, done.stderr
+    current_isa, current_arith, *reports = json.loads(done.stdout)
+    assert (current_isa, current_arith) == (isa, "avx2")
+    assert all(report == {"isa": isa, "arithmetic": "avx2"} for report in reports)
+
+
+@pytest.mark.parametrize("variable,value,message", [
+    ("GGUFLM_ISA", "bogus", "unknown ISA 'bogus'"),
+    ("GGUFLM_ARITH", "sse", "unknown arithmetic 'sse'"),
+    *[("GGUFLM_ISA", isa, f"cannot run the {isa} kernels") for isa in set(system.ISAS) - set(system.supported_isas())],
+])
+def test_environment_errors_name_the_variable(variable, value, message):
+    done = _in_child({variable: value}, "import gguflm")
+    assert done.returncode != 0
+    assert f"{variable}={value!r}: {message}" in done.stderr
+
+
+# -- llama.cpp as the peer, on machines where its build cannot compute
+
+def test_a_peer_that_dies_is_skipped_with_the_signal_named(monkeypatch):
+    monkeypatch.setattr(_llama, "L", object())  # installed, as far as the probe knows
+    monkeypatch.setattr(_llama, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    _llama.peer_problem.cache_clear()
+    try:
+        assert "dies with SIGILL on a 512-token prompt" in _llama.peer_problem()
+        with pytest.raises(pytest.skip.Exception, match="SIGILL"):
+            _llama.require_peer()
+        monkeypatch.setattr(_llama, "_PROBE", "raise SystemExit('no model')")
+        _llama.peer_problem.cache_clear()
+        assert "fails a 512-token prompt" in _llama.peer_problem() and "no model" in _llama.peer_problem()
+    finally:
+        _llama.peer_problem.cache_clear()

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import gguflm.quants as q
+from gguflm import system
 from gguflm._ext import quants as _k
 from gguflm.testing import random_blocks
 
@@ -57,8 +58,8 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         out=print) -> dict:
     """Measure and print; returns ``{"isa", "read_gbs": {threads: GB/s}, "rows": [...]}``."""
     rng = np.random.default_rng(0)
-    results = {"isa": q.current_isa(), "read_gbs": {}, "rows": []}
-    out(f"kernels: {q.current_isa()}")
+    results = {"isa": system.current_isa(), "read_gbs": {}, "rows": []}
+    out(f"kernels: {system.current_isa()}")
     for n in threads:
         results["read_gbs"][n] = read_bandwidth(membw_bytes, n)
         out(f"memory read bandwidth, {n} thread(s): {results['read_gbs'][n]:.1f} GB/s "
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     args = parser.parse_args(argv)
     if args.isa:
-        q.set_isa(args.isa)
+        system.set_isa(args.isa)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     kwargs = dict(types=args.types.split(","), shapes=shapes, threads=[int(n) for n in args.threads.split(",")],
                   batch=args.batch, batch_threads=args.batch_threads, membw_bytes=args.membw_mib << 20,
