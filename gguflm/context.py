@@ -28,6 +28,7 @@ from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
+from gguflm.pooling import PoolingType, build_pooling, pooling_inputs, resolve
 from gguflm.system import guard_mode
 from gguflm.threads import resolve_n_threads
 
@@ -35,7 +36,7 @@ log = logging.getLogger("gguflm")
 
 CTX_PAD = 256           # n_ctx and window caches are padded to this, as llama.cpp's KV cache
 MAX_SEQ = 64            # sequence ids are bits of a uint64 per cell
-POOLING_TYPES = ("none", "mean", "cls", "last")
+MAX_SEQ_NO_CACHE = 256  # llama.cpp's LLAMA_MAX_SEQ, for encoders (no cache cells to mark)
 STATE_MAGIC = "gguflm-state-v1"
 _MAX_PLANS = 4
 
@@ -54,7 +55,8 @@ class _PreparedBatch:
     embd: np.ndarray | None
     pos: np.ndarray
     seq_first: np.ndarray
-    seq_mask: np.ndarray
+    seq_mask: np.ndarray    # uint64 bits (caches only)
+    seq_lists: list[list[int]]
     output: np.ndarray      # bool
 
 
@@ -66,6 +68,12 @@ class Context:
     ``n_threads_batch`` everything else (both default to the usable cores). ``type_k``/``type_v``
     are ``"f32"``, ``"f16"`` or ``"q8_0"``. ``abort_callback()`` returning True stops decode
     between ubatches and layers.
+
+    ``embeddings=True`` makes every token an output and keeps the final hidden states;
+    ``pooling`` (a name of :data:`gguflm.pooling.POOLING_NAMES`, llama.cpp's number, or None
+    for the model's own ``{arch}.pooling_type``) pools them per sequence into
+    :meth:`get_embeddings_seq`. Encoders (BERT and kin) have no KV cache: a batch must fit in one
+    ubatch, every decode starts afresh, and up to 256 sequences may share a batch.
     """
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
@@ -82,13 +90,13 @@ class Context:
         hp = model.hparams
         if n_ctx < 0 or n_batch < 1 or n_ubatch < 1:
             raise ValueError("n_ctx must be >= 0, n_batch and n_ubatch >= 1")
-        if not 1 <= n_seq_max <= MAX_SEQ:
-            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
+        kv_cache = model.architecture.kv_cache
+        max_seq = MAX_SEQ if kv_cache else MAX_SEQ_NO_CACHE
+        if not 1 <= n_seq_max <= max_seq:
+            raise ValueError(f"n_seq_max must be in [1, {max_seq}], got {n_seq_max}")
         check_cache_type("type_k", type_k, hp.n_embd_head_k)
         check_cache_type("type_v", type_v, hp.n_embd_head_v)
-        pooling = pooling or "none"
-        if pooling not in POOLING_TYPES:
-            raise ValueError(f"pooling must be one of {POOLING_TYPES}, got {pooling!r}")
+        self.pooling_type = resolve(pooling, hp)
         self.model = model
         self.n_ctx = _pad(n_ctx or hp.n_ctx_train, CTX_PAD)
         self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
@@ -98,7 +106,7 @@ class Context:
         self.n_threads_batch = resolve_n_threads(n_threads_batch if n_threads_batch is not None else n_threads)
         self.type_k, self.type_v = type_k, type_v
         self.embeddings = embeddings
-        self.pooling = pooling
+        self.pooling = self.pooling_type.label
         self.swa_full = swa_full
         self.abort_callback = abort_callback
         self.rope_freq_base = rope_freq_base or hp.rope_freq_base_train
@@ -112,7 +120,7 @@ class Context:
         self._caches: list[KVCache] = []
         self._cache_of_layer: dict[int, int] = {}
         for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
-            if layers:
+            if layers and kv_cache:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
@@ -122,7 +130,7 @@ class Context:
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
         self._rope_configs = [self._make_rope_config(il) for il in range(hp.n_layer)]
-        self._logits: np.ndarray | None = None      # [n_outputs, n_vocab]
+        self._logits: np.ndarray | None = None      # [n_outputs, n_vocab] (None: the model has no head)
         self._embd: np.ndarray | None = None        # [n_outputs, n_embd]
         self._embd_seq: dict[int, np.ndarray] = {}
         self._output_ids = np.zeros(0, np.int32)    # batch index → output row, -1 = none
@@ -157,6 +165,7 @@ class Context:
         )
 
     def cache_for_layer(self, il: int) -> tuple[int, KVCache]:
+        """The index and cache of layer ``il`` (a context of an encoder has none)."""
         index = self._cache_of_layer[il]
         return index, self._caches[index]
 
@@ -198,7 +207,7 @@ class Context:
         out_index = np.flatnonzero(prepared.output)
         self._n_outputs = 0
         self._output_ids = np.full(len(prepared.pos), -1, np.int32)
-        self._logits = np.empty((len(out_index), hp.n_vocab), np.float32)
+        self._logits = None
         self._embd = np.empty((len(out_index), hp.n_embd), np.float32) if self.embeddings else None
         self._embd_seq = {}
         first = 0
@@ -211,25 +220,35 @@ class Context:
                     cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
                 plan = self._plan_for(ub)
                 plan.run(self._check_abort)
-                embd, logits = plan.results
+                embd, logits, pooled = plan.results
             except Aborted:
                 for cache, snap in zip(self._caches, snapshots):
                     cache.restore(snap)
                 log.info("decode: aborted")
                 return 2
             n_out = ub.n_outputs
-            self._logits[self._n_outputs:self._n_outputs + n_out] = logits
+            if logits is not None:
+                if self._logits is None:
+                    self._logits = np.empty((len(out_index), hp.n_vocab), np.float32)
+                self._logits[self._n_outputs:self._n_outputs + n_out] = logits
             if self._embd is not None:
                 self._embd[self._n_outputs:self._n_outputs + n_out] = embd
+            if pooled is not None:
+                # a sequence pooled again in a later ubatch keeps the later result, as in llama.cpp
+                width = hp.n_cls_out if self.pooling_type is PoolingType.RANK else pooled.shape[1]
+                for i, s in enumerate(ub.pooling.seq_ids):
+                    self._embd_seq[int(s)] = pooled[i, :width].copy()
             self._output_ids[first + ub.output_rows] = np.arange(self._n_outputs, self._n_outputs + n_out)
             self._n_outputs += n_out
             first += ub.n_tokens
             key = "p_eval" if ub.n_tokens > 1 else "eval"
             self._perf[f"t_{key}_ms"] += (time.perf_counter() - start) * 1e3
             self._perf[f"n_{key}"] += ub.n_tokens
-        if self.embeddings and self.pooling != "none":
-            self._pool(prepared)
         return 0
+
+    @property
+    def _pools(self) -> bool:
+        return self.embeddings and self.pooling_type is not PoolingType.NONE
 
     def _prepare(self, batch: Batch) -> _PreparedBatch:
         hp = self.model.hparams
@@ -249,7 +268,7 @@ class Context:
             if embd.shape[1] != hp.n_embd:
                 raise InvalidBatchError(f"embeddings have {embd.shape[1]} values, the model {hp.n_embd}")
 
-        # sequences: first id (for masks) and the full set (for cells)
+        # sequences: first id (for masks) and the full set (bits for cache cells, lists for pooling)
         if batch.seq_id is None:
             seq_first = np.zeros(n, np.int32)
             seq_mask = np.ones(n, np.uint64)
@@ -258,13 +277,14 @@ class Context:
             n_seq = batch.n_seq_id[:n]
             if (n_seq < 1).any() or (n_seq > batch.seq_id.shape[1]).any():
                 raise InvalidBatchError("every token needs at least one sequence id")
-            seq_lists = [list(batch.seq_id[i, : n_seq[i]]) for i in range(n)]
+            seq_lists = [[int(s) for s in batch.seq_id[i, : n_seq[i]]] for i in range(n)]
             for i, seqs in enumerate(seq_lists):
                 for s in seqs:
                     if not 0 <= s < self.n_seq_max:
                         raise InvalidBatchError(f"invalid seq_id[{i}] = {s} >= n_seq_max ({self.n_seq_max})")
             seq_first = np.array([seqs[0] for seqs in seq_lists], np.int32)
-            seq_mask = np.array([sum(1 << int(s) for s in set(seqs)) for seqs in seq_lists], np.uint64)
+            seq_mask = np.array([sum(1 << s for s in set(seqs)) for seqs in seq_lists], np.uint64) \
+                if self._caches else np.zeros(n, np.uint64)
 
         # positions: continue each sequence when the batch leaves them out (a batch of sequence
         # 0 alone, as get_one makes, then continues it by construction and needs no check)
@@ -282,18 +302,28 @@ class Context:
             else:
                 pos = np.ascontiguousarray(batch.pos[:n], dtype=np.int32)
             self._check_positions(pos, seq_mask)
+        limit = self.model.architecture.max_positions(hp)
+        if limit is not None and pos.max() >= limit:
+            raise InvalidBatchError(f"position {pos.max()} is past the {limit} positions the model embeds")
+        if not self._caches and n > self.n_ubatch:
+            # llama.cpp's encode: no cache to carry a batch over, so one ubatch holds it all
+            raise InvalidBatchError(f"an encoder needs the whole batch in one ubatch: n_tokens = {n} > "
+                                    f"n_ubatch = {self.n_ubatch}")
 
-        if batch.logits is None:
+        if batch.logits is None or self.embeddings:
+            # embeddings make every token an output, as llama.cpp's output_all
             output = np.ones(n, bool) if self.embeddings else np.zeros(n, bool)
             output[-1] = True
         else:
             output = batch.logits[:n] != 0
-        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, output)
+        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, seq_lists, output)
 
     def _check_positions(self, pos: np.ndarray, seq_mask: np.ndarray) -> None:
         """Given positions must continue each sequence the cache holds, without gaps or repeats."""
         if (pos < 0).any():
             raise InvalidBatchError("positions must be >= 0")
+        if not self._caches:
+            return  # nothing stored to continue: llama.cpp's encode does not check positions
         for s in range(self.n_seq_max):
             in_s = (seq_mask >> np.uint64(s)) & np.uint64(1) == 1
             if not in_s.any():
@@ -310,13 +340,16 @@ class Context:
 
     def _split(self, b: _PreparedBatch) -> list[UBatch]:
         ubatches = []
+        causal = bool(self._caches) and self.model.hparams.causal_attn
         for start in range(0, len(b.pos), self.n_ubatch):
             sl = slice(start, start + self.n_ubatch)
+            pos = b.pos[sl]
             ubatches.append(UBatch(
                 tokens=None if b.tokens is None else b.tokens[sl],
                 embd=None if b.embd is None else b.embd[sl],
-                pos=b.pos[sl], seq_first=b.seq_first[sl], seq_mask=b.seq_mask[sl],
-                output_rows=np.flatnonzero(b.output[sl])))
+                pos=pos, seq_first=b.seq_first[sl], seq_mask=b.seq_mask[sl],
+                output_rows=np.flatnonzero(b.output[sl]),
+                pooling=pooling_inputs(self.pooling_type, b.seq_lists[sl], pos, causal) if self._pools else None))
         return ubatches
 
     def _reserve(self, ubatches: list[UBatch]) -> bool:
@@ -341,8 +374,12 @@ class Context:
         if plan is None:
             hp = self.model.hparams
             def record(arena: Arena) -> Plan:
-                plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0)
-                plan.results = self.model.architecture.forward(Graph(self, ub, plan, arena))
+                plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
+                            ub.n_seqs)
+                g = Graph(self, ub, plan, arena)
+                embd, logits = self.model.architecture.forward(g)
+                pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
+                plan.results = (embd, logits, pooled)
                 return plan
 
             # once to learn when each buffer is in use, then into buffers that share memory
@@ -366,6 +403,11 @@ class Context:
         plan.pos[:] = ub.pos
         plan.seq_first[:] = ub.seq_first
         plan.output_rows[:] = ub.output_rows
+        if ub.pooling is not None:
+            if ub.pooling.mean is not None:
+                plan.pool_mean_weights[:] = ub.pooling.mean
+            if ub.pooling.rows is not None:
+                plan.pool_rows[:] = ub.pooling.rows
         for ci, cache in enumerate(self._caches):
             plan.cells[ci][:] = ub.cells[ci]
             plan.n_kv[ci] = cache.used_max_p1
@@ -396,20 +438,6 @@ class Context:
         quants.dequantize(int(store.ggml_type), np.ascontiguousarray(store.rows(cells)), out)
         return out
 
-    def _pool(self, b: _PreparedBatch) -> None:
-        for s in range(self.n_seq_max):
-            rows = np.flatnonzero((b.seq_mask >> np.uint64(s)) & np.uint64(1) == 1)
-            rows = rows[self._output_ids[rows] >= 0]
-            if not len(rows):
-                continue
-            embd = self._embd[self._output_ids[rows]]
-            if self.pooling == "mean":
-                self._embd_seq[s] = embd.mean(axis=0, dtype=np.float32)
-            elif self.pooling == "cls":
-                self._embd_seq[s] = embd[0].copy()
-            else:
-                self._embd_seq[s] = embd[-1].copy()
-
     # -- outputs
 
     def _output_row(self, i: int) -> int | None:
@@ -437,6 +465,8 @@ class Context:
         return None if self._embd is None else self._embd[: self._n_outputs]
 
     def get_embeddings_seq(self, seq_id: int) -> np.ndarray | None:
+        """The pooled embedding of ``seq_id`` in the last batch ([n_embd], or the rank pooling's
+        [n_cls_out] scores), or None."""
         return self._embd_seq.get(seq_id)
 
     @property

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gguflm.model import Layer
 
 GLU_SWIGLU, GLU_GEGLU = 0, 1
+UNARY_GELU, UNARY_TANH = 0, 1
 
 
 class Aborted(Exception):
@@ -45,6 +46,7 @@ class UBatch:
     seq_mask: np.ndarray                 # uint64 [n_tokens]: all its sequences (cache cells)
     output_rows: np.ndarray              # int64 [n_outputs]: rows that produce output
     cells: dict[int, np.ndarray] = field(default_factory=dict)  # cache index → cells
+    pooling: Any = None                  # gguflm.pooling.PoolingInputs of a pooling context
 
     @property
     def n_tokens(self) -> int:
@@ -55,8 +57,13 @@ class UBatch:
         return len(self.output_rows)
 
     @property
-    def shape(self) -> tuple[int, int, bool]:
-        return self.n_tokens, self.n_outputs, self.tokens is None
+    def n_seqs(self) -> int:
+        """Sequences pooled in this ubatch (0 without pooling)."""
+        return 0 if self.pooling is None else len(self.pooling.seq_ids)
+
+    @property
+    def shape(self) -> tuple[int, int, bool, int]:
+        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs
 
 
 _ALIGN = 64  # bytes: every buffer starts on a cache line
@@ -225,6 +232,12 @@ class Graph:
             self.plan.scale(x, scale)
         return x
 
+    def position_rows(self, w: Weight) -> np.ndarray:
+        """Rows of ``w`` at the ubatch's positions (absolute position embeddings)."""
+        x = self.new(self.ub.n_tokens, w.shape[0])
+        self.plan.get_rows(int(w.type), w.data.view(np.uint8), w.shape[0], x, by_position=True)
+        return x
+
     # -- norms and elementwise
 
     def rms_norm(self, x: np.ndarray, w: Weight | None, eps: float | None = None) -> np.ndarray:
@@ -241,9 +254,23 @@ class Graph:
             self.plan.rms_norm(rows, w.data, self.hparams.f_norm_rms_eps, rows, self.n_threads)
         return x
 
+    def layer_norm(self, x: np.ndarray, w: Weight | None, b: Weight | None, eps: float | None = None) -> np.ndarray:
+        """LayerNorm (ggml_norm, then * w, then + b; either may be None)."""
+        out = self.new(*x.shape)
+        self.plan.layer_norm(x, None if w is None else w.data, None if b is None else b.data,
+                             self.hparams.f_norm_eps if eps is None else eps, out, self.n_threads)
+        return out
+
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """x += y (residual), in place."""
         self.plan.add(x, y)
+        return x
+
+    def add_matrix_row(self, x: np.ndarray, w: Weight, row: int) -> np.ndarray:
+        """x[i] += row ``row`` of the matrix w, for every i (BERT's token-type embedding), in place."""
+        values = np.empty(w.shape[0], np.float32)
+        quants.dequantize(int(w.type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
+        self.plan.add_row(x, values)
         return x
 
     def add_bias(self, x: np.ndarray, b: Weight | None) -> np.ndarray:
@@ -263,6 +290,17 @@ class Graph:
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = self.new(*gate.shape)
         self.plan.glu(GLU_GEGLU, gate, up, out, self.n_threads)
+        return out
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        """GELU through ggml's fp16 table, as ggml_gelu on float rows."""
+        out = self.new(*x.shape)
+        self.plan.unary(UNARY_GELU, x, out, self.n_threads)
+        return out
+
+    def tanh(self, x: np.ndarray) -> np.ndarray:
+        out = self.new(*x.shape)
+        self.plan.unary(UNARY_TANH, x, out, self.n_threads)
         return out
 
     # -- matmul
@@ -320,13 +358,19 @@ class Graph:
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   kq_scale: float) -> np.ndarray:
-        """Store k, v in the layer's cache cells, then attend q over the cache."""
+        """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
+        (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
+        does, with ALiBi biases where the model has them."""
         hp = self.hparams
+        out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
+        if not self.model.architecture.kv_cache:
+            self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v,
+                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads)
+            return out
         ci, cache = self.ctx.cache_for_layer(il)
         k_store, v_store = cache.k[il], cache.v[il]
         self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
         self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
-        out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
@@ -346,6 +390,18 @@ class Graph:
             self.plan.take_output_rows(x, out)
             outs.append(out)
         return tuple(outs)
+
+    def pool_mean(self, x: np.ndarray) -> np.ndarray:
+        """Each sequence's mean of the rows of x ([n_seqs, n_embd]), as ggml's F32 mul_mat sums it."""
+        out = self.new(self.ub.n_seqs, x.shape[1])
+        self.plan.pool_mean(x, out, self.n_threads)
+        return out
+
+    def pool_rows(self, x: np.ndarray) -> np.ndarray:
+        """Each sequence's pooled row of x (its first or last token, as the pooling type says)."""
+        out = self.new(self.ub.n_seqs, x.shape[1])
+        self.plan.take_pool_rows(x, out)
+        return out
 
     def logits(self, x: np.ndarray, w: Weight) -> np.ndarray:
         (out,) = self.project(x, w)

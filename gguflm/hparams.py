@@ -67,7 +67,10 @@ class HParams:
     f_attn_logit_softcapping: float = 0.0            # 0 = none
     f_final_logit_softcapping: float = 0.0           # 0 = none
     f_embedding_scale: float = 0.0                   # 0 = none
+    f_max_alibi_bias: float = 0.0                    # ALiBi's maximum bias, 0 = none
     causal_attn: bool = True
+    pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
+    n_cls_out: int = 1                               # classifier outputs (rank pooling)
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:
@@ -117,6 +120,7 @@ class HParams:
             ("f_attention_scale", f"{self.kq_scale:.6f}"),
             ("n_ff", per_layer(self.n_ff)),
             ("causal attn", str(int(self.causal_attn))),
+            ("pooling type", str(self.pooling_type)),
             ("rope type", self.rope_type.value),
             ("rope scaling", self.rope_scaling_type),
             ("freq_base_train", f"{self.rope_freq_base_train:.1f}"),
@@ -256,7 +260,15 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
         yarn_beta_fast=kv.get_float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
         yarn_beta_slow=kv.get_float("{arch}.rope.scaling.yarn_beta_slow", 1.0),
         causal_attn=kv.get_bool("{arch}.attention.causal", True),
+        pooling_type=kv.get_int("{arch}.pooling_type", -1),
+        n_cls_out=_n_classifier_outputs(kv),
     )
+
+
+def _n_classifier_outputs(kv: HParamReader) -> int:
+    """One score per sequence, or as many as ``{arch}.classifier.output_labels`` names."""
+    labels = kv.metadata.get(kv.key("{arch}.classifier.output_labels"))
+    return len(labels) if labels is not None and len(labels) else 1
 
 
 def require_heads_span_embd(kv: HParamReader, hp: HParams) -> None:

@@ -261,7 +261,7 @@ class Memory:
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
         self._check_seq(seq_id)
-        return max(c.seq_pos_max(seq_id) for c in self.caches)
+        return max((c.seq_pos_max(seq_id) for c in self.caches), default=-1)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (every sequence if ``seq_id < 0``)."""

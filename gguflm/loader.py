@@ -256,7 +256,7 @@ def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams
             if spec.optional:
                 continue
             raise MissingTensorError(f"{source}: missing tensor '{spec.name}'")
-        if tuple(info.shape) != spec.shape:
+        if tuple(info.shape) != spec.shape and tuple(info.shape) not in spec.alt_shapes:
             raise TensorShapeError(f"{source}: tensor '{spec.name}' has wrong shape; expected "
                                    f"{list(spec.shape)}, got {list(info.shape)}")
         if info.type not in SUPPORTED_TYPES:

@@ -1,5 +1,6 @@
-/* The forward pass's kernels other than matmul, with ggml's CPU numerics: RMS norm, RoPE, gated
- * linear units and attention over the KV cache.
+/* The forward pass's kernels other than matmul, with ggml's CPU numerics: RMS norm, LayerNorm, RoPE,
+ * gated linear units, GELU and tanh, attention over the KV cache (or, for encoders, over the
+ * ubatch itself) and mean pooling.
  *
  * Attention follows ggml's non-flash-attention path: q rounded to the K type, K·q in the lane
  * order of ggml's AVX2 dot (single tokens) or of llamafile's sgemm (batches), scale + mask +
@@ -11,6 +12,13 @@
  * probabilities. A cell is visible to a token when it holds the token's sequence, is not in its
  * future (causal) and lies inside its sliding window (p_tok - p_cell < n_swa). Masked cells are
  * skipped: ggml adds -inf and multiplies by 0, which changes nothing.
+ *
+ * Without a cache (encoders, llama.cpp's build_attn_inp_no_cache) K and V are the ubatch's own F32
+ * rows, one cell per token, each in exactly one sequence, and ggml's score rows are n_tok long
+ * rather than padded to 256 cells: their vector loops then leave the last n_tok % lanes cells to
+ * scalar tails (libm expf in the softmax, gguflm_dot_f32_unfused's loop in the dots), which
+ * gguflm reproduces. ALiBi
+ * (jina-bert-v2) adds slope(head) * -|p_cell - p_tok| to every visible score.
  *
  * The row kernels live in ops_body.h, compiled twice: scalar, and AVX2+FMA+F16C.
  */
@@ -128,6 +136,9 @@ typedef struct {
     float *out;                /* [n_tok][out_stride], head h at h * head_dim_v */
     int64_t out_stride;
     int arith;                 /* GGUFLM_ARITH_*: the ggml build whose rounding to reproduce */
+    const int32_t *cell_seq_id;  /* no cache: [n_kv] each cell's one sequence (in place of cell_seq); else NULL */
+    int n_cols;                /* no cache: ggml's score row length (n_kv), for its scalar tails; 0 with a cache */
+    float max_bias;            /* ALiBi's maximum bias, 0 = none */
 } gguflm_attn_args;
 
 /* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
@@ -169,7 +180,8 @@ GGUFLM_INLINE void gguflm_dequantize_q8_0_row(int n, const block_q8_0 *x, float 
 
 static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
     const int32_t pc = a->cell_pos[c];
-    if (pc < 0 || !((a->cell_seq[c] >> a->tok_seq[t]) & 1u)) return 0;
+    if (a->cell_seq_id ? a->cell_seq_id[c] != a->tok_seq[t] : pc < 0 || !((a->cell_seq[c] >> a->tok_seq[t]) & 1u))
+        return 0;
     const int32_t pt = a->tok_pos[t];
     if (a->causal && pc > pt) return 0;
     if (a->n_swa > 0 && pt - pc >= a->n_swa) return 0;
@@ -216,12 +228,34 @@ static int gguflm_visible_cells(const gguflm_attn_args *a, int t, int32_t *cells
     return n;
 }
 
+/* ALiBi slope of query head h of n_head, as ggml_compute_forward_soft_max_f32 computes it */
+static float gguflm_alibi_slope(float max_bias, int n_head, int h) {
+    const uint32_t n_head_log2 = 1u << (uint32_t)floor(log2(n_head));
+    const float m0 = powf(2.0f, -(max_bias) / n_head_log2);
+    const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
+    return (uint32_t)h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1);
+}
+
+/* without a cache, cells from this index on lie past ggml's last whole step of `lanes` (a tail) */
+static inline int gguflm_tail_start(const gguflm_attn_args *a, int lanes) {
+    return a->n_cols > 0 ? a->n_cols - a->n_cols % lanes : INT32_MAX;
+}
+
+/* how many of the ascending cells[0 .. n) lie before `start` */
+static inline int gguflm_cells_before(const int32_t *cells, int n, int start) {
+    int i = n;
+    while (i > 0 && cells[i - 1] >= start) i--;
+    return i;
+}
+
 static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
     if (type == GGUFLM_CACHE_Q8_0) return head * (head_dim / QK8_0) * (int64_t)sizeof(block_q8_0);
     return head * head_dim * (type == GGUFLM_CACHE_F16 ? 2 : 4);
 }
 
 
+
+enum { GGUFLM_UNARY_GELU = 0, GGUFLM_UNARY_TANH = 1 };
 
 /* ---- the row kernels, once per ISA ---- */
 #define GGUFLM_FN(name) name##_scalar
@@ -248,24 +282,34 @@ typedef void (*gguflm_attn_heads_fn)(const gguflm_attn_args *a, int t, int h0, i
                                      int n_vis, gguflm_attn_scratch *s);
 typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
                                      int64_t vt_stride, gguflm_attn_scratch *s);
+typedef void (*gguflm_layer_norm_fn)(int n, const float *x, const float *w, const float *b, float eps, float *y,
+                                     int arith);
+typedef void (*gguflm_unary_fn)(int kind, const ggml_half *table, int n, const float *x, float *y);
+typedef void (*gguflm_pool_mean_fn)(int n_tok, int n, const float *x, int64_t x_stride, const float *m, int lanes,
+                                    int main, float *acc, float *out, int arith);
 
 typedef struct {
     gguflm_glu_fn swiglu_row;
     gguflm_geglu_fn geglu_row;
     gguflm_attn_heads_fn attn_heads;
     gguflm_attn_block_fn attn_block;
+    gguflm_layer_norm_fn layer_norm_row;
+    gguflm_unary_fn unary_row;
+    gguflm_pool_mean_fn pool_mean_row;
 } gguflm_ops_kernels;
 
 static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
     if (use_avx2)
         return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_heads_avx2,
-                                    gguflm_attn_block_avx2};
+                                    gguflm_attn_block_avx2, gguflm_layer_norm_row_avx2, gguflm_unary_row_avx2,
+                                    gguflm_pool_mean_row_avx2};
 #else
     (void)use_avx2;
 #endif
     return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_heads_scalar,
-                                gguflm_attn_block_scalar};
+                                gguflm_attn_block_scalar, gguflm_layer_norm_row_scalar, gguflm_unary_row_scalar,
+                                gguflm_pool_mean_row_scalar};
 }
 
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
@@ -314,6 +358,51 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
         else
             k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride, arith);
     }
+}
+
+/* LayerNorm of every row: out = norm(x) * w + b (w, b may be NULL) */
+static void gguflm_layer_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
+                                   const float *b, float eps, float *out, int64_t out_stride, int arith, int use_avx2,
+                                   int n_threads) {
+    const gguflm_ops_kernels k = gguflm_ops_select(use_avx2);
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) k.layer_norm_row(n, x + i * x_stride, w, b, eps, out + i * out_stride, arith);
+}
+
+/* out = act(x) for every row (GGUFLM_UNARY_*; gelu_table is used by GELU) */
+static void gguflm_unary_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *x,
+                              int64_t x_stride, float *out, int64_t out_stride, int use_avx2, int n_threads) {
+    const gguflm_ops_kernels k = gguflm_ops_select(use_avx2);
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) k.unary_row(kind, gelu_table, n, x + i * x_stride, out + i * out_stride);
+}
+
+/* Mean pooling as llama.cpp builds it, ggml_mul_mat(cont(transpose(x)), mean): out[s] = the sum
+ * over tokens t of x[t] * m[s][t] (x: [n_tok][n], m: [n_seqs][n_tok], out: [n_seqs][n]). ggml
+ * hands it to llamafile's sgemm (one vector of lanes over the tokens) when n_tok is a whole number
+ * of vectors, there are two sequences or more and n % 4 == 0; otherwise to vec_dot_f32 (four
+ * vectors of lanes, then the leftover tokens one FMA each). Returns -1 if scratch allocation
+ * failed. */
+static int gguflm_pool_mean(int n_tok, int n, int n_seqs, const float *x, int64_t x_stride, const float *m,
+                            float *out, int64_t out_stride, int arith, int use_avx2, int n_threads) {
+    const gguflm_ops_kernels k = gguflm_ops_select(use_avx2);
+    const int vec = gguflm_vec_lanes(arith);
+    const int sgemm = n_tok % vec == 0 && n_seqs >= 2 && n % 4 == 0;
+    const int lanes = sgemm ? vec : gguflm_dot_lanes(arith);
+    const int main = n_tok - n_tok % lanes;
+    int failed = 0;
+    #pragma omp parallel num_threads(gguflm_row_threads(n_seqs, n_threads)) reduction(|:failed)
+    {
+        float *acc = (float *)malloc(sizeof(float) * lanes * (n > 0 ? n : 1));
+        failed = acc == NULL;
+        #pragma omp for schedule(static)
+        for (int s = 0; s < n_seqs; s++)
+            if (acc)
+                k.pool_mean_row(n_tok, n, x, x_stride, m + (int64_t)s * n_tok, lanes, main, acc, out + s * out_stride,
+                                arith);
+        free(acc);
+    }
+    return failed ? -1 : 0;
 }
 
 /* With F16 K and V (the default cache), batches go through gguflm_attn_block (GGUFLM_ATTN_TBLOCK

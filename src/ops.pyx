@@ -1,4 +1,5 @@
-"""Forward-pass kernels other than matmul: RMS norm, RoPE, gated linear units, attention.
+"""Forward-pass kernels other than matmul: RMS norm, LayerNorm, RoPE, gated linear units, GELU and
+tanh, attention, mean pooling.
 
 Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``ops_body.h``)
 with the GIL released, rows spread over ``n_threads`` OpenMP threads. Numerics follow ggml's CPU
@@ -11,9 +12,10 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from dispatch cimport GGUFLM_ISA_AVX2, bind_dispatch, dispatch_names, gguflm_dispatch
-from ops_kernels cimport (GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, ggml_half, gguflm_attention, gguflm_attn_args,
-                          gguflm_gelu_table_init, gguflm_glu_rows, gguflm_rms_norm_rows, gguflm_rope_apply,
-                          gguflm_rope_corr_dims, gguflm_rope_params)
+from ops_kernels cimport (GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, GGUFLM_UNARY_GELU, GGUFLM_UNARY_TANH, ggml_half,
+                          gguflm_attention, gguflm_attn_args, gguflm_gelu_table_init, gguflm_glu_rows,
+                          gguflm_layer_norm_rows, gguflm_pool_mean, gguflm_rms_norm_rows, gguflm_rope_apply,
+                          gguflm_rope_corr_dims, gguflm_rope_params, gguflm_unary_rows)
 
 cnp.import_array()
 
@@ -50,6 +52,64 @@ def rms_norm(const float[:, ::1] x, const float[::1] weight, float eps, float[:,
     if n_rows:
         with nogil:
             gguflm_rms_norm_rows(n_rows, <int>n, &x[0, 0], n, w, eps, &out[0, 0], n, n_threads)
+
+
+def layer_norm(const float[:, ::1] x, const float[::1] weight, const float[::1] bias, float eps,
+               float[:, ::1] out, int n_threads=1):
+    """``out[i] = (x[i] - mean) / sqrt(var + eps) * weight + bias`` (ggml_norm, then ggml_mul and
+    ggml_add; ``weight`` and ``bias`` may be None)."""
+    cdef Py_ssize_t n_rows = x.shape[0], n = x.shape[1]
+    if out.shape[0] != n_rows or out.shape[1] != n:
+        raise ValueError(f"out has shape ({out.shape[0]}, {out.shape[1]}), expected ({n_rows}, {n})")
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None and v.shape[0] != n:
+            raise ValueError(f"{name} has {v.shape[0]} values, rows have {n}")
+    _check_threads(n_threads)
+    cdef const float *w = &weight[0] if weight is not None else NULL
+    cdef const float *b = &bias[0] if bias is not None else NULL
+    cdef int arith = _switch.arith, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
+    if n_rows and n:
+        with nogil:
+            gguflm_layer_norm_rows(n_rows, <int>n, &x[0, 0], n, w, b, eps, &out[0, 0], n, arith, use_avx2, n_threads)
+
+
+cdef _unary(int kind, const float[:, ::1] x, float[:, ::1] out, int n_threads):
+    if out.shape[0] != x.shape[0] or out.shape[1] != x.shape[1]:
+        raise ValueError("x and out must have the same shape")
+    _check_threads(n_threads)
+    cdef Py_ssize_t n_rows = x.shape[0], n = x.shape[1]
+    cdef int use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
+    if n_rows and n:
+        with nogil:
+            gguflm_unary_rows(kind, GELU_TABLE, n_rows, <int>n, &x[0, 0], n, &out[0, 0], n, use_avx2, n_threads)
+
+
+def gelu(const float[:, ::1] x, float[:, ::1] out, int n_threads=1):
+    """``out = gelu(x)`` through ggml's fp16 lookup table (ggml_vec_gelu_f32)."""
+    _unary(GGUFLM_UNARY_GELU, x, out, n_threads)
+
+
+def tanh(const float[:, ::1] x, float[:, ::1] out, int n_threads=1):
+    """``out = tanhf(x)`` element by element (ggml_vec_tanh_f32)."""
+    _unary(GGUFLM_UNARY_TANH, x, out, n_threads)
+
+
+def pool_mean(const float[:, ::1] x, const float[:, ::1] mean, float[:, ::1] out, int n_threads=1):
+    """``out = mean @ x`` ([n_seqs, n_tokens] by [n_tokens, n]) in the order ggml's F32 mul_mat of
+    llama.cpp's mean pooling sums it."""
+    cdef Py_ssize_t n_tok = x.shape[0], n = x.shape[1], n_seqs = mean.shape[0]
+    if mean.shape[1] != n_tok:
+        raise ValueError(f"mean has {mean.shape[1]} columns for {n_tok} tokens")
+    if out.shape[0] != n_seqs or out.shape[1] != n:
+        raise ValueError(f"out must be ({n_seqs}, {n})")
+    _check_threads(n_threads)
+    cdef int rc = 0, arith = _switch.arith, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
+    if n_seqs and n:
+        with nogil:
+            rc = gguflm_pool_mean(<int>n_tok, <int>n, <int>n_seqs, &x[0, 0] if n_tok else NULL, n, &mean[0, 0],
+                                  &out[0, 0], n, arith, use_avx2, n_threads)
+    if rc:
+        raise MemoryError("pooling scratch allocation failed")
 
 
 def rope(float[:, ::1] x, const int32_t[::1] pos, int n_heads, int head_dim, int n_dims, bint neox,
@@ -149,7 +209,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
               const int32_t[::1] tok_pos, const int32_t[::1] tok_seq,
               int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
               float kq_scale, float[:, ::1] out, bint causal=True, int n_swa=0, float softcap=0.0,
-              int n_threads=1):
+              int n_threads=1, const int32_t[::1] cell_seq_id=None, int n_cols=0, float max_bias=0.0):
     """Attention of ``q`` ([n_tokens, n_head * head_dim_k]) over cache cells ``[0, n_kv)``.
 
     ``k_cache``/``v_cache`` hold one row per cell of n_head_kv * head_dim values: float32 ("f32"),
@@ -157,6 +217,10 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     is visible to a token when ``cell_seq`` has the token's sequence bit, its position is not in
     the token's future (``causal``) and within ``n_swa`` positions (0 = no window). Writes
     ``out`` ([n_tokens, n_head * head_dim_v]).
+
+    Without a cache (encoders), ``cell_seq_id`` gives each cell's one sequence instead of
+    ``cell_seq`` (which may then be empty), ``n_cols`` the length of ggml's score rows (n_kv,
+    unpadded), and ``max_bias`` > 0 adds ALiBi biases.
     """
     cdef Py_ssize_t n_tok = q.shape[0]
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
@@ -171,12 +235,14 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
         raise ValueError("tok_pos and tok_seq need one entry per token")
     cdef int k_id = _check_cache(k_cache, type_k, <int64_t>n_head_kv * head_dim_k, "K")
     cdef int v_id = _check_cache(v_cache, type_v, <int64_t>n_head_kv * head_dim_v, "V")
-    if n_kv < 0 or n_kv > k_cache.shape[0] or n_kv > v_cache.shape[0] \
-            or cell_pos.shape[0] < n_kv or cell_seq.shape[0] < n_kv:
+    if n_kv < 0 or n_kv > k_cache.shape[0] or n_kv > v_cache.shape[0] or cell_pos.shape[0] < n_kv \
+            or (cell_seq.shape[0] if cell_seq_id is None else cell_seq_id.shape[0]) < n_kv:
         raise ValueError(f"n_kv {n_kv} exceeds the cache")
+    if n_cols and (n_cols != n_kv or type_k != "f32" or type_v != "f32"):
+        raise ValueError("n_cols (no cache) must equal n_kv, with f32 K and V")
     cdef Py_ssize_t t
     for t in range(n_tok):
-        if tok_seq[t] < 0 or tok_seq[t] >= 64:
+        if tok_seq[t] < 0 or (cell_seq_id is None and tok_seq[t] >= 64):
             raise ValueError(f"sequence id {tok_seq[t]} out of range [0, 64)")
     cdef gguflm_attn_args a
     a.q = &q[0, 0] if n_tok else NULL
@@ -194,7 +260,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.v_row_bytes = v_cache.shape[1] * v_cache.itemsize
     a.n_kv = n_kv
     a.cell_pos = &cell_pos[0] if cell_pos.shape[0] else NULL
-    a.cell_seq = &cell_seq[0] if cell_seq.shape[0] else NULL
+    a.cell_seq = &cell_seq[0] if cell_seq is not None and cell_seq.shape[0] else NULL
     a.tok_pos = &tok_pos[0] if n_tok else NULL
     a.tok_seq = &tok_seq[0] if n_tok else NULL
     a.causal = causal
@@ -204,6 +270,9 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.out = &out[0, 0] if n_tok else NULL
     a.out_stride = out.shape[1]
     a.arith = _switch.arith
+    a.cell_seq_id = &cell_seq_id[0] if cell_seq_id is not None and cell_seq_id.shape[0] else NULL
+    a.n_cols = n_cols
+    a.max_bias = max_bias
     _check_threads(n_threads)
     cdef int rc, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
     with nogil:

@@ -27,9 +27,17 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 #endif
 }
 
-/* acc[d] += x[d] * p for d < n: one cell's V values into its lane */
+/* acc[d] += x[d] * p for d < n: one cell's V values into its lane (fused, or with the product
+ * rounded first when `fused` is 0, as ggml_vec_dot_f32's leftover loop does for most elements) */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
     for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
+}
+
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_tail_axpy)(int n, float p, const float *x, float *acc, int fused) {
+    if (fused)
+        for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
+    else
+        for (int d = 0; d < n; d++) acc[d] = acc[d] + x[d] * p;
 }
 
 /* out[d] = the sum of the n_lanes lanes of column d (lane l at acc[l * stride + d]) for d < n,
@@ -163,13 +171,13 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_block)(int n, const void *const 
 
 /* s->acc[g][lane][d] (DBLOCK apart) = the P·V lanes of head g for value dimensions d0 + d, d < db:
  * cell cells[i]'s V values times its probability s->score[g * n_vis + i] go into lane
- * cells[i] % v_lanes, in cell order */
+ * cells[i] % v_lanes, in cell order, for the first n_use cells */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes_generic)(const gguflm_attn_args *a, const char *v_base,
-                                                             const int32_t *cells, int n_vis, int gqa, int v_lanes,
-                                                             int d0, int db, gguflm_attn_scratch *s) {
+                                                             const int32_t *cells, int n_use, int n_vis, int gqa,
+                                                             int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
     const int tv = a->cache_type_v, dv = a->head_dim_v;
     memset(s->acc, 0, sizeof(float) * v_lanes * GGUFLM_ATTN_DBLOCK * gqa);
-    for (int i = 0; i < n_vis; i++) {
+    for (int i = 0; i < n_use; i++) {
         const int c = cells[i];
         const char *vrow = v_base + (int64_t)c * a->v_row_bytes;
         const float *vf;
@@ -224,10 +232,10 @@ GGUFLM_TARGET static inline __attribute__((always_inline)) void GGUFLM_FN(gguflm
  * run in registers: 64 dimensions of one head, or 16 dimensions of up to 4 heads, at a time.
  * p = 0 adds an exact zero. */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base,
-                                                     const int32_t *cells, int n_vis, const int *start, int gqa,
-                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
+                                                     const int32_t *cells, int n_use, int n_vis, const int *start,
+                                                     int gqa, int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
     if (a->cache_type_v == GGUFLM_CACHE_Q8_0 || db % 16) {
-        GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_vis, gqa, v_lanes, d0, db, s);
+        GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_use, n_vis, gqa, v_lanes, d0, db, s);
         return;
     }
     /* constant shapes and V type per call, so that the accumulators stay in registers */
@@ -251,46 +259,58 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, 
 }
 #else
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_lanes)(const gguflm_attn_args *a, const char *v_base,
-                                                     const int32_t *cells, int n_vis, const int *start, int gqa,
-                                                     int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
+                                                     const int32_t *cells, int n_use, int n_vis, const int *start,
+                                                     int gqa, int v_lanes, int d0, int db, gguflm_attn_scratch *s) {
     (void)start;
-    GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_vis, gqa, v_lanes, d0, db, s);
+    GGUFLM_FN(gguflm_pv_lanes_generic)(a, v_base, cells, n_use, n_vis, gqa, v_lanes, d0, db, s);
 }
 #endif
 
 /* One head's scores sc[i] of the visible cells cells[i] (ascending) become probabilities, as ggml
- * computes them: every score scaled (and soft-capped), the max taken, then exp summed one vector of
- * cells at a time (float), the vectors in double; masked cells contribute exact zeros, so grouping
- * by cell index reproduces its partial sums. The probabilities are then rounded to the V type, as
- * ggml's P·V matmul takes them. */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args *a, const int32_t *cells, int n_vis,
-                                                          float *sc) {
+ * computes them: every score scaled (and soft-capped, or given its ALiBi bias), the max taken, then
+ * exp summed one vector of cells at a time (float), the vectors in double; masked cells contribute
+ * exact zeros, so grouping by cell index reproduces its partial sums. Without a cache, the cells
+ * past the last whole vector take libm's expf and are summed one by one, as ggml's tail loop. The
+ * probabilities are then rounded to the V type, as ggml's P·V matmul takes them. t is the token,
+ * h the query head. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args *a, int t, int h, const int32_t *cells,
+                                                          int n_vis, float *sc) {
     const int vec = gguflm_vec_lanes(a->arith);
+    const int n_main = gguflm_cells_before(cells, n_vis, gguflm_tail_start(a, vec));
+    const float slope = a->max_bias > 0.0f ? gguflm_alibi_slope(a->max_bias, a->n_head, h) : 0.0f;
     float max = -INFINITY;
     for (int i = 0; i < n_vis; i++) {
         float kq = sc[i];
         if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
         kq = kq * a->kq_scale;
+        if (a->max_bias > 0.0f)  /* the mask holds -|p0 - p1|; GCC fuses ggml's wp += slope*mask */
+            kq = fmaf(slope, (float)-abs(a->cell_pos[cells[i]] - a->tok_pos[t]), kq);
         sc[i] = kq;
         max = kq > max ? kq : max;
     }
     if (a->arith == GGUFLM_ARITH_AVX512)
-        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf_avx512(sc[i] - max);
+        for (int i = 0; i < n_main; i++) sc[i] = gguflm_expf_avx512(sc[i] - max);
     else
-        for (int i = 0; i < n_vis; i++) sc[i] = gguflm_expf(sc[i] - max);
+        for (int i = 0; i < n_main; i++) sc[i] = gguflm_expf(sc[i] - max);
     double sum = 0.0;
-    float group[16] = {0};
-    int group_id = cells[0] / vec;
-    for (int i = 0; i < n_vis; i++) {
-        const int c = cells[i];
-        if (c / vec != group_id) {
-            sum += (double)gguflm_hsum_vec(group, vec);
-            memset(group, 0, sizeof(group));
-            group_id = c / vec;
+    if (n_main > 0) {
+        float group[16] = {0};
+        int group_id = cells[0] / vec;
+        for (int i = 0; i < n_main; i++) {
+            const int c = cells[i];
+            if (c / vec != group_id) {
+                sum += (double)gguflm_hsum_vec(group, vec);
+                memset(group, 0, sizeof(group));
+                group_id = c / vec;
+            }
+            group[c % vec] = sc[i];
         }
-        group[c % vec] = sc[i];
+        sum += (double)gguflm_hsum_vec(group, vec);
     }
-    sum += (double)gguflm_hsum_vec(group, vec);
+    for (int i = n_main; i < n_vis; i++) {
+        sc[i] = expf(sc[i] - max);
+        sum += (double)sc[i];
+    }
     const float inv_sum = (float)(1.0 / sum);
     for (int i = 0; i < n_vis; i++) {
         const float p = sc[i] * inv_sum;
@@ -312,9 +332,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
      * misses sgemm because the permuted queries are not contiguous and need no conversion */
     const int batch = a->n_tok >= 2, vec = gguflm_vec_lanes(a->arith), dot = gguflm_dot_lanes(a->arith);
     const int k_lanes = batch && tk == GGUFLM_CACHE_F16 ? vec : dot;
-    const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 ? vec : dot;
-    /* a vec_dot leaves the elements after its last whole step to a scalar sum (in double for F16) */
+    /* sgemm also needs whole vectors of cells, which a padded cache always has */
+    const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 && a->n_cols % vec == 0 ? vec : dot;
+    /* a vec_dot leaves the elements after its last whole step to a scalar sum (in double for F16,
+     * an FMA chain for F32) */
     const int k_main = dk - dk % k_lanes;
+    /* without a cache, P·V's vec_dot leaves the cells after its last whole step to a scalar loop */
+    const int v_main = gguflm_tail_start(a, v_lanes);
+    const int n_vis_v = gguflm_cells_before(cells, n_vis, v_main);
+    const int v_fused = n_vis_v < n_vis ? v_main + gguflm_dot_f32_unfused(a->n_cols - v_main, a->arith) : 0;
 
     if (n_vis == 0) {  /* a token that sees nothing gets zeros (ggml would produce NaN) */
         for (int g = 0; g < nh; g++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv, 0, sizeof(float) * dv);
@@ -346,7 +372,19 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
         }
         const int k_f16 = tk == GGUFLM_CACHE_F16;
         GGUFLM_FN(gguflm_dots_block)(k_main, krows, k_f16, nc, qrows, nh, k_lanes, s->score + i0, n_vis);
-        if (k_main < dk)
+        if (k_main < dk && tk == GGUFLM_CACHE_F32) {
+            const int split = k_main + gguflm_dot_f32_unfused(dk - k_main, a->arith);
+            for (int g = 0; g < nh; g++)
+                for (int ci = 0; ci < nc; ci++) {
+                    float *sc = s->score + (int64_t)g * n_vis + i0 + ci;
+                    const float *kr = (const float *)krows[ci];
+                    float acc = *sc;
+                    for (int d = k_main; d < split; d++) acc = acc + kr[d] * qrows[g][d];
+                    for (int d = split; d < dk; d++) acc = fmaf(kr[d], qrows[g][d], acc);
+                    *sc = acc;
+                }
+        }
+        else if (k_main < dk)
             for (int g = 0; g < nh; g++)
                 for (int ci = 0; ci < nc; ci++) {
                     double rest = 0.0;
@@ -359,19 +397,25 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
                     *sc = (float)((double)*sc + rest);
                 }
     }
-    for (int g = 0; g < nh; g++) GGUFLM_FN(gguflm_softmax_cells)(a, cells, n_vis, s->score + (int64_t)g * n_vis);
+    for (int g = 0; g < nh; g++)
+        GGUFLM_FN(gguflm_softmax_cells)(a, t, h0 + g, cells, n_vis, s->score + (int64_t)g * n_vis);
 
     /* P·V, a block of value dimensions at a time so that every head's lanes stay in cache:
-     * each cell's V values go into the lane that ggml's dot over cells would have used */
+     * each cell's V values go into the lane that ggml's dot over cells would have used; the
+     * cells of a tail (only F32 V has them) follow one by one */
     int start[GGUFLM_MAX_LANES + 1];
-    gguflm_order_by_lane(cells, n_vis, v_lanes, start, s->order);
+    gguflm_order_by_lane(cells, n_vis_v, v_lanes, start, s->order);
     for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
         const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, cells, n_vis, start, nh, v_lanes, d0, db, s);
+        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, cells, n_vis_v, n_vis, start, nh, v_lanes, d0, db, s);
         for (int g = 0; g < nh; g++) {
             float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
             GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,
                                           db, out);
+            for (int i = n_vis_v; i < n_vis; i++) {
+                const float *vr = (const float *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0;
+                GGUFLM_FN(gguflm_tail_axpy)(db, s->score[(int64_t)g * n_vis + i], vr, out, cells[i] >= v_fused);
+            }
         }
     }
 }
@@ -438,7 +482,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         for (int qi = tl * gqa; qi < (tl + 1) * gqa; qi++) {
             float *sc = s->score + (int64_t)qi * nc;
             for (int i = 0; i < n_vis; i++) sc[i] = sc[s->cells[i] - lo];
-            if (n_vis > 0) GGUFLM_FN(gguflm_softmax_cells)(a, s->cells, n_vis, sc);
+            if (n_vis > 0) GGUFLM_FN(gguflm_softmax_cells)(a, t0 + tl, h0 + qi % gqa, s->cells, n_vis, sc);
             for (int i = nc - 1, k = n_vis - 1; i >= 0; i--)
                 sc[i] = k >= 0 && s->cells[k] - lo == i ? sc[k--] : 0.0f;
         }
@@ -456,4 +500,65 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
             memcpy(a->out + (int64_t)(t0 + qi / gqa) * a->out_stride + (int64_t)(h0 + qi % gqa) * dv + d0,
                    res + (int64_t)qi * GGUFLM_ATTN_CBLOCK, sizeof(float) * m);
     }
+}
+
+/* ---- encoders: LayerNorm, unary activations, mean pooling ---- */
+
+/* ggml_norm of one row, then * w, then + b (three ggml ops, so no FMA between them): the mean
+ * from a double sum; the squares of (x - mean) summed one vector at a time in float, the vectors
+ * and the leftover squares in double, as ggml_vec_cvar_f32 */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_layer_norm_row)(int n, const float *x, const float *w, const float *b,
+                                                           float eps, float *y, int arith) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i];
+    const float mean = (float)sum / (float)n;
+    const int vec = gguflm_vec_lanes(arith);
+    double var = 0.0;
+    int i = 0;
+    for (; i + vec <= n; i += vec) {
+        float sq[16];
+        for (int l = 0; l < vec; l++) {
+            const float d = x[i + l] - mean;
+            y[i + l] = d;
+            sq[l] = d * d;
+        }
+        var += (double)gguflm_hsum_vec(sq, vec);
+    }
+    for (; i < n; i++) {
+        const float d = x[i] - mean;
+        y[i] = d;
+        var += (double)(d * d);
+    }
+    const float scale = 1.0f / sqrtf((float)(var / n) + eps);
+    for (i = 0; i < n; i++) y[i] = y[i] * scale;
+    if (w)
+        for (i = 0; i < n; i++) y[i] = y[i] * w[i];
+    if (b)
+        for (i = 0; i < n; i++) y[i] = y[i] + b[i];
+}
+
+/* y = act(x) for one row: GELU through ggml's fp16 table, or libm's tanhf (ggml_vec_tanh_f32) */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_unary_row)(int kind, const ggml_half *table, int n, const float *x, float *y) {
+    if (kind == GGUFLM_UNARY_GELU)
+        for (int i = 0; i < n; i++) y[i] = gguflm_gelu(table, x[i]);
+    else
+        for (int i = 0; i < n; i++) y[i] = tanhf(x[i]);
+}
+
+/* out[d] = the sum over tokens t of x[t][d] * m[t] for d < n, as ggml's F32 mul_mat of the
+ * transposed hidden states by the mean matrix rounds it: token t's products go into lane t % lanes
+ * for the tokens before `main` (acc: [lanes][n], zeroed here), the lanes are reduced as the dot
+ * keeping that many lanes does, then the tokens from `main` on follow one by one (vec_dot's
+ * leftover loop, see gguflm_dot_f32_unfused). Zero weights (other sequences' tokens) add nothing
+ * and are skipped. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pool_mean_row)(int n_tok, int n, const float *x, int64_t x_stride,
+                                                          const float *m, int lanes, int main, float *acc, float *out,
+                                                          int arith) {
+    memset(acc, 0, sizeof(float) * lanes * n);
+    for (int t = 0; t < main; t++)
+        if (m[t] != 0.0f) GGUFLM_FN(gguflm_lane_axpy)(n, m[t], x + t * x_stride, acc + (int64_t)(t % lanes) * n);
+    GGUFLM_FN(gguflm_reduce_cols)(acc, n, lanes, n, out);
+    const int fused = main + gguflm_dot_f32_unfused(n_tok - main, arith);
+    for (int t = main; t < n_tok; t++)
+        if (m[t] != 0.0f) GGUFLM_FN(gguflm_tail_axpy)(n, m[t], x + t * x_stride, out, t >= fused);
 }

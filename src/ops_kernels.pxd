@@ -21,6 +21,16 @@ cdef extern from "ops.h" nogil:
                               float eps, float *out, int64_t out_stride, int n_threads)
     int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
                           int head_dim, float *x, int64_t x_stride, int n_threads)
+    void gguflm_layer_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
+                                const float *b, float eps, float *out, int64_t out_stride, int arith, int use_avx2,
+                                int n_threads)
+    enum:
+        GGUFLM_UNARY_GELU
+        GGUFLM_UNARY_TANH
+    void gguflm_unary_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *x,
+                           int64_t x_stride, float *out, int64_t out_stride, int use_avx2, int n_threads)
+    int gguflm_pool_mean(int n_tok, int n, int n_seqs, const float *x, int64_t x_stride, const float *m,
+                         float *out, int64_t out_stride, int arith, int use_avx2, int n_threads)
     enum:
         GGUFLM_GLU_SWIGLU
         GGUFLM_GLU_GEGLU
@@ -47,5 +57,8 @@ cdef extern from "ops.h" nogil:
         float *out
         int64_t out_stride
         int arith
+        const int32_t *cell_seq_id
+        int n_cols
+        float max_bias
     int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
 

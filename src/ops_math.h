@@ -94,6 +94,15 @@ GGUFLM_INLINE float gguflm_hsum16(const float v[16]) {
 GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 64 : 32; }
 GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 16 : 8; }
 
+/* ggml_vec_dot_f32 leaves the elements after its last whole step of dot lanes to a scalar loop,
+ * which GCC vectorised (seen in llama-cpp-python 0.3.36's AVX-512 build): the products of all but
+ * the last n % 8 of those n elements are rounded and then added in order; the last n % 8 are
+ * fused multiply-adds (its scalar epilogue). The AVX2 build's vectoriser works 8 then 4 floats
+ * wide, which leaves n % 4. This is how many of the n leftover elements are unfused. */
+GGUFLM_INLINE int gguflm_dot_f32_unfused(int n, int arith) {
+    return n - n % (arith == GGUFLM_ARITH_AVX512 ? 8 : 4);
+}
+
 /* the sum of one vector's lanes (8 or 16), as the build's horizontal sum adds them */
 GGUFLM_INLINE float gguflm_hsum_vec(const float *v, int n_lanes) {
     return n_lanes == 16 ? gguflm_hsum16(v) : gguflm_hsum8_movehl(v);

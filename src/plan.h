@@ -31,6 +31,9 @@ typedef enum {
     GGUFLM_OP_ATTENTION,
     GGUFLM_OP_GLU,           /* out = act(gate) * up */
     GGUFLM_OP_SOFTCAP,       /* x = tanh(x / cap) * cap */
+    GGUFLM_OP_LAYER_NORM,    /* out = norm(x) * w + b */
+    GGUFLM_OP_UNARY,         /* out = act(x): GELU, tanh */
+    GGUFLM_OP_POOL_MEAN,     /* out[s] = sum_t mean[s][t] * x[t] */
 } gguflm_op;
 
 typedef struct {
@@ -44,7 +47,7 @@ typedef struct {
     float f;                             /* eps, scale, cap */
     const void *w;                       /* weights, bias, norm weight, cache data */
     int64_t w_stride;
-    const float *x, *y;
+    const float *x, *y;                  /* y: second operand, LayerNorm bias, mean-pooling matrix */
     void *out;
     const int32_t *i32;                  /* token ids, positions, n_kv (dynamic) */
     const int64_t *i64;                  /* cells, output rows (dynamic) */
@@ -171,6 +174,19 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_GLU:
             gguflm_glu_rows(nd->aux, gelu_table, nd->n_rows, (int)nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride,
                             out, nd->out_stride, arith, use_avx2, nd->n_threads);
+            break;
+        case GGUFLM_OP_LAYER_NORM:
+            gguflm_layer_norm_rows(nd->n_rows, (int)nd->n, nd->x, nd->x_stride, (const float *)nd->w, nd->y, nd->f,
+                                   out, nd->out_stride, arith, use_avx2, nd->n_threads);
+            break;
+        case GGUFLM_OP_UNARY:
+            gguflm_unary_rows(nd->aux, gelu_table, nd->n_rows, (int)nd->n, nd->x, nd->x_stride, out, nd->out_stride,
+                              use_avx2, nd->n_threads);
+            break;
+        case GGUFLM_OP_POOL_MEAN:
+            if (gguflm_pool_mean((int)nd->n_rows, (int)nd->n, nd->aux, nd->x, nd->x_stride, nd->y, out, nd->out_stride,
+                                 arith, use_avx2, nd->n_threads))
+                return -1;
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

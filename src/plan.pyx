@@ -34,6 +34,9 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_ATTENTION
         GGUFLM_OP_GLU
         GGUFLM_OP_SOFTCAP
+        GGUFLM_OP_LAYER_NORM
+        GGUFLM_OP_UNARY
+        GGUFLM_OP_POOL_MEAN
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_node:
         int32_t op
@@ -68,7 +71,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_ADD: "ADD",
              GGUFLM_OP_ADD_ROW: "ADD_ROW", GGUFLM_OP_RMS_NORM: "RMS_NORM", GGUFLM_OP_QUANTIZE: "QUANTIZE",
              GGUFLM_OP_MATMUL: "MATMUL", GGUFLM_OP_ROPE: "ROPE", GGUFLM_OP_KV_STORE: "KV_STORE",
-             GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP"}
+             GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
+             GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN"}
 
 cdef ggml_half GELU_TABLE[65536]
 gguflm_gelu_table_init(GELU_TABLE)
@@ -107,13 +111,15 @@ cdef class Plan:
     cdef readonly bint guarded
     cdef object guard_arrays   # what self.guards points into
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
+    cdef public object pool_mean_weights, pool_rows   # pooling inputs: [n_seqs, n_tokens] weights, [n_seqs] rows
+    cdef object n_self          # [1] int32: n_tokens, the cells of attention without a cache
 
     def __cinit__(self):
         self.nodes = NULL
         self.n_nodes = self.capacity = 0
         self.ran.isa = -1
 
-    def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0):
+    def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0, int n_seqs=0):
         self.keep = []
         self.step_nodes = []
         self.guarded = False
@@ -124,6 +130,9 @@ cdef class Plan:
         self.n_kv = np.zeros(max(n_caches, 1), np.int32)
         self.cells = [np.zeros(n_tokens, np.int64) for _ in range(n_caches)]
         self.embd = np.zeros((n_tokens, n_embd_input), np.float32) if n_embd_input else None
+        self.pool_mean_weights = np.zeros((n_seqs, n_tokens), np.float32)
+        self.pool_rows = np.zeros(n_seqs, np.int64)
+        self.n_self = np.array([n_tokens], np.int32)
         self.results = None
 
     def __dealloc__(self):
@@ -165,10 +174,11 @@ cdef class Plan:
     def layer(self):
         self._add(GGUFLM_OP_LAYER, 1)
 
-    def get_rows(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray out):
+    def get_rows(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray out, bint by_position=False):
+        """out[i] = row tokens[i] (or, ``by_position``, row pos[i]) of w, as floats."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_GET_ROWS, 1, (w, out,))
         nd.type, nd.w, nd.w_stride, nd.n = wtype, _ptr(w), w.strides[0], n_in
-        nd.i32 = <const int32_t *>_ptr(self.tokens)
+        nd.i32 = <const int32_t *>_ptr(self.pos if by_position else self.tokens)
         nd.n_rows, nd.out, nd.out_stride = out.shape[0], _ptr(out), _stride(out)
 
     def copy(self, cnp.ndarray x, int64_t col0, cnp.ndarray out):
@@ -180,6 +190,32 @@ cdef class Plan:
         cdef gguflm_node *nd = self._add(GGUFLM_OP_TAKE_ROWS, 1, (x, out,))
         nd.x, nd.x_stride = <const float *>_ptr(x), _stride(x)
         nd.i64 = <const int64_t *>_ptr(self.output_rows)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def take_pool_rows(self, cnp.ndarray x, cnp.ndarray out):
+        """out[s] = x[pool_rows[s]]: each sequence's first or last token (CLS, LAST, RANK pooling)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_TAKE_ROWS, 1, (x, out,))
+        nd.x, nd.x_stride = <const float *>_ptr(x), _stride(x)
+        nd.i64 = <const int64_t *>_ptr(self.pool_rows)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def pool_mean(self, cnp.ndarray x, cnp.ndarray out, int n_threads):
+        """out[s] = the sum over tokens t of pool_mean_weights[s][t] * x[t] (MEAN pooling)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_POOL_MEAN, n_threads, (x, out, self.pool_mean_weights))
+        nd.x, nd.x_stride, nd.n_rows, nd.n = <const float *>_ptr(x), _stride(x), x.shape[0], x.shape[1]
+        nd.y, nd.aux = <const float *>_ptr(self.pool_mean_weights), out.shape[0]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def layer_norm(self, cnp.ndarray x, cnp.ndarray w, cnp.ndarray b, float eps, cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_LAYER_NORM, n_threads, (x, w, b, out,))
+        nd.x, nd.x_stride, nd.f = <const float *>_ptr(x), _stride(x), eps
+        nd.w = _ptr(w) if w is not None else NULL
+        nd.y = <const float *>_ptr(b) if b is not None else NULL
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def unary(self, int kind, cnp.ndarray x, cnp.ndarray out, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_UNARY, n_threads, (x, out,))
+        nd.aux, nd.x, nd.x_stride = kind, <const float *>_ptr(x), _stride(x)
         nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
 
     def scale(self, cnp.ndarray x, float s):
@@ -270,6 +306,24 @@ cdef class Plan:
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
+
+    def attention_self(self, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int n_head, int n_head_kv, int head_dim_k,
+                       int head_dim_v, float kq_scale, bint causal, float max_bias, cnp.ndarray out, int n_threads):
+        """Attention of the ubatch's tokens over the ubatch's own F32 K and V rows (no cache: one cell
+        per token, visible within its first sequence), with ALiBi when ``max_bias`` > 0."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k, v, out,))
+        nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
+        nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
+        nd.attn.head_dim_k, nd.attn.head_dim_v = head_dim_k, head_dim_v
+        nd.attn.k, nd.attn.v = _ptr(k), _ptr(v)
+        nd.attn.cache_type_k = nd.attn.cache_type_v = _CACHE_TYPE_IDS["f32"]
+        nd.attn.k_row_bytes, nd.attn.v_row_bytes = k.strides[0], v.strides[0]
+        nd.attn.cell_pos = nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
+        nd.attn.cell_seq_id = nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
+        nd.attn.n_cols = q.shape[0]
+        nd.attn.causal, nd.attn.kq_scale, nd.attn.max_bias = causal, kq_scale, max_bias
+        nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
+        nd.i32 = <const int32_t *>_ptr(self.n_self)
 
     def glu(self, int kind, cnp.ndarray gate, cnp.ndarray up, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_GLU, n_threads, (gate, up, out,))

@@ -24,6 +24,8 @@ class TensorSpec:
     TENSOR_DUPLICATED, e.g. ``output.weight`` → ``token_embd.weight``). A spec with ``in_file``
     False is never read from the file: its name always means ``fallback`` (Gemma 2's output is its
     token embedding, and llama.cpp refuses a file that has an ``output.weight`` of its own).
+    ``alt_shapes`` are other shapes the file may give it (llama.cpp reads some widths from the
+    file: jina-bert-v2's up projection may carry the gate).
     """
 
     name: str
@@ -31,6 +33,7 @@ class TensorSpec:
     optional: bool = False
     fallback: str | None = None
     in_file: bool = True
+    alt_shapes: tuple[tuple[int, ...], ...] = ()
 
 
 class Architecture:
@@ -38,6 +41,9 @@ class Architecture:
 
     name: ClassVar[str]
     rope_type: ClassVar[RopeType] = RopeType.NORM
+    # decoders keep K and V in a cache; encoders (llama.cpp gives them no memory) attend within
+    # each ubatch, which must then hold the whole batch
+    kv_cache: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -54,6 +60,11 @@ class Architecture:
     @classmethod
     def read_common(cls, kv: HParamReader, n_vocab: int) -> HParams:
         return read_common_hparams(kv, n_vocab, cls.rope_type)
+
+    @classmethod
+    def max_positions(cls, hp: HParams) -> int | None:
+        """How many positions the model has embeddings for (absolute positions), or None."""
+        return None
 
     # -- forward pass
 
@@ -102,6 +113,19 @@ class Architecture:
                 TensorSpec(f"{blk}.attn_v.bias", (hp.n_embd_v_gqa(il),), optional=optional),
                 TensorSpec(f"{blk}.attn_output.bias", (hp.n_embd,), optional=True),
             ]
+        return specs
+
+    @staticmethod
+    def classifier_specs(hp: HParams, n_hidden: int | None = None, output: bool = True) -> list[TensorSpec]:
+        """The optional classification head of rank pooling (``gguflm.pooling``): ``cls``
+        (n_embd → ``n_hidden``, default n_embd, then tanh) and, with ``output``, ``cls.output``
+        (n_hidden → n_cls_out scores)."""
+        n_hidden = hp.n_embd if n_hidden is None else n_hidden
+        specs = [TensorSpec("cls.weight", (hp.n_embd, n_hidden), optional=True),
+                 TensorSpec("cls.bias", (n_hidden,), optional=True)]
+        if output:
+            specs += [TensorSpec("cls.output.weight", (n_hidden, hp.n_cls_out), optional=True),
+                      TensorSpec("cls.output.bias", (hp.n_cls_out,), optional=True)]
         return specs
 
     @staticmethod
