@@ -1,11 +1,12 @@
 """Tiny random models of every architecture gguflm runs, written with gguflm's GGUF writer.
 
 A :class:`TinyModel` says what to write: architecture, shape, the weight type of every matrix, a
-tied or separate output projection, the sliding window. :func:`write_tiny_model` writes it with
-random weights; :func:`tiny_models` is the hypothesis strategy that draws them over the shapes and
-types real files have (and the awkward ones: head dims of 8 or 80, rows too short for a K-quant
-block, one KV head for eight query heads). ``tests/data/arch/make_fixtures.py`` writes the
-committed fixtures with it.
+tied or separate output projection, the sliding window; for the encoders (``ENCODER_ARCHS``) the
+pooling type and whether a classification head is there. :func:`write_tiny_model` writes it with
+random weights; :func:`tiny_models` is the hypothesis strategy that draws decoders over the shapes
+and types real files have (and the awkward ones: head dims of 8 or 80, rows too short for a K-quant
+block, one KV head for eight query heads), :func:`tiny_encoders` the same for encoders.
+``tests/data/arch/make_fixtures.py`` writes the committed fixtures with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+# BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
+# Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
+ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert")
 SWA_ARCHS = ("gemma2", "gemma3")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2",)
@@ -36,7 +41,7 @@ WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLTy
 # the matrices of a layer by kind; "attn_qkv" and a double-width "ffn_up" replace Q, K, V and the
 # gate in Phi 3
 MATRIX_KINDS = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
-                "ffn_gate", "ffn_up", "ffn_down")
+                "ffn_gate", "ffn_up", "ffn_down", "cls", "cls_output")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class TinyModel:
     n_layer: int = 2
     tied_output: bool = True
     n_swa: int = 16                     # sliding window of the architectures that have one
+    pooling_type: int = -1              # encoders: {arch}.pooling_type (-1: not written)
+    classifier: bool = False            # encoders: a rank pooling head (cls, cls.output)
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
 
@@ -100,6 +107,9 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                        "attention.value_length": hd, "rope.freq_base": 10000.0}.items():
         # llama.cpp insists on UINT32 for integer hyper-parameters
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
+    if arch in ENCODER_ARCHS:
+        _write_encoder(spec, w, rng, vector, matrix)
+        return
     w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     if arch in SWA_ARCHS:
         w.add(f"{arch}.attention.sliding_window", s.n_swa, GGUFValueType.UINT32)
@@ -141,10 +151,81 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     w.write()
 
 
+def _write_encoder(spec: TinyModel, w: GGUFWriter, rng: np.random.Generator, vector, matrix) -> None:
+    """The metadata and tensors of an encoder, in the names llama.cpp's converter gives them."""
+    s, arch = spec, spec.arch
+    e, nh, nkv, hd, ff = s.n_embd, s.n_head, s.n_head_kv, s.head_dim, s.n_ff
+    w.add(f"{arch}.attention.layer_norm_epsilon", 1e-12)
+    w.add(f"{arch}.attention.causal", False)
+    if s.pooling_type >= 0:
+        w.add(f"{arch}.pooling_type", s.pooling_type, GGUFValueType.UINT32)
+    add_vocab(w)
+    w.add("tokenizer.ggml.token_type_count", 2, GGUFValueType.UINT32)
+
+    def norm(name: str) -> None:
+        vector(f"{name}.weight", e)
+        vector(f"{name}.bias", e, bias=True)
+
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    # like the converter, token-type and position embeddings stay F32
+    w.add_tensor("token_types.weight", (0.1 * rng.standard_normal((2, e))).astype(np.float32), GGMLType.F32)
+    if arch == "bert":
+        w.add_tensor("position_embd.weight", (0.1 * rng.standard_normal((256, e))).astype(np.float32), GGMLType.F32)
+    norm("token_embd_norm")
+    if s.classifier:
+        n_hidden = 1 if arch == "jina-bert-v2" else e   # jina-reranker's head is one dense to a score
+        matrix("cls.weight", "cls", e, n_hidden)
+        vector("cls.bias", n_hidden, bias=True)
+        if arch == "bert":
+            matrix("cls.output.weight", "cls_output", e, 1)
+            vector("cls.output.bias", 1, bias=True)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        if arch in FUSED_QKV_ARCHS:
+            matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
+        else:
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                matrix(f"{b}.{proj}.weight", proj, e, n)
+                vector(f"{b}.{proj}.bias", n, bias=True)
+        if arch == "jina-bert-v2":
+            norm(f"{b}.attn_q_norm")
+            norm(f"{b}.attn_k_norm")
+        matrix(f"{b}.attn_output.weight", "attn_output", nh * hd, e)
+        vector(f"{b}.attn_output.bias", e, bias=True)
+        norm(f"{b}.attn_output_norm")
+        if arch == "jina-bert-v2":
+            norm(f"{b}.attn_norm_2")
+        n_up = 2 * ff if arch == "jina-bert-v2" else ff
+        matrix(f"{b}.ffn_up.weight", "ffn_up", e, n_up)
+        if arch == "nomic-bert":
+            matrix(f"{b}.ffn_gate.weight", "ffn_gate", e, ff)
+        else:
+            vector(f"{b}.ffn_up.bias", n_up, bias=True)
+        matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
+        if arch != "nomic-bert":
+            vector(f"{b}.ffn_down.bias", e, bias=True)
+        norm(f"{b}.layer_output_norm")
+    w.write()
+
+
 def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
     """Every matrix of ``spec`` by tensor name: its kind and its row length (input width)."""
     s = spec
     out = {"token_embd.weight": ("token_embd", s.n_embd)}
+    if s.arch in ENCODER_ARCHS:
+        if s.classifier:
+            out["cls.weight"] = ("cls", s.n_embd)
+            if s.arch == "bert":
+                out["cls.output.weight"] = ("cls_output", s.n_embd)
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            kinds = ("attn_qkv", "ffn_up") if s.arch in FUSED_QKV_ARCHS else ("attn_q", "attn_k", "attn_v", "ffn_up")
+            if s.arch == "nomic-bert":
+                kinds += ("ffn_gate",)
+            out.update({f"{b}.{kind}.weight": (kind, s.n_embd) for kind in kinds})
+            out[f"{b}.attn_output.weight"] = ("attn_output", s.n_head * s.head_dim)
+            out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
+        return out
     if not s.tied_output:
         out["output.weight"] = ("output", s.n_embd)
     for il in range(s.n_layer):
@@ -180,6 +261,24 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
         arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
         n_ff=draw(st.integers(2, 48)) * 16, n_layer=draw(st.integers(1, 3)),
         tied_output=arch in TIED_OUTPUT_ARCHS or draw(st.booleans()), n_swa=draw(st.integers(2, 24)))
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, (_, n_in) in matrix_inputs(spec).items()}
+    return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+@st.composite
+def tiny_encoders(draw: st.DrawFn, archs: tuple[str, ...] = ENCODER_ARCHS) -> TinyModel:
+    """Any encoder: n_head * head_dim = n_embd (as llama.cpp declares Q and the output
+    projection), head_dim 8..128, one KV head per query head or fewer, 1..2 layers, with or without
+    a classification head, and every matrix of a type drawn from those whose block fits its rows."""
+    arch = draw(st.sampled_from(archs))
+    head_dim = draw(st.sampled_from((8, 16, 32, 48, 64, 128)))
+    n_head = draw(st.sampled_from([h for h in range(1, 9) if 32 <= h * head_dim <= 512]))
+    # jina-bert-v2's K LayerNorm spans n_embd: llama.cpp runs it without GQA only
+    n_head_kv = n_head if arch == "jina-bert-v2" else draw(st.sampled_from([k for k in (1, 2, n_head) if n_head % k == 0]))
+    spec = TinyModel(arch=arch, n_embd=n_head * head_dim, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
+                     n_ff=draw(st.integers(2, 32)) * 16, n_layer=draw(st.integers(1, 2)),
+                     classifier=arch != "nomic-bert" and draw(st.booleans()))  # llama.cpp gives nomic none
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
     return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})

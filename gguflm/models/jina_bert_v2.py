@@ -41,7 +41,9 @@ class JinaBertV2(Bert):
             blk = f"blk.{il}"
             specs += cls.qkv_specs(hp, il)
             specs += cls.norm_specs(f"{blk}.attn_q_norm", hp, optional=True)
-            specs += cls.norm_specs(f"{blk}.attn_k_norm", hp, optional=True)
+            # llama.cpp declares n_embd and fails building the graph when K is narrower (GQA)
+            specs += [TensorSpec(f"{blk}.attn_k_norm.{kind}", (hp.n_embd_k_gqa(il),), optional=True)
+                      for kind in ("weight", "bias")]
             specs += [TensorSpec(f"{blk}.attn_output.weight", (hp.n_embd, hp.n_embd)),
                       TensorSpec(f"{blk}.attn_output.bias", (hp.n_embd,))]
             specs += cls.norm_specs(f"{blk}.attn_output_norm", hp)
