@@ -7,7 +7,8 @@
 
 ``create_completion``, ``create_chat_completion`` and ``llm(prompt, ...)`` take
 llama-cpp-python's arguments and return its OpenAI-style dicts, so code written for
-``llama_cpp.Llama`` runs after changing the import.
+``llama_cpp.Llama`` runs after changing the import. With ``embedding=True`` the LLM computes
+embeddings instead: ``embed``, ``create_embedding`` and, for reranking models, ``rerank``.
 
 Threads: one LLM serialises its requests (a second thread waits for the first request to end); two
 LLM objects run at the same time. :meth:`LLM.cancel` stops the running request from any thread,
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gguflm import embedding as embeddings
 from gguflm import generate
 from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
 from gguflm.context import Context
@@ -35,6 +37,7 @@ from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
 from gguflm.kv_store import CACHE_TYPES
 from gguflm.model import Model
+from gguflm.pooling import PoolingType
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
 
 log = logging.getLogger(__name__)
@@ -46,12 +49,11 @@ _IGNORED_LLAMA_ARGS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
     "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
     "lora_scale", "spm_infill", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
-    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "pooling_type",
+    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx",
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
-    "lora_path", "lora_adapters", "vocab_only", "embedding", "draft_model", "chat_handler",
-    "tokenizer",
+    "lora_path", "lora_adapters", "vocab_only", "draft_model", "chat_handler", "tokenizer",
 })
 _GGML_CACHE_TYPES = {int(t): name for name, t in CACHE_TYPES.items()}  # llama-cpp-python passes ggml type ids
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
@@ -110,12 +112,19 @@ class LLM:
     chat_template
         A built-in name (``"chatml"``, ``"gemma"``, ``"llama2"``, ``"llama3"``, ...), Jinja source,
         or None for the model's own template.
+    embedding
+        Compute embeddings (:meth:`embed`, :meth:`create_embedding`, :meth:`rerank`): every
+        token is an output and the context pools per sequence. Encoder models (BERT and kin)
+        need it; they cannot generate.
+    pooling_type
+        ``"none"``, ``"mean"``, ``"cls"``, ``"last"``, ``"rank"`` or llama.cpp's numbers
+        (``llama_cpp.LLAMA_POOLING_TYPE_*``); None or -1 takes the model's own.
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
         ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
         ``rope_freq_scale`` are honoured; GPU, logging and RoPE-scaling switches
-        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, embeddings, draft
-        models and custom chat handlers raise ValueError when set; anything else is a TypeError.
+        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, draft models and
+        custom chat handlers raise ValueError when set; anything else is a TypeError.
 
     Raises
     ------
@@ -129,7 +138,8 @@ class LLM:
                  n_threads_batch: int | None = None, type_k: str | int = "f16",
                  type_v: str | int = "f16", seed: int | None = None, load_mode: str = "auto",
                  progress: bool | Callable[[float], object] | None = None,
-                 chat_template: str | None = None, **llama_kwargs: Any) -> None:
+                 chat_template: str | None = None, embedding: bool = False,
+                 pooling_type: str | int | None = None, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._ctx: Context | None = None
@@ -147,7 +157,20 @@ class LLM:
                                  kv_overrides=kv_overrides)
         self.model_path = str(self._model.path)
         self._cancel = threading.Event()
+        self.embedding = bool(embedding)
+        # llama-cpp-python's batch size: n_batch, at most n_ctx
+        self.n_batch = min(n_ctx or self._model.hparams.n_ctx_train, n_batch)
         try:
+            if self.embedding:
+                # as many sequences per batch as llama-cpp-python; an encoder holds a whole batch
+                # in one ubatch
+                self._n_seq_max = min(self.n_batch, embeddings.max_sequences(self._model))
+                if not self._model.architecture.kv_cache:
+                    n_ubatch = self.n_batch
+                options.update(embeddings=True, pooling=pooling_type, n_seq_max=self._n_seq_max)
+            elif not self._model.architecture.kv_cache:
+                raise Error(f"{Path(self.model_path).name} is an encoder ({self._model.arch}): it computes "
+                            f"embeddings, not text; create the LLM with embedding=True")
             self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                 n_threads=n_threads, n_threads_batch=n_threads_batch,
                                 type_k=type_k, type_v=type_v, abort_callback=self._cancel.is_set,
@@ -183,6 +206,13 @@ class LLM:
 
     def n_vocab(self) -> int:
         return self.model.vocab.n_tokens
+
+    def n_embd(self) -> int:
+        return self.model.hparams.n_embd
+
+    def pooling_type(self) -> int:
+        """The pooling in force, as llama.cpp's number (``LLAMA_POOLING_TYPE_*``)."""
+        return int(self.context.pooling_type)
 
     def token_bos(self) -> int:
         bos = self.model.vocab.bos
@@ -343,6 +373,8 @@ class LLM:
     def _submit(self, tokens: list[int], chain: SamplerChain, request: Request,
                 stream: bool) -> Completion | Iterator[Chunk]:
         self._open()
+        if not self.model.architecture.kv_cache:
+            raise Error(f"{self.model.arch} is an encoder: it computes embeddings, not text")
         chunks = self._locked_run(tokens, chain, request)
         if stream:
             return chunks
@@ -460,6 +492,64 @@ class LLM:
         if stream:
             return _chat_chunks(result, meta)
         return _chat_dict(result, meta)
+
+    # -- embeddings
+
+    def embed(self, input: str | Sequence[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False) -> Any:
+        """llama-cpp-python's ``Llama.embed``: the embedding of a text (a list of floats), or of
+        each text of a list, packed into decodes exactly as llama-cpp-python packs them.
+
+        Texts are tokenized with the model's BOS/EOS/SEP and without parsing control tokens;
+        ``truncate`` cuts each to the batch size (else a longer one raises ValueError).
+        ``normalize`` divides by the euclidean norm. With pooling ``none`` each embedding is the
+        list of its tokens' rows (llama-cpp-python 0.3.36 returns wrong rows for the second and
+        later texts of a batch there; these are llama.cpp's). Rank pooling gives the scores.
+        ``return_count``: also the total number of tokens.
+
+        Raises
+        ------
+        RuntimeError
+            The LLM was not created with ``embedding=True``.
+        """
+        vectors, n_tokens = self._with_lock(lambda: self._embed_texts(
+            [input] if isinstance(input, str) else list(input), truncate))
+        if normalize:
+            out = [[embeddings.normalize_like_llama_cpp_python(row) for row in v] if v.ndim == 2
+                   else embeddings.normalize_like_llama_cpp_python(v) for v in vectors]
+        else:
+            out = [v.tolist() for v in vectors]
+        output = out[0] if isinstance(input, str) else out
+        return (output, n_tokens) if return_count else output
+
+    def create_embedding(self, input: str | Sequence[str], model: str | None = None) -> dict[str, Any]:
+        """llama-cpp-python's ``Llama.create_embedding``: an OpenAI-style ``list`` of ``embedding``
+        objects with the token usage."""
+        texts = [input] if isinstance(input, str) else list(input)
+        vectors, n_tokens = self.embed(texts, return_count=True)
+        return embeddings.embedding_response(vectors, model if model is not None else self.model_path, n_tokens)
+
+    def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
+        """The relevance score of each document to ``query``, in order, from a reranking model
+        (rank pooling): each pair formatted as llama.cpp's server does (the model's rerank
+        template, else [BOS] query [EOS] [SEP] document [EOS]) and packed as :meth:`embed`;
+        the score is the classification head's first output."""
+        if self.context.pooling_type is not PoolingType.RANK:
+            raise ValueError(f"rerank needs rank pooling (pooling_type='rank'), this LLM pools "
+                             f"{self.context.pooling!r}")
+        tokens = [embeddings.rerank_tokens(self.model, query, doc)[:self.n_batch] for doc in documents]
+        scores = self._with_lock(lambda: embeddings.embed_tokens(self.context, tokens, self.n_batch,
+                                                                  self._n_seq_max))
+        return [float(s[0]) for s in scores]
+
+    def _embed_texts(self, texts: list[str], truncate: bool) -> tuple[list[np.ndarray], int]:
+        if not self.embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        tokens = [self.tokenize(text.encode("utf-8")) for text in texts]
+        if truncate:
+            tokens = [t[:self.n_batch] for t in tokens]
+        vectors = embeddings.embed_tokens(self.context, tokens, self.n_batch, self._n_seq_max)
+        return vectors, sum(len(t) for t in tokens)
 
     # -- lifetime
 

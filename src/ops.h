@@ -282,6 +282,8 @@ typedef void (*gguflm_attn_heads_fn)(const gguflm_attn_args *a, int t, int h0, i
                                      int n_vis, gguflm_attn_scratch *s);
 typedef void (*gguflm_attn_block_fn)(const gguflm_attn_args *a, int t0, int nt, int hkv, const ggml_half *vt,
                                      int64_t vt_stride, gguflm_attn_scratch *s);
+typedef void (*gguflm_attn_seq_fn)(const gguflm_attn_args *a, int hkv, const int32_t *seq, int m, const int32_t *cells,
+                                   int nt, float *kt, const void **kptr, gguflm_attn_scratch *s);
 typedef void (*gguflm_layer_norm_fn)(int n, const float *x, const float *w, const float *b, float eps, float *y,
                                      int arith);
 typedef void (*gguflm_unary_fn)(int kind, const ggml_half *table, int n, const float *x, float *y);
@@ -293,6 +295,7 @@ typedef struct {
     gguflm_geglu_fn geglu_row;
     gguflm_attn_heads_fn attn_heads;
     gguflm_attn_block_fn attn_block;
+    gguflm_attn_seq_fn attn_seq;
     gguflm_layer_norm_fn layer_norm_row;
     gguflm_unary_fn unary_row;
     gguflm_pool_mean_fn pool_mean_row;
@@ -302,13 +305,13 @@ static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
 #if GGUFLM_OPS_X86
     if (use_avx2)
         return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_heads_avx2,
-                                    gguflm_attn_block_avx2, gguflm_layer_norm_row_avx2, gguflm_unary_row_avx2,
+                                    gguflm_attn_block_avx2, gguflm_attn_seq_avx2, gguflm_layer_norm_row_avx2, gguflm_unary_row_avx2,
                                     gguflm_pool_mean_row_avx2};
 #else
     (void)use_avx2;
 #endif
     return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_heads_scalar,
-                                gguflm_attn_block_scalar, gguflm_layer_norm_row_scalar, gguflm_unary_row_scalar,
+                                gguflm_attn_block_scalar, gguflm_attn_seq_scalar, gguflm_layer_norm_row_scalar, gguflm_unary_row_scalar,
                                 gguflm_pool_mean_row_scalar};
 }
 
@@ -431,10 +434,83 @@ static void gguflm_transpose_v(const gguflm_attn_args *a, ggml_half *vt, int64_t
     }
 }
 
+
+/* Attention without a cache where only sequences mask (an encoder's non-causal attention): the
+ * cells, which are the ubatch's tokens, bucketed by sequence once; items are chunks of up to
+ * GGUFLM_ATTN_SEQ_CHUNK tokens of one sequence and one KV head (gguflm_attn_seq). Returns 0, or -1
+ * if allocation failed. */
+#define GGUFLM_ATTN_SEQ_CHUNK 32
+static int gguflm_attention_by_sequence(const gguflm_attn_args *a, const gguflm_ops_kernels *kernels, int n_threads) {
+    const int n = a->n_kv, gqa = a->n_head / a->n_head_kv;
+    int n_seq = 0;
+    for (int c = 0; c < n; c++) n_seq = a->cell_seq_id[c] >= n_seq ? a->cell_seq_id[c] + 1 : n_seq;
+    int32_t *seq_cells = (int32_t *)malloc(sizeof(int32_t) * (n > 0 ? n : 1));
+    int32_t *seq_start = (int32_t *)calloc((size_t)n_seq + 1, sizeof(int32_t));
+    int32_t *chunks = (int32_t *)malloc(sizeof(int32_t) * 2 * (n > 0 ? n : 1));   /* (sequence, first token) */
+    if (!seq_cells || !seq_start || !chunks) {
+        free(seq_cells);
+        free(seq_start);
+        free(chunks);
+        return -1;
+    }
+    /* counting sort: each sequence's cells ascending, seq_start[q] .. seq_start[q + 1] */
+    for (int c = 0; c < n; c++) seq_start[a->cell_seq_id[c] + 1]++;
+    for (int q = 0; q < n_seq; q++) seq_start[q + 1] += seq_start[q];
+    for (int c = 0; c < n; c++) seq_cells[seq_start[a->cell_seq_id[c]]++] = c;
+    for (int q = n_seq; q > 0; q--) seq_start[q] = seq_start[q - 1];
+    seq_start[0] = 0;
+    int n_chunks = 0;
+    for (int q = 0; q < n_seq; q++)
+        for (int i = seq_start[q]; i < seq_start[q + 1]; i += GGUFLM_ATTN_SEQ_CHUNK) {
+            chunks[2 * n_chunks] = q;
+            chunks[2 * n_chunks + 1] = i;
+            n_chunks++;
+        }
+    const int64_t n_items = (int64_t)n_chunks * a->n_head_kv;
+    if (n_threads > n_items) n_threads = n_items > 0 ? (int)n_items : 1;
+    /* floats per thread: scores [gqa][n + 15], lane accumulators, K's tail transposed
+     * [64][n + 15], the K row pointers [n] (two floats each); whole cache lines */
+    const int64_t acc_floats = (int64_t)gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK, ms = n + 15;
+    const int64_t per_thread = ((int64_t)gqa * ms + acc_floats + (int64_t)GGUFLM_MAX_LANES * ms + 2 * n + 15) / 16 * 16;
+    float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
+    if (!scratch) {
+        free(seq_cells);
+        free(seq_start);
+        free(chunks);
+        return -1;
+    }
+    #pragma omp parallel num_threads(n_threads)
+    {
+        float *p = scratch + per_thread * omp_get_thread_num();
+        gguflm_attn_scratch s;
+        memset(&s, 0, sizeof(s));
+        s.score = p;                       p += (int64_t)gqa * ms;
+        s.acc = p;                         p += acc_floats;
+        float *kt = p;                     p += (int64_t)GGUFLM_MAX_LANES * ms;
+        const void **kptr = (const void **)p;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < n_items; item++) {
+            const int chunk = (int)(item / a->n_head_kv), q = chunks[2 * chunk], first = chunks[2 * chunk + 1];
+            const int end = seq_start[q + 1] - first < GGUFLM_ATTN_SEQ_CHUNK ? seq_start[q + 1] : first + GGUFLM_ATTN_SEQ_CHUNK;
+            kernels->attn_seq(a, (int)(item % a->n_head_kv), seq_cells + seq_start[q], seq_start[q + 1] - seq_start[q],
+                              seq_cells + first, end - first, kt, kptr, &s);
+        }
+    }
+    free(scratch);
+    free(seq_cells);
+    free(seq_start);
+    free(chunks);
+    return 0;
+}
+
 /* Every item of the scheme (gguflm_attn_scheme) over n_threads threads. Returns 0, or -1 if
  * scratch allocation failed. */
 static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
     const gguflm_ops_kernels kernels = gguflm_ops_select(use_avx2);
+    if (a->cell_seq_id && a->tok_seq == a->cell_seq_id && a->n_tok == a->n_kv && !a->causal && a->n_swa == 0 &&
+        a->cache_type_k == GGUFLM_CACHE_F32 && a->cache_type_v == GGUFLM_CACHE_F32 &&
+        a->n_head / a->n_head_kv <= GGUFLM_MAX_GQA)
+        return gguflm_attention_by_sequence(a, &kernels, n_threads);
     const int scheme = gguflm_attn_scheme(a), blocked = scheme == GGUFLM_ATTN_BY_BLOCK;
     const int tb = blocked ? GGUFLM_ATTN_TBLOCK : 1;
     const int64_t n_items = ((int64_t)a->n_tok + tb - 1) / tb * (scheme == GGUFLM_ATTN_BY_HEAD ? a->n_head : a->n_head_kv);

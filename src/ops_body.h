@@ -29,11 +29,12 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
 
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane (fused, or with the product
  * rounded first when `fused` is 0, as ggml_vec_dot_f32's leftover loop does for most elements) */
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *x, float *acc) {
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *restrict x, float *restrict acc) {
     for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
 }
 
-GGUFLM_TARGET static void GGUFLM_FN(gguflm_tail_axpy)(int n, float p, const float *x, float *acc, int fused) {
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_tail_axpy)(int n, float p, const float *restrict x, float *restrict acc,
+                                                      int fused) {
     if (fused)
         for (int d = 0; d < n; d++) acc[d] = fmaf(x[d], p, acc[d]);
     else
@@ -318,6 +319,52 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args
     }
 }
 
+/* out = P·V of token t, query heads h0 .. h0+nh-1 (probabilities s->score[g * n_vis + i]), a block of
+ * value dimensions at a time so that every head's lanes stay in cache: the first n_vis_v cells go
+ * into their lanes (start and s->order from gguflm_order_by_lane), the lanes are reduced, then the
+ * cells of a tail (only F32 V has them) follow one by one, those from cell v_fused on fused */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_out)(const gguflm_attn_args *a, int t, int h0, int nh, const char *v_base,
+                                                   const int32_t *cells, int n_vis, int n_vis_v, int v_fused,
+                                                   const int *start, int v_lanes, gguflm_attn_scratch *s) {
+    const int dv = a->head_dim_v;
+    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
+        const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
+        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, cells, n_vis_v, n_vis, start, nh, v_lanes, d0, db, s);
+        for (int g = 0; g < nh; g++) {
+            float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
+            GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,
+                                          db, out);
+            for (int i = n_vis_v; i < n_vis; i++) {
+                const float *vr = (const float *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0;
+                GGUFLM_FN(gguflm_tail_axpy)(db, s->score[(int64_t)g * n_vis + i], vr, out, cells[i] >= v_fused);
+            }
+        }
+    }
+}
+
+/* The tail of F32 dots (after k_main elements of dk) of nq queries qrows against m K rows, whose
+ * tail is kt transposed ([dk - k_main][m]): one chain per score, the cells' chains side by side so
+ * that they vectorise; sc[g * sc_stride + i] holds the main part and gets the whole score */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_dots_f32_tail)(int k_main, int dk, const float *restrict kt, int m,
+                                                          const float *const *qrows, int nq, float *restrict sc,
+                                                          int64_t sc_stride, int arith) {
+    const int nt = dk - k_main, split = gguflm_dot_f32_unfused(nt, arith);
+    for (int g = 0; g < nq; g++) {
+        float *restrict acc = sc + g * sc_stride;
+        const float *qg = qrows[g] + k_main;
+        for (int d = 0; d < split; d++) {
+            const float *restrict kd = kt + (int64_t)d * m;
+            const float qd = qg[d];
+            for (int i = 0; i < m; i++) acc[i] = acc[i] + kd[i] * qd;
+        }
+        for (int d = split; d < nt; d++) {
+            const float *restrict kd = kt + (int64_t)d * m;
+            const float qd = qg[d];
+            for (int i = 0; i < m; i++) acc[i] = fmaf(kd[i], qd, acc[i]);
+        }
+    }
+}
+
 /* One token t, the query heads h0 .. h0+nh-1 (all sharing one KV head), over the n_vis cells `cells`
  * the token sees (ascending): K and V rows are read once for all those heads; every head keeps
  * ggml's lane order. */
@@ -373,16 +420,10 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
         const int k_f16 = tk == GGUFLM_CACHE_F16;
         GGUFLM_FN(gguflm_dots_block)(k_main, krows, k_f16, nc, qrows, nh, k_lanes, s->score + i0, n_vis);
         if (k_main < dk && tk == GGUFLM_CACHE_F32) {
-            const int split = k_main + gguflm_dot_f32_unfused(dk - k_main, a->arith);
-            for (int g = 0; g < nh; g++)
-                for (int ci = 0; ci < nc; ci++) {
-                    float *sc = s->score + (int64_t)g * n_vis + i0 + ci;
-                    const float *kr = (const float *)krows[ci];
-                    float acc = *sc;
-                    for (int d = k_main; d < split; d++) acc = acc + kr[d] * qrows[g][d];
-                    for (int d = split; d < dk; d++) acc = fmaf(kr[d], qrows[g][d], acc);
-                    *sc = acc;
-                }
+            float kt[GGUFLM_MAX_LANES * GGUFLM_ATTN_CBLOCK];
+            for (int ci = 0; ci < nc; ci++)
+                for (int d = k_main; d < dk; d++) kt[(d - k_main) * nc + ci] = ((const float *)krows[ci])[d];
+            GGUFLM_FN(gguflm_dots_f32_tail)(k_main, dk, kt, nc, qrows, nh, s->score + i0, n_vis, a->arith);
         }
         else if (k_main < dk)
             for (int g = 0; g < nh; g++)
@@ -400,23 +441,141 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
     for (int g = 0; g < nh; g++)
         GGUFLM_FN(gguflm_softmax_cells)(a, t, h0 + g, cells, n_vis, s->score + (int64_t)g * n_vis);
 
-    /* P·V, a block of value dimensions at a time so that every head's lanes stay in cache:
-     * each cell's V values go into the lane that ggml's dot over cells would have used; the
-     * cells of a tail (only F32 V has them) follow one by one */
+    /* P·V: each cell's V values go into the lane that ggml's dot over cells would have used */
     int start[GGUFLM_MAX_LANES + 1];
     gguflm_order_by_lane(cells, n_vis_v, v_lanes, start, s->order);
-    for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
-        const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
-        GGUFLM_FN(gguflm_pv_lanes)(a, v_base, cells, n_vis_v, n_vis, start, nh, v_lanes, d0, db, s);
-        for (int g = 0; g < nh; g++) {
-            float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv + d0;
-            GGUFLM_FN(gguflm_reduce_cols)(s->acc + (int64_t)g * v_lanes * GGUFLM_ATTN_DBLOCK, GGUFLM_ATTN_DBLOCK, v_lanes,
-                                          db, out);
-            for (int i = n_vis_v; i < n_vis; i++) {
-                const float *vr = (const float *)(v_base + (int64_t)cells[i] * a->v_row_bytes) + d0;
-                GGUFLM_FN(gguflm_tail_axpy)(db, s->score[(int64_t)g * n_vis + i], vr, out, cells[i] >= v_fused);
+    GGUFLM_FN(gguflm_pv_out)(a, t, h0, nh, v_base, cells, n_vis, n_vis_v, v_fused, start, v_lanes, s);
+}
+
+
+/* gguflm_reduce_cols for lanes of which only those in `present` hold values (the others would be
+ * zeros): the same tree, with a branch that has no value skipped, which x + 0 = x makes exact (a
+ * lane holding -0, where ggml's + 0 would give +0, needs products cancelling to an exact zero).
+ * The sums go into the lanes' own buffers; acc is consumed. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_reduce_cols_sparse)(float *acc, int64_t stride, int n_lanes, int n,
+                                                              uint64_t present, float *out) {
+    float *node[GGUFLM_MAX_LANES];
+    for (int l = 0; l < n_lanes; l++) node[l] = (present >> l) & 1u ? acc + (int64_t)l * stride : NULL;
+#define GGUFLM_ADD(dst, a, b)                                                        \
+    do {                                                                            \
+        float *x_ = node[a], *y_ = node[b];                                         \
+        if (x_ && y_)                                                               \
+            for (int d = 0; d < n; d++) x_[d] = x_[d] + y_[d];                      \
+        node[dst] = x_ ? x_ : y_;                                                   \
+    } while (0)
+    int hadd = 0;
+    if (n_lanes == 64) {         /* (acc0 + acc2) + (acc1 + acc3) of 16-lane vectors, into lanes 0-15 */
+        for (int l = 0; l < 16; l++) {
+            GGUFLM_ADD(32 + l, l, 32 + l);
+            GGUFLM_ADD(48 + l, 16 + l, 48 + l);
+            GGUFLM_ADD(l, 32 + l, 48 + l);
+        }
+        n_lanes = 16;
+    } else if (n_lanes == 32) {
+        for (int l = 0; l < 8; l++) {
+            GGUFLM_ADD(16 + l, l, 16 + l);
+            GGUFLM_ADD(24 + l, 8 + l, 24 + l);
+            GGUFLM_ADD(l, 16 + l, 24 + l);
+        }
+        hadd = 1;
+    }
+    if (n_lanes == 16)
+        for (int l = 0; l < 8; l++) GGUFLM_ADD(l, l, 8 + l);
+    for (int l = 0; l < 4; l++) GGUFLM_ADD(l, l, 4 + l);               /* t0 .. t3 */
+    if (hadd) {
+        GGUFLM_ADD(0, 0, 1);
+        GGUFLM_ADD(2, 2, 3);
+        GGUFLM_ADD(0, 0, 2);
+    } else {
+        GGUFLM_ADD(0, 0, 2);
+        GGUFLM_ADD(1, 1, 3);
+        GGUFLM_ADD(0, 0, 1);
+    }
+#undef GGUFLM_ADD
+    if (node[0])
+        memcpy(out, node[0], sizeof(float) * n);
+    else
+        memset(out, 0, sizeof(float) * n);
+}
+
+/* P·V of token t, query heads h0 .. h0+nh-1, F32 V, over the m cells seq (ascending; probabilities
+ * s->score[g * ms + i]): only the lanes cells fall in are accumulated and reduced (few cells of many
+ * lanes: an encoder's sequence in a long ubatch), then the tail cells from m_v on follow one by
+ * one, those from cell v_fused on fused */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_pv_sparse)(const gguflm_attn_args *a, int t, int h0, int nh,
+                                                      const char *v_base, const int32_t *seq, int m, int ms, int m_v,
+                                                      int v_fused, int v_lanes, gguflm_attn_scratch *s) {
+    const int dv = a->head_dim_v;
+    for (int g = 0; g < nh; g++) {
+        const float *p = s->score + (int64_t)g * ms;
+        float *out = a->out + (int64_t)t * a->out_stride + (int64_t)(h0 + g) * dv;
+        for (int d0 = 0; d0 < dv; d0 += GGUFLM_ATTN_DBLOCK) {
+            const int db = dv - d0 < GGUFLM_ATTN_DBLOCK ? dv - d0 : GGUFLM_ATTN_DBLOCK;
+            uint64_t present = 0;
+            for (int i = 0; i < m_v; i++) {
+                if (p[i] == 0.0f) continue;  /* adds nothing */
+                const int l = seq[i] % v_lanes;
+                float *lane = s->acc + (int64_t)l * GGUFLM_ATTN_DBLOCK;
+                const float *vr = (const float *)(v_base + (int64_t)seq[i] * a->v_row_bytes) + d0;
+                const float pi = p[i];
+                if ((present >> l) & 1u) {
+                    GGUFLM_FN(gguflm_lane_axpy)(db, pi, vr, lane);
+                } else {  /* the lane's first cell: onto zero */
+                    for (int d = 0; d < db; d++) lane[d] = fmaf(vr[d], pi, 0.0f);
+                    present |= 1ull << l;
+                }
+            }
+            GGUFLM_FN(gguflm_reduce_cols_sparse)(s->acc, GGUFLM_ATTN_DBLOCK, v_lanes, db, present, out + d0);
+            for (int i = m_v; i < m; i++) {
+                const float *vr = (const float *)(v_base + (int64_t)seq[i] * a->v_row_bytes) + d0;
+                const float pi = p[i];
+                GGUFLM_FN(gguflm_tail_axpy)(db, pi, vr, out + d0, seq[i] >= v_fused);
             }
         }
+    }
+}
+
+/* ---- without a cache: a sequence's tokens at a time ---- */
+
+/* Tokens cells[0 .. nt) of a sequence whose cells are seq[0 .. m) (ascending), KV head hkv, every
+ * query head of its group: F32 K and V without a cache, no causal mask and no window, so that each
+ * token sees exactly its sequence's cells. K's tail is transposed once for all of them; every score
+ * and output then follows gguflm_attn_heads' arithmetic.
+ * kt: [64 * (m + 15)] floats and kptr: [m] pointers of scratch; s->score holds gqa rows of m + 15. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_seq)(const gguflm_attn_args *a, int hkv, const int32_t *seq, int m,
+                                                     const int32_t *cells, int nt, float *kt, const void **kptr,
+                                                     gguflm_attn_scratch *s) {
+    const int dk = a->head_dim_k, dv = a->head_dim_v, gqa = a->n_head / a->n_head_kv, h0 = hkv * gqa;
+    const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F32, hkv, dk);
+    const char *v_base = (const char *)a->v + gguflm_cache_head_offset(GGUFLM_CACHE_F32, hkv, dv);
+    const int batch = a->n_tok >= 2, vec = gguflm_vec_lanes(a->arith), dot = gguflm_dot_lanes(a->arith);
+    const int k_main = dk - dk % dot;   /* F32 K: vec_dot's lanes */
+    const int v_lanes = batch && dv % 4 == 0 && a->n_cols % vec == 0 ? vec : dot;
+    const int v_main = gguflm_tail_start(a, v_lanes);
+    const int m_v = gguflm_cells_before(seq, m, v_main);
+    const int v_fused = m_v < m ? v_main + gguflm_dot_f32_unfused(a->n_cols - v_main, a->arith) : 0;
+
+    /* scores and K's transposed tail in rows of ms >= m (whole vectors, so that the tail
+     * vectorises without a remainder; the padding is computed and never read) */
+    const int ms = (m + 15) / 16 * 16;
+    for (int i = 0; i < m; i++) kptr[i] = k_base + (int64_t)seq[i] * a->k_row_bytes;
+    for (int d = k_main; d < dk; d++) {
+        float *row = kt + (int64_t)(d - k_main) * ms;
+        for (int i = 0; i < m; i++) row[i] = ((const float *)kptr[i])[d];
+        for (int i = m; i < ms; i++) row[i] = 0.0f;
+    }
+
+    for (int ti = 0; ti < nt; ti++) {
+        const int t = cells[ti];
+        const float *qrows[GGUFLM_MAX_GQA];
+        for (int g = 0; g < gqa; g++) qrows[g] = a->q + (int64_t)t * a->q_stride + (int64_t)(h0 + g) * dk;
+        for (int i0 = 0; i0 < m; i0 += GGUFLM_ATTN_CBLOCK) {
+            const int nc = m - i0 < GGUFLM_ATTN_CBLOCK ? m - i0 : GGUFLM_ATTN_CBLOCK;
+            GGUFLM_FN(gguflm_dots_block)(k_main, kptr + i0, 0, nc, qrows, gqa, dot, s->score + i0, ms);
+        }
+        if (k_main < dk) GGUFLM_FN(gguflm_dots_f32_tail)(k_main, dk, kt, ms, qrows, gqa, s->score, ms, a->arith);
+        for (int g = 0; g < gqa; g++) GGUFLM_FN(gguflm_softmax_cells)(a, t, h0 + g, seq, m, s->score + (int64_t)g * ms);
+        GGUFLM_FN(gguflm_pv_sparse)(a, t, h0, gqa, v_base, seq, m, ms, m_v, v_fused, v_lanes, s);
     }
 }
 

@@ -1,0 +1,162 @@
+"""Embeddings and reranking over a context: many texts packed into multi-sequence decodes, one
+pooled vector (or per-token rows, or rank scores) per text.
+
+Packing follows llama-cpp-python's ``Llama.embed`` and llama.cpp's ``llama-embedding``, in order:
+a text becomes sequence ``s`` of the current batch (positions from 0, every token an output) until
+the next text would take the batch past ``n_batch`` tokens or ``n_seq_max`` sequences; then the
+batch is decoded on an empty cache and a new one begins. llama.cpp's vectors depend on this
+packing (its kernels change with the batch width, and a text's lanes with its place in the batch),
+so it is the one gguflm uses.
+
+``LLM.embed``, ``LLM.create_embedding``, ``LLM.rerank`` and ``gguflm embed`` are built on
+:func:`embed_tokens`; :func:`normalize` is llama.cpp's ``common_embd_normalize`` and
+:func:`normalize_like_llama_cpp_python` the one ``Llama.embed(normalize=True)`` applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gguflm.batch import Batch
+from gguflm.errors import Error
+from gguflm.pooling import PoolingType
+
+if TYPE_CHECKING:
+    from gguflm.context import Context
+    from gguflm.model import Model
+    from gguflm.vocab import Vocab
+
+# llama_max_parallel_sequences(): the sequences llama.cpp lets one batch hold
+MAX_PARALLEL_SEQUENCES = 256
+
+
+def max_sequences(model: Model) -> int:
+    """How many sequences one batch may hold on this model: llama.cpp's 256 for encoders (no cache
+    cells to mark); 64 where a KV cache marks them (gguflm keeps a cell's sequences in 64 bits,
+    llama-cpp-python allows 256)."""
+    from gguflm.context import MAX_SEQ, MAX_SEQ_NO_CACHE
+
+    return MAX_SEQ_NO_CACHE if not model.architecture.kv_cache else MAX_SEQ
+
+
+def pack(lengths: Sequence[int], n_batch: int, n_seq_max: int) -> Iterator[list[int]]:
+    """The indices of the texts each decode holds, in order (llama-cpp-python's rule)."""
+    group: list[int] = []
+    n_tokens = 0
+    for i, n in enumerate(lengths):
+        if n > n_batch:
+            raise ValueError(f"Requested tokens ({n}) exceed batch size of {n_batch}")
+        if group and (n_tokens + n > n_batch or len(group) >= n_seq_max):
+            yield group
+            group, n_tokens = [], 0
+        group.append(i)
+        n_tokens += n
+    if group:
+        yield group
+
+
+def embed_tokens(ctx: Context, token_lists: Sequence[Sequence[int]], n_batch: int,
+                 n_seq_max: int) -> list[np.ndarray]:
+    """Decode ``token_lists`` packed as :func:`pack` says, each batch on an empty cache, and
+    return per list its pooled vector ([n_embd]; [n_cls_out] scores for rank pooling), or with
+    pooling ``none`` its tokens' rows ([n_tokens, n_embd]).
+
+    Raises
+    ------
+    gguflm.Error
+        A decode failed (the status is in the message); ValueError if a list is empty or
+        longer than ``n_batch``.
+    """
+    if not ctx.embeddings:
+        raise Error("the context does not compute embeddings (create it with embeddings=True)")
+    if any(len(tokens) == 0 for tokens in token_lists):
+        raise ValueError("cannot embed an empty token list")
+    results: list[np.ndarray] = []
+    try:
+        for group in pack([len(t) for t in token_lists], n_batch, n_seq_max):
+            ctx.memory.clear()
+            batch = Batch(sum(len(token_lists[i]) for i in group))
+            for seq, i in enumerate(group):
+                for pos, tok in enumerate(token_lists[i]):
+                    batch.add(int(tok), pos, [seq], True)
+            status = ctx.decode(batch)
+            if status != 0:
+                raise Error(f"decode failed with status {status}")
+            if ctx.pooling_type is PoolingType.NONE:
+                rows = ctx.get_embeddings()
+                start = 0
+                for i in group:
+                    results.append(rows[start:start + len(token_lists[i])].copy())
+                    start += len(token_lists[i])
+            else:
+                results += [ctx.get_embeddings_seq(seq) for seq in range(len(group))]
+    finally:
+        ctx.memory.clear()
+    return results
+
+
+def normalize(v: np.ndarray, embd_norm: int = 2) -> np.ndarray:
+    """llama.cpp's ``common_embd_normalize``: -1 none, 0 max-abs scaled to int16 range, 1 taxicab,
+    2 euclidean, p > 2 the p-norm. The norm is summed in double, the scale applied in float."""
+    x = np.asarray(v, np.float32)
+    if embd_norm == -1:
+        total = 1.0
+    elif embd_norm == 0:
+        total = float(np.abs(x).max(initial=0.0)) / 32760.0
+    elif embd_norm == 2:
+        total = 0.0
+        for value in (x * x).tolist():   # float products, double sum, in order (as llama.cpp)
+            total += value
+        total = float(np.sqrt(total))
+    else:
+        total = 0.0
+        for value in np.abs(x).astype(np.float64).tolist():
+            total += value ** embd_norm
+        total = total ** (1.0 / embd_norm)
+    scale = np.float32(1.0 / total if total > 0.0 else 0.0)
+    return x * scale
+
+
+def normalize_like_llama_cpp_python(v: np.ndarray) -> list[float]:
+    """``llama_cpp._internals.normalize_embedding``: divided by numpy's float64 norm, as floats."""
+    values = np.asarray(v, np.float32).astype(np.float64)
+    norm = float(np.linalg.norm(values))
+    return values.tolist() if norm == 0.0 else (values / norm).tolist()
+
+
+def rerank_tokens(model: Model, query: str, document: str) -> list[int]:
+    """One query-document pair as llama.cpp's server formats it for a reranker: the model's
+    ``tokenizer.chat_template.rerank`` with ``{query}`` and ``{document}`` filled in (special
+    tokens parsed), else [BOS] query [EOS] [SEP] document [EOS], each token present only when the
+    vocabulary adds it (EOS falls back to SEP)."""
+    template = model.meta.get("tokenizer.chat_template.rerank")
+    vocab: Vocab = model.vocab
+    if template is not None:
+        text = template.replace("{query}", query).replace("{document}", document)
+        return vocab.tokenize(text, add_special=False, parse_special=True)
+    eos = vocab.eos if vocab.eos is not None else vocab.sep
+    tokens: list[int] = []
+    if vocab.add_bos and vocab.bos is not None:
+        tokens.append(vocab.bos)
+    tokens += vocab.tokenize(query, add_special=False, parse_special=False)
+    if vocab.add_eos and eos is not None:
+        tokens.append(eos)
+    if vocab.add_sep and vocab.sep is not None:
+        tokens.append(vocab.sep)
+    tokens += vocab.tokenize(document, add_special=False, parse_special=False)
+    if vocab.add_eos and eos is not None:
+        tokens.append(eos)
+    return tokens
+
+
+def embedding_response(embeddings: Sequence[Any], model_name: str, n_tokens: int) -> dict[str, Any]:
+    """llama-cpp-python's ``CreateEmbeddingResponse`` dict."""
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
+        "model": model_name,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }
