@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.pooling import POOLING_NAMES
 
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
@@ -154,6 +155,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from gguflm.context import Context
+    from gguflm.default_model import load_model
+    from gguflm.embedding import embed_prompts, max_sequences, render
+
+    text = _read_text(args, "texts")
+    if args.file and text.endswith("\n"):   # as llama.cpp's -f: one trailing newline is no prompt
+        text = text[:-1]
+    with load_model(args.model, _progress(args), load_mode=args.load_mode) as model:
+        # llama-embedding's sizes: the training context, a batch at least that large, one ubatch
+        # per batch, as many sequences per batch as llama.cpp allows
+        n_ctx = args.ctx_size or model.hparams.n_ctx_train
+        n_batch = max(args.batch_size, n_ctx)
+        with Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=args.ubatch_size or n_batch,
+                     n_seq_max=max_sequences(model), n_threads=args.threads, n_threads_batch=args.threads_batch,
+                     type_k=args.cache_type_k, type_v=args.cache_type_v, embeddings=True,
+                     pooling=args.pooling, logits=False) as ctx:
+            run = embed_prompts(ctx, text.split(args.embd_separator), n_batch, args.cls_separator,
+                                args.embd_normalize)
+    sys.stdout.write(render(run, args.embd_output_format, args.embd_normalize))
+    return 0
+
+
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
     from gguflm.perplexity import perplexity
@@ -260,6 +284,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
     bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")
+    _model_args(p)
+    _context_args(p, 0, 2048)
+    p.set_defaults(ubatch_size=None)
+    p.add_argument("-p", "--prompt", help="the texts, one per line (see --embd-separator)")
+    p.add_argument("-f", "--file", help="read the texts from a file")
+    p.add_argument("--pooling", choices=POOLING_NAMES, help="pooling (default: the model's)")
+    p.add_argument("--embd-normalize", type=int, default=2,
+                   help="-1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, >2 p-norm")
+    p.add_argument("--embd-output-format", default="", choices=("", "json", "json+", "array", "raw"),
+                   help="json: OpenAI style, json+: with the cosine similarity matrix, array: [[...],...], "
+                        "raw: one embedding per line (default: a summary)")
+    p.add_argument("--embd-separator", default="\n", help="what separates the texts")
+    p.add_argument("--cls-separator", default="\t", help="what separates query and document (rank pooling)")
+    p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file, llama-perplexity style")
     _model_args(p)

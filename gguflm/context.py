@@ -73,14 +73,16 @@ class Context:
     ``pooling`` (a name of :data:`gguflm.pooling.POOLING_NAMES`, llama.cpp's number, or None
     for the model's own ``{arch}.pooling_type``) pools them per sequence into
     :meth:`get_embeddings_seq`. Encoders (BERT and kin) have no KV cache: a batch must fit in one
-    ubatch, every decode starts afresh, and up to 256 sequences may share a batch.
+    ubatch, every decode starts afresh, and up to 256 sequences may share a batch. ``logits=False``
+    skips the output projection (a context that only reads embeddings; llama.cpp computes it).
     """
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int | None = None, n_threads_batch: int | None = None,
                  type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
                  pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
-                 swa_full: bool = False, abort_callback: Callable[[], bool] | None = None):
+                 swa_full: bool = False, abort_callback: Callable[[], bool] | None = None,
+                 logits: bool = True):
         t0 = time.perf_counter()
         if model.vocab_only:
             raise VocabOnlyError(f"cannot create a context from {model.path.name}: it was loaded "
@@ -106,6 +108,7 @@ class Context:
         self.n_threads_batch = resolve_n_threads(n_threads_batch if n_threads_batch is not None else n_threads)
         self.type_k, self.type_v = type_k, type_v
         self.embeddings = embeddings
+        self.logits = logits
         self.pooling = self.pooling_type.label
         self.swa_full = swa_full
         self.abort_callback = abort_callback

@@ -16,6 +16,7 @@ so it is the one gguflm uses.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -160,3 +161,116 @@ def embedding_response(embeddings: Sequence[Any], model_name: str, n_tokens: int
         "model": model_name,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }
+
+
+# -- gguflm embed: llama.cpp's llama-embedding
+
+@dataclass
+class EmbeddingRun:
+    """What ``gguflm embed`` computed: the prompts, and per prompt (per token with pooling
+    ``none``) its normalised embedding, or its rank scores."""
+
+    prompts: list[str]
+    vectors: np.ndarray              # float32 [n, n_embd], or [n, n_cls_out] for rank pooling
+    pooling: PoolingType
+    labels: list[str]                # the classifier's output labels (rank pooling)
+
+
+def embed_prompts(ctx: Context, prompts: Sequence[str], n_batch: int, cls_separator: str = "\t",
+                  embd_normalize: int = 2) -> EmbeddingRun:
+    """llama-embedding's work on ``ctx``: each prompt tokenized with special tokens added and
+    parsed (with rank pooling, a prompt holding ``cls_separator`` is a query and its documents,
+    joined by the model's rerank template or its EOS and SEP texts), packed into batches of
+    ``n_batch`` tokens and the context's sequences, then normalised (:func:`normalize`; rank scores
+    stay as they are: llama-embedding would read past them)."""
+    model, vocab = ctx.model, ctx.model.vocab
+    rank = ctx.pooling_type is PoolingType.RANK
+    template = model.meta.get("tokenizer.chat_template.rerank")
+    joint = (vocab.token_text(vocab.eos) if vocab.add_eos and vocab.eos is not None else "") + \
+            (vocab.token_text(vocab.sep) if vocab.add_sep and vocab.sep is not None else "")
+    inputs = []
+    for prompt in prompts:
+        if rank and cls_separator in prompt:
+            pairs = prompt.split(cls_separator)
+            if template is not None:
+                prompt = template.replace("{query}", pairs[0]).replace("{document}", pairs[1])
+            else:
+                prompt = joint.join(pairs)
+        tokens = vocab.tokenize(prompt, add_special=True, parse_special=True)
+        if len(tokens) > n_batch:
+            raise ValueError(f"number of tokens in input line ({len(tokens)}) exceeds batch size ({n_batch}), "
+                             f"increase batch size and re-run")
+        inputs.append(tokens)
+    results = embed_tokens(ctx, inputs, n_batch, ctx.n_seq_max)
+    if ctx.pooling_type is PoolingType.NONE:
+        rows = [normalize(row, embd_normalize) for r in results for row in r]
+    else:
+        rows = [r if rank else normalize(r, embd_normalize) for r in results]
+    labels = [str(x) for x in model.metadata.get(f"{model.arch}.classifier.output_labels", [])]
+    width = len(rows[0]) if rows else 0
+    return EmbeddingRun(list(prompts), np.array(rows, np.float32).reshape(len(rows), width), ctx.pooling_type,
+                        labels)
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """llama.cpp's ``common_embd_similarity_cos``: float products summed in double."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    total = norm_a = norm_b = 0.0
+    for ab, aa, bb in zip((a * b).tolist(), (a * a).tolist(), (b * b).tolist()):
+        total += ab
+        norm_a += aa
+        norm_b += bb
+    if norm_a == 0.0 or norm_b == 0.0:
+        return 1.0 if norm_a == 0.0 and norm_b == 0.0 else 0.0
+    return float(np.float32(total / (np.sqrt(norm_a) * np.sqrt(norm_b))))
+
+
+def render(run: EmbeddingRun, output_format: str = "", embd_normalize: int = 2) -> str:
+    """llama-embedding's standard output for ``run``: the summary (``output_format`` "") or
+    ``json``, ``json+`` (with the cosine similarity matrix), ``array`` or ``raw``."""
+    emb, n_prompts = run.vectors, len(run.prompts)
+    n, width = emb.shape
+    value = "{:1.0f}" if embd_normalize == 0 else "{:1.7f}"
+    cell = "{:6.0f} " if embd_normalize == 0 else "{:9.6f} "
+    out = []
+    if output_format == "":
+        out.append("\n")
+        if run.pooling is PoolingType.NONE:
+            for j in range(n):
+                head = "".join(cell.format(v) for v in emb[j, :min(3, width)].tolist())
+                tail = "".join(cell.format(v) for v in emb[j, width - 3:].tolist())
+                out.append(f"embedding {j}: {head} ... {tail}\n")
+        elif run.pooling is PoolingType.RANK:
+            for j in range(n):
+                for i in range(width):
+                    label = run.labels[i] if i < len(run.labels) and run.labels[i] else str(i)
+                    out.append(f"rerank score {j}: {emb[j, 0]:8.3f}\n" if width == 1 else
+                               f"rerank score {j}: {emb[j, i]:8.3f} [{label}]\n")
+        else:
+            for j in range(n_prompts):
+                shown = emb[j, :min(16, width)] if n_prompts > 1 else emb[j]
+                out.append(f"embedding {j}: " + "".join(cell.format(v) for v in shown.tolist()) + "\n")
+            if n_prompts > 1:
+                out.append("\ncosine similarity matrix:\n\n")
+                out.append("".join(f"{p[:6]:>6.6} " for p in run.prompts) + "\n")
+                for i in range(n_prompts):
+                    out.append("".join(f"{cosine_similarity(emb[i], emb[j]):6.2f} " for j in range(n_prompts)))
+                    out.append(f"{run.prompts[i][:10]}\n")
+    if output_format in ("json", "json+", "array"):
+        vectors = ["[" + ",".join(value.format(v) for v in emb[j].tolist()) + "]" for j in range(n)]
+        if output_format == "array":
+            out.append("[" + ",".join(vectors) + "]\n")
+        else:
+            items = [f'    {{\n      "object": "embedding",\n      "index": {j},\n      "embedding": {v}\n    }}'
+                     for j, v in enumerate(vectors)]
+            out.append('{\n  "object": "list",\n  "data": [\n' + ",\n".join(items) + "\n  ]")
+            if output_format == "json+" and n_prompts > 1:
+                rows = ["    [" + ", ".join(f"{cosine_similarity(emb[i], emb[j]):6.2f}" for j in range(n)) + " ]"
+                        for i in range(n)]
+                out.append(',\n  "cosineSimilarity": [\n' + ",\n".join(rows) + "\n  ]")
+            out.append("\n}\n")
+    elif output_format == "raw":
+        for j in range(n):
+            out.append(" ".join(value.format(v) for v in emb[j].tolist()) + "\n")
+    out.append("\n")
+    return "".join(out)

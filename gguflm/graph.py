@@ -403,7 +403,10 @@ class Graph:
         self.plan.take_pool_rows(x, out)
         return out
 
-    def logits(self, x: np.ndarray, w: Weight) -> np.ndarray:
+    def logits(self, x: np.ndarray, w: Weight) -> np.ndarray | None:
+        """The output projection of x (None when the context asks for no logits)."""
+        if not self.ctx.logits:
+            return None
         (out,) = self.project(x, w)
         if self.hparams.f_final_logit_softcapping:
             self.plan.softcap(out, self.hparams.f_final_logit_softcapping)

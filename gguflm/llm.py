@@ -167,7 +167,7 @@ class LLM:
                 self._n_seq_max = min(self.n_batch, embeddings.max_sequences(self._model))
                 if not self._model.architecture.kv_cache:
                     n_ubatch = self.n_batch
-                options.update(embeddings=True, pooling=pooling_type, n_seq_max=self._n_seq_max)
+                options.update(embeddings=True, pooling=pooling_type, n_seq_max=self._n_seq_max, logits=False)
             elif not self._model.architecture.kv_cache:
                 raise Error(f"{Path(self.model_path).name} is an encoder ({self._model.arch}): it computes "
                             f"embeddings, not text; create the LLM with embedding=True")
@@ -373,8 +373,8 @@ class LLM:
     def _submit(self, tokens: list[int], chain: SamplerChain, request: Request,
                 stream: bool) -> Completion | Iterator[Chunk]:
         self._open()
-        if not self.model.architecture.kv_cache:
-            raise Error(f"{self.model.arch} is an encoder: it computes embeddings, not text")
+        if self.embedding:
+            raise Error("this LLM computes embeddings (embedding=True): create one without it to generate text")
         chunks = self._locked_run(tokens, chain, request)
         if stream:
             return chunks

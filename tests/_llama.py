@@ -149,3 +149,94 @@ class LlamaVocab:
 
     def attr(self, tok: int) -> int:
         return L.llama_vocab_get_attr(self._vocab, tok)
+
+
+def llama_embeddings(path: str | Path, token_lists: list[list[int]], pooling: int, n_ctx: int = 512,
+                     n_threads: int = 2) -> list:
+    """llama.cpp's embeddings of ``token_lists`` decoded as one batch, sequence ``s`` at positions
+    0.., every token an output (as llama-cpp-python's ``Llama.embed`` packs a batch): per list its
+    pooled vector (rank: its ``n_cls_out`` scores), or with pooling 0 its tokens' rows (read
+    correctly: ``Llama.embed`` 0.3.36 misplaces those of the second and later lists)."""
+    import numpy as np
+
+    llama_cpp = require_peer()
+    n = sum(len(t) for t in token_lists)
+    llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=pooling, n_ctx=max(n_ctx, n), n_batch=max(n_ctx, n),
+                          n_ubatch=max(n_ctx, n), n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
+    try:
+        llm._batch.reset()
+        for seq, tokens in enumerate(token_lists):
+            llm._batch.add_sequence(tokens, seq, True)
+        llm._ctx.decode(llm._batch)
+        ctx, n_embd = llm._ctx.ctx, llm.n_embd()
+        if pooling == 0:
+            rows = np.ctypeslib.as_array(L.llama_get_embeddings(ctx), shape=(n * n_embd,)).reshape(n, n_embd).copy()
+            out, start = [], 0
+            for tokens in token_lists:
+                out.append(rows[start:start + len(tokens)])
+                start += len(tokens)
+            return out
+        width = L.llama_model_n_cls_out(llm._model.model) if pooling == 4 else n_embd
+        return [np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, seq), shape=(width,)).copy()
+                for seq in range(len(token_lists))]
+    finally:
+        llm.close()
+
+
+def llama_tensors(path: str | Path, token_lists: list[list[int]], names: list[str]) -> dict:
+    """The F32 tensors of llama.cpp's graph named ``names`` (each the list of every contiguous
+    node of that name, in graph order, as arrays of ggml's [ne3][ne2][ne1][ne0] shape) when it
+    embeds ``token_lists`` as one batch (pooling none), caught with the scheduler's eval callback."""
+    import os
+
+    import numpy as np
+
+    llama_cpp = require_peer()
+    _backend()
+    base = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    base.ggml_get_name.restype, base.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    base.ggml_nelements.restype, base.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+    base.ggml_get_data_f32.restype = ctypes.POINTER(ctypes.c_float)
+    base.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
+    base.ggml_is_contiguous.restype, base.ggml_is_contiguous.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+
+    class Head(ctypes.Structure):   # the leading fields of struct ggml_tensor
+        _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+
+    found: dict = {name: [] for name in names}
+
+    def callback(t, ask, user):
+        name = base.ggml_get_name(t).decode()
+        if not ask and name in found:
+            head = ctypes.cast(t, ctypes.POINTER(Head)).contents
+            if head.type == 0 and base.ggml_is_contiguous(t):
+                n = base.ggml_nelements(t)
+                data = np.ctypeslib.as_array(base.ggml_get_data_f32(t), shape=(n,)).copy()
+                found[name].append(data.reshape(tuple(head.ne)[::-1]))
+        return True
+
+    cb = L.ggml_backend_sched_eval_callback(callback)
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+    n = sum(len(t) for t in token_lists)
+    params = L.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = max(n, 64)
+    params.n_seq_max, params.kv_unified, params.embeddings, params.pooling_type = 64, True, True, 0
+    params.n_threads = params.n_threads_batch = 2
+    params.flash_attn_type, params.cb_eval = L.LLAMA_FLASH_ATTN_TYPE_DISABLED, cb
+    ctx = L.llama_init_from_model(model, params)
+    batch = L.llama_batch_init(n, 0, 1)
+    try:
+        k = 0
+        for seq, tokens in enumerate(token_lists):
+            for pos, tok in enumerate(tokens):
+                batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = tok, pos, 1, True
+                batch.seq_id[k][0] = seq
+                k += 1
+        batch.n_tokens = n
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        return found
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
