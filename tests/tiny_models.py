@@ -250,7 +250,9 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
     arch = draw(st.sampled_from(archs))
     head_dim = draw(st.sampled_from((8, 16, 32, 48, 64, 80, 96, 128, 256)))
     if arch in SQUARE_ATTENTION_ARCHS:
-        n_head = draw(st.sampled_from([h for h in range(1, 17) if 32 <= h * head_dim <= 512]))
+        # a head count some KV head count (1 or 2) serves with at most 8 query heads each
+        n_head = draw(st.sampled_from([h for h in range(1, 17) if 32 <= h * head_dim <= 512
+                                       and (h <= 8 or (h % 2 == 0 and h // 2 <= 8))]))
         n_head_kv = draw(st.sampled_from([k for k in (1, 2) if n_head % k == 0 and n_head // k <= 8]))
         n_embd = n_head * head_dim
     else:
