@@ -20,7 +20,8 @@ from ops_kernels cimport (GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, GGUFLM_UNARY_GELU
 cnp.import_array()
 
 
-cdef ggml_half GELU_TABLE[65536]
+cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
+GELU_TABLE[65536] = 0
 gguflm_gelu_table_init(GELU_TABLE)
 
 # the ISA and arithmetic of every call, read when it starts (gguflm.system sets them); the ops

@@ -12,9 +12,28 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate,
         for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], GGUFLM_ARITH_AVX2) * up[i];
 }
 
+#if GGUFLM_VARIANT_AVX2
+/* gguflm_gelu on 8 values: the fp16 index by F16C, the table entries gathered (4 bytes from each
+ * entry: the table has one spare entry at its end), the saturation blended in */
+GGUFLM_TARGET static inline __attribute__((always_inline)) __m256 GGUFLM_FN(gguflm_gelu8)(const ggml_half *table,
+                                                                                        __m256 x) {
+    const __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i g = _mm256_and_si256(_mm256_i32gather_epi32((const int *)table, idx, 2), _mm256_set1_epi32(0xffff));
+    __m256 y = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1)));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+}
+#endif
+
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_geglu_row)(const ggml_half *table, int n, const float *gate,
                                                       const float *up, float *y) {
-    for (int i = 0; i < n; i++) y[i] = gguflm_gelu(table, gate[i]) * up[i];
+    int i = 0;
+#if GGUFLM_VARIANT_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(GGUFLM_FN(gguflm_gelu8)(table, _mm256_loadu_ps(gate + i)),
+                                              _mm256_loadu_ps(up + i)));
+#endif
+    for (; i < n; i++) y[i] = gguflm_gelu(table, gate[i]) * up[i];
 }
 
 /* y[i] = x[i] as floats (fp16 -> fp32 is exact) */
@@ -698,10 +717,15 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_layer_norm_row)(int n, const float *x
 
 /* y = act(x) for one row: GELU through ggml's fp16 table, or libm's tanhf (ggml_vec_tanh_f32) */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_unary_row)(int kind, const ggml_half *table, int n, const float *x, float *y) {
-    if (kind == GGUFLM_UNARY_GELU)
-        for (int i = 0; i < n; i++) y[i] = gguflm_gelu(table, x[i]);
-    else
-        for (int i = 0; i < n; i++) y[i] = tanhf(x[i]);
+    int i = 0;
+    if (kind == GGUFLM_UNARY_GELU) {
+#if GGUFLM_VARIANT_AVX2
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, GGUFLM_FN(gguflm_gelu8)(table, _mm256_loadu_ps(x + i)));
+#endif
+        for (; i < n; i++) y[i] = gguflm_gelu(table, x[i]);
+    } else {
+        for (; i < n; i++) y[i] = tanhf(x[i]);
+    }
 }
 
 /* out[d] = the sum over tokens t of x[t][d] * m[t] for d < n, as ggml's F32 mul_mat of the

@@ -74,7 +74,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
              GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN"}
 
-cdef ggml_half GELU_TABLE[65536]
+cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
+GELU_TABLE[65536] = 0
 gguflm_gelu_table_init(GELU_TABLE)
 
 # every run reads the ISA and arithmetic in force when it starts (gguflm.system sets them) and

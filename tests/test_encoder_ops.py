@@ -145,6 +145,27 @@ def test_gelu_reads_ggml_table_and_saturates():
         np.testing.assert_array_equal(out[0], np.concatenate([[0.0, 0.0], inside, [10.0, 40.0]]).astype(F32))
 
 
+def test_gelu_isas_agree_on_every_half_and_between():
+    """The AVX2 kernels gather the table 8 at a time: every fp16 value, values between them (the
+    index is rounded to nearest even), the saturation bounds, infinities and NaN."""
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(F32)
+    rng = np.random.default_rng(3)
+    between = (rng.standard_normal(40000) * rng.choice([1e-6, 0.1, 3, 30], 40000)).astype(F32)
+    special = np.array([-10.0, 10.0, np.nextafter(F32(-10), F32(0)), np.nextafter(F32(10), F32(0)), np.inf, -np.inf,
+                        np.nan, 0.0, -0.0, 65520.0, 1e-30], F32)
+    x = np.concatenate([halves, between, special, np.zeros(5, F32)]).reshape(-1, 9)   # rows leave a remainder
+    outs = []
+    for isa in ISAS:
+        gelu, geglu = np.empty_like(x), np.empty_like(x)
+        with system.using(isa=isa):
+            ops.gelu(x, gelu, n_threads=2)
+            ops.geglu(x, x[::-1].copy(), geglu, n_threads=2)
+        outs.append((gelu, geglu))
+    for gelu, geglu in outs[1:]:
+        np.testing.assert_array_equal(gelu.view(np.uint32), outs[0][0].view(np.uint32))
+        np.testing.assert_array_equal(geglu.view(np.uint32), outs[0][1].view(np.uint32))
+
+
 def test_tanh_is_libm_tanhf_on_every_isa():
     x = np.linspace(-12, 12, 1001, dtype=F32)[None, :]
     outs = []
