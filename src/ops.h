@@ -491,7 +491,8 @@ static int gguflm_attention_by_sequence(const gguflm_attn_args *a, const gguflm_
         #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_items; item++) {
             const int chunk = (int)(item / a->n_head_kv), q = chunks[2 * chunk], first = chunks[2 * chunk + 1];
-            const int end = seq_start[q + 1] - first < GGUFLM_ATTN_SEQ_CHUNK ? seq_start[q + 1] : first + GGUFLM_ATTN_SEQ_CHUNK;
+            const int end = seq_start[q + 1] - first < GGUFLM_ATTN_SEQ_CHUNK ? seq_start[q + 1]
+                                                                             : first + GGUFLM_ATTN_SEQ_CHUNK;
             kernels->attn_seq(a, (int)(item % a->n_head_kv), seq_cells + seq_start[q], seq_start[q + 1] - seq_start[q],
                               seq_cells + first, end - first, kt, kptr, &s);
         }

@@ -291,7 +291,8 @@ def test_embeddings_are_the_same_floats_on_every_isa_and_thread_count():
         for isa in system.supported_isas():
             for n_threads in (1, 2, 3):
                 with system.using(isa=isa):
-                    assert bits_equal(context_embeddings(model, tokens, "mean", n_threads=n_threads), first), (isa, n_threads)
+                    got = context_embeddings(model, tokens, "mean", n_threads=n_threads)
+                assert bits_equal(got, first), (isa, n_threads)
 
 
 def test_tiny_encoders_same_floats_at_every_thread_count():

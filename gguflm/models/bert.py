@@ -23,8 +23,10 @@ class Bert(Architecture):
     kv_cache = False
     # whether Q and K are rotated by their positions (nomic-bert) instead of absolute embeddings
     rotary: ClassVar[bool] = False
-    # whether the file may hold no token-type embedding (llama.cpp: BERT's is optional)
+    # whether the file may hold no token-type embedding (llama.cpp: BERT's is optional), and
+    # whether it must say how many types there are
     token_types_optional: ClassVar[bool] = True
+    requires_token_type_count: ClassVar[bool] = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -36,11 +38,11 @@ class Bert(Architecture):
                               f"{hp.n_embd_head_k} and {hp.n_embd_head_v}")
         return hp
 
-    @staticmethod
-    def token_type_count(kv: HParamReader) -> int:
+    @classmethod
+    def token_type_count(cls, kv: HParamReader) -> int:
         """``tokenizer.ggml.token_type_count``, which llama.cpp requires of BERT and nomic-bert."""
         n = kv.metadata.get("tokenizer.ggml.token_type_count", 0)
-        if not n:
+        if not n and cls.requires_token_type_count:
             raise HParamError(f"{kv.source}: {kv.arch} model needs to define token type count "
                               f"(tokenizer.ggml.token_type_count)")
         return int(n)

@@ -18,13 +18,11 @@ class JinaBertV2(Bert):
     rope_type = RopeType.NONE
     rotary = False
     token_types_optional = False
+    requires_token_type_count = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        hp = cls.read_common(kv, n_vocab)
-        n_types = int(kv.metadata.get("tokenizer.ggml.token_type_count", 0))
-        return hp.with_changes(f_norm_eps=kv.get_float("{arch}.attention.layer_norm_epsilon"),
-                               f_max_alibi_bias=8.0, extras={"n_token_types": n_types})
+        return super().read_hparams(kv, n_vocab).with_changes(f_max_alibi_bias=8.0)
 
     @classmethod
     def max_positions(cls, hp: HParams) -> int | None:

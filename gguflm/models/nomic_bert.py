@@ -15,7 +15,6 @@ class NomicBert(Bert):
     name = "nomic-bert"
     rope_type = RopeType.NEOX
     rotary = True
-    untied_output = False
 
     @classmethod
     def max_positions(cls, hp: HParams) -> int | None:
