@@ -59,6 +59,19 @@ def pack(lengths: Sequence[int], n_batch: int, n_seq_max: int) -> Iterator[list[
         yield group
 
 
+def _sequences_batch(token_lists: Sequence[Sequence[int]]) -> Batch:
+    """Token list ``s`` as sequence ``s`` at positions 0.., every token an output."""
+    lengths = [len(t) for t in token_lists]
+    batch = Batch(sum(lengths))
+    batch.n_tokens = batch.n_tokens_max
+    batch.token[:] = np.concatenate([np.asarray(t, np.int64) for t in token_lists])
+    batch.pos[:] = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+    batch.seq_id[:, 0] = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    batch.n_seq_id[:] = 1
+    batch.logits[:] = 1
+    return batch
+
+
 def embed_tokens(ctx: Context, token_lists: Sequence[Sequence[int]], n_batch: int,
                  n_seq_max: int) -> list[np.ndarray]:
     """Decode ``token_lists`` packed as :func:`pack` says, each batch on an empty cache, and
@@ -79,11 +92,7 @@ def embed_tokens(ctx: Context, token_lists: Sequence[Sequence[int]], n_batch: in
     try:
         for group in pack([len(t) for t in token_lists], n_batch, n_seq_max):
             ctx.memory.clear()
-            batch = Batch(sum(len(token_lists[i]) for i in group))
-            for seq, i in enumerate(group):
-                for pos, tok in enumerate(token_lists[i]):
-                    batch.add(int(tok), pos, [seq], True)
-            status = ctx.decode(batch)
+            status = ctx.decode(_sequences_batch([token_lists[i] for i in group]))
             if status != 0:
                 raise Error(f"decode failed with status {status}")
             if ctx.pooling_type is PoolingType.NONE:
