@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from gguflm.bench.tokenizer import best_seconds
 
 _SUBJECTS = ["The old fisherman", "A young engineer", "My neighbour's cat", "The city council",
              "Our chemistry teacher", "A small startup", "The orchestra", "Every student in the class",
@@ -46,15 +47,6 @@ def default_model() -> Path | None:
     """The MiniLM encoder shipped with the tests, when this is a source tree."""
     path = Path(__file__).resolve().parents[2] / "tests" / "data" / "models" / "all-MiniLM-L6-v2-Q8_0.gguf"
     return path if path.is_file() else None
-
-
-def best_seconds(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def run(args: argparse.Namespace) -> int:
