@@ -6,7 +6,6 @@ resolves key templates and scalar-or-per-layer arrays, then adds its own extras.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -88,7 +87,7 @@ class HParams:
     @property
     def kq_scale(self) -> float:
         """Scale of K·Q before softmax."""
-        return self.f_attention_scale or 1.0 / math.sqrt(self.n_embd_head_k)
+        return self.f_attention_scale or rsqrt_f32(self.n_embd_head_k)
 
     def with_changes(self, **changes: Any) -> HParams:
         return replace(self, **changes)
@@ -269,6 +268,17 @@ def _n_classifier_outputs(kv: HParamReader) -> int:
     """One score per sequence, or as many as ``{arch}.classifier.output_labels`` names."""
     labels = kv.metadata.get(kv.key("{arch}.classifier.output_labels"))
     return len(labels) if labels is not None and len(labels) else 1
+
+
+def rsqrt_f32(n: float) -> float:
+    """1.0f / sqrtf(n) in float32 arithmetic, as llama.cpp computes attention scales (a double
+    1/sqrt rounded to float32 is one ulp off for some n, e.g. 96)."""
+    return float(np.float32(1) / np.sqrt(np.float32(n)))
+
+
+def sqrt_f32(n: float) -> float:
+    """sqrtf(n), as llama.cpp computes Gemma's embedding scale."""
+    return float(np.sqrt(np.float32(n)))
 
 
 def require_heads_span_embd(kv: HParamReader, hp: HParams) -> None:

@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType
+from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, rsqrt_f32
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -110,7 +110,7 @@ class Bert(Architecture):
         hp, m = g.hparams, g.model
         t = m.tensors
         head = hp.n_embd_head_k
-        kq_scale = float(np.float32(1) / np.sqrt(np.float32(head)))   # 1.0f/sqrtf(head), as llama.cpp
+        kq_scale = rsqrt_f32(head)
         # embeddings: token + type 0 ("sentence A": llama.cpp gives every token type 0) + position
         x = g.embed(t["token_embd.weight"])                                   # [n_tokens, n_embd]
         if "token_types.weight" in t:

@@ -5,12 +5,10 @@ Its forward pass also serves Gemma 3 (per-head Q/K norms run when their tensors 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, swa_pattern
+from gguflm.hparams import HParamReader, HParams, RopeType, rsqrt_f32, sqrt_f32, swa_pattern
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -29,8 +27,8 @@ class Gemma2(Architecture):
             swa_layers=swa_pattern(hp.n_layer, 2),
             f_attn_logit_softcapping=kv.get_float("{arch}.attn_logit_softcapping", 50.0),
             f_final_logit_softcapping=kv.get_float("{arch}.final_logit_softcapping", 30.0),
-            f_attention_scale=1.0 / math.sqrt(head_for_scale),
-            f_embedding_scale=math.sqrt(hp.n_embd),
+            f_attention_scale=rsqrt_f32(head_for_scale),
+            f_embedding_scale=sqrt_f32(hp.n_embd),
         )
 
     @classmethod

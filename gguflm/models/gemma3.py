@@ -3,9 +3,7 @@ layers with their own RoPE base to every global layer."""
 
 from __future__ import annotations
 
-import math
-
-from gguflm.hparams import HParamReader, HParams, swa_pattern
+from gguflm.hparams import HParamReader, HParams, rsqrt_f32, sqrt_f32, swa_pattern
 from gguflm.models.base import TensorSpec
 from gguflm.models.gemma2 import Gemma2
 
@@ -26,8 +24,8 @@ class Gemma3(Gemma2):
             swa_layers=swa_pattern(hp.n_layer, period),
             rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", 10000.0),
             rope_freq_scale_train_swa=1.0,
-            f_attention_scale=1.0 / math.sqrt(head_for_scale),
-            f_embedding_scale=math.sqrt(hp.n_embd),
+            f_attention_scale=rsqrt_f32(head_for_scale),
+            f_embedding_scale=sqrt_f32(hp.n_embd),
         )
 
     @classmethod
