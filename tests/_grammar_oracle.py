@@ -1,0 +1,152 @@
+"""llama.cpp's GBNF parser and matcher as a test oracle (tests/llama_grammar_oracle.cpp).
+
+:class:`LlamaGrammarOracle` builds the oracle once per session with g++ against llama-cpp-python's
+libllama.so and talks to it over pipes. Each request is answered before the next is sent; a
+request that kills or hangs llama.cpp is reported as ``CRASHED`` and the oracle restarts, so the
+caller can still check gguflm on that input.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from _llama import L
+
+HERE = Path(__file__).resolve().parent
+CRASHED = "crashed"
+
+
+def _field(data: bytes) -> bytes:
+    return str(len(data)).encode() + b"\n" + data
+
+
+def split_pieces(text: bytes) -> list[tuple[int, bytes]]:
+    """test-grammar-integration.cpp's ``parse_tokens``: ``\\xff`` + 4 big-endian bytes is a token
+    id (piece ``<[id]>``), other bytes are UTF-8 code points (an invalid byte is U+FFFD)."""
+    out: list[tuple[int, bytes]] = []
+    i = 0
+    while i < len(text):
+        b = text[i]
+        if b == 0xFF and i + 5 <= len(text):
+            token = int.from_bytes(text[i + 1:i + 5], "big")
+            out.append((token, b"<[%d]>" % token))
+            i += 5
+            continue
+        n = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 0
+        chunk = text[i:i + n] if n else b""
+        try:
+            if not chunk or len(chunk) < n:
+                raise UnicodeDecodeError("utf-8", text, i, i + 1, "invalid")
+            out.append((0, chunk.decode("utf-8").encode("utf-8")))
+            i += n
+        except UnicodeDecodeError:
+            out.append((0, "\ufffd".encode()))
+            i += 1
+    return out
+
+
+def token_text(token: int) -> bytes:
+    """test-grammar-integration.cpp's ``token(id)``."""
+    return b"\xff" + token.to_bytes(4, "big")
+
+
+class LlamaGrammarOracle:
+    def __init__(self, executable: Path, timeout: float = 20.0) -> None:
+        self.executable = executable
+        self.timeout = timeout
+        self._proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen([str(self.executable)], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return self._proc
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def _request(self, payload: bytes, read) -> object:
+        proc = self._start()
+        try:
+            proc.stdin.write(payload)
+            proc.stdin.flush()
+            return read(proc.stdout)
+        except (BrokenPipeError, EOFError, ValueError):
+            self.close()
+            return CRASHED
+
+    def parse(self, grammar: bytes) -> tuple[dict[str, int], list[list[tuple[int, int]]]] | str:
+        """llama.cpp's symbol table and rules, or ``"error: <llama.cpp's message>"``, or
+        :data:`CRASHED`."""
+        def read(out):
+            head = out.readline()
+            if not head:
+                raise EOFError
+            if head.startswith(b"ERR"):
+                message = bytes.fromhex(head.split()[1].decode()) if head.split()[1] != b"-" else b""
+                return "error: " + message.decode("utf-8", "replace")
+            symbols: dict[str, int] = {}
+            rules: list[list[tuple[int, int]]] = []
+            for line in iter(out.readline, b"END\n"):
+                if not line:
+                    raise EOFError
+                parts = line.split()
+                if parts[0] == b"S":
+                    name = b"" if parts[1] == b"-" else bytes.fromhex(parts[1].decode())
+                    symbols[name.decode("utf-8", "surrogateescape")] = int(parts[2])
+                else:
+                    rules.append([tuple(int(v) for v in p.split(b":")) for p in parts[1:]])
+            return symbols, rules
+        return self._request(_field(b"parse") + _field(grammar), read)
+
+    def match(self, grammar: bytes, strings: list[bytes], root: bytes = b"root"
+              ) -> list[bool] | str | None:
+        """Whether llama.cpp's grammar accepts each string whole (None: the grammar does not
+        build; :data:`CRASHED`: llama.cpp died)."""
+        payload = _field(b"match") + _field(grammar) + _field(root) + _field(b"%d" % len(strings))
+        for text in strings:
+            pieces = split_pieces(text)
+            payload += _field(b"%d" % len(pieces))
+            for token, piece in pieces:
+                payload += _field(b"%d" % token) + _field(piece)
+
+        def read(out):
+            line = out.readline()
+            if not line:
+                raise EOFError
+            line = line.strip()
+            if line == b"INIT_FAIL":
+                return None
+            return [] if line == b"-" else [c == ord("1") for c in line]
+        return self._request(payload, read)
+
+
+@functools.cache
+def _build(out_dir: str) -> Path | str:
+    if L is None:
+        return "llama-cpp-python is not installed (its libllama.so is the grammar oracle)"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return "no C++ compiler (g++) to build the grammar oracle"
+    lib = Path(L.__file__).resolve().parent / "lib"
+    exe = Path(out_dir) / "llama_grammar_oracle"
+    subprocess.run([cxx, "-std=c++17", "-O1", str(HERE / "llama_grammar_oracle.cpp"), "-o",
+                    str(exe), f"-L{lib}", "-lllama", f"-Wl,-rpath,{lib}"], check=True,
+                   capture_output=True)
+    return exe
+
+
+def oracle(tmp_path_factory) -> LlamaGrammarOracle:
+    """The oracle for a session (skips when llama-cpp-python is missing)."""
+    built = _build(str(tmp_path_factory.mktemp("grammar-oracle")))
+    if isinstance(built, str):
+        pytest.skip(built)
+    return LlamaGrammarOracle(built)
