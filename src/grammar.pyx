@@ -32,6 +32,7 @@ cdef extern from "grammar_engine.h" nogil:
         int32_t n_stk
         int32_t n_set
         uint8_t *set_has_empty
+        int32_t *set_len
         int64_t n_mask_computed
         int64_t n_mask_cached
     int GE_OK, GE_NOMEM, GE_TOO_MANY_STACKS, GE_TOO_AMBIGUOUS, GE_EMPTY, GE_TOO_MUCH_WORK
@@ -224,6 +225,16 @@ cdef class Engine:
             r = self.e.set_has_empty[state_set]
             self._unlock()
         return r != 0
+
+    def set_size(self, int32_t state_set) -> int:
+        """How many parse stacks a state holds (llama.cpp's ``stacks.size()``)."""
+        self._check_set(state_set)
+        cdef int32_t r
+        with nogil:
+            self._lock()
+            r = self.e.set_len[state_set]
+            self._unlock()
+        return r
 
     cdef int _check_set(self, int32_t state_set) except -1:
         if not 0 <= state_set < self.e.n_set:

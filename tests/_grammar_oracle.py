@@ -9,6 +9,8 @@ caller can still check gguflm on that input.
 from __future__ import annotations
 
 import functools
+import resource
+import select
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,7 +58,7 @@ def token_text(token: int) -> bytes:
 
 
 class LlamaGrammarOracle:
-    def __init__(self, executable: Path, timeout: float = 20.0) -> None:
+    def __init__(self, executable: Path, timeout: float = 10.0) -> None:
         self.executable = executable
         self.timeout = timeout
         self._proc: subprocess.Popen | None = None
@@ -64,7 +66,8 @@ class LlamaGrammarOracle:
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen([str(self.executable)], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          preexec_fn=_limit_memory)
         return self._proc
 
     def close(self) -> None:
@@ -78,6 +81,10 @@ class LlamaGrammarOracle:
         try:
             proc.stdin.write(payload)
             proc.stdin.flush()
+            # llama.cpp loops on some grammars ({m,n} with n < m): give up after the timeout
+            ready, _, _ = select.select([proc.stdout], [], [], self.timeout)
+            if not ready:
+                raise EOFError
             return read(proc.stdout)
         except (BrokenPipeError, EOFError, ValueError):
             self.close()
@@ -109,11 +116,17 @@ class LlamaGrammarOracle:
 
     def match(self, grammar: bytes, strings: list[bytes], root: bytes = b"root"
               ) -> list[bool] | str | None:
-        """Whether llama.cpp's grammar accepts each string whole (None: the grammar does not
-        build; :data:`CRASHED`: llama.cpp died)."""
-        payload = _field(b"match") + _field(grammar) + _field(root) + _field(b"%d" % len(strings))
-        for text in strings:
-            pieces = split_pieces(text)
+        """Whether llama.cpp's grammar accepts each string whole, fed one code point (or
+        ``token(id)``) at a time as test-grammar-integration.cpp feeds it (None: the grammar
+        does not build; :data:`CRASHED`: llama.cpp died)."""
+        return self.match_pieces(grammar, [split_pieces(s) for s in strings], root)
+
+    def match_pieces(self, grammar: bytes, inputs: list[list[tuple[int, bytes]]],
+                     root: bytes = b"root") -> list[bool] | str | None:
+        """As :meth:`match`, each input given as (token id, piece) pairs for
+        ``llama_grammar_accept_token``."""
+        payload = _field(b"match") + _field(grammar) + _field(root) + _field(b"%d" % len(inputs))
+        for pieces in inputs:
             payload += _field(b"%d" % len(pieces))
             for token, piece in pieces:
                 payload += _field(b"%d" % token) + _field(piece)
@@ -127,6 +140,12 @@ class LlamaGrammarOracle:
                 return None
             return [] if line == b"-" else [c == ord("1") for c in line]
         return self._request(payload, read)
+
+
+def _limit_memory() -> None:
+    """A grammar that makes llama.cpp allocate without end should fail fast, not swap."""
+    limit = 2 << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 @functools.cache

@@ -145,17 +145,21 @@ static void do_match() {
             input.emplace_back(static_cast<llama_token>(std::stol(id)), piece);
         }
     }
-    llama_grammar * g = nullptr;
-    capture_stderr([&] { g = llama_grammar_init_impl(nullptr, grammar.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0); });
-    if (g == nullptr) {
+    // a fresh grammar per input: resetting the stacks alone would keep the partial UTF-8 state
+    auto init = [&] {
+        llama_grammar * g = nullptr;
+        capture_stderr([&] { g = llama_grammar_init_impl(nullptr, grammar.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0); });
+        return g;
+    };
+    llama_grammar * probe = init();
+    if (probe == nullptr) {
         std::printf("INIT_FAIL\n");
         return;
     }
-    const llama_grammar_stacks original = llama_grammar_get_stacks(g);
+    llama_grammar_free_impl(probe);
     std::string result;
     for (const auto & input : inputs) {
-        auto & stacks = llama_grammar_get_stacks(g);
-        stacks = original;
+        llama_grammar * g = init();
         bool matched = true;
         for (const auto & [token, piece] : input) {
             try {
@@ -175,9 +179,9 @@ static void do_match() {
                 matched = matched || stack.empty();
             }
         }
+        llama_grammar_free_impl(g);
         result.push_back(matched ? '1' : '0');
     }
-    llama_grammar_free_impl(g);
     std::printf("%s\n", result.empty() ? "-" : result.c_str());
 }
 

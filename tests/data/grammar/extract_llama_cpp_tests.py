@@ -67,9 +67,9 @@ def split_top(text: str) -> list[str]:
         if text.startswith('R"""(', i):
             i = text.index(')"""', i) + 4
             continue
-        if c == '"':
+        if c in "\"'":   # a string or char literal: its brackets do not count
             i += 1
-            while text[i] != '"':
+            while text[i] != c:
                 i += 2 if text[i] == "\\" else 1
         elif c in "{(":
             depth += 1
@@ -92,9 +92,9 @@ def braced(text: str, start: int) -> tuple[str, int]:
             i = text.index(')"""', i) + 4
             continue
         c = text[i]
-        if c == '"':
+        if c in "\"'":
             i += 1
-            while text[i] != '"':
+            while text[i] != c:
                 i += 2 if text[i] == "\\" else 1
         elif c == "{":
             depth += 1
