@@ -169,3 +169,63 @@ def oracle(tmp_path_factory) -> LlamaGrammarOracle:
     if isinstance(built, str):
         pytest.skip(built)
     return LlamaGrammarOracle(built)
+
+
+class LlamaCppGrammarSampler:
+    """llama.cpp's grammar sampler (``llama_sampler_init_grammar``, or the lazy one) over a
+    GGUF file's vocabulary, through llama-cpp-python's C bindings, in this process."""
+
+    def __init__(self, path: Path, grammar: str, root: str = "root", *, lazy: bool = False,
+                 patterns: tuple[str, ...] = (), tokens: tuple[int, ...] = ()) -> None:
+        import ctypes
+
+        import numpy as np
+
+        from _llama import require_llama
+        from gguflm.bench.sampling import TOKEN_DATA
+
+        require_llama()
+        self._ctypes, self._np = ctypes, np
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        self._model = L.llama_model_load_from_file(str(path).encode(), params)
+        self.vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        if lazy:
+            pats = (ctypes.c_char_p * max(1, len(patterns)))(*[p.encode() for p in patterns])
+            toks = (L.llama_token * max(1, len(tokens)))(*tokens)
+            self.sampler = L.llama_sampler_init_grammar_lazy_patterns(
+                self.vocab, grammar.encode(), root.encode(), pats, len(patterns), toks,
+                len(tokens))
+        else:
+            self.sampler = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), root.encode())
+        if not self.sampler:
+            raise ValueError("llama.cpp rejects the grammar")
+        self._buffer = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
+
+    def close(self) -> None:
+        if getattr(self, "sampler", None):
+            L.llama_sampler_free(self.sampler)
+            self.sampler = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def mask(self, ids=None):
+        """Which candidates survive ``llama_sampler_apply`` (all tokens, or ``ids``)."""
+        np, ctypes = self._np, self._ctypes
+        ids = np.arange(self.n_vocab, dtype=np.int32) if ids is None else np.asarray(ids, np.int32)
+        buffer = self._buffer[:len(ids)]
+        buffer["id"] = ids
+        buffer["logit"] = 0.0
+        array = L.llama_token_data_array(
+            data=buffer.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), size=len(ids),
+            selected=-1, sorted=False)
+        L.llama_sampler_apply(self.sampler, ctypes.byref(array))
+        return buffer["logit"] != -np.inf
+
+    def accept(self, token: int) -> None:
+        L.llama_sampler_accept(self.sampler, token)

@@ -189,3 +189,71 @@ def derive(parsed: ParsedGrammar, root: int, rng: random.Random, budget: int = 6
         return True
 
     return bytes(out) if rule_text(root, 0) else None
+
+
+# -- JSON schemas
+
+_PROP_NAMES = ["a", "b", "name", "age", "tags", "x-y", "é", "with space", "number", "root", ""]
+_PATTERNS = ["^[a-z]+$", "^[0-9]{3}-[0-9]{2}$", "^(ab|cd)+x?$", "^\\d+$", "^a.c$", "^[A-Z][a-z]*$",
+             "^(\\+|-)?[0-9]{1,3}$"]
+_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000),
+                          st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")),
+                                  max_size=6))
+
+
+def _leaf_schemas() -> st.SearchStrategy:
+    string = st.fixed_dictionaries({"type": st.just("string")}, optional={
+        "minLength": st.integers(0, 3), "maxLength": st.integers(3, 8),
+        "description": st.just("a string")})
+    formats = st.fixed_dictionaries({"type": st.just("string"), "format": st.sampled_from(
+        ["date", "time", "date-time", "uuid", "uuid4"])})
+    pattern = st.fixed_dictionaries({"type": st.just("string"),
+                                     "pattern": st.sampled_from(_PATTERNS)})
+    integer = st.fixed_dictionaries({"type": st.just("integer")}, optional={
+        "minimum": st.integers(-300, 300), "maximum": st.integers(300, 5000)})
+    exclusive = st.fixed_dictionaries({"type": st.just("integer"),
+                                       "exclusiveMinimum": st.integers(-50, 50)})
+    simple = st.sampled_from([{"type": t} for t in ("number", "boolean", "null", "string",
+                                                    "integer", "object", "array")] +
+                             [{}, {"type": ["string", "null"]}, {"type": ["integer", "boolean"]}])
+    enum = st.fixed_dictionaries({"enum": st.lists(_JSON_SCALARS, min_size=1, max_size=4,
+                                                   unique_by=repr)})
+    const = st.fixed_dictionaries({"const": _JSON_SCALARS})
+    return st.one_of(string, formats, pattern, integer, exclusive, simple, enum, const)
+
+
+def _extend(children: st.SearchStrategy) -> st.SearchStrategy:
+    props = st.dictionaries(st.sampled_from(_PROP_NAMES), children, max_size=3)
+
+    @st.composite
+    def obj(draw):
+        properties = draw(props)
+        schema = {"type": "object", "properties": properties}
+        names = list(properties)
+        if names and draw(st.booleans()):
+            schema["required"] = draw(st.lists(st.sampled_from(names), unique=True, min_size=1))
+        extra = draw(st.sampled_from(["absent", False, True, "schema"]))
+        if extra == "schema":
+            schema["additionalProperties"] = draw(children)
+        elif extra != "absent":
+            schema["additionalProperties"] = extra
+        return schema
+
+    array = st.fixed_dictionaries({"type": st.just("array"), "items": children}, optional={
+        "minItems": st.integers(0, 2), "maxItems": st.integers(2, 4)})
+    tuple_ = st.fixed_dictionaries({"type": st.just("array"),
+                                    "prefixItems": st.lists(children, min_size=1, max_size=3)})
+    any_of = st.builds(lambda key, alts: {key: alts}, st.sampled_from(["anyOf", "oneOf"]),
+                       st.lists(children, min_size=1, max_size=3))
+    return st.one_of(obj(), array, tuple_, any_of)
+
+
+@st.composite
+def json_schemas(draw) -> dict:
+    """A random JSON schema within (mostly) what the converters support, sometimes with $defs."""
+    schema = draw(st.recursive(_leaf_schemas(), _extend, max_leaves=6))
+    if draw(st.integers(0, 3)) == 0:
+        defs = {"item": draw(st.recursive(_leaf_schemas(), _extend, max_leaves=3))}
+        schema = {"$defs": defs, "type": "object",
+                  "properties": {"first": {"$ref": "#/$defs/item"}, "rest": schema}}
+    return schema

@@ -16,15 +16,30 @@ Supported: ``type`` (one or a list), ``properties``/``required``/``additionalPro
 ``anyOf``/``oneOf`` (as anyOf), ``allOf`` of objects. Annotations (``title``, ``description``,
 ``default``, ``examples``, ...) are ignored.
 
+Integer bounds: llama.cpp's digit rules lose the length of a minimum's tail when it starts with a
+0 (a minimum of 207 admits 27 and 200; of 100, 10). With ``strict=True`` those bounds get our own
+exact rules instead (same digit limit); ``strict=False`` keeps llama.cpp's.
+
+Patterns: a pattern's ``.`` and negated classes admit a raw quote, backslash or control character,
+which inside a JSON string ends it or makes it invalid. With ``strict=True`` they leave those out
+(so ``^a.c$`` still admits ``"abc"`` but never ``"a"c"``), and a positive class or literal text
+holding one raises; ``strict=False`` writes the references' rules.
+
 Strictness. Both reference converters drop keywords they cannot express without a word (number
 bounds, ``uniqueItems``, unknown formats, a pattern next to a length, ...), so their grammars may
 produce values the schema rejects. With ``strict=True`` (the default) such a keyword raises
 :class:`UnsupportedSchemaError` naming it and where it is; ``strict=False`` drops it as the
 reference does, and then the grammar is the reference's exactly.
 
-Where the llama-cpp-python converter departs from its own output (``strict=True`` only): integer
-bounds are honoured (with llama.cpp's digit rules, then `` space``) instead of dropped, and a
-schema holding only annotations means any JSON value (llama-cpp-python fails on it).
+Where the llama-cpp-python converter departs from llama-cpp-python's output (``strict=True`` only):
+integer bounds are honoured (with llama.cpp's digit rules, then `` space``) instead of dropped; a
+schema holding only annotations means any JSON value (llama-cpp-python fails on it); additional
+properties after an optional property get their comma (llama-cpp-python's grammar omits it, so
+``{"a": 1 "b": 2}`` would be admitted), and additional keys exclude the declared property names
+(as llama.cpp's converter excludes them). Where llama-cpp-python's grammar would admit other text
+than the schema means and no such fix is known, strict raises instead: JSON escapes in constants
+and property names (GBNF reads ``\\n``, ``\\"`` as its own escapes), regex escapes GBNF lacks
+(``\\d``: the grammar would not parse).
 """
 
 from __future__ import annotations
@@ -77,6 +92,21 @@ _NO_OPS = {"uniqueItems": False, "minProperties": 0, "minItems": 0, "minLength":
            "additionalItems": True, "unevaluatedProperties": True, "unevaluatedItems": True}
 
 _INVALID_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
+_JSON_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
+
+
+def _unsafe_json_escape(text: str) -> bool:
+    """Whether JSON text holds an escape GBNF does not read back as the same JSON: all but
+    \\uXXXX of a printable, non-surrogate character (GBNF reads that as the character itself,
+    which is the same JSON string)."""
+    for m in _JSON_ESCAPE.finditer(text):
+        escape = m.group(1)
+        if len(escape) != 5:
+            return True
+        cp = int(escape[1:], 16)
+        if cp < 0x20 or 0xD800 <= cp <= 0xDFFF:
+            return True
+    return False
 
 
 class BuiltinRule:
@@ -252,6 +282,10 @@ def _min_max_int(min_value: int, max_value: int, out: list[str], decimals_left: 
         else:
             min_s = str(min_value)
             c = min_s[0]
+            if len(min_s) > 2 and min_s[1] == "0":
+                # llama.cpp reads the rest ("07" of 207) as a number (7) and loses its length:
+                # its grammar then admits 27 and 200 for a minimum of 207
+                _INEXACT.add(min_value)
             if c > "1":
                 digit_range("1" if top_level else "0", chr(ord(c) - 1))
                 out.append(" ")
@@ -282,10 +316,75 @@ def _min_max_int(min_value: int, max_value: int, out: list[str], decimals_left: 
     raise SchemaError("At least one of min_value or max_value must be set")
 
 
-def _integer_range(min_value: int, max_value: int) -> str:
+_INEXACT: set[int] = set()
+
+
+def _integer_range(min_value: int, max_value: int, exact: bool = False) -> str:
+    """The integers in [min, max] as llama.cpp's converter writes them; with ``exact``, where its
+    digit rules would admit integers out of range, our own exact rules instead."""
     out: list[str] = []
+    _INEXACT.clear()
     _min_max_int(min_value, max_value, out)
+    if exact and _INEXACT:
+        return "(" + _exact_range(min_value, max_value) + ")"
     return "(" + "".join(out) + ")"
+
+
+_MAX_DIGITS = 16   # as llama.cpp's integral-part: at most 16 digits
+
+
+def _same_length(lo: str, hi: str) -> str:
+    """Digit strings of len(lo) == len(hi) from lo to hi (lexicographic = numeric order)."""
+    n = len(lo) - 1
+    if n == 0:
+        return f"[{lo}-{hi}]" if lo != hi else f"[{lo}]"
+    if lo[0] == hi[0]:
+        return f'"{lo[0]}" (' + _same_length(lo[1:], hi[1:]) + ")"
+    parts = []
+    low_rest, high_rest = lo[1:], hi[1:]
+    first, last = int(lo[0]), int(hi[0])
+    if low_rest == "0" * n:
+        first -= 1   # lo[0] takes every tail: joins the middle range
+    else:
+        parts.append(f"[{lo[0]}] (" + _same_length(low_rest, "9" * n) + ")")
+    if high_rest == "9" * n:
+        last += 1
+    if first + 1 <= last - 1:
+        a, b = first + 1, last - 1
+        parts.append((f"[{a}]" if a == b else f"[{a}-{b}]") + f" [0-9]{{{n}}}")
+    if high_rest != "9" * n:
+        parts.append(f"[{hi[0]}] (" + _same_length("0" * n, high_rest) + ")")
+    return " | ".join(parts)
+
+
+def _non_negative(low: int, high: int | None) -> list[str]:
+    """Alternatives for the integers in [low, high] (high None: up to 16 digits), low >= 0."""
+    parts = []
+    top = _MAX_DIGITS if high is None else len(str(high))
+    for length in range(len(str(low)), top + 1):
+        lo = str(low) if length == len(str(low)) else "1" + "0" * (length - 1)
+        if high is None and length > len(str(low)):
+            tail = f" [0-9]{{{length - 1},{_MAX_DIGITS - 1}}}" if length < _MAX_DIGITS else \
+                f" [0-9]{{{length - 1}}}"
+            parts.append("[1-9]" + tail)
+            break
+        hi = str(high) if high is not None and length == len(str(high)) else "9" * length
+        parts.append(_same_length(lo, hi))
+    return parts
+
+
+def _exact_range(low: int, high: int) -> str:
+    """The integers in [low, high] (INT64 ends: unbounded, up to 16 digits), our own rules."""
+    parts = []
+    if low == INT64_MIN or low < 0:
+        neg_high = None if low == INT64_MIN else -low        # |values| up to this
+        neg_low = 1 if high == INT64_MAX or high >= 0 else -high
+        if neg_high is None or neg_low <= neg_high:
+            parts.append('"-" (' + " | ".join(_non_negative(neg_low, neg_high)) + ")")
+    if high == INT64_MAX or high >= 0:
+        parts += _non_negative(max(low, 0) if low != INT64_MIN else 0,
+                               None if high == INT64_MAX else high)
+    return " | ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,8 +486,36 @@ class _PatternTranslator:
         return f'"{text}"' if is_literal else text
 
     def dot(self) -> str:
+        if self.c.strict and not self.c.raw_pattern:
+            # inside a JSON string a raw quote, backslash or control character is not the
+            # character: strict leaves them out (the references' dot admits them)
+            return self.c._add_rule("dot", _JSON_STRING_CHAR)
         return self.c._add_rule("dot", "[\\U00000000-\\U0010FFFF]" if self.c.dotall
                                 else "[^\\x0A\\x0D]")
+
+    def json_class(self, text: str) -> str:
+        """A character class as it may stand inside a JSON string (strict): a negated class
+        also excludes quote, backslash and control characters; a positive one must not hold
+        them."""
+        if not self.c.strict or self.c.raw_pattern:
+            return text
+        if text.startswith("[^"):
+            return "[^" + _JSON_STRING_EXCLUDED + text[2:]
+        if _class_admits_json_special(text):
+            raise UnsupportedSchemaError(
+                f"pattern class {text} admits a quote, backslash or control character, which "
+                f"a JSON string holds only escaped; the converters cannot express that")
+        return text
+
+    def json_literal(self, literal: str) -> str:
+        """A literal as it may stand inside a JSON string (strict): no quote, backslash or
+        control character."""
+        if self.c.strict and not self.c.raw_pattern and re.search(
+                r'\\(["\\ntr]|x[01]|u00[01])', literal):
+            raise UnsupportedSchemaError(
+                f"pattern text {literal!r} holds a quote, backslash or control character, which "
+                f"a JSON string holds only escaped; the converters cannot express that")
+        return literal
 
     def join(self, seq: list[tuple[str, bool]]) -> tuple[str, bool]:
         if self.cpp:
@@ -459,6 +586,7 @@ class _PatternTranslator:
                                                           + p[self.i:self.i + 2])
                         else:
                             k = 2
+                            self.check_escape()
                         text += p[self.i:self.i + k]
                         self.i += k
                     else:
@@ -469,7 +597,7 @@ class _PatternTranslator:
                         raise SchemaError("unterminated character class")
                     raise SchemaError(f"Unbalanced square brackets; start = {start}, i = {self.i}, "
                                       f"pattern = {p}")
-                seq.append((text + "]", False))
+                seq.append((self.json_class(text + "]"), False))
                 self.i += 1
             elif c == "|":
                 seq.append(("|", False))
@@ -487,7 +615,7 @@ class _PatternTranslator:
                     if self.cpp:   # nothing consumed, e.g. a stray ']' or '}'
                         raise _UnsupportedPattern(f"unsupported character: {c}")
                     continue
-                seq.append((literal, True))
+                seq.append((self.json_literal(literal), True))
         return self.join(seq)
 
     def repetition(self, seq: list[tuple[str, bool]], start: int) -> None:
@@ -546,6 +674,14 @@ class _PatternTranslator:
             seq[-1] = (_repetition_py(f'"{sub}"' if sub_is_literal else sub, min_times,
                                       max_times, item_is_literal=sub_is_literal), False)
 
+    def check_escape(self) -> None:
+        """llama-cpp-python copies regex escapes into the grammar as they are; GBNF has no
+        ``\\d``, ``\\w``, ``\\s``, ... (strict: say so now rather than fail to parse later)."""
+        if self.c.strict and _gbnf_escape_length(self.pattern, self.i) == 0:
+            raise UnsupportedSchemaError(
+                f"pattern escape {self.pattern[self.i:self.i + 2]!r} has no GBNF equivalent in "
+                f"the llama-cpp-python converter (it writes a grammar that does not parse)")
+
     def literal(self) -> str:
         p, n = self.pattern, len(self.pattern)
         literal = ""
@@ -566,6 +702,7 @@ class _PatternTranslator:
                     literal += p[self.i:self.i + k]
                     self.i += k
                 else:
+                    self.check_escape()
                     literal += p[self.i:self.i + 2]
                     self.i += 2
             elif c == '"' and (self.cpp or not self.c.raw_pattern):
@@ -579,6 +716,31 @@ class _PatternTranslator:
             else:
                 break
         return literal
+
+
+# what a JSON string holds raw: anything but a quote, a backslash and control characters
+_JSON_STRING_EXCLUDED = '"\\\\\\x00-\\x1F'
+_JSON_STRING_CHAR = "[^" + _JSON_STRING_EXCLUDED + "]"
+
+
+def _class_admits_json_special(text: str) -> bool:
+    """Whether a GBNF character class admits a quote, a backslash or a control character."""
+    from gguflm.grammar.gbnf import CHAR_ALT, CHAR_RNG_UPPER, parse
+
+    rule = parse("root ::= " + text).rules[0]
+    ranges, i = [], 0
+    while i < len(rule) - 1:
+        lo = rule[i][1]
+        if i + 1 < len(rule) and rule[i + 1][0] == CHAR_RNG_UPPER:
+            ranges.append((lo, rule[i + 1][1]))
+            i += 2
+        else:
+            ranges.append((lo, lo))
+            i += 1
+        if i < len(rule) and rule[i][0] != CHAR_ALT:
+            break
+    special = [0x22, 0x5C, *range(0x20)]
+    return any(lo <= c <= hi for c in special for lo, hi in ranges)
 
 
 def _gbnf_escape_length(pattern: str, pos: int) -> int:
@@ -660,6 +822,49 @@ class _Converter:
     def format_grammar(self) -> str:
         raise NotImplementedError
 
+    def _not_strings(self, strings: list[str]) -> str:
+        """A JSON string that is none of ``strings`` (llama.cpp's ``_not_strings`` trie walk)."""
+        trie: dict[str, Any] = {}
+        ends_root = False
+        for s in strings:
+            node = trie
+            if not s:
+                ends_root = True
+            for ch in s:
+                node = node.setdefault(ch, {})
+            node.setdefault("", True)   # marks an end (key "" sorts first, never a char)
+        char_rule = self._add_primitive("char", self.primitives["char"])
+        if self.strict and not any(trie):
+            # only "" to exclude: the references write a rule that admits exactly ""
+            return f'["] {char_rule}+ ["]'
+        out: list[str] = ['["] ( ']
+
+        def visit(node: dict[str, Any]) -> None:
+            children = sorted((k for k in node if k), key=ord)
+            for i, ch in enumerate(children):
+                if i:
+                    out.append(" | ")
+                out.append(f"[{ch}]")
+                child = node[ch]
+                if any(k for k in child):
+                    out.append(" (")
+                    visit(child)
+                    out.append(")")
+                else:
+                    out.append(f" {char_rule}+")
+            if children:
+                # strict: the first character of the rest may not be a raw backslash or control
+                # character either (the references' class admits them: invalid JSON)
+                extra = _JSON_STRING_EXCLUDED[1:] if self.strict else ""
+                out.append(f' | [^"{extra}{"".join(children)}] {char_rule}*')
+
+        visit(trie)
+        out.append(" )")
+        if not ends_root:
+            out.append("?")
+        out.append(' ["]')
+        return "".join(out)
+
     # -- strictness
 
     def _unsupported(self, schema: Mapping[str, Any], used: set[str], path: str) -> None:
@@ -679,6 +884,15 @@ class _Converter:
                 f"at {path} cannot be expressed by the {self.dialect} converter (pass "
                 f"strict=False to drop {'them' if len(left) > 1 else 'it'} as the reference "
                 f"converter does)")
+
+    def _check_property_name(self, name: str, prop_name: str, path: str) -> None:
+        """An empty property name of the root object takes the rule name "root" in both
+        reference converters, so the grammar's root becomes that property's value."""
+        if self.strict and not name and not prop_name:
+            raise UnsupportedSchemaError(
+                f"an empty property name at {path} of the top-level object makes the "
+                f"{self.dialect} converter's grammar start at that property's value; pass "
+                f"strict=False for the reference's grammar as it is")
 
     def _enter(self, path: str) -> None:
         self._depth += 1
@@ -710,11 +924,11 @@ class LlamaCppPythonConverter(_Converter):
         self._refs: dict[str, Any] = {}
 
     def _format_literal(self, literal: str) -> str:
-        if self.strict and "\\" in literal:
+        if self.strict and _unsafe_json_escape(literal):
             raise UnsupportedSchemaError(
-                f"the llama-cpp-python converter writes backslashes in {literal!r} unescaped "
-                f"(the grammar would match other text); use converter='llama.cpp' or "
-                f"strict=False")
+                f"the llama-cpp-python converter leaves the JSON escapes in {literal!r} for the "
+                f"grammar to read as its own (it would match other text); use "
+                f"converter='llama.cpp' or strict=False")
         escaped = re.sub(r'[\r\n"]', lambda m: {"\r": "\\r", "\n": "\\n", '"': '\\"'}[m.group(0)],
                          literal)
         return f'"{escaped}"'
@@ -849,10 +1063,11 @@ class LlamaCppPythonConverter(_Converter):
             check(schema, {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
                   path)
             low, high = _integer_bounds(schema, path)
-            return self._add_rule(rule_name, _integer_range(low, high) + " space")
+            return self._add_rule(rule_name, _integer_range(low, high, exact=True) + " space")
         if schema_type is None and self.strict and all(k in ANNOTATIONS for k in schema):
             return self._add_rule(rule_name, self._add_primitive("value", self.primitives["value"]))
         if not isinstance(schema_type, str) or schema_type not in self.primitives:
+            check(schema, {"type"}, path)   # names an unsupported keyword, if that is the cause
             raise UnsupportedSchemaError(f"Unrecognized schema at {path}: {str(schema)[:200]}")
         check(schema, {"type"}, path)
         return self._add_primitive("root" if rule_name == "root" else schema_type,
@@ -898,7 +1113,10 @@ class LlamaCppPythonConverter(_Converter):
         return self._object_rule(properties, required, name, [], path)
 
     def _array(self, schema: dict[str, Any], name: str, path: str) -> str:
-        items = schema.get("items") or schema["prefixItems"]
+        items = schema.get("items") or schema.get("prefixItems")
+        if not items:   # llama-cpp-python fails here (KeyError) on an empty items schema
+            raise UnsupportedSchemaError(f"empty 'items' at {path}: the llama-cpp-python "
+                                         f"converter cannot convert it")
         if isinstance(items, list):
             self._unsupported(schema, {"type", "items" if schema.get("items") else "prefixItems"}
                               | self._tuple_counts(schema, len(items)), path)
@@ -937,6 +1155,7 @@ class LlamaCppPythonConverter(_Converter):
             enumerate(properties), key=lambda ikv: (order.get(ikv[1][0], len(order)), ikv[0]))]
         kv_rules: dict[str, str] = {}
         for prop_name, prop_schema in properties:
+            self._check_property_name(name, prop_name, path)
             prop_rule = self.visit(prop_schema, _sub(name, prop_name), f"{path}/properties/{prop_name}")
             kv_rules[prop_name] = self._add_rule(
                 _sub(name, f"{prop_name}-kv"),
@@ -947,9 +1166,14 @@ class LlamaCppPythonConverter(_Converter):
             sub_name = _sub(name, "additional")
             value_rule = self.visit({} if additional == True else additional,  # noqa: E712
                                     f"{sub_name}-value", f"{path}/additionalProperties")
-            kv_rules["*"] = self._add_rule(
-                f"{sub_name}-kv",
-                self._add_primitive("string", self.primitives["string"]) + f' ":" space {value_rule}')
+            if self.strict and properties:
+                # llama-cpp-python lets an additional key repeat a property's name (with a value
+                # of the additional schema); strict excludes those names, as llama.cpp does
+                key_rule = self._add_rule(f"{sub_name}-k", self._not_strings(
+                    [k for k, _ in properties]) + " space")
+            else:
+                key_rule = self._add_primitive("string", self.primitives["string"])
+            kv_rules["*"] = self._add_rule(f"{sub_name}-kv", key_rule + f' ":" space {value_rule}')
             optional_props.append("*")
 
         rule = '"{" space '
@@ -962,7 +1186,11 @@ class LlamaCppPythonConverter(_Converter):
             def recursive_refs(ks: list[str], first_is_optional: bool) -> str:
                 k, *rest = ks
                 kv_rule = kv_rules[k]
-                if k == "*":
+                if k == "*" and first_is_optional and self.strict:
+                    # llama-cpp-python drops the comma before additional properties that follow
+                    # an optional one (invalid JSON); strict writes it, as llama.cpp does
+                    res = f'( "," space {kv_rule} )*'
+                elif k == "*":
                     res = self._add_rule(_sub(name, "additional-kvs"),
                                          f'{kv_rule} ( "," space ' + kv_rule + " )*")
                 elif first_is_optional:
@@ -1254,7 +1482,7 @@ class LlamaCppConverter(_Converter):
             low, high = data
             if low == INT64_MIN and high == INT64_MAX:
                 return self._primitive(rule_name, "integer")
-            return self._add_rule(rule_name, _integer_range(low, high))
+            return self._add_rule(rule_name, _integer_range(low, high, exact=self.strict))
         if kind in ("number", "boolean", "null"):
             return self._primitive(rule_name, kind)
         return self._add_rule(rule_name, self._add_primitive("value", self.primitives["value"]))
@@ -1325,47 +1553,12 @@ class LlamaCppConverter(_Converter):
                 raise UnsupportedSchemaError(message) from None
             self.warnings.append(message)
             return self._add_rule(name, self._add_primitive("string", self.primitives["string"]))
+        except UnsupportedSchemaError:
+            raise
         except SchemaError as err:
             self._rules = snapshot
             raise SchemaError(f"JSON schema conversion failed:\nInvalid pattern {pattern}: "
                               f"{err.reason}") from None
-
-    def _not_strings(self, strings: list[str]) -> str:
-        """A JSON string that is none of ``strings`` (llama.cpp's ``_not_strings`` trie walk)."""
-        trie: dict[str, Any] = {}
-        ends_root = False
-        for s in strings:
-            node = trie
-            if not s:
-                ends_root = True
-            for ch in s:
-                node = node.setdefault(ch, {})
-            node.setdefault("", True)   # marks an end (key "" sorts first, never a char)
-        char_rule = self._add_primitive("char", self.primitives["char"])
-        out: list[str] = ['["] ( ']
-
-        def visit(node: dict[str, Any]) -> None:
-            children = sorted((k for k in node if k), key=ord)
-            for i, ch in enumerate(children):
-                if i:
-                    out.append(" | ")
-                out.append(f"[{ch}]")
-                child = node[ch]
-                if any(k for k in child):
-                    out.append(" (")
-                    visit(child)
-                    out.append(")")
-                else:
-                    out.append(f" {char_rule}+")
-            if children:
-                out.append(f' | [^"{"".join(children)}] {char_rule}*')
-
-        visit(trie)
-        out.append(" )")
-        if not ends_root:
-            out.append("?")
-        out.append(' ["]')
-        return "".join(out)
 
     def _object_rule(self, properties: list[tuple[str, Any, str, bool]], name: str,
                      additional: Any) -> str:
@@ -1374,6 +1567,7 @@ class LlamaCppConverter(_Converter):
         optional_props: list[str] = []
         prop_names: list[str] = []
         for prop_name, prop_schema, where, is_required in properties:
+            self._check_property_name(name, prop_name, where)
             prop_rule = self.visit(prop_schema, _sub(name, prop_name), where)
             kv_rules[prop_name] = self._add_rule(
                 _sub(name, f"{prop_name}-kv"),
@@ -1481,14 +1675,16 @@ def json_schema_to_gbnf(schema: Mapping[str, Any] | str, *, converter: str = "ll
     """
     if converter not in CONVERTERS:
         raise ValueError(f"unknown converter {converter!r}; one of {', '.join(CONVERTERS)}")
-    if isinstance(schema, (str, bytes)):
-        try:
+    try:
+        if isinstance(schema, (str, bytes)):
             schema = json.loads(schema)
-        except ValueError as err:
-            raise SchemaError(f"the schema is not JSON: {err}") from None
-    else:
-        # the conversion rewrites $ref values in place (as llama-cpp-python's does): work on a copy
-        schema = json.loads(json.dumps(schema))
+        else:
+            # the conversion rewrites $ref values in place (as llama-cpp-python's does): a copy
+            schema = json.loads(json.dumps(schema))
+    except ValueError as err:
+        raise SchemaError(f"the schema is not JSON: {err}") from None
+    except RecursionError:
+        raise UnsupportedSchemaError("the schema is nested too deeply to convert") from None
     if not isinstance(schema, dict):
         raise SchemaError(f"a JSON schema is an object, not {type(schema).__name__}")
     try:
