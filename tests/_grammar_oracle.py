@@ -171,6 +171,21 @@ def oracle(tmp_path_factory) -> LlamaGrammarOracle:
     return LlamaGrammarOracle(built)
 
 
+@functools.cache
+def _llama_vocab(path: str):
+    """llama.cpp's vocabulary of a GGUF file, loaded once per session (vocab only)."""
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    model = L.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp cannot load {path}")
+    _LOADED.append(model)   # kept for the whole session, as the vocabulary points into it
+    return L.llama_model_get_vocab(model)
+
+
+_LOADED: list = []
+
+
 class LlamaCppGrammarSampler:
     """llama.cpp's grammar sampler (``llama_sampler_init_grammar``, or the lazy one) over a
     GGUF file's vocabulary, through llama-cpp-python's C bindings, in this process."""
@@ -186,10 +201,7 @@ class LlamaCppGrammarSampler:
 
         require_llama()
         self._ctypes, self._np = ctypes, np
-        params = L.llama_model_default_params()
-        params.vocab_only = True
-        self._model = L.llama_model_load_from_file(str(path).encode(), params)
-        self.vocab = L.llama_model_get_vocab(self._model)
+        self.vocab = _llama_vocab(str(path))
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         if lazy:
             pats = (ctypes.c_char_p * max(1, len(patterns)))(*[p.encode() for p in patterns])
@@ -207,9 +219,6 @@ class LlamaCppGrammarSampler:
         if getattr(self, "sampler", None):
             L.llama_sampler_free(self.sampler)
             self.sampler = None
-        if getattr(self, "_model", None):
-            L.llama_model_free(self._model)
-            self._model = None
 
     def __del__(self) -> None:
         self.close()
