@@ -235,3 +235,27 @@ def test_grammar_first_and_sample_first_agree_when_greedy(vocab):
 def test_samplers_module_exports_the_grammar_sampler():
     assert gguflm.samplers.Grammar is GrammarSampler
     assert isinstance(Dist(1), gguflm.samplers.Sampler)
+
+
+def test_named_tokens_resolve_through_the_vocabulary(vocab, vocab_path):
+    # a control token written <name> in the grammar, as llama.cpp resolves it (tokenized with
+    # special tokens parsed: exactly one token)
+    controls = sorted((t for t in range(vocab.n_tokens) if vocab.is_control(t)),
+                      key=lambda t: t in vocab.eog_ids)   # end-of-generation ones last
+    names = [n for n in (vocab.token_text(t) for t in controls)
+             if n.startswith("<") and n.endswith(">") and ">" not in n[:-1]
+             and len(vocab.tokenize(n, add_special=False, parse_special=True)) == 1][:1]
+    assert names, "every vocabulary here has a control token <...>"
+    text = f'root ::= {names[0]} "x" | "y"'
+    compiled = Grammar(text).compile(vocab)
+    token = vocab.tokenize(names[0], add_special=False, parse_special=True)[0]
+    ref = LlamaCppGrammarSampler(vocab_path, text)
+    try:
+        mask = compiled.mask(compiled.initial_state())
+        # an end-of-generation token is allowed only where the grammar may end, even as <name>
+        assert mask[token] == (token not in vocab.eog_ids)
+        assert np.array_equal(mask, ref.mask())
+    finally:
+        ref.close()
+    with pytest.raises(GrammarError, match="needs a vocabulary"):
+        Grammar(text).compile(None)
