@@ -32,8 +32,11 @@ _LAZY = {
     "Batch": "gguflm.batch",
     "SamplerChain": "gguflm.sampling",
     "LLM": "gguflm.llm",
+    "Grammar": "gguflm.grammar",
+    "GrammarError": "gguflm.grammar",
+    "LlamaGrammar": "gguflm.grammar",
 }
-_LAZY_MODULES = {"gguf", "quants", "samplers", "testing"}
+_LAZY_MODULES = {"gguf", "grammar", "quants", "samplers", "testing"}
 
 __all__ = [
     "Error",

@@ -49,7 +49,24 @@ def _seed(args: argparse.Namespace) -> int | None:
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
-            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": _seed(args)}
+            "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": _seed(args),
+            "grammar": _grammar(args)}
+
+
+def _grammar(args: argparse.Namespace) -> Any:
+    """The grammar of --grammar, --grammar-file, -j/--json-schema or -jf/--json-schema-file."""
+    from gguflm.grammar import Grammar
+
+    if args.grammar is not None:
+        return Grammar.from_string(args.grammar)
+    if args.grammar_file is not None:
+        return Grammar.from_file(args.grammar_file)
+    schema = args.json_schema
+    if args.json_schema_file is not None:
+        schema = Path(args.json_schema_file).read_text(encoding="utf-8")
+    if schema is not None:
+        return Grammar.from_json_schema(schema, converter=args.json_schema_converter)
+    return None
 
 
 def _max_tokens(n_predict: int) -> int | None:
@@ -178,6 +195,12 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_module(args: argparse.Namespace) -> int:
+    from gguflm.bench.__main__ import main as bench_main
+
+    return bench_main([args.bench_what, *args.bench_args])
+
+
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
     from gguflm.perplexity import perplexity
@@ -252,6 +275,15 @@ def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("-s", "--seed", type=int, default=-1, help="sampling seed (-1: random)")
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("--grammar", help="constrain the output to this GBNF grammar")
+    constraint.add_argument("--grammar-file", help="read the GBNF grammar from a file")
+    constraint.add_argument("-j", "--json-schema",
+                            help="constrain the output to JSON matching this schema")
+    constraint.add_argument("-jf", "--json-schema-file", help="read the JSON schema from a file")
+    p.add_argument("--json-schema-converter", default="llama-cpp-python",
+                   choices=("llama-cpp-python", "llama.cpp"),
+                   help="whose JSON schema -> grammar conversion to use")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
     bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+    from gguflm.bench.__main__ import module_names
+
+    # `gguflm bench NAME ...` is `python -m gguflm.bench NAME ...`: kernels, tokenizer, grammar, embed...
+    benches = p.add_subparsers(dest="bench_what")
+    for name in module_names():
+        if name != "model":
+            q = benches.add_parser(name, add_help=False, help=f"python -m gguflm.bench {name}")
+            q.add_argument("bench_args", nargs=argparse.REMAINDER)
+            q.set_defaults(func=_cmd_bench_module)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")
     _model_args(p)

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from gguflm.kv_store import CACHE_TYPES
 from gguflm.model import Model
 from gguflm.pooling import PoolingType
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
+
+if TYPE_CHECKING:
+    from gguflm.grammar import Grammar
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ _GGML_CACHE_TYPES = {int(t): name for name, t in CACHE_TYPES.items()}  # llama-c
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
                         "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",
-                        "mirostat_tau", "mirostat_eta", "logit_bias")
+                        "mirostat_tau", "mirostat_eta", "logit_bias", "grammar")
 PENALTY_LAST_N = 64                                    # llama.cpp's and llama-cpp-python's default
 
 
@@ -256,7 +259,8 @@ class LLM:
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, stream: bool = False,
-                 logprobs: int | None = None) -> Completion | Iterator[Chunk]:
+                 logprobs: int | None = None, grammar: Grammar | str | None = None
+                 ) -> Completion | Iterator[Chunk]:
         """Continue ``prompt`` (text, or token ids used as given).
 
         Parameters
@@ -276,6 +280,10 @@ class LLM:
             Return an iterator of :class:`Chunk` instead of a :class:`Completion`.
         logprobs
             Record each token's log-probability and this many alternatives.
+        grammar
+            Constrain the reply to a :class:`gguflm.Grammar` (or GBNF text), sampled as
+            llama.cpp's common sampler does: the chain samples, and only a token the grammar
+            rejects makes the whole vocabulary be masked and the token be sampled again.
 
         Returns
         -------
@@ -284,7 +292,7 @@ class LLM:
         """
         tokens = self._prompt_tokens(prompt)
         chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=seed)
+                              repeat_penalty=repeat_penalty, seed=seed, grammar=grammar)
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs))
         return self._submit(tokens, chain, request, stream)
 
@@ -292,7 +300,8 @@ class LLM:
              temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
              repeat_penalty: float = 1.0, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
-             logprobs: int | None = None) -> Completion | Iterator[Chunk]:
+             logprobs: int | None = None, grammar: Grammar | str | None = None
+             ) -> Completion | Iterator[Chunk]:
         """Reply to ``messages`` (``[{"role": "user", "content": "..."}, ...]``) through the chat
         template; options as :meth:`complete`. The KV cache of the previous turn is reused for
         the shared prefix of the conversation.
@@ -305,7 +314,7 @@ class LLM:
         template = self._chat_template()
         tokens = self._chat_prompt(messages)
         chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=seed)
+                              repeat_penalty=repeat_penalty, seed=seed, grammar=grammar)
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
                           _n_logprobs(logprobs))
         return self._submit(tokens, chain, request, stream)
@@ -355,7 +364,12 @@ class LLM:
                  repeat_penalty: float, seed: int | None, typical_p: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                 logit_bias: Mapping[Any, float] | None = None) -> SamplerChain:
+                 logit_bias: Mapping[Any, float] | None = None, grammar: Any = None
+                 ) -> SamplerChain:
+        if grammar is not None:
+            from gguflm.grammar.sampler import as_grammar
+
+            grammar = as_grammar(grammar)
         if seed is None:
             seed = self.seed
         params = SamplingParams(
@@ -365,7 +379,8 @@ class LLM:
             penalty_freq=float(frequency_penalty), penalty_present=float(presence_penalty),
             mirostat=int(mirostat_mode), mirostat_tau=float(mirostat_tau),
             mirostat_eta=float(mirostat_eta),
-            logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()})
+            logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()},
+            grammar=grammar)
         if temperature < 0:
             params.samplers = ("penalties",)   # llama-cpp-python: the raw distribution
         return common_sampler(params, vocab=self.model.vocab)
@@ -428,13 +443,14 @@ class LLM:
         """llama-cpp-python's ``Llama.create_completion``: the same arguments, the same
         OpenAI-style dict (or iterator of chunk dicts with ``stream=True``).
 
-        ``suffix`` (infill) and ``grammar`` are not supported (ValueError); ``tfs_z`` is accepted
-        and ignored as in current llama.cpp. ``logprobs`` covers the generated tokens.
+        ``grammar`` is a :class:`gguflm.Grammar`, a ``LlamaGrammar`` (gguflm's or
+        llama-cpp-python's) or GBNF text. ``suffix`` (infill) is not supported (ValueError);
+        ``tfs_z`` is accepted and ignored as in current llama.cpp. ``logprobs`` covers the
+        generated tokens.
         """
         arguments = locals()
         if suffix is not None:
             raise ValueError("suffix (fill-in-the-middle) is not supported by gguflm")
-        _no_grammar(grammar)
         tokens = self._prompt_tokens(prompt)
         chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs),
@@ -467,17 +483,21 @@ class LLM:
         """llama-cpp-python's ``Llama.create_chat_completion`` through the chat template: the same
         arguments, the same ``chat.completion`` dict (or ``chat.completion.chunk`` iterator).
 
-        ``tools``/``functions`` reach the template; forcing a tool, JSON response formats and
-        grammars need constrained sampling, which gguflm does not have (ValueError).
+        ``response_format`` ``{"type": "json_object"[, "schema": ...]}`` or OpenAI's
+        ``{"type": "json_schema", "json_schema": {"schema": ...}}`` constrains the reply to JSON
+        (to the schema); ``tool_choice={"type": "function", "function": {"name": ...}}`` forces
+        that tool's call, returned in ``message.tool_calls`` with JSON ``arguments`` (see
+        :mod:`gguflm.grammar.openai`). ``tools``/``functions`` reach the template.
         """
         arguments = locals()
-        _no_grammar(grammar)
-        if response_format is not None and response_format.get("type", "text") != "text":
-            raise ValueError("response_format other than text needs grammar sampling, which "
-                             "gguflm does not support")
-        if isinstance(tool_choice, Mapping) or isinstance(function_call, Mapping):
-            raise ValueError("forcing a tool call needs grammar sampling, which gguflm does not "
-                             "support")
+        from gguflm.grammar import openai
+
+        forced = openai.forced_tool(tools, tool_choice, functions, function_call)
+        structured = openai.response_format_grammar(response_format)
+        if forced is not None:
+            arguments["grammar"] = forced[1]
+        elif structured is not None:
+            arguments["grammar"] = structured
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
         variables = {} if tools is None else {"tools": tools}
@@ -489,6 +509,15 @@ class LLM:
                           n_logprobs, list(logits_processor or ()))
         meta = _ResponseMeta(f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
         result = self._submit(tokens, chain, request, stream)
+        if forced is not None:
+            # llama-cpp-python derives the chat ids from the text completion's
+            text_meta = _ResponseMeta(meta.id[len("chat"):], meta.created, meta.model)
+            if stream:
+                return openai.tool_call_chunks(forced[0],
+                                               _completion_chunks(result, text_meta, "", 0))
+            return openai.tool_call_dict(forced[0], text_meta.id, meta.created, meta.model,
+                                         result.text, _chat_logprobs(result.logprobs),
+                                         result.usage)
         if stream:
             return _chat_chunks(result, meta)
         return _chat_dict(result, meta)
@@ -653,11 +682,6 @@ def _n_logprobs(logprobs: int | None) -> int | None:
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
         raise ValueError(f"logprobs must be None or an int >= 0, got {logprobs!r}")
     return logprobs
-
-
-def _no_grammar(grammar: Any) -> None:
-    if grammar is not None:
-        raise ValueError("grammar-constrained sampling is not supported by gguflm")
 
 
 # -- OpenAI-style dicts, shaped as llama-cpp-python builds them

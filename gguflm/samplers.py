@@ -54,6 +54,7 @@ __all__ = [
     "Penalties",
     "DRY",
     "LogitBias",
+    "Grammar",
 ]
 
 #: llama.cpp's "pick a random seed" value (``LLAMA_DEFAULT_SEED``)
@@ -175,6 +176,11 @@ class TokenDataArray:
         """Probabilities of the current candidates (a view)."""
         self._materialize()
         return self._p_for_writing()
+
+    @property
+    def identity_ids(self) -> bool:
+        """Whether candidate i is token i (the ids of a freshly loaded row, not yet reordered)."""
+        return self._ids_pending and self._start == 0
 
     def _materialize(self) -> None:
         """Write the ids 0..n-1 and zero probabilities that a load left pending."""
@@ -302,6 +308,15 @@ class TokenDataArray:
         """llama.cpp's dist draw for at least two candidates: p = softmax, select by ``rnd``."""
         self.selected = kernels.dist_select(self.logits, self._p_for_writing(), self.sorted, rnd)
         self._p_pending = False
+
+
+def __getattr__(name: str) -> Any:
+    # the grammar sampler lives with the grammar code (gguflm.grammar), which imports this module
+    if name == "Grammar":
+        from gguflm.grammar.sampler import GrammarSampler
+
+        return GrammarSampler
+    raise AttributeError(f"module 'gguflm.samplers' has no attribute {name!r}")
 
 
 def _as_1d(values: Any, what: str) -> np.ndarray:

@@ -132,7 +132,10 @@ class SamplingParams:
 
     ``samplers`` uses llama.cpp's canonical names (see :data:`DEFAULT_SAMPLERS`; "infill" and
     "adaptive_p" are not provided). ``logit_bias`` maps token -> bias (or lists pairs).
-    Grammar fields are not part of this chain. ``dry_penalty_last_n`` defaults to 64 as in current
+    ``grammar`` (a :class:`gguflm.Grammar` or GBNF text), ``grammar_lazy`` and
+    ``grammar_triggers`` (:class:`gguflm.grammar.GrammarTrigger`) add llama.cpp's grammar
+    sampler the way its common sampler does (see :class:`gguflm.grammar.GrammarChain`).
+    ``dry_penalty_last_n`` defaults to 64 as in current
     llama.cpp, whose DRY no longer reads "-1 = the whole context" (any negative value now scans
     nothing).
     """
@@ -164,10 +167,13 @@ class SamplingParams:
     dry_sequence_breakers: Sequence[str | Sequence[int]] = ("\n", ":", "\"", "*")
     samplers: Sequence[str] = DEFAULT_SAMPLERS
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = field(default_factory=dict)
+    grammar: Any = None
+    grammar_lazy: bool = False
+    grammar_triggers: Sequence[Any] = ()
 
 
 def common_sampler(params: SamplingParams | None = None, *, vocab: Any = None,
-                   n_vocab: int | None = None) -> SamplerChain:
+                   n_vocab: int | None = None) -> SamplerChain | Sampler:
     """Build llama.cpp's sampler chain from ``params`` as ``common_sampler_init`` does.
 
     Order: logit bias (when any), then ``params.samplers`` (by default penalties -> dry ->
@@ -181,7 +187,12 @@ def common_sampler(params: SamplingParams | None = None, *, vocab: Any = None,
         Defaults to llama.cpp's defaults.
     vocab : object, optional
         The model's vocabulary; DRY needs it to tokenize string sequence breakers when enabled,
-        and it supplies ``n_vocab`` through ``vocab.n_tokens``.
+        a grammar needs it, and it supplies ``n_vocab`` through ``vocab.n_tokens``.
+
+    Returns
+    -------
+    SamplerChain, or a :class:`gguflm.grammar.GrammarChain` around it when ``params.grammar``
+    is set.
     n_vocab : int, optional
         Vocabulary size for mirostat and logit bias when no ``vocab`` is given.
     """
@@ -204,6 +215,13 @@ def common_sampler(params: SamplingParams | None = None, *, vocab: Any = None,
         chain.add(MirostatV2(params.seed, params.mirostat_tau, params.mirostat_eta))
     else:
         raise ValueError(f"unknown mirostat version {params.mirostat!r} (0, 1 or 2)")
+    if params.grammar is not None and params.grammar != "":
+        from gguflm.grammar.sampler import GrammarChain, grammar_sampler
+
+        if vocab is None:
+            raise ValueError("a grammar needs the vocabulary: pass vocab=")
+        return GrammarChain(chain, grammar_sampler(vocab, params.grammar, lazy=params.grammar_lazy,
+                                                   triggers=params.grammar_triggers))
     return chain
 
 

@@ -558,7 +558,7 @@ def test_llama_cpp_python_constructor_arguments(tiny_copy):
         assert (llm.context.type_k, llm.context.type_v) == ("q8_0", "f32")
         assert llm.chat_template == "llama-2" and llm.penalty_last_n == 32
         assert llm.apply_chat_template([{"role": "user", "content": "x"}]) == "[INST] x [/INST]"
-        with pytest.raises(ValueError, match="grammar"):
+        with pytest.raises(TypeError, match="grammar"):
             llm.create_completion("a", grammar=object())
         with pytest.raises(ValueError, match="suffix"):
             llm.create_completion("a", suffix="b")

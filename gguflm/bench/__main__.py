@@ -7,8 +7,12 @@ import sys
 import gguflm.bench
 
 
+def module_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(gguflm.bench.__path__) if m.name != "__main__")
+
+
 def main(argv: list[str]) -> int:
-    names = sorted(m.name for m in pkgutil.iter_modules(gguflm.bench.__path__) if m.name != "__main__")
+    names = module_names()
     if not argv or argv[0] not in names:
         print(f"usage: python -m gguflm.bench {{{','.join(names)}}} [args]", file=sys.stderr)
         return 2
