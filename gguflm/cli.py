@@ -195,12 +195,6 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_module(args: argparse.Namespace) -> int:
-    from gguflm.bench.__main__ import main as bench_main
-
-    return bench_main([args.bench_what, *args.bench_args])
-
-
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
     from gguflm.perplexity import perplexity
@@ -311,20 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-sys", "--system-prompt", help="system message opening the conversation")
     p.set_defaults(func=_cmd_chat)
 
+    from gguflm.bench.__main__ import module_names as bench_modules
     from gguflm.bench.model import add_arguments as bench_arguments
 
-    p = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
+    p = sub.add_parser("bench", help="prompt and generation speed, llama-bench style",
+                       epilog="gguflm bench NAME [args] runs python -m gguflm.bench NAME [args]: "
+                              + ", ".join(n for n in bench_modules() if n != "model"))
     bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
-    from gguflm.bench.__main__ import module_names
-
-    # `gguflm bench NAME ...` is `python -m gguflm.bench NAME ...`: kernels, tokenizer, grammar, embed...
-    benches = p.add_subparsers(dest="bench_what")
-    for name in module_names():
-        if name != "model":
-            q = benches.add_parser(name, add_help=False, help=f"python -m gguflm.bench {name}")
-            q.add_argument("bench_args", nargs=argparse.REMAINDER)
-            q.set_defaults(func=_cmd_bench_module)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")
     _model_args(p)
@@ -375,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from gguflm.errors import Error
 
+    from gguflm.bench.__main__ import main as bench_main, module_names as bench_modules
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
