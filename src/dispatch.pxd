@@ -14,6 +14,8 @@ cdef extern from "dispatch.h" nogil:
         GGUFLM_ISA_COUNT
         GGUFLM_ARITH_AVX2
         GGUFLM_ARITH_AVX512
+        GGUFLM_ARITH_AVX512BF16
+        GGUFLM_ARITH_ZEN4
         GGUFLM_ARITH_COUNT
     const char *const gguflm_isa_names[]
     const char *const gguflm_arith_names[]

@@ -91,8 +91,8 @@ GGUFLM_INLINE float gguflm_hsum16(const float v[16]) {
 
 /* ggml_vec_dot_f16/f32 keep 4 accumulator vectors (32 or 64 lanes); llamafile's sgemm (batches)
  * and the softmax's exp sums one vector (8 or 16 lanes) */
-GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 64 : 32; }
-GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 16 : 8; }
+GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return gguflm_arith_avx512(arith) ? 64 : 32; }
+GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return gguflm_arith_avx512(arith) ? 16 : 8; }
 
 /* the sum of one vector's lanes (8 or 16), as the build's horizontal sum adds them */
 GGUFLM_INLINE float gguflm_hsum_vec(const float *v, int n_lanes) {
@@ -121,7 +121,7 @@ GGUFLM_INLINE float gguflm_expf_avx512(float x) {
 }
 
 GGUFLM_INLINE float gguflm_expf_arith(float x, int arith) {
-    return arith == GGUFLM_ARITH_AVX512 ? gguflm_expf_avx512(x) : gguflm_expf(x);
+    return gguflm_arith_avx512(arith) ? gguflm_expf_avx512(x) : gguflm_expf(x);
 }
 
 /* ggml_v_silu: x / (1 + exp(-x)) with a real divide */

@@ -41,19 +41,23 @@
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_VNNI 0
+#define GGUFLM_SIMD_512 0
 #include "quants_simd_body.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
+#undef GGUFLM_SIMD_512
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512
 #define GGUFLM_SIMD_VNNI 1
+#define GGUFLM_SIMD_512 1
 #include "quants_simd_body.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
+#undef GGUFLM_SIMD_512
 GGUFLM_TARGET_END
 #endif
 
