@@ -130,12 +130,13 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
     return f;
 }
 
-/* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c and the
- * AVX-512 one adds avx512f/bw/vl/dq/vnni) */
+/* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c; the AVX-512
+ * one adds avx512f/bw/vl/dq/vnni, the AVX512_BF16 one avx512bf16) */
 static const uint32_t gguflm_isa_needs[GGUFLM_ISA_COUNT] = {
     [GGUFLM_ISA_SCALAR] = 0,
     [GGUFLM_ISA_AVX2] = GGUFLM_CPU_AVX_FAMILY,
     [GGUFLM_ISA_AVX512] = GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY,
+    [GGUFLM_ISA_AVX512BF16] = GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AVX512_BF16,
 };
 
 static inline int gguflm_isa_runs(const gguflm_cpu_features *f, int isa) {

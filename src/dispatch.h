@@ -10,9 +10,11 @@
 #ifndef GGUFLM_DISPATCH_H
 #define GGUFLM_DISPATCH_H
 
-/* kernel variants, in increasing order of what they need (cpu_features.h says which) */
-enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2, GGUFLM_ISA_COUNT = 3 };
-static const char *const gguflm_isa_names[GGUFLM_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+/* kernel variants, in increasing order of what they need (cpu_features.h says which); avx512bf16
+ * is avx512 with vdpbf16ps itself in the BF16 dots of the arithmetics that use it, where the
+ * others emulate it */
+enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2, GGUFLM_ISA_AVX512BF16 = 3, GGUFLM_ISA_COUNT = 4 };
+static const char *const gguflm_isa_names[GGUFLM_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 /* Which x86 build of ggml-cpu the float arithmetic reproduces, as GCC compiles it natively
  * (-march=native) for a CPU family. The builds differ in the vectors of ggml's own SIMD code (8

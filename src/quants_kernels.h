@@ -68,7 +68,7 @@ static inline int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, i
  * where the system module never selects another ISA) */
 static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_COUNT] {
 #if GGUFLM_HAVE_SIMD
-    if (isa == GGUFLM_ISA_AVX512) return gguflm_kernels_avx512;
+    if (isa >= GGUFLM_ISA_AVX512) return gguflm_kernels_avx512;
     if (isa == GGUFLM_ISA_AVX2) return gguflm_kernels_avx2;
 #endif
     (void)isa;
@@ -76,8 +76,16 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 }
 
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
- * arithmetic as its last argument */
-static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) { return gguflm_kernel_table(isa)[path][type]; }
+ * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones. */
+static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
+#if GGUFLM_HAVE_DPBF16
+    if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
+        if (path == GGUFLM_PATH_DOT) return gguflm_DOT_bf16_avx512bf16;
+        if (path == GGUFLM_PATH_SGEMM) return gguflm_SGEMM_bf16_avx512bf16;
+    }
+#endif
+    return gguflm_kernel_table(isa)[path][type];
+}
 
 /* isa's row conversions of type: the traits' portable ones, but F16 rows take F16C in the SIMD
  * ISAs (the same bits) */
