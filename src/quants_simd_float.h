@@ -89,25 +89,28 @@ static inline __attribute__((always_inline)) GGUFLM_SIMD(v16) GGUFLM_SIMD(load16
     }
     return _mm512_loadu_ps((const float *)p + i);
 }
+/* lanes of v whose magnitude, as an integer, is in [1, top] (0 < |v| <= top) */
+static inline __mmask16 GGUFLM_SIMD(magnitude_in16)(__m512 v, uint32_t top) {
+    const __m512i m = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+    return _mm512_cmple_epu32_mask(_mm512_sub_epi32(m, _mm512_set1_epi32(1)), _mm512_set1_epi32((int)(top - 1)));
+}
 /* the 32 bf16 values at p + i as 16 pairs: the even elements (low halves of the 32-bit words),
  * the odd ones (high halves); denormals read as signed zeros */
 static inline void GGUFLM_SIMD(load_pairs16)(const void *p, int64_t i, GGUFLM_SIMD(v16) *even, GGUFLM_SIMD(v16) *odd) {
     const __m512i words = _mm512_loadu_si512((const uint16_t *)p + i);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
     *odd = _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32((int)0xffff0000u)));
-    const __mmask32 denormal = _mm512_mask_test_epi16_mask(_mm512_testn_epi16_mask(words, _mm512_set1_epi16(0x7f80)),
-                                                           words, _mm512_set1_epi16(0x007f));
-    if (__builtin_expect(denormal != 0, 0)) {
+    const __mmask32 zero_exp = _mm512_cmp_epi16_mask(_mm512_and_si512(words, _mm512_set1_epi16(0x7f80)),
+                                                     _mm512_setzero_si512(), _MM_CMPINT_EQ);
+    if (__builtin_expect(_mm512_mask_test_epi16_mask(zero_exp, words, _mm512_set1_epi16(0x007f)) != 0, 0)) {
         const __m512 sign = _mm512_set1_ps(-0.0f);
-        *even = _mm512_mask_and_ps(*even, _mm512_fpclass_ps_mask(*even, 0x20), *even, sign);
-        *odd = _mm512_mask_and_ps(*odd, _mm512_fpclass_ps_mask(*odd, 0x20), *odd, sign);
+        *even = _mm512_mask_and_ps(*even, GGUFLM_SIMD(magnitude_in16)(*even, 0x007fffff), *even, sign);
+        *odd = _mm512_mask_and_ps(*odd, GGUFLM_SIMD(magnitude_in16)(*odd, 0x007fffff), *odd, sign);
     }
 }
 static inline GGUFLM_SIMD(v16) GGUFLM_SIMD(fma_ftz16)(GGUFLM_SIMD(v16) a, GGUFLM_SIMD(v16) b, GGUFLM_SIMD(v16) c) {
     const __m512 r = _mm512_fmadd_ps(a, b, c);
-    const __mmask16 small = _mm512_fpclass_ps_mask(r, 0x20) |
-                            _mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(0x1p-126f), _CMP_EQ_OQ);
-    if (__builtin_expect(small == 0, 1)) return r;
+    if (__builtin_expect(GGUFLM_SIMD(magnitude_in16)(r, 0x00800000) == 0, 1)) return r;
     const __m512 scale = _mm512_set1_ps(0x1p24f);
     const __m512 scaled = _mm512_fmadd_ps(_mm512_mul_ps(a, scale), b, _mm512_mul_ps(c, scale));
     const __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_abs_ps(scaled), _mm512_set1_ps(0x1p-102f), _CMP_LT_OQ);

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import gguflm.quants as q
 from gguflm import system
 from gguflm.ggml_types import GGMLType
+from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
 from quants_oracles import DOT_TYPES, reference_matmul
 
@@ -48,20 +49,25 @@ def test_dot_equals_float_dot_of_dequantized_operands(t, data):
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_every_isa_equals_scalar(t, data):
-    """Every ISA gives the very same float as the scalar kernels, which emulate ggml's AVX2 lanes
-    (test_quants_exact checks them against ggml itself), on exact operands (scales +-1, small
-    integers: every float operation exact) and on general ones."""
+    """Every ISA gives the very same float as the scalar kernels, which emulate ggml's lanes in
+    each build's arithmetic (test_quants_exact checks them against ggml itself), on exact operands
+    (scales +-1, small integers: every float operation exact), on general ones and, for BF16, on
+    values near the smallest normal (vdpbf16ps' flushes: emulated by the scalar, AVX2 and AVX-512
+    kernels, the instruction itself in avx512bf16's)."""
     fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
-    n = _n_in(fmt, data.draw(st.integers(1, 6)))
-    exact = data.draw(st.booleans())
-    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
-    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
+    arith = data.draw(st.sampled_from(system.ARITHMETICS))
+    # float formats: any length, so that every step of every arithmetic leaves tails
+    n = data.draw(st.integers(1, 300)) if fmt.block_size == 1 else _n_in(fmt, data.draw(st.integers(1, 6)))
+    kind = data.draw(st.sampled_from(["exact", "general"] + (["tiny"] if t == GGMLType.BF16 else [])))
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=kind == "exact", tiny=kind == "tiny"))
+    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=kind == "exact", int8_min=-127,
+                                        tiny=kind == "tiny"))
     results = {}
     for name in ISAS:
-        with system.using(isa=name):
+        with system.using(isa=name, arithmetic=arith):
             results[name] = np.float32(q._k.vec_dot(int(t), w, xq, n))
     for name, value in results.items():
-        assert value.view(np.uint32) == results["scalar"].view(np.uint32), name
+        assert value.view(np.uint32) == results["scalar"].view(np.uint32), (name, arith)
 
 
 @pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
@@ -87,6 +93,27 @@ def test_matmul_equals_reference_all_isas_and_threads(t, n_tok, isa):
                 assert np.array_equal(out, first)
         # the pre-quantized path gives the same floats
         assert np.array_equal(q.matmul_quantized(w, t, xq, n_threads=2), first)
+
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("arith", system.ARITHMETICS)
+def test_float_matmul_isas_agree_bit_for_bit(t, arith):
+    """Float weights through every tile shape of the kernels (4-row tiles and leftover rows for one
+    token, 4-token tiles and leftover tokens for a batch; rows % 4 == 0 or not, so that batches
+    take tinyBLAS or vec_dot), rows with and without tails, in every ISA as in the scalar one."""
+    rng = np.random.default_rng(int(t))
+    fmt = q.get(t)
+    for n_in in (48, 100, 160):
+        for n_rows in (36, 37):
+            w = random_blocks(fmt, n_rows * n_in, rng).reshape(n_rows, -1)
+            for n_tok in (1, 2, 23):
+                x = (rng.standard_normal((n_tok, n_in)) * 3).astype(np.float32)
+                outs = {}
+                for name in ISAS:
+                    with system.using(isa=name, arithmetic=arith):
+                        outs[name] = q.matmul(w, t, x, n_threads=2)
+                for name, out in outs.items():
+                    np.testing.assert_array_equal(out, outs["scalar"], err_msg=f"{name} {n_in} {n_rows} {n_tok}")
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
