@@ -12,6 +12,7 @@ from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
+import ggml_lanes as lanes
 from quants_oracles import DOT_TYPES, reference_matmul
 
 ISAS = system.supported_isas()
@@ -247,3 +248,45 @@ def test_matmul_covers_every_row_when_the_team_is_smaller_than_asked():
     run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
                          capture_output=True, text=True)
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def _bf16(values) -> np.ndarray:
+    """float32 values that are bf16 values, as bf16 bits"""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_bf16_dots_flush_at_the_smallest_normal():
+    """vdpbf16ps' flushes where a plain fma would not flush, in every ISA's BF16 dots (emulated, or
+    the instruction itself) and both of its recipes (vec_dot, tinyBLAS), as the numpy oracle
+    computes them. Weight row r holds pattern r in lane r of the first accumulator's first step
+    and of the second's second, its pair (odd product first) summing to 2^-126 - 2^-150 (tiny
+    after rounding: flushed), to 2^-126 - 2^-151 (rounds up to 2^-126: kept), to 2^-127 (denormal:
+    flushed), a denormal input times 2^100 (read as zero), to -2^-127 (flushed); without the
+    flushes none of rows 0, 2, 3, 4 would sum to zero. Rows 5..7 are the first three far from the
+    threshold, where nothing flushes."""
+    n = 128
+    patterns = [  # (x odd, y odd, x even, y even)
+        (2.0 ** -63, 2.0 ** -63, -(2.0 ** -75), 2.0 ** -75),
+        (2.0 ** -63, 2.0 ** -63, -(2.0 ** -75), 2.0 ** -76),
+        (2.0 ** -63, 2.0 ** -64, 2.0 ** -64, 2.0 ** -64),
+        (2.0 ** -130, 2.0 ** 100, 0.0, 0.0),
+        (-(2.0 ** -63), 2.0 ** -63, 2.0 ** -63, 2.0 ** -64),
+    ]
+    x, y = np.zeros((8, n), np.float32), np.zeros((2, n), np.float32)
+    for lane, (xo, yo, xe, ye) in enumerate(patterns):
+        for step in (0, 64 + 32):
+            e = step + 2 * lane
+            x[lane, e + 1], x[lane, e], y[:, e + 1], y[:, e] = xo, xe, yo, ye
+    x[5:] = x[:3] * np.float32(2.0 ** 60)
+    w, a = _bf16(x).view(np.uint8).reshape(8, -1), _bf16(y).view(np.uint8).reshape(2, -1)
+    for arith in ("avx512bf16", "zen4"):
+        expected = lanes.matmul_reference(GGMLType.BF16, w, a, n, arith)
+        dots = lanes.vec_dot(GGMLType.BF16, w, a, arith)
+        for recipe in (expected, dots):
+            assert np.all(recipe[:, :5] == [0, 2.0 ** -125, 0, 0, 0]) and np.all(np.abs(recipe[:, 5:]) > 2.0 ** -70)
+        for name in ISAS:
+            with system.using(isa=name, arithmetic=arith):
+                got = q.matmul_quantized(w, GGMLType.BF16, a)          # 2 tokens, 8 rows: tinyBLAS
+                single = [[q._k.vec_dot(int(GGMLType.BF16), w[r], a[t], n) for r in range(8)] for t in range(2)]
+            np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32), err_msg=f"{name} {arith}")
+            np.testing.assert_array_equal(np.float32(single).view(np.uint32), dots.view(np.uint32), err_msg=name)
