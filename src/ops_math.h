@@ -69,17 +69,6 @@ GGUFLM_INLINE float gguflm_hsum8_movehl(const float v[8]) {
     return (t0 + t2) + (t1 + t3);
 }
 
-/* Lane layout of ggml's AVX2 f16/f32 dot: 4 accumulators of 8 lanes over steps of 32 elements,
- * reduced acc0+acc2, acc1+acc3, then (acc0+acc1), then hsum8. Accumulating a whole row of such
- * dots at once keeps the same order per output. */
-#define GGUFLM_DOT_LANES 32
-
-GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
-    float a[8];
-    for (int l = 0; l < 8; l++) a[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
-    return gguflm_hsum8_hadd(a);
-}
-
 #define GGUFLM_MAX_LANES 64
 
 /* _mm512_reduce_add_ps as GCC expands it: the upper half added onto the lower, then as hsum8_movehl */

@@ -60,11 +60,32 @@ static inline int gguflm_is_legacy(int type) {
     return type == GGUFLM_Q4_0 || type == GGUFLM_Q4_1 || type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1 || type == GGUFLM_Q8_0;
 }
 
-/* elements per step of llamafile's tinyBLAS for a float weight type: a vector of 8 or 16 floats,
- * or of 32 bf16 values for vdpbf16ps */
-static inline int gguflm_sgemm_step(int type, int arith) {
-    return gguflm_vec_lanes(arith) * (type == GGUFLM_BF16 && gguflm_arith_dpbf16(arith) ? 2 : 1);
+/* ggml-cpu's float dots, by build (dispatch.h; V = gguflm_vec_lanes, 8 or 16 floats):
+ *   DOT    ggml_vec_dot_f32/f16: 4 accumulator vectors of V lanes, one fma per element over steps
+ *          of 4V; reduced (a0 + a2) + (a1 + a3), then the vector's horizontal sum (AVX2: two
+ *          hadds; AVX-512: _mm512_reduce_add_ps); then the elements after the last whole step.
+ *          ggml_vec_dot_bf16: AVX2 as f16 but with the movehl sum; AVX-512F 2 vectors of 16 lanes
+ *          over steps of 32, each summed and added in double; AVX512_BF16 the same with vdpbf16ps
+ *          (a lane takes a bf16 pair per step) over steps of 64.
+ *   SGEMM  llamafile's tinyBLAS (batches): one vector of V lanes per output, fma (vdpbf16ps for
+ *          BF16 with AVX512_BF16) over steps of V (2V), the movehl / reduce_add_ps sum; the plan
+ *          sends it only rows whose length is a whole number of steps. */
+typedef struct {
+    int lanes;  /* floats of one accumulator vector */
+    int vecs;   /* accumulator vectors, each over its own consecutive part of a step */
+    int pairs;  /* 1: a lane takes a bf16 pair per step (vdpbf16ps); 0: one element (fma) */
+} gguflm_float_chain;
+
+#define GGUFLM_FLOAT_ACC 64  /* most accumulator lanes of a chain */
+
+static inline gguflm_float_chain gguflm_float_chain_of(int path, int type, int arith) {
+    const int lanes = gguflm_vec_lanes(arith), pairs = type == GGUFLM_BF16 && gguflm_arith_dpbf16(arith);
+    if (path == GGUFLM_PATH_SGEMM) return (gguflm_float_chain){lanes, 1, pairs};
+    return (gguflm_float_chain){lanes, type == GGUFLM_BF16 && lanes == 16 ? 2 : 4, pairs};
 }
+
+/* elements per step of a chain */
+static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.lanes * (1 + c.pairs); }
 
 /* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows (w_stride bytes
  * apart) by n_tok tokens: up to two segments. `repacked`: the weight is a matrix that llama.cpp would
@@ -85,7 +106,8 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
     else if (gguflm_is_kquant(wtype) && n_tok >= 8) path = GGUFLM_PATH_TILED;
-    else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 && n_in % gguflm_sgemm_step(wtype, arith) == 0)
+    else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 &&
+             n_in % gguflm_float_step(gguflm_float_chain_of(GGUFLM_PATH_SGEMM, wtype, arith)) == 0)
         path = GGUFLM_PATH_SGEMM;  /* tinyBLAS::matmul's conditions; it declines other shapes */
     seg[0] = (gguflm_segment){path, 0, n_tok};
     return 1;
@@ -229,33 +251,6 @@ static inline float gguflm_q4_0_repack_1(int64_t n, const uint8_t *x, const bloc
 
 /* ======================= float weights (F32, F16, BF16) ======================= */
 
-/* ggml-cpu's float dots, by build (dispatch.h; V = gguflm_vec_lanes, 8 or 16 floats):
- *   DOT    ggml_vec_dot_f32/f16: 4 accumulator vectors of V lanes, one fma per element over steps
- *          of 4V; reduced (a0 + a2) + (a1 + a3), then the vector's horizontal sum (AVX2: two
- *          hadds; AVX-512: _mm512_reduce_add_ps); then the elements after the last whole step.
- *          ggml_vec_dot_bf16: AVX2 as f16 but with the movehl sum; AVX-512F 2 vectors of 16 lanes
- *          over steps of 32, each summed and added in double; AVX512_BF16 the same with vdpbf16ps
- *          (a lane takes a bf16 pair per step) over steps of 64.
- *   SGEMM  llamafile's tinyBLAS (batches): one vector of V lanes per output, fma (vdpbf16ps for
- *          BF16 with AVX512_BF16) over steps of V (2V), the movehl / reduce_add_ps sum; the plan
- *          sends it only rows whose length is a whole number of steps. */
-typedef struct {
-    int lanes;  /* floats of one accumulator vector */
-    int vecs;   /* accumulator vectors, each over its own consecutive part of a step */
-    int pairs;  /* 1: a lane takes a bf16 pair per step (vdpbf16ps); 0: one element (fma) */
-} gguflm_float_chain;
-
-#define GGUFLM_FLOAT_ACC 64  /* most accumulator lanes of a chain */
-
-static inline gguflm_float_chain gguflm_float_chain_of(int path, int type, int arith) {
-    const int lanes = gguflm_vec_lanes(arith), pairs = type == GGUFLM_BF16 && gguflm_arith_dpbf16(arith);
-    if (path == GGUFLM_PATH_SGEMM) return (gguflm_float_chain){lanes, 1, pairs};
-    return (gguflm_float_chain){lanes, type == GGUFLM_BF16 && lanes == 16 ? 2 : 4, pairs};
-}
-
-/* elements per step of a chain */
-static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.lanes * (1 + c.pairs); }
-
 /* one element of a float-format row */
 static inline __attribute__((always_inline)) float gguflm_float_at(int type, const void *p, int64_t i) {
     if (type == GGUFLM_F16) return gguflm_fp16_to_fp32(((const ggml_half *)p)[i]);
@@ -264,7 +259,8 @@ static inline __attribute__((always_inline)) float gguflm_float_at(int type, con
 }
 
 /* vdpbf16ps, one lane (Intel SDM: an FMA "with daz, ftz, rne, and sae"; checked against the
- * instruction by tests/test_quants_simd_emulated.py): acc += x1*y1, then acc += x0*y0 (the odd
+ * instruction, which the avx512bf16 ISA's kernels and the local ggml-cpu run, by
+ * tests/test_quants_kernels.py and test_quants_exact.py): acc += x1*y1, then acc += x0*y0 (the odd
  * element of the pair first), each fused and rounded to nearest even, denormal inputs read as
  * zeros and results that are tiny flushed to zeros, signs kept. Tiny is decided after rounding to
  * 24 bits with an unbounded exponent: the same fma on operands scaled by 2^24 rounds that way
