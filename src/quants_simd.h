@@ -67,6 +67,23 @@
         }                                                                                                        \
     } while (0)
 
+/* rows in fours and tokens in fours (the leftovers one by one): for kernels whose registers hold
+ * 16 accumulators */
+#define GGUFLM_TILE_LOOP_4X4(TILE, ...)                                                                          \
+    do {                                                                                                         \
+        int64_t r = 0;                                                                                           \
+        for (; r + 4 <= nr; r += 4) {                                                                            \
+            int64_t t = 0;                                                                                       \
+            for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y + t * ys, ys, 4, o + t * os + r, os); \
+            for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 4, y + t * ys, ys, 1, o + t * os + r, os);     \
+        }                                                                                                        \
+        for (; r < nr; ++r) {                                                                                    \
+            int64_t t = 0;                                                                                       \
+            for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
+            for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os);     \
+        }                                                                                                        \
+    } while (0)
+
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_VNNI 0
@@ -105,6 +122,7 @@ GGUFLM_TARGET_AVX512BF16_BEGIN
 GGUFLM_TARGET_END
 #endif
 #undef GGUFLM_TILE_LOOP
+#undef GGUFLM_TILE_LOOP_4X4
 #endif
 
 #endif

@@ -272,17 +272,24 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int ty
         for (int t = 0; t < T; ++t) out[t * os + r] = GGUFLM_SIMD(hsum16)(acc[r][t]);
 }
 
-/* float weights: the arithmetic's chain as constants (8 lanes; 16; 16 with vdpbf16ps pairs) */
-#define GGUFLM_SIMD_FLOAT_KERNEL(path, tag, TYPE, TILE)                                                          \
+/* float weights: the arithmetic's chain as constants (8 lanes; 16; 16 with vdpbf16ps pairs); the
+ * 512-bit copy's tinyBLAS chains in 4 x 4 tiles (16 registers of accumulators, each token's loads
+ * shared by 4 rows) */
+#define GGUFLM_SIMD_FLOAT_KERNEL(path, tag, TYPE, TILE, LOOP16)                                                  \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
         if (!gguflm_arith_avx512(arith)) GGUFLM_TILE_LOOP(TILE, TYPE, arith, 8, 0, n,);                          \
-        else if (TYPE == GGUFLM_BF16 && gguflm_arith_dpbf16(arith)) GGUFLM_TILE_LOOP(TILE, TYPE, arith, 16, 1, n,); \
-        else GGUFLM_TILE_LOOP(TILE, TYPE, arith, 16, 0, n,);                                                     \
+        else if (TYPE == GGUFLM_BF16 && gguflm_arith_dpbf16(arith)) LOOP16(TILE, TYPE, arith, 16, 1, n,);        \
+        else LOOP16(TILE, TYPE, arith, 16, 0, n,);                                                               \
     }
+#if GGUFLM_SIMD_512
+#define GGUFLM_SGEMM_LOOP16 GGUFLM_TILE_LOOP_4X4
+#else
+#define GGUFLM_SGEMM_LOOP16 GGUFLM_TILE_LOOP
+#endif
 #define GGUFLM_SIMD_FLOAT(tag, TYPE)                                                                             \
-    GGUFLM_SIMD_FLOAT_KERNEL(DOT, tag, TYPE, GGUFLM_SIMD(dot_float_tile))                                        \
-    GGUFLM_SIMD_FLOAT_KERNEL(SGEMM, tag, TYPE, GGUFLM_SIMD(sgemm_tile))
+    GGUFLM_SIMD_FLOAT_KERNEL(DOT, tag, TYPE, GGUFLM_SIMD(dot_float_tile), GGUFLM_TILE_LOOP)                      \
+    GGUFLM_SIMD_FLOAT_KERNEL(SGEMM, tag, TYPE, GGUFLM_SIMD(sgemm_tile), GGUFLM_SGEMM_LOOP16)
 #if !GGUFLM_SIMD_DPBF16
 GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
 GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
@@ -290,3 +297,4 @@ GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
 GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
 #undef GGUFLM_SIMD_FLOAT
 #undef GGUFLM_SIMD_FLOAT_KERNEL
+#undef GGUFLM_SGEMM_LOOP16
