@@ -3,11 +3,15 @@
 Two settings decide how the kernels compute, and this module is the only place that sets them:
 
 * the **ISA**, the instruction set the kernels run (:data:`ISAS`: ``scalar``, ``avx2``,
-  ``avx512``). Every variant gives the same bits; the default is the best one the CPU has and the
+  ``avx512``, ``avx512bf16``: AVX-512 with ``vdpbf16ps`` itself for BF16 dots, which the others
+  emulate). Every variant gives the same bits; the default is the best one the CPU has and the
   OS enables (CPUID and XCR0, not merely what the CPU advertises). ``GGUFLM_ISA`` overrides it.
-* the **arithmetic**, the x86 build of ggml-cpu whose float rounding (vector sums, exp) is
-  reproduced (:data:`ARITHMETICS`: ``avx2``, ``avx512``). Any ISA computes either; the default is
-  the build llama.cpp compiles natively for this CPU. ``GGUFLM_ARITH`` overrides it.
+* the **arithmetic**, the x86 build of ggml-cpu whose float rounding (vector sums, exp, float
+  weights' dots) is reproduced, as GCC compiles it natively for a family of CPUs
+  (:data:`ARITHMETICS`: ``avx2``; ``avx512``, AVX-512 without AVX512_BF16; ``avx512bf16``, with
+  it, tuned for Intel; ``zen4``, with it, tuned for AMD, whose auto-vectorized loops are 512 bits
+  wide). Any ISA computes any; the default is the build llama.cpp compiles natively for this CPU
+  (its features and its vendor). ``GGUFLM_ARITH`` overrides it.
 
 The environment variables are read once, when gguflm is first imported; an unknown value, or an ISA
 this machine cannot run, makes that import fail with a message naming the variable. After that,
@@ -62,8 +66,8 @@ def current_arithmetic() -> str:
 
 
 def set_arithmetic(name: str) -> str:
-    """Reproduce ggml-cpu's ``name`` build (``avx2`` or ``avx512``) from the next call on, whichever
-    ISA runs; returns the previous arithmetic.
+    """Reproduce ggml-cpu's ``name`` build (one of :data:`ARITHMETICS`) from the next call on,
+    whichever ISA runs; returns the previous arithmetic.
 
     Raises
     ------
@@ -89,7 +93,8 @@ def system_info() -> dict[str, Any]:
 
     Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``omp_num_procs``, ``usable_cores``,
     ``default_threads``, ``machine``; ``isa`` and ``arithmetic`` (in force now),
-    ``supported_isas``, ``native_arithmetic`` (llama.cpp's native build for this CPU);
+    ``supported_isas``, ``native_arithmetic`` (llama.cpp's native build for this CPU),
+    ``cpu_vendor`` (``intel``, ``amd`` or ``other``: GCC tunes native builds by it);
     ``cpu_features`` (feature -> the CPU has it and the OS enables it: what may run),
     ``cpu_advertises`` (feature -> CPUID has it), ``os_enables`` (``avx``, ``avx512``, ``amx``
     register states in XCR0) and ``amx`` (``cpu``, ``os``, ``permitted``: whether the kernel has
@@ -104,6 +109,7 @@ def system_info() -> dict[str, Any]:
     info["arithmetic"] = current_arithmetic()
     info["supported_isas"] = features["isas"]
     info["native_arithmetic"] = features["native_arithmetic"]
+    info["cpu_vendor"] = features["vendor"]
     info["cpu_features"] = features["usable"]
     info["cpu_advertises"] = features["cpu"]
     info["os_enables"] = features["os"]

@@ -26,8 +26,10 @@
 /* the words the decision reads */
 typedef struct {
     uint32_t max_leaf;          /* CPUID.0:EAX, the highest basic leaf */
+    uint32_t vendor[3];         /* CPUID.0:EBX, EDX, ECX: "GenuineIntel", "AuthenticAMD", ... */
     uint32_t ecx1;              /* CPUID.1:ECX */
     uint32_t ebx7, ecx7, edx7;  /* CPUID.(EAX=7, ECX=0) */
+    uint32_t eax7_1;            /* CPUID.(EAX=7, ECX=1); only read when CPUID.(7,0):EAX says it exists */
     uint64_t xcr0;              /* XGETBV(ECX=0); only read, and only meaningful, with OSXSAVE */
 } gguflm_cpuid_words;
 
@@ -45,11 +47,17 @@ enum {
     GGUFLM_CPU_AMX_TILE = 1 << 9,
     GGUFLM_CPU_AMX_INT8 = 1 << 10,
     GGUFLM_CPU_AMX_BF16 = 1 << 11,
-    GGUFLM_CPU_FEATURE_COUNT = 12,
+    GGUFLM_CPU_AVX512_BF16 = 1 << 12,
+    GGUFLM_CPU_AVX512_FP16 = 1 << 13,
+    GGUFLM_CPU_FEATURE_COUNT = 14,
 };
 static const char *const gguflm_cpu_feature_names[GGUFLM_CPU_FEATURE_COUNT] = {
     "avx", "fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
-    "amx_tile", "amx_int8", "amx_bf16"};
+    "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_fp16"};
+
+/* CPU makers whose native builds GCC tunes differently (see gguflm_arith_native) */
+enum { GGUFLM_VENDOR_OTHER = 0, GGUFLM_VENDOR_INTEL = 1, GGUFLM_VENDOR_AMD = 2, GGUFLM_VENDOR_COUNT = 3 };
+static const char *const gguflm_vendor_names[GGUFLM_VENDOR_COUNT] = {"other", "intel", "amd"};
 
 /* register states the OS enables in XCR0 */
 enum { GGUFLM_OS_AVX = 1 << 0, GGUFLM_OS_AVX512 = 1 << 1, GGUFLM_OS_AMX = 1 << 2 };
@@ -62,19 +70,31 @@ enum { GGUFLM_OS_AVX = 1 << 0, GGUFLM_OS_AVX512 = 1 << 1, GGUFLM_OS_AMX = 1 << 2
 #define GGUFLM_CPU_AVX_FAMILY (GGUFLM_CPU_AVX | GGUFLM_CPU_FMA | GGUFLM_CPU_F16C | GGUFLM_CPU_AVX2)
 #define GGUFLM_CPU_AVX512_FAMILY (GGUFLM_CPU_AVX512F | GGUFLM_CPU_AVX512DQ | GGUFLM_CPU_AVX512BW | \
                                   GGUFLM_CPU_AVX512VL | GGUFLM_CPU_AVX512_VNNI)
+/* everything that runs on the AVX-512 register state (the kernels need only the family above) */
+#define GGUFLM_CPU_AVX512_STATE (GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AVX512_BF16 | GGUFLM_CPU_AVX512_FP16)
 #define GGUFLM_CPU_AMX_FAMILY (GGUFLM_CPU_AMX_TILE | GGUFLM_CPU_AMX_INT8 | GGUFLM_CPU_AMX_BF16)
 
 typedef struct {
     uint32_t cpu;     /* GGUFLM_CPU_*: what CPUID advertises */
     uint32_t os;      /* GGUFLM_OS_*: the register states XCR0 enables (none without OSXSAVE) */
     uint32_t usable;  /* GGUFLM_CPU_*: what the CPU has and the OS enables (AMX: before permission) */
+    int vendor;       /* GGUFLM_VENDOR_* */
 } gguflm_cpu_features;
+
+/* the 12 vendor bytes of CPUID leaf 0 (EBX, EDX, ECX) */
+static inline int gguflm_vendor_is(const uint32_t v[3], const char name[12]) {
+    for (int i = 0; i < 12; ++i)
+        if ((char)(v[i / 4] >> (8 * (i % 4))) != name[i]) return 0;
+    return 1;
+}
 
 static inline uint32_t gguflm_bit(uint32_t word, int bit) { return (word >> bit) & 1u; }
 
 static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
-    gguflm_cpu_features f = {0, 0, 0};
+    gguflm_cpu_features f = {0, 0, 0, GGUFLM_VENDOR_OTHER};
     int osxsave = 0;
+    if (gguflm_vendor_is(w->vendor, "GenuineIntel")) f.vendor = GGUFLM_VENDOR_INTEL;
+    else if (gguflm_vendor_is(w->vendor, "AuthenticAMD")) f.vendor = GGUFLM_VENDOR_AMD;
     if (w->max_leaf >= 1) {
         /* CPUID.1:ECX: 12 FMA, 27 OSXSAVE, 28 AVX, 29 F16C */
         f.cpu |= gguflm_bit(w->ecx1, 12) ? GGUFLM_CPU_FMA : 0;
@@ -84,7 +104,7 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
     }
     if (w->max_leaf >= 7) {
         /* EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX: 11 AVX512_VNNI;
-         * EDX: 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8 */
+         * EDX: 22 AMX-BF16, 23 AVX512_FP16, 24 AMX-TILE, 25 AMX-INT8; subleaf 1 EAX: 5 AVX512_BF16 */
         f.cpu |= gguflm_bit(w->ebx7, 5) ? GGUFLM_CPU_AVX2 : 0;
         f.cpu |= gguflm_bit(w->ebx7, 16) ? GGUFLM_CPU_AVX512F : 0;
         f.cpu |= gguflm_bit(w->ebx7, 17) ? GGUFLM_CPU_AVX512DQ : 0;
@@ -92,6 +112,8 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
         f.cpu |= gguflm_bit(w->ebx7, 31) ? GGUFLM_CPU_AVX512VL : 0;
         f.cpu |= gguflm_bit(w->ecx7, 11) ? GGUFLM_CPU_AVX512_VNNI : 0;
         f.cpu |= gguflm_bit(w->edx7, 22) ? GGUFLM_CPU_AMX_BF16 : 0;
+        f.cpu |= gguflm_bit(w->edx7, 23) ? GGUFLM_CPU_AVX512_FP16 : 0;
+        f.cpu |= gguflm_bit(w->eax7_1, 5) ? GGUFLM_CPU_AVX512_BF16 : 0;
         f.cpu |= gguflm_bit(w->edx7, 24) ? GGUFLM_CPU_AMX_TILE : 0;
         f.cpu |= gguflm_bit(w->edx7, 25) ? GGUFLM_CPU_AMX_INT8 : 0;
     }
@@ -101,19 +123,20 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
         f.os |= (w->xcr0 & GGUFLM_XCR0_AMX) == GGUFLM_XCR0_AMX ? GGUFLM_OS_AMX : 0;
     }
     /* VEX-encoded FMA and F16C need the AVX state as AVX does */
-    f.usable = f.cpu & ~(uint32_t)(GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AMX_FAMILY);
+    f.usable = f.cpu & ~(uint32_t)(GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_STATE | GGUFLM_CPU_AMX_FAMILY);
     f.usable |= (f.os & GGUFLM_OS_AVX) ? f.cpu & GGUFLM_CPU_AVX_FAMILY : 0;
-    f.usable |= (f.os & GGUFLM_OS_AVX512) ? f.cpu & GGUFLM_CPU_AVX512_FAMILY : 0;
+    f.usable |= (f.os & GGUFLM_OS_AVX512) ? f.cpu & GGUFLM_CPU_AVX512_STATE : 0;
     f.usable |= (f.os & GGUFLM_OS_AMX) ? f.cpu & GGUFLM_CPU_AMX_FAMILY : 0;
     return f;
 }
 
-/* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c and the
- * AVX-512 one adds avx512f/bw/vl/dq/vnni) */
+/* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c; the AVX-512
+ * one adds avx512f/bw/vl/dq/vnni, the AVX512_BF16 one avx512bf16) */
 static const uint32_t gguflm_isa_needs[GGUFLM_ISA_COUNT] = {
     [GGUFLM_ISA_SCALAR] = 0,
     [GGUFLM_ISA_AVX2] = GGUFLM_CPU_AVX_FAMILY,
     [GGUFLM_ISA_AVX512] = GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY,
+    [GGUFLM_ISA_AVX512BF16] = GGUFLM_CPU_AVX_FAMILY | GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AVX512_BF16,
 };
 
 static inline int gguflm_isa_runs(const gguflm_cpu_features *f, int isa) {
@@ -128,9 +151,14 @@ static inline int gguflm_isa_best(const gguflm_cpu_features *f) {
 }
 
 /* the ggml-cpu build llama.cpp compiles natively for f: -march=native turns on __AVX512F__, and with
- * it ggml's 16-float vectors, wherever the compiler sees usable AVX-512F */
+ * it ggml's 16-float vectors, wherever the compiler sees usable AVX-512F; __AVX512BF16__ where it
+ * sees AVX512_BF16; and GCC tunes its auto-vectorizer for 256-bit vectors on Intel's AVX-512
+ * cores (x86-tune.def: avx256_optimal), for 512-bit ones on AMD's (the only AVX-512 CPUs it
+ * knows without that tuning all have AVX512_BF16) */
 static inline int gguflm_arith_native(const gguflm_cpu_features *f) {
-    return (f->usable & GGUFLM_CPU_AVX512F) ? GGUFLM_ARITH_AVX512 : GGUFLM_ARITH_AVX2;
+    if (!(f->usable & GGUFLM_CPU_AVX512F)) return GGUFLM_ARITH_AVX2;
+    if (!(f->usable & GGUFLM_CPU_AVX512_BF16)) return GGUFLM_ARITH_AVX512;
+    return f->vendor == GGUFLM_VENDOR_AMD ? GGUFLM_ARITH_ZEN4 : GGUFLM_ARITH_AVX512BF16;
 }
 
 #if GGUFLM_X86
@@ -143,17 +171,23 @@ static inline uint64_t gguflm_xgetbv0(void) {
 
 /* this machine's words */
 static gguflm_cpuid_words gguflm_cpu_read(void) {
-    gguflm_cpuid_words w = {0, 0, 0, 0, 0, 0};
+    gguflm_cpuid_words w = {0, {0, 0, 0}, 0, 0, 0, 0, 0, 0};
 #if GGUFLM_X86
     unsigned a, b, c, d;
-    w.max_leaf = __get_cpuid_max(0, 0);
+    w.max_leaf = __get_cpuid_max(0, 0);  /* 0 where there is no CPUID (old 32-bit CPUs) */
     if (w.max_leaf >= 1) {
+        __cpuid(0, a, b, c, d);
+        w.vendor[0] = b, w.vendor[1] = d, w.vendor[2] = c;
         __cpuid(1, a, b, c, d);
         w.ecx1 = c;
     }
     if (w.max_leaf >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
         w.ebx7 = b, w.ecx7 = c, w.edx7 = d;
+        if (a >= 1) {  /* CPUID.(7,0):EAX is the highest subleaf of leaf 7 */
+            __cpuid_count(7, 1, a, b, c, d);
+            w.eax7_1 = a;
+        }
     }
     if (gguflm_bit(w.ecx1, 27)) w.xcr0 = gguflm_xgetbv0();  /* without OSXSAVE, XGETBV is #UD */
 #endif

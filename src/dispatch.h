@@ -10,15 +10,40 @@
 #ifndef GGUFLM_DISPATCH_H
 #define GGUFLM_DISPATCH_H
 
-/* kernel variants, in increasing order of what they need (cpu_features.h says which) */
-enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2, GGUFLM_ISA_COUNT = 3 };
-static const char *const gguflm_isa_names[GGUFLM_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+/* kernel variants, in increasing order of what they need (cpu_features.h says which); avx512bf16
+ * is avx512 with vdpbf16ps itself in the BF16 dots of the arithmetics that use it, where the
+ * others emulate it */
+enum { GGUFLM_ISA_SCALAR = 0, GGUFLM_ISA_AVX2 = 1, GGUFLM_ISA_AVX512 = 2, GGUFLM_ISA_AVX512BF16 = 3, GGUFLM_ISA_COUNT = 4 };
+static const char *const gguflm_isa_names[GGUFLM_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
-/* Which x86 build of ggml-cpu the float arithmetic reproduces: the AVX2 build (8-float vectors)
- * or the AVX-512 build (16-float vectors). They sum vector lanes and compute exp differently;
- * the integer parts of quantized dots are the same. Any ISA computes either. */
-enum { GGUFLM_ARITH_AVX2 = 0, GGUFLM_ARITH_AVX512 = 1, GGUFLM_ARITH_COUNT = 2 };
-static const char *const gguflm_arith_names[GGUFLM_ARITH_COUNT] = {"avx2", "avx512"};
+/* Which x86 build of ggml-cpu the float arithmetic reproduces, as GCC compiles it natively
+ * (-march=native) for a CPU family. The builds differ in the vectors of ggml's own SIMD code (8
+ * floats with AVX2, 16 with AVX-512: lane orders of float dots and sums, the exp polynomial's
+ * form), in how BF16 dots are computed (vdpbf16ps where the CPU has AVX512_BF16), and in the
+ * vectors GCC's auto-vectorizer picks for plain loops (256 bits when tuning for Intel cores,
+ * 512 for AMD Zen 4 and later), which decides the fused multiply-adds of vec_dot_f32's leftover
+ * elements. The integer parts of quantized dots are the same in all. Any ISA computes any.
+ *   avx2        AVX2 + FMA + F16C
+ *   avx512      AVX-512 without AVX512_BF16 (Intel Skylake-SP to Ice Lake, Tiger Lake, Rocket Lake)
+ *   avx512bf16  AVX-512 with AVX512_BF16, Intel tuning (Cooper Lake, Sapphire Rapids and later)
+ *   zen4        AVX-512 with AVX512_BF16, AMD tuning (Zen 4 and later)
+ * (AVX512_FP16 changes only ggml_vec_mad_f16/ggml_vec_scale_f16, used by flash attention, which
+ * gguflm does not reproduce: its float dots still accumulate in fp32.) */
+enum {
+    GGUFLM_ARITH_AVX2 = 0,
+    GGUFLM_ARITH_AVX512 = 1,
+    GGUFLM_ARITH_AVX512BF16 = 2,
+    GGUFLM_ARITH_ZEN4 = 3,
+    GGUFLM_ARITH_COUNT = 4
+};
+static const char *const gguflm_arith_names[GGUFLM_ARITH_COUNT] = {"avx2", "avx512", "avx512bf16", "zen4"};
+
+/* the facts that tell them apart: 16-float vectors; vdpbf16ps; the auto-vectorizer's floats */
+static inline int gguflm_arith_avx512(int arith) { return arith != GGUFLM_ARITH_AVX2; }
+static inline int gguflm_arith_dpbf16(int arith) {
+    return arith == GGUFLM_ARITH_AVX512BF16 || arith == GGUFLM_ARITH_ZEN4;
+}
+static inline int gguflm_arith_autovec_lanes(int arith) { return arith == GGUFLM_ARITH_ZEN4 ? 16 : 8; }
 
 typedef struct {
     int isa;    /* GGUFLM_ISA_*, one this CPU and OS run */

@@ -11,9 +11,12 @@ cdef extern from "dispatch.h" nogil:
         GGUFLM_ISA_SCALAR
         GGUFLM_ISA_AVX2
         GGUFLM_ISA_AVX512
+        GGUFLM_ISA_AVX512BF16
         GGUFLM_ISA_COUNT
         GGUFLM_ARITH_AVX2
         GGUFLM_ARITH_AVX512
+        GGUFLM_ARITH_AVX512BF16
+        GGUFLM_ARITH_ZEN4
         GGUFLM_ARITH_COUNT
     const char *const gguflm_isa_names[]
     const char *const gguflm_arith_names[]

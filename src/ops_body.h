@@ -6,7 +6,7 @@
 
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_swiglu_row)(int n, const float *gate, const float *up, float *y,
                                                        int arith) {
-    if (arith == GGUFLM_ARITH_AVX512)  /* constant arithmetic in each loop, so both vectorise */
+    if (gguflm_arith_avx512(arith))  /* constant arithmetic in each loop, so both vectorise */
         for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], GGUFLM_ARITH_AVX512) * up[i];
     else
         for (int i = 0; i < n; i++) y[i] = gguflm_silu(gate[i], GGUFLM_ARITH_AVX2) * up[i];
@@ -308,7 +308,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args
         sc[i] = kq;
         max = kq > max ? kq : max;
     }
-    if (a->arith == GGUFLM_ARITH_AVX512)
+    if (gguflm_arith_avx512(a->arith))
         for (int i = 0; i < n_main; i++) sc[i] = gguflm_expf_avx512(sc[i] - max);
     else
         for (int i = 0; i < n_main; i++) sc[i] = gguflm_expf(sc[i] - max);

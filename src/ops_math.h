@@ -69,17 +69,6 @@ GGUFLM_INLINE float gguflm_hsum8_movehl(const float v[8]) {
     return (t0 + t2) + (t1 + t3);
 }
 
-/* Lane layout of ggml's AVX2 f16/f32 dot: 4 accumulators of 8 lanes over steps of 32 elements,
- * reduced acc0+acc2, acc1+acc3, then (acc0+acc1), then hsum8. Accumulating a whole row of such
- * dots at once keeps the same order per output. */
-#define GGUFLM_DOT_LANES 32
-
-GGUFLM_INLINE float gguflm_reduce_lanes(const float acc[GGUFLM_DOT_LANES]) {
-    float a[8];
-    for (int l = 0; l < 8; l++) a[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
-    return gguflm_hsum8_hadd(a);
-}
-
 #define GGUFLM_MAX_LANES 64
 
 /* _mm512_reduce_add_ps as GCC expands it: the upper half added onto the lower, then as hsum8_movehl */
@@ -91,16 +80,17 @@ GGUFLM_INLINE float gguflm_hsum16(const float v[16]) {
 
 /* ggml_vec_dot_f16/f32 keep 4 accumulator vectors (32 or 64 lanes); llamafile's sgemm (batches)
  * and the softmax's exp sums one vector (8 or 16 lanes) */
-GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 64 : 32; }
-GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return arith == GGUFLM_ARITH_AVX512 ? 16 : 8; }
+GGUFLM_INLINE int gguflm_dot_lanes(int arith) { return gguflm_arith_avx512(arith) ? 64 : 32; }
+GGUFLM_INLINE int gguflm_vec_lanes(int arith) { return gguflm_arith_avx512(arith) ? 16 : 8; }
 
 /* ggml_vec_dot_f32 leaves the elements after its last whole step of dot lanes to a scalar loop,
- * which GCC vectorised (seen in llama-cpp-python 0.3.36's AVX-512 build): the products of all but
- * the last n % 8 of those n elements are rounded and then added in order; the last n % 8 are
- * fused multiply-adds (its scalar epilogue). The AVX2 build's vectoriser works 8 then 4 floats
- * wide, which leaves n % 4. This is how many of the n leftover elements are unfused. */
+ * which GCC vectorised W = gguflm_arith_autovec_lanes wide, then W/2 wide: the products of all
+ * but the last n % (W/2) of those n elements are rounded and then added in order; the rest are
+ * fused multiply-adds (its scalar epilogue). This is how many of the n leftover elements are
+ * unfused (objdump of llama-cpp-python 0.3.36's builds: W = 16 in the zen4 build, 8 in the
+ * others). */
 GGUFLM_INLINE int gguflm_dot_f32_unfused(int n, int arith) {
-    return n - n % (arith == GGUFLM_ARITH_AVX512 ? 8 : 4);
+    return n - n % (gguflm_arith_autovec_lanes(arith) / 2);
 }
 
 /* the sum of one vector's lanes (8 or 16), as the build's horizontal sum adds them */
@@ -130,7 +120,7 @@ GGUFLM_INLINE float gguflm_expf_avx512(float x) {
 }
 
 GGUFLM_INLINE float gguflm_expf_arith(float x, int arith) {
-    return arith == GGUFLM_ARITH_AVX512 ? gguflm_expf_avx512(x) : gguflm_expf(x);
+    return gguflm_arith_avx512(arith) ? gguflm_expf_avx512(x) : gguflm_expf(x);
 }
 
 /* ggml_v_silu: x / (1 + exp(-x)) with a real divide */

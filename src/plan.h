@@ -152,7 +152,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 jobs[j] = (gguflm_matmul_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
                                               (const uint8_t *)m->x, (float *)m->out, m->out_stride};
             }
-            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, nd->n_threads);
+            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, arith, nd->n_threads);
             k += n_jobs - 1;
             break;
         }

@@ -108,7 +108,8 @@ def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
 
 def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -> float:
     """Dot of one weight row (``n`` elements of ``wtype``) with one activation row already in
-    ``wtype``'s vec_dot partner type: ggml's ``ggml_vec_dot`` arithmetic, current ISA's kernel."""
+    ``wtype``'s vec_dot partner type: ggml's ``ggml_vec_dot`` in the current arithmetic, current ISA's
+    kernel."""
     _check_dot_type(wtype)
     cdef int64_t wb = _row_bytes(wtype, n)
     cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n)
@@ -118,8 +119,9 @@ def vec_dot(int wtype, const uint8_t[::1] w, const uint8_t[::1] xq, int64_t n) -
     if n == 0:
         return 0.0
     cdef gguflm_gemm_fn dot = gguflm_kernel(_switch.isa, GGUFLM_PATH_DOT, wtype)
+    cdef int arith = _switch.arith
     with nogil:
-        dot(n, &w[0], 0, 1, &xq[0], 0, 1, &s, 0)
+        dot(n, &w[0], 0, 1, &xq[0], 0, 1, &s, 0, arith)
     return s
 
 
@@ -170,10 +172,10 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     cdef int64_t n_rows = w.shape[0], n_tok = x.shape[0]
     scratch = np.empty(act_buffer_bytes(gguflm_traits[wtype].vec_dot_type, n_tok, n_in), dtype=np.uint8)
     cdef uint8_t[::1] sv = scratch
-    cdef int isa = _switch.isa
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
         gguflm_matmul_f32(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &x[0, 0], n_in, n_tok, &sv[0],
-                          &out[0, 0], n_rows, repacked, isa, n_threads)
+                          &out[0, 0], n_rows, repacked, isa, arith, n_threads)
 
 
 def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
@@ -187,10 +189,10 @@ def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uin
     if not _check_matmul(wtype, w, n_in, xq.shape[0], out, n_threads):
         return
     cdef int64_t n_rows = w.shape[0], n_tok = xq.shape[0]
-    cdef int isa = _switch.isa
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &xq[0, 0], n_tok, &out[0, 0], n_rows, repacked,
-                        isa, n_threads)
+                        isa, arith, n_threads)
 
 
 def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids, float[:, ::1] out):

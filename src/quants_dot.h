@@ -1,9 +1,10 @@
 /* Weight x activation dot products with the float arithmetic of llama.cpp's CPU backend, bit for
  * bit: the routing of a matmul to ggml's kernels, and the portable scalar reference of each one.
  *
- * ggml-cpu (x86, AVX2 build) computes a weight row . activation row in one of these ways, which
- * round differently (each checked against llama-cpp-python 0.3.36's libggml-cpu, whose vec_dot
- * functions GCC compiled with -ffp-contract=fast: fmaf() below marks every FMA it emitted):
+ * ggml-cpu (x86) computes a weight row . activation row in one of these ways, which round
+ * differently (each checked against llama-cpp-python 0.3.36's libggml-cpu, AVX2 and AVX-512
+ * builds, whose kernels GCC compiled with -ffp-contract=fast: fmaf() below marks every FMA it
+ * emitted):
  *
  *   DOT          ggml_vec_dot_<type>: 8 float lanes, lane l takes the 4-element integer sums at
  *                32-element offsets 4l..4l+3, acc = fma(d, lane, acc) per block, hsum_float_8.
@@ -13,11 +14,12 @@
  *                (scaled sums, scaled mins) of the whole integer sums; out = acc - acc_min.
  *   Q4_K_GEMM    the same for groups of 4 tokens, but one fma per 64 elements.
  *   Q4_0_REPACK  repacked Q4_0: one fma per block of the block's integer sum.
- *   SGEMM        F32/F16/BF16 batches (llamafile tinyBLAS): one 8-lane fma chain, hsum.
+ *   SGEMM        F32/F16/BF16 batches (llamafile tinyBLAS): one fma chain of a vector's lanes, hsum.
  *
- * All ISA variants (quants_simd.h) reproduce these recipes exactly; AVX-512 builds of ggml would
- * differ for F16/F32/BF16 dots (16-lane vectors), the tiled GEMM (unfused epilogue) and the
- * repacked GEMMs, so the AVX2 build's arithmetic is the one reproduced everywhere.
+ * The recipes of quantized weights round the same in every build (the AVX-512 kernels' float
+ * steps are those of the AVX2 ones); those of float weights (DOT, SGEMM) depend on the build
+ * reproduced, the arithmetic of the switch (dispatch.h), which every kernel takes as its last
+ * argument. All ISA variants (quants_simd.h) reproduce every recipe of every arithmetic exactly.
  *
  * One signature for every kernel (STYLE.md section 2): out[t * out_stride + r] = W_r . Y_t for
  * r < nr weight rows w_stride bytes apart and t < nt activation rows y_stride bytes apart, the
@@ -30,7 +32,7 @@
 #include "quants_ref.h"
 
 typedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
-                               int64_t y_stride, int64_t nt, float *out, int64_t out_stride);
+                               int64_t y_stride, int64_t nt, float *out, int64_t out_stride, int arith);
 
 enum {
     GGUFLM_PATH_DOT = 0,
@@ -58,12 +60,39 @@ static inline int gguflm_is_legacy(int type) {
     return type == GGUFLM_Q4_0 || type == GGUFLM_Q4_1 || type == GGUFLM_Q5_0 || type == GGUFLM_Q5_1 || type == GGUFLM_Q8_0;
 }
 
+/* ggml-cpu's float dots, by build (dispatch.h; V = gguflm_vec_lanes, 8 or 16 floats):
+ *   DOT    ggml_vec_dot_f32/f16: 4 accumulator vectors of V lanes, one fma per element over steps
+ *          of 4V; reduced (a0 + a2) + (a1 + a3), then the vector's horizontal sum (AVX2: two
+ *          hadds; AVX-512: _mm512_reduce_add_ps); then the elements after the last whole step.
+ *          ggml_vec_dot_bf16: AVX2 as f16 but with the movehl sum; AVX-512F 2 vectors of 16 lanes
+ *          over steps of 32, each summed and added in double; AVX512_BF16 the same with vdpbf16ps
+ *          (a lane takes a bf16 pair per step) over steps of 64.
+ *   SGEMM  llamafile's tinyBLAS (batches): one vector of V lanes per output, fma (vdpbf16ps for
+ *          BF16 with AVX512_BF16) over steps of V (2V), the movehl / reduce_add_ps sum; the plan
+ *          sends it only rows whose length is a whole number of steps. */
+typedef struct {
+    int lanes;  /* floats of one accumulator vector */
+    int vecs;   /* accumulator vectors, each over its own consecutive part of a step */
+    int pairs;  /* 1: a lane takes a bf16 pair per step (vdpbf16ps); 0: one element (fma) */
+} gguflm_float_chain;
+
+#define GGUFLM_FLOAT_ACC 64  /* most accumulator lanes of a chain */
+
+static inline gguflm_float_chain gguflm_float_chain_of(int path, int type, int arith) {
+    const int lanes = gguflm_vec_lanes(arith), pairs = type == GGUFLM_BF16 && gguflm_arith_dpbf16(arith);
+    if (path == GGUFLM_PATH_SGEMM) return (gguflm_float_chain){lanes, 1, pairs};
+    return (gguflm_float_chain){lanes, type == GGUFLM_BF16 && lanes == 16 ? 2 : 4, pairs};
+}
+
+/* elements per step of a chain */
+static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.lanes * (1 + c.pairs); }
+
 /* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows (w_stride bytes
  * apart) by n_tok tokens: up to two segments. `repacked`: the weight is a matrix that llama.cpp would
  * keep in its CPU_REPACK buffer (a model weight only used by matmuls: not a tied token embedding).
  * DOT_STREAM is ours: DOT's arithmetic in another row order. */
 static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
-                                     int repacked, gguflm_segment seg[2]) {
+                                     int repacked, int arith, gguflm_segment seg[2]) {
     const int repack = repacked && n_rows % 8 == 0 && (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K);
     if (repack && wtype == GGUFLM_Q4_K && n_tok > 3) {
         /* tokens go to the GEMM in groups of 4, the rest to the GEMV */
@@ -77,7 +106,9 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
     else if (gguflm_is_kquant(wtype) && n_tok >= 8) path = GGUFLM_PATH_TILED;
-    else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 && n_in % 8 == 0) path = GGUFLM_PATH_SGEMM;
+    else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 &&
+             n_in % gguflm_float_step(gguflm_float_chain_of(GGUFLM_PATH_SGEMM, wtype, arith)) == 0)
+        path = GGUFLM_PATH_SGEMM;  /* tinyBLAS::matmul's conditions; it declines other shapes */
     seg[0] = (gguflm_segment){path, 0, n_tok};
     return 1;
 }
@@ -218,6 +249,8 @@ static inline float gguflm_q4_0_repack_1(int64_t n, const uint8_t *x, const bloc
     return acc;
 }
 
+/* ======================= float weights (F32, F16, BF16) ======================= */
+
 /* one element of a float-format row */
 static inline __attribute__((always_inline)) float gguflm_float_at(int type, const void *p, int64_t i) {
     if (type == GGUFLM_F16) return gguflm_fp16_to_fp32(((const ggml_half *)p)[i]);
@@ -225,55 +258,91 @@ static inline __attribute__((always_inline)) float gguflm_float_at(int type, con
     return ((const float *)p)[i];
 }
 
-/* ggml_vec_dot_f32/f16/bf16 after the 32-element steps (acc: 4 x 8 lanes, see ops_math.h):
- * F16 and BF16 add the rest in double; F32's tail runs as GCC vectorized it, blocks of 8 and
- * then 4 unfused products added in order, the last < 4 elements with FMAs */
-static inline __attribute__((always_inline)) float gguflm_dot_float_finish(int type, int64_t n, const void *x,
-                                                                          const void *y, const float acc[32]) {
-    const int64_t np = n - n % 32;
-    if (type == GGUFLM_BF16 || type == GGUFLM_F16) {
-        float lanes[8];
-        for (int l = 0; l < 8; ++l) lanes[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
-        double sum = type == GGUFLM_BF16 ? gguflm_hsum8_movehl(lanes) : gguflm_hsum8_hadd(lanes);
+/* vdpbf16ps, one lane (Intel SDM: an FMA "with daz, ftz, rne, and sae"; checked against the
+ * instruction, which the avx512bf16 ISA's kernels and the local ggml-cpu run, by
+ * tests/test_quants_kernels.py and test_quants_exact.py): acc += x1*y1, then acc += x0*y0 (the odd
+ * element of the pair first), each fused and rounded to nearest even, denormal inputs read as
+ * zeros and results that are tiny flushed to zeros, signs kept. Tiny is decided after rounding to
+ * 24 bits with an unbounded exponent: the same fma on operands scaled by 2^24 rounds that way
+ * near the smallest normal, and it is tiny when below 2^-102 (the scalings are exact, or
+ * overflow where the result is far from tiny). acc itself is never denormal: the chains start
+ * at zero and only take flushed results. */
+static inline float gguflm_daz(float x) {
+    const uint32_t b = gguflm_f32_bits(x);
+    return (b & 0x7f800000u) ? x : gguflm_bits_f32(b & 0x80000000u);
+}
+
+static inline float gguflm_fma_ftz(float a, float b, float c) {
+    const float r = fmaf(a, b, c), scaled = fmaf(a * 0x1p24f, b, c * 0x1p24f);
+    return fabsf(scaled) < 0x1p-102f ? gguflm_bits_f32(gguflm_f32_bits(r) & 0x80000000u) : r;
+}
+
+static inline float gguflm_dpbf16(float acc, float x0, float x1, float y0, float y1) {
+    acc = gguflm_fma_ftz(gguflm_daz(x1), gguflm_daz(y1), acc);
+    return gguflm_fma_ftz(gguflm_daz(x0), gguflm_daz(y0), acc);
+}
+
+/* The sum of a chain's accumulator lanes acc (vector-major), as the build reduces them (DOT of
+ * F16 and BF16 goes on in double). The SIMD kernels reduce in registers in the same order. */
+static inline double gguflm_float_reduce(int path, int type, int arith, const float *acc) {
+    const int lanes = gguflm_vec_lanes(arith);
+    if (path == GGUFLM_PATH_SGEMM) return gguflm_hsum_vec(acc, lanes);
+    if (type == GGUFLM_BF16 && lanes == 16) return (double)gguflm_hsum16(acc) + (double)gguflm_hsum16(acc + 16);
+    float v[16];
+    for (int l = 0; l < lanes; ++l) v[l] = (acc[l] + acc[2 * lanes + l]) + (acc[lanes + l] + acc[3 * lanes + l]);
+    if (lanes == 16) return gguflm_hsum16(v);
+    return type == GGUFLM_BF16 ? gguflm_hsum8_movehl(v) : gguflm_hsum8_hadd(v);
+}
+
+/* DOT after the whole steps (elements np .. n-1 of x . y, sum: the reduced steps): F16 and BF16
+ * add the float products in double; F32 adds them in float as GCC vectorized that loop (see
+ * gguflm_dot_f32_unfused) */
+static inline __attribute__((always_inline)) float gguflm_float_tail(int type, int arith, int64_t n, int64_t np,
+                                                                    const void *x, const void *y, double sum) {
+    if (type != GGUFLM_F32) {
         for (int64_t i = np; i < n; ++i) sum += (double)(gguflm_float_at(type, x, i) * gguflm_float_at(type, y, i));
         return (float)sum;
     }
-    float sum = gguflm_reduce_lanes(acc);
-    const int64_t r = n - np;
-    int64_t unfused = r >= 8 ? 8 * (r / 8) : 0;
-    if (r - unfused >= 4) unfused += 4;
+    const int64_t r = n - np, unfused = gguflm_dot_f32_unfused((int)r, arith);
+    float s = (float)sum;
     for (int64_t k = 0; k < r; ++k) {
         const float a = ((const float *)x)[np + k], b = ((const float *)y)[np + k];
-        sum = k < unfused ? sum + a * b : fmaf(a, b, sum);
+        s = k < unfused ? s + a * b : fmaf(a, b, s);
     }
-    return sum;
+    return s;
 }
 
-static inline __attribute__((always_inline)) float gguflm_dot_float_1(int type, int64_t n, const void *x, const void *y) {
-    float acc[32] = {0};
-    for (int64_t i = 0; i + 32 <= n; i += 32)
-        for (int l = 0; l < 32; ++l) acc[l] = fmaf(gguflm_float_at(type, x, i + l), gguflm_float_at(type, y, i + l), acc[l]);
-    return gguflm_dot_float_finish(type, n, x, y, acc);
-}
-
-static inline __attribute__((always_inline)) float gguflm_sgemm_1(int type, int64_t n, const void *x, const void *y) {
-    float acc[8] = {0};
-    for (int64_t i = 0; i < n; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] = fmaf(gguflm_float_at(type, x, i + l), gguflm_float_at(type, y, i + l), acc[l]);
-    return gguflm_hsum8_movehl(acc);
+/* one output of a float recipe (DOT or SGEMM) */
+static inline __attribute__((always_inline)) float gguflm_float_1(int path, int type, int arith, int64_t n,
+                                                                 const void *x, const void *y) {
+    const gguflm_float_chain c = gguflm_float_chain_of(path, type, arith);
+    const int width = c.lanes * (1 + c.pairs), step = gguflm_float_step(c);
+    const int64_t np = n - n % step;
+    float acc[GGUFLM_FLOAT_ACC] = {0};
+    for (int64_t i = 0; i < np; i += step)
+        for (int v = 0; v < c.vecs; ++v)
+            for (int l = 0; l < c.lanes; ++l) {
+                const int64_t e = i + v * width + l * (1 + c.pairs);
+                float *a = &acc[v * c.lanes + l];
+                if (c.pairs)
+                    *a = gguflm_dpbf16(*a, gguflm_float_at(type, x, e), gguflm_float_at(type, x, e + 1),
+                                       gguflm_float_at(type, y, e), gguflm_float_at(type, y, e + 1));
+                else
+                    *a = fmaf(gguflm_float_at(type, x, e), gguflm_float_at(type, y, e), *a);
+            }
+    return gguflm_float_tail(type, arith, n, np, x, y, gguflm_float_reduce(path, type, arith, acc));
 }
 
 /* one output of `path` for weight type `type` (bx bytes per weight block) */
-static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int type, size_t bx, int64_t n,
-                                                                  const uint8_t *x, const uint8_t *y) {
+static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int type, int arith, size_t bx,
+                                                                  int64_t n, const uint8_t *x, const uint8_t *y) {
+    if (gguflm_is_float(type)) return gguflm_float_1(path, type, arith, n, x, y);
     switch (path) {
     case GGUFLM_PATH_TILED: return gguflm_tiled_1(type, bx, n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_K_GEMV: return gguflm_q4_K_repack_1(1, n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_K_GEMM: return gguflm_q4_K_repack_1(4, n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_0_REPACK: return gguflm_q4_0_repack_1(n, x, (const block_q8_0 *)y);
-    case GGUFLM_PATH_SGEMM: return gguflm_sgemm_1(type, n, x, y);
     default:
-        if (gguflm_is_float(type)) return gguflm_dot_float_1(type, n, x, y);
         if (gguflm_is_kquant(type)) return gguflm_dot_k_1(type, bx, n, x, (const block_q8_K *)y);
         return gguflm_dot_legacy_1(type, bx, n, x, y);
     }
@@ -282,17 +351,18 @@ static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int
 static inline __attribute__((always_inline)) void gguflm_gemm_scalar(int path, int type, size_t bx, int64_t n,
                                                                     const uint8_t *w, int64_t w_stride, int64_t nr,
                                                                     const uint8_t *y, int64_t y_stride, int64_t nt,
-                                                                    float *out, int64_t out_stride) {
+                                                                    float *out, int64_t out_stride, int arith) {
     for (int64_t t = 0; t < nt; ++t)
         for (int64_t r = 0; r < nr; ++r)
-            out[t * out_stride + r] = gguflm_recipe_1(path, type, bx, n, w + r * w_stride, y + t * y_stride);
+            out[t * out_stride + r] = gguflm_recipe_1(path, type, arith, bx, n, w + r * w_stride, y + t * y_stride);
 }
 
 /* the scalar kernel table: [path][type], NULL where llama.cpp has no such recipe */
 #define GGUFLM_SCALAR_KERNEL(path, tag, TYPE, bx)                                                                \
     static void gguflm_##path##_##tag##_scalar(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,            \
-                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os) { \
-        gguflm_gemm_scalar(GGUFLM_PATH_##path, TYPE, bx, n, w, ws, nr, y, ys, nt, o, os);                       \
+                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,  \
+                                               int arith) {                                                     \
+        gguflm_gemm_scalar(GGUFLM_PATH_##path, TYPE, bx, n, w, ws, nr, y, ys, nt, o, os, arith);                \
     }
 #define GGUFLM_SCALAR_KERNELS_K(tag, TYPE)                             \
     GGUFLM_SCALAR_KERNEL(DOT, tag, TYPE, sizeof(block_##tag))          \

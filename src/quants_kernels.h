@@ -68,15 +68,24 @@ static inline int64_t gguflm_act_buffer_bytes(int vec_dot_type, int64_t n_tok, i
  * where the system module never selects another ISA) */
 static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_COUNT] {
 #if GGUFLM_HAVE_SIMD
-    if (isa == GGUFLM_ISA_AVX512) return gguflm_kernels_avx512;
+    if (isa >= GGUFLM_ISA_AVX512) return gguflm_kernels_avx512;
     if (isa == GGUFLM_ISA_AVX2) return gguflm_kernels_avx2;
 #endif
     (void)isa;
     return gguflm_kernels_scalar;
 }
 
-/* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe) */
-static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) { return gguflm_kernel_table(isa)[path][type]; }
+/* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
+ * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones. */
+static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
+#if GGUFLM_HAVE_DPBF16
+    if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
+        if (path == GGUFLM_PATH_DOT) return gguflm_DOT_bf16_avx512bf16;
+        if (path == GGUFLM_PATH_SGEMM) return gguflm_SGEMM_bf16_avx512bf16;
+    }
+#endif
+    return gguflm_kernel_table(isa)[path][type];
+}
 
 /* isa's row conversions of type: the traits' portable ones, but F16 rows take F16C in the SIMD
  * ISAs (the same bits) */
@@ -181,14 +190,14 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
  * counter *next_chunk (0 before the region) until none are left, so any team size covers every
  * chunk; each chunk runs the recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
 static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
-                                 int64_t *next_chunk) {
+                                 int arith, int64_t *next_chunk) {
     gguflm_segment seg[GGUFLM_MAX_JOBS][2];
     int n_seg[GGUFLM_MAX_JOBS];
     int64_t rows[GGUFLM_MAX_JOBS], xq_stride[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1];
     first_chunk[0] = 0;
     for (int j = 0; j < n_jobs; ++j) {
         const gguflm_matmul_job *job = &jobs[j];
-        n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, seg[j]);
+        n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
@@ -207,29 +216,30 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += GGUFLM_TOKEN_TILE) {
                 const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[j][s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[j][s].t1) - t0;
                 kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,
-                       job->out + t0 * job->out_stride + r0, job->out_stride);
+                       job->out + t0 * job->out_stride + r0, job->out_stride, arith);
             }
         }
     }
 }
 
 /* the jobs (n_jobs <= GGUFLM_MAX_JOBS) of one input of n_tok rows in one parallel region, with isa's
- * kernels: a thread done with its share of one matrix goes on with the next instead of waiting at
- * a barrier */
+ * kernels and arith's rounding: a thread done with its share of one matrix goes on with the next
+ * instead of waiting at a barrier */
 static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
-                               int n_threads) {
+                               int arith, int n_threads) {
     int64_t next_chunk = 0;
     #pragma omp parallel num_threads(gguflm_matmul_threads(jobs, n_jobs, n_tok, n_threads))
-    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, &next_chunk);
+    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, arith, &next_chunk);
 }
 
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
  * bytes, type wtype) . xq, activations already quantized to wtype's vec_dot_type (one job) */
 static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const void *xq,
-                            int64_t n_tok, float *out, int64_t out_stride, int repacked, int isa, int n_threads) {
+                            int64_t n_tok, float *out, int64_t out_stride, int repacked, int isa, int arith,
+                            int n_threads) {
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)xq, out,
                                    out_stride};
-    gguflm_matmul_jobs(&job, 1, n_in, n_tok, isa, n_threads);
+    gguflm_matmul_jobs(&job, 1, n_in, n_tok, isa, arith, n_threads);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -237,7 +247,7 @@ static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t 
  * parallel region as ggml does it */
 static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in, const float *x,
                               int64_t x_stride, int64_t n_tok, void *scratch, float *out, int64_t out_stride,
-                              int repacked, int isa, int n_threads) {
+                              int repacked, int isa, int arith, int n_threads) {
     const int vdt = gguflm_traits[wtype].vec_dot_type;
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)scratch,
                                    out, out_stride};
@@ -247,7 +257,7 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
         gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, isa, omp_get_thread_num(),
                                  omp_get_num_threads());
         #pragma omp barrier
-        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, &next_chunk);
+        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, arith, &next_chunk);
     }
 }
 

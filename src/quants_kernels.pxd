@@ -1,19 +1,20 @@
 # The nogil C API of the quantization kernels, for other Cython modules:
 #     from quants_kernels cimport gguflm_matmul_q, gguflm_act_buffer_bytes, ...
 # The kernels are static functions in headers (each importing extension compiles its own copy) and
-# keep no state: the ones that pick kernels take the ISA, which a caller reads from the one switch
-# (dispatch.pxd) when its call starts. Arguments are not checked at this level.
+# keep no state: the ones that pick kernels take the ISA (and matmuls the arithmetic), which a caller
+# reads from the one switch (dispatch.pxd) when its call starts. Arguments are not checked at this
+# level.
 #
 # A projection that shares its input (Q, K, V; gate, up), as tests/test_quants_pxd.py does:
 #     from dispatch cimport bind_dispatch, gguflm_dispatch
 #     cdef const gguflm_dispatch *switch = bind_dispatch()     # once, at import
 #     vdt = gguflm_traits[wtype].vec_dot_type
 #     xq = <buffer of gguflm_act_buffer_bytes(vdt, n_tok, n_embd) bytes, owned by the caller>
-#     isa = switch.isa
+#     isa, arith = switch.isa, switch.arith
 #     with nogil:
 #         gguflm_quantize_act(vdt, &x[0, 0], n_embd, n_tok, n_embd, xq, isa, n_threads)
-#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, isa, n_threads)
-#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, isa, n_threads)
+#         gguflm_matmul_q(wtype, wq, wq_row_bytes, n_q, n_embd, xq, n_tok, &q[0, 0], n_q, 1, isa, arith, n_threads)
+#         gguflm_matmul_q(wtype, wk, wk_row_bytes, n_k, n_embd, xq, n_tok, &k[0, 0], n_k, 1, isa, arith, n_threads)
 # Weights of different types need activations in their own partner types (one buffer each).
 # n_threads: the context's n_threads for one token, n_threads_batch for more.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
@@ -23,9 +24,9 @@ cdef extern from "quants_kernels.h" nogil:
         GGUFLM_TYPE_COUNT
         GGUFLM_PATH_DOT
 
-    # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt (see quants_dot.h)
+    # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt in arithmetic arith (see quants_dot.h)
     ctypedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
-                                    int64_t y_stride, int64_t nt, float *out, int64_t out_stride)
+                                    int64_t y_stride, int64_t nt, float *out, int64_t out_stride, int arith)
     ctypedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k)
     ctypedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k)
 
@@ -54,16 +55,16 @@ cdef extern from "quants_kernels.h" nogil:
     # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
     void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,
                              void *xq, int isa, int n_threads)
-    # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with llama.cpp's
-    # arithmetic for this shape, on isa's kernels; repacked = 0 for a token embedding used as the
-    # output matrix
+    # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with the recipes
+    # llama.cpp takes for this shape in arithmetic arith (GGUFLM_ARITH_*), on isa's kernels;
+    # repacked = 0 for a token embedding used as the output matrix
     void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                          const void *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
-                         int isa, int n_threads)
+                         int isa, int arith, int n_threads)
     # the same from float x, quantized into scratch (act_buffer_bytes) inside the one parallel region
     void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                            const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
-                           int64_t out_stride, int repacked, int isa, int n_threads)
+                           int64_t out_stride, int repacked, int isa, int arith, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
                          int64_t n_ids, float *out, int64_t out_stride, int isa)

@@ -1,8 +1,9 @@
 /* The SIMD dot kernels: quants_simd_body.h compiled once for AVX2 (+FMA, F16C) and once for
  * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no
  * -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features, and
- * gguflm_kernel_table maps it to a table). Off x86, or without GCC's target pragmas, only the
- * scalar kernels exist.
+ * gguflm_kernel maps it to a kernel); the avx512bf16 ISA adds BF16 kernels that run vdpbf16ps
+ * (quants_simd_float.h once more) to the AVX-512 ones. Off x86, or without GCC's target pragmas,
+ * only the scalar kernels exist.
  *
  * Test harnesses may define GGUFLM_SIMDE: the intrinsics then come from SIMDe's portable
  * implementations (with native aliases) and the target regions expand to nothing, so that both
@@ -23,6 +24,7 @@
 #define GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_TARGET_END
+#define GGUFLM_HAVE_DPBF16 0  /* SIMDe's vdpbf16ps rounds otherwise */
 #define GGUFLM_FP16_TO_FP32_SIMD(h) gguflm_fp16_to_fp32(h)
 #elif GGUFLM_X86 && defined(__GNUC__)
 #define GGUFLM_HAVE_SIMD 1
@@ -30,31 +32,97 @@
 #define GGUFLM_TARGET_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
 #define GGUFLM_TARGET_AVX512_BEGIN \
     _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\")")
+#define GGUFLM_TARGET_AVX512BF16_BEGIN                                                                    \
+    _Pragma("GCC push_options")                                                                         \
+    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16\")")
 #define GGUFLM_TARGET_END _Pragma("GCC pop_options")
+#define GGUFLM_HAVE_DPBF16 1
 /* F16C's scalar conversion; bit-identical with the software one */
 #define GGUFLM_FP16_TO_FP32_SIMD(h) _cvtsh_ss(h)
 #else
 #define GGUFLM_HAVE_SIMD 0
+#define GGUFLM_HAVE_DPBF16 0
 #endif
 
 #if GGUFLM_HAVE_SIMD
+/* Every SIMD kernel computes tiles of R weight rows x T tokens, R, T <= GGUFLM_MAX_TILE
+ * (constants after inlining: R*T accumulators stay in registers, each weight block is decoded
+ * once for the T tokens and each activation block loaded once for the R rows); the float
+ * arithmetic per output is the recipe of quants_dot.h and does not depend on the tile shape. */
+#define GGUFLM_MAX_TILE 4
+
+/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
+#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
+    do {                                                                                                         \
+        if (nt == 1) {                                                                                           \
+            int64_t r = 0;                                                                                       \
+            for (; r + 4 <= nr; r += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y, ys, 1, o + r, os);                \
+            for (; r < nr; ++r) TILE(__VA_ARGS__ w + r * ws, ws, 1, y, ys, 1, o + r, os);                        \
+        } else {                                                                                                 \
+            for (int64_t r = 0; r < nr; ++r) {                                                                   \
+                int64_t t = 0;                                                                                   \
+                for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
+                for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os); \
+            }                                                                                                    \
+        }                                                                                                        \
+    } while (0)
+
+/* rows in fours and tokens in fours (the leftovers one by one): for kernels whose registers hold
+ * 16 accumulators */
+#define GGUFLM_TILE_LOOP_4X4(TILE, ...)                                                                          \
+    do {                                                                                                         \
+        int64_t r = 0;                                                                                           \
+        for (; r + 4 <= nr; r += 4) {                                                                            \
+            int64_t t = 0;                                                                                       \
+            for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y + t * ys, ys, 4, o + t * os + r, os); \
+            for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 4, y + t * ys, ys, 1, o + t * os + r, os);     \
+        }                                                                                                        \
+        for (; r < nr; ++r) {                                                                                    \
+            int64_t t = 0;                                                                                       \
+            for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
+            for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os);     \
+        }                                                                                                        \
+    } while (0)
+
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_VNNI 0
+#define GGUFLM_SIMD_512 0
+#define GGUFLM_SIMD_DPBF16 0
 #include "quants_simd_body.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
+#undef GGUFLM_SIMD_512
+#undef GGUFLM_SIMD_DPBF16
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512
 #define GGUFLM_SIMD_VNNI 1
+#define GGUFLM_SIMD_512 1
+#define GGUFLM_SIMD_DPBF16 0
 #include "quants_simd_body.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
+#undef GGUFLM_SIMD_512
+#undef GGUFLM_SIMD_DPBF16
 GGUFLM_TARGET_END
+
+#if GGUFLM_HAVE_DPBF16
+GGUFLM_TARGET_AVX512BF16_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx512bf16
+#define GGUFLM_SIMD_512 1
+#define GGUFLM_SIMD_DPBF16 1
+#include "quants_simd_float.h"
+#undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_512
+#undef GGUFLM_SIMD_DPBF16
+GGUFLM_TARGET_END
+#endif
+#undef GGUFLM_TILE_LOOP
+#undef GGUFLM_TILE_LOOP_4X4
 #endif
 
 #endif

@@ -5,17 +5,14 @@
  * adjacent products each; no pair can saturate int16 because the activation side never holds
  * -128), so the two copies agree bit for bit. The K-quant dots need the int16 pair sums for their
  * per-16 scales (vpmaddwd), so they use vpmaddubsw in both copies, as ggml does.
+ * GGUFLM_SIMD_512 gives the AVX-512 copy 512-bit vectors for the 16-float chains of the AVX-512
+ * arithmetics' float dots (the AVX2 copy uses pairs of 256-bit vectors; lane by lane the same).
  * No include guard: this file is meant to be included more than once.
  */
 
-/* horizontal sums */
-static inline float GGUFLM_SIMD(hsum_f32)(__m256 x) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
+#include "quants_simd_float.h"  /* the float formats' kernels, and hsum_f32 */
 
+/* horizontal sums (hsum_f32: quants_simd_float.h) */
 static inline int32_t GGUFLM_SIMD(hsum_i32)(__m256i a) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -171,11 +168,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kscales)(int type,
 
 /* ======================= tiles: R weight rows x T tokens ======================= */
 
-/* Every kernel below computes a tile of R rows x T tokens (constants after inlining: R*T
- * accumulators stay in registers, each weight block is decoded once for the T tokens and each
- * activation block loaded once for the R rows). The float arithmetic per output is the recipe of
- * quants_dot.h and does not depend on the tile shape. */
-#define GGUFLM_MAX_TILE 4
+/* Every kernel below computes a tile of R rows x T tokens (GGUFLM_TILE_LOOP, quants_simd.h). */
 #define GGUFLM_MAX_TOKENS 8   /* tokens of a legacy-block tile */
 
 /* Weight rows are streamed from memory once per matmul; the hardware prefetchers follow one long
@@ -523,71 +516,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(
         for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t];
 }
 
-/* ---- float formats ---- */
-
-/* 8 consecutive elements of a float-format row as fp32 */
-static inline __attribute__((always_inline)) __m256 GGUFLM_SIMD(load8)(int type, const void *p, int64_t i) {
-    if (type == GGUFLM_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const ggml_half *)p + i)));
-    if (type == GGUFLM_BF16) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
-    return _mm256_loadu_ps((const float *)p + i);
-}
-
-/* DOT: ggml_vec_dot_f32/f16/bf16, 4 accumulators of 8 lanes per 32 elements */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_float_tile)(int type, int64_t n, const uint8_t *w,
-                                                                             int64_t ws, int R, const uint8_t *y,
-                                                                             int64_t ys, int T, float *out, int64_t os) {
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) {
-            const uint8_t *x = w + r * ws, *yt = y + t * ys;
-            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int64_t i = 0; i + 32 <= n; i += 32)
-                for (int k = 0; k < 4; ++k)
-                    a[k] = _mm256_fmadd_ps(GGUFLM_SIMD(load8)(type, x, i + 8 * k), GGUFLM_SIMD(load8)(type, yt, i + 8 * k), a[k]);
-            float acc[32];
-            for (int k = 0; k < 4; ++k) _mm256_storeu_ps(acc + 8 * k, a[k]);
-            out[t * os + r] = gguflm_dot_float_finish(type, n, x, yt, acc);
-        }
-}
-
-/* SGEMM: llamafile's tinyBLAS, one 8-lane fma chain per output */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(sgemm_tile)(int type, int64_t n, const uint8_t *w,
-                                                                         int64_t ws, int R, const uint8_t *y,
-                                                                         int64_t ys, int T, float *out, int64_t os) {
-    __m256 acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        __m256 b[GGUFLM_MAX_TILE];
-        for (int t = 0; t < T; ++t) b[t] = GGUFLM_SIMD(load8)(type, y + t * ys, i);
-        for (int r = 0; r < R; ++r) {
-            const __m256 a = GGUFLM_SIMD(load8)(type, w + r * ws, i);
-            for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(a, b[t], acc[r][t]);
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) out[t * os + r] = GGUFLM_SIMD(hsum_f32)(acc[r][t]);
-}
-
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
-
-/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
-#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
-    do {                                                                                                         \
-        if (nt == 1) {                                                                                           \
-            int64_t r = 0;                                                                                       \
-            for (; r + 4 <= nr; r += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y, ys, 1, o + r, os);                \
-            for (; r < nr; ++r) TILE(__VA_ARGS__ w + r * ws, ws, 1, y, ys, 1, o + r, os);                        \
-        } else {                                                                                                 \
-            for (int64_t r = 0; r < nr; ++r) {                                                                   \
-                int64_t t = 0;                                                                                   \
-                for (; t + 4 <= nt; t += 4) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os); \
-                for (; t < nt; ++t) TILE(__VA_ARGS__ w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os); \
-            }                                                                                                    \
-        }                                                                                                        \
-    } while (0)
 
 /* The legacy blocks' kernel: for a batch, the tokens' block scales are converted to floats once for
  * all the rows (when they fit the table; else each tile converts its own), and tiles take 8 tokens,
@@ -635,26 +564,28 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
 #undef GGUFLM_LEGACY_TILE
 }
 
+/* the kernels of quantized weights round alike in every arithmetic */
 #define GGUFLM_SIMD_KERNEL(path, tag, ...)                                                                       \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
-                                          int64_t ys, int64_t nt, float *o, int64_t os) {                        \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
+        (void)arith;                                                                                             \
         GGUFLM_TILE_LOOP(__VA_ARGS__);                                                                           \
     }
 #define GGUFLM_SIMD_LEGACY(tag, TYPE)                                                                            \
     static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
-                                       int64_t ys, int64_t nt, float *o, int64_t os) {                           \
+                                       int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
+        (void)arith;                                                                                             \
         GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os, 0);                   \
     }                                                                                                            \
     static void GGUFLM_SIMD(DOT_STREAM_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,               \
-                                              const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os) {  \
+                                              const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,    \
+                                              int arith) {                                                       \
+        (void)arith;                                                                                             \
         GGUFLM_SIMD(dot_legacy)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os, 1);                   \
     }
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
     GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
     GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
-#define GGUFLM_SIMD_FLOAT(tag, TYPE)                                                                             \
-    GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_float_tile), TYPE, n,)                                          \
-    GGUFLM_SIMD_KERNEL(SGEMM, tag, GGUFLM_SIMD(sgemm_tile), TYPE, n,)
 GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
 GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
 GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
@@ -668,7 +599,8 @@ GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
 /* repacked Q4_K: rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
 #define GGUFLM_SIMD_Q4_K_REPACK(path, parts)                                                                     \
     static void GGUFLM_SIMD(path##_q4_K)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
-                                         int64_t ys, int64_t nt, float *o, int64_t os) {                         \
+                                         int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
+        (void)arith;                                                                                             \
         for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
             const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
             int64_t r = 0;                                                                                       \
@@ -683,15 +615,9 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
 #undef GGUFLM_SIMD_Q4_K_REPACK
 GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
-GGUFLM_SIMD_FLOAT(f32, GGUFLM_F32)
-GGUFLM_SIMD_FLOAT(f16, GGUFLM_F16)
-GGUFLM_SIMD_FLOAT(bf16, GGUFLM_BF16)
-#undef GGUFLM_SIMD_FLOAT
 #undef GGUFLM_SIMD_K
 #undef GGUFLM_SIMD_LEGACY
 #undef GGUFLM_SIMD_KERNEL
-#undef GGUFLM_TILE_LOOP
-#undef GGUFLM_MAX_TILE
 #undef GGUFLM_MAX_TOKENS
 #undef GGUFLM_LEGACY_TABLE
 #undef GGUFLM_Q4_K_TOKENS

@@ -31,10 +31,12 @@ cdef extern from "omp_compat.h" nogil:
 cdef extern from "cpu_features.h" nogil:
     const char *GGUFLM_COMPILER
     ctypedef struct gguflm_cpuid_words:
-        uint32_t max_leaf, ecx1, ebx7, ecx7, edx7
+        uint32_t max_leaf, ecx1, ebx7, ecx7, edx7, eax7_1
+        uint32_t vendor[3]
         uint64_t xcr0
     ctypedef struct gguflm_cpu_features:
         uint32_t cpu, os, usable
+        int vendor
     enum:
         GGUFLM_CPU_FEATURE_COUNT
         GGUFLM_CPU_AMX_TILE
@@ -43,6 +45,7 @@ cdef extern from "cpu_features.h" nogil:
         GGUFLM_OS_AVX512
         GGUFLM_OS_AMX
     const char *const gguflm_cpu_feature_names[]
+    const char *const gguflm_vendor_names[]
     const uint32_t gguflm_isa_needs[]
     gguflm_cpuid_words gguflm_cpu_read()
     gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w)
@@ -82,14 +85,20 @@ cdef dict _describe(const gguflm_cpu_features *f):
                "amx": bool(f.os & GGUFLM_OS_AMX)},
         "usable": _flags(f.usable),
         "isas": _isas(f),
+        "vendor": gguflm_vendor_names[f.vendor].decode(),
         "native_arithmetic": ARITHMETICS[gguflm_arith_native(f)],
     }
 
 
 cdef gguflm_cpuid_words _words_from(dict words) except *:
     cdef gguflm_cpuid_words w
+    vendor = words["vendor"].encode("latin-1")
+    if len(vendor) != 12:
+        raise ValueError(f"a CPUID vendor has 12 characters, got {words['vendor']!r}")
     w.max_leaf, w.ecx1, w.ebx7 = words["max_leaf"], words["ecx1"], words["ebx7"]
-    w.ecx7, w.edx7, w.xcr0 = words["ecx7"], words["edx7"], words["xcr0"]
+    w.ecx7, w.edx7, w.eax7_1, w.xcr0 = words["ecx7"], words["edx7"], words["eax7_1"], words["xcr0"]
+    for i in range(3):
+        w.vendor[i] = int.from_bytes(vendor[4 * i:4 * i + 4], "little")
     return w
 
 
@@ -99,7 +108,8 @@ def decide_features(dict words) -> dict:
 
     Returns ``cpu`` (feature -> CPUID advertises it), ``os`` (``avx``, ``avx512``, ``amx`` ->
     XCR0 enables that register state; nothing without OSXSAVE), ``usable`` (feature -> both),
-    ``isas`` (the kernel variants it runs) and ``native_arithmetic``.
+    ``isas`` (the kernel variants it runs), ``vendor`` (``intel``, ``amd`` or ``other``) and
+    ``native_arithmetic``.
     """
     cdef gguflm_cpuid_words w = _words_from(words)
     cdef gguflm_cpu_features f = gguflm_cpu_decide(&w)
@@ -108,8 +118,10 @@ def decide_features(dict words) -> dict:
 
 def cpu_words() -> dict:
     """This machine's CPUID and XCR0 words, as :func:`decide_features` takes them."""
-    return {"max_leaf": _words.max_leaf, "ecx1": _words.ecx1, "ebx7": _words.ebx7, "ecx7": _words.ecx7,
-            "edx7": _words.edx7, "xcr0": _words.xcr0}
+    vendor = b"".join(int(_words.vendor[i]).to_bytes(4, "little") for i in range(3))
+    return {"max_leaf": _words.max_leaf, "vendor": vendor.decode("latin-1"), "ecx1": _words.ecx1,
+            "ebx7": _words.ebx7, "ecx7": _words.ecx7, "edx7": _words.edx7, "eax7_1": _words.eax7_1,
+            "xcr0": _words.xcr0}
 
 
 def cpu_features() -> dict:
@@ -156,7 +168,7 @@ def current_arithmetic() -> str:
 
 def set_arithmetic(str name) -> str:
     """Reproduce ggml-cpu's ``name`` x86 build's float rounding from the next call on (any ISA
-    computes either); returns the previous one."""
+    computes any); returns the previous one."""
     if name not in ARITHMETICS:
         raise ValueError(f"unknown arithmetic {name!r}; expected one of {', '.join(ARITHMETICS)}")
     previous = current_arithmetic()

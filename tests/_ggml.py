@@ -6,18 +6,27 @@ same kernels llama.cpp picks for a model weight of that shape: llamafile's sgemm
 the vec_dot chunks, or (rows % 8 == 0, Q4_0/Q4_K) the CPU_REPACK buffer and its GEMV/GEMM.
 Tests that need it skip when ``llama_cpp`` is not importable: it is a reference peer, not a
 dependency.
+
+The library rounds float dots as the x86 build it is (:func:`arithmetic`); tests compare gguflm
+with it inside :func:`same_arithmetic`. A build with AVX512_FP16 needs nothing more: in this
+ggml, F16 dots accumulate in fp32 there too (``GGML_F16_DOT_*``), and only
+``ggml_vec_mad_f16``/``ggml_vec_scale_f16`` (flash attention, which llama.cpp runs only when
+asked and gguflm does not reproduce) compute in half precision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+from typing import Iterator
 
 import numpy as np
-import pytest
 
 from _llama import require_peer
+from gguflm import system
+from gguflm._ext import system as _system
 
 try:
     import llama_cpp
@@ -66,9 +75,6 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     cpu.ggml_cpu_init()
-    if cpu.ggml_cpu_has_avx512():
-        pytest.skip("the local ggml-cpu is an AVX-512 build, whose float dots round differently from the "
-                    "AVX2 build that gguflm reproduces on every CPU")
     # the repack buffer logs every tensor it repacks; keep the test output readable
     _libs.silence = _LogCallback(lambda level, text, user: None)
     base.ggml_log_set(_libs.silence, None)
@@ -76,8 +82,33 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 
 
 def require_ggml() -> None:
-    """Skip unless a local ggml-cpu with the arithmetic gguflm reproduces (x86 AVX2) is installed."""
+    """Skip unless a local ggml-cpu that computes on this machine is installed."""
     _libs()
+
+
+# CPUID bits the build's own ggml_cpu_has_* may lack: CPUID.(7,0):EBX 16 (AVX512F) and
+# CPUID.(7,1):EAX 5 (AVX512_BF16)
+_BUILD_FEATURES = {"ggml_cpu_has_avx512": ("ebx7", 1 << 16), "ggml_cpu_has_avx512_bf16": ("eax7_1", 1 << 5)}
+
+
+@functools.cache
+def arithmetic() -> str:
+    """The gguflm arithmetic of the local ggml-cpu: gguflm's native decision for this CPU (whose
+    vendor set GCC's tuning, -march=native) without the instruction sets the library says it was
+    not compiled for."""
+    _, cpu = _libs()
+    words = _system.cpu_words()
+    for function, (word, bit) in _BUILD_FEATURES.items():
+        if not getattr(cpu, function)():
+            words[word] &= ~bit
+    return _system.decide_features(words)["native_arithmetic"]
+
+
+@contextlib.contextmanager
+def same_arithmetic() -> Iterator[str]:
+    """gguflm rounding as the local ggml-cpu does (a block that compares the two)."""
+    with system.using(arithmetic=arithmetic()):
+        yield arithmetic()
 
 
 def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:

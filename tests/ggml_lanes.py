@@ -1,9 +1,10 @@
 """ggml's CPU matmul arithmetic re-implemented in numpy: the test oracle for exact dot products.
 
 Written from ggml-cpu's x86 source (``arch/x86/quants.c`` AVX2 branches, ``vec.cpp``,
-``llamafile/sgemm.cpp``, ``arch/x86/repack.cpp``, ``tiled/`` AVX2 kernel) and the instructions GCC
-emitted for llama-cpp-python 0.3.36's build (which ops it fused into FMAs), independently of
-gguflm's C kernels: blocks are decoded here from their byte layout, integer sums are formed in
+``llamafile/sgemm.cpp``, ``arch/x86/repack.cpp``, ``tiled/`` AVX2 kernel, the AVX-512 and
+AVX512_BF16 branches of the float dots), the Intel SDM (VDPBF16PS) and the instructions GCC 12
+emitted for llama-cpp-python 0.3.36's builds (which ops it fused into FMAs, how it vectorized
+plain loops), independently of gguflm's C kernels: blocks are decoded here from their byte layout, integer sums are formed in
 int64, and every float operation is a float32 numpy operation in ggml's order. ``fma32`` rounds
 once, exactly, through a double-double sum.
 
@@ -239,6 +240,17 @@ def _vec_dot_k(t, w, x):
     return result + summs
 
 
+# ---------------------------------------------------------------- float weights, by ggml build
+
+# what tells ggml-cpu's x86 builds apart (gguflm.system.ARITHMETICS), as GCC compiles them with
+# -march=native: ggml's float vectors (8 floats with AVX2, 16 with AVX-512F), vdpbf16ps
+# (__AVX512BF16__), and the vectors GCC's auto-vectorizer uses for plain loops (256 bits for its
+# Intel tunings and AVX2, 512 for AMD Zen 4+)
+VECTOR_LANES = {"avx2": 8, "avx512": 16, "avx512bf16": 16, "zen4": 16}
+DPBF16 = {"avx512bf16", "zen4"}
+AUTOVEC_LANES = {"avx2": 8, "avx512": 8, "avx512bf16": 8, "zen4": 16}
+
+
 def float_values(t: T, rows: np.ndarray) -> np.ndarray:
     rows = np.ascontiguousarray(rows, dtype=np.uint8)
     if t == T.F32:
@@ -248,34 +260,68 @@ def float_values(t: T, rows: np.ndarray) -> np.ndarray:
     return (rows.view(np.uint16).astype(np.uint32) << 16).view(F32)
 
 
-def _vec_dot_float(t, w, x):
-    a, b = float_values(t, w), float_values(t, x)
-    n = a.shape[1]
-    np_ = n - n % 32
-    prod_shape = (b.shape[0], a.shape[0])
-    acc = np.zeros(prod_shape + (4, 8), F32)
-    for i in range(0, np_, 32):
-        acc = fma32(a[None, :, i:i + 32].reshape(1, -1, 4, 8), b[:, None, i:i + 32].reshape(-1, 1, 4, 8), acc)
-    if t == T.BF16:
-        v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        total = hsum_movehl(v).astype(np.float64)
-    else:
-        v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        total = hsum_hadd(v)
-    if np_ == n:
-        return total.astype(F32)
+def hsum16(v: np.ndarray) -> np.ndarray:
+    """_mm512_reduce_add_ps as GCC 12 expands it: the upper 8 lanes onto the lower, then as an
+    8-lane movehl sum."""
+    v = v.astype(F32)
+    return hsum_movehl(v[..., :8] + v[..., 8:])
+
+
+def _signed_zero(v: np.ndarray) -> np.ndarray:
+    return (v.view(np.uint32) & np.uint32(0x80000000)).view(F32)
+
+
+def _daz(v: np.ndarray) -> np.ndarray:
+    """Denormals read as zeros of their sign."""
+    v = np.asarray(v, F32)
+    return np.where((v.view(np.uint32) & 0x7F800000) == 0, _signed_zero(v), v)
+
+
+def _tiny(a, b, c) -> np.ndarray:
+    """Whether a*b + c (a, b bf16 values, c float32), rounded to 24 bits with an unbounded
+    exponent, is below 2^-126 in magnitude: the exact sum as a double-double (the product of
+    two bf16 values is exact in float64), then rounded half to even by hand."""
+    p = np.asarray(a, F32).astype(np.float64) * np.asarray(b, F32).astype(np.float64)
+    c64 = np.asarray(c, F32).astype(np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    sign = np.where(s < 0, -1.0, 1.0)
+    s, err = s * sign, err * sign
+    with np.errstate(divide="ignore", invalid="ignore"):
+        quantum = np.ldexp(1.0, np.frexp(s)[1] - 24)       # the last of 24 bits at s's exponent
+        t = s / quantum
+        whole = np.floor(t)
+        frac = t - whole
+        up = (frac > 0.5) | ((frac == 0.5) & ((err > 0) | ((err == 0) & (whole % 2 == 1))))
+        rounded = np.where(s == 0, np.abs(err), (whole + up) * quantum)
+    return rounded < 2.0 ** -126
+
+
+def fma_daz_ftz(a, b, c) -> np.ndarray:
+    """One of vdpbf16ps' steps: denormal inputs read as zeros, a fused multiply-add rounded to
+    nearest even, a result that is tiny (after rounding) flushed to a zero of its sign."""
+    a, b, c = _daz(a), _daz(b), _daz(c)
+    r = fma32(a, b, c)
+    return np.where(_tiny(a, b, c), _signed_zero(r), r).astype(F32)
+
+
+def dpbf16(acc, x, y) -> np.ndarray:
+    """_mm512_dpbf16_ps per lane: x, y [..., 2 * lanes] bf16 values as float32; lane j adds the
+    product of pair element 2j+1 first, then that of 2j (Intel SDM, VDPBF16PS)."""
+    acc = fma_daz_ftz(x[..., 1::2], y[..., 1::2], acc)
+    return fma_daz_ftz(x[..., 0::2], y[..., 0::2], acc)
+
+
+def _f32_tail(total, a, b, np_, autovec):
+    """ggml_vec_dot_f32's leftover loop as GCC vectorized it for `autovec` lanes: blocks of that
+    many products (unfused) added in order, then one block of half as many, the rest (fewer
+    than half) with scalar fused multiply-adds."""
+    r = a.shape[-1] - np_
+    unfused = autovec * (r // autovec)
+    if r - unfused >= autovec // 2:
+        unfused += autovec // 2
     prods = a[None, :, np_:] * b[:, None, np_:]          # float32 products
-    if t in (T.F16, T.BF16):                              # leftovers summed in double
-        total = total.astype(np.float64)
-        for k in range(n - np_):
-            total = total + prods[..., k].astype(np.float64)
-        return total.astype(F32)
-    # F32 leftovers: GCC vectorized the tail into blocks of 8 and 4 unfused products summed in
-    # order, the last (< 4) elements use scalar FMAs
-    r = n - np_
-    unfused = 8 * (r // 8) if r >= 8 else 0
-    if r - unfused >= 4:
-        unfused += 4
     for k in range(r):
         if k < unfused:
             total = total + prods[..., k]
@@ -284,15 +330,52 @@ def _vec_dot_float(t, w, x):
     return total.astype(F32)
 
 
-def vec_dot(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_<t> of every weight row with every activation row: [n_tok, n_rows]."""
+def _vec_dot_float(t, w, x, arith):
+    a, b = float_values(t, w), float_values(t, x)
+    n, lanes = a.shape[1], VECTOR_LANES[arith]
+    shape = (b.shape[0], a.shape[0])
+    if t == T.BF16 and lanes == 16:
+        # two 16-lane accumulators over 32 elements (64 as vdpbf16ps pairs), each summed alone
+        pairs = arith in DPBF16
+        half = 32 if pairs else 16
+        np_ = n - n % (2 * half)
+        acc = np.zeros((2,) + shape + (16,), F32)
+        for i in range(0, np_, 2 * half):
+            for k in range(2):
+                xa, yb = a[None, :, i + half * k:i + half * (k + 1)], b[:, None, i + half * k:i + half * (k + 1)]
+                acc[k] = dpbf16(acc[k], xa, yb) if pairs else fma32(xa, yb, acc[k])
+        total = hsum16(acc[0]).astype(np.float64) + hsum16(acc[1]).astype(np.float64)
+    else:
+        # four accumulators of `lanes` over steps of 4 * lanes, (a0 + a2) + (a1 + a3)
+        step = 4 * lanes
+        np_ = n - n % step
+        acc = np.zeros(shape + (4, lanes), F32)
+        for i in range(0, np_, step):
+            acc = fma32(a[None, :, i:i + step].reshape(1, -1, 4, lanes), b[:, None, i:i + step].reshape(-1, 1, 4, lanes), acc)
+        v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        if lanes == 16:
+            total = hsum16(v)
+        else:
+            total = hsum_movehl(v) if t == T.BF16 else hsum_hadd(v)
+    if t == T.F32:
+        return _f32_tail(total.astype(F32), a, b, np_, AUTOVEC_LANES[arith])
+    total = total.astype(np.float64)                       # F16, BF16: leftovers in double
+    prods = a[None, :, np_:] * b[:, None, np_:]
+    for k in range(n - np_):
+        total = total + prods[..., k].astype(np.float64)
+    return total.astype(F32)
+
+
+def vec_dot(t: T, w: np.ndarray, x: np.ndarray, arith: str) -> np.ndarray:
+    """ggml_vec_dot_<t> of every weight row with every activation row: [n_tok, n_rows]; float
+    weights as the `arith` build rounds them (quantized ones round alike in all)."""
     t = T(t)
     w, x = np.atleast_2d(w), np.atleast_2d(x)
     if t in LEGACY:
         return _vec_dot_legacy(t, w, x)
     if t in KQUANTS:
         return _vec_dot_k(t, w, x)
-    return _vec_dot_float(t, w, x)
+    return _vec_dot_float(t, w, x, arith)
 
 
 # ---------------------------------------------------------------- batch paths
@@ -344,20 +427,30 @@ def repack_q4_0(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return acc
 
 
-def sgemm_float(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """llamafile's tinyBLAS for F32/F16/BF16: one 8-lane fma accumulator per output, hsum."""
+def sgemm_step(t: T, arith: str) -> int:
+    """Elements per step of llamafile's tinyBLAS for float type t: its KN (tinyBLAS::matmul
+    declines rows of other lengths)."""
+    return VECTOR_LANES[arith] * (2 if T(t) == T.BF16 and arith in DPBF16 else 1)
+
+
+def sgemm_float(t: T, w: np.ndarray, x: np.ndarray, arith: str) -> np.ndarray:
+    """llamafile's tinyBLAS for F32/F16/BF16: one accumulator vector (8 or 16 lanes) per output,
+    fma (vdpbf16ps for BF16 with AVX512_BF16), then its horizontal sum (movehl, reduce_add_ps)."""
     a, b = float_values(T(t), w), float_values(T(t), x)
-    acc = np.zeros((b.shape[0], a.shape[0], 8), F32)
-    for i in range(0, a.shape[1], 8):
-        acc = fma32(a[None, :, i:i + 8], b[:, None, i:i + 8], acc)
-    return hsum_movehl(acc)
+    lanes, step = VECTOR_LANES[arith], sgemm_step(t, arith)
+    acc = np.zeros((b.shape[0], a.shape[0], lanes), F32)
+    for i in range(0, a.shape[1], step):
+        xa, yb = a[None, :, i:i + step], b[:, None, i:i + step]
+        acc = dpbf16(acc, xa, yb) if step > lanes else fma32(xa, yb, acc)
+    return hsum16(acc) if lanes == 16 else hsum_movehl(acc)
 
 
-def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, repacked: bool = True) -> np.ndarray:
-    """[n_tok, n_rows] as llama.cpp's CPU backend computes it: the kernel it picks for the shape
-    (probed against libggml-cpu: repacked Q4_0/Q4_K when rows % 8 == 0, tiled K-quants from 8
-    tokens, llamafile's sgemm for floats from 2 tokens when rows % 4 == 0 and n_in % 8 == 0,
-    ggml_vec_dot otherwise; the Q0 sgemm rounds as vec_dot does)."""
+def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, arith: str, repacked: bool = True) -> np.ndarray:
+    """[n_tok, n_rows] as llama.cpp's CPU backend (the `arith` build) computes it: the kernel it
+    picks for the shape (probed against libggml-cpu: repacked Q4_0/Q4_K when rows % 8 == 0, tiled
+    K-quants from 8 tokens, llamafile's sgemm for floats from 2 tokens when rows % 4 == 0 and
+    n_in is a whole number of its steps, ggml_vec_dot otherwise; the Q0 sgemm rounds as vec_dot
+    does)."""
     t = T(t)
     w, x = np.atleast_2d(w), np.atleast_2d(x)
     n_rows, n_tok = w.shape[0], x.shape[0]
@@ -371,6 +464,6 @@ def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, repacked: bo
         return np.concatenate(parts)
     if t in KQUANTS and n_tok >= 8:
         return tiled(t, w, x)
-    if t in FLOATS and n_tok >= 2 and n_rows % 4 == 0 and n_in % 8 == 0:
-        return sgemm_float(t, w, x)
-    return vec_dot(t, w, x)
+    if t in FLOATS and n_tok >= 2 and n_rows % 4 == 0 and n_in % sgemm_step(t, arith) == 0:
+        return sgemm_float(t, w, x, arith)
+    return vec_dot(t, w, x, arith)

@@ -6,18 +6,19 @@
 #define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
-/* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512); 0 if none exists */
-int gguflm_emulated_dot(int isa, int type, int64_t n, const void *x, const void *y, float *s) {
+/* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512) in arithmetic
+ * arith (GGUFLM_ARITH_*); 0 if none exists */
+int gguflm_emulated_dot(int isa, int arith, int type, int64_t n, const void *x, const void *y, float *s) {
     if (type < 0 || type >= GGUFLM_TYPE_COUNT || !gguflm_kernel(isa, GGUFLM_PATH_DOT, type)) return 0;
-    gguflm_kernel(isa, GGUFLM_PATH_DOT, type)(n, x, 0, 1, y, 0, 1, s, 0);
+    gguflm_kernel(isa, GGUFLM_PATH_DOT, type)(n, x, 0, 1, y, 0, 1, s, 0, arith);
     return 1;
 }
 
 /* the matmul driver on isa's kernels, given directly: gguflm._ext.system would refuse AVX-512 on a
  * CPU without it, and emulation makes it safe */
-void gguflm_emulated_matmul(int isa, int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
-                            const void *xq, int64_t n_tok, float *out, int n_threads) {
-    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, 1, isa, n_threads);
+void gguflm_emulated_matmul(int isa, int arith, int wtype, const void *w, int64_t w_stride, int64_t n_rows,
+                            int64_t n_in, const void *xq, int64_t n_tok, float *out, int n_threads) {
+    gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, 1, isa, arith, n_threads);
 }
 
 /* the software fp16 row conversions (GGUFLM_SIMDE builds leave out the F16C ones) */

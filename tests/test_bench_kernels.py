@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gguflm import system
 from gguflm.bench import kernels
 from gguflm.bench.__main__ import main as bench_main
 
@@ -10,6 +11,17 @@ def test_kernels_bench_quick_run(capsys):
     assert bench_main(["kernels", "--quick", "--types", "Q8_0,Q4_K"]) == 0
     printed = capsys.readouterr().out
     assert "memory read bandwidth" in printed and "Q4_K" in printed and "64x256" in printed
+
+
+def test_kernels_bench_runs_the_arithmetic_asked_for(capsys):
+    before = system.current_arithmetic()
+    other = next(a for a in system.ARITHMETICS if a != before)
+    try:   # the bench sets the switch for the rest of its process
+        assert bench_main(["kernels", "--quick", "--types", "BF16", "--arith", other]) == 0
+        assert system.current_arithmetic() == other
+    finally:
+        system.set_arithmetic(before)
+    assert f"arithmetic {other}" in capsys.readouterr().out
 
 
 def test_kernels_bench_run_returns_figures():

@@ -79,7 +79,7 @@ def test_tiny_encoders_equal_llama_cpp(encoder):
     poolings = [p for p in POOLINGS if p in ref]
     assert poolings == (list(POOLINGS) if arch != "nomic-bert" else list(POOLINGS[:-1]))
     for pooling in poolings:
-        with system.using(arithmetic="avx512"):
+        with system.using(arithmetic="zen4"):
             ours = context_embeddings(model, seqs, pooling, n_threads=2)
         assert bits_equal(np.concatenate(ours) if pooling == "none" else np.stack(ours), ref[pooling]), pooling
 
@@ -163,7 +163,7 @@ def compare(ours, theirs) -> tuple[float, float, float]:
 def test_real_models_equal_llama_cpp_reference(llms, name, pooling):
     """``LLM.embed`` of the 20 texts against what llama-cpp-python 0.3.36 (AVX-512 build) returned."""
     ref = np.load(REFERENCE / f"{real_path(name).stem}.npz")
-    with system.using(arithmetic="avx512"):
+    with system.using(arithmetic="zen4"):
         ours = llms(name, pooling).embed(TEXTS)
     if pooling == "none":
         assert [len(r) for r in ours] == ref["lengths"].tolist()

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ggml_lanes import fma32, hsum_hadd, hsum_movehl
+from ggml_lanes import AUTOVEC_LANES, VECTOR_LANES, fma32, hsum_hadd, hsum_movehl
 from gguflm import system
 from gguflm._ext import ops
 
 F32 = np.float32
 ISAS = system.supported_isas()
-LANES = {"avx2": (8, 32), "avx512": (16, 64)}     # one vector, vec_dot's four vectors
+LANES = {a: (v, 4 * v) for a, v in VECTOR_LANES.items()}     # one vector, vec_dot's four vectors
 
 
 @pytest.fixture(params=system.ARITHMETICS)
@@ -75,14 +75,14 @@ def reduce_lanes(acc: np.ndarray) -> np.ndarray:
 def pool_mean_ggml(x: np.ndarray, m: np.ndarray, arith: str) -> np.ndarray:
     """mul_mat(cont(transpose(x)), m): llamafile's sgemm (one vector of lanes) when the tokens are
     whole vectors, there are two sequences or more and n % 4 == 0, else vec_dot_f32 (four vectors,
-    then the leftover tokens: products rounded then added, the last n % 8 (n % 4 in the AVX2 build)
-    fused, as GCC compiled its scalar loop)."""
+    then the leftover tokens: products rounded then added, the last n % (autovec lanes / 2) fused,
+    as GCC compiled its scalar loop)."""
     vec, dot = LANES[arith]
     n_tok, n = x.shape
     lanes = vec if n_tok % vec == 0 and len(m) >= 2 and n % 4 == 0 else dot
     main = n_tok - n_tok % lanes
     left = n_tok - main
-    unfused = main + left - left % (8 if arith == "avx512" else 4)
+    unfused = main + left - left % (AUTOVEC_LANES[arith] // 2)
     out = np.empty((len(m), n), F32)
     for s, weights in enumerate(m):
         acc = np.zeros((lanes, n), F32)
@@ -299,7 +299,7 @@ def test_attention_without_cache_is_llama_cpp_to_the_bit(arch):
     seq = np.repeat(np.arange(len(ref["lengths"]), dtype=np.int32), ref["lengths"])
     pos = np.concatenate([np.arange(n, dtype=np.int32) for n in ref["lengths"]])
     d = hp.n_embd_head_k
-    with system.using(arithmetic="avx512"):
+    with system.using(arithmetic="zen4"):
         out = self_attention(ref["attn_q"], ref["attn_k"], ref["attn_v"], pos, seq, hp.n_head[0], hp.n_head_kv[0], d,
                              float(F32(1) / np.sqrt(F32(d))), hp.f_max_alibi_bias)
     np.testing.assert_array_equal(out, ref["attn_out"])

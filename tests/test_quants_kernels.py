@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 import gguflm.quants as q
 from gguflm import system
 from gguflm.ggml_types import GGMLType
+from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
+import ggml_lanes as lanes
 from quants_oracles import DOT_TYPES, reference_matmul
 
 ISAS = system.supported_isas()
@@ -48,20 +50,25 @@ def test_dot_equals_float_dot_of_dequantized_operands(t, data):
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_every_isa_equals_scalar(t, data):
-    """Every ISA gives the very same float as the scalar kernels, which emulate ggml's AVX2 lanes
-    (test_quants_exact checks them against ggml itself), on exact operands (scales +-1, small
-    integers: every float operation exact) and on general ones."""
+    """Every ISA gives the very same float as the scalar kernels, which emulate ggml's lanes in
+    each build's arithmetic (test_quants_exact checks them against ggml itself), on exact operands
+    (scales +-1, small integers: every float operation exact), on general ones and, for BF16, on
+    values near the smallest normal (vdpbf16ps' flushes: emulated by the scalar, AVX2 and AVX-512
+    kernels, the instruction itself in avx512bf16's)."""
     fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
-    n = _n_in(fmt, data.draw(st.integers(1, 6)))
-    exact = data.draw(st.booleans())
-    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=exact))
-    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=exact, int8_min=-127))
+    arith = data.draw(st.sampled_from(system.ARITHMETICS))
+    # float formats: any length, so that every step of every arithmetic leaves tails
+    n = data.draw(st.integers(1, 300)) if fmt.block_size == 1 else _n_in(fmt, data.draw(st.integers(1, 6)))
+    kind = data.draw(st.sampled_from(["exact", "general"] + (["tiny"] if t == GGMLType.BF16 else [])))
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, exact=kind == "exact", tiny=kind == "tiny"))
+    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, exact=kind == "exact", int8_min=-127,
+                                        tiny=kind == "tiny"))
     results = {}
     for name in ISAS:
-        with system.using(isa=name):
+        with system.using(isa=name, arithmetic=arith):
             results[name] = np.float32(q._k.vec_dot(int(t), w, xq, n))
     for name, value in results.items():
-        assert value.view(np.uint32) == results["scalar"].view(np.uint32), name
+        assert value.view(np.uint32) == results["scalar"].view(np.uint32), (name, arith)
 
 
 @pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
@@ -87,6 +94,27 @@ def test_matmul_equals_reference_all_isas_and_threads(t, n_tok, isa):
                 assert np.array_equal(out, first)
         # the pre-quantized path gives the same floats
         assert np.array_equal(q.matmul_quantized(w, t, xq, n_threads=2), first)
+
+
+@pytest.mark.parametrize("t", [GGMLType.F32, GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("arith", system.ARITHMETICS)
+def test_float_matmul_isas_agree_bit_for_bit(t, arith):
+    """Float weights through every tile shape of the kernels (4-row tiles and leftover rows for one
+    token, 4-token tiles and leftover tokens for a batch; rows % 4 == 0 or not, so that batches
+    take tinyBLAS or vec_dot), rows with and without tails, in every ISA as in the scalar one."""
+    rng = np.random.default_rng(int(t))
+    fmt = q.get(t)
+    for n_in in (48, 100, 160):
+        for n_rows in (36, 37):
+            w = random_blocks(fmt, n_rows * n_in, rng).reshape(n_rows, -1)
+            for n_tok in (1, 2, 23):
+                x = (rng.standard_normal((n_tok, n_in)) * 3).astype(np.float32)
+                outs = {}
+                for name in ISAS:
+                    with system.using(isa=name, arithmetic=arith):
+                        outs[name] = q.matmul(w, t, x, n_threads=2)
+                for name, out in outs.items():
+                    np.testing.assert_array_equal(out, outs["scalar"], err_msg=f"{name} {n_in} {n_rows} {n_tok}")
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
@@ -220,3 +248,45 @@ def test_matmul_covers_every_row_when_the_team_is_smaller_than_asked():
     run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
                          capture_output=True, text=True)
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def _bf16(values) -> np.ndarray:
+    """float32 values that are bf16 values, as bf16 bits"""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_bf16_dots_flush_at_the_smallest_normal():
+    """vdpbf16ps' flushes where a plain fma would not flush, in every ISA's BF16 dots (emulated, or
+    the instruction itself) and both of its recipes (vec_dot, tinyBLAS), as the numpy oracle
+    computes them. Weight row r holds pattern r in lane r of the first accumulator's first step
+    and of the second's second, its pair (odd product first) summing to 2^-126 - 2^-150 (tiny
+    after rounding: flushed), to 2^-126 - 2^-151 (rounds up to 2^-126: kept), to 2^-127 (denormal:
+    flushed), a denormal input times 2^100 (read as zero), to -2^-127 (flushed); without the
+    flushes none of rows 0, 2, 3, 4 would sum to zero. Rows 5..7 are the first three far from the
+    threshold, where nothing flushes."""
+    n = 128
+    patterns = [  # (x odd, y odd, x even, y even)
+        (2.0 ** -63, 2.0 ** -63, -(2.0 ** -75), 2.0 ** -75),
+        (2.0 ** -63, 2.0 ** -63, -(2.0 ** -75), 2.0 ** -76),
+        (2.0 ** -63, 2.0 ** -64, 2.0 ** -64, 2.0 ** -64),
+        (2.0 ** -130, 2.0 ** 100, 0.0, 0.0),
+        (-(2.0 ** -63), 2.0 ** -63, 2.0 ** -63, 2.0 ** -64),
+    ]
+    x, y = np.zeros((8, n), np.float32), np.zeros((2, n), np.float32)
+    for lane, (xo, yo, xe, ye) in enumerate(patterns):
+        for step in (0, 64 + 32):
+            e = step + 2 * lane
+            x[lane, e + 1], x[lane, e], y[:, e + 1], y[:, e] = xo, xe, yo, ye
+    x[5:] = x[:3] * np.float32(2.0 ** 60)
+    w, a = _bf16(x).view(np.uint8).reshape(8, -1), _bf16(y).view(np.uint8).reshape(2, -1)
+    for arith in ("avx512bf16", "zen4"):
+        expected = lanes.matmul_reference(GGMLType.BF16, w, a, n, arith)
+        dots = lanes.vec_dot(GGMLType.BF16, w, a, arith)
+        for recipe in (expected, dots):
+            assert np.all(recipe[:, :5] == [0, 2.0 ** -125, 0, 0, 0]) and np.all(np.abs(recipe[:, 5:]) > 2.0 ** -70)
+        for name in ISAS:
+            with system.using(isa=name, arithmetic=arith):
+                got = q.matmul_quantized(w, GGMLType.BF16, a)          # 2 tokens, 8 rows: tinyBLAS
+                single = [[q._k.vec_dot(int(GGMLType.BF16), w[r], a[t], n) for r in range(8)] for t in range(2)]
+            np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32), err_msg=f"{name} {arith}")
+            np.testing.assert_array_equal(np.float32(single).view(np.uint32), dots.view(np.uint32), err_msg=name)

@@ -37,13 +37,13 @@ def project(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1
     out = np.zeros((2, n_tok, n_rows + 3), np.float32)
     cdef uint8_t[::1] s = scratch
     cdef float[:, :, ::1] o = out
-    cdef int isa = _switch.isa
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
         gguflm_quantize_act(vdt, &x[0, 0], n_in, n_tok, n_in, &s[0], isa, n_threads)
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[0, 0, 0], n_rows + 3, 1, isa,
-                        n_threads)
+                        arith, n_threads)
         gguflm_matmul_q(wtype, &w[0, 0], w.shape[1], n_rows, n_in, &s[0], n_tok, &o[1, 0, 0], n_rows + 3, 1, isa,
-                        n_threads)
+                        arith, n_threads)
     return out[:, :, :n_rows]
 
 def embed(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1] ids):

@@ -1,4 +1,4 @@
-"""The AVX2 and AVX-512 (+VNNI) dot kernels run through SIMDe's portable intrinsics.
+"""The AVX2 and AVX-512 (+VNNI) dot kernels run through SIMDe's portable intrinsics, in every arithmetic.
 
 CPUs without AVX-512 cannot run the native AVX-512 kernels, so this test compiles the kernel
 headers against SIMDe (package cmeel-simde, in the test extra) into a small shared library and
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import gguflm.quants as q
 from gguflm import system
+from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
 from gguflm.testing import random_blocks
 import ggml_lanes as lanes
@@ -51,20 +52,22 @@ def emulated(tmp_path_factory):
            f"-I{_simde_include()}", str(ROOT / "tests" / "simde_harness.c"), "-o", str(lib_path)]
     subprocess.run(cmd, check=True, capture_output=True)
     lib = ctypes.CDLL(str(lib_path))
-    lib.gguflm_emulated_dot.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
+    lib.gguflm_emulated_dot.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p,
                                         ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)]
     lib.gguflm_emulated_dot.restype = ctypes.c_int
 
-    lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_void_p, ctypes.c_int]
     for name in ("gguflm_software_fp32_to_fp16", "gguflm_software_fp16_to_fp32"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
-def _dot(lib, isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
+def _dot(lib, isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
     s = ctypes.c_float(np.nan)
-    assert lib.gguflm_emulated_dot(ISA_IDS[isa], int(t), n, w.ctypes.data, xq.ctypes.data, ctypes.byref(s))
+    assert lib.gguflm_emulated_dot(ISA_IDS[isa], system.ARITHMETICS.index(arith), int(t), n, w.ctypes.data,
+                                   xq.ctypes.data, ctypes.byref(s))
     return np.float32(s.value)
 
 
@@ -73,48 +76,61 @@ def _dot(lib, isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
 @given(data=st.data())
 def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
     def emulated_dot(isa, *args):
-        return _dot(emulated, isa, *args)
+        return _dot(emulated, isa, arith, *args)
 
     fmt, partner = q.get(t), q.get(q.get(t).vec_dot_type)
-    n = max(fmt.block_size, 32) * data.draw(st.integers(1, 6))
-    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size))
-    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, int8_min=-127))
+    arith = data.draw(st.sampled_from(system.ARITHMETICS))
+    n = data.draw(st.integers(1, 300)) if fmt.block_size == 1 else max(fmt.block_size, 32) * data.draw(st.integers(1, 6))
+    tiny = t == GGMLType.BF16 and data.draw(st.booleans())
+    w = data.draw(gst.quantized_blocks(fmt, n // fmt.block_size, tiny=tiny))
+    xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, int8_min=-127, tiny=tiny))
     scalar = emulated_dot("scalar", t, n, w, xq)
-    assert scalar.view(np.uint32) == _native("scalar", t, n, w, xq).view(np.uint32)
-    # every variant rounds as ggml's AVX2 build; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
+    assert scalar.view(np.uint32) == _native("scalar", arith, t, n, w, xq).view(np.uint32)
+    # every variant rounds as the scalar kernels; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
     for isa in ("avx2", "avx512"):
         assert emulated_dot(isa, t, n, w, xq).view(np.uint32) == scalar.view(np.uint32), isa
+    # the CPU's own instructions compute what SIMDe's portable ones do (avx512bf16 has no emulated
+    # twin: SIMDe's vdpbf16ps neither reads denormals as zeros nor flushes; it must equal avx512's)
     for isa in set(system.supported_isas()) - {"scalar"}:
-        assert _native(isa, t, n, w, xq).view(np.uint32) == emulated_dot(isa, t, n, w, xq).view(np.uint32), isa
+        twin = "avx512" if isa == "avx512bf16" else isa
+        assert _native(isa, arith, t, n, w, xq).view(np.uint32) == emulated_dot(twin, t, n, w, xq).view(np.uint32), isa
 
 
-def _native(isa: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
-    with system.using(isa=isa):
+def _native(isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
+    with system.using(isa=isa, arithmetic=arith):
         return np.float32(q._k.vec_dot(int(t), w, xq, n))
 
 
-@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
-def test_emulated_avx512_matmul(emulated, t):
+# float weights in every build's arithmetic, over row lengths with and without tails; quantized
+# ones (alike in all) in one
+MATMUL_CASES = ([pytest.param(t, a, n_in, id=f"{t.name}-{a}-{n_in}") for t in DOT_TYPES if q.get(t).block_size == 1
+                 for a in system.ARITHMETICS for n_in in (64, 100)]
+                + [pytest.param(t, "avx2", max(q.get(t).block_size, 32) * 2, id=t.name) for t in DOT_TYPES
+                   if q.get(t).block_size > 1])
+
+
+@pytest.mark.parametrize("t, arith, n_in", MATMUL_CASES)
+def test_emulated_avx512_matmul(emulated, t, arith, n_in):
     """The matmul driver over the emulated AVX2 and AVX-512 kernels, every recipe of llama.cpp
     (single tokens, repacked GEMM groups, tiled and sgemm batches) and two threads included,
     against the numpy oracle of ggml's arithmetic and the native AVX2 matmul."""
     fmt = q.get(t)
     rng = np.random.default_rng(int(t))
-    n_in, n_rows = max(fmt.block_size, 32) * 2, 40   # rows % 8 == 0: the repacked and sgemm recipes too
+    n_rows = 40   # rows % 8 == 0: the repacked and sgemm recipes too
     w = random_blocks(fmt, n_rows * n_in // fmt.block_size, rng).reshape(n_rows, -1)
-    for n_tok in (1, 3, 5, 17, 512):
+    for n_tok in (1, 3, 5, 17, 512 if fmt.block_size > 1 else 67):
         xq = q.quantize_rows_for_dot(t, rng.standard_normal((n_tok, n_in)).astype(np.float32))
         outs = {}
         for isa in ("avx2", "avx512"):
             out = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
-            emulated.gguflm_emulated_matmul(ISA_IDS[isa], int(t), w.ctypes.data, w.shape[1], n_rows, n_in,
-                                            xq.ctypes.data, n_tok, out.ctypes.data, 2)
+            emulated.gguflm_emulated_matmul(ISA_IDS[isa], system.ARITHMETICS.index(arith), int(t), w.ctypes.data,
+                                            w.shape[1], n_rows, n_in, xq.ctypes.data, n_tok, out.ctypes.data, 2)
             outs[isa] = out
-        expected = lanes.matmul_reference(t, w, xq, n_in)
+        expected = lanes.matmul_reference(t, w, xq, n_in, arith)
         for isa in ("avx2", "avx512"):
             assert np.array_equal(outs[isa].view(np.uint32), expected.view(np.uint32)), (isa, n_tok)
         if "avx2" in system.supported_isas():
-            with system.using(isa="avx2"):
+            with system.using(isa="avx2", arithmetic=arith):
                 assert np.array_equal(q.matmul_quantized(w, t, xq), outs["avx2"])
 
 

@@ -69,29 +69,46 @@ def test_import_keeps_numpy_blas_to_one_thread():
 
 # -- what the CPU has and the OS enables
 
-# CPUID.1:ECX, CPUID.7:EBX/ECX/EDX bits and XCR0 states (Intel SDM vol. 2A, CPUID; vol. 1, 13.3)
+# CPUID.1:ECX, CPUID.7:EBX/ECX/EDX, CPUID.(7,1):EAX bits and XCR0 states (Intel SDM vol. 2A, CPUID;
+# vol. 1, 13.3)
 FMA, OSXSAVE, AVX, F16C = 1 << 12, 1 << 27, 1 << 28, 1 << 29
 AVX2, AVX512F, AVX512DQ, AVX512BW, AVX512VL = 1 << 5, 1 << 16, 1 << 17, 1 << 30, 1 << 31
 AVX512_VNNI = 1 << 11
-AMX_BF16, AMX_TILE, AMX_INT8 = 1 << 22, 1 << 24, 1 << 25
+AMX_BF16, AVX512_FP16, AMX_TILE, AMX_INT8 = 1 << 22, 1 << 23, 1 << 24, 1 << 25
+AVX512_BF16 = 1 << 5
 XCR0_SSE, XCR0_AVX, XCR0_AVX512, XCR0_AMX = 0x3, 0x7, 0xE7, 0x60000
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
 
 
-def words(ecx1=0, ebx7=0, ecx7=0, edx7=0, xcr0=0, max_leaf=0xD) -> dict:
-    return {"max_leaf": max_leaf, "ecx1": ecx1, "ebx7": ebx7, "ecx7": ecx7, "edx7": edx7, "xcr0": xcr0}
+def words(ecx1=0, ebx7=0, ecx7=0, edx7=0, eax7_1=0, xcr0=0, max_leaf=0xD, vendor=INTEL) -> dict:
+    return {"max_leaf": max_leaf, "vendor": vendor, "ecx1": ecx1, "ebx7": ebx7, "ecx7": ecx7, "edx7": edx7,
+            "eax7_1": eax7_1, "xcr0": xcr0}
 
 
 AVX2_CPU = dict(ecx1=OSXSAVE | AVX | FMA | F16C, ebx7=AVX2)
 AVX512_CPU = dict(ecx1=AVX2_CPU["ecx1"], ebx7=AVX2 | AVX512F | AVX512DQ | AVX512BW | AVX512VL, ecx7=AVX512_VNNI)
-AMX_CPU = dict(AVX512_CPU, edx7=AMX_TILE | AMX_INT8 | AMX_BF16)
+AMX_CPU = dict(AVX512_CPU, edx7=AMX_TILE | AMX_INT8 | AMX_BF16 | AVX512_FP16, eax7_1=AVX512_BF16)  # Sapphire Rapids
+ZEN4_CPU = dict(AVX512_CPU, eax7_1=AVX512_BF16, vendor=AMD)
 AVX512_STATES = {"avx": True, "avx512": True, "amx": False}
+ALL_ISAS = ["scalar", "avx2", "avx512", "avx512bf16"]
 
 DECISIONS = {
     # name: (words, ISAs run, native arithmetic, OS states)
     "avx2 machine": (words(**AVX2_CPU, xcr0=XCR0_AVX), ["scalar", "avx2"], "avx2",
                      {"avx": True, "avx512": False, "amx": False}),
+    "amd avx2 machine": (words(**AVX2_CPU, xcr0=XCR0_AVX, vendor=AMD), ["scalar", "avx2"], "avx2",
+                         {"avx": True, "avx512": False, "amx": False}),
     "avx512 vnni machine": (words(**AVX512_CPU, xcr0=XCR0_AVX512), ["scalar", "avx2", "avx512"], "avx512",
                             AVX512_STATES),
+    # GCC tunes for Intel's AVX-512 cores with 256-bit auto-vectorization, for AMD's with 512-bit
+    "cooper lake": (words(**dict(AVX512_CPU, eax7_1=AVX512_BF16), xcr0=XCR0_AVX512), ALL_ISAS, "avx512bf16",
+                    AVX512_STATES),
+    "zen 4": (words(**ZEN4_CPU, xcr0=XCR0_AVX512), ALL_ISAS, "zen4", AVX512_STATES),
+    "zen 4, os without avx-512 state": (words(**ZEN4_CPU, xcr0=XCR0_AVX), ["scalar", "avx2"], "avx2",
+                                        {"avx": True, "avx512": False, "amx": False}),
+    # neither Intel nor AMD: GCC's tuning for an AVX-512 CPU it does not know as AMD's
+    "other vendor with avx512_bf16": (words(**dict(ZEN4_CPU, vendor="HygonGenuine"), xcr0=XCR0_AVX512), ALL_ISAS,
+                                      "avx512bf16", AVX512_STATES),
     # a hypervisor that advertises AVX-512 but leaves its registers off: what llama.cpp's native
     # build sees too (GCC's -march=native reads XCR0), so the AVX2 build's arithmetic
     "avx512 cpu, os without its state": (words(**AVX512_CPU, xcr0=XCR0_AVX), ["scalar", "avx2"], "avx2",
@@ -107,11 +124,10 @@ DECISIONS = {
                           {"avx": True, "avx512": False, "amx": False}),
     "avx512 without vnni": (words(**dict(AVX512_CPU, ecx7=0), xcr0=XCR0_AVX512), ["scalar", "avx2"], "avx512",
                             AVX512_STATES),
-    "amx cpu, os without tile state": (words(**AMX_CPU, xcr0=XCR0_AVX512), ["scalar", "avx2", "avx512"], "avx512",
-                                       AVX512_STATES),
-    "amx cpu, only XTILECFG": (words(**AMX_CPU, xcr0=XCR0_AVX512 | 0x20000), ["scalar", "avx2", "avx512"],
-                               "avx512", AVX512_STATES),
-    "amx machine": (words(**AMX_CPU, xcr0=XCR0_AVX512 | XCR0_AMX), ["scalar", "avx2", "avx512"], "avx512",
+    "amx cpu, os without tile state": (words(**AMX_CPU, xcr0=XCR0_AVX512), ALL_ISAS, "avx512bf16", AVX512_STATES),
+    "amx cpu, only XTILECFG": (words(**AMX_CPU, xcr0=XCR0_AVX512 | 0x20000), ALL_ISAS, "avx512bf16", AVX512_STATES),
+    # AVX512_FP16 leaves ggml's float dots in fp32 (only flash attention's F16 sums change)
+    "amx machine": (words(**AMX_CPU, xcr0=XCR0_AVX512 | XCR0_AMX), ALL_ISAS, "avx512bf16",
                     {"avx": True, "avx512": True, "amx": True}),
 }
 
@@ -129,17 +145,27 @@ def test_decision_table(name):
         assert usable[feature] == (cpu[feature] and os_states[state]), feature
 
 
+ARITH_NEEDS = {"avx2": set(), "avx512": {"avx512f"}, "avx512bf16": {"avx512f", "avx512_bf16"},
+               "zen4": {"avx512f", "avx512_bf16"}}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 0x20), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
-       st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
-def test_decision_properties(max_leaf, ecx1, ebx7, ecx7, edx7, xcr0, mask):
-    given_words = words(ecx1, ebx7, ecx7, edx7, xcr0, max_leaf)
+       st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
+       st.sampled_from([INTEL, AMD, "HygonGenuine"]))
+def test_decision_properties(max_leaf, ecx1, ebx7, ecx7, edx7, eax7_1, xcr0, mask, vendor):
+    given_words = words(ecx1, ebx7, ecx7, edx7, eax7_1, xcr0, max_leaf, vendor)
     decided = ext.decide_features(given_words)
     usable, cpu = decided["usable"], decided["cpu"]
     assert all(cpu[f] for f in usable if usable[f])
     assert decided["isas"] == list(system.ISAS[:len(decided["isas"])]) and decided["isas"][0] == "scalar"
     if not (ecx1 & OSXSAVE and max_leaf >= 1):
         assert not any(decided["os"].values()) and decided["isas"] == ["scalar"]
+    # the native build uses every instruction set the machine runs, and no other
+    native = decided["native_arithmetic"]
+    runnable = [a for a in system.ARITHMETICS if all(usable[f] for f in ARITH_NEEDS[a])]
+    assert native in runnable and len(ARITH_NEEDS[native]) == max(len(ARITH_NEEDS[a]) for a in runnable)
+    assert (native == "zen4") == (vendor == AMD and usable["avx512f"] and usable["avx512_bf16"])
     # the OS taking a register state away never makes a feature usable
     fewer = ext.decide_features(dict(given_words, xcr0=xcr0 & mask))
     assert all(usable[f] for f in fewer["usable"] if fewer["usable"][f])
@@ -161,9 +187,11 @@ def test_system_info_reports_what_runs():
     assert info["compiler"] and isinstance(info["openmp"], bool) and info["usable_cores"] >= 1
     assert info["isa"] == system.current_isa() and info["arithmetic"] == system.current_arithmetic()
     assert info["supported_isas"] == system.supported_isas() and info["isa"] in info["supported_isas"]
-    assert info["native_arithmetic"] in system.ARITHMETICS
+    assert info["native_arithmetic"] == ext.cpu_features()["native_arithmetic"] in system.ARITHMETICS
+    assert info["cpu_vendor"] == ext.cpu_features()["vendor"] in ("intel", "amd", "other")
     feats = info["cpu_features"]
-    assert set(feats) == set(info["cpu_advertises"]) >= {"avx2", "fma", "f16c", "avx512f", "avx512_vnni", "amx_tile"}
+    assert set(feats) == set(info["cpu_advertises"]) >= {"avx2", "fma", "f16c", "avx512f", "avx512_vnni", "amx_tile",
+                                                         "avx512_bf16", "avx512_fp16"}
     assert all(info["cpu_advertises"][f] for f in feats if feats[f])
     assert set(info["os_enables"]) == {"avx", "avx512", "amx"}
     assert info["amx"]["cpu"] == (info["cpu_advertises"]["amx_tile"] and info["cpu_advertises"]["amx_int8"])
@@ -218,17 +246,19 @@ def simulated():
     system.set_isa(before)
 
 
-@pytest.mark.parametrize("machine,reason", [
-    ("avx2 machine", "avx512f (not in this CPU)"),
-    ("avx512 cpu, os without its state", "avx512f (the OS does not enable it)"),
-    ("avx512 without vnni", "avx512_vnni (not in this CPU)"),
+@pytest.mark.parametrize("machine,isa,reason", [
+    ("avx2 machine", "avx512", "avx512f (not in this CPU)"),
+    ("avx512 cpu, os without its state", "avx512", "avx512f (the OS does not enable it)"),
+    ("avx512 without vnni", "avx512", "avx512_vnni (not in this CPU)"),
+    ("avx512 vnni machine", "avx512bf16", "avx512_bf16 (not in this CPU)"),
+    ("zen 4, os without avx-512 state", "avx512bf16", "avx512_bf16 (the OS does not enable it)"),
 ])
-def test_set_isa_names_what_is_missing(simulated, machine, reason):
+def test_set_isa_names_what_is_missing(simulated, machine, isa, reason):
     simulated(DECISIONS[machine][0])
     assert system.supported_isas() == DECISIONS[machine][1]
     before = system.current_isa()
-    with pytest.raises(ValueError, match=rf"cannot run the avx512 kernels: .*{re.escape(reason)}"):
-        system.set_isa("avx512")
+    with pytest.raises(ValueError, match=rf"cannot run the {isa} kernels: .*{re.escape(reason)}"):
+        system.set_isa(isa)
     assert system.current_isa() == before
     assert system.set_isa("scalar") == before
 

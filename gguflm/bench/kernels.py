@@ -56,10 +56,10 @@ def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) 
 def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, threads: list[int] = [1, 2],
         batch: int = 512, batch_threads: int = 2, membw_bytes: int = 1 << 30, repeat: int = 5,
         out=print) -> dict:
-    """Measure and print; returns ``{"isa", "read_gbs": {threads: GB/s}, "rows": [...]}``."""
+    """Measure and print; returns ``{"isa", "arithmetic", "read_gbs": {threads: GB/s}, "rows": [...]}``."""
     rng = np.random.default_rng(0)
-    results = {"isa": system.current_isa(), "read_gbs": {}, "rows": []}
-    out(f"kernels: {system.current_isa()}")
+    results = {"isa": system.current_isa(), "arithmetic": system.current_arithmetic(), "read_gbs": {}, "rows": []}
+    out(f"kernels: {system.current_isa()}, arithmetic {system.current_arithmetic()}")
     for n in threads:
         results["read_gbs"][n] = read_bandwidth(membw_bytes, n)
         out(f"memory read bandwidth, {n} thread(s): {results['read_gbs'][n]:.1f} GB/s "
@@ -103,11 +103,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-threads", type=int, default=2)
     parser.add_argument("--membw-mib", type=int, default=1024, help="read-bandwidth buffer size")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--isa", help="force a kernel variant (scalar, avx2, avx512)")
+    parser.add_argument("--isa", help=f"force a kernel variant ({', '.join(system.ISAS)})")
+    parser.add_argument("--arith", help=f"reproduce another ggml build ({', '.join(system.ARITHMETICS)})")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     args = parser.parse_args(argv)
     if args.isa:
         system.set_isa(args.isa)
+    if args.arith:
+        system.set_arithmetic(args.arith)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     kwargs = dict(types=args.types.split(","), shapes=shapes, threads=[int(n) for n in args.threads.split(",")],
                   batch=args.batch, batch_threads=args.batch_threads, membw_bytes=args.membw_mib << 20,

@@ -33,7 +33,7 @@ def _halves(rng: np.random.Generator, n: int, role: str, exact: bool) -> np.ndar
 
 
 def random_blocks(fmt: Format, n_blocks: int, rng: np.random.Generator, exact: bool = False,
-                  int8_min: int = -128) -> np.ndarray:
+                  int8_min: int = -128, tiny: bool = False) -> np.ndarray:
     """uint8 bytes of ``n_blocks`` valid random blocks of ``fmt`` (F32/F16/BF16: elements).
 
     Valid means finite scales (magnitudes 1e-4..1), a Q8_1 ``s`` equal to fp16(d*sum(qs)) and
@@ -47,8 +47,18 @@ def random_blocks(fmt: Format, n_blocks: int, rng: np.random.Generator, exact: b
     int8_min : int
         Smallest int8 quant for Q8 formats; pass -127 for activations (ggml's activation
         quantizers never produce -128, and the SIMD sign trick relies on that).
+    tiny : bool
+        BF16 only: magnitudes near 2^-63 and one value in ten denormal, so that the sums of
+        products of two such rows cross the smallest normal float (2^-126), where vdpbf16ps
+        reads denormals as zeros and flushes tiny results.
     """
     t = fmt.type
+    if tiny:
+        if t != GGMLType.BF16:
+            raise ValueError(f"tiny values are BF16 values, not {t.name}")
+        exponent = np.where(rng.random(n_blocks) < 0.1, 0, rng.integers(58, 70, n_blocks))
+        bits = (rng.integers(0, 2, n_blocks) << 15) | (exponent << 7) | rng.integers(0, 128, n_blocks)
+        return bits.astype(np.uint16).view(np.uint8)
     if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
         values = rng.integers(-8, 9, n_blocks) if exact else rng.standard_normal(n_blocks) * 10.0 ** rng.uniform(-3, 2, n_blocks)
         return fmt.quantize(values.astype(np.float32))

@@ -67,11 +67,11 @@ def float_rows(draw, n_elements: int | st.SearchStrategy[int], n_rows: int | st.
 
 @st.composite
 def quantized_blocks(draw, fmt: Format, n_blocks: int | st.SearchStrategy[int], exact: bool = False,
-                     int8_min: int = -128) -> np.ndarray:
+                     int8_min: int = -128, tiny: bool = False) -> np.ndarray:
     """uint8 bytes of ``n_blocks`` valid random blocks of ``fmt``; see :func:`gguflm.testing.random_blocks`."""
     nb = draw(n_blocks) if isinstance(n_blocks, st.SearchStrategy) else n_blocks
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    return random_blocks(fmt, nb, rng, exact=exact, int8_min=int8_min)
+    return random_blocks(fmt, nb, rng, exact=exact, int8_min=int8_min, tiny=tiny)
 
 
 @st.composite
