@@ -23,6 +23,7 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
+from gguflm._ext import ops
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
@@ -127,7 +128,8 @@ class Context:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
-                                            type_v, n_seq_max, n_swa=window))
+                                            type_v, n_seq_max, n_swa=window, head_dim_k=hp.n_embd_head_k,
+                                            head_dim_v=hp.n_embd_head_v))
         self.memory = Memory(self._caches, n_seq_max)
 
         # recorded forward passes by ubatch shape, most recently used last
@@ -429,7 +431,11 @@ class Context:
                 rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
                     else self._dequantize_rows(store, cells)
                 rows = np.ascontiguousarray(rows)
+                if store.rotation:  # rotated back for RoPE, then forward again (the rotation is its own inverse)
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
+                if store.rotation:
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 store.write(cells, rows)
             cache.shift[cells] = 0
 

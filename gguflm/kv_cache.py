@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gguflm.errors import StateError
-from gguflm.kv_store import RowStore
+from gguflm.kv_store import RowStore, rotation
 
 
 @dataclass
@@ -34,12 +34,13 @@ class KVCache:
     """One cache: ``size`` cells for the layers ``layers`` (model layer indices).
 
     ``k[il]``/``v[il]`` are [size, n_embd_{k,v}_gqa(il)] arrays of the cache type; ``n_swa > 0``
-    makes cells reusable once their position is outside the window of their sequence.
+    makes cells reusable once their position is outside the window of their sequence; the head
+    sizes decide whether a quantized cache stores rotated rows (:func:`gguflm.kv_store.rotation`).
     """
 
     def __init__(self, size: int, layers: Sequence[int], n_embd_k: Callable[[int], int],
                  n_embd_v: Callable[[int], int], type_k: str, type_v: str, n_seq_max: int,
-                 n_swa: int = 0):
+                 n_swa: int = 0, head_dim_k: int = 0, head_dim_v: int = 0):
         self.size = size
         self.layers = list(layers)
         self.n_seq_max = n_seq_max
@@ -48,8 +49,9 @@ class KVCache:
         self.seq = np.zeros(size, np.uint64)
         self.shift = np.zeros(size, np.int32)
         self.head = 0
-        self.k = {il: RowStore(type_k, size, n_embd_k(il)) for il in self.layers}
-        self.v = {il: RowStore(type_v, size, n_embd_v(il)) for il in self.layers}
+        rot_k, rot_v = rotation("k", type_k, head_dim_k), rotation("v", type_v, head_dim_v)
+        self.k = {il: RowStore(type_k, size, n_embd_k(il), rot_k) for il in self.layers}
+        self.v = {il: RowStore(type_v, size, n_embd_v(il), rot_v) for il in self.layers}
 
     # -- sizes
 

@@ -34,6 +34,7 @@ typedef enum {
     GGUFLM_OP_LAYER_NORM,    /* out = norm(x) * w + b */
     GGUFLM_OP_UNARY,         /* out = act(x): GELU, tanh */
     GGUFLM_OP_POOL_MEAN,     /* out[s] = sum_t mean[s][t] * x[t] */
+    GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
 } gguflm_op;
 
 typedef struct {
@@ -123,6 +124,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_TAKE_ROWS:
             for (int64_t i = 0; i < nd->n_rows; i++)
                 memcpy(out + i * nd->out_stride, nd->x + nd->i64[i] * nd->x_stride, sizeof(float) * nd->n);
+            break;
+        case GGUFLM_OP_HADAMARD:
+            gguflm_hadamard_rows(nd->n_rows, nd->n, nd->aux, out, nd->out_stride, nd->n_threads);
             break;
         case GGUFLM_OP_SCALE:
             for (int64_t i = 0; i < nd->n_rows; i++)
