@@ -125,6 +125,11 @@ class LLM:
     pooling_type
         ``"none"``, ``"mean"``, ``"cls"``, ``"last"``, ``"rank"`` or llama.cpp's numbers
         (``llama_cpp.LLAMA_POOLING_TYPE_*``); None or -1 takes the model's own.
+    n_seq_max, kv_unified
+        Sequences the context holds, and whether they share one cache (else each has its own
+        ``n_ctx / n_seq_max`` cells, as llama.cpp's KV streams); for schedulers that run
+        several requests in one context (:mod:`gguflm.server`). The LLM's own requests use
+        sequence 0.
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
         ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
@@ -145,7 +150,8 @@ class LLM:
                  type_v: str | int = "f16", seed: int | None = None, load_mode: str = "auto",
                  progress: bool | Callable[[float], object] | None = None,
                  chat_template: str | None = None, embedding: bool = False,
-                 pooling_type: str | int | None = None, **llama_kwargs: Any) -> None:
+                 pooling_type: str | int | None = None, n_seq_max: int = 1,
+                 kv_unified: bool = True, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._ctx: Context | None = None
@@ -174,7 +180,9 @@ class LLM:
                 if not self._model.architecture.kv_cache:
                     n_ubatch = self.n_batch
                 options.update(embeddings=True, pooling=pooling_type, n_seq_max=self._n_seq_max, logits=False)
-            elif not self._model.architecture.kv_cache:
+            else:
+                options.update(n_seq_max=n_seq_max, kv_unified=kv_unified)
+            if not self.embedding and not self._model.architecture.kv_cache:
                 raise Error(f"{Path(self.model_path).name} is an encoder ({self._model.arch}): it computes "
                             f"embeddings, not text; create the LLM with embedding=True")
             self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
