@@ -184,9 +184,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      chat_template=_chat_template_arg(args), embedding=args.embedding,
                      alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
+                     shutdown_timeout=args.shutdown_timeout,
                      **({"pooling_type": args.pooling} if args.embedding else {}))
-    serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
-          log_level="warning" if args.quiet else "info")
+    serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
 

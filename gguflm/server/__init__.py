@@ -4,7 +4,7 @@
 >>> app = create_app("model.gguf", parallel=4, n_ctx=4096)     # any ASGI server runs it
 >>> import uvicorn; uvicorn.run(app, port=8080)
 
-Needs the ``server`` extra (``pip install "gguflm[server]"``: Starlette, uvicorn, sse-starlette).
+Needs the ``server`` extra (``pip install "gguflm[server]"``: Starlette and uvicorn).
 :mod:`gguflm.server.scheduler` batches the slots, :mod:`gguflm.server.app` is the ASGI app,
 :mod:`gguflm.server.protocol` checks request bodies, :mod:`gguflm.server.metrics` writes
 ``/metrics``.
@@ -24,11 +24,10 @@ except ImportError as exc:  # the server extra is missing
                       ) from exc
 
 
-def serve(app: Any, host: str = "127.0.0.1", port: int = 8080, shutdown_timeout: float = 10.0,
-          log_level: str = "info") -> None:
-    """Run ``app`` with uvicorn until SIGINT/SIGTERM; in-flight streams get ``shutdown_timeout``
-    seconds to finish, then are cancelled (their slots freed)."""
+def serve(app: Any, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+    """Run ``app`` (from :func:`create_app`) with uvicorn until SIGINT/SIGTERM; requests in flight
+    get the app's ``shutdown_timeout`` to finish, then are cancelled (their slots freed)."""
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=shutdown_timeout)
+                timeout_graceful_shutdown=app.state.server.shutdown_timeout)

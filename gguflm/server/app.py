@@ -11,6 +11,7 @@ time.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import queue
@@ -21,12 +22,14 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse
+import numpy as np
+
+import anyio
 from starlette.applications import Starlette
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -48,8 +51,9 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API
 class _Server:
     """What the routes share: the LLM, its scheduler (None with embeddings) and the settings."""
 
-    def __init__(self, llm: Any, alias: str, api_key: str | None) -> None:
+    def __init__(self, llm: Any, alias: str, api_key: str | None, shutdown_timeout: float) -> None:
         self.llm = llm
+        self.shutdown_timeout = shutdown_timeout
         self.alias = alias
         self.api_key = api_key
         self.scheduler = None if llm.embedding else Scheduler(llm)
@@ -121,6 +125,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     prepared = await run_in_threadpool(server.prepare, kind, args)
     if stream:
         return _stream(server, scheduler, prepared, protocol.stream_include_usage(fields))
+
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
@@ -136,8 +141,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     finally:
         watcher.cancel()
         if not done.done():        # the client went away (or we are being cancelled)
-            task.cancel()
-            scheduler.wake()
+            scheduler.cancel(task)
     if not done.done():
         return Response(status_code=499)
     item = done.result()
@@ -158,22 +162,23 @@ def _stream(server: _Server, scheduler: Scheduler, prepared: PreparedRequest,
     chunks: queue.SimpleQueue = queue.SimpleQueue()
     task = Task(prepared, chunks.put)
     scheduler.submit(task)
-
-    def cancel() -> None:
-        task.cancel()
-        scheduler.wake()
+    lines = _sse_lines(prepared, chunks, include_usage)
 
     async def events() -> AsyncIterator[str]:
         try:
-            async for line in iterate_in_threadpool(_sse_lines(prepared, chunks, include_usage)):
-                yield line
+            while True:
+                # the wait for the scheduler happens in a worker thread; a cancel (the client went
+                # away, or the shutdown deadline passed) abandons it at once, and the task's end
+                # then releases that thread
+                line = await anyio.to_thread.run_sync(next, lines, None, abandon_on_cancel=True)
+                if line is None:
+                    return
+                yield f"data: {line}\n\n"
         finally:
-            cancel()
+            scheduler.cancel(task)
 
-    async def on_close(message: Any) -> None:
-        cancel()
-
-    return EventSourceResponse(events(), sep="\n", client_close_handler_callable=on_close)
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _sse_lines(prepared: PreparedRequest, chunks: queue.SimpleQueue, include_usage: bool
@@ -219,12 +224,16 @@ async def chat_completions(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     server = _server(request)
     _need_embedding(server)
-    texts, single, model = protocol.embedding_input(await _json_body(request))
+    texts, single, model, encoding = protocol.embedding_input(await _json_body(request))
     try:
         result = await run_in_threadpool(server.llm.create_embedding, texts[0] if single else texts,
                                          model or server.alias)
     except ValueError as exc:
         raise RequestError(str(exc), param="input") from None
+    if encoding == "base64":    # OpenAI's: the float32 values' little-endian bytes
+        for item in result["data"]:
+            item["embedding"] = base64.b64encode(
+                np.asarray(item["embedding"], dtype="<f4").tobytes()).decode("ascii")
     return JSONResponse(result)
 
 
@@ -343,7 +352,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                n_threads_batch: int | None = None, api_key: str | None = None,
                chat_template: str | None = None, embedding: bool = False,
-               alias: str | None = None, kv_unified: bool = False, **llm_kwargs: Any) -> Starlette:
+               alias: str | None = None, kv_unified: bool = False, shutdown_timeout: float = 10.0,
+               **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -367,6 +377,9 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         :mod:`gguflm.server.scheduler`). True: one cache shared by all slots.
     alias
         The model id shown by ``/v1/models`` and in responses (default: the file name).
+    shutdown_timeout
+        On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
+        cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
     **llm_kwargs
         More :class:`gguflm.LLM` arguments (``type_k``, ``seed``, ``pooling_type``, ...).
     """
@@ -382,7 +395,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                   n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
                   **extra, **llm_kwargs)
-    server = _Server(llm, alias or Path(llm.model_path).name, api_key)
+    server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

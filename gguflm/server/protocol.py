@@ -194,16 +194,16 @@ def stream_include_usage(fields: Mapping[str, Any]) -> bool:
     return bool(options.get("include_usage"))
 
 
-def embedding_input(body: Any) -> tuple[list[str], bool, str | None]:
-    """``POST /v1/embeddings``: (texts, whether one text was given, model)."""
+def embedding_input(body: Any) -> tuple[list[str], bool, str | None, str]:
+    """``POST /v1/embeddings``: (texts, whether one text was given, model, encoding format)."""
     v = _read(body, {"input": ("input", None), "model": ("str", None),
                      "encoding_format": ("str", "float"), "user": ("str", None)})
     if v["input"] is None:
         raise RequestError("'input' is required", param="input")
-    if v["encoding_format"] != "float":
-        raise RequestError("only encoding_format 'float' is supported", param="encoding_format")
+    if v["encoding_format"] not in ("float", "base64"):
+        raise RequestError("encoding_format must be 'float' or 'base64'", param="encoding_format")
     single = isinstance(v["input"], str)
     texts = [v["input"]] if single else v["input"]
     if not texts:
         raise RequestError("'input' must not be empty", param="input")
-    return texts, single, v["model"]
+    return texts, single, v["model"], v["encoding_format"]

@@ -59,12 +59,8 @@ class Task:
         self.cancelled = False
         self.t_queued = time.perf_counter()
         self.slot: int | None = None
-        self.cancel_step: int | None = None     # the scheduler step that saw the cancel
-        self.freed_step: int | None = None      # the step after which its slot was free
-
-    def cancel(self) -> None:
-        """Stop the request (any thread): its slot is freed before the next batch."""
-        self.cancelled = True
+        self.cancel_step: int | None = None     # decode steps done when it was cancelled
+        self.freed_step: int | None = None      # decode steps done when its slot was freed
 
 
 @dataclass
@@ -137,9 +133,12 @@ class Scheduler:
             self.stats.requests += 1
             self._cond.notify()
 
-    def wake(self) -> None:
-        """Let the loop see a cancel now (it also sees it before its next batch)."""
+    def cancel(self, task: Task) -> None:
+        """Stop ``task`` (from any thread): its slot is freed before the next batch is built."""
         with self._cond:
+            if not task.cancelled:
+                task.cancelled = True
+                task.cancel_step = self.stats.steps
             self._cond.notify()
 
     @property
@@ -206,7 +205,6 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         for slot in self._slots:
             if slot.task is not None and slot.task.cancelled:
-                slot.task.cancel_step = self.stats.steps
                 slot.gen.cancel()
                 self._end(slot)
 
