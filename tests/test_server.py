@@ -417,3 +417,13 @@ def test_serve_command_stops_gracefully_on_sigterm(smollm_path, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_bench_server_prints_a_row_per_client_count(smollm_path, capsys):
+    from gguflm.bench import server as bench
+
+    assert bench.main(["-m", str(smollm_path), "-n", "4", "--clients", "1,2", "-r", "1",
+                       "-c", "512"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gguflm |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
+    assert all(float(row.split("|")[3]) > 0 for row in rows)
