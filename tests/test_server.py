@@ -419,11 +419,14 @@ def test_serve_command_stops_gracefully_on_sigterm(smollm_path, tmp_path):
             proc.wait()
 
 
-def test_bench_server_prints_a_row_per_client_count(smollm_path, capsys):
+def test_bench_server_rounds(served, smol, capsys):
+    """gguflm bench server's measurement against the running server (the command itself starts
+    its own in a child process)."""
     from gguflm.bench import server as bench
 
-    assert bench.main(["-m", str(smollm_path), "-n", "4", "--clients", "1,2", "-r", "1",
-                       "-c", "512"]) == 0
+    rounds = bench.measure(served.port, [1, 2], 4, smol.token_eos(), 1, api_key=KEY)
+    assert [(r.clients, r.tokens) for r in rounds] == [(1, 4), (2, 8)]   # EOS suppressed: full length
+    assert all(r.tokens_per_second > 0 and len(r.ttft) == r.clients for r in rounds)
+    bench.report({"gguflm": rounds})
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gguflm |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
-    assert all(float(row.split("|")[3]) > 0 for row in rows)

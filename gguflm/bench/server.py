@@ -68,14 +68,17 @@ def wait_healthy(port: int, proc: subprocess.Popen, path: str, timeout: float = 
         time.sleep(0.2)
 
 
-def stream_one(port: int, prompt: str, n_tokens: int, eos: int) -> tuple[int, float]:
+def stream_one(port: int, prompt: str, n_tokens: int, eos: int, api_key: str | None = None
+               ) -> tuple[int, float]:
     """Stream one completion; (chunks with text, seconds to the first of them)."""
     body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "stream": True,
             "logit_bias": {str(eos): -100}}
     start = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/v1/completions", body=json.dumps(body),
-                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:500]!r}")
@@ -93,12 +96,12 @@ def stream_one(port: int, prompt: str, n_tokens: int, eos: int) -> tuple[int, fl
     return n, ttft
 
 
-def one_round(port: int, clients: int, n_tokens: int, eos: int) -> Round:
+def one_round(port: int, clients: int, n_tokens: int, eos: int, api_key: str | None = None) -> Round:
     results: list[tuple[int, float] | BaseException] = [None] * clients  # type: ignore[list-item]
 
     def client(i: int) -> None:
         try:
-            results[i] = stream_one(port, PROMPTS[i % len(PROMPTS)], n_tokens, eos)
+            results[i] = stream_one(port, PROMPTS[i % len(PROMPTS)], n_tokens, eos, api_key)
         except BaseException as exc:  # reported below
             results[i] = exc
 
@@ -115,11 +118,13 @@ def one_round(port: int, clients: int, n_tokens: int, eos: int) -> Round:
     return Round(clients, sum(r[0] for r in results), seconds, [r[1] for r in results])
 
 
-def measure(port: int, counts: Sequence[int], n_tokens: int, eos: int, repeat: int) -> list[Round]:
-    one_round(port, 1, 4, eos)                        # warm-up
+def measure(port: int, counts: Sequence[int], n_tokens: int, eos: int, repeat: int,
+            api_key: str | None = None) -> list[Round]:
+    """The best of ``repeat`` rounds for each client count, after a warm-up request."""
+    one_round(port, 1, 4, eos, api_key)
     best = []
     for k in counts:
-        rounds = [one_round(port, k, n_tokens, eos) for _ in range(repeat)]
+        rounds = [one_round(port, k, n_tokens, eos, api_key) for _ in range(repeat)]
         best.append(max(rounds, key=lambda r: r.tokens_per_second))
     return best
 
@@ -181,6 +186,12 @@ def run(args: argparse.Namespace) -> int:
                 proc.kill()
     print(f"{Path(path).name}: {args.n_tokens} tokens per client, greedy, n_ctx {args.ctx_size}, "
           f"threads {args.threads or 'default'}, best of {args.repeat}")
+    report(results)
+    return 0
+
+
+def report(results: dict[str, list[Round]]) -> None:
+    """The table: one row per engine and client count."""
     print("| engine | clients | aggregate tokens/s | vs 1 client | TTFT median | TTFT max |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, rounds in results.items():
@@ -189,7 +200,6 @@ def run(args: argparse.Namespace) -> int:
             ratio = f"{r.tokens_per_second / base:.2f}x" if base else ""
             print(f"| {name} | {r.clients} | {r.tokens_per_second:.1f} | {ratio} | "
                   f"{statistics.median(r.ttft) * 1e3:.0f} ms | {max(r.ttft) * 1e3:.0f} ms |")
-    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
