@@ -285,6 +285,23 @@ def test_follow_up_turn_reuses_the_slot_cache(served):
     assert 0 < decoded < second.usage.prompt_tokens - first.usage.prompt_tokens + 8
 
 
+def test_a_new_request_does_not_wait_for_a_running_one(served):
+    scheduler = served.scheduler
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": "Count: 1, 2, 3,", "max_tokens": 300, "temperature": 0, "stream": True,
+         "logit_bias": {str(served.app.state.server.llm.token_eos()): -100}}),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    response.read(1)                      # the long stream is generating
+    short = served.client().completions.create(model="m", prompt="Hi", max_tokens=3, temperature=0)
+    assert short.usage.completion_tokens == 3
+    assert scheduler.slots_busy == 1      # finished while the long one still runs
+    body = response.read()
+    assert sse_events(b"d" + body)[-1] == "[DONE]"
+    conn.close()
+
+
 def test_dropped_stream_frees_its_slot_within_one_step(served):
     scheduler = served.scheduler
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)

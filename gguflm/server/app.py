@@ -134,7 +134,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result(item))
 
     task = Task(prepared, emit)
-    scheduler.submit(task)
+    _submit(scheduler, task)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({done, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -150,6 +150,13 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     return JSONResponse(prepared.respond(item.completion, False))
 
 
+def _submit(scheduler: Scheduler, task: Task) -> None:
+    try:
+        scheduler.submit(task)
+    except Error as exc:       # shutting down
+        raise RequestError(str(exc), status=503, type="server_error") from None
+
+
 async def _disconnected(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -161,7 +168,7 @@ def _stream(server: _Server, scheduler: Scheduler, prepared: PreparedRequest,
             include_usage: bool) -> Response:
     chunks: queue.SimpleQueue = queue.SimpleQueue()
     task = Task(prepared, chunks.put)
-    scheduler.submit(task)
+    _submit(scheduler, task)
     lines = _sse_lines(prepared, chunks, include_usage)
 
     async def events() -> AsyncIterator[str]:
@@ -311,9 +318,10 @@ class _Gate:
     """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``) and the
     per-endpoint request counts of ``/metrics``."""
 
-    def __init__(self, app: ASGIApp, server: _Server) -> None:
+    def __init__(self, app: ASGIApp, server: _Server, paths: frozenset[str]) -> None:
         self.app = app
         self.server = server
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -336,9 +344,10 @@ class _Gate:
                 await response(scope, receive, counted_send)
             else:
                 await self.app(scope, receive, counted_send)
-        finally:
+        finally:   # unknown paths share one label, so that scans cannot grow the table
+            label = path if path in self.paths else "(other)"
             counts = self.server.http_requests
-            counts[path, status[0]] = counts.get((path, status[0]), 0) + 1
+            counts[label, status[0]] = counts.get((label, status[0]), 0) + 1
 
     @staticmethod
     def _authorized(scope: Scope, key: str) -> bool:
@@ -418,5 +427,5 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         RequestError: _request_error, HTTPException: _http_error, Exception: _server_error})
     app.state.server = server
-    app.add_middleware(_Gate, server=server)
+    app.add_middleware(_Gate, server=server, paths=frozenset(r.path for r in routes))
     return app
