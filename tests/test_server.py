@@ -36,6 +36,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0, "max_tokens": 24}
 # llama-cpp-python's server defaults to repeat_penalty 1.1, its Llama methods to 1.0
 NO_PENALTY = {"repeat_penalty": 1.0}
+# one thread per engine: the results do not depend on it, and a shared machine stays responsive
+THREADS = 1
 
 
 class Served:
@@ -88,14 +90,14 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(smollm_path) -> Iterator[Served]:
-    s = Served(create_app(smollm_path, parallel=2, n_ctx=1024, api_key=KEY))
+    s = Served(create_app(smollm_path, parallel=2, n_ctx=1024, api_key=KEY, n_threads=THREADS))
     yield s
     s.close()
 
 
 @pytest.fixture(scope="module")
 def smol(smollm_path) -> Iterator[LLM]:
-    with LLM(smollm_path, n_ctx=1024, progress=False) as llm:
+    with LLM(smollm_path, n_ctx=1024, n_threads=THREADS, progress=False) as llm:
         yield llm
 
 
@@ -130,7 +132,8 @@ def test_greedy_chat_and_completion_equal_llm_and_llama_cpp_python(served, smol,
     assert text.choices[0].text == ours_text
 
     llama_cpp = require_peer()
-    ref = llama_cpp.Llama(str(smollm_path), n_ctx=1024, n_threads=2, verbose=False)
+    ref = llama_cpp.Llama(str(smollm_path), n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS,
+                          verbose=False)
     try:
         theirs = ref.create_chat_completion(MESSAGES, **GREEDY)
         assert chat.choices[0].message.content == theirs["choices"][0]["message"]["content"]
@@ -346,7 +349,8 @@ def test_four_concurrent_streams_equal_their_sequential_results(smollm_path):
     floats (and greedy tokens) are those it gets alone, whatever shares the batch."""
     prompts = ["The capital of France is", "Once upon a time there was", "def fibonacci(n):",
                "List three colors:"]
-    s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, type_k="f32", type_v="f32"))
+    s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, type_k="f32", type_v="f32",
+                          n_threads=THREADS))
     try:
         client = s.client()
         t0 = time.perf_counter()
@@ -380,7 +384,7 @@ def test_four_concurrent_streams_equal_their_sequential_results(smollm_path):
 def test_embeddings_endpoint():
     if not MINILM.is_file():
         pytest.skip(f"{MINILM} missing")
-    s = Served(create_app(MINILM, embedding=True))
+    s = Served(create_app(MINILM, embedding=True, n_threads=THREADS))
     try:
         reply = s.client().embeddings.create(model="m", input=["A man is eating.", "A cat sleeps."])
         with LLM(MINILM, embedding=True, progress=False) as llm:
@@ -401,7 +405,7 @@ def test_serve_command_stops_gracefully_on_sigterm(smollm_path, tmp_path):
         port = sock.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", "-m", str(smollm_path),
-                             "--port", str(port), "-c", "1024", "-np", "2",
+                             "--port", str(port), "-c", "1024", "-np", "2", "-t", str(THREADS),
                              "--shutdown-timeout", "20"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
