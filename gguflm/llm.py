@@ -36,7 +36,7 @@ from gguflm.context import Context
 from gguflm.default_model import load_model
 from gguflm import openai_compat as compat
 from gguflm.errors import Error
-from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
+from gguflm.generate import Chunk, Completion, Request, Session
 from gguflm.kv_store import CACHE_TYPES
 from gguflm.model import Model
 from gguflm.openai_compat import PreparedRequest, ResponseMeta

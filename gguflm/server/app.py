@@ -16,7 +16,7 @@ import json
 import logging
 import queue
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from os import PathLike
 from pathlib import Path
@@ -73,20 +73,21 @@ class _Server:
             prepared = (llm.prepare_completion(**args) if kind == "completion"
                         else llm.prepare_chat_completion(**args))
         except (ValueError, TypeError, Error, ChatTemplateError) as exc:
-            if "exceed context window" in str(exc):
-                raise self._too_long(None, str(exc)) from None
+            if "exceed context window" in str(exc):      # LLM's check against the whole context
+                raise self._too_long(kind, None, str(exc)) from None
             raise RequestError(str(exc)) from None
         n_prompt, n_ctx_slot = len(prepared.tokens), scheduler.n_ctx_slot
         if n_prompt >= n_ctx_slot:
-            raise self._too_long(n_prompt, None)
+            raise self._too_long(kind, n_prompt, None)
         prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt)
         return prepared
 
-    def _too_long(self, n_prompt: int | None, detail: str | None) -> RequestError:
+    def _too_long(self, kind: str, n_prompt: int | None, detail: str | None) -> RequestError:
         n_ctx_slot = self.scheduler.n_ctx_slot
         message = detail or (f"the prompt has {n_prompt} tokens; a slot's context holds "
                              f"{n_ctx_slot} (prompt and reply)")
-        return RequestError(message, param="messages", code="context_length_exceeded")
+        return RequestError(message, param="prompt" if kind == "completion" else "messages",
+                            code="context_length_exceeded")
 
 
 # -- helpers
@@ -124,7 +125,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     args, stream, fields = parsed
     prepared = await run_in_threadpool(server.prepare, kind, args)
     if stream:
-        return _stream(server, scheduler, prepared, protocol.stream_include_usage(fields))
+        return _stream(scheduler, prepared, protocol.stream_include_usage(fields))
 
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
@@ -164,8 +165,7 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _stream(server: _Server, scheduler: Scheduler, prepared: PreparedRequest,
-            include_usage: bool) -> Response:
+def _stream(scheduler: Scheduler, prepared: PreparedRequest, include_usage: bool) -> Response:
     chunks: queue.SimpleQueue = queue.SimpleQueue()
     task = Task(prepared, chunks.put)
     _submit(scheduler, task)
