@@ -348,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("-np", "--parallel", type=int, default=4,
                    help="slots: requests generated together (each gets ctx-size / parallel tokens)")
+    p.set_defaults(cache_type_k="f32", cache_type_v="f32")   # see create_app's type_k
     p.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by the slots (default: a region per slot)")
     p.add_argument("--api-key", help="require Authorization: Bearer KEY")

@@ -1,9 +1,9 @@
 """`gguflm serve` on a free loopback port, driven by the official `openai` client and by raw HTTP.
 
-Greedy replies are compared with gguflm.LLM's and llama-cpp-python's for the same request;
-streams with the same request unstreamed; four concurrent streams with each request run alone
-(on a server with an f32 KV cache, where attention runs token by token: see
-gguflm.server.scheduler); every bad request gets its 4xx and the server keeps serving.
+Greedy replies are compared with gguflm.LLM's and llama-cpp-python's for the same request (and
+the server's f32 KV cache); streams with the same request unstreamed; four concurrent streams
+with each request run alone (f32 attention runs token by token: see
+gguflm.server.app.create_app); every bad request gets its 4xx and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def served(smollm_path) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def smol(smollm_path) -> Iterator[LLM]:
-    with LLM(smollm_path, n_ctx=1024, n_threads=THREADS, progress=False) as llm:
+    # the server's KV cache type
+    with LLM(smollm_path, n_ctx=1024, n_threads=THREADS, type_k="f32", type_v="f32", progress=False) as llm:
         yield llm
 
 
@@ -133,7 +134,7 @@ def test_greedy_chat_and_completion_equal_llm_and_llama_cpp_python(served, smol,
 
     llama_cpp = require_peer()
     ref = llama_cpp.Llama(str(smollm_path), n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS,
-                          verbose=False)
+                          type_k=0, type_v=0, verbose=False)     # ggml's F32 cache, as the server's
     try:
         theirs = ref.create_chat_completion(MESSAGES, **GREEDY)
         assert chat.choices[0].message.content == theirs["choices"][0]["message"]["content"]
@@ -345,12 +346,11 @@ def test_metrics_count_requests_and_tokens(served):
 
 
 def test_four_concurrent_streams_equal_their_sequential_results(smollm_path):
-    """An f32 KV cache: each slot's attention runs token by token over its own cells, so its
-    floats (and greedy tokens) are those it gets alone, whatever shares the batch."""
+    """The server's f32 KV cache: each slot's attention runs token by token over its own cells,
+    so its greedy tokens are those it gets alone, whatever shares the batch."""
     prompts = ["The capital of France is", "Once upon a time there was", "def fibonacci(n):",
                "List three colors:"]
-    s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, type_k="f32", type_v="f32",
-                          n_threads=THREADS))
+    s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, n_threads=THREADS))
     try:
         client = s.client()
         t0 = time.perf_counter()

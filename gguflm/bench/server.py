@@ -209,8 +209,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--ctx-size", type=int, default=4096,
                         help="context (gguflm shares it among max(clients) slots)")
     parser.add_argument("-t", "--threads", type=int, default=None)
-    parser.add_argument("-ctk", "--cache-type-k", default="f16")
-    parser.add_argument("-ctv", "--cache-type-v", default="f16")
+    parser.add_argument("-ctk", "--cache-type-k", default="f32", help="gguflm's KV cache (gguflm serve's default)")
+    parser.add_argument("-ctv", "--cache-type-v", default="f32")
     parser.add_argument("-r", "--repeat", type=int, default=2, help="rounds per client count (best kept)")
     parser.add_argument("--compare", choices=("llama-cpp",), help="also run llama-cpp-python's server")
 

@@ -361,7 +361,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                n_threads_batch: int | None = None, api_key: str | None = None,
                chat_template: str | None = None, embedding: bool = False,
-               alias: str | None = None, kv_unified: bool = False, shutdown_timeout: float = 10.0,
+               alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
+               kv_unified: bool = False, shutdown_timeout: float = 10.0,
                **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
@@ -379,11 +380,16 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``.
     embedding
         Serve ``/v1/embeddings`` (the model loaded for embeddings) instead of generation.
+    type_k, type_v
+        KV cache types. f32 by default (llama.cpp's server: f16): with f32 (or q8_0) attention
+        runs token by token over each slot's own cells, so a reply does not depend on what
+        the other slots do, and a step carrying several slots' tokens costs least; with f16 a
+        batch attends as ggml's batched attention does, scanning every cell the batch spans
+        (see :mod:`gguflm.server.scheduler`). ``"f16"`` halves the cache's memory.
     kv_unified
         False (llama.cpp's server's default): each slot has its own ``n_ctx / parallel`` cells
         of the KV cache, kept in position order, so a slot's results do not depend on what
-        the other slots hold (exactly so with an f32 or q8_0 cache, ``type_k``/``type_v``; see
-        :mod:`gguflm.server.scheduler`). True: one cache shared by all slots.
+        the other slots hold. True: one cache shared by all slots.
     alias
         The model id shown by ``/v1/models`` and in responses (default: the file name).
     shutdown_timeout
@@ -403,7 +409,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                  else {"n_seq_max": parallel, "kv_unified": kv_unified})
         llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                   n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
-                  **extra, **llm_kwargs)
+                  type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
     server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout)
 
     @asynccontextmanager
