@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,14 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.progress import _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
 
-def _progress(args: argparse.Namespace) -> bool | None:
+def _progress(args: argparse.Namespace) -> bool:
     """``--quiet`` turns bars off; otherwise they show when stderr is a terminal."""
-    return False if args.quiet else None
+    return not args.quiet and _is_terminal(sys.stderr)
+
+
+def _configure_logging() -> None:
+    """The command's handler for the library's records: warnings and errors on stderr
+    (``GGUFLM_LOG_LEVEL=INFO`` shows more). The library itself only logs."""
+    logger = logging.getLogger("gguflm")
+    if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gguflm: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("GGUFLM_LOG_LEVEL", "WARNING").upper())
 
 
 def _read_text(args: argparse.Namespace, what: str) -> str:
@@ -369,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    _configure_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
