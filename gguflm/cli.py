@@ -145,6 +145,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    if args.gui:
+        from gguflm.apps.chat_gui import main as gui_main
+
+        return gui_main(args.model)
     template = args.chat_template
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
@@ -318,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
     p.add_argument("-sys", "--system-prompt", help="system message opening the conversation")
+    p.add_argument("--gui", action="store_true",
+                   help="open the reference Tkinter chat window (gguflm/apps/chat_gui.py)")
     p.set_defaults(func=_cmd_chat)
 
     from gguflm.bench.__main__ import module_names as bench_modules
