@@ -14,7 +14,7 @@ import gguflm
 
 @pytest.fixture(scope="module")
 def llm(smollm_path):
-    with gguflm.LLM(smollm_path, n_ctx=2048, n_ubatch=64, n_threads=2, seed=7) as llm:
+    with gguflm.LLM(smollm_path, n_ctx=2048, n_ubatch=64, n_threads=1, seed=7) as llm:
         yield llm
 
 
