@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,14 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.progress import _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
 
-def _progress(args: argparse.Namespace) -> bool | None:
+def _progress(args: argparse.Namespace) -> bool:
     """``--quiet`` turns bars off; otherwise they show when stderr is a terminal."""
-    return False if args.quiet else None
+    return not args.quiet and _is_terminal(sys.stderr)
+
+
+def _configure_logging() -> None:
+    """The command's handler for the library's records: warnings and errors on stderr
+    (``GGUFLM_LOG_LEVEL=INFO`` shows more). The library itself only logs."""
+    logger = logging.getLogger("gguflm")
+    if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gguflm: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("GGUFLM_LOG_LEVEL", "WARNING").upper())
 
 
 def _read_text(args: argparse.Namespace, what: str) -> str:
@@ -130,6 +145,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    if args.gui:
+        from gguflm.apps.chat_gui import main as gui_main
+
+        return gui_main(args.model)
     template = args.chat_template
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
@@ -327,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
     p.add_argument("-sys", "--system-prompt", help="system message opening the conversation")
+    p.add_argument("--gui", action="store_true",
+                   help="open the reference Tkinter chat window (gguflm/apps/chat_gui.py)")
     p.set_defaults(func=_cmd_chat)
 
     from gguflm.bench.__main__ import module_names as bench_modules
@@ -418,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    _configure_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -81,6 +81,11 @@ class Context:
     a sequence's logits then do not depend on what the other sequences hold.
     """
 
+    # the KV cache is written through once at creation, as llama.cpp clears its buffers: the
+    # memory is resident from the start (a cache that does not fit fails now, not mid-chat, and
+    # gguflm.estimate_memory's figure is what the process holds)
+    _commit_kv = True
+
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int | None = None, n_threads_batch: int | None = None,
                  type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
@@ -141,6 +146,9 @@ class Context:
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
                                             type_v, n_seq_max, n_swa=window, n_stream=n_stream,
                                             head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
+        if self._commit_kv:
+            for cache in self._caches:
+                cache.commit()
         self.memory = Memory(self._caches, n_seq_max)
 
         # recorded forward passes by ubatch shape, most recently used last
@@ -384,26 +392,47 @@ class Context:
             for cache, snap in zip(self._caches, snapshots):
                 cache.restore(snap)
 
+    def _record(self, ub: UBatch, arena: Arena) -> Plan:
+        """Record the forward pass of ubatches shaped like ``ub`` into buffers from ``arena``."""
+        hp = self.model.hparams
+        plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
+                    ub.n_seqs)
+        g = Graph(self, ub, plan, arena)
+        embd, logits = self.model.architecture.forward(g)
+        pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
+        plan.results = (embd, logits, pooled)
+        return plan
+
+    def _layout(self, ub: UBatch, guarded: bool = False) -> tuple[Arena, Plan]:
+        """Record once to learn when each buffer is in use; the arena that packs them (its block
+        is allocated but not touched) and the sizing plan."""
+        sizing = Arena()
+        sized = self._record(ub, sizing)
+        return sizing.packed(sized.step_arrays, sized.results, guarded=guarded), sized
+
+    def compute_buffer_size(self, n_tokens: int, n_outputs: int = 1) -> int:
+        """Bytes of the activation buffers a ubatch of ``n_tokens`` tokens (``n_outputs`` of them
+        producing output) lays out: what its recorded forward pass holds while it is cached."""
+        n_tokens = min(n_tokens, self.n_ubatch)
+        if not 1 <= n_outputs <= n_tokens:
+            raise ValueError(f"n_outputs must be in [1, {n_tokens}], got {n_outputs}")
+        ub = UBatch(tokens=np.zeros(n_tokens, np.int32), embd=None, pos=np.arange(n_tokens, dtype=np.int32),
+                    seq_first=np.zeros(n_tokens, np.int32), seq_mask=np.ones(n_tokens, np.uint64),
+                    output_rows=np.arange(n_tokens - n_outputs, n_tokens, dtype=np.int64))
+        if self._pools:
+            causal = bool(self._caches) and self.model.hparams.causal_attn
+            ub.pooling = pooling_inputs(self.pooling_type, [[0]] * n_tokens, ub.pos, causal)
+        arena, _ = self._layout(ub)
+        return arena.nbytes
+
     def _plan_for(self, ub: UBatch) -> Plan:
         """The recorded forward pass for ub's shape (recorded now if new), with ub's inputs in it."""
         plan = self._plans.get(ub.shape)
         if plan is None:
-            hp = self.model.hparams
-            def record(arena: Arena) -> Plan:
-                plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
-                            ub.n_seqs)
-                g = Graph(self, ub, plan, arena)
-                embd, logits = self.model.architecture.forward(g)
-                pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
-                plan.results = (embd, logits, pooled)
-                return plan
-
             # once to learn when each buffer is in use, then into buffers that share memory
-            sizing = Arena()
-            sized = record(sizing)
             guarded = guard_mode()
-            arena = sizing.packed(sized.step_arrays, sized.results, guarded=guarded)
-            plan = record(arena)
+            arena, _ = self._layout(ub, guarded)
+            plan = self._record(ub, arena)
             if guarded:
                 plan.set_guards(*arena.guard_zones())
             self._plans[ub.shape] = plan

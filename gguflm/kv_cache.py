@@ -66,6 +66,11 @@ class KVCache:
         self.k = {il: RowStore(type_k, size, n_embd_k(il), rot_k) for il in self.layers}
         self.v = {il: RowStore(type_v, size, n_embd_v(il), rot_v) for il in self.layers}
 
+    def commit(self) -> None:
+        """Write every row once, making the cache resident (zeroed allocations are only mapped)."""
+        for store in (*self.k.values(), *self.v.values()):
+            store.clear()
+
     # -- sizes
 
     @property

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gguflm import background
 from gguflm import embedding as embeddings
 from gguflm import generate
 from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
@@ -113,8 +114,9 @@ class LLM:
         ``"auto"``, ``"mmap"``, ``"none"``, ``"mlock"`` or ``"mmap+mlock"``
         (see :meth:`Model.load`).
     progress
-        Load progress: None draws a bar on stderr when it is a terminal, True/False force it,
-        a callable receives the fraction loaded (returning False cancels the load).
+        Load progress: True draws a bar on stderr, None/False nothing (the library writes to
+        no stream unless asked), a callable receives the fraction loaded (returning False
+        cancels the load).
     chat_template
         A built-in name (``"chatml"``, ``"gemma"``, ``"llama2"``, ``"llama3"``, ...), Jinja source,
         or None for the model's own template.
@@ -330,6 +332,26 @@ class LLM:
                           _n_logprobs(logprobs))
         return self._submit(tokens, chain, request, stream)
 
+    def generate_async(self, prompt: str | Sequence[int], *,
+                       on_chunk: Callable[[Chunk], object] | None = None,
+                       on_done: Callable[[background.Generation], object] | None = None,
+                       **options: Any) -> background.Generation:
+        """:meth:`complete` on a worker thread: returns a :class:`gguflm.background.Generation`
+        at once (``cancel()``, ``done``, ``result()``, iteration, ``async for``).
+
+        ``on_chunk(chunk)`` is called on the worker thread for every streamed chunk and
+        ``on_done(generation)`` once at the end; ``options`` are :meth:`complete`'s. Bad
+        arguments raise here, on the caller's thread.
+        """
+        return background.start(self, "complete", prompt, options, on_chunk, on_done)
+
+    def chat_async(self, messages: Sequence[Mapping[str, Any]], *,
+                   on_chunk: Callable[[Chunk], object] | None = None,
+                   on_done: Callable[[background.Generation], object] | None = None,
+                   **options: Any) -> background.Generation:
+        """:meth:`chat` on a worker thread; as :meth:`generate_async`."""
+        return background.start(self, "chat", messages, options, on_chunk, on_done)
+
     def cancel(self) -> None:
         """Stop the request running now (from any thread); it ends with finish_reason
         ``"cancelled"``. Requests started afterwards are not affected."""
@@ -412,13 +434,18 @@ class LLM:
 
     def _locked_run(self, tokens: list[int], chain: SamplerChain, request: Request
                     ) -> Iterator[Chunk]:
+        handle = background.current.get()   # a generate_async/chat_async request's handle
         self._lock.acquire()
         try:
             self._open()
             self._cancel.clear()
+            if handle is not None:
+                handle._started(self._cancel)
             yield from generate.run(self._session, tokens, chain, request,
                                     is_open=lambda: not self._closed)
         finally:
+            if handle is not None:
+                handle._ended()
             self._release_lock()
 
     def _with_lock(self, action: Callable[[], Any]) -> Any:
