@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 GLU_SWIGLU, GLU_GEGLU = 0, 1
 UNARY_GELU, UNARY_TANH = 0, 1
+# llama.cpp's llama_expert_gating_func_type: probabilities before top-k (softmax, sigmoid) or a
+# softmax over the selected experts' logits after it (gpt-oss)
+GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3
 
 
 class Aborted(Exception):
@@ -341,6 +344,63 @@ class Graph:
             start += width
         return tuple(outs)
 
+    # -- mixture of experts
+
+    def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
+                w_scale: float = 0.0) -> np.ndarray:
+        """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
+        n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
+        over the rows routed to it, and sum the expert outputs by their routing weights."""
+        hp = self.hparams
+        n, k = x.shape[0], hp.n_expert_used
+        (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
+        route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
+                 self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
+        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route)
+        gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
+        (down,) = self.project_experts(self.swiglu(gate, up), route, L.ffn_down_exps, by_expert=True)
+        out = self.new(n, hp.n_embd)
+        self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
+        return out
+
+    def project_experts(self, x: np.ndarray, route: tuple[np.ndarray, ...], *weights: Weight,
+                        by_expert: bool = False) -> tuple[np.ndarray, ...]:
+        """For every (row, slot) pair of the routing, the row of x times the chosen expert's
+        matrix of each 3-D weight ([n_expert][n_out, n_in]); the results ([n * k, n_out]) and,
+        with ``by_expert``, x itself are in the routing's expert order."""
+        if self.ub.n_tokens > 1:
+            self.plan.layer()
+        n_sorted = len(route[3])
+        quantized: dict[int, np.ndarray] = {}
+        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        for partner in partners:
+            if partner not in quantized:
+                xq = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
+                self.plan.quantize(partner, x, xq, self.n_threads)
+                if not by_expert:  # each row once per slot, grouped by expert
+                    rows = self.new(n_sorted, xq.shape[1], dtype=np.uint8)
+                    self.plan.moe_gather(xq, route, rows)
+                    xq = rows
+                quantized[partner] = xq
+        outs = []
+        for w, partner in zip(weights, partners):
+            n_out = w.shape[1]
+            out = self.new(n_sorted, n_out)
+            # every expert matrix is in llama.cpp's repack buffer where its type has a layout there
+            self.plan.matmul_id(int(w.type), w.data.view(np.uint8), n_out, w.shape[0], quantized[partner], out,
+                                route, w.shape[2], True, self.n_threads)
+            outs.append(out)
+        if len(weights) > 1:
+            self.plan.group_matmul_ids(len(weights))
+        return tuple(outs)
+
+    def shared_expert_gate(self, x: np.ndarray, shared: np.ndarray, w: Weight) -> np.ndarray:
+        """shared[t] *= sigmoid(w . x[t]), computed as llama.cpp does: silu(g) / g of the
+        one-column projection g (Qwen 2 MoE's shared-expert gate)."""
+        (g,) = self.project(x, w.as_matrix())                                # [n, 1]
+        self.plan.moe_shared_gate(g, shared)
+        return shared
+
     def linear(self, x: np.ndarray, w: Weight, b: Weight | None = None) -> np.ndarray:
         return self.add_bias(self.project(x, w)[0], b)
 
@@ -408,6 +468,8 @@ class Graph:
         if not self.ctx.logits:
             return None
         (out,) = self.project(x, w)
+        if self.hparams.f_logit_scale:  # Granite: logits * (1.0f / logit_scale)
+            self.plan.scale(out, float(np.float32(1) / np.float32(self.hparams.f_logit_scale)))
         if self.hparams.f_final_logit_softcapping:
             self.plan.softcap(out, self.hparams.f_final_logit_softcapping)
         return out

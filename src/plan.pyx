@@ -37,7 +37,20 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_LAYER_NORM
         GGUFLM_OP_UNARY
         GGUFLM_OP_POOL_MEAN
+        GGUFLM_OP_MOE_ROUTE
+        GGUFLM_OP_MOE_GATHER
+        GGUFLM_OP_MATMUL_ID
+        GGUFLM_OP_MOE_COMBINE
+        GGUFLM_OP_MOE_SHARED_GATE
         GGUFLM_MAX_JOBS
+    ctypedef struct gguflm_moe_args:
+        int32_t n_expert, n_used, gating, norm_w
+        float w_scale
+        int32_t *ids
+        float *weights
+        int32_t *offsets
+        int32_t *src
+        int32_t *slot
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
@@ -56,6 +69,7 @@ cdef extern from "plan.h" nogil:
         const int64_t *i64
         gguflm_rope_params rope
         gguflm_attn_args attn
+        gguflm_moe_args moe
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -72,7 +86,9 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_ADD_ROW: "ADD_ROW", GGUFLM_OP_RMS_NORM: "RMS_NORM", GGUFLM_OP_QUANTIZE: "QUANTIZE",
              GGUFLM_OP_MATMUL: "MATMUL", GGUFLM_OP_ROPE: "ROPE", GGUFLM_OP_KV_STORE: "KV_STORE",
              GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
-             GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN"}
+             GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN",
+             GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
+             GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -266,6 +282,64 @@ cdef class Plan:
         # the group is one step of the executor: each member's buffers are in use while any runs
         self.keep[-n:] = [sum(self.keep[-n:], ())]
         del self.step_nodes[-n + 1:]
+
+    def group_matmul_ids(self, int n):
+        """Run the last n recorded nodes, expert matmuls of one routing, in one parallel region."""
+        if not 1 < n <= GGUFLM_MAX_JOBS or n > self.n_nodes:
+            raise ValueError(f"can group 2 to {GGUFLM_MAX_JOBS} expert matmuls, not {n}")
+        cdef gguflm_node *first = &self.nodes[self.n_nodes - n]
+        for i in range(n):
+            if first[i].op != GGUFLM_OP_MATMUL_ID or first[i].n != first.n or first[i].moe.offsets != first.moe.offsets:
+                raise ValueError("only expert matmuls of one input and routing can be grouped")
+        first.group = n
+        self.keep[-n:] = [sum(self.keep[-n:], ())]
+        del self.step_nodes[-n + 1:]
+
+    # -- mixture of experts (src/moe.h); a routing is the tuple (ids, weights, offsets, src, slot)
+    # of int32/float32 arrays moe_route fills
+
+    cdef void _set_route(self, gguflm_node *nd, tuple route, int n_expert, int n_used):
+        cdef cnp.ndarray ids = route[0], weights = route[1], offsets = route[2], src = route[3], slot = route[4]
+        nd.moe.n_expert, nd.moe.n_used = n_expert, n_used
+        nd.moe.ids, nd.moe.weights = <int32_t *>_ptr(ids), <float *>_ptr(weights)
+        nd.moe.offsets, nd.moe.src, nd.moe.slot = <int32_t *>_ptr(offsets), <int32_t *>_ptr(src), <int32_t *>_ptr(slot)
+
+    def moe_route(self, cnp.ndarray logits, int n_expert, int n_used, int gating, bint norm_w, float w_scale,
+                  tuple route):
+        """Select n_used of n_expert experts per row of ``logits`` and group the rows by expert."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ROUTE, 1, (logits,) + route)
+        self._set_route(nd, route, n_expert, n_used)
+        nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.x, nd.x_stride, nd.n_rows = <const float *>_ptr(logits), _stride(logits), logits.shape[0]
+
+    def moe_gather(self, cnp.ndarray xq, tuple route, cnp.ndarray out):
+        """out[r] = xq[src[r]]: quantized input rows in expert order (uint8 rows)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_GATHER, 1, (xq, out) + route)
+        self._set_route(nd, route, 0, 0)
+        nd.x, nd.n, nd.n_rows, nd.out = <const float *>_ptr(xq), xq.shape[1], out.shape[0], _ptr(out)
+
+    def matmul_id(self, int wtype, cnp.ndarray w, int64_t n_rows, int64_t n_in, cnp.ndarray xq, cnp.ndarray out,
+                  tuple route, int n_expert, bint repacked, int n_threads):
+        """out[r] = W[e] . xq[r] for the expert e of every sorted row r; w holds the n_expert
+        matrices of n_rows rows one after the other."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL_ID, n_threads, (w, xq, out) + route)
+        self._set_route(nd, route, n_expert, 0)
+        nd.type, nd.w, nd.w_stride, nd.aux64, nd.n, nd.aux = wtype, _ptr(w), w.strides[0], n_rows, n_in, repacked
+        nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def moe_shared_gate(self, cnp.ndarray g, cnp.ndarray x):
+        """x[t] *= silu(g[t]) / g[t] (g: [n_rows, 1])."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_SHARED_GATE, 1, (g, x))
+        nd.y, nd.y_stride = <const float *>_ptr(g), _stride(g)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
+    def moe_combine(self, cnp.ndarray experts, tuple route, int n_used, cnp.ndarray out):
+        """out[t] = the weighted sum of token t's expert outputs (rows of ``experts``)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_COMBINE, 1, (experts, out) + route)
+        self._set_route(nd, route, 0, n_used)
+        nd.x, nd.x_stride, nd.n_rows, nd.n = <const float *>_ptr(experts), _stride(experts), out.shape[0], out.shape[1]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
 
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
