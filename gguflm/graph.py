@@ -347,18 +347,31 @@ class Graph:
     # -- mixture of experts
 
     def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
-                w_scale: float = 0.0) -> np.ndarray:
+                w_scale: float = 0.0, swiglu_limit: float = 0.0) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
-        over the rows routed to it, and sum the expert outputs by their routing weights."""
+        over the rows routed to it, and sum the expert outputs by their routing weights. Biases
+        of the router and of the experts are added where the layer has them; ``swiglu_limit``
+        selects gpt-oss's clamped SwiGLU (alpha 1.702) instead of the plain one."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
         (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
+        self.add_bias(logits, L.ffn_gate_inp_bias)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
         self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route)
         gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
-        (down,) = self.project_experts(self.swiglu(gate, up), route, L.ffn_down_exps, by_expert=True)
+        for t, b in ((up, L.ffn_up_exps_bias), (gate, L.ffn_gate_exps_bias)):
+            if b is not None:
+                self.plan.moe_add_id(t, b.data, route)
+        if swiglu_limit:
+            act = self.new(*gate.shape)
+            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, act, self.n_threads)
+        else:
+            act = self.swiglu(gate, up)
+        (down,) = self.project_experts(act, route, L.ffn_down_exps, by_expert=True)
+        if L.ffn_down_exps_bias is not None:
+            self.plan.moe_add_id(down, L.ffn_down_exps_bias.data, route)
         out = self.new(n, hp.n_embd)
         self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
         return out
@@ -417,10 +430,11 @@ class Graph:
         return x
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                  kq_scale: float) -> np.ndarray:
+                  kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
-        does, with ALiBi biases where the model has them."""
+        does, with ALiBi biases where the model has them. ``sinks``: one logit per head that
+        joins the softmax (gpt-oss)."""
         hp = self.hparams
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
         if not self.model.architecture.kv_cache:
@@ -435,7 +449,7 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
-                            self.n_threads)
+                            self.n_threads, None if sinks is None else sinks.data)
         return out
 
     # -- outputs

@@ -146,6 +146,31 @@ static void gguflm_moe_shared_gate(const float *g, int64_t g_stride, int64_t n_t
     }
 }
 
+/* ggml_swiglu_oai (gpt-oss): x = min(gate, limit), y = clamp(up, -limit, limit),
+ * out = x / (1 + expf(alpha * -x)) * (y + 1), libm's expf, element by element */
+static void gguflm_swiglu_oai_rows(int64_t n_rows, int64_t n, const float *gate, int64_t g_stride, const float *up,
+                                   int64_t u_stride, float alpha, float limit, float *out, int64_t out_stride,
+                                   int n_threads) {
+    #pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++) {
+        for (int64_t k = 0; k < n; k++) {
+            const float g = gate[i * g_stride + k], u = up[i * u_stride + k];
+            const float x = limit < g ? limit : g;                          /* std::min(g, limit) */
+            const float y = u < -limit ? -limit : (limit < u ? limit : u);  /* std::clamp */
+            const float glu = x / (1.f + expf(alpha * (-x)));
+            out[i * out_stride + k] = glu * (y + 1.f);
+        }
+    }
+}
+
+/* ggml_add_id on rows grouped by expert: x[r] += b[e] (b_stride floats apart) for e's rows */
+static void gguflm_moe_add_id(float *x, int64_t x_stride, int64_t n, const float *b, int64_t b_stride,
+                              const int32_t *offsets, int n_expert) {
+    for (int e = 0; e < n_expert; e++)
+        for (int32_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t j = 0; j < n; j++) x[r * x_stride + j] += b[e * b_stride + j];
+}
+
 /* one stack of expert matrices [n_expert][n_rows, n_in] (row stride w_stride bytes, expert stride
  * n_rows * w_stride) times the sorted rows xq (already in wtype's dot partner), into out
  * [n_sorted, n_rows] (row stride out_stride floats) */

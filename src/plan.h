@@ -40,6 +40,8 @@ typedef enum {
     GGUFLM_OP_MATMUL_ID,     /* out[r] = W[expert of r] . xq[r] */
     GGUFLM_OP_MOE_COMBINE,   /* out[t] = sum_i x[moe.slot[t, i]] * moe.weights[t, i] */
     GGUFLM_OP_MOE_SHARED_GATE, /* x[t] *= silu(y[t]) / y[t] */
+    GGUFLM_OP_SWIGLU_OAI,    /* out = gpt-oss's clamped SwiGLU of x (gate) and y (up) */
+    GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
 } gguflm_op;
 
 typedef struct {
@@ -50,7 +52,7 @@ typedef struct {
     int32_t type, aux;                   /* ggml type / cache type; GLU kind, n_in, col0, repacked, ... */
     int32_t group;                       /* on the first MATMUL of matmuls run together: how many */
     int64_t aux64;
-    float f;                             /* eps, scale, cap */
+    float f, f2;                         /* eps, scale, cap; SwiGLU-OAI's alpha and limit */
     const void *w;                       /* weights, bias, norm weight, cache data */
     int64_t w_stride;
     const float *x, *y;                  /* y: second operand, LayerNorm bias, mean-pooling matrix */
@@ -218,6 +220,14 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_MOE_COMBINE:
             gguflm_moe_combine(nd->x, nd->x_stride, nd->moe.weights, nd->moe.slot, nd->n_rows, nd->moe.n_used, nd->n,
                                out, nd->out_stride);
+            break;
+        case GGUFLM_OP_SWIGLU_OAI:
+            gguflm_swiglu_oai_rows(nd->n_rows, nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride, nd->f,
+                                   nd->f2, out, nd->out_stride, nd->n_threads);
+            break;
+        case GGUFLM_OP_MOE_ADD_ID:
+            gguflm_moe_add_id(out, nd->out_stride, nd->n, (const float *)nd->w, nd->w_stride, nd->moe.offsets,
+                              nd->moe.n_expert);
             break;
         case GGUFLM_OP_MOE_SHARED_GATE:
             gguflm_moe_shared_gate(nd->y, nd->y_stride, nd->n_rows, nd->n, out, nd->out_stride);

@@ -42,6 +42,8 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_MATMUL_ID
         GGUFLM_OP_MOE_COMBINE
         GGUFLM_OP_MOE_SHARED_GATE
+        GGUFLM_OP_SWIGLU_OAI
+        GGUFLM_OP_MOE_ADD_ID
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -59,7 +61,7 @@ cdef extern from "plan.h" nogil:
         int32_t type, aux
         int32_t group
         int64_t aux64
-        float f
+        float f, f2
         const void *w
         int64_t w_stride
         const float *x
@@ -88,7 +90,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
              GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN",
              GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
-             GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE"}
+             GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
+             GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -328,6 +331,20 @@ cdef class Plan:
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
+    def swiglu_oai(self, cnp.ndarray gate, cnp.ndarray up, float alpha, float limit, cnp.ndarray out, int n_threads):
+        """gpt-oss's clamped SwiGLU: out = min(gate, limit) * sigmoid(alpha * it) * (clamp(up) + 1)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SWIGLU_OAI, n_threads, (gate, up, out))
+        nd.x, nd.x_stride, nd.y, nd.y_stride = <const float *>_ptr(gate), _stride(gate), <const float *>_ptr(up), _stride(up)
+        nd.f, nd.f2 = alpha, limit
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def moe_add_id(self, cnp.ndarray x, cnp.ndarray b, tuple route):
+        """x[r] += b[e] for every sorted row r of expert e (b: [n_expert, n], F32)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ADD_ID, 1, (x, b) + route)
+        self._set_route(nd, route, b.shape[0], 0)
+        nd.w, nd.w_stride = _ptr(b), b.strides[0] // 4
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
     def moe_shared_gate(self, cnp.ndarray g, cnp.ndarray x):
         """x[t] *= silu(g[t]) / g[t] (g: [n_rows, 1])."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_SHARED_GATE, 1, (g, x))
@@ -366,8 +383,10 @@ cdef class Plan:
     def attention(self, cnp.ndarray q, str type_k, cnp.ndarray k_data, str type_v, cnp.ndarray v_data,
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
-                  cnp.ndarray out, int n_threads):
-        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,))
+                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
+                                                                          sinks))
+        nd.attn.sinks = <const float *>_ptr(sinks) if sinks is not None else NULL
         nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
         nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
         nd.attn.head_dim_k, nd.attn.head_dim_v = head_dim_k, head_dim_v

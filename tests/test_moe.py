@@ -1,7 +1,9 @@
 """Mixture-of-experts architectures (and Granite's dense block) against llama.cpp itself.
 
-Tiny random models of each architecture, with routers that tie (pairs of experts with the same
-router row; a layer whose scores are all 0, where only the order std::sort leaves equal scores
+Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
+over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
+(pairs of experts with the same router row; a layer whose scores are all 0, where only the order
+std::sort leaves equal scores
 in decides which experts run, past 16 experts by introsort's moves), enough experts that a
 20-token prompt leaves some unchosen and gives others one token (a single-token ubatch always
 does), and expert matrices of the types whose products ggml's mul_mat_id computes by different
@@ -40,6 +42,8 @@ CASES = [
     ("olmoe", 4, 1, "random", (GGMLType.Q2_K, GGMLType.F16, GGMLType.Q5_0)),
     ("granitemoe", 20, 3, "pairs", (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q4_K)),
     ("granite", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("gpt-oss", 20, 4, "zero", (GGMLType.Q8_0, GGMLType.F16, GGMLType.Q4_K)),
+    ("gpt-oss", 8, 2, "pairs", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q8_0)),
 ]
 
 
@@ -49,11 +53,11 @@ def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGM
              "attn_output": GGMLType.Q5_0, "ffn_gate_inp": GGMLType.F32, "ffn_gate_shexp": GGMLType.Q4_0,
              "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
              "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
-    square = arch in ("qwen2moe", "olmoe")
+    square = arch in ("qwen2moe", "olmoe", "gpt-oss")
     return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
                      n_ff=256, n_layer=2, tied_output=not square, n_expert=n_expert, n_expert_used=n_used,
                      n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
-                     router=router, types=kinds)
+                     router=router, n_swa=6, types=kinds)
 
 
 def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> np.ndarray:
@@ -152,6 +156,15 @@ def test_architecture_specific_checks(tmp_path):
         assert model.hparams.f_logit_scale == 8.0 and model.hparams.n_ff_shexp == 256
     with pytest.raises(MissingKeyError, match="granitemoe.logit_scale"):
         Model.load(rewrite(path, tmp_path / "b.gguf", drop_keys={"granitemoe.logit_scale"}))
+    # gpt-oss: a sink per head, biases on the router and the experts
+    path = _fixture(tmp_path, "gpt-oss")
+    with Model.load(path) as model:
+        assert model.hparams.swa_layers == (True, False) and model.hparams.n_swa == 6
+    for name in ("blk.0.attn_sinks.weight", "blk.1.ffn_up_exps.bias", "blk.0.attn_output.bias"):
+        with pytest.raises(MissingTensorError, match=name):
+            Model.load(rewrite(path, tmp_path / "d.gguf", drop_tensors={name}))
+    with pytest.raises(MissingKeyError, match="gpt-oss.attention.sliding_window"):
+        Model.load(rewrite(path, tmp_path / "e.gguf", drop_keys={"gpt-oss.attention.sliding_window"}))
     # Qwen 2 MoE wants its own output projection, as llama.cpp does
     path = _fixture(tmp_path, "qwen2moe")
     with pytest.raises(MissingTensorError, match="output.weight"):

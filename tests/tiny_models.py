@@ -23,20 +23,20 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
-         "granitemoe")
+         "granitemoe", "gpt-oss")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe")
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
-EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe")
+EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe")
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
 FUSED_QKV_ARCHS = ("phi3", "nomic-bert")
-SWA_ARCHS = ("gemma2", "gemma3")
+SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2",)
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
@@ -184,10 +184,16 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch == "olmoe":
             vector(f"{b}.attn_q_norm.weight", e)
             vector(f"{b}.attn_k_norm.weight", e)
-        if arch in SWA_ARCHS:
+        if arch in ("gemma2", "gemma3"):
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
-        vector(f"{b}.ffn_norm.weight", e)
+        if arch == "gpt-oss":   # attention biases, sinks, the norm before the experts
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd), ("attn_output", e)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
+            w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
+            vector(f"{b}.post_attention_norm.weight", e)
+        if arch != "gpt-oss":   # its experts take the post-attention norm
+            vector(f"{b}.ffn_norm.weight", e)
         if s.n_expert:
             _write_experts(spec, il, w, rng, vector, matrix)
             continue
@@ -210,6 +216,15 @@ def _write_experts(spec: TinyModel, il: int, w: GGUFWriter, rng: np.random.Gener
         router[:] = 0.0
     matrix(f"{b}.ffn_gate_inp.weight", "ffn_gate_inp", e, n, x=router)
     f = s.expert_ff
+    if s.arch == "gpt-oss":   # router and expert biases (F32, one row per expert)
+        bias = 0.5 * rng.standard_normal(n)
+        if s.router == "pairs":
+            bias[1::2] = bias[0:n - n % 2:2]
+        elif s.router == "zero" and il == 0:
+            bias[:] = 0.0
+        w.add_tensor(f"{b}.ffn_gate_inp.bias", bias.astype(np.float32), GGMLType.F32)
+        for proj, width in (("ffn_gate_exps", f), ("ffn_down_exps", e), ("ffn_up_exps", f)):
+            w.add_tensor(f"{b}.{proj}.bias", (0.05 * rng.standard_normal((n, width))).astype(np.float32), GGMLType.F32)
     matrix(f"{b}.ffn_gate_exps.weight", "ffn_gate_exps", e, f, n_expert=n)
     matrix(f"{b}.ffn_down_exps.weight", "ffn_down_exps", f, e, n_expert=n)
     matrix(f"{b}.ffn_up_exps.weight", "ffn_up_exps", e, f, n_expert=n)
