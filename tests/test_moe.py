@@ -3,8 +3,8 @@
 Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
 over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
 (pairs of experts with the same router row; a layer whose scores are all 0, where only the order
-std::sort leaves equal scores
-in decides which experts run, past 16 experts by introsort's moves), enough experts that a
+std::sort leaves equal scores in decides which experts run, past 16 experts by introsort's
+moves), enough experts that a
 20-token prompt leaves some unchosen and gives others one token (a single-token ubatch always
 does), and expert matrices of the types whose products ggml's mul_mat_id computes by different
 recipes: repacked Q4_0 and Q4_K (GEMV for every token), K-quants (tiled GEMM from 8 tokens,

@@ -399,3 +399,20 @@ def tiny_encoders(draw: st.DrawFn, archs: tuple[str, ...] = ENCODER_ARCHS) -> Ti
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
     return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+def mixtral_bench_model() -> TinyModel:
+    """The MoE benchmark's model: Mixtral-shaped (8 experts, 2 used, GQA 4:1) at n_embd 512, with
+    Q4_K_M's types (Q4_K matrices, Q6_K down projections and output, F32 router)."""
+    types = dict.fromkeys(MATRIX_KINDS, GGMLType.Q4_K)
+    types.update(ffn_down_exps=GGMLType.Q6_K, output=GGMLType.Q6_K, attn_v=GGMLType.Q6_K,
+                 ffn_gate_inp=GGMLType.F32, token_embd=GGMLType.Q8_0)
+    return TinyModel("llama", n_embd=512, head_dim=64, n_head=8, n_head_kv=2, n_ff=1024, n_layer=4,
+                     tied_output=False, n_expert=8, n_expert_used=2, types=types)
+
+
+if __name__ == "__main__":
+    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model
+    import sys
+
+    write_tiny_model(mixtral_bench_model(), Path(sys.argv[1]), np.random.default_rng(0))

@@ -33,4 +33,6 @@ class Granite(Llama):
 
 
 class GraniteMoe(Granite):
+    """Granite MoE (3.x MoE): Granite's graph and tensors, with experts."""
+
     name = "granitemoe"
