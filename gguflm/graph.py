@@ -422,7 +422,7 @@ class Graph:
     def rope(self, x: np.ndarray, il: int, n_head: int) -> np.ndarray:
         """Rotate x ([n_tokens, n_head * head_dim]) in place by the ubatch positions."""
         hp = self.hparams
-        if hp.rope_type is not RopeType.NONE:
+        if hp.has_rope(il):
             rc = self.ctx.rope_config(il)
             self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base,
                            rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,

@@ -62,6 +62,7 @@ class HParams:
     yarn_beta_slow: float = 1.0
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
+    no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
     f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)
     f_attn_logit_softcapping: float = 0.0            # 0 = none
     f_final_logit_softcapping: float = 0.0           # 0 = none
@@ -89,6 +90,9 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def has_rope(self, il: int) -> bool:
+        return self.rope_type is not RopeType.NONE and not (self.no_rope_layers and self.no_rope_layers[il])
 
     @property
     def kq_scale(self) -> float:

@@ -1,4 +1,5 @@
-"""Mixture-of-experts architectures (and Granite's dense block) against llama.cpp itself.
+"""Mixture-of-experts architectures, and the dense families added with them (Granite, Gemma 1,
+OLMo 2, SmolLM 3, StarCoder 2), against llama.cpp itself.
 
 Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
 over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
@@ -44,6 +45,10 @@ CASES = [
     ("granite", 0, 0, "random", (GGMLType.F16,) * 3),
     ("gpt-oss", 20, 4, "zero", (GGMLType.Q8_0, GGMLType.F16, GGMLType.Q4_K)),
     ("gpt-oss", 8, 2, "pairs", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q8_0)),
+    ("gemma", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("olmo2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("smollm3", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("starcoder2", 0, 0, "random", (GGMLType.F16,) * 3),
 ]
 
 
@@ -53,9 +58,9 @@ def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGM
              "attn_output": GGMLType.Q5_0, "ffn_gate_inp": GGMLType.F32, "ffn_gate_shexp": GGMLType.Q4_0,
              "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
              "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
-    square = arch in ("qwen2moe", "olmoe", "gpt-oss")
+    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2")
     return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
-                     n_ff=256, n_layer=2, tied_output=not square, n_expert=n_expert, n_expert_used=n_used,
+                     n_ff=256, n_layer=4 if arch == "smollm3" else 2, tied_output=not square, n_expert=n_expert, n_expert_used=n_used,
                      n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
                      router=router, n_swa=6, types=kinds)
 
@@ -165,6 +170,11 @@ def test_architecture_specific_checks(tmp_path):
             Model.load(rewrite(path, tmp_path / "d.gguf", drop_tensors={name}))
     with pytest.raises(MissingKeyError, match="gpt-oss.attention.sliding_window"):
         Model.load(rewrite(path, tmp_path / "e.gguf", drop_keys={"gpt-oss.attention.sliding_window"}))
+    # SmolLM 3's every fourth layer has no RoPE
+    path = tmp_path / "smollm3.gguf"
+    write_tiny_model(spec_of("smollm3", 0, 0, "random", (GGMLType.F16,) * 3), path, np.random.default_rng(0))
+    with Model.load(path) as model:
+        assert [model.hparams.has_rope(il) for il in range(4)] == [True, True, True, False]
     # Qwen 2 MoE wants its own output projection, as llama.cpp does
     path = _fixture(tmp_path, "qwen2moe")
     with pytest.raises(MissingTensorError, match="output.weight"):

@@ -23,14 +23,14 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
-         "granitemoe", "gpt-oss")
+         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss")
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
@@ -38,9 +38,11 @@ ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
 FUSED_QKV_ARCHS = ("phi3", "nomic-bert")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
-TIED_OUTPUT_ARCHS = ("gemma2",)
+TIED_OUTPUT_ARCHS = ("gemma2", "gemma")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe")
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2")
+# LayerNorms with biases, biased GELU feed-forward (no gate)
+LAYER_NORM_ARCHS = ("starcoder2",)
 
 # every weight type with a dot kernel, as a matrix of a model may hold it
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -141,7 +143,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    if arch in LAYER_NORM_ARCHS:
+        w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    else:
+        w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     if arch in SWA_ARCHS:
         w.add(f"{arch}.attention.sliding_window", s.n_swa, GGUFValueType.UINT32)
     if arch == "gemma2":
@@ -163,11 +168,18 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
 
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     vector("output_norm.weight", e)
+    if arch in LAYER_NORM_ARCHS:
+        vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
         matrix("output.weight", "output", e, N_VOCAB)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        vector(f"{b}.attn_norm.weight", e)
+        if arch != "olmo2":   # OLMo 2 norms after attention and FFN only
+            vector(f"{b}.attn_norm.weight", e)
+        if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V, attention output
+            vector(f"{b}.attn_norm.bias", e, bias=True)
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd), ("attn_output", e)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
         if arch == "phi3":
             matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
         else:
@@ -181,9 +193,12 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             vector(f"{b}.attn_q_norm.weight", hd)
             vector(f"{b}.attn_k_norm.weight", hd)
-        if arch == "olmoe":
+        if arch in ("olmoe", "olmo2"):
             vector(f"{b}.attn_q_norm.weight", e)
-            vector(f"{b}.attn_k_norm.weight", e)
+            vector(f"{b}.attn_k_norm.weight", e if arch == "olmoe" else nkv * hd)
+        if arch == "olmo2":
+            vector(f"{b}.post_attention_norm.weight", e)
+            vector(f"{b}.post_ffw_norm.weight", e)
         if arch in ("gemma2", "gemma3"):
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
@@ -192,10 +207,17 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                 vector(f"{b}.{proj}.bias", n, bias=True)
             w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
             vector(f"{b}.post_attention_norm.weight", e)
-        if arch != "gpt-oss":   # its experts take the post-attention norm
+        if arch not in ("gpt-oss", "olmo2"):   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
         if s.n_expert:
             _write_experts(spec, il, w, rng, vector, matrix)
+            continue
+        if arch in LAYER_NORM_ARCHS:
+            vector(f"{b}.ffn_norm.bias", e, bias=True)
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
+            vector(f"{b}.ffn_up.bias", ff, bias=True)
+            matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
+            vector(f"{b}.ffn_down.bias", e, bias=True)
             continue
         if arch == "phi3":
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, 2 * ff)
@@ -324,7 +346,7 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
                 kinds += ("ffn_gate_shexp", "ffn_up_shexp")
                 out[f"{b}.ffn_down_shexp.weight"] = ("ffn_down_shexp", s.shared_ff)
         else:
-            kinds = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+            kinds = ("attn_q", "attn_k", "attn_v", "ffn_up") + (() if s.arch in LAYER_NORM_ARCHS else ("ffn_gate",))
             out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
         out.update({f"{b}.{kind}.weight": (kind, s.n_embd) for kind in kinds})
         out[f"{b}.attn_output.weight"] = ("attn_output", s.n_head * s.head_dim)
@@ -356,7 +378,9 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
         n_head = n_head_kv * draw(st.integers(1, 8))
         n_embd = draw(st.integers(2, 32)) * 16
     shape = dict(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-                 n_ff=draw(st.integers(2, 48)) * 16, n_layer=draw(st.integers(1, 3)),
+                 n_ff=draw(st.integers(2, 48)) * 16,
+                 # SmolLM 3's fourth layer is the one without RoPE
+                 n_layer=4 if arch == "smollm3" else draw(st.integers(1, 3)),
                  tied_output=arch in TIED_OUTPUT_ARCHS or (arch not in UNTIED_OUTPUT_ARCHS and draw(st.booleans())),
                  n_swa=draw(st.integers(2, 24)))
     spec = TinyModel(**{**shape, **draw(experts(arch))})
