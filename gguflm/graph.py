@@ -482,8 +482,8 @@ class Graph:
         if not self.ctx.logits:
             return None
         (out,) = self.project(x, w)
-        if self.hparams.f_logit_scale:  # Granite: logits * (1.0f / logit_scale)
-            self.plan.scale(out, float(np.float32(1) / np.float32(self.hparams.f_logit_scale)))
+        if self.hparams.f_logit_scale:
+            self.plan.scale(out, self.hparams.f_logit_scale)
         if self.hparams.f_final_logit_softcapping:
             self.plan.softcap(out, self.hparams.f_final_logit_softcapping)
         return out

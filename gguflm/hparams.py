@@ -76,7 +76,7 @@ class HParams:
     n_ff_exp: int = 0                                # an expert's feed-forward width
     n_ff_shexp: int = 0                              # the shared expert's width, 0 = none
     f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
-    f_logit_scale: float = 0.0                       # Granite: logits divided by it, 0 = none
+    f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:

@@ -1,5 +1,5 @@
 """Mixture-of-experts architectures, and the dense families added with them (Granite, Gemma 1,
-OLMo 2, SmolLM 3, StarCoder 2), against llama.cpp itself.
+OLMo 2, SmolLM 3, StarCoder 2, Phi 2, Command R), against llama.cpp itself.
 
 Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
 over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
@@ -49,6 +49,8 @@ CASES = [
     ("olmo2", 0, 0, "random", (GGMLType.F16,) * 3),
     ("smollm3", 0, 0, "random", (GGMLType.F16,) * 3),
     ("starcoder2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("phi2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("command-r", 0, 0, "random", (GGMLType.F16,) * 3),
 ]
 
 
@@ -58,9 +60,10 @@ def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGM
              "attn_output": GGMLType.Q5_0, "ffn_gate_inp": GGMLType.F32, "ffn_gate_shexp": GGMLType.Q4_0,
              "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
              "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
-    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2")
+    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2", "phi2", "command-r")
     return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
-                     n_ff=256, n_layer=4 if arch == "smollm3" else 2, tied_output=not square, n_expert=n_expert, n_expert_used=n_used,
+                     n_ff=256, n_layer=4 if arch == "smollm3" else 2,
+                     tied_output=arch in ("gemma", "command-r") or not square, n_expert=n_expert, n_expert_used=n_used,
                      n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
                      router=router, n_swa=6, types=kinds)
 
@@ -158,7 +161,7 @@ def test_architecture_specific_checks(tmp_path):
     # Granite's logits are divided by a scale it must give
     path = _fixture(tmp_path, "granitemoe")
     with Model.load(path) as model:
-        assert model.hparams.f_logit_scale == 8.0 and model.hparams.n_ff_shexp == 256
+        assert model.hparams.f_logit_scale == 0.125 and model.hparams.n_ff_shexp == 256
     with pytest.raises(MissingKeyError, match="granitemoe.logit_scale"):
         Model.load(rewrite(path, tmp_path / "b.gguf", drop_keys={"granitemoe.logit_scale"}))
     # gpt-oss: a sink per head, biases on the router and the experts

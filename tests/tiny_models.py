@@ -23,26 +23,28 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
-         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2")
+         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2")
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
-TIED_OUTPUT_ARCHS = ("gemma2", "gemma")
+TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2")
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
-LAYER_NORM_ARCHS = ("starcoder2",)
+LAYER_NORM_ARCHS = ("starcoder2", "phi2")
+# attention and feed-forward in parallel on one norm (no ffn_norm)
+PARALLEL_ARCHS = ("phi2", "command-r")
 
 # every weight type with a dot kernel, as a matrix of a model may hold it
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -143,7 +145,11 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    if arch in LAYER_NORM_ARCHS:
+    if arch == "phi2":   # partial rotary, as Phi 2's 32 of 80
+        w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
+    if arch == "command-r":
+        w.add(f"{arch}.logit_scale", 0.0625)
+    if arch in LAYER_NORM_ARCHS + ("command-r",):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
         w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
@@ -172,16 +178,22 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
         matrix("output.weight", "output", e, N_VOCAB)
+    if arch == "phi2":
+        vector("output.bias", N_VOCAB, bias=True)
     for il in range(s.n_layer):
         b = f"blk.{il}"
         if arch != "olmo2":   # OLMo 2 norms after attention and FFN only
             vector(f"{b}.attn_norm.weight", e)
-        if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V, attention output
+        if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V (phi2: fused), attention output
             vector(f"{b}.attn_norm.bias", e, bias=True)
-            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd), ("attn_output", e)):
-                vector(f"{b}.{proj}.bias", n, bias=True)
-        if arch == "phi3":
+            vector(f"{b}.attn_output.bias", e, bias=True)
+            if arch == "starcoder2":
+                for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                    vector(f"{b}.{proj}.bias", n, bias=True)
+        if arch in ("phi3", "phi2"):
             matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
+            if arch == "phi2":
+                vector(f"{b}.attn_qkv.bias", nh * hd + 2 * nkv * hd, bias=True)
         else:
             matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
             matrix(f"{b}.attn_k.weight", "attn_k", e, nkv * hd)
@@ -207,13 +219,14 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                 vector(f"{b}.{proj}.bias", n, bias=True)
             w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
             vector(f"{b}.post_attention_norm.weight", e)
-        if arch not in ("gpt-oss", "olmo2"):   # gpt-oss's experts take the post-attention norm
+        if arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS:   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
         if s.n_expert:
             _write_experts(spec, il, w, rng, vector, matrix)
             continue
         if arch in LAYER_NORM_ARCHS:
-            vector(f"{b}.ffn_norm.bias", e, bias=True)
+            if arch not in PARALLEL_ARCHS:
+                vector(f"{b}.ffn_norm.bias", e, bias=True)
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
             vector(f"{b}.ffn_up.bias", ff, bias=True)
             matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
@@ -337,8 +350,9 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
         out["output.weight"] = ("output", s.n_embd)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        if s.arch == "phi3":
+        if s.arch in ("phi3", "phi2"):
             kinds = ("attn_qkv", "ffn_up")
+            out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
         elif s.n_expert:
             kinds = ("attn_q", "attn_k", "attn_v", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps")
             out[f"{b}.ffn_down_exps.weight"] = ("ffn_down_exps", s.expert_ff)

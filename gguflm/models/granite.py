@@ -8,7 +8,9 @@ Granite MoE is the same graph and tensors under another name."""
 
 from __future__ import annotations
 
-from gguflm.hparams import HParamReader, HParams, RopeType, read_expert_hparams
+import numpy as np
+
+from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_expert_hparams
 from gguflm.models.llama import Llama
 
 
@@ -19,8 +21,11 @@ class Granite(Llama):
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = super().read_hparams(kv, n_vocab)
         rope = kv.get_bool("{arch}.rope.scaling.finetuned", True)
+        logit_scale = np.float32(kv.get_float("{arch}.logit_scale"))
+        if logit_scale == 0:
+            raise HParamError(f"{kv.source}: {kv.key('{arch}.logit_scale')} must not be 0")
         return hp.with_changes(
-            f_logit_scale=kv.get_float("{arch}.logit_scale"),
+            f_logit_scale=float(np.float32(1) / logit_scale),   # ggml_scale(logits, 1.0f / logit_scale)
             f_residual_scale=kv.get_float("{arch}.residual_scale", 0.0),
             f_embedding_scale=kv.get_float("{arch}.embedding_scale", 0.0),
             f_attention_scale=kv.get_float("{arch}.attention.scale", 0.0),
