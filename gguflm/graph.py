@@ -264,6 +264,19 @@ class Graph:
                              self.hparams.f_norm_eps if eps is None else eps, out, self.n_threads)
         return out
 
+    def layer_norm_heads(self, x: np.ndarray, w: Weight | None, head_dim: int) -> np.ndarray:
+        """LayerNorm of every head's slice of every row, then times w (one row of weights per
+        head: [n_head * head_dim]), as ggml_norm of the 3-D heads then ggml_mul (StableLM 2's
+        Q/K norms); x itself when w is None."""
+        if w is None:
+            return x
+        rows = x.reshape(-1, head_dim)
+        out = self.new(*rows.shape)
+        self.plan.layer_norm(rows, None, None, self.hparams.f_norm_eps, out, self.n_threads)
+        out = out.reshape(x.shape)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        return out
+
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """x += y (residual), in place."""
         self.plan.add(x, y)

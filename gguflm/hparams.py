@@ -60,6 +60,7 @@ class HParams:
     yarn_attn_factor: float = 1.0
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0                   # rope.scaling.yarn_log_multiplier
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
     no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
@@ -273,6 +274,7 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
         yarn_attn_factor=kv.get_float("{arch}.rope.scaling.attn_factor", 1.0),
         yarn_beta_fast=kv.get_float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
         yarn_beta_slow=kv.get_float("{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        rope_yarn_log_mul=kv.get_float("{arch}.rope.scaling.yarn_log_multiplier", 0.0),
         causal_attn=kv.get_bool("{arch}.attention.causal", True),
         pooling_type=kv.get_int("{arch}.pooling_type", -1),
         n_cls_out=_n_classifier_outputs(kv),

@@ -42,6 +42,7 @@ typedef enum {
     GGUFLM_OP_MOE_SHARED_GATE, /* x[t] *= silu(y[t]) / y[t] */
     GGUFLM_OP_SWIGLU_OAI,    /* out = gpt-oss's clamped SwiGLU of x (gate) and y (up) */
     GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
+    GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
 } gguflm_op;
 
 typedef struct {
@@ -144,6 +145,10 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_ADD_ROW:
             for (int64_t i = 0; i < nd->n_rows; i++)
                 for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] += ((const float *)nd->w)[j];
+            break;
+        case GGUFLM_OP_MUL_ROW:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= ((const float *)nd->w)[j];
             break;
         case GGUFLM_OP_RMS_NORM:
             gguflm_rms_norm_rows(nd->n_rows, (int)nd->n, nd->x, nd->x_stride, (const float *)nd->w, nd->f,

@@ -44,6 +44,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_MOE_SHARED_GATE
         GGUFLM_OP_SWIGLU_OAI
         GGUFLM_OP_MOE_ADD_ID
+        GGUFLM_OP_MUL_ROW
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -91,7 +92,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN",
              GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
              GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
-             GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID"}
+             GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
+             GGUFLM_OP_MUL_ROW: "MUL_ROW"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -254,6 +256,11 @@ cdef class Plan:
     def add_row(self, cnp.ndarray x, cnp.ndarray b):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD_ROW, 1, (x, b,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(b)
+
+    def mul_row(self, cnp.ndarray x, cnp.ndarray w):
+        """x[i] *= w for every row i, in place."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MUL_ROW, 1, (x, w,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(w)
 
     def rms_norm(self, cnp.ndarray x, cnp.ndarray w, float eps, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_RMS_NORM, n_threads, (x, w, out,))

@@ -1,5 +1,5 @@
 """Mixture-of-experts architectures, and the dense families added with them (Granite, Gemma 1,
-OLMo 2, SmolLM 3, StarCoder 2, Phi 2, Command R), against llama.cpp itself.
+OLMo 2, SmolLM 3, StarCoder 2, Phi 2, Command R, StableLM), against llama.cpp itself.
 
 Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
 over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
@@ -51,21 +51,24 @@ CASES = [
     ("starcoder2", 0, 0, "random", (GGMLType.F16,) * 3),
     ("phi2", 0, 0, "random", (GGMLType.F16,) * 3),
     ("command-r", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3, {"parallel": True}),   # StableLM 2 12B's block
 ]
 
 
-def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGMLType, ...]) -> TinyModel:
+def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGMLType, ...],
+            extra: dict | None = None) -> TinyModel:
     kinds = {"ffn_gate_exps": types[0], "ffn_up_exps": types[1], "ffn_down_exps": types[2],
              "attn_q": GGMLType.Q8_0, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.F16,
              "attn_output": GGMLType.Q5_0, "ffn_gate_inp": GGMLType.F32, "ffn_gate_shexp": GGMLType.Q4_0,
              "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
              "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
-    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2", "phi2", "command-r")
+    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2", "phi2", "command-r", "stablelm")
     return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
                      n_ff=256, n_layer=4 if arch == "smollm3" else 2,
                      tied_output=arch in ("gemma", "command-r") or not square, n_expert=n_expert, n_expert_used=n_used,
                      n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
-                     router=router, n_swa=6, types=kinds)
+                     router=router, n_swa=6, types=kinds, **(extra or {}))
 
 
 def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> np.ndarray:
@@ -78,7 +81,7 @@ def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> 
         return ctx.get_logits().copy()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[3]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[3]}" + ("-parallel" if c[5:] else ""))
 def test_logits_equal_llama_cpp(tmp_path, case):
     require_peer()
     import llama_cpp

@@ -23,14 +23,14 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
-         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r")
+         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2")
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
@@ -40,7 +40,8 @@ SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r")
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
+                          "stablelm")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
@@ -82,6 +83,8 @@ class TinyModel:
     n_ff_exp: int = 0                   # expert width (EXPERT_FF_ARCHS; else n_ff)
     n_ff_shexp: int = 0                 # shared expert (qwen2moe always: 0 = n_ff; granite: 0 = none)
     router: str = "random"              # ROUTERS
+    parallel: bool = False              # stablelm: StableLM 2 12B's block (per-head Q/K norms, no FFN norm)
+    metadata: dict = field(default_factory=dict)   # more {arch}.* keys (RoPE scaling, ...), without the prefix
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
 
@@ -142,14 +145,16 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                        "attention.value_length": hd, "rope.freq_base": 10000.0}.items():
         # llama.cpp insists on UINT32 for integer hyper-parameters
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
+    for key, value in s.metadata.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    if arch == "phi2":   # partial rotary, as Phi 2's 32 of 80
+    if arch in ("phi2", "stablelm"):   # partial rotary, as Phi 2's 32 of 80
         w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
     if arch == "command-r":
         w.add(f"{arch}.logit_scale", 0.0625)
-    if arch in LAYER_NORM_ARCHS + ("command-r",):
+    if arch in LAYER_NORM_ARCHS + ("command-r", "stablelm"):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
         w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
@@ -174,7 +179,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
 
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     vector("output_norm.weight", e)
-    if arch in LAYER_NORM_ARCHS:
+    if arch in LAYER_NORM_ARCHS + ("stablelm",):
         vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
         matrix("output.weight", "output", e, N_VOCAB)
@@ -202,6 +207,13 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch in ("qwen2", "qwen2moe"):
             for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
                 vector(f"{b}.{proj}.bias", n, bias=True)
+        if arch == "stablelm":
+            vector(f"{b}.attn_norm.bias", e, bias=True)
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
+            if s.parallel:   # per-head Q/K LayerNorm weights [n_head(_kv), head_dim]
+                w.add_tensor(f"{b}.attn_q_norm.weight", (1 + 0.1 * rng.standard_normal((nh, hd))).astype(np.float32), GGMLType.F32)
+                w.add_tensor(f"{b}.attn_k_norm.weight", (1 + 0.1 * rng.standard_normal((nkv, hd))).astype(np.float32), GGMLType.F32)
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             vector(f"{b}.attn_q_norm.weight", hd)
             vector(f"{b}.attn_k_norm.weight", hd)
@@ -219,8 +231,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                 vector(f"{b}.{proj}.bias", n, bias=True)
             w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
             vector(f"{b}.post_attention_norm.weight", e)
-        if arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS:   # gpt-oss's experts take the post-attention norm
+        if arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
+            if arch == "stablelm":
+                vector(f"{b}.ffn_norm.bias", e, bias=True)
         if s.n_expert:
             _write_experts(spec, il, w, rng, vector, matrix)
             continue
