@@ -67,6 +67,32 @@ def test_logits_equal_llama_cpp(tmp_path, case, arch):
             assert same.all(), (n_ubatch, np.flatnonzero(~same).tolist(), np.abs(ours - theirs).max())
 
 
+@pytest.mark.parametrize("n_ctx", [256, 512])
+def test_longrope_equals_llama_cpp(tmp_path, n_ctx):
+    """Phi 3's LongRoPE: the short factors while the context fits the original one, the long
+    factors past it, with the file's attention factor."""
+    require_peer()
+    import llama_cpp
+    path = tmp_path / "phi3.gguf"
+    keys = {"rope.scaling.type": "longrope", "rope.scaling.attn_factor": 1.19,
+            "rope.scaling.original_context_length": 256}
+    write_tiny_model(TinyModel("phi3", n_embd=128, head_dim=32, n_head=4, n_head_kv=2, n_ff=128, metadata=keys,
+                               rope_factors=True), path, np.random.default_rng(9))
+    tokens = [1] + [int(t) for t in np.random.default_rng(4).integers(3, 300, N_PROMPT - 1)]
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=n_ctx, n_batch=256, n_threads=2, verbose=False)
+    try:
+        llm.eval(tokens)
+        theirs = np.asarray(llm.scores[:N_PROMPT], dtype=np.float32)
+    finally:
+        llm.close()
+    with _ggml.same_arithmetic(), Model.load(path) as model, Context(model, n_ctx=n_ctx, n_threads=2) as ctx:
+        batch = Batch(N_PROMPT)
+        for pos, tok in enumerate(tokens):
+            batch.add(tok, pos, [0], True)
+        assert ctx.decode(batch) == 0
+        np.testing.assert_array_equal(ctx.get_logits().view(np.uint32), theirs.view(np.uint32))
+
+
 def test_scaling_changes_the_logits(tmp_path):
     """The cases above are not vacuous: each scaling moves the logits of a later position."""
     path = model_file(tmp_path, {})

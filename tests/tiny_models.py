@@ -85,6 +85,7 @@ class TinyModel:
     router: str = "random"              # ROUTERS
     parallel: bool = False              # stablelm: StableLM 2 12B's block (per-head Q/K norms, no FFN norm)
     metadata: dict = field(default_factory=dict)   # more {arch}.* keys (RoPE scaling, ...), without the prefix
+    rope_factors: bool = False          # phi3: LongRoPE's rope_factors_long/short.weight
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
 
@@ -179,6 +180,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
 
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     vector("output_norm.weight", e)
+    if s.rope_factors:   # per-pair divisors of theta, growing with the dimension as Phi 3's
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            factors = 1.0 + np.sort(rng.uniform(0.0, 8.0 if "long" in name else 1.5, hd // 2))
+            w.add_tensor(name, factors.astype(np.float32), GGMLType.F32)
     if arch in LAYER_NORM_ARCHS + ("stablelm",):
         vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
@@ -410,7 +415,7 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
                  # SmolLM 3's fourth layer is the one without RoPE
                  n_layer=4 if arch == "smollm3" else draw(st.integers(1, 3)),
                  tied_output=arch in TIED_OUTPUT_ARCHS or (arch not in UNTIED_OUTPUT_ARCHS and draw(st.booleans())),
-                 n_swa=draw(st.integers(2, 24)))
+                 n_swa=draw(st.integers(2, 24)), parallel=arch == "stablelm" and draw(st.booleans()))
     spec = TinyModel(**{**shape, **draw(experts(arch))})
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
