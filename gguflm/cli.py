@@ -172,6 +172,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from gguflm.server import create_app, serve
+    except ImportError as exc:
+        raise ValueError(str(exc)) from None
+
+    app = create_app(args.model, parallel=args.parallel, n_ctx=args.ctx_size,
+                     n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                     n_threads_batch=args.threads_batch, api_key=args.api_key,
+                     chat_template=_chat_template_arg(args), embedding=args.embedding,
+                     alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
+                     type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
+                     shutdown_timeout=args.shutdown_timeout,
+                     **({"pooling_type": args.pooling} if args.embedding else {}))
+    serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    return 0
+
+
+def _chat_template_arg(args: argparse.Namespace) -> str | None:
+    if args.chat_template_file:
+        return Path(args.chat_template_file).read_text(encoding="utf-8")
+    return args.chat_template
+
+
 def _cmd_embed(args: argparse.Namespace) -> int:
     from gguflm.context import Context
     from gguflm.default_model import load_model
@@ -333,6 +357,31 @@ def build_parser() -> argparse.ArgumentParser:
                               + ", ".join(n for n in bench_modules() if n != "model"))
     bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
+                       description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
+                                   "/tokenize, /detokenize, /metrics (and /v1/embeddings with --embedding); "
+                                   "needs the server extra: pip install \"gguflm[server]\"")
+    _model_args(p)
+    _context_args(p, 4096, 512)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("-np", "--parallel", type=int, default=4,
+                   help="slots: requests generated together (each gets ctx-size / parallel tokens)")
+    p.set_defaults(cache_type_k="f32", cache_type_v="f32")   # see create_app's type_k
+    p.add_argument("--kv-unified", action="store_true",
+                   help="one KV cache shared by the slots (default: a region per slot)")
+    p.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    p.add_argument("--chat-template", help="built-in template name or Jinja source")
+    p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="serve /v1/embeddings instead of generation")
+    p.add_argument("--pooling", choices=POOLING_NAMES, help="pooling with --embedding (default: the model's)")
+    p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")
     _model_args(p)

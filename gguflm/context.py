@@ -23,6 +23,7 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
+from gguflm._ext import ops
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
@@ -76,6 +77,9 @@ class Context:
     :meth:`get_embeddings_seq`. Encoders (BERT and kin) have no KV cache: a batch must fit in one
     ubatch, every decode starts afresh, and up to 256 sequences may share a batch. ``logits=False``
     skips the output projection (a context that only reads embeddings; llama.cpp computes it).
+    ``kv_unified=False`` gives each of the ``n_seq_max`` sequences its own region of the cache
+    (``n_ctx / n_seq_max`` cells, each padded to 256), as llama.cpp's per-sequence KV streams:
+    a sequence's logits then do not depend on what the other sequences hold.
     """
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
@@ -83,9 +87,9 @@ class Context:
                  type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
                  pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  swa_full: bool = False, abort_callback: Callable[[], bool] | None = None,
-                 logits: bool = True, rope_scaling_type: int | str | None = None, yarn_ext_factor: float = -1.0,
-                 yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
-                 yarn_orig_ctx: int = 0):
+                 logits: bool = True, kv_unified: bool = True, rope_scaling_type: int | str | None = None,
+                 yarn_ext_factor: float = -1.0, yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0,
+                 yarn_beta_slow: float = -1.0, yarn_orig_ctx: int = 0):
         t0 = time.perf_counter()
         if model.vocab_only:
             raise VocabOnlyError(f"cannot create a context from {model.path.name}: it was loaded "
@@ -103,7 +107,11 @@ class Context:
         check_cache_type("type_v", type_v, hp.n_embd_head_v)
         self.pooling_type = resolve(pooling, hp)
         self.model = model
+        n_stream = 1 if kv_unified or not kv_cache else n_seq_max
+        self.kv_unified = n_stream == 1
         self.n_ctx = _pad(n_ctx or hp.n_ctx_train, CTX_PAD)
+        if n_stream > 1:
+            self.n_ctx = _pad(-(-self.n_ctx // n_stream), CTX_PAD) * n_stream
         self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
         self.n_ubatch = min(self.n_batch, n_ubatch)
         self.n_seq_max = n_seq_max
@@ -125,7 +133,11 @@ class Context:
         # one cache for global layers, one window-sized cache for sliding-window layers
         swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
         full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
-        swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
+        if n_stream > 1:
+            region = self.n_ctx // n_stream
+            swa_size = n_stream * (region if swa_full else min(region, _pad(hp.n_swa + self.n_ubatch, CTX_PAD)))
+        else:
+            swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
         self._caches: list[KVCache] = []
         self._cache_of_layer: dict[int, int] = {}
         for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
@@ -133,7 +145,8 @@ class Context:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
-                                            type_v, n_seq_max, n_swa=window))
+                                            type_v, n_seq_max, n_swa=window, n_stream=n_stream,
+                                            head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
         self.memory = Memory(self._caches, n_seq_max)
 
         # recorded forward passes by ubatch shape, most recently used last
@@ -182,7 +195,7 @@ class Context:
         """The effective parameters and KV cache size, logged and returned."""
         info = {
             "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-            "n_seq_max": self.n_seq_max, "n_threads": self.n_threads,
+            "n_seq_max": self.n_seq_max, "kv_unified": self.kv_unified, "n_threads": self.n_threads,
             "n_threads_batch": self.n_threads_batch, "type_k": self.type_k, "type_v": self.type_v,
             "embeddings": self.embeddings, "pooling": self.pooling, "swa_full": self.swa_full,
             "freq_base": self.rope_freq_base, "freq_scale": self.rope_freq_scale,
@@ -368,7 +381,7 @@ class Context:
         try:
             for ub in ubatches:
                 for ci, cache in enumerate(self._caches):
-                    cells = cache.find_slot(ub.n_tokens)
+                    cells = cache.find_slot(ub.n_tokens, ub.seq_first)
                     if cells is None:
                         return False
                     cache.apply(cells, ub.pos, ub.seq_mask)
@@ -436,7 +449,11 @@ class Context:
                 rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
                     else self._dequantize_rows(store, cells)
                 rows = np.ascontiguousarray(rows)
+                if store.rotation:  # rotated back for RoPE, then forward again (the rotation is its own inverse)
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
+                if store.rotation:
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 store.write(cells, rows)
             cache.shift[cells] = 0
 

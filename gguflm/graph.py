@@ -456,6 +456,11 @@ class Graph:
             return out
         ci, cache = self.ctx.cache_for_layer(il)
         k_store, v_store = cache.k[il], cache.v[il]
+        if k_store.rotation:   # a quantized cache holds rotated rows (gguflm.kv_store.rotation)
+            self.plan.hadamard(q, k_store.rotation, self.n_threads)
+            self.plan.hadamard(k, k_store.rotation, self.n_threads)
+        if v_store.rotation:
+            self.plan.hadamard(v, v_store.rotation, self.n_threads)
         self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
         self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
@@ -463,6 +468,8 @@ class Graph:
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data)
+        if v_store.rotation:
+            self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
 
     # -- outputs

@@ -332,6 +332,28 @@ static void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t 
     for (int64_t i = 0; i < n_rows; i++) gguflm_rms_norm_row(n, x + i * x_stride, w, eps, out + i * out_stride);
 }
 
+/* llama.cpp's attention rotation for a quantized KV cache: every `chunk` values of each row (a
+ * power of two) replaced by their orthonormal Walsh-Hadamard transform, in place, as ggml-cpu's
+ * fast transform computes it (ggml_compute_forward_fwht): scaled by 1/sqrtf(chunk) first, then
+ * the butterflies u + v, u - v with spans 1, 2, 4, ... Every step is one rounding, the same in
+ * any lane order, so no ISA variant is needed. */
+static void gguflm_hadamard_rows(int64_t n_rows, int64_t n, int chunk, float *x, int64_t x_stride, int n_threads) {
+    const float scale = 1.0f / sqrtf((float)chunk);
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++)
+        for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+            float *y = x + i * x_stride + c0;
+            for (int j = 0; j < chunk; j++) y[j] *= scale;
+            for (int span = 1; span < chunk; span <<= 1)
+                for (int b = 0; b < chunk; b += 2 * span)
+                    for (int j = b; j < b + span; j++) {
+                        const float u = y[j], v = y[j + span];
+                        y[j] = u + v;
+                        y[j + span] = u - v;
+                    }
+        }
+}
+
 /* rotate every row of x ([n_rows][n_heads * head_dim], row stride x_stride) by its position */
 static int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
                              int head_dim, float *x, int64_t x_stride, int n_threads) {

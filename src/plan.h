@@ -43,6 +43,7 @@ typedef enum {
     GGUFLM_OP_SWIGLU_OAI,    /* out = gpt-oss's clamped SwiGLU of x (gate) and y (up) */
     GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
     GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
+    GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
 } gguflm_op;
 
 typedef struct {
@@ -133,6 +134,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_TAKE_ROWS:
             for (int64_t i = 0; i < nd->n_rows; i++)
                 memcpy(out + i * nd->out_stride, nd->x + nd->i64[i] * nd->x_stride, sizeof(float) * nd->n);
+            break;
+        case GGUFLM_OP_HADAMARD:
+            gguflm_hadamard_rows(nd->n_rows, nd->n, nd->aux, out, nd->out_stride, nd->n_threads);
             break;
         case GGUFLM_OP_SCALE:
             for (int64_t i = 0; i < nd->n_rows; i++)

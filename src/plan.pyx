@@ -24,6 +24,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_COPY
         GGUFLM_OP_TAKE_ROWS
         GGUFLM_OP_SCALE
+        GGUFLM_OP_HADAMARD
         GGUFLM_OP_ADD
         GGUFLM_OP_ADD_ROW
         GGUFLM_OP_RMS_NORM
@@ -85,7 +86,7 @@ cdef extern from "plan.h" nogil:
                             const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone)
 
 _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP_COPY: "COPY",
-             GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_ADD: "ADD",
+             GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_HADAMARD: "HADAMARD", GGUFLM_OP_ADD: "ADD",
              GGUFLM_OP_ADD_ROW: "ADD_ROW", GGUFLM_OP_RMS_NORM: "RMS_NORM", GGUFLM_OP_QUANTIZE: "QUANTIZE",
              GGUFLM_OP_MATMUL: "MATMUL", GGUFLM_OP_ROPE: "ROPE", GGUFLM_OP_KV_STORE: "KV_STORE",
              GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
@@ -243,6 +244,10 @@ cdef class Plan:
     def scale(self, cnp.ndarray x, float s):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SCALE, 1, (x,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), s
+
+    def hadamard(self, cnp.ndarray x, int chunk, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_HADAMARD, n_threads, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.aux = x.shape[0], x.shape[1], _ptr(x), _stride(x), chunk
 
     def softcap(self, cnp.ndarray x, float cap):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SOFTCAP, 1, (x,))
