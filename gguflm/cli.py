@@ -55,7 +55,7 @@ def _llm(args: argparse.Namespace, **extra: Any):
     return LLM(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch,
                type_k=args.cache_type_k, type_v=args.cache_type_v, seed=_seed(args),
-               load_mode=args.load_mode, progress=_progress(args), **extra)
+               load_mode=args.load_mode, progress=_progress(args), **rope_options(args), **extra)
 
 
 def _seed(args: argparse.Namespace) -> int | None:
@@ -231,7 +231,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         with Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=args.ubatch_size or n_batch,
                      n_seq_max=max_sequences(model), n_threads=args.threads, n_threads_batch=args.threads_batch,
                      type_k=args.cache_type_k, type_v=args.cache_type_v, embeddings=True,
-                     pooling=args.pooling, logits=False) as ctx:
+                     pooling=args.pooling, logits=False, **rope_options(args)) as ctx:
             run = embed_prompts(ctx, text.split(args.embd_separator), n_batch, args.cls_separator,
                                 args.embd_normalize)
     sys.stdout.write(render(run, args.embd_output_format, args.embd_normalize))
@@ -301,6 +301,26 @@ def _context_args(p: argparse.ArgumentParser, ctx_size: int, batch_size: int) ->
                    help="threads for prompt processing (default: --threads)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=tuple(CACHE_TYPES))
     p.add_argument("-ctv", "--cache-type-v", default="f16", choices=tuple(CACHE_TYPES))
+    # RoPE scaling, as llama.cpp's flags (unset: the file's)
+    p.add_argument("--rope-scaling", choices=("none", "linear", "yarn", "longrope"), default=None,
+                   help="RoPE frequency scaling method (default: the model's)")
+    p.add_argument("--rope-scale", type=float, default=0.0, help="context scaling factor: freq scale 1 / N")
+    p.add_argument("--rope-freq-base", type=float, default=0.0, help="RoPE base frequency (default: the model's)")
+    p.add_argument("--rope-freq-scale", type=float, default=0.0, help="RoPE frequency scale (default: the model's)")
+    p.add_argument("--yarn-orig-ctx", type=int, default=0, help="YaRN: the model's original context size")
+    p.add_argument("--yarn-ext-factor", type=float, default=-1.0, help="YaRN: extrapolation mix (-1: by method)")
+    p.add_argument("--yarn-attn-factor", type=float, default=-1.0, help="YaRN: attention magnitude scale")
+    p.add_argument("--yarn-beta-slow", type=float, default=-1.0, help="YaRN: high correction dim")
+    p.add_argument("--yarn-beta-fast", type=float, default=-1.0, help="YaRN: low correction dim")
+
+
+def rope_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Context / LLM RoPE arguments of the flags (``--rope-scale N`` is freq scale 1 / N)."""
+    freq_scale = args.rope_freq_scale or (1.0 / args.rope_scale if args.rope_scale else 0.0)
+    return {"rope_scaling_type": args.rope_scaling, "rope_freq_base": args.rope_freq_base,
+            "rope_freq_scale": freq_scale, "yarn_orig_ctx": args.yarn_orig_ctx,
+            "yarn_ext_factor": args.yarn_ext_factor, "yarn_attn_factor": args.yarn_attn_factor,
+            "yarn_beta_slow": args.yarn_beta_slow, "yarn_beta_fast": args.yarn_beta_fast}
 
 
 def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:

@@ -30,6 +30,7 @@ from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
 from gguflm.pooling import PoolingType, build_pooling, pooling_inputs, resolve
+from gguflm.rope import rope_params
 from gguflm.system import guard_mode
 from gguflm.threads import resolve_n_threads
 
@@ -91,7 +92,9 @@ class Context:
                  type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
                  pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  swa_full: bool = False, abort_callback: Callable[[], bool] | None = None,
-                 logits: bool = True, kv_unified: bool = True):
+                 logits: bool = True, kv_unified: bool = True, rope_scaling_type: int | str | None = None,
+                 yarn_ext_factor: float = -1.0, yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0,
+                 yarn_beta_slow: float = -1.0, yarn_orig_ctx: int = 0):
         t0 = time.perf_counter()
         if model.vocab_only:
             raise VocabOnlyError(f"cannot create a context from {model.path.name}: it was loaded "
@@ -127,7 +130,10 @@ class Context:
         self.abort_callback = abort_callback
         self.rope_freq_base = rope_freq_base or hp.rope_freq_base_train
         self.rope_freq_scale = rope_freq_scale or hp.rope_freq_scale_train
-        self.yarn_ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
+        self.rope = rope_params(hp, rope_scaling_type, self.rope_freq_scale, yarn_ext_factor, yarn_attn_factor,
+                                yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx)
+        self.rope_scaling_type = self.rope.scaling_type
+        self.rope_freq_scale = self.rope.freq_scale
 
         # one cache for global layers, one window-sized cache for sliding-window layers
         swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
@@ -180,11 +186,11 @@ class Context:
         return RopeConfig(
             freq_base=hp.rope_freq_base_train_swa if swa else self.rope_freq_base,
             freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope_freq_scale,
-            ext_factor=self.yarn_ext_factor,
-            attn_factor=hp.yarn_attn_factor,
-            beta_fast=hp.yarn_beta_fast,
-            beta_slow=hp.yarn_beta_slow,
-            n_ctx_orig=hp.n_ctx_orig_yarn or hp.n_ctx_train,
+            ext_factor=self.rope.ext_factor,
+            attn_factor=self.rope.attn_factor,
+            beta_fast=self.rope.beta_fast,
+            beta_slow=self.rope.beta_slow,
+            n_ctx_orig=self.rope.n_ctx_orig,
             freq_factors=None if factors is None else factors.data,
         )
 
@@ -201,6 +207,7 @@ class Context:
             "n_threads_batch": self.n_threads_batch, "type_k": self.type_k, "type_v": self.type_v,
             "embeddings": self.embeddings, "pooling": self.pooling, "swa_full": self.swa_full,
             "freq_base": self.rope_freq_base, "freq_scale": self.rope_freq_scale,
+            "rope_scaling": self.rope_scaling_type,
             "kv_cells": [c.size for c in self._caches],
             "kv_size_mib": self.memory.nbytes / 2**20,
         }

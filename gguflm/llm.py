@@ -55,8 +55,12 @@ __all__ = ["LLM", "Completion", "Chunk"]
 _IGNORED_LLAMA_ARGS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
     "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
-    "lora_scale", "spm_infill", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
-    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx",
+    "lora_scale", "spm_infill",
+})
+# ... and those passed to the Context as they are
+_CONTEXT_LLAMA_ARGS = frozenset({
+    "kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale", "rope_scaling_type", "yarn_ext_factor",
+    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx",
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
@@ -134,9 +138,11 @@ class LLM:
         sequence 0.
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
-        ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
-        ``rope_freq_scale`` are honoured; GPU, logging and RoPE-scaling switches
-        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, draft models and
+        ``chat_format``, ``last_n_tokens_size``, ``swa_full`` and the RoPE ones
+        (``rope_scaling_type``, ``rope_freq_base``, ``rope_freq_scale``, ``yarn_ext_factor``,
+        ``yarn_attn_factor``, ``yarn_beta_fast``, ``yarn_beta_slow``, ``yarn_orig_ctx``) are
+        honoured; GPU and logging switches (``n_gpu_layers``, ``verbose``, ...) are accepted and
+        ignored; LoRA, draft models and
         custom chat handlers raise ValueError when set; anything else is a TypeError.
 
     Raises
@@ -709,7 +715,7 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
                 options["chat_template"] = value
         elif key == "last_n_tokens_size":
             options["penalty_last_n"] = int(value)
-        elif key in ("kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale"):
+        elif key in _CONTEXT_LLAMA_ARGS:
             if value is not None:
                 options[key] = value
         elif key in _UNSUPPORTED_LLAMA_ARGS:

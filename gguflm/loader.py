@@ -89,6 +89,12 @@ class Weight:
     def nbytes(self) -> int:
         return self.data.nbytes
 
+    def as_matrix(self) -> Weight:
+        """A vector as the one-row matrix a matmul takes it as (shape (n, 1))."""
+        if len(self.shape) != 1:
+            return self
+        return Weight(self.name, self.type, (self.shape[0], 1), self.data.reshape(1, -1))
+
 
 def apply_overrides(metadata: Mapping[str, Any], overrides: Mapping[str, Any] | None,
                     value_types: Mapping[str, GGUFValueType], source: str) -> dict[str, Any]:

@@ -18,7 +18,9 @@
  * rather than padded to 256 cells: their vector loops then leave the last n_tok % lanes cells to
  * scalar tails (libm expf in the softmax, gguflm_dot_f32_unfused's loop in the dots), which
  * gguflm reproduces. ALiBi
- * (jina-bert-v2) adds slope(head) * -|p_cell - p_tok| to every visible score.
+ * (jina-bert-v2) adds slope(head) * -|p_cell - p_tok| to every visible score. Attention sinks
+ * (gpt-oss) join each head's softmax as ggml_soft_max_add_sinks does: the max is taken over the
+ * scores and the sink, and exp(sink - max) (libm) is added to the sum.
  *
  * The row kernels live in ops_body.h, compiled twice: scalar, and AVX2+FMA+F16C.
  */
@@ -139,6 +141,8 @@ typedef struct {
     const int32_t *cell_seq_id;  /* no cache: [n_kv] each cell's one sequence (in place of cell_seq); else NULL */
     int n_cols;                /* no cache: ggml's score row length (n_kv), for its scalar tails; 0 with a cache */
     float max_bias;            /* ALiBi's maximum bias, 0 = none */
+    const float *sinks;        /* [n_head] attention sinks (gpt-oss): a logit per head that takes
+                                  part in the softmax without a value; NULL = none */
 } gguflm_attn_args;
 
 /* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)

@@ -286,6 +286,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.cell_seq_id = &cell_seq_id[0] if cell_seq_id is not None and cell_seq_id.shape[0] else NULL
     a.n_cols = n_cols
     a.max_bias = max_bias
+    a.sinks = NULL
     _check_threads(n_threads)
     cdef int rc, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
     with nogil:

@@ -61,5 +61,6 @@ cdef extern from "ops.h" nogil:
         const int32_t *cell_seq_id
         int n_cols
         float max_bias
+        const float *sinks
     int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
 
