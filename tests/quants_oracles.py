@@ -9,6 +9,10 @@ from gguflm.ggml_types import GGMLType
 
 # every format that has a dot kernel
 DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
+# the ones tests/ggml_lanes.py re-implements in numpy; issue 15's value-table and ternary formats
+# are checked against ggml's own functions instead (tests/test_quants_lut.py)
+LANES_TYPES = [t for t in DOT_TYPES if t not in (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0,
+                                                  GGMLType.TQ2_0)]
 
 
 def generate_data(offset: float, n: int, amplitude: float = 2.0) -> np.ndarray:
