@@ -65,6 +65,30 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path
 #undef GGUFLM_LUT32_LANES
 }
 
+/* Repacked IQ4_NL / MXFP4 (the Q4_0_REPACK recipe) for 8 rows at once, lane r of every vector
+ * being weight row r as in ggml's 8x8 GEMV: the rows' block sums by a transposing reduction, then
+ * one fma per block for the 8 rows (each lane the scalar recipe's steps). */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut32_rows8)(int type, int64_t n, const uint8_t *w,
+                                                                          int64_t ws, const block_q8_0 *y, float *out) {
+    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
+    const size_t bx = gguflm_lut32_bytes(type);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        __m256i p[8];
+        float dx[8];
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t *xb = w + r * ws + ib * bx;
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 64, bx);
+            p[r] = GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, gguflm_lut32_qs(type, xb)), qy);
+            dx[r] = gguflm_lut32_scale(type, xb);
+        }
+        const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(dx), _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(y[ib].d)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(p)), d, acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
 /* ---- 256-element super-blocks against Q8_K ---- */
 
 /* q * 3 and q * 9 per byte, mod 256 (no 8-bit multiply: shifts within 16-bit lanes, masked) */
@@ -170,11 +194,27 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut256_1)(int pat
     }
 GGUFLM_SIMD_LUT(DOT, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(SGEMM, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
-GGUFLM_SIMD_LUT(Q4_0_REPACK, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(DOT, mxfp4, GGUFLM_MXFP4, lut32_1, block_q8_0)
-GGUFLM_SIMD_LUT(Q4_0_REPACK, mxfp4, GGUFLM_MXFP4, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(DOT, iq4_xs, GGUFLM_IQ4_XS, lut256_1, block_q8_K)
 GGUFLM_SIMD_LUT(TILED, iq4_xs, GGUFLM_IQ4_XS, lut256_1, block_q8_K)
 GGUFLM_SIMD_LUT(DOT, tq1_0, GGUFLM_TQ1_0, lut256_1, block_q8_K)
 GGUFLM_SIMD_LUT(DOT, tq2_0, GGUFLM_TQ2_0, lut256_1, block_q8_K)
 #undef GGUFLM_SIMD_LUT
+/* repacked: groups of 8 rows (each group's weights stay in L1 across the tokens), the rest one by one */
+#define GGUFLM_SIMD_LUT_REPACK(tag, TYPE)                                                                        \
+    static void GGUFLM_SIMD(Q4_0_REPACK_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,              \
+                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,   \
+                                               int arith) {                                                      \
+        (void)arith;                                                                                             \
+        int64_t r = 0;                                                                                           \
+        for (; r + 8 <= nr; r += 8)                                                                              \
+            for (int64_t t = 0; t < nt; ++t)                                                                     \
+                GGUFLM_SIMD(lut32_rows8)(TYPE, n, w + r * ws, ws, (const block_q8_0 *)(y + t * ys), o + t * os + r); \
+        for (; r < nr; ++r)                                                                                      \
+            for (int64_t t = 0; t < nt; ++t)                                                                     \
+                o[t * os + r] = GGUFLM_SIMD(lut32_1)(GGUFLM_PATH_Q4_0_REPACK, TYPE, n, w + r * ws,               \
+                                                     (const block_q8_0 *)(y + t * ys));                          \
+    }
+GGUFLM_SIMD_LUT_REPACK(iq4_nl, GGUFLM_IQ4_NL)
+GGUFLM_SIMD_LUT_REPACK(mxfp4, GGUFLM_MXFP4)
+#undef GGUFLM_SIMD_LUT_REPACK

@@ -1,8 +1,8 @@
 """IQ4_NL, IQ4_XS, MXFP4, TQ1_0 and TQ2_0 (issue 15) against ggml itself, through the libraries
-llama-cpp-python ships: quantize (with and without importance weights) byte for byte against
-ggml_quantize_chunk, dequantize against ggml's to_float, dot against ggml-cpu's vec_dot, and
-matmul against ggml_mul_mat on the CPU backend (which picks the repacked GEMV/GEMM, llamafile's
-sgemm, the tiled GEMM or vec_dot as llama.cpp does), on every ISA this machine runs: all bit-exact.
+llama-cpp-python ships: dot against ggml-cpu's vec_dot, and matmul against ggml_mul_mat on the CPU
+backend (which picks the repacked GEMV/GEMM, llamafile's sgemm, the tiled GEMM or vec_dot as
+llama.cpp does), on every ISA this machine runs: all bit-exact. Their quantize and dequantize
+meet ggml in tests/test_quants_imatrix.py with every other format.
 """
 
 from __future__ import annotations
@@ -36,46 +36,6 @@ def test_layout_matches_gguf_package(t):
     assert (fmt.block_size, fmt.type_size) == GGML_QUANT_SIZES[GGMLQuantizationType(int(t))]
     assert fmt.vec_dot_type == (GGMLType.Q8_0 if fmt.block_size == 32 else GGMLType.Q8_K)
     assert fmt in q.formats() and q.get(t.name.lower()) is fmt
-
-
-@pytest.mark.parametrize("t", TYPES, ids=IDS)
-@settings(max_examples=12, deadline=None)
-@given(data=st.data())
-def test_quantize_matches_ggml_quantize_chunk(t, data):
-    """Bytes of ggml_quantize_chunk, without and with an importance matrix (IQ4_NL and IQ4_XS
-    search with it; MXFP4 and the ternary types ignore it, as ggml does)."""
-    _ggml.require_ggml()
-    fmt = q.get(t)
-    k = fmt.block_size * data.draw(st.integers(1, 8 if fmt.block_size == 32 else 2))
-    x = data.draw(gst.float_rows(k, n_rows=st.integers(1, 3), max_magnitude=1e3))
-    imatrix = data.draw(gst.imatrices(k))
-    assert np.array_equal(fmt.quantize(x), _ggml.quantize_chunk(t, x))
-    assert np.array_equal(fmt.quantize(x, imatrix=imatrix), _ggml.quantize_chunk(t, x, imatrix))
-
-
-def test_imatrix_changes_iq4_choices():
-    """The importance weights are used: a weight-skewed imatrix moves some IQ4_XS bytes."""
-    fmt = q.get("IQ4_XS")
-    x = np.random.default_rng(3).standard_normal((4, 512)).astype(np.float32)
-    w = np.where(np.arange(512) % 7 == 0, 100.0, 0.01).astype(np.float32)
-    assert not np.array_equal(fmt.quantize(x), fmt.quantize(x, imatrix=w))
-
-
-def test_imatrix_shape_is_checked():
-    with pytest.raises(ValueError, match="one weight per column"):
-        q.get("IQ4_NL").quantize(np.zeros(64, np.float32), imatrix=np.ones(32, np.float32))
-
-
-@pytest.mark.parametrize("t", TYPES, ids=IDS)
-@settings(max_examples=10, deadline=None)
-@given(data=st.data())
-def test_dequantize_matches_ggml_to_float(t, data):
-    _ggml.require_ggml()
-    fmt = q.get(t)
-    nb = data.draw(st.integers(1, 6))
-    blob = data.draw(gst.quantized_blocks(fmt, nb))
-    n = nb * fmt.block_size
-    assert np.array_equal(_bits(fmt.dequantize(blob)), _bits(_ggml.to_float(t, blob, n)))
 
 
 @pytest.mark.parametrize("isa", ISAS)
