@@ -90,7 +90,7 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             share = row["gbs"][max(threads)] / results["read_gbs"][max(threads)] * 100
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f}")
-    out("* K-quant columns rounded up to whole 256-element blocks; 'cpu': on the thread's CPU clock")
+    out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock")
     return results
 
 
