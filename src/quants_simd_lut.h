@@ -141,46 +141,53 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq_values)(int typ
     u[7] = GGUFLM_SIMD(top_trit)(_mm256_inserti128_si256(r81, _mm_loadu_si128((const __m128i *)h), 1));
 }
 
-/* the 8 int32 lanes of one super-block (gguflm_lut256_lanes) */
-static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(lut256_lanes)(int type, const uint8_t *xb,
-                                                                              const block_q8_K *y) {
-    __m256i lanes = _mm256_setzero_si256();
-    if (type == GGUFLM_IQ4_XS) {
-        const block_iq4_xs *b = (const block_iq4_xs *)xb;
-        const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_kvalues_iq4nl);
-        for (int ib = 0; ib < QK_K / 32; ++ib) {
-            const __m256i p = GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, b->qs + 16 * ib),
-                                                     _mm256_loadu_si256((const __m256i *)(y->qs + 32 * ib)));
-            lanes = _mm256_add_epi32(lanes, _mm256_mullo_epi32(p, _mm256_set1_epi32(gguflm_iq4_xs_scale(b, ib))));
-        }
-        return lanes;
-    }
-    __m256i u[8];
-    GGUFLM_SIMD(tq_values)(type, xb, u);
-    for (int c = 0; c < 8; ++c)
-        lanes = _mm256_add_epi32(lanes, GGUFLM_SIMD(dot_u8_s8)(u[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))));
-    const __m256i bsums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_set1_epi16(1));
-    return _mm256_sub_epi32(lanes, bsums);
-}
-
-static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut256_1)(int path, int type, int64_t n, const uint8_t *x,
-                                                                        const block_q8_K *y) {
+/* one row against T <= 4 tokens (out[t * os]): each super-block's values are decoded once for the
+ * tokens, then per token the 8 int32 lanes of gguflm_lut256_lanes and the recipe's float step */
+#define GGUFLM_LUT256_TOKENS 4
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut256_tile)(int path, int type, int64_t n,
+                                                                          const uint8_t *x, const uint8_t *y,
+                                                                          int64_t ys, int T, float *out, int64_t os) {
     const size_t bx = gguflm_lut256_bytes(type);
-    __m256 acc = _mm256_setzero_ps();
-    float out = 0.0f;
+    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_kvalues_iq4nl);
+    __m256 acc[GGUFLM_LUT256_TOKENS];
+    float tiled[GGUFLM_LUT256_TOKENS];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps(), tiled[t] = 0.0f;
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = x + i * bx;
         GGUFLM_SIMD(prefetch)(xb + 2 * bx, bx);
-        const __m256i lanes = GGUFLM_SIMD(lut256_lanes)(type, xb, &y[i]);
+        __m256i u[8];
+        int32_t ls[8];
+        if (type == GGUFLM_IQ4_XS) {
+            const block_iq4_xs *b = (const block_iq4_xs *)xb;
+            for (int c = 0; c < 8; ++c) {
+                u[c] = GGUFLM_SIMD(lut_32)(table, b->qs + 16 * c);
+                ls[c] = gguflm_iq4_xs_scale(b, c);
+            }
+        } else {
+            GGUFLM_SIMD(tq_values)(type, xb, u);
+        }
         const float dx = GGUFLM_FP16_TO_FP32_SIMD(type == GGUFLM_IQ4_XS ? ((const block_iq4_xs *)xb)->d : gguflm_tq_d(type, xb));
-        if (path == GGUFLM_PATH_TILED)
-            out = gguflm_tiled_step(0, dx, 0.0f, GGUFLM_SIMD(hsum_i32)(lanes), 0, y[i].d, out);
-        else if (type == GGUFLM_IQ4_XS)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * y[i].d), _mm256_cvtepi32_ps(lanes), acc);
-        else
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(y[i].d * dx), acc);
+        for (int t = 0; t < T; ++t) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
+            __m256i lanes = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * c));
+                lanes = _mm256_add_epi32(lanes, type == GGUFLM_IQ4_XS
+                                                    ? _mm256_mullo_epi32(GGUFLM_SIMD(dot_s8_s8)(u[c], qy), _mm256_set1_epi32(ls[c]))
+                                                    : GGUFLM_SIMD(dot_u8_s8)(u[c], qy));
+            }
+            if (type != GGUFLM_IQ4_XS)   /* the ternary offset, through the activation's bsums */
+                lanes = _mm256_sub_epi32(lanes, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums),
+                                                                  _mm256_set1_epi16(1)));
+            if (path == GGUFLM_PATH_TILED)
+                tiled[t] = gguflm_tiled_step(0, dx, 0.0f, GGUFLM_SIMD(hsum_i32)(lanes), 0, yb->d, tiled[t]);
+            else if (type == GGUFLM_IQ4_XS)
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * yb->d), _mm256_cvtepi32_ps(lanes), acc[t]);
+            else
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(yb->d * dx), acc[t]);
+        }
     }
-    return path == GGUFLM_PATH_TILED ? out : GGUFLM_SIMD(hsum_f32)(acc);
+    for (int t = 0; t < T; ++t) out[t * os] = path == GGUFLM_PATH_TILED ? tiled[t] : GGUFLM_SIMD(hsum_f32)(acc[t]);
 }
 
 /* rows x tokens, one output at a time (each weight row stays in L1 across the tokens) */
@@ -195,11 +202,30 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut256_1)(int pat
 GGUFLM_SIMD_LUT(DOT, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(SGEMM, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(DOT, mxfp4, GGUFLM_MXFP4, lut32_1, block_q8_0)
-GGUFLM_SIMD_LUT(DOT, iq4_xs, GGUFLM_IQ4_XS, lut256_1, block_q8_K)
-GGUFLM_SIMD_LUT(TILED, iq4_xs, GGUFLM_IQ4_XS, lut256_1, block_q8_K)
-GGUFLM_SIMD_LUT(DOT, tq1_0, GGUFLM_TQ1_0, lut256_1, block_q8_K)
-GGUFLM_SIMD_LUT(DOT, tq2_0, GGUFLM_TQ2_0, lut256_1, block_q8_K)
 #undef GGUFLM_SIMD_LUT
+/* 256-element super-blocks: a row against the tokens in fours; a single token gets the tile
+ * compiled for T = 1 (decode streams the weights: no per-token arrays there) */
+#define GGUFLM_SIMD_LUT256(path, tag, TYPE)                                                                      \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
+        (void)arith;                                                                                             \
+        if (nt == 1) {                                                                                           \
+            for (int64_t r = 0; r < nr; ++r)                                                                     \
+                GGUFLM_SIMD(lut256_tile)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, y, ys, 1, o + r, os);          \
+            return;                                                                                              \
+        }                                                                                                        \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += GGUFLM_LUT256_TOKENS) {                                             \
+                const int T = (int)(nt - t < GGUFLM_LUT256_TOKENS ? nt - t : GGUFLM_LUT256_TOKENS);              \
+                GGUFLM_SIMD(lut256_tile)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, y + t * ys, ys, T, o + t * os + r, os); \
+            }                                                                                                    \
+    }
+GGUFLM_SIMD_LUT256(DOT, iq4_xs, GGUFLM_IQ4_XS)
+GGUFLM_SIMD_LUT256(TILED, iq4_xs, GGUFLM_IQ4_XS)
+GGUFLM_SIMD_LUT256(DOT, tq1_0, GGUFLM_TQ1_0)
+GGUFLM_SIMD_LUT256(DOT, tq2_0, GGUFLM_TQ2_0)
+#undef GGUFLM_SIMD_LUT256
+#undef GGUFLM_LUT256_TOKENS
 /* repacked: groups of 8 rows (each group's weights stay in L1 across the tokens), the rest one by one */
 #define GGUFLM_SIMD_LUT_REPACK(tag, TYPE)                                                                        \
     static void GGUFLM_SIMD(Q4_0_REPACK_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,              \

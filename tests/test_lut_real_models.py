@@ -101,18 +101,19 @@ def test_llama_cpp_quantized_smollm_matches_llama_cpp(smollm_f16, name):
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2, verbose=False)
     exact = total = 0
     worst_kl = worst_diff = 0.0
-    with gguflm.Model.load(path) as model, _ggml.same_arithmetic():
+    with gguflm.Model.load(path) as model, _ggml.same_arithmetic(), \
+            gguflm.Context(model, n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
         for case in cases:
             tokens = case["tokens"]
             llm.reset()
             llm.eval(tokens)
             theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
-            with gguflm.Context(model, n_ctx=512, n_threads=2, n_threads_batch=2) as ctx:
-                batch = gguflm.Batch(len(tokens))
-                for pos, tok in enumerate(tokens):
-                    batch.add(tok, pos, [0], True)
-                assert ctx.decode(batch) == 0
-                ours = ctx.get_logits()[:len(tokens)].copy()
+            ctx.memory.clear()
+            batch = gguflm.Batch(len(tokens))
+            for pos, tok in enumerate(tokens):
+                batch.add(tok, pos, [0], True)
+            assert ctx.decode(batch) == 0
+            ours = ctx.get_logits()[:len(tokens)].copy()
             assert np.array_equal(ours.argmax(-1), theirs.argmax(-1)), case["prompt"]
             diff = np.abs(ours - theirs).max(axis=-1)
             lt = _log_softmax(theirs)
