@@ -77,13 +77,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut32_rows8)(int t
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
         __m256i p[8];
         float dx[8];
+        ggml_half dh[8];
         for (int r = 0; r < 8; ++r) {
             const uint8_t *xb = w + r * ws + ib * bx;
             GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 64, bx);
             p[r] = GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, gguflm_lut32_qs(type, xb)), qy);
-            dx[r] = gguflm_lut32_scale(type, xb);
+            if (type == GGUFLM_MXFP4) dx[r] = gguflm_e8m0_to_fp32_half(((const block_mxfp4 *)xb)->e);
+            else dh[r] = ((const block_iq4_nl *)xb)->d;
         }
-        const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(dx), _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(y[ib].d)));
+        /* IQ4_NL's 8 half-precision scales in one conversion (the same bits as one by one) */
+        const __m256 dxv = type == GGUFLM_MXFP4 ? _mm256_loadu_ps(dx) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(y[ib].d)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(p)), d, acc);
     }
     _mm256_storeu_ps(out, acc);
