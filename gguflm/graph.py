@@ -335,9 +335,10 @@ class Graph:
         outs = []
         for w, partner in zip(weights, partners):
             out = self.new(x.shape[0], w.data.shape[0])
-            # llama.cpp repacks every matmul weight except the token embedding (it also serves
-            # get_rows), which a tied output projection multiplies in its file layout
-            repacked = w.name != "token_embd.weight"
+            # llama.cpp repacks every matmul weight, a tied output projection too: it loads the
+            # token embedding a second time as the output layer's tensor (TENSOR_DUPLICATED, in
+            # the output layer's buffer type), which the repack buffer holds like any matmul weight
+            repacked = True
             self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out, repacked,
                              self.n_threads)
             outs.append(out)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gguflm import quants
 from gguflm.errors import GGUFError, LoadCancelled, ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, TensorInfo
@@ -36,12 +37,8 @@ log = logging.getLogger("gguflm")
 LoadMode = Literal["auto", "mmap", "none", "mlock", "mmap+mlock"]
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
-# weight types the kernels compute with
-SUPPORTED_TYPES = frozenset({
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
-    GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-    GGMLType.Q6_K,
-})
+# weight types the kernels compute with: every format with a dot kernel
+SUPPORTED_TYPES = frozenset(f.type for f in quants.formats() if f.vec_dot_type is not None)
 
 
 class MissingTensorError(ModelLoadError):
@@ -138,6 +135,7 @@ def _scale_fields(t: GGMLType) -> list[int]:
         GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
         GGMLType.Q8_0: [0], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2],
         GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+        GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0], GGMLType.TQ1_0: [52], GGMLType.TQ2_0: [64],
     }.get(t, [])
 
 

@@ -33,7 +33,9 @@ _GUESSED_FILE_TYPES = {
     GGMLType.Q5_1: FileType.MOSTLY_Q5_1, GGMLType.Q8_0: FileType.MOSTLY_Q8_0,
     GGMLType.Q2_K: FileType.MOSTLY_Q2_K, GGMLType.Q3_K: FileType.MOSTLY_Q3_K_M,
     GGMLType.Q4_K: FileType.MOSTLY_Q4_K_M, GGMLType.Q5_K: FileType.MOSTLY_Q5_K_M,
-    GGMLType.Q6_K: FileType.MOSTLY_Q6_K,
+    GGMLType.Q6_K: FileType.MOSTLY_Q6_K, GGMLType.IQ4_NL: FileType.MOSTLY_IQ4_NL,
+    GGMLType.IQ4_XS: FileType.MOSTLY_IQ4_XS, GGMLType.TQ1_0: FileType.MOSTLY_TQ1_0,
+    GGMLType.TQ2_0: FileType.MOSTLY_TQ2_0, GGMLType.MXFP4: FileType.MOSTLY_MXFP4_MOE,
 }
 
 

@@ -91,6 +91,28 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
             fn(&x[i, 0], &out[i, 0], k)
 
 
+def quantize_weighted(int type, const float[:, ::1] x, uint8_t[:, ::1] out, const float[::1] qw):
+    """Quantize rows ``x`` [n, k] into ``out`` as ggml_quantize_chunk does with the importance
+    weights ``qw`` [k] (one per column; types whose ggml quantizer ignores them: the reference)."""
+    _check_type(type)
+    cdef int64_t n = x.shape[0], k = x.shape[1], i
+    cdef int64_t rb = _row_bytes(type, k)
+    if out.shape[0] != n or out.shape[1] != rb:
+        raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
+    if qw.shape[0] != k:
+        raise ValueError(f"the importance weights must be one per column ({k}), got {qw.shape[0]}")
+    cdef gguflm_quantize_w_fn fn = gguflm_quantize_weighted(type)
+    cdef gguflm_from_float_fn ref = gguflm_from_float(_switch.isa, type, 0)
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        for i in range(n):
+            if fn != NULL:
+                fn(&x[i, 0], &out[i, 0], k, &qw[0])
+            else:
+                ref(&x[i, 0], &out[i, 0], k)
+
+
 def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):
     """Dequantize rows ``blob`` [n, row_bytes(type, k)] into ``out`` [n, k]."""
     _check_type(type)
@@ -164,7 +186,7 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations
     are quantized to the partner type inside the same parallel region. Each output is computed
     with the arithmetic llama.cpp's CPU backend uses for this shape; ``repacked``: ``w`` is a weight
-    llama.cpp would repack (False for a token embedding that doubles as the output matrix)."""
+    llama.cpp would repack (False: one in its plain CPU buffer)."""
     if x.shape[1] != n_in:
         raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
     if not _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads):

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include "omp_compat.h"
 #include "quants_simd.h"
+#include "quants_imatrix.h"
 
 typedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k);
 typedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k);
@@ -43,6 +44,12 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_Q5_K] = {"Q5_K", 256, 176, GGUFLM_Q8_K, gguflm_dequantize_row_q5_K, gguflm_quantize_row_q5_K, gguflm_quantize_row_q5_K},
     [GGUFLM_Q6_K] = {"Q6_K", 256, 210, GGUFLM_Q8_K, gguflm_dequantize_row_q6_K, gguflm_quantize_row_q6_K, gguflm_quantize_row_q6_K},
     [GGUFLM_Q8_K] = {"Q8_K", 256, 292, -1, gguflm_dequantize_row_q8_K, gguflm_quantize_row_q8_K, gguflm_quantize_row_q8_K},
+    /* issue 15's value-table and ternary formats */
+    [GGUFLM_IQ4_NL] = {"IQ4_NL", 32, 18, GGUFLM_Q8_0, gguflm_dequantize_row_iq4_nl, gguflm_quantize_row_iq4_nl, gguflm_quantize_row_iq4_nl},
+    [GGUFLM_IQ4_XS] = {"IQ4_XS", 256, 136, GGUFLM_Q8_K, gguflm_dequantize_row_iq4_xs, gguflm_quantize_row_iq4_xs, gguflm_quantize_row_iq4_xs},
+    [GGUFLM_TQ1_0] = {"TQ1_0", 256, 54, GGUFLM_Q8_K, gguflm_dequantize_row_tq1_0, gguflm_quantize_row_tq1_0, gguflm_quantize_row_tq1_0},
+    [GGUFLM_TQ2_0] = {"TQ2_0", 256, 66, GGUFLM_Q8_K, gguflm_dequantize_row_tq2_0, gguflm_quantize_row_tq2_0, gguflm_quantize_row_tq2_0},
+    [GGUFLM_MXFP4] = {"MXFP4", 32, 17, GGUFLM_Q8_0, gguflm_dequantize_row_mxfp4, gguflm_quantize_row_mxfp4, gguflm_quantize_row_mxfp4},
 };
 
 static inline int gguflm_type_known(int type) {

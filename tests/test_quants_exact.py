@@ -23,7 +23,7 @@ from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
-from quants_oracles import DOT_TYPES
+from quants_oracles import LANES_TYPES as DOT_TYPES
 
 ISAS = system.supported_isas()
 FLOAT_TYPES = [t for t in DOT_TYPES if q.get(t).block_size == 1]

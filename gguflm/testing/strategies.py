@@ -4,7 +4,8 @@
 kind (zeros, constants, one spike among small values, subnormals, huge or tiny magnitudes, mixed
 signs, one-signed runs); ``quantized_blocks`` draws valid blocks of any format (finite scales,
 consistent Q8_1 ``s`` and Q8_K ``bsums``), optionally with scales of +-1 so that every float
-operation of a dot is exact; ``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
+operation of a dot is exact; ``imatrices`` draws importance weights (ggml's quant_weights);
+``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
 """
 
 from __future__ import annotations
@@ -72,6 +73,24 @@ def quantized_blocks(draw, fmt: Format, n_blocks: int | st.SearchStrategy[int], 
     nb = draw(n_blocks) if isinstance(n_blocks, st.SearchStrategy) else n_blocks
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return random_blocks(fmt, nb, rng, exact=exact, int8_min=int8_min, tiny=tiny)
+
+
+@st.composite
+def imatrices(draw, n_columns: int) -> np.ndarray:
+    """float32 [n_columns] importance weights as ggml's imatrix holds them (mean squared
+    activations, >= 0): of one kind each, lognormal spreads, uniform, constant, or sparse with
+    most columns zero."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["lognormal", "uniform", "constant", "sparse"]))
+    if kind == "lognormal":
+        w = np.exp(rng.standard_normal(n_columns) * draw(st.floats(0.1, 4.0)))
+    elif kind == "uniform":
+        w = rng.uniform(0.0, 1.0, n_columns)
+    elif kind == "constant":
+        w = np.full(n_columns, 10.0 ** draw(st.floats(-4, 4)))
+    else:
+        w = np.where(rng.random(n_columns) < 0.1, rng.uniform(0.1, 10.0, n_columns), 0.0)
+    return w.astype(np.float32)
 
 
 @st.composite
