@@ -38,12 +38,14 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_geglu_row)(const ggml_half *table, in
 
 /* y[i] = x[i] as floats (fp16 -> fp32 is exact) */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_half *x, float *y) {
+    int i = 0;
 #if GGUFLM_VARIANT_AVX2
-    for (int i = 0; i < n; i += 8)
+    /* whole vectors only: y is exactly n floats (a head of 36 values must not spill into the
+     * scratch that follows it) */
+    for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
-#else
-    for (int i = 0; i < n; i++) y[i] = gguflm_fp16_to_fp32(x[i]);
 #endif
+    for (; i < n; i++) y[i] = gguflm_fp16_to_fp32(x[i]);
 }
 
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane (fused, or with the product

@@ -20,7 +20,9 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from _llama import require_peer
 from gguflm import Batch, Context, Model
+from gguflm.ggml_types import GGMLType
 from tiny_models import N_VOCAB, TinyModel, tiny_models, write_tiny_model
 
 try:
@@ -142,3 +144,21 @@ def test_real_models_give_the_same_floats_at_every_thread_count(real_model_path)
             for n_threads in THREADS[1:]:
                 other = prompt_logits(model, tokens, n_threads, n_ubatch, "f16", "f16")
                 assert (other.view(np.uint32) == first.view(np.uint32)).all(), (n_threads, n_ubatch)
+
+
+def test_head_sizes_that_are_no_multiple_of_8_give_llama_cpps_logits(tmp_path):
+    """Value heads of 36 and 44 values with an f16 cache: P·V converts each V row in 8-value
+    vectors, and a row's last partial vector once spilled into the accumulators after it."""
+    require_peer()
+    tokens = [1, 196, 3, 3, 3, 194, 7, 9, 11]
+    types = {k: GGMLType.F16 for k in ("token_embd", "output", "attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up",
+                                       "attn_output", "ffn_down")}
+    for head_dim in (36, 44):
+        spec = TinyModel("llama", n_embd=4 * head_dim, head_dim=head_dim, n_head=4, n_head_kv=2, n_ff=128,
+                         n_layer=1, tied_output=False, types=types)
+        path = tmp_path / f"h{head_dim}.gguf"
+        write_tiny_model(spec, path, np.random.default_rng(0))
+        with Model.load(path) as model:
+            for n_ubatch in (1, len(tokens)):
+                ours = prompt_logits(model, tokens, 2, n_ubatch, "f16", "f16")
+                np.testing.assert_array_equal(ours, llama_cpp_logits(path, tokens, n_ubatch, "f16", "f16"))
