@@ -84,6 +84,8 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
     if out.shape[0] != n or out.shape[1] != rb:
         raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
     cdef gguflm_from_float_fn fn = gguflm_from_float(_switch.isa, type, activation)
+    if fn == NULL:
+        raise ValueError(f"quantizing to {gguflm_traits[type].name.decode()} is not implemented")
     if n == 0 or k == 0:
         return
     with nogil:

@@ -23,6 +23,11 @@ enum {
     GGUFLM_Q8_0 = 8, GGUFLM_Q8_1 = 9, GGUFLM_Q2_K = 10, GGUFLM_Q3_K = 11, GGUFLM_Q4_K = 12,
     GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30, GGUFLM_TYPE_COUNT = 31
 };
+/* the grid i-quants (quants_iq.h) */
+enum {
+    GGUFLM_IQ2_XXS = 16, GGUFLM_IQ2_XS = 17, GGUFLM_IQ3_XXS = 18, GGUFLM_IQ1_S = 19, GGUFLM_IQ3_S = 21,
+    GGUFLM_IQ2_S = 22, GGUFLM_IQ1_M = 29
+};
 
 /* round to nearest, ties to even, for |fval| <= 2^22: adding 1.5 * 2^23 leaves the integer in the
  * low mantissa bits (ggml's nearest_int) */
