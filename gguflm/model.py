@@ -34,6 +34,10 @@ _GUESSED_FILE_TYPES = {
     GGMLType.Q2_K: FileType.MOSTLY_Q2_K, GGMLType.Q3_K: FileType.MOSTLY_Q3_K_M,
     GGMLType.Q4_K: FileType.MOSTLY_Q4_K_M, GGMLType.Q5_K: FileType.MOSTLY_Q5_K_M,
     GGMLType.Q6_K: FileType.MOSTLY_Q6_K,
+    GGMLType.IQ2_XXS: FileType.MOSTLY_IQ2_XXS, GGMLType.IQ2_XS: FileType.MOSTLY_IQ2_XS,
+    GGMLType.IQ2_S: FileType.MOSTLY_IQ2_S, GGMLType.IQ3_XXS: FileType.MOSTLY_IQ3_XXS,
+    GGMLType.IQ3_S: FileType.MOSTLY_IQ3_S, GGMLType.IQ1_S: FileType.MOSTLY_IQ1_S,
+    GGMLType.IQ1_M: FileType.MOSTLY_IQ1_M,
 }
 
 
