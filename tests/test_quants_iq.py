@@ -137,3 +137,39 @@ def test_loader_rejects_nan_iq1_m_scale(tmp_path):
     blob[1, 48:56] = sc.view(np.uint8)
     with pytest.raises(InvalidTensorDataError):
         check_tensor_data(Weight("blk.0.ffn_up.weight", GGMLType.IQ1_M, (512,), blob.reshape(-1)), "test")
+
+
+def _prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
+    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                                            n_threads_batch=2) as ctx:
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens):
+            batch.add(int(tok), pos, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
+
+
+@pytest.mark.parametrize("t", IQ_TYPES, ids=ids)
+def test_tiny_models_equal_llama_cpp(tmp_path, t):
+    """Every layer matrix in the type (quantized by ggml): position 0 is llama.cpp's
+    bit for bit, a token at a time (vec_dot) and as one batch (the tiled GEMM); later positions,
+    where attention's float order differs, to 1e-4 of the logits' range with the same top-1."""
+    require_ggml()
+    import llama_cpp
+    from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+    types = {kind: t for kind in MATRIX_KINDS if kind not in ("token_embd", "output")}  # a quick quantization
+    spec = TinyModel("llama", tied_output=False, types=types)
+    path = tmp_path / f"llama-{t.name}.gguf"
+    write_tiny_model(spec, path, np.random.default_rng(int(t)))
+    assert {w.type for name, w in Model.load(path).tensors.items() if name.endswith("_up.weight")} == {t}
+    tokens = np.random.default_rng(1).integers(3, 300, 12)
+    for n_ubatch in (1, 256):
+        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                              n_threads_batch=2, verbose=False)
+        llm.eval(list(tokens))
+        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+        with _ggml.same_arithmetic():
+            ours = _prompt_logits(path, tokens, n_ubatch)
+        np.testing.assert_array_equal(ours[0].view(np.uint32), theirs[0].view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
+        assert np.abs(ours - theirs).max() <= 1e-4 * (theirs.max() - theirs.min())
+        assert np.array_equal(ours.argmax(1), theirs.argmax(1))
