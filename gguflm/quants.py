@@ -49,19 +49,32 @@ class Format:
         """Bytes of ``n`` elements; ValueError unless ``n`` is a whole number of blocks."""
         return _k.row_bytes(int(self.type), int(n))
 
-    def quantize(self, x: np.ndarray) -> np.ndarray:
-        """Quantize float32 rows with ggml's reference quantizer.
+    def quantize(self, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+        """Quantize float32 rows as ``ggml_quantize_chunk`` does (ggml's reference quantizer, or
+        with importance weights its weighted search).
 
         Parameters
         ----------
         x : array_like of float32, shape (k,) or (n, k)
             ``k`` must be a multiple of ``block_size``.
+        imatrix : array_like of float32, shape (k,), optional
+            ggml's ``quant_weights``: one importance weight per column (an importance matrix's
+            entry for this tensor). Formats whose ggml quantizer ignores them give the same bytes
+            as without.
 
         Returns
         -------
         numpy.ndarray of uint8, shape (row_bytes(k),) or (n, row_bytes(k))
         """
-        return self._quantize(x, activation=False)
+        if imatrix is None:
+            return self._quantize(x, activation=False)
+        rows = _float_rows(x, "x")
+        qw = _float_rows(imatrix, "imatrix")
+        if qw.shape[0] != 1 or qw.shape[1] != rows.shape[1]:
+            raise ValueError(f"imatrix must hold one weight per column ({rows.shape[1]}), got shape {np.shape(imatrix)}")
+        out = np.empty((rows.shape[0], self.row_bytes(rows.shape[1])), dtype=np.uint8)
+        _k.quantize_weighted(int(self.type), rows, out, qw[0])
+        return out if np.ndim(x) == 2 else out[0]
 
     def quantize_activations(self, x: np.ndarray) -> np.ndarray:
         """Quantize float32 rows as ggml's CPU backend quantizes matmul inputs (see module doc)."""

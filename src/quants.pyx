@@ -85,12 +85,37 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
         raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
     cdef gguflm_from_float_fn fn = gguflm_from_float(_switch.isa, type, activation)
     if fn == NULL:
+        if gguflm_quantize_weighted(type) != NULL:
+            raise ValueError(f"{gguflm_traits[type].name.decode()} quantization needs an importance matrix (imatrix), "
+                             "as ggml's does")
         raise ValueError(f"quantizing to {gguflm_traits[type].name.decode()} is not implemented")
     if n == 0 or k == 0:
         return
     with nogil:
         for i in range(n):
             fn(&x[i, 0], &out[i, 0], k)
+
+
+def quantize_weighted(int type, const float[:, ::1] x, uint8_t[:, ::1] out, const float[::1] qw):
+    """Quantize rows ``x`` [n, k] into ``out`` as ggml_quantize_chunk does with the importance
+    weights ``qw`` [k] (one per column; types whose ggml quantizer ignores them: the reference)."""
+    _check_type(type)
+    cdef int64_t n = x.shape[0], k = x.shape[1], i
+    cdef int64_t rb = _row_bytes(type, k)
+    if out.shape[0] != n or out.shape[1] != rb:
+        raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
+    if qw.shape[0] != k:
+        raise ValueError(f"the importance weights must be one per column ({k}), got {qw.shape[0]}")
+    cdef gguflm_quantize_w_fn fn = gguflm_quantize_weighted(type)
+    cdef gguflm_from_float_fn ref = gguflm_from_float(_switch.isa, type, 0)
+    if n == 0 or k == 0:
+        return
+    with nogil:
+        for i in range(n):
+            if fn != NULL:
+                fn(&x[i, 0], &out[i, 0], k, &qw[0])
+            else:
+                ref(&x[i, 0], &out[i, 0], k)
 
 
 def dequantize(int type, const uint8_t[:, ::1] blob, float[:, ::1] out):

@@ -51,6 +51,9 @@ cdef extern from "quants_kernels.h" nogil:
     # activation: the quantizer ggml's CPU backend uses for src1
     gguflm_to_float_fn gguflm_to_float(int isa, int type)
     gguflm_from_float_fn gguflm_from_float(int isa, int type, int activation)
+    # ggml's quantizer with importance weights qw [k] (one per column), NULL when ggml ignores them
+    ctypedef void (*gguflm_quantize_w_fn)(const float *x, void *y, int64_t k, const float *qw)
+    gguflm_quantize_w_fn gguflm_quantize_weighted(int type)
 
     # x [n_tok, n_in] (row stride x_stride floats) -> xq [n_tok, row_bytes(vec_dot_type, n_in)]
     void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stride, int64_t n_tok, int64_t n_in,

@@ -1,0 +1,388 @@
+/* Quantizers of the grid i-quants, byte-identical with ggml_quantize_chunk (ggml-quants.c,
+ * quantize_row_iq*_impl), with and without importance weights.
+ *
+ * Each sub-block is fitted by a scale search: for a range of trial scales, every group of D
+ * quants (D = 8 for IQ2, 4 for IQ3) is rounded to levels 0..kMaxQ-1 (values 2l + 1); a group
+ * that is no grid point is replaced by its best grid neighbour, the nearest points of the grid
+ * to it, which ggml lists once per grid (iq2xs_init_impl / iq3xs_init_impl: the points of the
+ * first `nwant` distances, in order of distance then index). gguflm builds the same lists,
+ * once, on first use (gguflm_iq_qgrid_init; the Python entry points call it with the GIL held).
+ * Byte identity needs ggml's float operations in ggml's order: this file keeps its expression
+ * shapes, and like quants_ref.h it is compiled without FMA contraction.
+ */
+#ifndef GGUFLM_QUANTS_IQ_QUANTIZE_H
+#define GGUFLM_QUANTS_IQ_QUANTIZE_H
+
+#include <stdlib.h>
+#include "quants_iq.h"
+
+/* the quantizer's view of a grid: levels per point, the map from packed levels to a point (or,
+ * negative, to a neighbour list), and the neighbour lists (count, then point indices) */
+typedef struct {
+    int n, dims, bits;          /* points, quants per point, bits per packed level */
+    int8_t *level;              /* [n][dims] levels 0..7 */
+    int *map;                   /* packed levels -> point index, or -(offset + 1) into neighbours */
+    uint16_t *neighbours;
+} gguflm_iq_qgrid;
+
+enum { GGUFLM_QGRID_IQ2_XXS, GGUFLM_QGRID_IQ2_XS, GGUFLM_QGRID_IQ2_S, GGUFLM_QGRID_IQ3_XXS, GGUFLM_QGRID_IQ3_S,
+       GGUFLM_QGRID_COUNT };
+
+static gguflm_iq_qgrid gguflm_iq_qgrids[GGUFLM_QGRID_COUNT];
+
+static inline int gguflm_iq_qgrid_of(int type) {
+    switch (type) {
+    case GGUFLM_IQ2_XXS: return GGUFLM_QGRID_IQ2_XXS;
+    case GGUFLM_IQ2_XS: return GGUFLM_QGRID_IQ2_XS;
+    case GGUFLM_IQ2_S: return GGUFLM_QGRID_IQ2_S;
+    case GGUFLM_IQ3_XXS: return GGUFLM_QGRID_IQ3_XXS;
+    case GGUFLM_IQ3_S: return GGUFLM_QGRID_IQ3_S;
+    default: return -1;
+    }
+}
+
+/* the level of one dequantization grid byte: IQ2 grids hold 8, 25, 43 for levels 0..2; IQ3_XXS
+ * 4, 12, ..., 52, 62 for 0..7; IQ3_S 1, 3, ..., 15 */
+static inline int gguflm_iq_level(int q, uint8_t v) {
+    if (q <= GGUFLM_QGRID_IQ2_S) return v == 0x08 ? 0 : v == 0x19 ? 1 : 2;
+    if (q == GGUFLM_QGRID_IQ3_XXS) return v == 62 ? 7 : (v - 4) / 8;
+    return (v - 1) / 2;
+}
+
+/* build grid q's map and neighbour lists (once; callers on several threads wait for the first);
+ * 0, or -1 when out of memory */
+static int gguflm_iq_qgrid_build(int q);
+static int gguflm_iq_qgrid_init(int q) {
+    static char lock;
+    if (__atomic_load_n(&gguflm_iq_qgrids[q].map, __ATOMIC_ACQUIRE)) return 0;
+    while (__atomic_test_and_set(&lock, __ATOMIC_ACQUIRE)) {}
+    const int rc = __atomic_load_n(&gguflm_iq_qgrids[q].map, __ATOMIC_ACQUIRE) ? 0 : gguflm_iq_qgrid_build(q);
+    __atomic_clear(&lock, __ATOMIC_RELEASE);
+    return rc;
+}
+
+static int gguflm_iq_qgrid_build(int q) {
+    gguflm_iq_qgrid *g = &gguflm_iq_qgrids[q];
+    static const int sizes[] = {256, 512, 1024, 256, 512}, nwants[] = {2, 2, 1, 2, 3};
+    const int n = sizes[q], nwant = nwants[q], dims = q <= GGUFLM_QGRID_IQ2_S ? 8 : 4, bits = dims == 8 ? 2 : 3;
+    const int map_size = dims == 8 ? 43692 : 4096;  /* ggml's kmap_size: every packing of levels <= 2 (IQ2), <= 7 (IQ3) */
+    int8_t *level = malloc((size_t)n * dims);
+    int *map = malloc(sizeof(int) * map_size), *dist = malloc(sizeof(int) * n), *count = calloc(8 * 7 * 7 * 8 + 1, sizeof(int));
+    if (!level || !map || !dist || !count) goto fail;
+    for (int p = 0; p < n; ++p) {
+        for (int i = 0; i < dims; ++i) {
+            const uint8_t v = q == GGUFLM_QGRID_IQ2_XXS ? (uint8_t)(gguflm_iq2xxs_grid[p] >> (8 * i))
+                            : q == GGUFLM_QGRID_IQ2_XS ? (uint8_t)(gguflm_iq2xs_grid[p] >> (8 * i))
+                            : q == GGUFLM_QGRID_IQ2_S ? (uint8_t)(gguflm_iq2s_grid[p] >> (8 * i))
+                            : q == GGUFLM_QGRID_IQ3_XXS ? (uint8_t)(gguflm_iq3xxs_grid[p] >> (8 * i))
+                            : (uint8_t)(gguflm_iq3s_grid[p] >> (8 * i));
+            level[p * dims + i] = (int8_t)gguflm_iq_level(q, v);
+        }
+    }
+    for (int u = 0; u < map_size; ++u) map[u] = -1;
+    for (int p = 0; p < n; ++p) {
+        int u = 0;
+        for (int i = 0; i < dims; ++i) u |= level[p * dims + i] << (bits * i);
+        map[u] = p;
+    }
+    /* two passes over the points off the grid: count the lists, then fill them */
+    const int max_d2 = dims * 14 * 14;
+    int64_t total = 0;
+    uint16_t *nb = NULL;
+    for (int pass = 0; pass < 2; ++pass) {
+        int64_t at = 0;
+        for (int u = 0; u < map_size; ++u) {
+            if (map[u] >= 0) continue;
+            /* squared distances of the positions 2l + 1 to every grid point */
+            memset(count, 0, sizeof(int) * (max_d2 + 1));
+            for (int p = 0; p < n; ++p) {
+                int d2 = 0;
+                for (int i = 0; i < dims; ++i) {
+                    const int diff = 2 * (level[p * dims + i] - ((u >> (bits * i)) & ((1 << bits) - 1)));
+                    d2 += diff * diff;
+                }
+                dist[p] = d2;
+                ++count[d2];
+            }
+            /* the first nwant distances, and the points at them in order of distance, then index */
+            int limit = -1, have = 0, len = 0;
+            for (int d2 = 0; d2 <= max_d2 && have < nwant; ++d2)
+                if (count[d2]) { limit = d2; ++have; len += count[d2]; }
+            if (pass == 0) { total += 1 + len; continue; }
+            map[u] = -(int)(at + 1);
+            nb[at++] = (uint16_t)len;
+            for (int d2 = 0; d2 <= limit; ++d2) {
+                if (!count[d2]) continue;
+                for (int p = 0; p < n; ++p) if (dist[p] == d2) nb[at++] = (uint16_t)p;
+            }
+        }
+        if (pass == 0) {
+            nb = malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
+            if (!nb) goto fail;
+        }
+    }
+    free(dist);
+    free(count);
+    g->n = n, g->dims = dims, g->bits = bits, g->level = level, g->neighbours = nb;
+    __atomic_store_n(&g->map, map, __ATOMIC_RELEASE);  /* published last: readers test map */
+    return 0;
+fail:
+    free(level), free(map), free(dist), free(count);
+    return -1;
+}
+
+/* ggml's iq2/iq3_find_best_neighbour: the listed point nearest to xval at this scale, weighted;
+ * its levels into L */
+static int gguflm_iq_best_neighbour(const gguflm_iq_qgrid *g, const uint16_t *list, const float *xval,
+                                    const float *weight, float scale, int8_t *L) {
+    float best_d2 = FLT_MAX;
+    int best = list[1];
+    for (int j = 1; j <= list[0]; ++j) {
+        const int8_t *pl = g->level + list[j] * g->dims;
+        float d2 = 0;
+        for (int i = 0; i < g->dims; ++i) {
+            float q = 2 * pl[i] + 1;
+            float diff = scale * q - xval[i];
+            d2 += weight[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = list[j];
+        }
+    }
+    for (int i = 0; i < g->dims; ++i) L[i] = g->level[best * g->dims + i];
+    return best;
+}
+
+/* the grid point of D levels L (rounded from xval at inverse scale id when id != 0; its nearest
+ * listed neighbour at `scale` when they are no point); *on_grid: they were one */
+static int gguflm_iq_point(const gguflm_iq_qgrid *g, int kmax, float id, float scale, const float *xval,
+                           const float *waux, int8_t *L, bool *on_grid) {
+    int u = 0;
+    for (int i = 0; i < g->dims; ++i) {
+        int l = gguflm_nearest_int(0.5f * (id * xval[i] - 1));
+        l = GGUFLM_MAX(0, GGUFLM_MIN(kmax - 1, l));
+        L[i] = (int8_t)l;
+        u |= l << (g->bits * i);
+    }
+    int p = g->map[u];
+    *on_grid = p >= 0;
+    if (p < 0) p = gguflm_iq_best_neighbour(g, g->neighbours - g->map[u] - 1, xval, waux, scale, L);
+    return p;
+}
+
+/* What a type's sub-block search does differently (ggml's constants) */
+typedef struct {
+    int gs;                 /* elements per sub-block (one scale) */
+    int is_max;             /* trial scales (2 kMaxQ - 1 + is * step) / max for |is| <= is_max */
+    float step;
+    float eps;              /* sub-blocks whose max is below are zero (IQ3_S: max == 0) */
+    bool parity;            /* an even number of minus signs per 8 (IQ3_XXS, IQ2_XXS, IQ2_XS) */
+    bool refit_all;         /* the final fit re-rounds every group, not just those off the grid */
+} gguflm_iq_search;
+
+/* one sub-block of gs elements: xval = |x| (parity: the cheapest one flipped), signs per 8, the
+ * fitted scale (-1: too small, nothing to write) and the grid points of its groups */
+static float gguflm_iq_fit(const gguflm_iq_qgrid *g, const gguflm_iq_search *s, int kmax, const float *xb,
+                           const float *weight, uint8_t *signs, int *points) {
+    const int gs = s->gs, D = g->dims, ng = gs / D;
+    float xval[32], waux[32];
+    int8_t L[32], Laux[32];
+    bool on_grid[8], on_grid_aux[8];
+    for (int i = 0; i < gs; ++i) waux[i] = sqrtf(weight[i]);
+    for (int k = 0; k < gs / 8; ++k) {
+        int nflip = 0;
+        uint8_t sg = 0;
+        for (int i = 0; i < 8; ++i) {
+            if (xb[8 * k + i] >= 0) xval[8 * k + i] = xb[8 * k + i];
+            else { xval[8 * k + i] = -xb[8 * k + i]; ++nflip; sg |= (uint8_t)(1 << i); }
+        }
+        if (s->parity && nflip % 2) {
+            int imin = 0;
+            float min = weight[8 * k + imin] * xb[8 * k + imin] * xb[8 * k + imin];
+            for (int i = 1; i < 8; ++i) {
+                float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                if (ax < min) { min = ax; imin = i; }
+            }
+            xval[8 * k + imin] = -xval[8 * k + imin];
+            sg ^= (uint8_t)(1 << imin);
+        }
+        signs[k] = s->parity ? sg & 127 : sg;
+    }
+    float max = xval[0];
+    for (int i = 1; i < gs; ++i) max = GGUFLM_MAX(max, xval[i]);
+    memset(L, 0, sizeof(L));
+    if (s->eps > 0 ? max < s->eps : !max) return -1.0f;
+    float best = 0;
+    float scale = max / (2 * kmax - 1);
+    for (int k = 0; k < ng; ++k) on_grid[k] = !s->refit_all;
+    for (int is = -s->is_max; is <= s->is_max; ++is) {
+        float id = (2 * kmax - 1 + is * s->step) / max;
+        float this_scale = 1 / id;
+        for (int k = 0; k < ng; ++k)
+            gguflm_iq_point(g, kmax, id, this_scale, xval + D * k, waux + D * k, Laux + D * k, &on_grid_aux[k]);
+        float sumqx = 0, sumq2 = 0;
+        for (int i = 0; i < gs; ++i) {
+            float w = weight[i];
+            float q = 2 * Laux[i] + 1;
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            for (int i = 0; i < gs; ++i) L[i] = Laux[i];
+            for (int k = 0; k < ng; ++k) on_grid[k] = on_grid_aux[k];
+        }
+    }
+    int n_not_ongrid = 0;
+    for (int k = 0; k < ng; ++k) if (!on_grid[k]) ++n_not_ongrid;
+    if (n_not_ongrid > 0 && scale > 0) {
+        float id = 1 / scale;
+        for (int k = 0; k < ng; ++k) {
+            if (on_grid[k] && !s->refit_all) continue;
+            bool unused;
+            gguflm_iq_point(g, kmax, id, scale, xval + D * k, waux + D * k, L + D * k, &unused);
+        }
+        float sumqx = 0, sumq2 = 0;
+        for (int i = 0; i < gs; ++i) {
+            float w = weight[i];
+            float q = 2 * L[i] + 1;
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0) scale = sumqx / sumq2;
+    }
+    if (scale < 0) {
+        /* ggml: "should never happen"; flip the scale and the signs */
+        scale = -scale;
+        for (int k = 0; k < gs / 8; ++k) signs[k] = s->parity ? (uint8_t)(~signs[k] & 127) : (uint8_t)~signs[k];
+    }
+    for (int k = 0; k < ng; ++k) {
+        int u = 0;
+        for (int i = 0; i < D; ++i) u |= L[D * k + i] << (g->bits * i);
+        points[k] = g->map[u];  /* always a point: the levels come from one */
+    }
+    return scale;
+}
+
+/* one row of k elements of type into y; qw: ggml's quant_weights (one per column) or NULL */
+static void gguflm_quantize_iq_row(int type, const float *x, void *vy, int64_t k, const float *qw) {
+    const int q = gguflm_iq_qgrid_of(type);
+    const gguflm_iq_qgrid *g = &gguflm_iq_qgrids[q];
+    const int kmax = g->dims == 8 ? 3 : 8;
+    gguflm_iq_search s;
+    switch (type) {
+    case GGUFLM_IQ3_XXS: s = (gguflm_iq_search){32, 15, 0.2f, 1e-8f, true, false}; break;
+    case GGUFLM_IQ3_S: s = (gguflm_iq_search){32, 9, 0.2f, 0.0f, false, true}; break;
+    default: s = (gguflm_iq_search){16, 9, 0.1f, 1e-8f, false, false}; break;  /* IQ2_S */
+    }
+    const int nsub = QK_K / s.gs;
+    const size_t bytes = type == GGUFLM_IQ3_XXS ? sizeof(block_iq3_xxs) : type == GGUFLM_IQ3_S ? sizeof(block_iq3_s)
+                                                                         : sizeof(block_iq2_s);
+    for (int64_t ibl = 0; ibl < k / QK_K; ++ibl) {
+        uint8_t *blk = (uint8_t *)vy + ibl * bytes;
+        memset(blk, 0, bytes);
+        const float *xbl = x + QK_K * ibl;
+        float sumx2 = 0;
+        for (int i = 0; i < QK_K; ++i) sumx2 += xbl[i] * xbl[i];
+        float sigma2 = 2 * sumx2 / QK_K;
+        float scales[QK_K / 16], max_scale = 0;
+        int iq3s_packed = 0;  /* IQ3_S: sub-blocks written so far (ggml's qs/signs pointers) */
+        for (int ib = 0; ib < nsub; ++ib) {
+            const float *xb = xbl + s.gs * ib;
+            float weight[32];
+            if (qw) {
+                const float *w = qw + QK_K * ibl + s.gs * ib;
+                for (int i = 0; i < s.gs; ++i) weight[i] = w[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+            } else if (type == GGUFLM_IQ2_S) {
+                for (int i = 0; i < s.gs; ++i) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
+            } else {
+                for (int i = 0; i < s.gs; ++i) weight[i] = xb[i] * xb[i];
+            }
+            uint8_t signs[4];
+            int points[8];
+            const float scale = gguflm_iq_fit(g, &s, kmax, xb, weight, signs, points);
+            scales[ib] = scale < 0 ? 0.0f : scale;
+            if (scale < 0) continue;  /* too small: the sub-block writes nothing */
+            if (type == GGUFLM_IQ3_XXS) {
+                block_iq3_xxs *b = (block_iq3_xxs *)blk;
+                for (int j = 0; j < 8; ++j) b->qs[8 * ib + j] = (uint8_t)points[j];
+                const uint32_t ss = signs[0] | (signs[1] << 7) | (signs[2] << 14) | ((uint32_t)signs[3] << 21);
+                memcpy(b->qs + QK_K / 4 + 4 * ib, &ss, 4);
+            } else if (type == GGUFLM_IQ3_S) {
+                block_iq3_s *b = (block_iq3_s *)blk;
+                for (int j = 0; j < 8; ++j) {
+                    b->qs[8 * iq3s_packed + j] = (uint8_t)(points[j] & 255);
+                    b->qh[(ib * 8 + j) / 8] |= (uint8_t)((points[j] >> 8) << ((ib * 8 + j) % 8));
+                }
+                memcpy(b->signs + 4 * iq3s_packed, signs, 4);
+                ++iq3s_packed;
+            } else {
+                block_iq2_s *b = (block_iq2_s *)blk;
+                for (int j = 0; j < 2; ++j) {
+                    const int i8 = 2 * ib + j;
+                    b->qs[i8] = (uint8_t)(points[j] & 255);
+                    b->qh[i8 / 4] |= (uint8_t)((points[j] >> 8) << 2 * (i8 % 4));
+                    b->qs[QK_K / 8 + i8] = signs[j];
+                }
+            }
+            max_scale = GGUFLM_MAX(max_scale, scale);
+        }
+        if (!max_scale) {
+            if (type == GGUFLM_IQ3_XXS) memset(blk, 0, bytes);  /* the others keep their points, with d = 0 */
+            continue;
+        }
+        float d = max_scale / 31;
+        const float fudge = type == GGUFLM_IQ3_XXS ? 1.0125f : type == GGUFLM_IQ3_S ? 1.033f : 0.9875f;
+        const ggml_half dh = gguflm_fp32_to_fp16(d * fudge);
+        memcpy(blk, &dh, 2);
+        float id = 1 / d;
+        for (int ib = 0; ib < nsub; ++ib) {
+            int l = gguflm_nearest_int(0.5f * (id * scales[ib] - 1));
+            l = GGUFLM_MAX(0, GGUFLM_MIN(15, l));
+            if (type == GGUFLM_IQ3_XXS) {
+                uint8_t *w = ((block_iq3_xxs *)blk)->qs + QK_K / 4 + 4 * ib;
+                w[3] |= (uint8_t)(l << 4);
+            } else if (type == GGUFLM_IQ3_S) {
+                ((block_iq3_s *)blk)->scales[ib / 2] |= (uint8_t)(l << (4 * (ib % 2)));
+            } else {
+                ((block_iq2_s *)blk)->scales[ib / 2] |= (uint8_t)(l << (4 * (ib % 2)));
+            }
+        }
+    }
+}
+
+
+/* the quantizers of ggml_quantize_chunk: (x, y, k, qw) with qw NULL without importance weights */
+typedef void (*gguflm_iq_quantize_fn)(const float *x, void *y, int64_t k, const float *qw);
+
+#define GGUFLM_IQ_QUANTIZERS(tag, TYPE)                                                          \
+    static void gguflm_quantize_w_##tag(const float *x, void *y, int64_t k, const float *qw) {   \
+        if (gguflm_iq_qgrid_init(gguflm_iq_qgrid_of(TYPE)) == 0) gguflm_quantize_iq_row(TYPE, x, y, k, qw); \
+    }                                                                                            \
+    static void gguflm_quantize_row_##tag(const float *x, void *y, int64_t k) {                  \
+        gguflm_quantize_w_##tag(x, y, k, NULL);                                                  \
+    }
+GGUFLM_IQ_QUANTIZERS(iq2_s, GGUFLM_IQ2_S)
+GGUFLM_IQ_QUANTIZERS(iq3_xxs, GGUFLM_IQ3_XXS)
+GGUFLM_IQ_QUANTIZERS(iq3_s, GGUFLM_IQ3_S)
+#undef GGUFLM_IQ_QUANTIZERS
+
+/* type's quantizer with importance weights, NULL for the other types */
+static inline gguflm_iq_quantize_fn gguflm_iq_quantize_weighted(int type) {
+    switch (type) {
+    case GGUFLM_IQ2_S: return gguflm_quantize_w_iq2_s;
+    case GGUFLM_IQ3_XXS: return gguflm_quantize_w_iq3_xxs;
+    case GGUFLM_IQ3_S: return gguflm_quantize_w_iq3_s;
+    default: return NULL;
+    }
+}
+
+/* build type's grid tables now (0; -1: out of memory; types without any: 0) */
+static inline int gguflm_iq_prepare(int type) {
+    const int q = gguflm_iq_qgrid_of(type);
+    return q < 0 ? 0 : gguflm_iq_qgrid_init(q);
+}
+
+#endif
