@@ -7,12 +7,14 @@ import numpy as np
 import gguflm.quants as q
 from gguflm.ggml_types import GGMLType
 
-# the grid i-quants have no quantizer yet: tests/test_quants_iq.py checks them with generated blocks
-GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S,
-                           GGMLType.IQ1_S, GGMLType.IQ1_M})
+# grid i-quants without a quantizer here that needs no importance matrix (IQ2_XXS, IQ2_XS, IQ1_S
+# need one in ggml; IQ1_M is not done yet): tests/test_quants_iq.py checks them with generated blocks
+GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S, GGMLType.IQ1_M})
 
 # every format that has a dot kernel and a quantizer
 DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None and f.type not in GRID_IQ_TYPES]
+# every format that has a dot kernel (tests on generated blocks)
+KERNEL_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
 
 
 def generate_data(offset: float, n: int, amplitude: float = 2.0) -> np.ndarray:

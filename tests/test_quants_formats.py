@@ -103,8 +103,9 @@ def test_bf16_nan_stays_nan_and_quiet():
 
 
 # llama.cpp's test-quantize-fns thresholds
-MAX_TOTAL_ERROR = {GGMLType.Q2_K: 0.0075, GGMLType.Q3_K: 0.0040}
-MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04}
+MAX_TOTAL_ERROR = {GGMLType.Q2_K: 0.0075, GGMLType.Q3_K: 0.0040, GGMLType.IQ2_S: 0.0075, GGMLType.IQ3_S: 0.0040,
+                   GGMLType.IQ3_XXS: 0.0050}
+MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04, GGMLType.IQ2_S: 0.04, GGMLType.IQ3_S: 0.04, GGMLType.IQ3_XXS: 0.04}
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
