@@ -179,7 +179,80 @@ typedef struct {
     float eps;              /* sub-blocks whose max is below are zero (IQ3_S: max == 0) */
     bool parity;            /* an even number of minus signs per 8 (IQ3_XXS, IQ2_XXS, IQ2_XS) */
     bool refit_all;         /* the final fit re-rounds every group, not just those off the grid */
+    bool qp_start;          /* IQ2_XXS: trials around make_qp_quants' scale, then always a refit */
 } gguflm_iq_search;
+
+/* ggml's make_qp_quants: a scale for levels 0..nmax by weighted least squares, from the best of
+ * 9 trial scales, then up to 5 rounds of moving single levels. L is uint8 as in ggml (a negative
+ * level, from a flipped sign, wraps). */
+static float gguflm_iq_make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights) {
+    float max = 0;
+    for (int i = 0; i < n; ++i) max = GGUFLM_MAX(max, x[i]);
+    if (max < GROUP_MAX_EPS) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; ++i) L[i] = (uint8_t)gguflm_nearest_int(iscale * x[i]);
+    float scale = 1 / iscale;
+    float best_mse = 0;
+    for (int i = 0; i < n; ++i) {
+        float diff = x[i] - scale * L[i];
+        float w = quant_weights[i];
+        best_mse += w * diff * diff;
+    }
+    for (int is = -4; is <= 4; ++is) {
+        if (is == 0) continue;
+        float iscale_is = (0.1f * is + nmax) / max;
+        float scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = gguflm_nearest_int(iscale_is * x[i]);
+            l = GGUFLM_MIN(nmax, l);
+            float diff = x[i] - scale_is * l;
+            float w = quant_weights[i];
+            mse += w * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0;
+    float suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        int l = gguflm_nearest_int(iscale * x[i]);
+        l = GGUFLM_MIN(nmax, l);
+        L[i] = (uint8_t)l;
+        float w = quant_weights[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; ++itry) {
+        int n_changed = 0;
+        for (int i = 0; i < n; ++i) {
+            float w = quant_weights[i];
+            float slx = sumlx - w * x[i] * L[i];
+            float sl2 = suml2 - w * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = gguflm_nearest_int(x[i] * sl2 / slx);
+                new_l = GGUFLM_MIN(nmax, new_l);
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (uint8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        ++n_changed;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
 
 /* one sub-block of gs elements: xval = |x| (parity: the cheapest one flipped), signs per 8, the
  * fitted scale (-1: too small, nothing to write) and the grid points of its groups */
@@ -215,6 +288,11 @@ static float gguflm_iq_fit(const gguflm_iq_qgrid *g, const gguflm_iq_search *s, 
     if (s->eps > 0 ? max < s->eps : !max) return -1.0f;
     float best = 0;
     float scale = max / (2 * kmax - 1);
+    if (s->qp_start) {
+        scale = gguflm_iq_make_qp_quants(gs, kmax + 1, xval, (uint8_t *)L, weight);
+        max = scale * kmax;  /* ggml's eff_max: the trials go around it */
+        if (max <= 0) return -1.0f;
+    }
     for (int k = 0; k < ng; ++k) on_grid[k] = !s->refit_all;
     for (int is = -s->is_max; is <= s->is_max; ++is) {
         float id = (2 * kmax - 1 + is * s->step) / max;
@@ -237,10 +315,10 @@ static float gguflm_iq_fit(const gguflm_iq_qgrid *g, const gguflm_iq_search *s, 
     }
     int n_not_ongrid = 0;
     for (int k = 0; k < ng; ++k) if (!on_grid[k]) ++n_not_ongrid;
-    if (n_not_ongrid > 0 && scale > 0) {
+    if ((n_not_ongrid > 0 || s->qp_start) && scale > 0) {
         float id = 1 / scale;
         for (int k = 0; k < ng; ++k) {
-            if (on_grid[k] && !s->refit_all) continue;
+            if (on_grid[k] && !s->refit_all && !s->qp_start) continue;
             bool unused;
             gguflm_iq_point(g, kmax, id, scale, xval + D * k, waux + D * k, L + D * k, &unused);
         }
@@ -273,20 +351,24 @@ static void gguflm_quantize_iq_row(int type, const float *x, void *vy, int64_t k
     const int kmax = g->dims == 8 ? 3 : 8;
     gguflm_iq_search s;
     switch (type) {
-    case GGUFLM_IQ3_XXS: s = (gguflm_iq_search){32, 15, 0.2f, 1e-8f, true, false}; break;
-    case GGUFLM_IQ3_S: s = (gguflm_iq_search){32, 9, 0.2f, 0.0f, false, true}; break;
-    default: s = (gguflm_iq_search){16, 9, 0.1f, 1e-8f, false, false}; break;  /* IQ2_S */
+    case GGUFLM_IQ2_XXS: s = (gguflm_iq_search){32, 6, 0.1f, GROUP_MAX_EPS, true, true, true}; break;
+    case GGUFLM_IQ2_XS: s = (gguflm_iq_search){16, 9, 0.1f, GROUP_MAX_EPS, true, false, false}; break;
+    case GGUFLM_IQ3_XXS: s = (gguflm_iq_search){32, 15, 0.2f, 1e-8f, true, false, false}; break;
+    case GGUFLM_IQ3_S: s = (gguflm_iq_search){32, 9, 0.2f, 0.0f, false, true, false}; break;
+    default: s = (gguflm_iq_search){16, 9, 0.1f, 1e-8f, false, false, false}; break;  /* IQ2_S */
     }
     const int nsub = QK_K / s.gs;
-    const size_t bytes = type == GGUFLM_IQ3_XXS ? sizeof(block_iq3_xxs) : type == GGUFLM_IQ3_S ? sizeof(block_iq3_s)
-                                                                         : sizeof(block_iq2_s);
+    const size_t bytes = type == GGUFLM_IQ2_XXS ? sizeof(block_iq2_xxs) : type == GGUFLM_IQ2_XS ? sizeof(block_iq2_xs)
+                       : type == GGUFLM_IQ3_XXS ? sizeof(block_iq3_xxs) : type == GGUFLM_IQ3_S ? sizeof(block_iq3_s)
+                       : sizeof(block_iq2_s);
+    const bool two_bit_xs = type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS;  /* no fudge, sigma2 halved */
     for (int64_t ibl = 0; ibl < k / QK_K; ++ibl) {
         uint8_t *blk = (uint8_t *)vy + ibl * bytes;
         memset(blk, 0, bytes);
         const float *xbl = x + QK_K * ibl;
         float sumx2 = 0;
         for (int i = 0; i < QK_K; ++i) sumx2 += xbl[i] * xbl[i];
-        float sigma2 = 2 * sumx2 / QK_K;
+        float sigma2 = two_bit_xs ? sumx2 / QK_K : 2 * sumx2 / QK_K;
         float scales[QK_K / 16], max_scale = 0;
         int iq3s_packed = 0;  /* IQ3_S: sub-blocks written so far (ggml's qs/signs pointers) */
         for (int ib = 0; ib < nsub; ++ib) {
@@ -305,7 +387,15 @@ static void gguflm_quantize_iq_row(int type, const float *x, void *vy, int64_t k
             const float scale = gguflm_iq_fit(g, &s, kmax, xb, weight, signs, points);
             scales[ib] = scale < 0 ? 0.0f : scale;
             if (scale < 0) continue;  /* too small: the sub-block writes nothing */
-            if (type == GGUFLM_IQ3_XXS) {
+            if (type == GGUFLM_IQ2_XXS) {
+                uint8_t *w = blk + 2 + 8 * ib;  /* 4 grid indices, then the sign groups and scale */
+                for (int j = 0; j < 4; ++j) w[j] = (uint8_t)points[j];
+                const uint32_t ss = signs[0] | (signs[1] << 7) | (signs[2] << 14) | ((uint32_t)signs[3] << 21);
+                memcpy(w + 4, &ss, 4);
+            } else if (type == GGUFLM_IQ2_XS) {
+                block_iq2_xs *b = (block_iq2_xs *)blk;
+                for (int j = 0; j < 2; ++j) b->qs[2 * ib + j] = (uint16_t)(points[j] | (signs[j] << 9));
+            } else if (type == GGUFLM_IQ3_XXS) {
                 block_iq3_xxs *b = (block_iq3_xxs *)blk;
                 for (int j = 0; j < 8; ++j) b->qs[8 * ib + j] = (uint8_t)points[j];
                 const uint32_t ss = signs[0] | (signs[1] << 7) | (signs[2] << 14) | ((uint32_t)signs[3] << 21);
@@ -330,18 +420,23 @@ static void gguflm_quantize_iq_row(int type, const float *x, void *vy, int64_t k
             max_scale = GGUFLM_MAX(max_scale, scale);
         }
         if (!max_scale) {
-            if (type == GGUFLM_IQ3_XXS) memset(blk, 0, bytes);  /* the others keep their points, with d = 0 */
+            /* IQ3_S and IQ2_S keep their points, with d = 0 */
+            if (type != GGUFLM_IQ3_S && type != GGUFLM_IQ2_S) memset(blk, 0, bytes);
             continue;
         }
         float d = max_scale / 31;
         const float fudge = type == GGUFLM_IQ3_XXS ? 1.0125f : type == GGUFLM_IQ3_S ? 1.033f : 0.9875f;
-        const ggml_half dh = gguflm_fp32_to_fp16(d * fudge);
+        const ggml_half dh = gguflm_fp32_to_fp16(two_bit_xs ? d : d * fudge);
         memcpy(blk, &dh, 2);
         float id = 1 / d;
         for (int ib = 0; ib < nsub; ++ib) {
             int l = gguflm_nearest_int(0.5f * (id * scales[ib] - 1));
             l = GGUFLM_MAX(0, GGUFLM_MIN(15, l));
-            if (type == GGUFLM_IQ3_XXS) {
+            if (type == GGUFLM_IQ2_XXS) {
+                blk[2 + 8 * ib + 7] |= (uint8_t)(l << 4);
+            } else if (type == GGUFLM_IQ2_XS) {
+                ((block_iq2_xs *)blk)->scales[ib / 2] |= (uint8_t)(l << (4 * (ib % 2)));
+            } else if (type == GGUFLM_IQ3_XXS) {
                 uint8_t *w = ((block_iq3_xxs *)blk)->qs + QK_K / 4 + 4 * ib;
                 w[3] |= (uint8_t)(l << 4);
             } else if (type == GGUFLM_IQ3_S) {
@@ -364,6 +459,13 @@ typedef void (*gguflm_iq_quantize_fn)(const float *x, void *y, int64_t k, const 
     static void gguflm_quantize_row_##tag(const float *x, void *y, int64_t k) {                  \
         gguflm_quantize_w_##tag(x, y, k, NULL);                                                  \
     }
+/* IQ2_XXS and IQ2_XS: only with importance weights, as in ggml */
+static void gguflm_quantize_w_iq2_xxs(const float *x, void *y, int64_t k, const float *qw) {
+    if (gguflm_iq_qgrid_init(GGUFLM_QGRID_IQ2_XXS) == 0) gguflm_quantize_iq_row(GGUFLM_IQ2_XXS, x, y, k, qw);
+}
+static void gguflm_quantize_w_iq2_xs(const float *x, void *y, int64_t k, const float *qw) {
+    if (gguflm_iq_qgrid_init(GGUFLM_QGRID_IQ2_XS) == 0) gguflm_quantize_iq_row(GGUFLM_IQ2_XS, x, y, k, qw);
+}
 GGUFLM_IQ_QUANTIZERS(iq2_s, GGUFLM_IQ2_S)
 GGUFLM_IQ_QUANTIZERS(iq3_xxs, GGUFLM_IQ3_XXS)
 GGUFLM_IQ_QUANTIZERS(iq3_s, GGUFLM_IQ3_S)
@@ -372,6 +474,8 @@ GGUFLM_IQ_QUANTIZERS(iq3_s, GGUFLM_IQ3_S)
 /* type's quantizer with importance weights, NULL for the other types */
 static inline gguflm_iq_quantize_fn gguflm_iq_quantize_weighted(int type) {
     switch (type) {
+    case GGUFLM_IQ2_XXS: return gguflm_quantize_w_iq2_xxs;
+    case GGUFLM_IQ2_XS: return gguflm_quantize_w_iq2_xs;
     case GGUFLM_IQ2_S: return gguflm_quantize_w_iq2_s;
     case GGUFLM_IQ3_XXS: return gguflm_quantize_w_iq3_xxs;
     case GGUFLM_IQ3_S: return gguflm_quantize_w_iq3_s;

@@ -81,17 +81,21 @@ def add_vocab(w: GGUFWriter) -> None:
         w.add(f"tokenizer.ggml.{key}_token_id", value, GGUFValueType.UINT32)
 
 
+# ggml_quantize_requires_imatrix: these types quantize only with importance weights
+NEEDS_IMATRIX = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
+
+
 def quantize_weight(t: GGMLType, x: np.ndarray) -> np.ndarray:
     """``x`` [n_out, n_in] in type ``t``: gguflm's quantizer, or for the types it cannot quantize yet
-    (the grid i-quants) ggml's ``ggml_quantize_chunk`` through llama-cpp-python, with the mean
-    squares of the columns as importance where ggml requires one."""
+    ggml's ``ggml_quantize_chunk`` through llama-cpp-python; with the mean squares of the columns
+    as importance where ggml requires one."""
+    imatrix = np.mean(x.astype(np.float64) ** 2, axis=0).astype(np.float32) if t in NEEDS_IMATRIX else None
     try:
-        return quants.get(t).quantize(x)
+        return quants.get(t).quantize(x, imatrix=imatrix)
     except ValueError as e:
         if "not implemented" not in str(e):
             raise
     import _ggml
-    imatrix = np.mean(x.astype(np.float64) ** 2, axis=0).astype(np.float32) if _ggml.requires_imatrix(t) else None
     return _ggml.quantize_chunk(t, x, imatrix)
 
 

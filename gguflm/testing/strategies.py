@@ -4,7 +4,8 @@
 kind (zeros, constants, one spike among small values, subnormals, huge or tiny magnitudes, mixed
 signs, one-signed runs); ``quantized_blocks`` draws valid blocks of any format (finite scales,
 consistent Q8_1 ``s`` and Q8_K ``bsums``), optionally with scales of +-1 so that every float
-operation of a dot is exact; ``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
+operation of a dot is exact; ``imatrices`` draws importance weights (ggml's ``quant_weights``) for
+``Format.quantize``; ``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def quantized_blocks(draw, fmt: Format, n_blocks: int | st.SearchStrategy[int], 
     nb = draw(n_blocks) if isinstance(n_blocks, st.SearchStrategy) else n_blocks
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return random_blocks(fmt, nb, rng, exact=exact, int8_min=int8_min, tiny=tiny)
+
+
+@st.composite
+def imatrices(draw, n_cols: int | st.SearchStrategy[int]) -> np.ndarray:
+    """float32 [n_cols] importance weights as ggml's ``quant_weights`` (one per column): non-negative,
+    of one drawn magnitude with a spread of 1e3, some columns zero (ggml's quantizers must cope)."""
+    n = draw(n_cols) if isinstance(n_cols, st.SearchStrategy) else n_cols
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    w = rng.random(n) ** 3 * 10.0 ** draw(st.floats(-4, 4))
+    w[rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.5]))] = 0.0
+    return w.astype(np.float32)
 
 
 @st.composite
