@@ -25,8 +25,8 @@ typedef struct {
     uint16_t *neighbours;
 } gguflm_iq_qgrid;
 
-enum { GGUFLM_QGRID_IQ2_XXS, GGUFLM_QGRID_IQ2_XS, GGUFLM_QGRID_IQ2_S, GGUFLM_QGRID_IQ3_XXS, GGUFLM_QGRID_IQ3_S,
-       GGUFLM_QGRID_COUNT };
+enum { GGUFLM_QGRID_IQ2_XXS, GGUFLM_QGRID_IQ2_XS, GGUFLM_QGRID_IQ2_S, GGUFLM_QGRID_IQ1, GGUFLM_QGRID_IQ3_XXS,
+       GGUFLM_QGRID_IQ3_S, GGUFLM_QGRID_COUNT };
 
 static gguflm_iq_qgrid gguflm_iq_qgrids[GGUFLM_QGRID_COUNT];
 
@@ -35,15 +35,18 @@ static inline int gguflm_iq_qgrid_of(int type) {
     case GGUFLM_IQ2_XXS: return GGUFLM_QGRID_IQ2_XXS;
     case GGUFLM_IQ2_XS: return GGUFLM_QGRID_IQ2_XS;
     case GGUFLM_IQ2_S: return GGUFLM_QGRID_IQ2_S;
+    case GGUFLM_IQ1_S:
+    case GGUFLM_IQ1_M: return GGUFLM_QGRID_IQ1;
     case GGUFLM_IQ3_XXS: return GGUFLM_QGRID_IQ3_XXS;
     case GGUFLM_IQ3_S: return GGUFLM_QGRID_IQ3_S;
     default: return -1;
     }
 }
 
-/* the level of one dequantization grid byte: IQ2 grids hold 8, 25, 43 for levels 0..2; IQ3_XXS
- * 4, 12, ..., 52, 62 for 0..7; IQ3_S 1, 3, ..., 15 */
+/* the level of one dequantization grid byte: IQ2 grids hold 8, 25, 43 for levels 0..2; IQ1 -1, 0,
+ * 1; IQ3_XXS 4, 12, ..., 52, 62 for 0..7; IQ3_S 1, 3, ..., 15 */
 static inline int gguflm_iq_level(int q, uint8_t v) {
+    if (q == GGUFLM_QGRID_IQ1) return (int8_t)v + 1;
     if (q <= GGUFLM_QGRID_IQ2_S) return v == 0x08 ? 0 : v == 0x19 ? 1 : 2;
     if (q == GGUFLM_QGRID_IQ3_XXS) return v == 62 ? 7 : (v - 4) / 8;
     return (v - 1) / 2;
@@ -63,8 +66,8 @@ static int gguflm_iq_qgrid_init(int q) {
 
 static int gguflm_iq_qgrid_build(int q) {
     gguflm_iq_qgrid *g = &gguflm_iq_qgrids[q];
-    static const int sizes[] = {256, 512, 1024, 256, 512}, nwants[] = {2, 2, 1, 2, 3};
-    const int n = sizes[q], nwant = nwants[q], dims = q <= GGUFLM_QGRID_IQ2_S ? 8 : 4, bits = dims == 8 ? 2 : 3;
+    static const int sizes[] = {256, 512, 1024, 2048, 256, 512}, nwants[] = {2, 2, 1, 3, 2, 3};
+    const int n = sizes[q], nwant = nwants[q], dims = q <= GGUFLM_QGRID_IQ1 ? 8 : 4, bits = dims == 8 ? 2 : 3;
     const int map_size = dims == 8 ? 43692 : 4096;  /* ggml's kmap_size: every packing of levels <= 2 (IQ2), <= 7 (IQ3) */
     int8_t *level = malloc((size_t)n * dims);
     int *map = malloc(sizeof(int) * map_size), *dist = malloc(sizeof(int) * n), *count = calloc(8 * 7 * 7 * 8 + 1, sizeof(int));
@@ -74,6 +77,7 @@ static int gguflm_iq_qgrid_build(int q) {
             const uint8_t v = q == GGUFLM_QGRID_IQ2_XXS ? (uint8_t)(gguflm_iq2xxs_grid[p] >> (8 * i))
                             : q == GGUFLM_QGRID_IQ2_XS ? (uint8_t)(gguflm_iq2xs_grid[p] >> (8 * i))
                             : q == GGUFLM_QGRID_IQ2_S ? (uint8_t)(gguflm_iq2s_grid[p] >> (8 * i))
+                            : q == GGUFLM_QGRID_IQ1 ? (uint8_t)(gguflm_iq1s_grid[p] >> (8 * i))
                             : q == GGUFLM_QGRID_IQ3_XXS ? (uint8_t)(gguflm_iq3xxs_grid[p] >> (8 * i))
                             : (uint8_t)(gguflm_iq3s_grid[p] >> (8 * i));
             level[p * dims + i] = (int8_t)gguflm_iq_level(q, v);
@@ -449,6 +453,259 @@ static void gguflm_quantize_iq_row(int type, const float *x, void *vy, int64_t k
 }
 
 
+/* ======================= IQ1_S, IQ1_M ======================= */
+
+/* ggml's iq1_find_best_neighbour2: the listed point nearest to xval at this scale, its levels
+ * valued xg[level] (the grid values shifted by the delta) */
+static int gguflm_iq1_best_neighbour(const gguflm_iq_qgrid *g, const uint16_t *list, const float *xval,
+                                     const float *weight, float scale, const float *xg, int8_t *L) {
+    float best_score = FLT_MAX;
+    int best = -1;
+    for (int j = 1; j <= list[0]; ++j) {
+        const int8_t *pl = g->level + list[j] * 8;
+        float d2 = 0;
+        for (int i = 0; i < 8; ++i) {
+            float q = xg[pl[i]];
+            float w = weight[i];
+            float diff = scale * q - xval[i];
+            d2 += w * diff * diff;
+        }
+        if (d2 < best_score) {
+            best_score = d2;
+            best = list[j];
+        }
+    }
+    /* ggml falls back to a scan of the whole grid when every distance is inf or NaN (reading past
+     * xval there); finite rows never get there */
+    if (best < 0) best = list[1];
+    for (int i = 0; i < 8; ++i) L[i] = g->level[best * 8 + i];
+    return best;
+}
+
+/* the elements of a sub-block in ascending order, ties in index order (glibc's qsort, a merge sort
+ * for arrays this small, keeps them) */
+static void gguflm_iq1_sort(const float *xb, int n, int *idx) {
+    for (int j = 0; j < n; ++j) {
+        int i = j;
+        while (i > 0 && xb[idx[i - 1]] > xb[j]) { idx[i] = idx[i - 1]; --i; }
+        idx[i] = j;
+    }
+}
+
+/* IQ1_S (qw required) and IQ1_M rows: each sub-block's quants split into three runs of the
+ * sorted elements (-1, 0, 1, plus or minus the delta) by an exhaustive search of the two bounds */
+static void gguflm_quantize_iq1_row(int type, const float *x, void *vy, int64_t k, const float *qw) {
+    const gguflm_iq_qgrid *g = &gguflm_iq_qgrids[GGUFLM_QGRID_IQ1];
+    const bool m = type == GGUFLM_IQ1_M;
+    const int bs = m ? 16 : 32, nsub = QK_K / bs;
+    const float delta = 0.125f;
+    const float x_p[3] = {-1 + delta, delta, 1 + delta};
+    const float x_m[3] = {-1 - delta, -delta, 1 - delta};
+    static const uint8_t masks[4] = {0x00, 0x80, 0x08, 0x88};
+    const size_t bytes = m ? sizeof(block_iq1_m) : sizeof(block_iq1_s);
+    for (int64_t ibl = 0; ibl < k / QK_K; ++ibl) {
+        uint8_t *blk = (uint8_t *)vy + ibl * bytes;
+        memset(blk, 0, bytes);
+        uint8_t *qs = m ? ((block_iq1_m *)blk)->qs : ((block_iq1_s *)blk)->qs;
+        float max_scale = 0, scales[QK_K / 16], weight[32];
+        int shifts[QK_K / 16];
+        const float *xbl = x + QK_K * ibl;
+        float sumx2 = 0;
+        for (int i = 0; i < QK_K; ++i) sumx2 += xbl[i] * xbl[i];
+        float sigma2 = 2 * sumx2 / QK_K;
+        for (int ib = 0; ib < nsub; ++ib) {
+            const float *xb = xbl + bs * ib;
+            if (qw) {
+                const float *w = qw + QK_K * ibl + bs * ib;
+                for (int i = 0; i < bs; ++i) weight[i] = w[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+            } else {
+                for (int i = 0; i < bs; ++i) weight[i] = xb[i] * xb[i];
+            }
+            float max = fabsf(xb[0]);
+            for (int i = 1; i < bs; ++i) max = GGUFLM_MAX(max, fabsf(xb[i]));
+            scales[ib] = 0;
+            shifts[ib] = m ? 0 : 1;
+            if (max < (m ? 1e-7f : 1e-12f)) continue;
+            int idx[32];
+            gguflm_iq1_sort(xb, bs, idx);
+            float best_score = -FLT_MAX, scale = max;
+            int besti1 = -1, besti2 = -1, best_k = -1;
+            if (!m) {
+                float sumx[33], sumw[33];
+                sumx[0] = sumw[0] = 0;
+                for (int j = 0; j < bs; ++j) {
+                    int i = idx[j];
+                    sumx[j + 1] = sumx[j] + weight[i] * xb[i];
+                    sumw[j + 1] = sumw[j] + weight[i];
+                }
+                for (int i1 = 0; i1 <= bs; ++i1) {
+                    for (int i2 = i1; i2 <= bs; ++i2) {
+                        for (int sign = 0; sign < 2; ++sign) {
+                            const float *xv = sign ? x_m : x_p;
+                            float sumqx = (sumx[i1] - sumx[0]) * xv[0] + (sumx[i2] - sumx[i1]) * xv[1] + (sumx[bs] - sumx[i2]) * xv[2];
+                            float sumq2 = (sumw[i1] - sumw[0]) * xv[0] * xv[0] + (sumw[i2] - sumw[i1]) * xv[1] * xv[1] +
+                                          (sumw[bs] - sumw[i2]) * xv[2] * xv[2];
+                            if (sumq2 > 0 && sumqx * sumqx > best_score * sumq2) {
+                                scale = sumqx / sumq2;
+                                best_score = scale * sumqx;
+                                besti1 = i1, besti2 = i2, best_k = sign ? 3 : 0;  /* shift -1: both halves minus */
+                            }
+                        }
+                    }
+                }
+            } else {
+                /* prefix sums per half of the sub-block: each half has its own delta sign */
+                float px[2][17], pw[2][17];
+                px[0][0] = px[1][0] = 0;
+                pw[0][0] = pw[1][0] = 0;
+                for (int j = 0; j < bs; ++j) {
+                    const int i = idx[j], h = i < bs / 2 ? 0 : 1;
+                    px[h][j + 1] = px[h][j] + weight[i] * xb[i];
+                    px[1 - h][j + 1] = px[1 - h][j];
+                    pw[h][j + 1] = pw[h][j] + weight[i];
+                    pw[1 - h][j + 1] = pw[1 - h][j];
+                }
+                const float txs[2] = {px[0][bs], px[1][bs]}, tws[2] = {pw[0][bs], pw[1][bs]};
+                const float p2 = x_p[2], m2 = x_m[2];
+                const float cp1 = x_p[0] * x_p[0] - x_p[1] * x_p[1], cp2 = x_p[1] * x_p[1] - x_p[2] * x_p[2];
+                const float cm1 = x_m[0] * x_m[0] - x_m[1] * x_m[1], cm2 = x_m[1] * x_m[1] - x_m[2] * x_m[2];
+                for (int i1 = 0; i1 <= bs; ++i1) {
+                    for (int i2 = i1; i2 <= bs; ++i2) {
+                        float qx_p[2], qx_m[2], q2_p[2], q2_m[2], sumqx[4], sumq2[4];
+                        for (int h = 0; h < 2; ++h) {
+                            const float sx = px[h][i1] + px[h][i2];
+                            qx_p[h] = txs[h] * p2 - sx;
+                            qx_m[h] = txs[h] * m2 - sx;
+                            q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                            q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+                        }
+                        sumqx[0] = qx_p[0] + qx_p[1], sumqx[1] = qx_p[0] + qx_m[1];
+                        sumqx[2] = qx_m[0] + qx_p[1], sumqx[3] = qx_m[0] + qx_m[1];
+                        sumq2[0] = q2_p[0] + q2_p[1], sumq2[1] = q2_p[0] + q2_m[1];
+                        sumq2[2] = q2_m[0] + q2_p[1], sumq2[3] = q2_m[0] + q2_m[1];
+                        for (int kk = 0; kk < 4; ++kk) {
+                            if (sumq2[kk] > 0 && sumqx[kk] * sumqx[kk] > best_score * sumq2[kk]) {
+                                scale = sumqx[kk] / sumq2[kk];
+                                best_score = scale * sumqx[kk];
+                                besti1 = i1, besti2 = i2, best_k = kk;
+                            }
+                        }
+                    }
+                }
+            }
+            if (besti1 < 0 || besti2 < 0 || best_k < 0) continue;
+            int8_t L[32];
+            for (int j = 0; j < besti1; ++j) L[idx[j]] = 0;
+            for (int j = besti1; j < besti2; ++j) L[idx[j]] = 1;
+            for (int j = besti2; j < bs; ++j) L[idx[j]] = 2;
+            if (scale < 0) {
+                for (int j = 0; j < bs; ++j) L[j] = (int8_t)(2 - L[j]);
+                scale = -scale;
+                best_k = 3 - best_k;  /* 0 <-> 3, 1 <-> 2: every half's sign flips */
+            }
+            bool all_on_grid = true;
+            int index[4];
+            for (int kg = 0; kg < bs / 8; ++kg) {
+                /* the delta sign of this group of 8: best_k's bit 1 (first half), bit 0 (second) */
+                const float *xx = (kg == 0 ? best_k < 2 : best_k % 2 == 0) ? x_p : x_m;
+                int u = 0;
+                for (int j = 0; j < 8; ++j) u |= L[8 * kg + j] << (2 * j);
+                int p = g->map[u];
+                if (p < 0) {
+                    all_on_grid = false;
+                    p = gguflm_iq1_best_neighbour(g, g->neighbours - g->map[u] - 1, xb + 8 * kg, weight + 8 * kg, scale, xx,
+                                                  L + 8 * kg);
+                }
+                index[kg] = p;
+            }
+            if (!all_on_grid) {
+                float sumqx = 0, sumq2 = 0;
+                for (int kg = 0; kg < bs / 8; ++kg) {
+                    const float *xx = (kg == 0 ? best_k < 2 : best_k % 2 == 0) ? x_p : x_m;
+                    const int8_t *pl = g->level + index[kg] * 8;
+                    for (int j = 0; j < 8; ++j) {
+                        float w = weight[8 * kg + j];
+                        float q = xx[pl[j]];
+                        sumqx += w * q * xb[8 * kg + j];
+                        sumq2 += w * q * q;
+                    }
+                }
+                if (sumqx > 0 && sumq2 > 0) scale = sumqx / sumq2;
+            }
+            if (m) {
+                qs[2 * ib] = (uint8_t)(index[0] & 255), qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
+                ((block_iq1_m *)blk)->qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));
+            } else {
+                uint16_t h = 0;
+                for (int kg = 0; kg < 4; ++kg) {
+                    qs[4 * ib + kg] = (uint8_t)(index[kg] & 255);
+                    h |= (uint16_t)((index[kg] >> 8) << (3 * kg));
+                }
+                ((block_iq1_s *)blk)->qh[ib] = h;
+            }
+            scales[ib] = scale;
+            shifts[ib] = m ? best_k : (best_k == 0 ? 1 : -1);
+            max_scale = GGUFLM_MAX(max_scale, scale);
+        }
+        if (!max_scale) continue;
+        float d = max_scale / 15;
+        float id = 1 / d;
+        if (!m) {
+            block_iq1_s *b = (block_iq1_s *)blk;
+            b->d = gguflm_fp32_to_fp16(d * 1.125f);
+            for (int ib = 0; ib < nsub; ++ib) {
+                int l = gguflm_nearest_int(0.5f * (id * scales[ib] - 1));
+                l = GGUFLM_MAX(0, GGUFLM_MIN(7, l));
+                if (shifts[ib] == -1) l |= 8;
+                b->qh[ib] |= (uint16_t)(l << 12);
+            }
+            continue;
+        }
+        /* IQ1_M: 3-bit scales, then the super-block scale refitted to them */
+        block_iq1_m *b = (block_iq1_m *)blk;
+        uint16_t sc[4] = {0, 0, 0, 0};
+        float sumqx = 0, sumq2 = 0;
+        for (int ib = 0; ib < nsub; ++ib) {
+            int l = gguflm_nearest_int(0.5f * (id * scales[ib] - 1));
+            l = GGUFLM_MAX(0, GGUFLM_MIN(7, l));
+            sc[ib / 4] |= (uint16_t)(l << (3 * (ib % 4)));
+            b->qh[ib] |= masks[shifts[ib]];
+            const float *xb = xbl + bs * ib;
+            if (qw) {
+                const float *w = qw + QK_K * ibl + bs * ib;
+                for (int i = 0; i < bs; ++i) weight[i] = w[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+            } else {
+                for (int i = 0; i < bs; ++i) weight[i] = xb[i] * xb[i];
+            }
+            for (int kg = 0; kg < 2; ++kg) {
+                const float *xx = (kg == 0 ? shifts[ib] < 2 : shifts[ib] % 2 == 0) ? x_p : x_m;
+                const int8_t *pl = g->level + (qs[2 * ib + kg] + ((b->qh[ib] << (8 - 4 * kg)) & 0x700)) * 8;
+                for (int j = 0; j < 8; ++j) {
+                    float w = weight[8 * kg + j];
+                    float q = xx[pl[j]] * (2 * l + 1);
+                    sumqx += w * q * xb[8 * kg + j];
+                    sumq2 += w * q * q;
+                }
+            }
+        }
+        if (sumq2 > 0) d = sumqx / sumq2;
+        const uint16_t s16 = gguflm_fp32_to_fp16(d * 1.1125f);
+        sc[0] |= (uint16_t)((s16 & 0x000f) << 12);
+        sc[1] |= (uint16_t)((s16 & 0x00f0) << 8);
+        sc[2] |= (uint16_t)((s16 & 0x0f00) << 4);
+        sc[3] |= (uint16_t)(s16 & 0xf000);
+        memcpy(b->scales, sc, 8);
+    }
+}
+
+static void gguflm_quantize_w_iq1_s(const float *x, void *y, int64_t k, const float *qw) {
+    if (gguflm_iq_qgrid_init(GGUFLM_QGRID_IQ1) == 0) gguflm_quantize_iq1_row(GGUFLM_IQ1_S, x, y, k, qw);
+}
+static void gguflm_quantize_w_iq1_m(const float *x, void *y, int64_t k, const float *qw) {
+    if (gguflm_iq_qgrid_init(GGUFLM_QGRID_IQ1) == 0) gguflm_quantize_iq1_row(GGUFLM_IQ1_M, x, y, k, qw);
+}
+static void gguflm_quantize_row_iq1_m(const float *x, void *y, int64_t k) { gguflm_quantize_w_iq1_m(x, y, k, NULL); }
+
 /* the quantizers of ggml_quantize_chunk: (x, y, k, qw) with qw NULL without importance weights */
 typedef void (*gguflm_iq_quantize_fn)(const float *x, void *y, int64_t k, const float *qw);
 
@@ -474,6 +731,8 @@ GGUFLM_IQ_QUANTIZERS(iq3_s, GGUFLM_IQ3_S)
 /* type's quantizer with importance weights, NULL for the other types */
 static inline gguflm_iq_quantize_fn gguflm_iq_quantize_weighted(int type) {
     switch (type) {
+    case GGUFLM_IQ1_S: return gguflm_quantize_w_iq1_s;
+    case GGUFLM_IQ1_M: return gguflm_quantize_w_iq1_m;
     case GGUFLM_IQ2_XXS: return gguflm_quantize_w_iq2_xxs;
     case GGUFLM_IQ2_XS: return gguflm_quantize_w_iq2_xs;
     case GGUFLM_IQ2_S: return gguflm_quantize_w_iq2_s;

@@ -1,32 +1,152 @@
 /* SIMD kernels of the grid i-quants, compiled with quants_simd_body.h once for AVX2 and once for
- * AVX-512 (GGUFLM_SIMD names each copy). The super-block is unpacked by the scalar code of
- * quants_iq.h (grid entries are table lookups either way); the integer dots then run on vectors
- * exactly as ggml's AVX2 vec_dot does them (magnitudes . activations with the signs applied by
- * xor/sub, vpmaddubsw, vpmaddwd by the scale of each 16), so the lanes, and the floats after them,
- * are the scalar reference's bit for bit. TILED sums the exact products in int16 x int16 pairs.
+ * AVX-512 (GGUFLM_SIMD names each copy). DOT decodes each 32-element group in registers as ggml's
+ * AVX2 vec_dot does (grid entries gathered by table lookups, sign masks from ksigns64 or the sign
+ * bits) and runs its integer dots (magnitudes . activations with the signs applied by xor/sub,
+ * vpmaddubsw, vpmaddwd by the scale of each 16), so the lanes, and the floats after them, are the
+ * scalar reference's bit for bit. TILED unpacks super-blocks with quants_iq.h's scalar code and
+ * sums the exact products in int16 x int16 pairs.
  * No include guard: this file is meant to be included more than once.
  */
 
-/* DOT's lanes of one super-block against one activation block (delta: IQ1_M's second vector) */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_lanes)(int type, const gguflm_iqblock *b,
-                                                                       const block_q8_K *y, __m256i *lanes,
-                                                                       __m256i *delta) {
-    __m256i acc = _mm256_setzero_si256(), acc_d = _mm256_setzero_si256();
-    for (int g = 0; g < QK_K / 32; ++g) {
-        const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * g));
-        const __m256i neg = _mm256_loadu_si256((const __m256i *)(b->neg + 32 * g));
-        const __m256i mag = _mm256_loadu_si256((const __m256i *)(b->mag + 32 * g));
-        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(b->sc[2 * g + 1]), _mm_set1_epi16(b->sc[2 * g]));
-        const __m256i q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, q8s), sc));
-        if (type == GGUFLM_IQ1_M) {
-            const __m256i dneg = _mm256_loadu_si256((const __m256i *)(b->dneg + 32 * g));
-            const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
-            acc_d = _mm256_add_epi32(acc_d, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8d), sc));
+/* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
+ * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
+ * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, const uint8_t *xb, int g,
+                                                                       __m256i *mag, __m256i *neg, __m256i *sc,
+                                                                       __m256i *dneg) {
+    switch (type) {
+    case GGUFLM_IQ2_XXS: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const uint32_t a = gguflm_u32_at(q + 4);
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2xxs_grid[q[3]], (int64_t)gguflm_iq2xxs_grid[q[2]],
+                                 (int64_t)gguflm_iq2xxs_grid[q[1]], (int64_t)gguflm_iq2xxs_grid[q[0]]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[(a >> 21) & 127], (int64_t)gguflm_ksigns64[(a >> 14) & 127],
+                                 (int64_t)gguflm_ksigns64[(a >> 7) & 127], (int64_t)gguflm_ksigns64[a & 127]);
+        *sc = _mm256_set1_epi16((int16_t)(2 * (a >> 28) + 1));
+        break;
+    }
+    case GGUFLM_IQ2_XS: {
+        const uint8_t *q = xb + 2 + 8 * g, s = xb[66 + g];
+        uint16_t v[4];
+        memcpy(v, q, 8);
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2xs_grid[v[3] & 511], (int64_t)gguflm_iq2xs_grid[v[2] & 511],
+                                 (int64_t)gguflm_iq2xs_grid[v[1] & 511], (int64_t)gguflm_iq2xs_grid[v[0] & 511]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[v[3] >> 9], (int64_t)gguflm_ksigns64[v[2] >> 9],
+                                 (int64_t)gguflm_ksigns64[v[1] >> 9], (int64_t)gguflm_ksigns64[v[0] >> 9]);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        break;
+    }
+    case GGUFLM_IQ2_S: {
+        const uint8_t *q = xb + 2 + 4 * g, s = xb[74 + g];
+        const unsigned h = xb[66 + g];
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2s_grid[q[3] | ((h << 2) & 0x300)], (int64_t)gguflm_iq2s_grid[q[2] | ((h << 4) & 0x300)],
+                                 (int64_t)gguflm_iq2s_grid[q[1] | ((h << 6) & 0x300)], (int64_t)gguflm_iq2s_grid[q[0] | ((h << 8) & 0x300)]);
+        *neg = GGUFLM_SIMD(bits_32)(xb + 34 + 4 * g);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        break;
+    }
+    case GGUFLM_IQ3_XXS: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const uint32_t a = gguflm_u32_at(xb + 66 + 4 * g);
+        *mag = _mm256_set_epi32((int)gguflm_iq3xxs_grid[q[7]], (int)gguflm_iq3xxs_grid[q[6]], (int)gguflm_iq3xxs_grid[q[5]],
+                                (int)gguflm_iq3xxs_grid[q[4]], (int)gguflm_iq3xxs_grid[q[3]], (int)gguflm_iq3xxs_grid[q[2]],
+                                (int)gguflm_iq3xxs_grid[q[1]], (int)gguflm_iq3xxs_grid[q[0]]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[(a >> 21) & 127], (int64_t)gguflm_ksigns64[(a >> 14) & 127],
+                                 (int64_t)gguflm_ksigns64[(a >> 7) & 127], (int64_t)gguflm_ksigns64[a & 127]);
+        *sc = _mm256_set1_epi16((int16_t)(2 * (a >> 28) + 1));
+        break;
+    }
+    case GGUFLM_IQ3_S: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const unsigned h = xb[66 + g];
+        *mag = _mm256_set_epi32((int)gguflm_iq3s_grid[q[7] | ((h << 1) & 256)], (int)gguflm_iq3s_grid[q[6] | ((h << 2) & 256)],
+                                (int)gguflm_iq3s_grid[q[5] | ((h << 3) & 256)], (int)gguflm_iq3s_grid[q[4] | ((h << 4) & 256)],
+                                (int)gguflm_iq3s_grid[q[3] | ((h << 5) & 256)], (int)gguflm_iq3s_grid[q[2] | ((h << 6) & 256)],
+                                (int)gguflm_iq3s_grid[q[1] | ((h << 7) & 256)], (int)gguflm_iq3s_grid[q[0] | ((h << 8) & 256)]);
+        *neg = GGUFLM_SIMD(bits_32)(xb + 74 + 4 * g);
+        *sc = _mm256_set1_epi16((int16_t)(1 + 2 * ((xb[106 + g / 2] >> (4 * (g % 2))) & 15)));
+        break;
+    }
+    case GGUFLM_IQ1_S: {
+        const uint8_t *q = xb + 2 + 4 * g;
+        const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        *mag = _mm256_abs_epi8(v);
+        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
+        *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
+        break;
+    }
+    default: { /* IQ1_M */
+        const uint8_t *q = xb + 4 * g, *h = xb + 32 + 2 * g;
+        const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h[1] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h[1] << 8) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h[0] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h[0] << 8) & 0x700)]);
+        *mag = _mm256_abs_epi8(v);
+        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * ((w >> (sh + 3)) & 7) + 1)), _mm_set1_epi16((int16_t)(2 * ((w >> sh) & 7) + 1)));
+        *dneg = _mm256_set_epi64x(h[1] & 0x80 ? -1 : 0, h[1] & 0x08 ? -1 : 0, h[0] & 0x80 ? -1 : 0, h[0] & 0x08 ? -1 : 0);
+        break;
+    }
+    }
+}
+
+/* the super-block scale as a float */
+static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
+    if (type == GGUFLM_IQ1_M) return gguflm_fp16_to_fp32(gguflm_iq1m_scale((const block_iq1_m *)xb));
+    return GGUFLM_FP16_TO_FP32_SIMD(gguflm_u16_at(xb));
+}
+
+/* DOT of one weight row with T <= 4 activation rows, the weights decoded once per group for all */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int type, size_t bx, int64_t n,
+                                                                          const uint8_t *w, const uint8_t *y,
+                                                                          int64_t ys, int T, float *o, int64_t os) {
+    __m256 acc[4], acc2[4];
+    float acc1[4];
+    for (int k = 0; k < 4; ++k) {
+        acc[k] = acc2[k] = _mm256_setzero_ps();
+        acc1[k] = 0.0f;
+    }
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = w + i * bx;
+        __m256i lanes[4], delta[4];
+        int32_t sumi1[4] = {0, 0, 0, 0};
+        for (int k = 0; k < 4; ++k) lanes[k] = delta[k] = _mm256_setzero_si256();
+        for (int g = 0; g < QK_K / 32; ++g) {
+            __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
+            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
+            for (int k = 0; k < T; ++k) {
+                const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
+                const __m256i q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+                lanes[k] = _mm256_add_epi32(lanes[k], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, q8s), sc));
+                if (type == GGUFLM_IQ1_M) {
+                    const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
+                    delta[k] = _mm256_add_epi32(delta[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8d), sc));
+                }
+                if (type == GGUFLM_IQ1_S) {
+                    const int ls = _mm256_extract_epi16(sc, 0);
+                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (_mm256_extract_epi8(dneg, 0) ? -1 : 1) * ls;
+                }
+            }
+        }
+        const float dx = GGUFLM_SIMD(iq_d)(type, xb);
+        for (int k = 0; k < T; ++k) {
+            const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+            const float d = dx * yb->d;
+            const __m256 dv = _mm256_set1_ps(d);
+            acc[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(lanes[k]), acc[k]);
+            if (type == GGUFLM_IQ1_M) acc2[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(delta[k]), acc2[k]);
+            if (type == GGUFLM_IQ1_S) acc1[k] = fmaf(d, (float)sumi1[k], acc1[k]);
         }
     }
-    *lanes = acc;
-    *delta = acc_d;
+    for (int k = 0; k < T; ++k) {
+        float a[8], a2[8];
+        _mm256_storeu_ps(a, acc[k]);
+        _mm256_storeu_ps(a2, acc2[k]);
+        o[k * os] = gguflm_iq_dot_result(type, a, a2, acc1[k]);
+    }
 }
 
 /* TILED's exact integer: sum of scale * value * activation */
@@ -41,52 +161,25 @@ static inline __attribute__((always_inline)) int32_t GGUFLM_SIMD(iq_tiled_int)(c
     return GGUFLM_SIMD(hsum_i32)(acc);
 }
 
-/* rows one by one, tokens in fours: each weight super-block is unpacked once per 4 tokens */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_gemm)(int path, int type, size_t bx, int64_t n,
-                                                                      const uint8_t *w, int64_t ws, int64_t nr,
-                                                                      const uint8_t *y, int64_t ys, int64_t nt,
-                                                                      float *o, int64_t os) {
+/* TILED, rows one by one, tokens in fours: each weight super-block is unpacked once per 4 tokens */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type, size_t bx, int64_t n,
+                                                                       const uint8_t *w, int64_t ws, int64_t nr,
+                                                                       const uint8_t *y, int64_t ys, int64_t nt,
+                                                                       float *o, int64_t os) {
     gguflm_iqblock b;
     for (int64_t r = 0; r < nr; ++r) {
         for (int64_t t0 = 0; t0 < nt; t0 += 4) {
             const int T = (int)(nt - t0 < 4 ? nt - t0 : 4);
-            __m256 acc[4], acc2[4];
-            float acc1[4], out[4];
-            for (int k = 0; k < 4; ++k) {
-                acc[k] = acc2[k] = _mm256_setzero_ps();
-                acc1[k] = out[k] = 0.0f;
-            }
+            float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int64_t i = 0; i < n / QK_K; ++i) {
                 gguflm_iq_unpack(type, w + r * ws + i * bx, &b);
                 for (int k = 0; k < T; ++k) {
                     const block_q8_K *yb = (const block_q8_K *)(y + (t0 + k) * ys) + i;
-                    if (path == GGUFLM_PATH_TILED) {
-                        const float res = b.d * gguflm_iq_factor(type) * (float)GGUFLM_SIMD(iq_tiled_int)(&b, yb);
-                        out[k] = fmaf(res, yb->d, out[k]);
-                        continue;
-                    }
-                    __m256i lanes, delta;
-                    GGUFLM_SIMD(iq_lanes)(type, &b, yb, &lanes, &delta);
-                    const __m256 d = _mm256_set1_ps(b.d * yb->d);
-                    acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[k]);
-                    if (type == GGUFLM_IQ1_M) acc2[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(delta), acc2[k]);
-                    if (type == GGUFLM_IQ1_S) {
-                        int32_t sumi1 = 0;
-                        for (int g = 0; g < 8; ++g)
-                            sumi1 += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (b.dneg[32 * g] ? -1 : 1) * b.sc[2 * g];
-                        acc1[k] = fmaf(b.d * yb->d, (float)sumi1, acc1[k]);
-                    }
+                    const float res = b.d * gguflm_iq_factor(type) * (float)GGUFLM_SIMD(iq_tiled_int)(&b, yb);
+                    out[k] = fmaf(res, yb->d, out[k]);
                 }
             }
-            for (int k = 0; k < T; ++k) {
-                if (path != GGUFLM_PATH_TILED) {
-                    float a[8], a2[8];
-                    _mm256_storeu_ps(a, acc[k]);
-                    _mm256_storeu_ps(a2, acc2[k]);
-                    out[k] = gguflm_iq_dot_result(type, a, a2, acc1[k]);
-                }
-                o[(t0 + k) * os + r] = out[k];
-            }
+            for (int k = 0; k < T; ++k) o[(t0 + k) * os + r] = out[k];
         }
     }
 }
@@ -95,12 +188,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_gemm)(int path,
     static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
                                        int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
         (void)arith;                                                                                             \
-        GGUFLM_SIMD(iq_gemm)(GGUFLM_PATH_DOT, TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);        \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += 4)                                                                  \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,               \
+                                         (int)(nt - t < 4 ? nt - t : 4), o + t * os + r, os);                   \
     }                                                                                                            \
     static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
         (void)arith;                                                                                             \
-        GGUFLM_SIMD(iq_gemm)(GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);      \
+        GGUFLM_SIMD(iq_tiled)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                        \
     }
 GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
 #undef GGUFLM_IQ_SIMD_KERNELS

@@ -51,7 +51,7 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_IQ3_XXS] = {"IQ3_XXS", 256, 98, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_xxs, gguflm_quantize_row_iq3_xxs, gguflm_quantize_row_iq3_xxs},
     [GGUFLM_IQ3_S] = {"IQ3_S", 256, 110, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_s, gguflm_quantize_row_iq3_s, gguflm_quantize_row_iq3_s},
     [GGUFLM_IQ1_S] = {"IQ1_S", 256, 50, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_s, NULL, NULL},
-    [GGUFLM_IQ1_M] = {"IQ1_M", 256, 56, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_m, NULL, NULL},
+    [GGUFLM_IQ1_M] = {"IQ1_M", 256, 56, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_m, gguflm_quantize_row_iq1_m, gguflm_quantize_row_iq1_m},
 };
 
 /* x [k] -> y (row_bytes(type, k)) with the importance weights qw [k] of the row's columns */

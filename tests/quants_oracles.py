@@ -7,9 +7,9 @@ import numpy as np
 import gguflm.quants as q
 from gguflm.ggml_types import GGMLType
 
-# grid i-quants without a quantizer here that needs no importance matrix (IQ2_XXS, IQ2_XS, IQ1_S
-# need one in ggml; IQ1_M is not done yet): tests/test_quants_iq.py checks them with generated blocks
-GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S, GGMLType.IQ1_M})
+# formats ggml quantizes only with an importance matrix (ggml_quantize_requires_imatrix):
+# tests/test_quants_iq.py checks them with imatrices and generated blocks
+GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
 
 # every format that has a dot kernel and a quantizer
 DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None and f.type not in GRID_IQ_TYPES]
