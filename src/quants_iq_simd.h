@@ -3,8 +3,8 @@
  * AVX2 vec_dot does (grid entries gathered by table lookups, sign masks from ksigns64 or the sign
  * bits) and runs its integer dots (magnitudes . activations with the signs applied by xor/sub,
  * vpmaddubsw, vpmaddwd by the scale of each 16), so the lanes, and the floats after them, are the
- * scalar reference's bit for bit. TILED unpacks super-blocks with quants_iq.h's scalar code and
- * sums the exact products in int16 x int16 pairs.
+ * scalar reference's bit for bit. TILED reuses that decoding for the signed values and sums the
+ * exact products in int16 x int16 pairs.
  * No include guard: this file is meant to be included more than once.
  */
 
@@ -149,39 +149,43 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
     }
 }
 
-/* TILED's exact integer: sum of scale * value * activation */
-static inline __attribute__((always_inline)) int32_t GGUFLM_SIMD(iq_tiled_int)(const gguflm_iqblock *b,
-                                                                              const block_q8_K *y) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int s = 0; s < QK_K / 16; ++s) {
-        const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->val + 16 * s)));
-        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y->qs + 16 * s)));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_mullo_epi16(v, _mm256_set1_epi16(b->sc[s])), q));
-    }
-    return GGUFLM_SIMD(hsum_i32)(acc);
-}
-
-/* TILED, rows one by one, tokens in fours: each weight super-block is unpacked once per 4 tokens */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type, size_t bx, int64_t n,
-                                                                       const uint8_t *w, int64_t ws, int64_t nr,
-                                                                       const uint8_t *y, int64_t ys, int64_t nt,
-                                                                       float *o, int64_t os) {
-    gguflm_iqblock b;
-    for (int64_t r = 0; r < nr; ++r) {
-        for (int64_t t0 = 0; t0 < nt; t0 += 4) {
-            const int T = (int)(nt - t0 < 4 ? nt - t0 : 4);
-            float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int64_t i = 0; i < n / QK_K; ++i) {
-                gguflm_iq_unpack(type, w + r * ws + i * bx, &b);
-                for (int k = 0; k < T; ++k) {
-                    const block_q8_K *yb = (const block_q8_K *)(y + (t0 + k) * ys) + i;
-                    const float res = b.d * gguflm_iq_factor(type) * (float)GGUFLM_SIMD(iq_tiled_int)(&b, yb);
-                    out[k] = fmaf(res, yb->d, out[k]);
-                }
+/* TILED of one weight row with T <= 4 activation rows: per super-block the exact integer of scale
+ * * signed value (IQ1: 8 * grid + delta) * activation, from the same register decoding as DOT
+ * (values fit a byte), products in int16 pairs */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int type, size_t bx, int64_t n,
+                                                                            const uint8_t *w, const uint8_t *y,
+                                                                            int64_t ys, int T, float *o, int64_t os) {
+    float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float factor = gguflm_iq_factor(type);
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = w + i * bx;
+        __m256i acc[4];
+        for (int k = 0; k < 4; ++k) acc[k] = _mm256_setzero_si256();
+        for (int g = 0; g < QK_K / 32; ++g) {
+            __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
+            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
+            __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+            if (gguflm_iq_is_1bit(type))  /* 8 * grid (-1, 0, 1) + delta (-1 where dneg, else 1) */
+                v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
+            /* the scales of the two 16s, times the values, in int16; then pairs with the activations */
+            const __m256i v_lo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                                                    _mm256_set1_epi16((int16_t)_mm256_extract_epi16(sc, 0)));
+            const __m256i v_hi = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                                                    _mm256_set1_epi16((int16_t)_mm256_extract_epi16(sc, 8)));
+            for (int k = 0; k < T; ++k) {
+                const int8_t *q8 = ((const block_q8_K *)(y + k * ys) + i)->qs + 32 * g;
+                const __m256i q_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q8));
+                const __m256i q_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q8 + 16)));
+                acc[k] = _mm256_add_epi32(acc[k], _mm256_add_epi32(_mm256_madd_epi16(v_lo, q_lo), _mm256_madd_epi16(v_hi, q_hi)));
             }
-            for (int k = 0; k < T; ++k) o[(t0 + k) * os + r] = out[k];
+        }
+        const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+        for (int k = 0; k < T; ++k) {
+            const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+            out[k] = fmaf(dx * (float)GGUFLM_SIMD(hsum_i32)(acc[k]), yb->d, out[k]);
         }
     }
+    for (int k = 0; k < T; ++k) o[k * os] = out[k];
 }
 
 #define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
@@ -196,7 +200,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type
     static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
         (void)arith;                                                                                             \
-        GGUFLM_SIMD(iq_tiled)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                        \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += 4)                                                                  \
+                GGUFLM_SIMD(iq_tiled_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,             \
+                                           (int)(nt - t < 4 ? nt - t : 4), o + t * os + r, os);                 \
     }
 GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
 #undef GGUFLM_IQ_SIMD_KERNELS

@@ -103,9 +103,11 @@ def test_bf16_nan_stays_nan_and_quiet():
 
 
 # llama.cpp's test-quantize-fns thresholds
+# (IQ1_M, which that test skips, with its bounds for the other sub-2-bit format, Q1_0)
 MAX_TOTAL_ERROR = {GGMLType.Q2_K: 0.0075, GGMLType.Q3_K: 0.0040, GGMLType.IQ2_S: 0.0075, GGMLType.IQ3_S: 0.0040,
-                   GGMLType.IQ3_XXS: 0.0050}
-MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04, GGMLType.IQ2_S: 0.04, GGMLType.IQ3_S: 0.04, GGMLType.IQ3_XXS: 0.04}
+                   GGMLType.IQ3_XXS: 0.0050, GGMLType.IQ1_M: 0.025}
+MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04, GGMLType.IQ2_S: 0.04, GGMLType.IQ3_S: 0.04, GGMLType.IQ3_XXS: 0.04,
+                 GGMLType.IQ1_M: 0.40}
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
