@@ -8,6 +8,10 @@
  * No include guard: this file is meant to be included more than once.
  */
 
+#ifndef GGUFLM_IQ_TILED_TOKENS
+#define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
+#endif
+
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
  * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
  * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
@@ -149,18 +153,19 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
     }
 }
 
-/* TILED of one weight row with T <= 4 activation rows: per super-block the exact integer of scale
+/* TILED of one weight row with T <= GGUFLM_IQ_TILED_TOKENS activation rows (each weight group decoded
+ * once for all of them): per super-block the exact integer of scale
  * * signed value (IQ1: 8 * grid + delta) * activation, from the same register decoding as DOT
  * (values fit a byte), products in int16 pairs */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int type, size_t bx, int64_t n,
                                                                             const uint8_t *w, const uint8_t *y,
                                                                             int64_t ys, int T, float *o, int64_t os) {
-    float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float out[GGUFLM_IQ_TILED_TOKENS] = {0.0f};
     const float factor = gguflm_iq_factor(type);
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
-        __m256i acc[4];
-        for (int k = 0; k < 4; ++k) acc[k] = _mm256_setzero_si256();
+        __m256i acc[GGUFLM_IQ_TILED_TOKENS];
+        for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
             GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
@@ -201,9 +206,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
         (void)arith;                                                                                             \
         for (int64_t r = 0; r < nr; ++r)                                                                         \
-            for (int64_t t = 0; t < nt; t += 4)                                                                  \
+            for (int64_t t = 0; t < nt; t += GGUFLM_IQ_TILED_TOKENS)                                             \
                 GGUFLM_SIMD(iq_tiled_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,             \
-                                           (int)(nt - t < 4 ? nt - t : 4), o + t * os + r, os);                 \
+                                           (int)(nt - t < GGUFLM_IQ_TILED_TOKENS ? nt - t : GGUFLM_IQ_TILED_TOKENS), \
+                                           o + t * os + r, os);                                                  \
     }
 GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
 #undef GGUFLM_IQ_SIMD_KERNELS
