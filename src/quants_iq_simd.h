@@ -4,7 +4,7 @@
  * bits) and runs its integer dots (magnitudes . activations with the signs applied by xor/sub,
  * vpmaddubsw, vpmaddwd by the scale of each 16), so the lanes, and the floats after them, are the
  * scalar reference's bit for bit. TILED reuses that decoding for the signed values and sums the
- * exact products in int16 x int16 pairs.
+ * exact products (activations offset to unsigned bytes, the offset's share taken off once).
  * No include guard: this file is meant to be included more than once.
  */
 
@@ -164,7 +164,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     const float factor = gguflm_iq_factor(type);
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
-        __m256i acc[GGUFLM_IQ_TILED_TOKENS];
+        __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
@@ -172,22 +172,20 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
             __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
             if (gguflm_iq_is_1bit(type))  /* 8 * grid (-1, 0, 1) + delta (-1 where dneg, else 1) */
                 v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
-            /* the scales of the two 16s, times the values, in int16; then pairs with the activations */
-            const __m256i v_lo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-                                                    _mm256_set1_epi16((int16_t)_mm256_extract_epi16(sc, 0)));
-            const __m256i v_hi = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
-                                                    _mm256_set1_epi16((int16_t)_mm256_extract_epi16(sc, 8)));
+            /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
+             * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
+            bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
             for (int k = 0; k < T; ++k) {
-                const int8_t *q8 = ((const block_q8_K *)(y + k * ys) + i)->qs + 32 * g;
-                const __m256i q_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q8));
-                const __m256i q_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q8 + 16)));
-                acc[k] = _mm256_add_epi32(acc[k], _mm256_add_epi32(_mm256_madd_epi16(v_lo, q_lo), _mm256_madd_epi16(v_hi, q_hi)));
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)(y + k * ys) + i)->qs + 32 * g));
+                const __m256i qu = _mm256_xor_si256(q8, _mm256_set1_epi8((char)0x80));
+                acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(qu, v), sc));
             }
         }
+        const int32_t corr = 128 * GGUFLM_SIMD(hsum_i32)(bias);
         const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
         for (int k = 0; k < T; ++k) {
             const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
-            out[k] = fmaf(dx * (float)GGUFLM_SIMD(hsum_i32)(acc[k]), yb->d, out[k]);
+            out[k] = fmaf(dx * (float)(GGUFLM_SIMD(hsum_i32)(acc[k]) - corr), yb->d, out[k]);
         }
     }
     for (int k = 0; k < T; ++k) o[k * os] = out[k];
