@@ -8,6 +8,7 @@ Heavy submodules are imported on first use so that ``import gguflm`` stays cheap
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from typing import Any
@@ -24,6 +25,10 @@ from gguflm.system import system_info
 
 __version__ = "0.1.0"
 
+# the library logs through `logging` only and never writes to stdout or stderr itself: without a
+# handler of the application's, records go nowhere (not to logging's last-resort stderr handler)
+logging.getLogger("gguflm").addHandler(logging.NullHandler())
+
 # public name -> module that defines it
 _LAZY = {
     "Model": "gguflm.model",
@@ -35,6 +40,9 @@ _LAZY = {
     "Grammar": "gguflm.grammar",
     "GrammarError": "gguflm.grammar",
     "LlamaGrammar": "gguflm.grammar",
+    "MemoryEstimate": "gguflm.memory",
+    "estimate_memory": "gguflm.memory",
+    "fit_context": "gguflm.memory",
 }
 _LAZY_MODULES = {"gguf", "grammar", "quants", "samplers", "testing"}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,14 +18,27 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.progress import _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
 
-def _progress(args: argparse.Namespace) -> bool | None:
+def _progress(args: argparse.Namespace) -> bool:
     """``--quiet`` turns bars off; otherwise they show when stderr is a terminal."""
-    return False if args.quiet else None
+    return not args.quiet and _is_terminal(sys.stderr)
+
+
+def _configure_logging() -> None:
+    """The command's handler for the library's records: warnings and errors on stderr
+    (``GGUFLM_LOG_LEVEL=INFO`` shows more). The library itself only logs."""
+    logger = logging.getLogger("gguflm")
+    if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gguflm: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("GGUFLM_LOG_LEVEL", "WARNING").upper())
 
 
 def _read_text(args: argparse.Namespace, what: str) -> str:
@@ -40,7 +55,7 @@ def _llm(args: argparse.Namespace, **extra: Any):
     return LLM(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch,
                type_k=args.cache_type_k, type_v=args.cache_type_v, seed=_seed(args),
-               load_mode=args.load_mode, progress=_progress(args), **extra)
+               load_mode=args.load_mode, progress=_progress(args), **rope_options(args), **extra)
 
 
 def _seed(args: argparse.Namespace) -> int | None:
@@ -130,6 +145,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    if args.gui:
+        from gguflm.apps.chat_gui import main as gui_main
+
+        return gui_main(args.model)
     template = args.chat_template
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
@@ -172,6 +191,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from gguflm.server import create_app, serve
+    except ImportError as exc:
+        raise ValueError(str(exc)) from None
+
+    app = create_app(args.model, parallel=args.parallel, n_ctx=args.ctx_size,
+                     n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                     n_threads_batch=args.threads_batch, api_key=args.api_key,
+                     chat_template=_chat_template_arg(args), embedding=args.embedding,
+                     alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
+                     type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
+                     shutdown_timeout=args.shutdown_timeout,
+                     **({"pooling_type": args.pooling} if args.embedding else {}))
+    serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    return 0
+
+
+def _chat_template_arg(args: argparse.Namespace) -> str | None:
+    if args.chat_template_file:
+        return Path(args.chat_template_file).read_text(encoding="utf-8")
+    return args.chat_template
+
+
 def _cmd_embed(args: argparse.Namespace) -> int:
     from gguflm.context import Context
     from gguflm.default_model import load_model
@@ -188,7 +231,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         with Context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=args.ubatch_size or n_batch,
                      n_seq_max=max_sequences(model), n_threads=args.threads, n_threads_batch=args.threads_batch,
                      type_k=args.cache_type_k, type_v=args.cache_type_v, embeddings=True,
-                     pooling=args.pooling, logits=False) as ctx:
+                     pooling=args.pooling, logits=False, **rope_options(args)) as ctx:
             run = embed_prompts(ctx, text.split(args.embd_separator), n_batch, args.cls_separator,
                                 args.embd_normalize)
     sys.stdout.write(render(run, args.embd_output_format, args.embd_normalize))
@@ -258,6 +301,26 @@ def _context_args(p: argparse.ArgumentParser, ctx_size: int, batch_size: int) ->
                    help="threads for prompt processing (default: --threads)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=tuple(CACHE_TYPES))
     p.add_argument("-ctv", "--cache-type-v", default="f16", choices=tuple(CACHE_TYPES))
+    # RoPE scaling, as llama.cpp's flags (unset: the file's)
+    p.add_argument("--rope-scaling", choices=("none", "linear", "yarn", "longrope"), default=None,
+                   help="RoPE frequency scaling method (default: the model's)")
+    p.add_argument("--rope-scale", type=float, default=0.0, help="context scaling factor: freq scale 1 / N")
+    p.add_argument("--rope-freq-base", type=float, default=0.0, help="RoPE base frequency (default: the model's)")
+    p.add_argument("--rope-freq-scale", type=float, default=0.0, help="RoPE frequency scale (default: the model's)")
+    p.add_argument("--yarn-orig-ctx", type=int, default=0, help="YaRN: the model's original context size")
+    p.add_argument("--yarn-ext-factor", type=float, default=-1.0, help="YaRN: extrapolation mix (-1: by method)")
+    p.add_argument("--yarn-attn-factor", type=float, default=-1.0, help="YaRN: attention magnitude scale")
+    p.add_argument("--yarn-beta-slow", type=float, default=-1.0, help="YaRN: high correction dim")
+    p.add_argument("--yarn-beta-fast", type=float, default=-1.0, help="YaRN: low correction dim")
+
+
+def rope_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Context / LLM RoPE arguments of the flags (``--rope-scale N`` is freq scale 1 / N)."""
+    freq_scale = args.rope_freq_scale or (1.0 / args.rope_scale if args.rope_scale else 0.0)
+    return {"rope_scaling_type": args.rope_scaling, "rope_freq_base": args.rope_freq_base,
+            "rope_freq_scale": freq_scale, "yarn_orig_ctx": args.yarn_orig_ctx,
+            "yarn_ext_factor": args.yarn_ext_factor, "yarn_attn_factor": args.yarn_attn_factor,
+            "yarn_beta_slow": args.yarn_beta_slow, "yarn_beta_fast": args.yarn_beta_fast}
 
 
 def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
@@ -303,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
     p.add_argument("-sys", "--system-prompt", help="system message opening the conversation")
+    p.add_argument("--gui", action="store_true",
+                   help="open the reference Tkinter chat window (gguflm/apps/chat_gui.py)")
     p.set_defaults(func=_cmd_chat)
 
     from gguflm.bench.__main__ import module_names as bench_modules
@@ -313,6 +378,31 @@ def build_parser() -> argparse.ArgumentParser:
                               + ", ".join(n for n in bench_modules() if n != "model"))
     bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
+                       description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
+                                   "/tokenize, /detokenize, /metrics (and /v1/embeddings with --embedding); "
+                                   "needs the server extra: pip install \"gguflm[server]\"")
+    _model_args(p)
+    _context_args(p, 4096, 512)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("-np", "--parallel", type=int, default=4,
+                   help="slots: requests generated together (each gets ctx-size / parallel tokens)")
+    p.set_defaults(cache_type_k="f32", cache_type_v="f32")   # see create_app's type_k
+    p.add_argument("--kv-unified", action="store_true",
+                   help="one KV cache shared by the slots (default: a region per slot)")
+    p.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    p.add_argument("--chat-template", help="built-in template name or Jinja source")
+    p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="serve /v1/embeddings instead of generation")
+    p.add_argument("--pooling", choices=POOLING_NAMES, help="pooling with --embedding (default: the model's)")
+    p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")
     _model_args(p)
@@ -369,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    _configure_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

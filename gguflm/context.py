@@ -23,12 +23,14 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
+from gguflm._ext import ops
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
 from gguflm.pooling import PoolingType, build_pooling, pooling_inputs, resolve
+from gguflm.rope import rope_params
 from gguflm.system import guard_mode
 from gguflm.threads import resolve_n_threads
 
@@ -75,14 +77,24 @@ class Context:
     :meth:`get_embeddings_seq`. Encoders (BERT and kin) have no KV cache: a batch must fit in one
     ubatch, every decode starts afresh, and up to 256 sequences may share a batch. ``logits=False``
     skips the output projection (a context that only reads embeddings; llama.cpp computes it).
+    ``kv_unified=False`` gives each of the ``n_seq_max`` sequences its own region of the cache
+    (``n_ctx / n_seq_max`` cells, each padded to 256), as llama.cpp's per-sequence KV streams:
+    a sequence's logits then do not depend on what the other sequences hold.
     """
+
+    # the KV cache is written through once at creation, as llama.cpp clears its buffers: the
+    # memory is resident from the start (a cache that does not fit fails now, not mid-chat, and
+    # gguflm.estimate_memory's figure is what the process holds)
+    _commit_kv = True
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 2048, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int | None = None, n_threads_batch: int | None = None,
                  type_k: str = "f16", type_v: str = "f16", embeddings: bool = False,
                  pooling: str | None = None, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  swa_full: bool = False, abort_callback: Callable[[], bool] | None = None,
-                 logits: bool = True):
+                 logits: bool = True, kv_unified: bool = True, rope_scaling_type: int | str | None = None,
+                 yarn_ext_factor: float = -1.0, yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0,
+                 yarn_beta_slow: float = -1.0, yarn_orig_ctx: int = 0):
         t0 = time.perf_counter()
         if model.vocab_only:
             raise VocabOnlyError(f"cannot create a context from {model.path.name}: it was loaded "
@@ -100,7 +112,11 @@ class Context:
         check_cache_type("type_v", type_v, hp.n_embd_head_v)
         self.pooling_type = resolve(pooling, hp)
         self.model = model
+        n_stream = 1 if kv_unified or not kv_cache else n_seq_max
+        self.kv_unified = n_stream == 1
         self.n_ctx = _pad(n_ctx or hp.n_ctx_train, CTX_PAD)
+        if n_stream > 1:
+            self.n_ctx = _pad(-(-self.n_ctx // n_stream), CTX_PAD) * n_stream
         self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
         self.n_ubatch = min(self.n_batch, n_ubatch)
         self.n_seq_max = n_seq_max
@@ -114,12 +130,19 @@ class Context:
         self.abort_callback = abort_callback
         self.rope_freq_base = rope_freq_base or hp.rope_freq_base_train
         self.rope_freq_scale = rope_freq_scale or hp.rope_freq_scale_train
-        self.yarn_ext_factor = 1.0 if hp.rope_scaling_type == "yarn" else 0.0
+        self.rope = rope_params(hp, rope_scaling_type, self.rope_freq_scale, yarn_ext_factor, yarn_attn_factor,
+                                yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx)
+        self.rope_scaling_type = self.rope.scaling_type
+        self.rope_freq_scale = self.rope.freq_scale
 
         # one cache for global layers, one window-sized cache for sliding-window layers
         swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
         full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
-        swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
+        if n_stream > 1:
+            region = self.n_ctx // n_stream
+            swa_size = n_stream * (region if swa_full else min(region, _pad(hp.n_swa + self.n_ubatch, CTX_PAD)))
+        else:
+            swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
         self._caches: list[KVCache] = []
         self._cache_of_layer: dict[int, int] = {}
         for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
@@ -127,7 +150,11 @@ class Context:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
-                                            type_v, n_seq_max, n_swa=window))
+                                            type_v, n_seq_max, n_swa=window, n_stream=n_stream,
+                                            head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
+        if self._commit_kv:
+            for cache in self._caches:
+                cache.commit()
         self.memory = Memory(self._caches, n_seq_max)
 
         # recorded forward passes by ubatch shape, most recently used last
@@ -159,11 +186,11 @@ class Context:
         return RopeConfig(
             freq_base=hp.rope_freq_base_train_swa if swa else self.rope_freq_base,
             freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope_freq_scale,
-            ext_factor=self.yarn_ext_factor,
-            attn_factor=hp.yarn_attn_factor,
-            beta_fast=hp.yarn_beta_fast,
-            beta_slow=hp.yarn_beta_slow,
-            n_ctx_orig=hp.n_ctx_orig_yarn or hp.n_ctx_train,
+            ext_factor=self.rope.ext_factor,
+            attn_factor=self.rope.attn_factor,
+            beta_fast=self.rope.beta_fast,
+            beta_slow=self.rope.beta_slow,
+            n_ctx_orig=self.rope.n_ctx_orig,
             freq_factors=None if factors is None else factors.data,
         )
 
@@ -176,10 +203,11 @@ class Context:
         """The effective parameters and KV cache size, logged and returned."""
         info = {
             "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
-            "n_seq_max": self.n_seq_max, "n_threads": self.n_threads,
+            "n_seq_max": self.n_seq_max, "kv_unified": self.kv_unified, "n_threads": self.n_threads,
             "n_threads_batch": self.n_threads_batch, "type_k": self.type_k, "type_v": self.type_v,
             "embeddings": self.embeddings, "pooling": self.pooling, "swa_full": self.swa_full,
             "freq_base": self.rope_freq_base, "freq_scale": self.rope_freq_scale,
+            "rope_scaling": self.rope_scaling_type,
             "kv_cells": [c.size for c in self._caches],
             "kv_size_mib": self.memory.nbytes / 2**20,
         }
@@ -361,7 +389,7 @@ class Context:
         try:
             for ub in ubatches:
                 for ci, cache in enumerate(self._caches):
-                    cells = cache.find_slot(ub.n_tokens)
+                    cells = cache.find_slot(ub.n_tokens, ub.seq_first)
                     if cells is None:
                         return False
                     cache.apply(cells, ub.pos, ub.seq_mask)
@@ -371,26 +399,47 @@ class Context:
             for cache, snap in zip(self._caches, snapshots):
                 cache.restore(snap)
 
+    def _record(self, ub: UBatch, arena: Arena) -> Plan:
+        """Record the forward pass of ubatches shaped like ``ub`` into buffers from ``arena``."""
+        hp = self.model.hparams
+        plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
+                    ub.n_seqs)
+        g = Graph(self, ub, plan, arena)
+        embd, logits = self.model.architecture.forward(g)
+        pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
+        plan.results = (embd, logits, pooled)
+        return plan
+
+    def _layout(self, ub: UBatch, guarded: bool = False) -> tuple[Arena, Plan]:
+        """Record once to learn when each buffer is in use; the arena that packs them (its block
+        is allocated but not touched) and the sizing plan."""
+        sizing = Arena()
+        sized = self._record(ub, sizing)
+        return sizing.packed(sized.step_arrays, sized.results, guarded=guarded), sized
+
+    def compute_buffer_size(self, n_tokens: int, n_outputs: int = 1) -> int:
+        """Bytes of the activation buffers a ubatch of ``n_tokens`` tokens (``n_outputs`` of them
+        producing output) lays out: what its recorded forward pass holds while it is cached."""
+        n_tokens = min(n_tokens, self.n_ubatch)
+        if not 1 <= n_outputs <= n_tokens:
+            raise ValueError(f"n_outputs must be in [1, {n_tokens}], got {n_outputs}")
+        ub = UBatch(tokens=np.zeros(n_tokens, np.int32), embd=None, pos=np.arange(n_tokens, dtype=np.int32),
+                    seq_first=np.zeros(n_tokens, np.int32), seq_mask=np.ones(n_tokens, np.uint64),
+                    output_rows=np.arange(n_tokens - n_outputs, n_tokens, dtype=np.int64))
+        if self._pools:
+            causal = bool(self._caches) and self.model.hparams.causal_attn
+            ub.pooling = pooling_inputs(self.pooling_type, [[0]] * n_tokens, ub.pos, causal)
+        arena, _ = self._layout(ub)
+        return arena.nbytes
+
     def _plan_for(self, ub: UBatch) -> Plan:
         """The recorded forward pass for ub's shape (recorded now if new), with ub's inputs in it."""
         plan = self._plans.get(ub.shape)
         if plan is None:
-            hp = self.model.hparams
-            def record(arena: Arena) -> Plan:
-                plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
-                            ub.n_seqs)
-                g = Graph(self, ub, plan, arena)
-                embd, logits = self.model.architecture.forward(g)
-                pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
-                plan.results = (embd, logits, pooled)
-                return plan
-
             # once to learn when each buffer is in use, then into buffers that share memory
-            sizing = Arena()
-            sized = record(sizing)
             guarded = guard_mode()
-            arena = sizing.packed(sized.step_arrays, sized.results, guarded=guarded)
-            plan = record(arena)
+            arena, _ = self._layout(ub, guarded)
+            plan = self._record(ub, arena)
             if guarded:
                 plan.set_guards(*arena.guard_zones())
             self._plans[ub.shape] = plan
@@ -429,7 +478,11 @@ class Context:
                 rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
                     else self._dequantize_rows(store, cells)
                 rows = np.ascontiguousarray(rows)
+                if store.rotation:  # rotated back for RoPE, then forward again (the rotation is its own inverse)
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
+                if store.rotation:
+                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
                 store.write(cells, rows)
             cache.shift[cells] = 0
 

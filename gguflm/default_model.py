@@ -47,8 +47,8 @@ def default_model_path(progress: bool | Callable[[float], object] | None = None)
     Parameters
     ----------
     progress
-        None shows a bar on stderr while assembling if stderr is a terminal; True/False force it
-        on/off; a callable receives the fraction done.
+        True shows a bar on stderr while assembling, None/False nothing; a callable receives
+        the fraction done.
 
     Raises
     ------

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -167,7 +168,7 @@ class TextAssembler:
 
 
 class Session:
-    """Sequence 0 of one context and the tokens its KV cache holds.
+    """One sequence of a context (0 unless given) and the tokens its KV cache holds.
 
     Parameters
     ----------
@@ -175,11 +176,15 @@ class Session:
         The context; its abort callback must report ``cancel``.
     cancel
         Set from any thread to stop the running request.
+    seq_id
+        The sequence. :meth:`ingest` and :meth:`step` decode sequence 0 alone; a scheduler that
+        batches several sequences uses :meth:`keep_prefix` and decodes itself.
     """
 
-    def __init__(self, ctx: Context, cancel: threading.Event) -> None:
+    def __init__(self, ctx: Context, cancel: threading.Event, seq_id: int = 0) -> None:
         self.ctx = ctx
         self.cancel = cancel
+        self.seq_id = seq_id
         self.tokens: list[int] = []
         self._one = Batch.get_one([0])   # reused for every generated token
         hp = ctx.model.hparams
@@ -195,9 +200,16 @@ class Session:
         cached = self.tokens
         while n < limit and cached[n] == prompt[n]:
             n += 1
-        if n and self._n_swa and self.ctx.memory.seq_pos_min(0) > max(0, n - self._n_swa):
+        if n and self._n_swa and self.ctx.memory.seq_pos_min(self.seq_id) > max(0, n - self._n_swa):
             return 0
         return n
+
+    def keep_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop the cache entries past the reusable prefix of ``prompt``; returns its length."""
+        n_keep = self.reusable_prefix(prompt)
+        self.ctx.memory.seq_rm(self.seq_id, n_keep, -1)
+        self.tokens = list(prompt[:n_keep])
+        return n_keep
 
     def ingest(self, prompt: Sequence[int]) -> int:
         """Bring the cache to ``prompt`` (decoding only what is not cached, in n_batch chunks) so
@@ -210,9 +222,7 @@ class Session:
         gguflm.Error
             The context refused the batch.
         """
-        n_keep = self.reusable_prefix(prompt)
-        self.ctx.memory.seq_rm(0, n_keep, -1)
-        self.tokens = list(prompt[:n_keep])
+        n_keep = self.keep_prefix(prompt)
         n_batch = self.ctx.n_batch
         for start in range(n_keep, len(prompt), n_batch):
             chunk = prompt[start:start + n_batch]
@@ -246,8 +256,12 @@ class Session:
                     f"context")
 
     def reset(self) -> None:
-        """Forget the cache."""
-        self.ctx.memory.clear()
+        """Forget the cache (of every sequence, when this session is sequence 0 of a context
+        that has only one)."""
+        if self.ctx.n_seq_max == 1:
+            self.ctx.memory.clear()
+        else:
+            self.ctx.memory.seq_rm(self.seq_id, -1, -1)
         self.tokens = []
 
 
@@ -279,6 +293,99 @@ class Request:
         field(default_factory=list)
 
 
+class Generation:
+    """One request's token loop, one sampled token at a time: the state :func:`run` keeps for a
+    single sequence and a server's scheduler keeps per slot (sampling from the slot's row of a
+    shared batch).
+
+    :meth:`prompt_done` once the prompt is in the cache, then :meth:`next` per logits row until
+    :attr:`finish` is set, then :meth:`end` for the last chunk.
+    """
+
+    def __init__(self, vocab: Any, prompt: list[int], chain: SamplerChain, request: Request
+                 ) -> None:
+        self.vocab = vocab
+        self.prompt = prompt
+        self.chain = chain
+        self.request = request
+        self.timings = Timings()
+        self.finish: str | None = None
+        self.generated: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if request.n_logprobs is not None else None
+        self._assembler = TextAssembler(request.stop)
+        self._since = 0                             # first token not yet reported in a chunk
+        self._parts: list[str] = []                 # every piece of text released
+        self._pending = ""                          # released but not yet yielded
+        self._t_start = time.perf_counter()
+        self._t_gen = self._t_start
+        if request.max_tokens <= 0:
+            self.finish = FINISH_LENGTH
+
+    def prompt_done(self, n_cached: int) -> None:
+        """The prompt is decoded (``n_cached`` of its tokens were already in the cache)."""
+        self.timings.prompt_cached = n_cached
+        self.timings.prompt_n = len(self.prompt) - n_cached
+        self._t_gen = time.perf_counter()
+        self.timings.prompt_ms = (self._t_gen - self._t_start) * 1e3
+
+    def cancel(self) -> None:
+        self.finish = FINISH_CANCELLED
+
+    def _piece_text(self, tok: int) -> str:
+        return self.vocab.token_to_piece(tok).decode("utf-8", "ignore")
+
+    def next(self, ctx: Any, idx: int, history: Sequence[int]) -> tuple[Chunk | None, int | None]:
+        """Sample from row ``idx`` of ``ctx`` (``history``: the tokens in the sequence's cache).
+
+        Returns the chunk to report (or None) and the token to decode next (None when the
+        generation ended: :attr:`finish` is set).
+        """
+        request = self.request
+        row = raw = ctx.get_logits_ith(idx)
+        if request.logits_processor:
+            if self.logprobs is not None:
+                raw = row.copy()                # logprobs describe the model, not the processors
+            ids = np.asarray(history, dtype=np.intc)
+            for processor in request.logits_processor:
+                row[:] = processor(ids, row)
+        token = self.chain.sample(ctx, idx)
+        if self.vocab.is_eog(token):
+            self.finish = FINISH_STOP
+            return None, None
+        self.generated.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(token_logprobs(raw, token, request.n_logprobs, self._piece_text))
+        self._pending += self._assembler.push(self.vocab.token_to_piece(token))
+        if self._assembler.stopped or any(crit(np.asarray(list(history) + [token], dtype=np.intc), row)
+                                          for crit in request.stopping_criteria):
+            self.finish = FINISH_STOP
+            return None, None
+        if len(self.generated) >= request.max_tokens:
+            self.finish = FINISH_LENGTH
+            return None, None
+        chunk = None
+        if self._pending:
+            self._parts.append(self._pending)
+            chunk = Chunk(self._pending, self.generated[self._since:],
+                          _slice(self.logprobs, self._since))
+            self._pending, self._since = "", len(self.generated)
+        return chunk, token
+
+    def end(self) -> Chunk:
+        """The last chunk: what is still held, the finish reason and the whole completion."""
+        if self.finish is None:
+            self.finish = FINISH_LENGTH
+        pending = self._pending + self._assembler.flush()
+        self._pending = ""
+        self._parts.append(pending)
+        self.timings.gen_n = len(self.generated)
+        self.timings.gen_ms = (time.perf_counter() - self._t_gen) * 1e3
+        completion = Completion("".join(self._parts), self.finish, list(self.prompt),
+                                self.generated, self.logprobs, self.timings)
+        return Chunk(pending, self.generated[self._since:], _slice(self.logprobs, self._since),
+                     self.finish, completion)
+
+
 def run(session: Session, prompt: list[int], chain: SamplerChain, request: Request,
         is_open: Callable[[], bool] = lambda: True) -> Iterator[Chunk]:
     """Generate after ``prompt``; yields :class:`Chunk` objects, the last with the result.
@@ -286,67 +393,27 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
     ``is_open()`` returning False (the owner was closed while a stream was suspended) ends the
     loop as cancelled without touching the context again.
     """
-    vocab = session.ctx.model.vocab
-    timings = Timings()
-    t_start = time.perf_counter()
-    finish = FINISH_LENGTH
-    generated: list[int] = []
-    logprobs: list[TokenLogprob] | None = [] if request.n_logprobs is not None else None
-    assembler = TextAssembler(request.stop)
-    since = 0                                   # first token not yet reported in a chunk
+    gen = Generation(session.ctx.model.vocab, prompt, chain, request)
+    n_cached = 0
     try:
-        timings.prompt_cached = session.ingest(prompt)
+        n_cached = session.ingest(prompt)
     except Cancelled:
-        finish = FINISH_CANCELLED
-    timings.prompt_n = len(prompt) - timings.prompt_cached
-    t_gen = time.perf_counter()
-    timings.prompt_ms = (t_gen - t_start) * 1e3
-
-    def piece_text(tok: int) -> str:
-        return vocab.token_to_piece(tok).decode("utf-8", "ignore")
-
-    ctx = session.ctx
-    parts: list[str] = []                       # every piece of text released
-    pending = ""                                # released but not yet yielded
-    while finish != FINISH_CANCELLED and len(generated) < request.max_tokens:
+        gen.cancel()
+    gen.prompt_done(n_cached)
+    while gen.finish is None:
         if session.cancel.is_set() or not is_open():
-            finish = FINISH_CANCELLED
+            gen.cancel()
             break
-        row = raw = ctx.get_logits_ith(-1)
-        if request.logits_processor:
-            if logprobs is not None:
-                raw = row.copy()                # logprobs describe the model, not the processors
-            ids = np.asarray(session.tokens, dtype=np.intc)
-            for processor in request.logits_processor:
-                row[:] = processor(ids, row)
-        token = chain.sample(ctx, -1)
-        if vocab.is_eog(token):
-            finish = FINISH_STOP
+        chunk, token = gen.next(session.ctx, -1, session.tokens)
+        if chunk is not None:
+            yield chunk
+        if token is None:
             break
-        generated.append(token)
-        if logprobs is not None:
-            logprobs.append(token_logprobs(raw, token, request.n_logprobs, piece_text))
-        pending += assembler.push(vocab.token_to_piece(token))
-        if assembler.stopped or any(crit(np.asarray(session.tokens + [token], dtype=np.intc), row)
-                                    for crit in request.stopping_criteria):
-            finish = FINISH_STOP
-            break
-        if len(generated) >= request.max_tokens:
-            break
-        if pending:
-            parts.append(pending)
-            yield Chunk(pending, generated[since:], _slice(logprobs, since))
-            pending, since = "", len(generated)
         try:
             session.step(token)
         except Cancelled:
-            finish = FINISH_CANCELLED
-    pending += assembler.flush()
-    parts.append(pending)
-    timings.gen_n = len(generated)
-    timings.gen_ms = (time.perf_counter() - t_gen) * 1e3
-    completion = Completion("".join(parts), finish, list(prompt), generated, logprobs, timings)
-    yield Chunk(pending, generated[since:], _slice(logprobs, since), finish, completion)
+            gen.cancel()
+    yield gen.end()
 
 
 def _slice(items: list | None, start: int) -> list | None:

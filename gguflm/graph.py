@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 GLU_SWIGLU, GLU_GEGLU = 0, 1
 UNARY_GELU, UNARY_TANH = 0, 1
+# llama.cpp's llama_expert_gating_func_type: probabilities before top-k (softmax, sigmoid) or a
+# softmax over the selected experts' logits after it (gpt-oss)
+GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3
 
 
 class Aborted(Exception):
@@ -261,6 +264,19 @@ class Graph:
                              self.hparams.f_norm_eps if eps is None else eps, out, self.n_threads)
         return out
 
+    def layer_norm_heads(self, x: np.ndarray, w: Weight | None, head_dim: int) -> np.ndarray:
+        """LayerNorm of every head's slice of every row, then times w (one row of weights per
+        head: [n_head * head_dim]), as ggml_norm of the 3-D heads then ggml_mul (StableLM 2's
+        Q/K norms); x itself when w is None."""
+        if w is None:
+            return x
+        rows = x.reshape(-1, head_dim)
+        out = self.new(*rows.shape)
+        self.plan.layer_norm(rows, None, None, self.hparams.f_norm_eps, out, self.n_threads)
+        out = out.reshape(x.shape)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        return out
+
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """x += y (residual), in place."""
         self.plan.add(x, y)
@@ -319,9 +335,10 @@ class Graph:
         outs = []
         for w, partner in zip(weights, partners):
             out = self.new(x.shape[0], w.data.shape[0])
-            # llama.cpp repacks every matmul weight except the token embedding (it also serves
-            # get_rows), which a tied output projection multiplies in its file layout
-            repacked = w.name != "token_embd.weight"
+            # llama.cpp repacks every matmul weight, a tied output projection too: it loads the
+            # token embedding a second time as the output layer's tensor (TENSOR_DUPLICATED, in
+            # the output layer's buffer type), which the repack buffer holds like any matmul weight
+            repacked = True
             self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out, repacked,
                              self.n_threads)
             outs.append(out)
@@ -341,6 +358,76 @@ class Graph:
             start += width
         return tuple(outs)
 
+    # -- mixture of experts
+
+    def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
+                w_scale: float = 0.0, swiglu_limit: float = 0.0) -> np.ndarray:
+        """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
+        n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
+        over the rows routed to it, and sum the expert outputs by their routing weights. Biases
+        of the router and of the experts are added where the layer has them; ``swiglu_limit``
+        selects gpt-oss's clamped SwiGLU (alpha 1.702) instead of the plain one."""
+        hp = self.hparams
+        n, k = x.shape[0], hp.n_expert_used
+        (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
+        self.add_bias(logits, L.ffn_gate_inp_bias)
+        route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
+                 self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
+        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route)
+        gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
+        for t, b in ((up, L.ffn_up_exps_bias), (gate, L.ffn_gate_exps_bias)):
+            if b is not None:
+                self.plan.moe_add_id(t, b.data, route)
+        if swiglu_limit:
+            act = self.new(*gate.shape)
+            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, act, self.n_threads)
+        else:
+            act = self.swiglu(gate, up)
+        (down,) = self.project_experts(act, route, L.ffn_down_exps, by_expert=True)
+        if L.ffn_down_exps_bias is not None:
+            self.plan.moe_add_id(down, L.ffn_down_exps_bias.data, route)
+        out = self.new(n, hp.n_embd)
+        self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
+        return out
+
+    def project_experts(self, x: np.ndarray, route: tuple[np.ndarray, ...], *weights: Weight,
+                        by_expert: bool = False) -> tuple[np.ndarray, ...]:
+        """For every (row, slot) pair of the routing, the row of x times the chosen expert's
+        matrix of each 3-D weight ([n_expert][n_out, n_in]); the results ([n * k, n_out]) and,
+        with ``by_expert``, x itself are in the routing's expert order."""
+        if self.ub.n_tokens > 1:
+            self.plan.layer()
+        n_sorted = len(route[3])
+        quantized: dict[int, np.ndarray] = {}
+        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        for partner in partners:
+            if partner not in quantized:
+                xq = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
+                self.plan.quantize(partner, x, xq, self.n_threads)
+                if not by_expert:  # each row once per slot, grouped by expert
+                    rows = self.new(n_sorted, xq.shape[1], dtype=np.uint8)
+                    self.plan.moe_gather(xq, route, rows)
+                    xq = rows
+                quantized[partner] = xq
+        outs = []
+        for w, partner in zip(weights, partners):
+            n_out = w.shape[1]
+            out = self.new(n_sorted, n_out)
+            # every expert matrix is in llama.cpp's repack buffer where its type has a layout there
+            self.plan.matmul_id(int(w.type), w.data.view(np.uint8), n_out, w.shape[0], quantized[partner], out,
+                                route, w.shape[2], True, self.n_threads)
+            outs.append(out)
+        if len(weights) > 1:
+            self.plan.group_matmul_ids(len(weights))
+        return tuple(outs)
+
+    def shared_expert_gate(self, x: np.ndarray, shared: np.ndarray, w: Weight) -> np.ndarray:
+        """shared[t] *= sigmoid(w . x[t]), computed as llama.cpp does: silu(g) / g of the
+        one-column projection g (Qwen 2 MoE's shared-expert gate)."""
+        (g,) = self.project(x, w.as_matrix())                                # [n, 1]
+        self.plan.moe_shared_gate(g, shared)
+        return shared
+
     def linear(self, x: np.ndarray, w: Weight, b: Weight | None = None) -> np.ndarray:
         return self.add_bias(self.project(x, w)[0], b)
 
@@ -349,7 +436,7 @@ class Graph:
     def rope(self, x: np.ndarray, il: int, n_head: int) -> np.ndarray:
         """Rotate x ([n_tokens, n_head * head_dim]) in place by the ubatch positions."""
         hp = self.hparams
-        if hp.rope_type is not RopeType.NONE:
+        if hp.has_rope(il):
             rc = self.ctx.rope_config(il)
             self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base,
                            rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
@@ -357,10 +444,11 @@ class Graph:
         return x
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                  kq_scale: float) -> np.ndarray:
+                  kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
-        does, with ALiBi biases where the model has them."""
+        does, with ALiBi biases where the model has them. ``sinks``: one logit per head that
+        joins the softmax (gpt-oss)."""
         hp = self.hparams
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
         if not self.model.architecture.kv_cache:
@@ -369,13 +457,20 @@ class Graph:
             return out
         ci, cache = self.ctx.cache_for_layer(il)
         k_store, v_store = cache.k[il], cache.v[il]
+        if k_store.rotation:   # a quantized cache holds rotated rows (gguflm.kv_store.rotation)
+            self.plan.hadamard(q, k_store.rotation, self.n_threads)
+            self.plan.hadamard(k, k_store.rotation, self.n_threads)
+        if v_store.rotation:
+            self.plan.hadamard(v, v_store.rotation, self.n_threads)
         self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
         self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
-                            self.n_threads)
+                            self.n_threads, None if sinks is None else sinks.data)
+        if v_store.rotation:
+            self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
 
     # -- outputs
@@ -408,6 +503,8 @@ class Graph:
         if not self.ctx.logits:
             return None
         (out,) = self.project(x, w)
+        if self.hparams.f_logit_scale:
+            self.plan.scale(out, self.hparams.f_logit_scale)
         if self.hparams.f_final_logit_softcapping:
             self.plan.softcap(out, self.hparams.f_final_logit_softcapping)
         return out

@@ -60,8 +60,10 @@ class HParams:
     yarn_attn_factor: float = 1.0
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0                   # rope.scaling.yarn_log_multiplier
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
+    no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
     f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)
     f_attn_logit_softcapping: float = 0.0            # 0 = none
     f_final_logit_softcapping: float = 0.0           # 0 = none
@@ -70,6 +72,12 @@ class HParams:
     causal_attn: bool = True
     pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
     n_cls_out: int = 1                               # classifier outputs (rank pooling)
+    n_expert: int = 0                                # mixture of experts: experts per layer, 0 = dense
+    n_expert_used: int = 0                           # experts each token is routed to
+    n_ff_exp: int = 0                                # an expert's feed-forward width
+    n_ff_shexp: int = 0                              # the shared expert's width, 0 = none
+    f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
+    f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:
@@ -83,6 +91,9 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def has_rope(self, il: int) -> bool:
+        return self.rope_type is not RopeType.NONE and not (self.no_rope_layers and self.no_rope_layers[il])
 
     @property
     def kq_scale(self) -> float:
@@ -128,6 +139,11 @@ class HParams:
         if any(self.swa_layers):
             rows.append(("freq_base_swa", f"{self.rope_freq_base_train_swa:.1f}"))
         rows.append(("n_ctx_orig_yarn", str(self.n_ctx_orig_yarn)))
+        if self.n_expert:
+            rows += [("n_expert", str(self.n_expert)), ("n_expert_used", str(self.n_expert_used)),
+                     ("n_ff_exp", str(self.n_ff_exp))]
+            if self.n_ff_shexp:
+                rows.append(("n_ff_shexp", str(self.n_ff_shexp)))
         return rows
 
 
@@ -258,10 +274,43 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> 
         yarn_attn_factor=kv.get_float("{arch}.rope.scaling.attn_factor", 1.0),
         yarn_beta_fast=kv.get_float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
         yarn_beta_slow=kv.get_float("{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        rope_yarn_log_mul=kv.get_float("{arch}.rope.scaling.yarn_log_multiplier", 0.0),
         causal_attn=kv.get_bool("{arch}.attention.causal", True),
         pooling_type=kv.get_int("{arch}.pooling_type", -1),
         n_cls_out=_n_classifier_outputs(kv),
     )
+
+
+LLAMA_MAX_EXPERTS = 1024
+
+
+def read_expert_hparams(kv: HParamReader, hp: HParams, *, required: bool = True,
+                        n_ff_exp_key: bool = True, shared: bool = False) -> HParams:
+    """Mixture-of-experts keys: ``{arch}.expert_count`` and ``expert_used_count`` (validated as
+    llama.cpp asserts them), the expert width (``expert_feed_forward_length`` where the
+    architecture reads it, else ``n_ff / n_expert_used`` if it does, else ``n_ff``), the shared
+    expert's width. Without ``required`` a file may have no experts (dense)."""
+    n_expert = kv.get_int("{arch}.expert_count", 0 if not required else None)
+    n_used = kv.get_int("{arch}.expert_used_count", 0)
+    if not required and n_expert == 0:
+        return hp
+    if not 0 < n_expert <= LLAMA_MAX_EXPERTS:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.expert_count')} must be 1..{LLAMA_MAX_EXPERTS}, "
+                          f"found {n_expert}")
+    if not 0 < n_used <= n_expert:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.expert_used_count')} must be 1..{n_expert} "
+                          f"(expert_count), found {n_used}")
+    if len(set(hp.n_ff)) != 1:
+        raise HParamError(f"{kv.source}: per-layer feed_forward_length is not supported with experts")
+    n_ff = hp.n_ff[0]
+    if n_ff_exp_key:
+        n_ff_exp = kv.get_int("{arch}.expert_feed_forward_length", 0) or n_ff // n_used
+    else:
+        n_ff_exp = n_ff
+    kv.positive("expert feed-forward length", n_ff_exp)
+    return hp.with_changes(
+        n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+        n_ff_shexp=kv.get_int("{arch}.expert_shared_feed_forward_length", 0) if shared else 0)
 
 
 def _n_classifier_outputs(kv: HParamReader) -> int:

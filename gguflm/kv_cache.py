@@ -7,6 +7,12 @@ freed by ``seq_rm``; position shifts (``seq_add``/``seq_div``) are recorded per 
 to K (re-rotated with RoPE) before the next decode. Models with sliding-window layers get a
 second, window-sized cache for those layers whose cells are reused once they slide out of every
 window (``Memory`` dispatches to both).
+
+With ``n_stream > 1`` (llama.cpp's non-unified cache, ``kv_unified = false``) the cells are cut
+into one equal region per sequence and a token takes cells only in its sequence's region, from
+that region's own head. A sequence's cells then sit where they would if it were alone, so its
+attention sums run in the same order whatever the other sequences do (a server's parallel slots
+give each request the tokens it would get alone).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gguflm.errors import StateError
-from gguflm.kv_store import RowStore
+from gguflm.kv_store import RowStore, rotation
 
 
 @dataclass
@@ -34,22 +40,36 @@ class KVCache:
     """One cache: ``size`` cells for the layers ``layers`` (model layer indices).
 
     ``k[il]``/``v[il]`` are [size, n_embd_{k,v}_gqa(il)] arrays of the cache type; ``n_swa > 0``
-    makes cells reusable once their position is outside the window of their sequence.
+    makes cells reusable once their position is outside the window of their sequence; the head
+    sizes decide whether a quantized cache stores rotated rows (:func:`gguflm.kv_store.rotation`).
+    ``n_stream`` regions of ``size // n_stream`` cells: sequence ``s`` places its tokens in region
+    ``s`` (``n_stream`` is 1 or ``n_seq_max``).
     """
 
     def __init__(self, size: int, layers: Sequence[int], n_embd_k: Callable[[int], int],
                  n_embd_v: Callable[[int], int], type_k: str, type_v: str, n_seq_max: int,
-                 n_swa: int = 0):
+                 n_swa: int = 0, n_stream: int = 1, head_dim_k: int = 0, head_dim_v: int = 0):
+        if n_stream not in (1, n_seq_max) or size % n_stream:
+            raise ValueError(f"n_stream must be 1 or n_seq_max ({n_seq_max}) and divide the "
+                             f"{size} cells, got {n_stream}")
         self.size = size
         self.layers = list(layers)
         self.n_seq_max = n_seq_max
         self.n_swa = n_swa
+        self.n_stream = n_stream
+        self.stream_size = size // n_stream
         self.pos = np.full(size, -1, np.int32)
         self.seq = np.zeros(size, np.uint64)
         self.shift = np.zeros(size, np.int32)
-        self.head = 0
-        self.k = {il: RowStore(type_k, size, n_embd_k(il)) for il in self.layers}
-        self.v = {il: RowStore(type_v, size, n_embd_v(il)) for il in self.layers}
+        self.heads = np.zeros(n_stream, np.int64)   # per region, relative to its first cell
+        rot_k, rot_v = rotation("k", type_k, head_dim_k), rotation("v", type_v, head_dim_v)
+        self.k = {il: RowStore(type_k, size, n_embd_k(il), rot_k) for il in self.layers}
+        self.v = {il: RowStore(type_v, size, n_embd_v(il), rot_v) for il in self.layers}
+
+    def commit(self) -> None:
+        """Write every row once, making the cache resident (zeroed allocations are only mapped)."""
+        for store in (*self.k.values(), *self.v.values()):
+            store.clear()
 
     # -- sizes
 
@@ -66,6 +86,15 @@ class KVCache:
         """One past the highest occupied cell: attention scans cells [0, used_max_p1)."""
         used = np.flatnonzero(self.pos >= 0)
         return int(used[-1]) + 1 if len(used) else 0
+
+    @property
+    def head(self) -> int:
+        """Where the next search for free cells starts (the first region's head)."""
+        return int(self.heads[0])
+
+    @head.setter
+    def head(self, value: int) -> None:
+        self.heads[0] = value
 
     # -- sequences
 
@@ -126,7 +155,7 @@ class KVCache:
 
     def clear(self) -> None:
         self._clear_cells(np.ones(self.size, bool))
-        self.head = 0
+        self.heads[:] = 0
         for store in (*self.k.values(), *self.v.values()):
             store.clear()
 
@@ -145,20 +174,38 @@ class KVCache:
                 free |= single & (pos_max[seq_of] + 1 - self.pos >= self.n_swa)
         return free
 
-    def find_slot(self, n_tokens: int) -> np.ndarray | None:
-        """Cells for ``n_tokens`` new tokens, searched from the head (wrapping), or None."""
-        if n_tokens > self.size:
-            return None
-        head = self.head
-        if head > self.n_used + 2 * n_tokens:  # enough room before the head: refill from 0
-            head = 0
+    def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None) -> np.ndarray | None:
+        """Cells for ``n_tokens`` new tokens, searched from the head (wrapping), or None.
+
+        With regions, ``seq_first`` (each token's first sequence) picks the region of each token.
+        """
+        if self.n_stream == 1 or seq_first is None:
+            return self._find_in_stream(0, n_tokens, self._reusable())
         reusable = self._reusable()
+        cells = np.empty(n_tokens, np.int64)
+        for stream in np.unique(seq_first):
+            tokens = np.flatnonzero(seq_first == stream)
+            found = self._find_in_stream(int(stream), len(tokens), reusable)
+            if found is None:
+                return None
+            cells[tokens] = found
+        return cells
+
+    def _find_in_stream(self, stream: int, n_tokens: int, reusable: np.ndarray) -> np.ndarray | None:
+        first, size = stream * self.stream_size, self.stream_size
+        if n_tokens > size:
+            return None
+        reusable = reusable[first:first + size]
+        head = int(self.heads[stream])
+        n_used = int(np.count_nonzero(self.pos[first:first + size] >= 0))
+        if head > n_used + 2 * n_tokens:  # enough room before the head: refill from 0
+            head = 0
         free = np.flatnonzero(reusable[head:]) + head
         if len(free) < n_tokens:
             free = np.concatenate([free, np.flatnonzero(reusable[:head])])
             if len(free) < n_tokens:
                 return None
-        return free[:n_tokens]
+        return free[:n_tokens] + first
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> Slot:
         """Occupy ``cells`` with tokens at ``pos`` in sequences ``seq_mask``; returns the undo."""
@@ -174,28 +221,30 @@ class KVCache:
         self.pos[cells] = pos
         self.seq[cells] = seq_mask
         self.shift[cells] = 0
-        self.head = int(cells[-1]) + 1 if len(cells) else self.head
-        if self.head >= self.size:
-            self.head = 0
+        if len(cells):
+            # each region's head moves past the last cell this ubatch took there
+            last = cells[::-1]
+            streams, at = np.unique(last // self.stream_size, return_index=True)
+            heads = last[at] + 1 - streams * self.stream_size
+            self.heads[streams] = np.where(heads >= self.stream_size, 0, heads)
         return slot
 
     def undo(self, slot: Slot) -> None:
         self.pos[slot.cells] = slot.old_pos
         self.seq[slot.cells] = slot.old_seq
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        return self.pos.copy(), self.seq.copy(), self.shift.copy(), self.head
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.pos.copy(), self.seq.copy(), self.shift.copy(), self.heads.copy()
 
-    def restore(self, snap: tuple[np.ndarray, np.ndarray, np.ndarray, int]) -> None:
-        self.pos[:], self.seq[:], self.shift[:] = snap[0], snap[1], snap[2]
-        self.head = snap[3]
+    def restore(self, snap: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.pos[:], self.seq[:], self.shift[:], self.heads[:] = snap
 
     # -- state
 
     def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         used = np.flatnonzero(self.pos >= 0)
         arrays = {f"{prefix}cells": used, f"{prefix}pos": self.pos[used], f"{prefix}seq": self.seq[used],
-                  f"{prefix}shift": self.shift[used], f"{prefix}head": np.array([self.head])}
+                  f"{prefix}shift": self.shift[used], f"{prefix}head": self.heads.copy()}
         for il in self.layers:
             arrays[f"{prefix}k{il}"] = self.k[il].rows(used)
             arrays[f"{prefix}v{il}"] = self.v[il].rows(used)
@@ -214,7 +263,10 @@ class KVCache:
             self.pos[used] = arrays[f"{prefix}pos"]
             self.seq[used] = arrays[f"{prefix}seq"]
             self.shift[used] = arrays[f"{prefix}shift"]
-            self.head = int(arrays[f"{prefix}head"][0])
+            heads = arrays[f"{prefix}head"]
+            if len(heads) != self.n_stream:
+                raise StateError(f"saved state has {len(heads)} cache regions, this cache {self.n_stream}")
+            self.heads[:] = heads
             for il, (k, v) in rows.items():
                 self.k[il].set_rows(used, k)
                 self.v[il].set_rows(used, v)

@@ -22,13 +22,31 @@ def check_cache_type(which: str, cache_type: str, head_dim: int) -> None:
                          f"size {head_dim}")
 
 
-class RowStore:
-    """[size, n] rows of one cache type; writes convert float32 rows the way ggml's copy does."""
+def rotation(which: str, cache_type: str, head_dim: int) -> int:
+    """How many values llama.cpp rotates together with a Walsh-Hadamard matrix before storing
+    ``which`` ("k" or "v") rows in a cache of ``cache_type``, 0 for none. A quantized cache holds
+    rotated rows, whose outliers are spread over the block (llama.cpp's attn_rot_k/attn_rot_v):
+    Q and K are rotated alike, so their dot is unchanged; V is rotated before the store and the
+    attention output back after. K takes the largest power of two from 64 up dividing the head
+    size, V always 64; either only when the head size is a multiple of 64."""
+    if CACHE_TYPES[cache_type].block_size == 1 or head_dim % 64:
+        return 0
+    chunk = 64
+    while which == "k" and head_dim % (2 * chunk) == 0:
+        chunk *= 2
+    return chunk
 
-    def __init__(self, cache_type: str, size: int, n: int):
+
+class RowStore:
+    """[size, n] rows of one cache type; writes convert float32 rows the way ggml's copy does.
+    ``rotation``: the Walsh-Hadamard chunk the rows are stored rotated by (0: none), see
+    :func:`rotation`."""
+
+    def __init__(self, cache_type: str, size: int, n: int, rotation: int = 0):
         check_cache_type("cache type", cache_type, n)
         self.cache_type = cache_type
         self.n = n
+        self.rotation = rotation
         self.ggml_type = CACHE_TYPES[cache_type]
         if cache_type == "f32":
             self.data = np.zeros((size, n), np.float32)

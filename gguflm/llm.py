@@ -17,6 +17,7 @@ also in the middle of a long prompt; it ends with finish_reason ``"cancelled"``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -28,15 +29,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gguflm import background
 from gguflm import embedding as embeddings
 from gguflm import generate
 from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
 from gguflm.context import Context
 from gguflm.default_model import load_model
+from gguflm import openai_compat as compat
 from gguflm.errors import Error
-from gguflm.generate import Chunk, Completion, Request, Session, TokenLogprob
+from gguflm.generate import Chunk, Completion, Request, Session
 from gguflm.kv_store import CACHE_TYPES
 from gguflm.model import Model
+from gguflm.openai_compat import PreparedRequest, ResponseMeta
 from gguflm.pooling import PoolingType
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
 
@@ -51,8 +55,12 @@ __all__ = ["LLM", "Completion", "Chunk"]
 _IGNORED_LLAMA_ARGS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
     "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
-    "lora_scale", "spm_infill", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
-    "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx",
+    "lora_scale", "spm_infill",
+})
+# ... and those passed to the Context as they are
+_CONTEXT_LLAMA_ARGS = frozenset({
+    "kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale", "rope_scaling_type", "yarn_ext_factor",
+    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx",
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
@@ -110,8 +118,9 @@ class LLM:
         ``"auto"``, ``"mmap"``, ``"none"``, ``"mlock"`` or ``"mmap+mlock"``
         (see :meth:`Model.load`).
     progress
-        Load progress: None draws a bar on stderr when it is a terminal, True/False force it,
-        a callable receives the fraction loaded (returning False cancels the load).
+        Load progress: True draws a bar on stderr, None/False nothing (the library writes to
+        no stream unless asked), a callable receives the fraction loaded (returning False
+        cancels the load).
     chat_template
         A built-in name (``"chatml"``, ``"gemma"``, ``"llama2"``, ``"llama3"``, ...), Jinja source,
         or None for the model's own template.
@@ -122,11 +131,18 @@ class LLM:
     pooling_type
         ``"none"``, ``"mean"``, ``"cls"``, ``"last"``, ``"rank"`` or llama.cpp's numbers
         (``llama_cpp.LLAMA_POOLING_TYPE_*``); None or -1 takes the model's own.
+    n_seq_max, kv_unified
+        Sequences the context holds, and whether they share one cache (else each has its own
+        ``n_ctx / n_seq_max`` cells, as llama.cpp's KV streams); for schedulers that run
+        several requests in one context (:mod:`gguflm.server`). The LLM's own requests use
+        sequence 0.
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
-        ``chat_format``, ``last_n_tokens_size``, ``swa_full``, ``rope_freq_base``,
-        ``rope_freq_scale`` are honoured; GPU, logging and RoPE-scaling switches
-        (``n_gpu_layers``, ``verbose``, ...) are accepted and ignored; LoRA, draft models and
+        ``chat_format``, ``last_n_tokens_size``, ``swa_full`` and the RoPE ones
+        (``rope_scaling_type``, ``rope_freq_base``, ``rope_freq_scale``, ``yarn_ext_factor``,
+        ``yarn_attn_factor``, ``yarn_beta_fast``, ``yarn_beta_slow``, ``yarn_orig_ctx``) are
+        honoured; GPU and logging switches (``n_gpu_layers``, ``verbose``, ...) are accepted and
+        ignored; LoRA, draft models and
         custom chat handlers raise ValueError when set; anything else is a TypeError.
 
     Raises
@@ -142,7 +158,8 @@ class LLM:
                  type_v: str | int = "f16", seed: int | None = None, load_mode: str = "auto",
                  progress: bool | Callable[[float], object] | None = None,
                  chat_template: str | None = None, embedding: bool = False,
-                 pooling_type: str | int | None = None, **llama_kwargs: Any) -> None:
+                 pooling_type: str | int | None = None, n_seq_max: int = 1,
+                 kv_unified: bool = True, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._ctx: Context | None = None
@@ -171,7 +188,9 @@ class LLM:
                 if not self._model.architecture.kv_cache:
                     n_ubatch = self.n_batch
                 options.update(embeddings=True, pooling=pooling_type, n_seq_max=self._n_seq_max, logits=False)
-            elif not self._model.architecture.kv_cache:
+            else:
+                options.update(n_seq_max=n_seq_max, kv_unified=kv_unified)
+            if not self.embedding and not self._model.architecture.kv_cache:
                 raise Error(f"{Path(self.model_path).name} is an encoder ({self._model.arch}): it computes "
                             f"embeddings, not text; create the LLM with embedding=True")
             self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
@@ -319,6 +338,26 @@ class LLM:
                           _n_logprobs(logprobs))
         return self._submit(tokens, chain, request, stream)
 
+    def generate_async(self, prompt: str | Sequence[int], *,
+                       on_chunk: Callable[[Chunk], object] | None = None,
+                       on_done: Callable[[background.Generation], object] | None = None,
+                       **options: Any) -> background.Generation:
+        """:meth:`complete` on a worker thread: returns a :class:`gguflm.background.Generation`
+        at once (``cancel()``, ``done``, ``result()``, iteration, ``async for``).
+
+        ``on_chunk(chunk)`` is called on the worker thread for every streamed chunk and
+        ``on_done(generation)`` once at the end; ``options`` are :meth:`complete`'s. Bad
+        arguments raise here, on the caller's thread.
+        """
+        return background.start(self, "complete", prompt, options, on_chunk, on_done)
+
+    def chat_async(self, messages: Sequence[Mapping[str, Any]], *,
+                   on_chunk: Callable[[Chunk], object] | None = None,
+                   on_done: Callable[[background.Generation], object] | None = None,
+                   **options: Any) -> background.Generation:
+        """:meth:`chat` on a worker thread; as :meth:`generate_async`."""
+        return background.start(self, "chat", messages, options, on_chunk, on_done)
+
     def cancel(self) -> None:
         """Stop the request running now (from any thread); it ends with finish_reason
         ``"cancelled"``. Requests started afterwards are not affected."""
@@ -401,13 +440,18 @@ class LLM:
 
     def _locked_run(self, tokens: list[int], chain: SamplerChain, request: Request
                     ) -> Iterator[Chunk]:
+        handle = background.current.get()   # a generate_async/chat_async request's handle
         self._lock.acquire()
         try:
             self._open()
             self._cancel.clear()
+            if handle is not None:
+                handle._started(self._cancel)
             yield from generate.run(self._session, tokens, chain, request,
                                     is_open=lambda: not self._closed)
         finally:
+            if handle is not None:
+                handle._ended()
             self._release_lock()
 
     def _with_lock(self, action: Callable[[], Any]) -> Any:
@@ -449,19 +493,8 @@ class LLM:
         generated tokens.
         """
         arguments = locals()
-        if suffix is not None:
-            raise ValueError("suffix (fill-in-the-middle) is not supported by gguflm")
-        tokens = self._prompt_tokens(prompt)
-        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
-        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs),
-                          list(logits_processor or ()), list(stopping_criteria or ()))
-        head = prompt if isinstance(prompt, str) and echo else ""
-        offset = len(prompt) if isinstance(prompt, str) else 0
-        meta = _ResponseMeta(f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
-        result = self._submit(tokens, chain, request, stream)
-        if stream:
-            return _completion_chunks(result, meta, head, offset)
-        return _completion_dict(result, meta, head, offset)
+        del arguments["self"], arguments["stream"]
+        return self._run_prepared(self.prepare_completion(**arguments), stream)
 
     __call__ = create_completion
 
@@ -490,37 +523,78 @@ class LLM:
         :mod:`gguflm.grammar.openai`). ``tools``/``functions`` reach the template.
         """
         arguments = locals()
+        del arguments["self"], arguments["stream"]
+        return self._run_prepared(self.prepare_chat_completion(**arguments), stream)
+
+    def prepare_completion(self, prompt: str | list[int], **arguments: Any) -> PreparedRequest:
+        """What :meth:`create_completion` runs, made ready without running it: the prompt's
+        tokens, the sampler chain, the limits and the function that shapes the result (see
+        :class:`gguflm.openai_compat.PreparedRequest`). Takes create_completion's arguments but
+        ``stream``; a scheduler such as :mod:`gguflm.server` runs the result in its own batches.
+        """
+        a = _arguments(LLM.create_completion, arguments)
+        if a["suffix"] is not None:
+            raise ValueError("suffix (fill-in-the-middle) is not supported by gguflm")
+        tokens = self._prompt_tokens(prompt)
+        chain = self._sampler(**{name: a[name] for name in _LLAMA_SAMPLING_ARGS})
+        request = Request(self._max_tokens(tokens, a["max_tokens"]), _stops(a["stop"]),
+                          _n_logprobs(a["logprobs"]), list(a["logits_processor"] or ()),
+                          list(a["stopping_criteria"] or ()))
+        head = prompt if isinstance(prompt, str) and a["echo"] else ""
+        offset = len(prompt) if isinstance(prompt, str) else 0
+        meta = ResponseMeta(f"cmpl-{uuid.uuid4()}", int(time.time()), a["model"] or self.model_path)
+
+        def respond(result: Any, stream: bool) -> Any:
+            if stream:
+                return compat.completion_chunks(result, meta, head, offset)
+            return compat.completion_dict(result, meta, head, offset)
+
+        return PreparedRequest(tokens, chain, request, respond, meta.id)
+
+    def prepare_chat_completion(self, messages: Sequence[Mapping[str, Any]], **arguments: Any
+                                ) -> PreparedRequest:
+        """What :meth:`create_chat_completion` runs, made ready without running it (see
+        :meth:`prepare_completion`)."""
         from gguflm.grammar import openai
 
-        forced = openai.forced_tool(tools, tool_choice, functions, function_call)
-        structured = openai.response_format_grammar(response_format)
+        a = _arguments(LLM.create_chat_completion, arguments)
+        tools, functions = a["tools"], a["functions"]
+        forced = openai.forced_tool(tools, a["tool_choice"], functions, a["function_call"])
+        structured = openai.response_format_grammar(a["response_format"])
         if forced is not None:
-            arguments["grammar"] = forced[1]
+            a["grammar"] = forced[1]
         elif structured is not None:
-            arguments["grammar"] = structured
+            a["grammar"] = structured
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
         variables = {} if tools is None else {"tools": tools}
         template = self._chat_template()
         tokens = self._chat_prompt(messages, **variables)
-        chain = self._sampler(**{name: arguments[name] for name in _LLAMA_SAMPLING_ARGS})
-        n_logprobs = (top_logprobs or 0) if logprobs else None
-        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
-                          n_logprobs, list(logits_processor or ()))
-        meta = _ResponseMeta(f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
-        result = self._submit(tokens, chain, request, stream)
-        if forced is not None:
-            # llama-cpp-python derives the chat ids from the text completion's
-            text_meta = _ResponseMeta(meta.id[len("chat"):], meta.created, meta.model)
+        chain = self._sampler(**{name: a[name] for name in _LLAMA_SAMPLING_ARGS})
+        n_logprobs = (a["top_logprobs"] or 0) if a["logprobs"] else None
+        request = Request(self._max_tokens(tokens, a["max_tokens"]), _stops(a["stop"]) + template.stop,
+                          n_logprobs, list(a["logits_processor"] or ()))
+        meta = ResponseMeta(f"chatcmpl-{uuid.uuid4()}", int(time.time()), a["model"] or self.model_path)
+
+        def respond(result: Any, stream: bool) -> Any:
+            if forced is not None:
+                # llama-cpp-python derives the chat ids from the text completion's
+                text_meta = ResponseMeta(meta.id[len("chat"):], meta.created, meta.model)
+                if stream:
+                    return openai.tool_call_chunks(forced[0],
+                                                   compat.completion_chunks(result, text_meta, "", 0))
+                return openai.tool_call_dict(forced[0], text_meta.id, meta.created, meta.model,
+                                             result.text, compat.chat_logprobs(result.logprobs),
+                                             result.usage)
             if stream:
-                return openai.tool_call_chunks(forced[0],
-                                               _completion_chunks(result, text_meta, "", 0))
-            return openai.tool_call_dict(forced[0], text_meta.id, meta.created, meta.model,
-                                         result.text, _chat_logprobs(result.logprobs),
-                                         result.usage)
-        if stream:
-            return _chat_chunks(result, meta)
-        return _chat_dict(result, meta)
+                return compat.chat_chunks(result, meta)
+            return compat.chat_dict(result, meta)
+
+        return PreparedRequest(tokens, chain, request, respond, meta.id)
+
+    def _run_prepared(self, prepared: PreparedRequest, stream: bool) -> Any:
+        result = self._submit(prepared.tokens, prepared.chain, prepared.request, stream)
+        return prepared.respond(result, stream)
 
     # -- embeddings
 
@@ -641,7 +715,7 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
                 options["chat_template"] = value
         elif key == "last_n_tokens_size":
             options["penalty_last_n"] = int(value)
-        elif key in ("kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale"):
+        elif key in _CONTEXT_LLAMA_ARGS:
             if value is not None:
                 options[key] = value
         elif key in _UNSUPPORTED_LLAMA_ARGS:
@@ -665,6 +739,19 @@ def _cache_type(value: str | int) -> str:
     return value
 
 
+def _arguments(method: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` keyword arguments of ``method`` completed with its defaults; an unknown one is a
+    TypeError, as in a call."""
+    parameters = inspect.signature(method).parameters
+    unknown = sorted(set(given) - set(parameters) | ({"self", "stream"} & set(given)))
+    if unknown:
+        raise TypeError(f"{method.__name__}() got unexpected keyword arguments: {', '.join(unknown)}")
+    arguments = {name: p.default for name, p in parameters.items()
+                 if p.default is not inspect.Parameter.empty}
+    arguments.update(given)
+    return arguments
+
+
 def _stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -682,97 +769,3 @@ def _n_logprobs(logprobs: int | None) -> int | None:
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
         raise ValueError(f"logprobs must be None or an int >= 0, got {logprobs!r}")
     return logprobs
-
-
-# -- OpenAI-style dicts, shaped as llama-cpp-python builds them
-
-class _ResponseMeta:
-    def __init__(self, id: str, created: int, model: str) -> None:
-        self.id, self.created, self.model = id, created, model
-
-
-def _completion_logprobs(items: list[TokenLogprob] | None, offset: int, text_before: str
-                         ) -> dict[str, list] | None:
-    if items is None:
-        return None
-    offsets, position = [], offset + len(text_before)
-    for item in items:
-        offsets.append(position)
-        position += len(item.text)
-    top = []
-    for item in items:
-        alternatives = {text: lp for _, text, lp in item.top}
-        alternatives[item.text] = item.logprob
-        top.append(alternatives)
-    return {"tokens": [i.text for i in items], "text_offset": offsets,
-            "token_logprobs": [i.logprob for i in items], "top_logprobs": top}
-
-
-def _completion_dict(result: Completion, meta: _ResponseMeta, head: str, offset: int
-                     ) -> dict[str, Any]:
-    return {
-        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": [{"text": head + result.text, "index": 0,
-                     "logprobs": _completion_logprobs(result.logprobs, offset, ""),
-                     "finish_reason": result.finish_reason}],
-        "usage": result.usage,
-    }
-
-
-def _completion_chunk(meta: _ResponseMeta, text: str, logprobs: dict | None,
-                      finish_reason: str | None) -> dict[str, Any]:
-    return {"id": meta.id, "object": "text_completion", "created": meta.created,
-            "model": meta.model,
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                         "finish_reason": finish_reason}]}
-
-
-def _completion_chunks(chunks: Iterator[Chunk], meta: _ResponseMeta, head: str, offset: int
-                       ) -> Iterator[dict[str, Any]]:
-    emitted = ""
-    if head:
-        yield _completion_chunk(meta, head, None, None)
-    for chunk in chunks:
-        logprobs = _completion_logprobs(chunk.logprobs, offset, emitted) if chunk.logprobs else None
-        if chunk.text or logprobs:
-            yield _completion_chunk(meta, chunk.text, logprobs, None)
-        emitted += chunk.text
-        if chunk.finish_reason is not None:
-            yield _completion_chunk(meta, "", None, chunk.finish_reason)
-
-
-def _chat_logprobs(items: list[TokenLogprob] | None) -> dict[str, Any] | None:
-    if items is None:
-        return None
-    content = [{"token": i.text, "bytes": None, "logprob": i.logprob,
-                "top_logprobs": [{"token": text, "logprob": lp, "bytes": None}
-                                 for _, text, lp in i.top]}
-               for i in items]
-    return {"content": content, "refusal": None}
-
-
-def _chat_dict(result: Completion, meta: _ResponseMeta) -> dict[str, Any]:
-    return {
-        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                     "logprobs": _chat_logprobs(result.logprobs),
-                     "finish_reason": result.finish_reason}],
-        "usage": result.usage,
-    }
-
-
-def _chat_chunk(meta: _ResponseMeta, delta: dict[str, str], logprobs: dict | None,
-                finish_reason: str | None) -> dict[str, Any]:
-    return {"id": meta.id, "model": meta.model, "created": meta.created,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
-                         "finish_reason": finish_reason}]}
-
-
-def _chat_chunks(chunks: Iterator[Chunk], meta: _ResponseMeta) -> Iterator[dict[str, Any]]:
-    yield _chat_chunk(meta, {"role": "assistant"}, None, None)
-    for chunk in chunks:
-        if chunk.text or chunk.logprobs:
-            yield _chat_chunk(meta, {"content": chunk.text}, _chat_logprobs(chunk.logprobs), None)
-        if chunk.finish_reason is not None:
-            yield _chat_chunk(meta, {}, None, chunk.finish_reason)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gguflm import quants
 from gguflm.errors import GGUFError, LoadCancelled, ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, TensorInfo
@@ -36,16 +37,8 @@ log = logging.getLogger("gguflm")
 LoadMode = Literal["auto", "mmap", "none", "mlock", "mmap+mlock"]
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
-# weight types the kernels compute with
-SUPPORTED_TYPES = frozenset({
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
-    GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-    GGMLType.Q6_K,
-}) | frozenset({
-    # grid i-quants
-    GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ1_S,
-    GGMLType.IQ1_M,
-})
+# weight types the kernels compute with: every format with a dot kernel
+SUPPORTED_TYPES = frozenset(f.type for f in quants.formats() if f.vec_dot_type is not None)
 
 
 class MissingTensorError(ModelLoadError):
@@ -93,6 +86,12 @@ class Weight:
     def nbytes(self) -> int:
         return self.data.nbytes
 
+    def as_matrix(self) -> Weight:
+        """A vector as the one-row matrix a matmul takes it as (shape (n, 1))."""
+        if len(self.shape) != 1:
+            return self
+        return Weight(self.name, self.type, (self.shape[0], 1), self.data.reshape(1, -1))
+
 
 def apply_overrides(metadata: Mapping[str, Any], overrides: Mapping[str, Any] | None,
                     value_types: Mapping[str, GGUFValueType], source: str) -> dict[str, Any]:
@@ -138,6 +137,7 @@ def _scale_fields(t: GGMLType) -> list[int]:
         GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
         GGMLType.IQ2_XXS: [0], GGMLType.IQ2_XS: [0], GGMLType.IQ2_S: [0], GGMLType.IQ3_XXS: [0],
         GGMLType.IQ3_S: [0], GGMLType.IQ1_S: [0],
+        GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0], GGMLType.TQ1_0: [52], GGMLType.TQ2_0: [64],
     }.get(t, [])
 
 

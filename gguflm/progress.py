@@ -91,7 +91,8 @@ def progress_callback(progress: bool | Callable[[float], object] | None, label: 
                       ) -> tuple[Callable[[float], bool] | None, ProgressBar | None]:
     """Turn a user's ``progress=`` argument into a load callback (and the bar to close after).
 
-    None draws a bar on a terminal, True always, False never; a callable is called with the
+    True draws a bar on stderr, None and False draw nothing (the library writes to no stream
+    unless asked: the command line passes True on a terminal); a callable is called with the
     fraction done and cancels the work by returning False (any other value continues).
     """
     if callable(progress):
@@ -100,5 +101,5 @@ def progress_callback(progress: bool | Callable[[float], object] | None, label: 
     if progress is not None and not isinstance(progress, bool):
         raise TypeError(f"progress must be None, a bool or a callable, "
                         f"not {type(progress).__name__}")
-    bar = ProgressBar(label, enabled=progress)
+    bar = ProgressBar(label, enabled=bool(progress))
     return (bar if bar.enabled else None), bar

@@ -200,7 +200,7 @@ def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None
         OpenMP threads (None: the usable cores); never more than there are row chunks.
     repacked : bool
         ``w`` is a model weight that llama.cpp keeps in its repacked layout (any matmul weight);
-        False for a token embedding that doubles as the output matrix.
+        False for a matrix llama.cpp holds in its plain CPU buffer (one it never multiplies).
 
     Returns
     -------

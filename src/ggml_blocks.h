@@ -115,6 +115,42 @@ static inline uint16_t gguflm_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
+/* ---- issue 15, value-table and ternary formats: IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0 ----
+ * Layouts and tables from ggml-common.h (llama.cpp, vendored in llama-cpp-python 0.3.36). */
+#define QK4_NL 32
+#define QK_MXFP4 32
+
+/* 4-bit indices into kvalues_iq4nl, one fp16 scale per 32 */
+typedef struct { ggml_half d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+/* the same indices, 6-bit signed scales (stored + 32) per 32 under one fp16 d per 256 */
+typedef struct { ggml_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+/* 4-bit indices into the E2M1 values (doubled), one E8M0 exponent per 32 */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+/* ternary: 5 trits per byte (qs), 4 per byte (qh), as base-3 fractions of 256 */
+typedef struct { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; ggml_half d; } block_tq1_0;
+/* ternary: 2 bits per element, value - 1 */
+typedef struct { uint8_t qs[QK_K / 4]; ggml_half d; } block_tq2_0;
+
+_Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 size");
+_Static_assert(sizeof(block_tq1_0) == 54, "block_tq1_0 size");
+_Static_assert(sizeof(block_tq2_0) == 66, "block_tq2_0 size");
+
+/* ggml-common.h kvalues_iq4nl: the non-linear 4-bit grid of IQ4_NL and IQ4_XS */
+static const int8_t gguflm_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                1, 13, 25, 38, 53, 69, 89, 113};
+/* ggml-common.h kvalues_fp4: the E2M1 values doubled (OCP Microscaling Formats MX v1.0, FP4 E2M1:
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), so that they are integers */
+static const int8_t gguflm_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml_e8m0_to_fp32_half (ggml-impl.h): half of the E8M0 scale 2^(e-127), i.e. 2^(e-128), which
+ * pairs with the doubled E2M1 values; e < 2 gives the denormals 2^-128 and 2^-127 */
+static inline float gguflm_e8m0_to_fp32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return gguflm_bits_f32(bits);
+}
+
 /* ---- rows: the software conversions above, and F16C variants (target attributes) with the same
  * bits, which the SIMD ISAs select (quants_kernels.h) ---- */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(GGUFLM_SIMDE)

@@ -18,7 +18,9 @@
  * rather than padded to 256 cells: their vector loops then leave the last n_tok % lanes cells to
  * scalar tails (libm expf in the softmax, gguflm_dot_f32_unfused's loop in the dots), which
  * gguflm reproduces. ALiBi
- * (jina-bert-v2) adds slope(head) * -|p_cell - p_tok| to every visible score.
+ * (jina-bert-v2) adds slope(head) * -|p_cell - p_tok| to every visible score. Attention sinks
+ * (gpt-oss) join each head's softmax as ggml_soft_max_add_sinks does: the max is taken over the
+ * scores and the sink, and exp(sink - max) (libm) is added to the sum.
  *
  * The row kernels live in ops_body.h, compiled twice: scalar, and AVX2+FMA+F16C.
  */
@@ -139,6 +141,8 @@ typedef struct {
     const int32_t *cell_seq_id;  /* no cache: [n_kv] each cell's one sequence (in place of cell_seq); else NULL */
     int n_cols;                /* no cache: ggml's score row length (n_kv), for its scalar tails; 0 with a cache */
     float max_bias;            /* ALiBi's maximum bias, 0 = none */
+    const float *sinks;        /* [n_head] attention sinks (gpt-oss): a logit per head that takes
+                                  part in the softmax without a value; NULL = none */
 } gguflm_attn_args;
 
 /* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
@@ -326,6 +330,28 @@ static void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t 
                                  float eps, float *out, int64_t out_stride, int n_threads) {
     #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
     for (int64_t i = 0; i < n_rows; i++) gguflm_rms_norm_row(n, x + i * x_stride, w, eps, out + i * out_stride);
+}
+
+/* llama.cpp's attention rotation for a quantized KV cache: every `chunk` values of each row (a
+ * power of two) replaced by their orthonormal Walsh-Hadamard transform, in place, as ggml-cpu's
+ * fast transform computes it (ggml_compute_forward_fwht): scaled by 1/sqrtf(chunk) first, then
+ * the butterflies u + v, u - v with spans 1, 2, 4, ... Every step is one rounding, the same in
+ * any lane order, so no ISA variant is needed. */
+static void gguflm_hadamard_rows(int64_t n_rows, int64_t n, int chunk, float *x, int64_t x_stride, int n_threads) {
+    const float scale = 1.0f / sqrtf((float)chunk);
+    #pragma omp parallel for num_threads(gguflm_row_threads(n_rows, n_threads)) schedule(static)
+    for (int64_t i = 0; i < n_rows; i++)
+        for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+            float *y = x + i * x_stride + c0;
+            for (int j = 0; j < chunk; j++) y[j] *= scale;
+            for (int span = 1; span < chunk; span <<= 1)
+                for (int b = 0; b < chunk; b += 2 * span)
+                    for (int j = b; j < b + span; j++) {
+                        const float u = y[j], v = y[j + span];
+                        y[j] = u + v;
+                        y[j + span] = u - v;
+                    }
+        }
 }
 
 /* rotate every row of x ([n_rows][n_heads * head_dim], row stride x_stride) by its position */

@@ -13,7 +13,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from dispatch cimport GGUFLM_ISA_AVX2, bind_dispatch, dispatch_names, gguflm_dispatch
 from ops_kernels cimport (GGUFLM_GLU_GEGLU, GGUFLM_GLU_SWIGLU, GGUFLM_UNARY_GELU, GGUFLM_UNARY_TANH, ggml_half,
-                          gguflm_attention, gguflm_attn_args, gguflm_gelu_table_init, gguflm_glu_rows,
+                          gguflm_attention, gguflm_attn_args, gguflm_gelu_table_init, gguflm_glu_rows, gguflm_hadamard_rows,
                           gguflm_layer_norm_rows, gguflm_pool_mean, gguflm_rms_norm_rows, gguflm_rope_apply,
                           gguflm_rope_corr_dims, gguflm_rope_params, gguflm_unary_rows)
 
@@ -93,6 +93,18 @@ def gelu(const float[:, ::1] x, float[:, ::1] out, int n_threads=1):
 def tanh(const float[:, ::1] x, float[:, ::1] out, int n_threads=1):
     """``out = tanhf(x)`` element by element (ggml_vec_tanh_f32)."""
     _unary(GGUFLM_UNARY_TANH, x, out, n_threads)
+
+
+def hadamard(float[:, ::1] x, int chunk, int n_threads=1):
+    """Rotate every ``chunk`` values of each row of ``x`` in place by the orthonormal
+    Walsh-Hadamard matrix (llama.cpp's rotation of Q and K for a quantized K cache, of V and the
+    attention output for a quantized V cache), as ggml-cpu's fast transform rounds it."""
+    _check_threads(n_threads)
+    if chunk < 1 or chunk & (chunk - 1) or x.shape[1] % chunk:
+        raise ValueError(f"the chunk must be a power of two dividing the row length {x.shape[1]}, got {chunk}")
+    if x.shape[0]:
+        with nogil:
+            gguflm_hadamard_rows(x.shape[0], x.shape[1], chunk, &x[0, 0], x.strides[0] // sizeof(float), n_threads)
 
 
 def pool_mean(const float[:, ::1] x, const float[:, ::1] mean, float[:, ::1] out, int n_threads=1):
@@ -274,6 +286,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.cell_seq_id = &cell_seq_id[0] if cell_seq_id is not None and cell_seq_id.shape[0] else NULL
     a.n_cols = n_cols
     a.max_bias = max_bias
+    a.sinks = NULL
     _check_threads(n_threads)
     cdef int rc, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
     with nogil:

@@ -308,6 +308,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args
         sc[i] = kq;
         max = kq > max ? kq : max;
     }
+    if (a->sinks) max = max > a->sinks[h] ? max : a->sinks[h];
     if (gguflm_arith_avx512(a->arith))
         for (int i = 0; i < n_main; i++) sc[i] = gguflm_expf_avx512(sc[i] - max);
     else
@@ -331,6 +332,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_cells)(const gguflm_attn_args
         sc[i] = expf(sc[i] - max);
         sum += (double)sc[i];
     }
+    if (a->sinks) sum += (double)expf(a->sinks[h] - max);
     const float inv_sum = (float)(1.0 / sum);
     for (int i = 0; i < n_vis; i++) {
         const float p = sc[i] * inv_sum;

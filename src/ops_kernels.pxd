@@ -17,6 +17,7 @@ cdef extern from "ops.h" nogil:
         const float *freq_factors
     void gguflm_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                                float beta_slow, float *low, float *high)
+    void gguflm_hadamard_rows(int64_t n_rows, int64_t n, int chunk, float *x, int64_t x_stride, int n_threads)
     void gguflm_rms_norm_rows(int64_t n_rows, int n, const float *x, int64_t x_stride, const float *w,
                               float eps, float *out, int64_t out_stride, int n_threads)
     int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, int64_t n_rows, int n_heads,
@@ -60,5 +61,6 @@ cdef extern from "ops.h" nogil:
         const int32_t *cell_seq_id
         int n_cols
         float max_bias
+        const float *sinks
     int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include "ops.h"
 #include "quants_kernels.h"
+#include "moe.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -34,6 +35,15 @@ typedef enum {
     GGUFLM_OP_LAYER_NORM,    /* out = norm(x) * w + b */
     GGUFLM_OP_UNARY,         /* out = act(x): GELU, tanh */
     GGUFLM_OP_POOL_MEAN,     /* out[s] = sum_t mean[s][t] * x[t] */
+    GGUFLM_OP_MOE_ROUTE,     /* router logits x -> experts, weights, rows grouped by expert (moe) */
+    GGUFLM_OP_MOE_GATHER,    /* out[r] = xq[moe.src[r]] (bytes) */
+    GGUFLM_OP_MATMUL_ID,     /* out[r] = W[expert of r] . xq[r] */
+    GGUFLM_OP_MOE_COMBINE,   /* out[t] = sum_i x[moe.slot[t, i]] * moe.weights[t, i] */
+    GGUFLM_OP_MOE_SHARED_GATE, /* x[t] *= silu(y[t]) / y[t] */
+    GGUFLM_OP_SWIGLU_OAI,    /* out = gpt-oss's clamped SwiGLU of x (gate) and y (up) */
+    GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
+    GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
+    GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
 } gguflm_op;
 
 typedef struct {
@@ -44,7 +54,7 @@ typedef struct {
     int32_t type, aux;                   /* ggml type / cache type; GLU kind, n_in, col0, repacked, ... */
     int32_t group;                       /* on the first MATMUL of matmuls run together: how many */
     int64_t aux64;
-    float f;                             /* eps, scale, cap */
+    float f, f2;                         /* eps, scale, cap; SwiGLU-OAI's alpha and limit */
     const void *w;                       /* weights, bias, norm weight, cache data */
     int64_t w_stride;
     const float *x, *y;                  /* y: second operand, LayerNorm bias, mean-pooling matrix */
@@ -53,6 +63,7 @@ typedef struct {
     const int64_t *i64;                  /* cells, output rows (dynamic) */
     gguflm_rope_params rope;
     gguflm_attn_args attn;
+    gguflm_moe_args moe;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -124,6 +135,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             for (int64_t i = 0; i < nd->n_rows; i++)
                 memcpy(out + i * nd->out_stride, nd->x + nd->i64[i] * nd->x_stride, sizeof(float) * nd->n);
             break;
+        case GGUFLM_OP_HADAMARD:
+            gguflm_hadamard_rows(nd->n_rows, nd->n, nd->aux, out, nd->out_stride, nd->n_threads);
+            break;
         case GGUFLM_OP_SCALE:
             for (int64_t i = 0; i < nd->n_rows; i++)
                 for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= nd->f;
@@ -135,6 +149,10 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
         case GGUFLM_OP_ADD_ROW:
             for (int64_t i = 0; i < nd->n_rows; i++)
                 for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] += ((const float *)nd->w)[j];
+            break;
+        case GGUFLM_OP_MUL_ROW:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= ((const float *)nd->w)[j];
             break;
         case GGUFLM_OP_RMS_NORM:
             gguflm_rms_norm_rows(nd->n_rows, (int)nd->n, nd->x, nd->x_stride, (const float *)nd->w, nd->f,
@@ -187,6 +205,41 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             if (gguflm_pool_mean((int)nd->n_rows, (int)nd->n, nd->aux, nd->x, nd->x_stride, nd->y, out, nd->out_stride,
                                  arith, use_avx2, nd->n_threads))
                 return -1;
+            break;
+        case GGUFLM_OP_MOE_ROUTE:
+            if (gguflm_moe_route(&nd->moe, nd->x, nd->x_stride, nd->n_rows, arith)) return -1;
+            break;
+        case GGUFLM_OP_MOE_GATHER:
+            gguflm_moe_gather((const uint8_t *)nd->x, nd->n, nd->moe.src, nd->n_rows, (uint8_t *)nd->out);
+            break;
+        case GGUFLM_OP_MATMUL_ID: {
+            /* this node and the group - 1 after it: experts of one input in one parallel region */
+            const int n_jobs = nd->group > 1 ? nd->group : 1;
+            gguflm_matmul_id_job jobs[GGUFLM_MAX_JOBS];
+            for (int j = 0; j < n_jobs; j++) {
+                const gguflm_node *m = nd + j;
+                jobs[j] = (gguflm_matmul_id_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
+                                                 (const uint8_t *)m->x, (float *)m->out, m->out_stride};
+            }
+            if (gguflm_matmul_id(jobs, n_jobs, nd->n, nd->moe.offsets, nd->moe.n_expert, isa, arith, nd->n_threads))
+                return -1;
+            k += n_jobs - 1;
+            break;
+        }
+        case GGUFLM_OP_MOE_COMBINE:
+            gguflm_moe_combine(nd->x, nd->x_stride, nd->moe.weights, nd->moe.slot, nd->n_rows, nd->moe.n_used, nd->n,
+                               out, nd->out_stride);
+            break;
+        case GGUFLM_OP_SWIGLU_OAI:
+            gguflm_swiglu_oai_rows(nd->n_rows, nd->n, nd->x, nd->x_stride, nd->y, nd->y_stride, nd->f,
+                                   nd->f2, out, nd->out_stride, nd->n_threads);
+            break;
+        case GGUFLM_OP_MOE_ADD_ID:
+            gguflm_moe_add_id(out, nd->out_stride, nd->n, (const float *)nd->w, nd->w_stride, nd->moe.offsets,
+                              nd->moe.n_expert);
+            break;
+        case GGUFLM_OP_MOE_SHARED_GATE:
+            gguflm_moe_shared_gate(nd->y, nd->y_stride, nd->n_rows, nd->n, out, nd->out_stride);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

@@ -24,6 +24,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_COPY
         GGUFLM_OP_TAKE_ROWS
         GGUFLM_OP_SCALE
+        GGUFLM_OP_HADAMARD
         GGUFLM_OP_ADD
         GGUFLM_OP_ADD_ROW
         GGUFLM_OP_RMS_NORM
@@ -37,7 +38,23 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_LAYER_NORM
         GGUFLM_OP_UNARY
         GGUFLM_OP_POOL_MEAN
+        GGUFLM_OP_MOE_ROUTE
+        GGUFLM_OP_MOE_GATHER
+        GGUFLM_OP_MATMUL_ID
+        GGUFLM_OP_MOE_COMBINE
+        GGUFLM_OP_MOE_SHARED_GATE
+        GGUFLM_OP_SWIGLU_OAI
+        GGUFLM_OP_MOE_ADD_ID
+        GGUFLM_OP_MUL_ROW
         GGUFLM_MAX_JOBS
+    ctypedef struct gguflm_moe_args:
+        int32_t n_expert, n_used, gating, norm_w
+        float w_scale
+        int32_t *ids
+        float *weights
+        int32_t *offsets
+        int32_t *src
+        int32_t *slot
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
@@ -46,7 +63,7 @@ cdef extern from "plan.h" nogil:
         int32_t type, aux
         int32_t group
         int64_t aux64
-        float f
+        float f, f2
         const void *w
         int64_t w_stride
         const float *x
@@ -56,6 +73,7 @@ cdef extern from "plan.h" nogil:
         const int64_t *i64
         gguflm_rope_params rope
         gguflm_attn_args attn
+        gguflm_moe_args moe
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -68,11 +86,15 @@ cdef extern from "plan.h" nogil:
                             const gguflm_guards *guards, int64_t *bad_node, int64_t *bad_zone)
 
 _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP_COPY: "COPY",
-             GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_ADD: "ADD",
+             GGUFLM_OP_TAKE_ROWS: "TAKE_ROWS", GGUFLM_OP_SCALE: "SCALE", GGUFLM_OP_HADAMARD: "HADAMARD", GGUFLM_OP_ADD: "ADD",
              GGUFLM_OP_ADD_ROW: "ADD_ROW", GGUFLM_OP_RMS_NORM: "RMS_NORM", GGUFLM_OP_QUANTIZE: "QUANTIZE",
              GGUFLM_OP_MATMUL: "MATMUL", GGUFLM_OP_ROPE: "ROPE", GGUFLM_OP_KV_STORE: "KV_STORE",
              GGUFLM_OP_ATTENTION: "ATTENTION", GGUFLM_OP_GLU: "GLU", GGUFLM_OP_SOFTCAP: "SOFTCAP",
-             GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN"}
+             GGUFLM_OP_LAYER_NORM: "LAYER_NORM", GGUFLM_OP_UNARY: "UNARY", GGUFLM_OP_POOL_MEAN: "POOL_MEAN",
+             GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
+             GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
+             GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
+             GGUFLM_OP_MUL_ROW: "MUL_ROW"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -223,6 +245,10 @@ cdef class Plan:
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SCALE, 1, (x,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), s
 
+    def hadamard(self, cnp.ndarray x, int chunk, int n_threads):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_HADAMARD, n_threads, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.aux = x.shape[0], x.shape[1], _ptr(x), _stride(x), chunk
+
     def softcap(self, cnp.ndarray x, float cap):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SOFTCAP, 1, (x,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), cap
@@ -235,6 +261,11 @@ cdef class Plan:
     def add_row(self, cnp.ndarray x, cnp.ndarray b):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD_ROW, 1, (x, b,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(b)
+
+    def mul_row(self, cnp.ndarray x, cnp.ndarray w):
+        """x[i] *= w for every row i, in place."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MUL_ROW, 1, (x, w,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(w)
 
     def rms_norm(self, cnp.ndarray x, cnp.ndarray w, float eps, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_RMS_NORM, n_threads, (x, w, out,))
@@ -267,6 +298,78 @@ cdef class Plan:
         self.keep[-n:] = [sum(self.keep[-n:], ())]
         del self.step_nodes[-n + 1:]
 
+    def group_matmul_ids(self, int n):
+        """Run the last n recorded nodes, expert matmuls of one routing, in one parallel region."""
+        if not 1 < n <= GGUFLM_MAX_JOBS or n > self.n_nodes:
+            raise ValueError(f"can group 2 to {GGUFLM_MAX_JOBS} expert matmuls, not {n}")
+        cdef gguflm_node *first = &self.nodes[self.n_nodes - n]
+        for i in range(n):
+            if first[i].op != GGUFLM_OP_MATMUL_ID or first[i].n != first.n or first[i].moe.offsets != first.moe.offsets:
+                raise ValueError("only expert matmuls of one input and routing can be grouped")
+        first.group = n
+        self.keep[-n:] = [sum(self.keep[-n:], ())]
+        del self.step_nodes[-n + 1:]
+
+    # -- mixture of experts (src/moe.h); a routing is the tuple (ids, weights, offsets, src, slot)
+    # of int32/float32 arrays moe_route fills
+
+    cdef void _set_route(self, gguflm_node *nd, tuple route, int n_expert, int n_used):
+        cdef cnp.ndarray ids = route[0], weights = route[1], offsets = route[2], src = route[3], slot = route[4]
+        nd.moe.n_expert, nd.moe.n_used = n_expert, n_used
+        nd.moe.ids, nd.moe.weights = <int32_t *>_ptr(ids), <float *>_ptr(weights)
+        nd.moe.offsets, nd.moe.src, nd.moe.slot = <int32_t *>_ptr(offsets), <int32_t *>_ptr(src), <int32_t *>_ptr(slot)
+
+    def moe_route(self, cnp.ndarray logits, int n_expert, int n_used, int gating, bint norm_w, float w_scale,
+                  tuple route):
+        """Select n_used of n_expert experts per row of ``logits`` and group the rows by expert."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ROUTE, 1, (logits,) + route)
+        self._set_route(nd, route, n_expert, n_used)
+        nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.x, nd.x_stride, nd.n_rows = <const float *>_ptr(logits), _stride(logits), logits.shape[0]
+
+    def moe_gather(self, cnp.ndarray xq, tuple route, cnp.ndarray out):
+        """out[r] = xq[src[r]]: quantized input rows in expert order (uint8 rows)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_GATHER, 1, (xq, out) + route)
+        self._set_route(nd, route, 0, 0)
+        nd.x, nd.n, nd.n_rows, nd.out = <const float *>_ptr(xq), xq.shape[1], out.shape[0], _ptr(out)
+
+    def matmul_id(self, int wtype, cnp.ndarray w, int64_t n_rows, int64_t n_in, cnp.ndarray xq, cnp.ndarray out,
+                  tuple route, int n_expert, bint repacked, int n_threads):
+        """out[r] = W[e] . xq[r] for the expert e of every sorted row r; w holds the n_expert
+        matrices of n_rows rows one after the other."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL_ID, n_threads, (w, xq, out) + route)
+        self._set_route(nd, route, n_expert, 0)
+        nd.type, nd.w, nd.w_stride, nd.aux64, nd.n, nd.aux = wtype, _ptr(w), w.strides[0], n_rows, n_in, repacked
+        nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def swiglu_oai(self, cnp.ndarray gate, cnp.ndarray up, float alpha, float limit, cnp.ndarray out, int n_threads):
+        """gpt-oss's clamped SwiGLU: out = min(gate, limit) * sigmoid(alpha * it) * (clamp(up) + 1)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SWIGLU_OAI, n_threads, (gate, up, out))
+        nd.x, nd.x_stride, nd.y, nd.y_stride = <const float *>_ptr(gate), _stride(gate), <const float *>_ptr(up), _stride(up)
+        nd.f, nd.f2 = alpha, limit
+        nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    def moe_add_id(self, cnp.ndarray x, cnp.ndarray b, tuple route):
+        """x[r] += b[e] for every sorted row r of expert e (b: [n_expert, n], F32)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ADD_ID, 1, (x, b) + route)
+        self._set_route(nd, route, b.shape[0], 0)
+        nd.w, nd.w_stride = _ptr(b), b.strides[0] // 4
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
+    def moe_shared_gate(self, cnp.ndarray g, cnp.ndarray x):
+        """x[t] *= silu(g[t]) / g[t] (g: [n_rows, 1])."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_SHARED_GATE, 1, (g, x))
+        nd.y, nd.y_stride = <const float *>_ptr(g), _stride(g)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
+    def moe_combine(self, cnp.ndarray experts, tuple route, int n_used, cnp.ndarray out):
+        """out[t] = the weighted sum of token t's expert outputs (rows of ``experts``)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_COMBINE, 1, (experts, out) + route)
+        self._set_route(nd, route, 0, n_used)
+        nd.x, nd.x_stride, nd.n_rows, nd.n = <const float *>_ptr(experts), _stride(experts), out.shape[0], out.shape[1]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
              cnp.ndarray freq_factors, int n_threads, cnp.ndarray positions=None):
@@ -292,8 +395,10 @@ cdef class Plan:
     def attention(self, cnp.ndarray q, str type_k, cnp.ndarray k_data, str type_v, cnp.ndarray v_data,
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
-                  cnp.ndarray out, int n_threads):
-        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,))
+                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None):
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
+                                                                          sinks))
+        nd.attn.sinks = <const float *>_ptr(sinks) if sinks is not None else NULL
         nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
         nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
         nd.attn.head_dim_k, nd.attn.head_dim_v = head_dim_k, head_dim_v

@@ -191,7 +191,7 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
     """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations
     are quantized to the partner type inside the same parallel region. Each output is computed
     with the arithmetic llama.cpp's CPU backend uses for this shape; ``repacked``: ``w`` is a weight
-    llama.cpp would repack (False for a token embedding that doubles as the output matrix)."""
+    llama.cpp would repack (False: one in its plain CPU buffer)."""
     if x.shape[1] != n_in:
         raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
     if not _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads):

@@ -94,7 +94,9 @@ static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.la
  * DOT_STREAM is ours: DOT's arithmetic in another row order. */
 static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
                                      int repacked, int arith, gguflm_segment seg[2]) {
-    const int repack = repacked && n_rows % 8 == 0 && (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K);
+    /* CPU_REPACK on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL and MXFP4 */
+    const int repack = repacked && n_rows % 8 == 0 &&
+                       (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4);
     if (repack && wtype == GGUFLM_Q4_K && n_tok > 3) {
         /* tokens go to the GEMM in groups of 4, the rest to the GEMV */
         const int64_t grouped = n_tok - n_tok % 4;
@@ -106,7 +108,9 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
     if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
-    else if ((gguflm_is_kquant(wtype) || gguflm_is_iq_grid(wtype)) && n_tok >= 8) path = GGUFLM_PATH_TILED;
+    else if ((gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype)) && n_tok >= 8)
+        path = GGUFLM_PATH_TILED;
+    else if (wtype == GGUFLM_IQ4_NL && n_tok >= 2) path = GGUFLM_PATH_SGEMM;  /* tinyBLAS_Q0_AVX */
     else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 &&
              n_in % gguflm_float_step(gguflm_float_chain_of(GGUFLM_PATH_SGEMM, wtype, arith)) == 0)
         path = GGUFLM_PATH_SGEMM;  /* tinyBLAS::matmul's conditions; it declines other shapes */
@@ -160,6 +164,8 @@ static inline float gguflm_tiled_step(int has_min, float d, float dmin, int32_t 
     if (has_min) res = fmaf(-dmin, (float)s2, res);
     return fmaf(res, yd, out);
 }
+
+#include "quants_lut_dot.h"  /* issue 15's value-table and ternary formats */
 
 /* ======================= scalar reference kernels (one output) ======================= */
 
@@ -338,6 +344,7 @@ static inline __attribute__((always_inline)) float gguflm_float_1(int path, int 
 static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int type, int arith, size_t bx,
                                                                   int64_t n, const uint8_t *x, const uint8_t *y) {
     if (gguflm_is_float(type)) return gguflm_float_1(path, type, arith, n, x, y);
+    if (gguflm_is_lut(type)) return gguflm_lut_recipe_1(path, type, n, x, y);
     switch (path) {
     case GGUFLM_PATH_TILED: return gguflm_tiled_1(type, bx, n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_K_GEMV: return gguflm_q4_K_repack_1(1, n, x, (const block_q8_K *)y);
@@ -390,6 +397,16 @@ GGUFLM_SCALAR_KERNEL(DOT, bf16, GGUFLM_BF16, 2)
 GGUFLM_SCALAR_KERNEL(SGEMM, f32, GGUFLM_F32, 4)
 GGUFLM_SCALAR_KERNEL(SGEMM, f16, GGUFLM_F16, 2)
 GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
+/* issue 15's value-table and ternary formats */
+GGUFLM_SCALAR_KERNEL(DOT, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
+GGUFLM_SCALAR_KERNEL(SGEMM, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
+GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
+GGUFLM_SCALAR_KERNEL(DOT, mxfp4, GGUFLM_MXFP4, sizeof(block_mxfp4))
+GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, mxfp4, GGUFLM_MXFP4, sizeof(block_mxfp4))
+GGUFLM_SCALAR_KERNEL(DOT, iq4_xs, GGUFLM_IQ4_XS, sizeof(block_iq4_xs))
+GGUFLM_SCALAR_KERNEL(TILED, iq4_xs, GGUFLM_IQ4_XS, sizeof(block_iq4_xs))
+GGUFLM_SCALAR_KERNEL(DOT, tq1_0, GGUFLM_TQ1_0, sizeof(block_tq1_0))
+GGUFLM_SCALAR_KERNEL(DOT, tq2_0, GGUFLM_TQ2_0, sizeof(block_tq2_0))
 #undef GGUFLM_SCALAR_KERNELS_K
 #undef GGUFLM_SCALAR_KERNELS_LEGACY
 #undef GGUFLM_SCALAR_KERNEL
@@ -418,7 +435,18 @@ GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
                                     [GGUFLM_Q5_1] = gguflm_DOT_STREAM_q5_1##suffix,                              \
                                     [GGUFLM_Q8_0] = gguflm_DOT_STREAM_q8_0##suffix},                             \
         GGUFLM_IQ_KERNEL_ENTRIES(suffix)                                                                         \
+        GGUFLM_LUT_KERNEL_ENTRIES(suffix)                                                                        \
     }
+
+/* issue 15's value-table and ternary formats (nested designators: they add to the rows above) */
+#define GGUFLM_LUT_KERNEL_ENTRIES(suffix)                                                                        \
+    [GGUFLM_PATH_DOT][GGUFLM_IQ4_NL] = gguflm_DOT_iq4_nl##suffix, [GGUFLM_PATH_DOT][GGUFLM_MXFP4] = gguflm_DOT_mxfp4##suffix, \
+    [GGUFLM_PATH_DOT][GGUFLM_IQ4_XS] = gguflm_DOT_iq4_xs##suffix, [GGUFLM_PATH_DOT][GGUFLM_TQ1_0] = gguflm_DOT_tq1_0##suffix, \
+    [GGUFLM_PATH_DOT][GGUFLM_TQ2_0] = gguflm_DOT_tq2_0##suffix,                                                  \
+    [GGUFLM_PATH_TILED][GGUFLM_IQ4_XS] = gguflm_TILED_iq4_xs##suffix,                                            \
+    [GGUFLM_PATH_SGEMM][GGUFLM_IQ4_NL] = gguflm_SGEMM_iq4_nl##suffix,                                            \
+    [GGUFLM_PATH_Q4_0_REPACK][GGUFLM_IQ4_NL] = gguflm_Q4_0_REPACK_iq4_nl##suffix,                                \
+    [GGUFLM_PATH_Q4_0_REPACK][GGUFLM_MXFP4] = gguflm_Q4_0_REPACK_mxfp4##suffix,
 
 static const gguflm_gemm_fn gguflm_kernels_scalar[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_scalar);
 

@@ -14,6 +14,7 @@
 #include "omp_compat.h"
 #include "quants_simd.h"
 #include "quants_iq_quantize.h"
+#include "quants_imatrix.h"
 
 typedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k);
 typedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k);
@@ -52,14 +53,13 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_IQ3_S] = {"IQ3_S", 256, 110, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_s, gguflm_quantize_row_iq3_s, gguflm_quantize_row_iq3_s},
     [GGUFLM_IQ1_S] = {"IQ1_S", 256, 50, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_s, NULL, NULL},
     [GGUFLM_IQ1_M] = {"IQ1_M", 256, 56, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_m, gguflm_quantize_row_iq1_m, gguflm_quantize_row_iq1_m},
+    /* issue 15's value-table and ternary formats */
+    [GGUFLM_IQ4_NL] = {"IQ4_NL", 32, 18, GGUFLM_Q8_0, gguflm_dequantize_row_iq4_nl, gguflm_quantize_row_iq4_nl, gguflm_quantize_row_iq4_nl},
+    [GGUFLM_IQ4_XS] = {"IQ4_XS", 256, 136, GGUFLM_Q8_K, gguflm_dequantize_row_iq4_xs, gguflm_quantize_row_iq4_xs, gguflm_quantize_row_iq4_xs},
+    [GGUFLM_TQ1_0] = {"TQ1_0", 256, 54, GGUFLM_Q8_K, gguflm_dequantize_row_tq1_0, gguflm_quantize_row_tq1_0, gguflm_quantize_row_tq1_0},
+    [GGUFLM_TQ2_0] = {"TQ2_0", 256, 66, GGUFLM_Q8_K, gguflm_dequantize_row_tq2_0, gguflm_quantize_row_tq2_0, gguflm_quantize_row_tq2_0},
+    [GGUFLM_MXFP4] = {"MXFP4", 32, 17, GGUFLM_Q8_0, gguflm_dequantize_row_mxfp4, gguflm_quantize_row_mxfp4, gguflm_quantize_row_mxfp4},
 };
-
-/* x [k] -> y (row_bytes(type, k)) with the importance weights qw [k] of the row's columns */
-typedef void (*gguflm_quantize_w_fn)(const float *x, void *y, int64_t k, const float *qw);
-
-static inline gguflm_quantize_w_fn gguflm_quantize_weighted(int type) {
-    return gguflm_iq_quantize_weighted(type);
-}
 
 static inline int gguflm_type_known(int type) {
     return type >= 0 && type < GGUFLM_TYPE_COUNT && gguflm_traits[type].block_size > 0;

@@ -21,7 +21,10 @@
 enum {
     GGUFLM_F32 = 0, GGUFLM_F16 = 1, GGUFLM_Q4_0 = 2, GGUFLM_Q4_1 = 3, GGUFLM_Q5_0 = 6, GGUFLM_Q5_1 = 7,
     GGUFLM_Q8_0 = 8, GGUFLM_Q8_1 = 9, GGUFLM_Q2_K = 10, GGUFLM_Q3_K = 11, GGUFLM_Q4_K = 12,
-    GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30, GGUFLM_TYPE_COUNT = 31
+    GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30,
+    /* issue 15, value-table and ternary formats */
+    GGUFLM_IQ4_NL = 20, GGUFLM_IQ4_XS = 23, GGUFLM_TQ1_0 = 34, GGUFLM_TQ2_0 = 35, GGUFLM_MXFP4 = 39,
+    GGUFLM_TYPE_COUNT = 40
 };
 /* the grid i-quants (quants_iq.h) */
 enum {
@@ -231,9 +234,10 @@ static void gguflm_dequantize_row_q8_1(const void *x, float *y, int64_t k) { ggu
 
 /* ======================= K-quants: scale searches ======================= */
 
-/* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): the best of 19
- * trial scales around -nmax/max by weighted least squares. L gets quants offset by nmax. */
-static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
+/* ggml's make_qx_quants with rmse_type 1: the best of 19 trial scales around -nmax/max by weighted
+ * least squares, weights qw (importance weights) or, without them, x^2. L gets quants offset by
+ * nmax. */
+static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L, const float *qw) {
     const float max = gguflm_signed_absmax(x, n);
     if (fabsf(max) < GROUP_MAX_EPS) {
         for (int i = 0; i < n; ++i) L[i] = 0;
@@ -245,7 +249,7 @@ static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         int l = gguflm_nearest_int(iscale * x[i]);
         l = GGUFLM_MAX(-nmax, GGUFLM_MIN(nmax - 1, l));
         L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
+        const float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * l;
         suml2 += w * l * l;
     }
@@ -258,7 +262,7 @@ static float gguflm_make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
         for (int i = 0; i < n; ++i) {
             int l = gguflm_nearest_int(iscale * x[i]);
             l = GGUFLM_MAX(-nmax, GGUFLM_MIN(nmax - 1, l));
-            const float w = x[i] * x[i];
+            const float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
@@ -413,6 +417,21 @@ static inline void gguflm_pack_2bit(const uint8_t *L, uint8_t *qs) {
     }
 }
 
+/* Q2_K's quants requantized against the block's rounded scales and mins, packed (L: the search's
+ * quants, kept where a scale is zero) */
+static void gguflm_q2_K_quants(const float *x, block_q2_K *y, uint8_t *L) {
+    for (int j = 0; j < QK_K / 16; ++j) {
+        const float d = gguflm_fp16_to_fp32(y->d) * (y->scales[j] & 0xF);
+        if (!d) continue;
+        const float dm = gguflm_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4);
+        for (int ii = 0; ii < 16; ++ii) {
+            const int l = gguflm_nearest_int((x[16 * j + ii] + dm) / d);
+            L[16 * j + ii] = (uint8_t)GGUFLM_MAX(0, GGUFLM_MIN(3, l));
+        }
+    }
+    gguflm_pack_2bit(L, y->qs);
+}
+
 static void gguflm_quantize_row_q2_K(const float *x, void *vy, int64_t k) {
     block_q2_K *y = (block_q2_K *)vy;
     uint8_t L[QK_K], Laux[16];
@@ -441,17 +460,7 @@ static void gguflm_quantize_row_q2_K(const float *x, void *vy, int64_t k) {
         } else {
             y[i].dmin = gguflm_fp32_to_fp16(0.f);
         }
-        /* requantize against the rounded scales */
-        for (int j = 0; j < QK_K / 16; ++j) {
-            const float d = gguflm_fp16_to_fp32(y[i].d) * (y[i].scales[j] & 0xF);
-            if (!d) continue;
-            const float dm = gguflm_fp16_to_fp32(y[i].dmin) * (y[i].scales[j] >> 4);
-            for (int ii = 0; ii < 16; ++ii) {
-                const int l = gguflm_nearest_int((x[16 * j + ii] + dm) / d);
-                L[16 * j + ii] = (uint8_t)GGUFLM_MAX(0, GGUFLM_MIN(3, l));
-            }
-        }
-        gguflm_pack_2bit(L, y[i].qs);
+        gguflm_q2_K_quants(x, &y[i], L);
     }
 }
 
@@ -459,6 +468,34 @@ static void gguflm_quantize_row_q2_K(const float *x, void *vy, int64_t k) {
 static inline int gguflm_q3_K_scale(const uint8_t *scales, int j) {
     const int low = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
     return (low | (((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+}
+
+/* stores scale j, l in 0..63 (scale + 32), into the zeroed 12 bytes */
+static inline void gguflm_q3_K_put_scale(uint8_t *scales, int j, int l) {
+    if (j < 8) scales[j] = (uint8_t)(l & 0xF);
+    else scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+    scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+}
+
+/* Q3_K's quants requantized against the block's rounded scales, the high bits into hmask (that of
+ * element j to bit j/32 of hmask[j % 32]), packed; L: the search's quants (+4) */
+static void gguflm_q3_K_quants(const float *x, block_q3_K *y, int8_t *L) {
+    for (int j = 0; j < QK_K / 16; ++j) {
+        const float d = gguflm_fp16_to_fp32(y->d) * (int8_t)gguflm_q3_K_scale(y->scales, j);
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii) {
+            const int l = gguflm_nearest_int(x[16 * j + ii] / d);
+            L[16 * j + ii] = (int8_t)(GGUFLM_MAX(-4, GGUFLM_MIN(3, l)) + 4);
+        }
+    }
+    memset(y->hmask, 0, QK_K / 8);
+    for (int j = 0; j < QK_K; ++j) {
+        if (L[j] > 3) {
+            y->hmask[j % 32] |= (uint8_t)(1 << (j / 32));
+            L[j] -= 4;
+        }
+    }
+    gguflm_pack_2bit((const uint8_t *)L, y->qs);
 }
 
 static void gguflm_quantize_row_q3_K(const float *x, void *vy, int64_t k) {
@@ -472,34 +509,65 @@ static void gguflm_quantize_row_q3_K(const float *x, void *vy, int64_t k) {
         if (max_scale) {
             const float iscale = -32.f / max_scale;
             for (int j = 0; j < QK_K / 16; ++j) {
-                int8_t l = (int8_t)gguflm_nearest_int(iscale * scales[j]);
-                l = (int8_t)(GGUFLM_MAX(-32, GGUFLM_MIN(31, l)) + 32);
-                if (j < 8) y[i].scales[j] = (uint8_t)(l & 0xF);
-                else y[i].scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
-                l >>= 4;
-                y[i].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+                const int l = gguflm_nearest_int(iscale * scales[j]);
+                gguflm_q3_K_put_scale(y[i].scales, j, GGUFLM_MAX(-32, GGUFLM_MIN(31, l)) + 32);
             }
             y[i].d = gguflm_fp32_to_fp16(1 / iscale);
         } else {
             y[i].d = gguflm_fp32_to_fp16(0.f);
         }
-        for (int j = 0; j < QK_K / 16; ++j) {
-            const float d = gguflm_fp16_to_fp32(y[i].d) * (int8_t)gguflm_q3_K_scale(y[i].scales, j);
-            if (!d) continue;
-            for (int ii = 0; ii < 16; ++ii) {
-                const int l = gguflm_nearest_int(x[16 * j + ii] / d);
-                L[16 * j + ii] = (int8_t)(GGUFLM_MAX(-4, GGUFLM_MIN(3, l)) + 4);
-            }
+        gguflm_q3_K_quants(x, &y[i], L);
+    }
+}
+
+/* stores 6-bit scale ls and min lm of sub-block j (the layout gguflm_get_scale_min_k4 reads) */
+static inline void gguflm_put_scale_min_k4(uint8_t *packed, int j, uint8_t ls, uint8_t lm) {
+    if (j < 4) {
+        packed[j] = ls;
+        packed[j + 4] = lm;
+    } else {
+        packed[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+        packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
+        packed[j - 0] |= (uint8_t)((lm >> 4) << 6);
+    }
+}
+
+/* Q4_K / Q5_K quants requantized against the rounded scales and mins (L: the search's, kept where
+ * a scale is zero) */
+static void gguflm_requantize_q45_K(const float *x, int nmax, const uint8_t *packed, ggml_half dh, ggml_half dminh,
+                                    uint8_t *L) {
+    uint8_t sc, m;
+    for (int j = 0; j < QK_K / 32; ++j) {
+        gguflm_get_scale_min_k4(j, packed, &sc, &m);
+        const float d = gguflm_fp16_to_fp32(dh) * sc;
+        if (!d) continue;
+        const float dm = gguflm_fp16_to_fp32(dminh) * m;
+        for (int ii = 0; ii < 32; ++ii) {
+            const int l = gguflm_nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)GGUFLM_MAX(0, GGUFLM_MIN(nmax, l));
         }
-        /* the high bit of element j goes to bit j/32 of hmask[j % 32] */
-        memset(y[i].hmask, 0, QK_K / 8);
-        for (int j = 0; j < QK_K; ++j) {
-            if (L[j] > 3) {
-                y[i].hmask[j % 32] |= (uint8_t)(1 << (j / 32));
-                L[j] -= 4;
-            }
+    }
+}
+
+/* Q4_K: elements 64n + l and 64n + 32 + l share byte 32n + l */
+static inline void gguflm_pack_q4_K(const uint8_t *L, uint8_t *q) {
+    for (int j = 0; j < QK_K; j += 64, q += 32)
+        for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+}
+
+/* Q5_K: as Q4_K, the fifth bits in qh (bits 2n and 2n+1 of qh[l] for elements 64n + l, + 32) */
+static inline void gguflm_pack_q5_K(const uint8_t *L, uint8_t *ql, uint8_t *qh) {
+    memset(qh, 0, QK_K / 8);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QK_K; n += 64, ql += 32) {
+        for (int j = 0; j < 32; ++j) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+            if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+            ql[j] = (uint8_t)(l1 | (l2 << 4));
         }
-        gguflm_pack_2bit((const uint8_t *)L, y[i].qs);
+        m1 <<= 2;
+        m2 <<= 2;
     }
 }
 
@@ -523,31 +591,11 @@ static void gguflm_quantize_q45_K_scales(const float *x, int nmax, float rmin, f
     for (int j = 0; j < QK_K / 32; ++j) {
         uint8_t ls = (uint8_t)gguflm_nearest_int(inv_scale * scales[j]);
         uint8_t lm = (uint8_t)gguflm_nearest_int(inv_min * mins[j]);
-        ls = GGUFLM_MIN(63, ls);
-        lm = GGUFLM_MIN(63, lm);
-        if (j < 4) {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j - 0] |= (uint8_t)((lm >> 4) << 6);
-        }
+        gguflm_put_scale_min_k4(packed, j, GGUFLM_MIN(63, ls), GGUFLM_MIN(63, lm));
     }
     *d_out = gguflm_fp32_to_fp16(max_scale / 63.f);
     *dmin_out = gguflm_fp32_to_fp16(max_min / 63.f);
-    /* requantize against the rounded scales and mins */
-    uint8_t sc, m;
-    for (int j = 0; j < QK_K / 32; ++j) {
-        gguflm_get_scale_min_k4(j, packed, &sc, &m);
-        const float d = gguflm_fp16_to_fp32(*d_out) * sc;
-        if (!d) continue;
-        const float dm = gguflm_fp16_to_fp32(*dmin_out) * m;
-        for (int ii = 0; ii < 32; ++ii) {
-            const int l = gguflm_nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)GGUFLM_MAX(0, GGUFLM_MIN(nmax, l));
-        }
-    }
+    gguflm_requantize_q45_K(x, nmax, packed, *d_out, *dmin_out, L);
 }
 
 static void gguflm_quantize_row_q4_K(const float *x, void *vy, int64_t k) {
@@ -555,10 +603,7 @@ static void gguflm_quantize_row_q4_K(const float *x, void *vy, int64_t k) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         gguflm_quantize_q45_K_scales(x, 15, -1.f, 0.1f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
-        uint8_t *q = y[i].qs;
-        for (int j = 0; j < QK_K; j += 64, q += 32) {
-            for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
-        }
+        gguflm_pack_q4_K(L, y[i].qs);
     }
 }
 
@@ -567,18 +612,37 @@ static void gguflm_quantize_row_q5_K(const float *x, void *vy, int64_t k) {
     uint8_t L[QK_K];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         gguflm_quantize_q45_K_scales(x, 31, -0.5f, 0.1f, 15, L, y[i].scales, &y[i].d, &y[i].dmin);
-        uint8_t *qh = y[i].qh, *ql = y[i].qs;
-        memset(qh, 0, QK_K / 8);
-        uint8_t m1 = 1, m2 = 2;
-        for (int n = 0; n < QK_K; n += 64, ql += 32) {
-            for (int j = 0; j < 32; ++j) {
-                int l1 = L[n + j], l2 = L[n + j + 32];
-                if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
-                if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
-                ql[j] = (uint8_t)(l1 | (l2 << 4));
-            }
-            m1 <<= 2;
-            m2 <<= 2;
+        gguflm_pack_q5_K(L, y[i].qs, y[i].qh);
+    }
+}
+
+/* Q6_K after the sub-block search (scales, L): the scales quantized to int8 under d = max/-128,
+ * the quants requantized against them and packed; an all-zero block is all zeros */
+static void gguflm_q6_K_finish(const float *x, const float *scales, block_q6_K *y, int8_t *L) {
+    const float max_scale = gguflm_signed_absmax(scales, QK_K / 16);
+    if (fabsf(max_scale) < GROUP_MAX_EPS) {
+        memset(y, 0, sizeof(block_q6_K));
+        return;
+    }
+    const float iscale = -128.f / max_scale;
+    y->d = gguflm_fp32_to_fp16(1 / iscale);
+    for (int ib = 0; ib < QK_K / 16; ++ib) y->scales[ib] = (int8_t)GGUFLM_MIN(127, gguflm_nearest_int(iscale * scales[ib]));
+    for (int j = 0; j < QK_K / 16; ++j) {
+        const float d = gguflm_fp16_to_fp32(y->d) * y->scales[j];
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ++ii) {
+            const int l = gguflm_nearest_int(x[16 * j + ii] / d);
+            L[16 * j + ii] = (int8_t)(GGUFLM_MAX(-32, GGUFLM_MIN(31, l)) + 32);
+        }
+    }
+    uint8_t *ql = y->ql, *qh = y->qh;
+    for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t q1 = L[j + l + 0] & 0xF, q2 = L[j + l + 32] & 0xF;
+            const uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+            ql[l + 0] = (uint8_t)(q1 | (q3 << 4));
+            ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+            qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
         }
     }
 }
@@ -588,33 +652,8 @@ static void gguflm_quantize_row_q6_K(const float *x, void *vy, int64_t k) {
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        for (int ib = 0; ib < QK_K / 16; ++ib) scales[ib] = gguflm_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-        const float max_scale = gguflm_signed_absmax(scales, QK_K / 16);
-        if (fabsf(max_scale) < GROUP_MAX_EPS) {
-            memset(&y[i], 0, sizeof(block_q6_K));
-            continue;
-        }
-        const float iscale = -128.f / max_scale;
-        y[i].d = gguflm_fp32_to_fp16(1 / iscale);
-        for (int ib = 0; ib < QK_K / 16; ++ib) y[i].scales[ib] = (int8_t)GGUFLM_MIN(127, gguflm_nearest_int(iscale * scales[ib]));
-        for (int j = 0; j < QK_K / 16; ++j) {
-            const float d = gguflm_fp16_to_fp32(y[i].d) * y[i].scales[j];
-            if (!d) continue;
-            for (int ii = 0; ii < 16; ++ii) {
-                const int l = gguflm_nearest_int(x[16 * j + ii] / d);
-                L[16 * j + ii] = (int8_t)(GGUFLM_MAX(-32, GGUFLM_MIN(31, l)) + 32);
-            }
-        }
-        uint8_t *ql = y[i].ql, *qh = y[i].qh;
-        for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
-            for (int l = 0; l < 32; ++l) {
-                const uint8_t q1 = L[j + l + 0] & 0xF, q2 = L[j + l + 32] & 0xF;
-                const uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
-                ql[l + 0] = (uint8_t)(q1 | (q3 << 4));
-                ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
-                qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
-            }
-        }
+        for (int ib = 0; ib < QK_K / 16; ++ib) scales[ib] = gguflm_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, NULL);
+        gguflm_q6_K_finish(x, scales, &y[i], L);
     }
 }
 

@@ -615,6 +615,7 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
 #undef GGUFLM_SIMD_Q4_K_REPACK
 GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
+#include "quants_simd_lut.h"  /* issue 15's value-table and ternary formats */
 #undef GGUFLM_SIMD_K
 #undef GGUFLM_SIMD_LEGACY
 #undef GGUFLM_SIMD_KERNEL

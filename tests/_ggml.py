@@ -3,7 +3,7 @@
 ``vec_dot`` calls the library's own ``ggml_vec_dot_*`` through its CPU type traits; ``mul_mat``
 builds a one-node ggml graph and computes it on the CPU backend, so the weight goes through the
 same kernels llama.cpp picks for a model weight of that shape: llamafile's sgemm, the tiled GEMM,
-the vec_dot chunks, or (rows % 8 == 0, Q4_0/Q4_K) the CPU_REPACK buffer and its GEMV/GEMM.
+the vec_dot chunks, or (rows % 8 == 0, Q4_0/Q4_K/IQ4_NL/MXFP4) the CPU_REPACK buffer and its GEMV/GEMM.
 Tests that need it skip when ``llama_cpp`` is not importable: it is a reference peer, not a
 dependency.
 
@@ -43,6 +43,13 @@ class _TraitsCpu(ctypes.Structure):
                 ("nrows", ctypes.c_int64)]
 
 
+class _Traits(ctypes.Structure):
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+_ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64)
 _VecDot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _P = ctypes.c_void_p
@@ -71,6 +78,9 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_backend_tensor_set", None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
         (base, "ggml_backend_buffer_free", None, [_P]),
         (base, "ggml_log_set", None, [_LogCallback, _P]),
+        (base, "ggml_get_type_traits", ctypes.POINTER(_Traits), [ctypes.c_int]),
+        (base, "ggml_quantize_chunk", ctypes.c_size_t, [ctypes.c_int, _P, _P, ctypes.c_int64, ctypes.c_int64,
+                                                        ctypes.c_int64, _P]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -111,6 +121,29 @@ def same_arithmetic() -> Iterator[str]:
         yield arithmetic()
 
 
+def quantize_chunk(t: int, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """ggml_quantize_chunk of float32 rows x [n, k] (with importance weights imatrix [k]) -> uint8 [n, row bytes]."""
+    base, _ = _libs()
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, np.shape(x)[-1])
+    tr = base.ggml_get_type_traits(int(t)).contents
+    out = np.zeros((x.shape[0], x.shape[1] // tr.blck_size * tr.type_size), dtype=np.uint8)
+    qw = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+    size = base.ggml_quantize_chunk(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
+                                    None if qw is None else qw.ctypes.data)
+    assert size == out.nbytes
+    return out
+
+
+def to_float(t: int, blob: np.ndarray, n: int) -> np.ndarray:
+    """ggml's to_float (dequantize) of one row of n elements."""
+    base, _ = _libs()
+    blob = np.ascontiguousarray(blob, dtype=np.uint8)
+    out = np.full(n, np.nan, dtype=np.float32)
+    _ToFloat(base.ggml_get_type_traits(int(t)).contents.to_float)(
+        blob.ctypes.data, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n)
+    return out
+
+
 def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:
     """ggml-cpu's vec_dot of one weight row with one activation row in the dot partner type."""
     _, cpu = _libs()
@@ -124,12 +157,12 @@ def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:
 def mul_mat(t: int, w: np.ndarray, n_in: int, x: np.ndarray, n_threads: int = 1, repacked: bool = True) -> np.ndarray:
     """ggml_mul_mat(w, x) on the CPU backend: w uint8 [n_rows, row bytes] of type t, x float32
     [n_tok, n_in] -> [n_tok, n_rows]. ``repacked``: hold w where llama.cpp holds a model weight
-    (the CPU_REPACK buffer for Q4_0/Q4_K with rows % 8 == 0)."""
+    (the CPU_REPACK buffer for Q4_0/Q4_K/IQ4_NL/MXFP4 with rows % 8 == 0)."""
     base, cpu = _libs()
     w = np.ascontiguousarray(w, dtype=np.uint8)
     x = np.ascontiguousarray(x, dtype=np.float32)
     n_rows, n_tok = w.shape[0], x.shape[0]
-    repack = repacked and n_rows % 8 == 0 and int(t) in (2, 12)
+    repack = repacked and n_rows % 8 == 0 and int(t) in (2, 12, 20, 39)   # Q4_0, Q4_K, IQ4_NL, MXFP4
     ctx_w = base.ggml_init(_InitParams(1 << 16, None, True))
     ctx = base.ggml_init(_InitParams((16 << 20) + 2 * x.nbytes + 4 * n_rows * n_tok, None, False))
     buf = None

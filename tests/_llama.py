@@ -240,3 +240,46 @@ def llama_tensors(path: str | Path, token_lists: list[list[int]], names: list[st
         L.llama_batch_free(batch)
         L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+class LlamaDecoder:
+    """llama.cpp's decode through the C API, for what llama-cpp-python's ``Llama`` does not expose:
+    tokens of sequence 0 at explicit positions, every one an output, and position shifts of the
+    cache (``llama_memory_seq_add``). Cache types are ggml type ids (1: f16, 8: q8_0)."""
+
+    def __init__(self, path: str | Path, n_ctx: int = 256, type_k: int = 1, type_v: int = 1,
+                 n_threads: int = 2):
+        require_peer()
+        _backend()
+        self._model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+        params = L.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_threads = params.n_threads_batch = n_threads
+        params.type_k, params.type_v = type_k, type_v
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._ctx = L.llama_init_from_model(self._model, params)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
+
+    def decode(self, tokens: list[int], start: int):
+        """Logits [len(tokens), n_vocab] of ``tokens`` at positions start, start + 1, ..."""
+        import numpy as np
+
+        batch = L.llama_batch_init(len(tokens), 0, 1)
+        try:
+            for k, tok in enumerate(tokens):
+                batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = tok, start + k, 1, True
+                batch.seq_id[k][0] = 0
+            batch.n_tokens = len(tokens)
+            if L.llama_decode(self._ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            return np.ctypeslib.as_array(L.llama_get_logits(self._ctx),
+                                         shape=(len(tokens) * self.n_vocab,)).reshape(len(tokens), -1).copy()
+        finally:
+            L.llama_batch_free(batch)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        L.llama_memory_seq_add(L.llama_get_memory(self._ctx), seq, p0, p1, delta)
+
+    def close(self) -> None:
+        L.llama_free(self._ctx)
+        L.llama_model_free(self._model)

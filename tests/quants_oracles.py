@@ -10,11 +10,16 @@ from gguflm.ggml_types import GGMLType
 # formats ggml quantizes only with an importance matrix (ggml_quantize_requires_imatrix):
 # tests/test_quants_iq.py checks them with imatrices and generated blocks
 GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
+# issue 15's value-table and ternary formats: tests/ggml_lanes.py does not re-implement them, they
+# are checked against ggml's own functions instead (tests/test_quants_lut.py)
+LUT_TYPES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0})
 
-# every format that has a dot kernel and a quantizer
-DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None and f.type not in GRID_IQ_TYPES]
 # every format that has a dot kernel (tests on generated blocks)
 KERNEL_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
+# every format that has a dot kernel and a quantizer
+DOT_TYPES = [t for t in KERNEL_TYPES if t not in GRID_IQ_TYPES]
+# the ones tests/ggml_lanes.py re-implements in numpy
+LANES_TYPES = [t for t in KERNEL_TYPES if t not in LUT_TYPES]
 
 
 def generate_data(offset: float, n: int, amplitude: float = 2.0) -> np.ndarray:
@@ -61,14 +66,18 @@ def check_fp16_conversions(to_fp32, to_fp16) -> None:
 _DMIN_OFFSET = {GGMLType.Q2_K: 82, GGMLType.Q4_K: 2, GGMLType.Q5_K: 2}
 
 
+# bytes of quants at the start of a block, for the types whose dots take an offset off through bsums
+_OFFSET_QUANTS = {GGMLType.Q6_K: 192, GGMLType.TQ1_0: 52, GGMLType.TQ2_0: 64}
+
+
 def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dequantized rows without their min part [rows, n_in], the min part [rows, n_in],
     Q4_1/Q5_1 per-block min m [rows, n_blocks]), float64.
 
     ggml applies Q4_1/Q5_1 mins through the activation's s, so those rows come without m; a
     K-quant's row is d*sc*q - dmin*mn, split by dequantizing with dmin zeroed; Q6_K's row
-    d*sc*(q - 32) is split likewise, as ggml takes the 32 off through the activation's bsums
-    (in other lanes than the products). The parts matter for rounding tolerances: float sums
+    d*sc*(q - 32) and TQ1_0/TQ2_0's d*(q - 1) are split likewise, as ggml takes the offset off
+    through the activation's bsums (in other lanes than the products). The parts matter for rounding tolerances: float sums
     round relative to each part, not to their difference."""
     fmt = q.get(wtype)
     blocks = np.array(w, dtype=np.uint8).reshape(-1, fmt.row_bytes(n_in) // fmt.type_size, fmt.type_size)
@@ -83,8 +92,10 @@ def weight_parts(wtype: GGMLType, w: np.ndarray, n_in: int) -> tuple[np.ndarray,
         blocks[:, :, o:o + 2] = 0
         scaled = fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
         mins, rows = scaled - rows, scaled
-    elif wtype == GGMLType.Q6_K:
-        blocks[:, :, :192] = 0   # every quant 0: the block dequantizes to d*sc*(-32)
+    elif wtype in _OFFSET_QUANTS:
+        # every quant 0: the block dequantizes to its offset (Q6_K d*sc*(-32), TQ -d), which ggml
+        # takes off through the activation's bsums
+        blocks[:, :, :_OFFSET_QUANTS[wtype]] = 0
         mins = -fmt.dequantize(blocks.reshape(blocks.shape[0], -1), n_in).astype(np.float64)
         rows = rows + mins
     return rows, mins, m

@@ -425,3 +425,42 @@ def test_vocab_only_or_closed_model_cannot_make_a_context():
     with pytest.raises(Error, match="the model is closed") as raised:
         Context(model)
     assert not isinstance(raised.value, VocabOnlyError)
+
+
+# -- per-sequence regions (kv_unified=False, llama.cpp's KV streams)
+
+@pytest.mark.parametrize("which", ["llama", "gemma3"])
+def test_separate_kv_regions_keep_each_sequence_in_its_own_cells(which, llama_model, gemma3_model):
+    model = llama_model if which == "llama" else gemma3_model
+    with Context(model, n_ctx=600, n_seq_max=3, kv_unified=False, n_batch=64) as ctx:
+        assert ctx.n_ctx == 768 and not ctx.kv_unified       # 600 / 3 -> 200, padded to 256 each
+        rng = np.random.default_rng(0)
+        lengths = [0, 0, 0]
+        for step in range(40):   # mixed batches: several tokens of random sequences each time
+            b = Batch(8, n_seq_max=1)
+            for s in rng.choice(3, size=rng.integers(1, 6)):
+                b.add(int(rng.integers(1, 100)), lengths[s], [int(s)], True)
+                lengths[s] += 1
+            assert ctx.decode(b) == 0
+            if step == 20:       # a trimmed sequence refills its region from the cut
+                ctx.memory.seq_rm(1, lengths[1] // 2, -1)
+                lengths[1] //= 2
+        for cache in ctx.memory.caches:
+            region = cache.size // 3
+            for s in range(3):
+                cells = np.flatnonzero((cache.seq >> np.uint64(s)) & np.uint64(1))
+                assert ((cells >= s * region) & (cells < (s + 1) * region)).all()
+                assert (np.diff(cache.pos[cells]) > 0).all()      # in position order
+        heads = [c.heads.copy() for c in ctx.memory.caches]
+        saved = ctx.state_save()
+        ctx.memory.clear()
+        ctx.state_load(saved)    # the regions' heads come back with the cells
+        assert all((c.heads == h).all() for c, h in zip(ctx.memory.caches, heads))
+        assert [ctx.memory.seq_pos_max(s) + 1 for s in range(3)] == lengths
+
+
+def test_a_full_region_refuses_more_tokens_of_its_sequence(llama_model):
+    with Context(llama_model, n_ctx=512, n_seq_max=2, kv_unified=False) as ctx:
+        assert ctx.decode(full_batch(np.arange(1, 257), seq=0, all_logits=False)) == 0
+        assert ctx.decode(full_batch([5], seq=0, start=256)) == 1     # region 0 is full
+        assert ctx.decode(full_batch([5], seq=1)) == 0                # region 1 is not

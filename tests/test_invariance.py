@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gguflm import Batch, Context, Model
@@ -75,7 +75,38 @@ def cases(draw: st.DrawFn) -> tuple[TinyModel, tuple[str, str], list[int], int, 
     return spec, draw(cache_types(spec)), tokens, draw(st.sampled_from((3, 5, 7))), draw(st.integers(0, 2**32 - 1))
 
 
+# the architectures added with mixtures of experts, each at least once per run (small shapes; the
+# strategy draws them, and all the others, at random too)
+EXTRA_EXAMPLES = [
+    TinyModel("llama", n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=32, n_layer=2, n_expert=20,
+              n_expert_used=2, router="zero"),
+    TinyModel("qwen2moe", n_embd=64, head_dim=16, n_head=4, n_head_kv=1, n_ff=64, n_layer=1, n_expert=8,
+              n_expert_used=3, n_ff_exp=32, tied_output=False, router="pairs"),
+    TinyModel("qwen3moe", n_embd=64, head_dim=32, n_head=2, n_head_kv=1, n_ff=64, n_layer=1, n_expert=4,
+              n_expert_used=4, n_ff_exp=48),
+    TinyModel("olmoe", n_embd=64, head_dim=16, n_head=4, n_head_kv=4, n_ff=32, n_layer=1, n_expert=40,
+              n_expert_used=1, tied_output=False, router="zero"),
+    TinyModel("granitemoe", n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=32, n_layer=1, n_expert=8,
+              n_expert_used=2, n_ff_shexp=32),
+    TinyModel("gpt-oss", n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=2, n_expert=8,
+              n_expert_used=2, n_ff_exp=32, tied_output=False, n_swa=3, router="pairs"),
+] + [TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=4 if arch == "smollm3" else 2,
+               tied_output=arch in ("gemma", "command-r"), parallel=arch == "stablelm")
+     for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")]
+
+
+def _example(spec: TinyModel):
+    return example(case=(spec, ("f16", "f16"), [1] + list(range(20, 38)), 5, 7))
+
+
+def _with_examples(test):
+    for spec in EXTRA_EXAMPLES:
+        test = _example(spec)(test)
+    return test
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@_with_examples
 @given(cases())
 def test_logits_are_the_same_floats_at_every_thread_count(case):
     spec, (type_k, type_v), tokens, odd, seed = case

@@ -23,9 +23,10 @@ GGUF_DEQUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"
 
 def test_registry_lists_every_brief_format():
     names = {f.name for f in q.formats()}
+    value_table_and_ternary = {"IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"}   # issue 15
     assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-                     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
+                     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"} | value_table_and_ternary
     for f in q.formats():
         assert (f.block_size, f.type_size) == (f.type.block_size, f.type.type_size)
         assert q.get(f.name) is f and q.get(f.type) is f and q.get(f.name.lower()) is f
@@ -105,9 +106,9 @@ def test_bf16_nan_stays_nan_and_quiet():
 # llama.cpp's test-quantize-fns thresholds
 # (IQ1_M, which that test skips, with its bounds for the other sub-2-bit format, Q1_0)
 MAX_TOTAL_ERROR = {GGMLType.Q2_K: 0.0075, GGMLType.Q3_K: 0.0040, GGMLType.IQ2_S: 0.0075, GGMLType.IQ3_S: 0.0040,
-                   GGMLType.IQ3_XXS: 0.0050, GGMLType.IQ1_M: 0.025}
+                   GGMLType.IQ3_XXS: 0.0050, GGMLType.IQ1_M: 0.025, GGMLType.TQ1_0: 0.01, GGMLType.TQ2_0: 0.01}
 MAX_DOT_ERROR = {GGMLType.Q2_K: 0.04, GGMLType.IQ2_S: 0.04, GGMLType.IQ3_S: 0.04, GGMLType.IQ3_XXS: 0.04,
-                 GGMLType.IQ1_M: 0.40}
+                 GGMLType.IQ1_M: 0.40, GGMLType.TQ1_0: 0.15, GGMLType.TQ2_0: 0.15}
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)

@@ -27,7 +27,7 @@ from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
 from gguflm.testing import random_blocks
 import ggml_lanes as lanes
-from quants_oracles import KERNEL_TYPES, check_fp16_conversions
+from quants_oracles import KERNEL_TYPES, LANES_TYPES, check_fp16_conversions
 
 ROOT = Path(__file__).resolve().parent.parent
 ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2}
@@ -102,10 +102,11 @@ def _native(isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> n
 
 
 # float weights in every build's arithmetic, over row lengths with and without tails; quantized
-# ones (alike in all) in one
-MATMUL_CASES = ([pytest.param(t, a, n_in, id=f"{t.name}-{a}-{n_in}") for t in KERNEL_TYPES if q.get(t).block_size == 1
+# ones (alike in all) in one; the types of the numpy oracle (the others meet ggml's own mul_mat in
+# tests/test_quants_lut.py)
+MATMUL_CASES = ([pytest.param(t, a, n_in, id=f"{t.name}-{a}-{n_in}") for t in LANES_TYPES if q.get(t).block_size == 1
                  for a in system.ARITHMETICS for n_in in (64, 100)]
-                + [pytest.param(t, "avx2", max(q.get(t).block_size, 32) * 2, id=t.name) for t in KERNEL_TYPES
+                + [pytest.param(t, "avx2", max(q.get(t).block_size, 32) * 2, id=t.name) for t in LANES_TYPES
                    if q.get(t).block_size > 1])
 
 

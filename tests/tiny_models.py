@@ -22,26 +22,46 @@ from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
+         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")
+# mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
+OPTIONAL_MOE_ARCHS = ("llama", "granite")
+# their experts are expert_feed_forward_length wide (the others': feed_forward_length)
+EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
+# llama.cpp wants an output.weight of their own
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm")
+GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert")
-SWA_ARCHS = ("gemma2", "gemma3")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2")
+SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
-TIED_OUTPUT_ARCHS = ("gemma2",)
+TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3")
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
+                          "stablelm")
+# LayerNorms with biases, biased GELU feed-forward (no gate)
+LAYER_NORM_ARCHS = ("starcoder2", "phi2")
+# attention and feed-forward in parallel on one norm (no ffn_norm)
+PARALLEL_ARCHS = ("phi2", "command-r")
 
 # every weight type with a dot kernel, as a matrix of a model may hold it
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-                GGMLType.Q6_K)
+                GGMLType.Q6_K,
+                # issue 15's value-table and ternary formats
+                GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0)
 
 # the matrices of a layer by kind; "attn_qkv" and a double-width "ffn_up" replace Q, K, V and the
 # gate in Phi 3
 MATRIX_KINDS = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
-                "ffn_gate", "ffn_up", "ffn_down", "cls", "cls_output")
+                "ffn_gate", "ffn_up", "ffn_down", "cls", "cls_output", "ffn_gate_inp", "ffn_gate_exps",
+                "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+# routers: "random"; "pairs" (expert 2i+1's router row is expert 2i's: tied scores); "zero" (every
+# score 0 in layer 0: all experts tie)
+ROUTERS = ("random", "pairs", "zero")
 
 
 @dataclass(frozen=True)
@@ -60,8 +80,24 @@ class TinyModel:
     n_swa: int = 16                     # sliding window of the architectures that have one
     pooling_type: int = -1              # encoders: {arch}.pooling_type (-1: not written)
     classifier: bool = False            # encoders: a rank pooling head (cls, cls.output)
+    n_expert: int = 0                   # mixture of experts (MOE_ARCHS, or llama/granite when > 0)
+    n_expert_used: int = 0
+    n_ff_exp: int = 0                   # expert width (EXPERT_FF_ARCHS; else n_ff)
+    n_ff_shexp: int = 0                 # shared expert (qwen2moe always: 0 = n_ff; granite: 0 = none)
+    router: str = "random"              # ROUTERS
+    parallel: bool = False              # stablelm: StableLM 2 12B's block (per-head Q/K norms, no FFN norm)
+    metadata: dict = field(default_factory=dict)   # more {arch}.* keys (RoPE scaling, ...), without the prefix
+    rope_factors: bool = False          # phi3: LongRoPE's rope_factors_long/short.weight
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    @property
+    def expert_ff(self) -> int:
+        return (self.n_ff_exp or self.n_ff) if self.arch in EXPERT_FF_ARCHS else self.n_ff
+
+    @property
+    def shared_ff(self) -> int:
+        return (self.n_ff_shexp or self.n_ff) if self.arch == "qwen2moe" else self.n_ff_shexp
 
     def type_of(self, name: str, kind: str) -> GGMLType:
         return self.tensor_types.get(name, self.types.get(kind, GGMLType.F16))
@@ -109,13 +145,18 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         data = 0.05 * rng.standard_normal(n) if bias else 1.0 + 0.1 * rng.standard_normal(n)
         w.add_tensor(name, data.astype(np.float32), GGMLType.F32)
 
-    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.08) -> None:
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.08, n_expert: int = 0,
+               x: np.ndarray | None = None) -> None:
+        """[n_out, n_in], or n_expert of them (a 3-D tensor)"""
         t = spec.type_of(name, kind)
-        x = (scale * rng.standard_normal((n_out, n_in))).astype(np.float32)
+        if x is None:
+            x = (scale * rng.standard_normal((n_expert or 1, n_out, n_in))).astype(np.float32)
+        x = x.reshape((n_expert, n_out, n_in) if n_expert else (n_out, n_in))
         if t is GGMLType.F16:
             w.add_tensor(name, x.astype(np.float16), GGMLType.F16)
         else:
-            w.add_tensor(name, quantize_weight(t, x), t, shape=(n_in, n_out))
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                         shape=(n_in, n_out, n_expert) if n_expert else (n_in, n_out))
 
     w.add("general.name", f"tiny-{arch}")
     e, hd, nh, nkv, ff = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
@@ -125,41 +166,111 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                        "attention.value_length": hd, "rope.freq_base": 10000.0}.items():
         # llama.cpp insists on UINT32 for integer hyper-parameters
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
+    for key, value in s.metadata.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    if arch in ("phi2", "stablelm"):   # partial rotary, as Phi 2's 32 of 80
+        w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
+    if arch == "command-r":
+        w.add(f"{arch}.logit_scale", 0.0625)
+    if arch in LAYER_NORM_ARCHS + ("command-r", "stablelm"):
+        w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    else:
+        w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     if arch in SWA_ARCHS:
         w.add(f"{arch}.attention.sliding_window", s.n_swa, GGUFValueType.UINT32)
     if arch == "gemma2":
         w.add("gemma2.attn_logit_softcapping", 50.0)
         w.add("gemma2.final_logit_softcapping", 30.0)
+    if arch in GRANITE_ARCHS:  # Granite 3's values, roughly
+        w.add(f"{arch}.logit_scale", 8.0)
+        w.add(f"{arch}.residual_scale", 0.22)
+        w.add(f"{arch}.embedding_scale", 12.0)
+        w.add(f"{arch}.attention.scale", 0.015625)
+    if s.n_expert:
+        w.add(f"{arch}.expert_count", s.n_expert, GGUFValueType.UINT32)
+        w.add(f"{arch}.expert_used_count", s.n_expert_used, GGUFValueType.UINT32)
+        if arch in EXPERT_FF_ARCHS:
+            w.add(f"{arch}.expert_feed_forward_length", s.expert_ff, GGUFValueType.UINT32)
+        if s.n_ff_shexp:
+            w.add(f"{arch}.expert_shared_feed_forward_length", s.n_ff_shexp, GGUFValueType.UINT32)
     add_vocab(w)
 
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     vector("output_norm.weight", e)
+    if s.rope_factors:   # per-pair divisors of theta, growing with the dimension as Phi 3's
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            factors = 1.0 + np.sort(rng.uniform(0.0, 8.0 if "long" in name else 1.5, hd // 2))
+            w.add_tensor(name, factors.astype(np.float32), GGMLType.F32)
+    if arch in LAYER_NORM_ARCHS + ("stablelm",):
+        vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
         matrix("output.weight", "output", e, N_VOCAB)
+    if arch == "phi2":
+        vector("output.bias", N_VOCAB, bias=True)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        vector(f"{b}.attn_norm.weight", e)
-        if arch == "phi3":
+        if arch != "olmo2":   # OLMo 2 norms after attention and FFN only
+            vector(f"{b}.attn_norm.weight", e)
+        if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V (phi2: fused), attention output
+            vector(f"{b}.attn_norm.bias", e, bias=True)
+            vector(f"{b}.attn_output.bias", e, bias=True)
+            if arch == "starcoder2":
+                for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                    vector(f"{b}.{proj}.bias", n, bias=True)
+        if arch in ("phi3", "phi2"):
             matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
+            if arch == "phi2":
+                vector(f"{b}.attn_qkv.bias", nh * hd + 2 * nkv * hd, bias=True)
         else:
             matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
             matrix(f"{b}.attn_k.weight", "attn_k", e, nkv * hd)
             matrix(f"{b}.attn_v.weight", "attn_v", e, nkv * hd)
         matrix(f"{b}.attn_output.weight", "attn_output", nh * hd, e)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
                 vector(f"{b}.{proj}.bias", n, bias=True)
-        if arch in ("qwen3", "gemma3"):
+        if arch == "stablelm":
+            vector(f"{b}.attn_norm.bias", e, bias=True)
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
+            if s.parallel:   # per-head Q/K LayerNorm weights [n_head(_kv), head_dim]
+                w.add_tensor(f"{b}.attn_q_norm.weight", (1 + 0.1 * rng.standard_normal((nh, hd))).astype(np.float32), GGMLType.F32)
+                w.add_tensor(f"{b}.attn_k_norm.weight", (1 + 0.1 * rng.standard_normal((nkv, hd))).astype(np.float32), GGMLType.F32)
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             vector(f"{b}.attn_q_norm.weight", hd)
             vector(f"{b}.attn_k_norm.weight", hd)
-        if arch in SWA_ARCHS:
+        if arch in ("olmoe", "olmo2"):
+            vector(f"{b}.attn_q_norm.weight", e)
+            vector(f"{b}.attn_k_norm.weight", e if arch == "olmoe" else nkv * hd)
+        if arch == "olmo2":
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
-        vector(f"{b}.ffn_norm.weight", e)
+        if arch in ("gemma2", "gemma3"):
+            vector(f"{b}.post_attention_norm.weight", e)
+            vector(f"{b}.post_ffw_norm.weight", e)
+        if arch == "gpt-oss":   # attention biases, sinks, the norm before the experts
+            for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd), ("attn_output", e)):
+                vector(f"{b}.{proj}.bias", n, bias=True)
+            w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
+            vector(f"{b}.post_attention_norm.weight", e)
+        if arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
+            vector(f"{b}.ffn_norm.weight", e)
+            if arch == "stablelm":
+                vector(f"{b}.ffn_norm.bias", e, bias=True)
+        if s.n_expert:
+            _write_experts(spec, il, w, rng, vector, matrix)
+            continue
+        if arch in LAYER_NORM_ARCHS:
+            if arch not in PARALLEL_ARCHS:
+                vector(f"{b}.ffn_norm.bias", e, bias=True)
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
+            vector(f"{b}.ffn_up.bias", ff, bias=True)
+            matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
+            vector(f"{b}.ffn_down.bias", e, bias=True)
+            continue
         if arch == "phi3":
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, 2 * ff)
         else:
@@ -167,6 +278,36 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
         matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
     w.write()
+
+
+def _write_experts(spec: TinyModel, il: int, w: GGUFWriter, rng: np.random.Generator, vector, matrix) -> None:
+    """The router, experts and shared expert of layer ``il``."""
+    s, b, e, n = spec, f"blk.{il}", spec.n_embd, spec.n_expert
+    router = (0.5 * rng.standard_normal((n, e))).astype(np.float32)
+    if s.router == "pairs":
+        router[1::2] = router[0:n - n % 2:2]
+    elif s.router == "zero" and il == 0:
+        router[:] = 0.0
+    matrix(f"{b}.ffn_gate_inp.weight", "ffn_gate_inp", e, n, x=router)
+    f = s.expert_ff
+    if s.arch == "gpt-oss":   # router and expert biases (F32, one row per expert)
+        bias = 0.5 * rng.standard_normal(n)
+        if s.router == "pairs":
+            bias[1::2] = bias[0:n - n % 2:2]
+        elif s.router == "zero" and il == 0:
+            bias[:] = 0.0
+        w.add_tensor(f"{b}.ffn_gate_inp.bias", bias.astype(np.float32), GGMLType.F32)
+        for proj, width in (("ffn_gate_exps", f), ("ffn_down_exps", e), ("ffn_up_exps", f)):
+            w.add_tensor(f"{b}.{proj}.bias", (0.05 * rng.standard_normal((n, width))).astype(np.float32), GGMLType.F32)
+    matrix(f"{b}.ffn_gate_exps.weight", "ffn_gate_exps", e, f, n_expert=n)
+    matrix(f"{b}.ffn_down_exps.weight", "ffn_down_exps", f, e, n_expert=n)
+    matrix(f"{b}.ffn_up_exps.weight", "ffn_up_exps", e, f, n_expert=n)
+    if s.shared_ff:
+        if s.arch == "qwen2moe":
+            vector(f"{b}.ffn_gate_inp_shexp.weight", e, bias=True)
+        matrix(f"{b}.ffn_gate_shexp.weight", "ffn_gate_shexp", e, s.shared_ff)
+        matrix(f"{b}.ffn_down_shexp.weight", "ffn_down_shexp", s.shared_ff, e)
+        matrix(f"{b}.ffn_up_shexp.weight", "ffn_up_shexp", e, s.shared_ff)
 
 
 def _write_encoder(spec: TinyModel, w: GGUFWriter, rng: np.random.Generator, vector, matrix) -> None:
@@ -248,10 +389,20 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
         out["output.weight"] = ("output", s.n_embd)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        kinds = ("attn_qkv", "ffn_up") if s.arch == "phi3" else ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+        if s.arch in ("phi3", "phi2"):
+            kinds = ("attn_qkv", "ffn_up")
+            out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
+        elif s.n_expert:
+            kinds = ("attn_q", "attn_k", "attn_v", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps")
+            out[f"{b}.ffn_down_exps.weight"] = ("ffn_down_exps", s.expert_ff)
+            if s.shared_ff:
+                kinds += ("ffn_gate_shexp", "ffn_up_shexp")
+                out[f"{b}.ffn_down_shexp.weight"] = ("ffn_down_shexp", s.shared_ff)
+        else:
+            kinds = ("attn_q", "attn_k", "attn_v", "ffn_up") + (() if s.arch in LAYER_NORM_ARCHS else ("ffn_gate",))
+            out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
         out.update({f"{b}.{kind}.weight": (kind, s.n_embd) for kind in kinds})
         out[f"{b}.attn_output.weight"] = ("attn_output", s.n_head * s.head_dim)
-        out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
     return out
 
 
@@ -272,18 +423,41 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
         n_head = draw(st.sampled_from([h for h in range(1, 17) if 32 <= h * head_dim <= 512
                                        and (h <= 8 or (h % 2 == 0 and h // 2 <= 8))]))
         n_head_kv = draw(st.sampled_from([k for k in (1, 2) if n_head % k == 0 and n_head // k <= 8]))
+        if arch == "olmoe":  # its K norm spans n_embd: no GQA
+            n_head = n_head_kv = draw(st.sampled_from([h for h in range(1, 9) if 32 <= h * head_dim <= 512]))
         n_embd = n_head * head_dim
     else:
         n_head_kv = draw(st.integers(1, 2))
         n_head = n_head_kv * draw(st.integers(1, 8))
         n_embd = draw(st.integers(2, 32)) * 16
-    spec = TinyModel(
-        arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-        n_ff=draw(st.integers(2, 48)) * 16, n_layer=draw(st.integers(1, 3)),
-        tied_output=arch in TIED_OUTPUT_ARCHS or draw(st.booleans()), n_swa=draw(st.integers(2, 24)))
+    shape = dict(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
+                 n_ff=draw(st.integers(2, 48)) * 16,
+                 # SmolLM 3's fourth layer is the one without RoPE
+                 n_layer=4 if arch == "smollm3" else draw(st.integers(1, 3)),
+                 tied_output=arch in TIED_OUTPUT_ARCHS or (arch not in UNTIED_OUTPUT_ARCHS and draw(st.booleans())),
+                 n_swa=draw(st.integers(2, 24)), parallel=arch == "stablelm" and draw(st.booleans()))
+    spec = TinyModel(**{**shape, **draw(experts(arch))})
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
     return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+@st.composite
+def experts(draw: st.DrawFn, arch: str) -> dict:
+    """Expert counts and widths of a MoE architecture (none, or maybe none, for the others):
+    2..40 experts (past 16, std::sort's introsort decides the order of tied scores), 1..4 used,
+    routers with ties."""
+    if arch not in MOE_ARCHS and not (arch in OPTIONAL_MOE_ARCHS and draw(st.booleans())):
+        return {}
+    n_expert = draw(st.sampled_from((2, 4, 8, 8, 20, 40)))
+    n_ff_exp = draw(st.integers(1, 12)) * 16
+    shared = {"qwen2moe": draw(st.sampled_from((0, 64, 96))),
+              "granite": draw(st.sampled_from((0, 0, 64))), "granitemoe": draw(st.sampled_from((0, 0, 64)))}
+    return {"n_expert": n_expert, "n_expert_used": draw(st.integers(1, min(4, n_expert))),
+            # experts feed_forward_length wide get a small one
+            **({"n_ff_exp": n_ff_exp} if arch in EXPERT_FF_ARCHS else {"n_ff": n_ff_exp}),
+            "n_ff_shexp": shared.get(arch, 0),
+            "router": draw(st.sampled_from(ROUTERS))}
 
 
 @st.composite
@@ -302,3 +476,20 @@ def tiny_encoders(draw: st.DrawFn, archs: tuple[str, ...] = ENCODER_ARCHS) -> Ti
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
     return TinyModel(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+def mixtral_bench_model() -> TinyModel:
+    """The MoE benchmark's model: Mixtral-shaped (8 experts, 2 used, GQA 4:1) at n_embd 512, with
+    Q4_K_M's types (Q4_K matrices, Q6_K down projections and output, F32 router)."""
+    types = dict.fromkeys(MATRIX_KINDS, GGMLType.Q4_K)
+    types.update(ffn_down_exps=GGMLType.Q6_K, output=GGMLType.Q6_K, attn_v=GGMLType.Q6_K,
+                 ffn_gate_inp=GGMLType.F32, token_embd=GGMLType.Q8_0)
+    return TinyModel("llama", n_embd=512, head_dim=64, n_head=8, n_head_kv=2, n_ff=1024, n_layer=4,
+                     tied_output=False, n_expert=8, n_expert_used=2, types=types)
+
+
+if __name__ == "__main__":
+    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model
+    import sys
+
+    write_tiny_model(mixtral_bench_model(), Path(sys.argv[1]), np.random.default_rng(0))

@@ -26,7 +26,7 @@ from gguflm import system
 from gguflm._ext import quants as _k
 from gguflm.testing import random_blocks
 
-TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1"]
+TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"]
 SHAPES = [(262144, 640), (2048, 640), (640, 2048), (1536, 576)]
 
 
@@ -90,7 +90,7 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             share = row["gbs"][max(threads)] / results["read_gbs"][max(threads)] * 100
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f}")
-    out("* K-quant columns rounded up to whole 256-element blocks; 'cpu': on the thread's CPU clock")
+    out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock")
     return results
 
 

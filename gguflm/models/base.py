@@ -81,6 +81,8 @@ class Architecture:
 
     # whether the output projection may have a tensor of its own (else it is the token embedding)
     untied_output: ClassVar[bool] = True
+    # whether it must (llama.cpp then refuses a file without one)
+    required_output: ClassVar[bool] = False
 
     @classmethod
     def output_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -88,8 +90,8 @@ class Architecture:
         return [
             TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
             TensorSpec("output_norm.weight", (hp.n_embd,)),
-            TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True,
-                       fallback="token_embd.weight", in_file=cls.untied_output),
+            TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=not cls.required_output,
+                       fallback=None if cls.required_output else "token_embd.weight", in_file=cls.untied_output),
         ]
 
     @staticmethod
@@ -136,4 +138,26 @@ class Architecture:
             TensorSpec(f"{blk}.ffn_gate.weight", (hp.n_embd, hp.n_ff[il])),
             TensorSpec(f"{blk}.ffn_up.weight", (hp.n_embd, hp.n_ff[il])),
             TensorSpec(f"{blk}.ffn_down.weight", (hp.n_ff[il], hp.n_embd)),
+        ]
+
+    @staticmethod
+    def expert_specs(hp: HParams, il: int) -> list[TensorSpec]:
+        """The router (n_embd → n_expert) and the experts' gate, up and down matrices of layer
+        ``il``, each expert one slice of a 3-D tensor."""
+        blk, e, f, n = f"blk.{il}", hp.n_embd, hp.n_ff_exp, hp.n_expert
+        return [
+            TensorSpec(f"{blk}.ffn_gate_inp.weight", (e, n)),
+            TensorSpec(f"{blk}.ffn_gate_exps.weight", (e, f, n)),
+            TensorSpec(f"{blk}.ffn_down_exps.weight", (f, e, n)),
+            TensorSpec(f"{blk}.ffn_up_exps.weight", (e, f, n)),
+        ]
+
+    @staticmethod
+    def shared_expert_specs(hp: HParams, il: int, n_ff: int) -> list[TensorSpec]:
+        """A shared expert's gated feed-forward (every token runs it) of width ``n_ff``."""
+        blk = f"blk.{il}"
+        return [
+            TensorSpec(f"{blk}.ffn_gate_shexp.weight", (hp.n_embd, n_ff)),
+            TensorSpec(f"{blk}.ffn_down_shexp.weight", (n_ff, hp.n_embd)),
+            TensorSpec(f"{blk}.ffn_up_shexp.weight", (hp.n_embd, n_ff)),
         ]

@@ -1,15 +1,21 @@
 """Gemma 2: scaled embeddings, post-attention and post-FFN norms, GELU-gated FFN, soft-capped
 attention and final logits, every other layer on a sliding window.
 
-Its forward pass also serves Gemma 3 (per-head Q/K norms run when their tensors are present)."""
+Its forward pass also serves Gemma 3 (per-head Q/K norms run when their tensors are present) and
+Gemma 1 (no post-norms)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gguflm.graph import Graph
 from gguflm.hparams import HParamReader, HParams, RopeType, rsqrt_f32, sqrt_f32, swa_pattern
 from gguflm.models.base import Architecture, TensorSpec
+
+if TYPE_CHECKING:
+    from gguflm.loader import Weight
 
 
 class Gemma2(Architecture):
@@ -60,11 +66,16 @@ class Gemma2(Architecture):
             (cur,) = g.project(cur, L.attn_output)                            # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
-            x = g.add(g.rms_norm(cur, L.post_attention_norm), x)
+            x = g.add(self.post_norm(g, cur, L.post_attention_norm), x)
             # feed-forward, GELU-gated, normed after as well as before
             cur = g.rms_norm(x, L.ffn_norm)
             gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                   # [n, n_ff]
             (cur,) = g.project(g.geglu(gate, up), L.ffn_down)                 # [n, n_embd]
-            x = g.add(g.rms_norm(cur, L.post_ffw_norm), x)
+            x = g.add(self.post_norm(g, cur, L.post_ffw_norm), x)
         x = g.rms_norm(x, m.tensors["output_norm.weight"])
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    @staticmethod
+    def post_norm(g: Graph, cur: np.ndarray, w: Weight | None) -> np.ndarray:
+        """A branch's output normed before the residual add (not in Gemma 1)."""
+        return cur if w is None else g.rms_norm(cur, w)

@@ -1,20 +1,49 @@
-"""Llama (Llama 2/3, Mistral, SmolLM, TinyLlama): RMSNorm, RoPE (adjacent pairs), GQA, SwiGLU.
+"""Llama (Llama 2/3, Mistral, SmolLM, TinyLlama; Mixtral with experts): RMSNorm, RoPE (adjacent
+pairs), GQA, SwiGLU, or a mixture of SwiGLU experts where the file has ``expert_count``.
 
 Its forward pass also serves the architectures built on the same block (Qwen 2's Q/K/V biases,
-Qwen 3's per-head Q/K norms run when their tensors are present)."""
+Qwen 3's per-head Q/K norms and OLMoE's full-width ones run when their tensors are present; the
+mixture-of-experts variants, with a shared expert where there is one; Granite's scales)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 import numpy as np
 
-from gguflm.graph import Graph
-from gguflm.hparams import HParams, RopeType
+from gguflm.graph import GATING_SOFTMAX, Graph
+from gguflm.hparams import HParamReader, HParams, RopeType, read_expert_hparams
 from gguflm.models.base import Architecture, TensorSpec
+
+if TYPE_CHECKING:
+    from gguflm.model import Layer
 
 
 class Llama(Architecture):
     name = "llama"
     rope_type = RopeType.NORM
+    # mixture of experts: routing as build_moe_ffn's arguments in llama.cpp's graph of the arch
+    expert_gating: ClassVar[int] = GATING_SOFTMAX
+    norm_expert_weights: ClassVar[bool] = True
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        return cls.read_experts(kv, super().read_hparams(kv, n_vocab))
+
+    @classmethod
+    def read_experts(cls, kv: HParamReader, hp: HParams) -> HParams:
+        """Mixtral: llama with ``expert_count``; its experts are feed_forward_length wide."""
+        return read_expert_hparams(kv, hp, required=False, n_ff_exp_key=False)
+
+    @classmethod
+    def ffn_or_expert_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """The dense feed-forward, or the experts (and the shared expert, if any)."""
+        if not hp.n_expert:
+            return cls.ffn_specs(hp, il)
+        specs = cls.expert_specs(hp, il)
+        if hp.n_ff_shexp:
+            specs += cls.shared_expert_specs(hp, il, hp.n_ff_shexp)
+        return specs
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -25,12 +54,12 @@ class Llama(Architecture):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
             specs += cls.attention_specs(hp, il, bias=None)
             specs.append(TensorSpec(f"blk.{il}.ffn_norm.weight", (hp.n_embd,)))
-            specs += cls.ffn_specs(hp, il)
+            specs += cls.ffn_or_expert_specs(hp, il)
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
         hp, m = g.hparams, g.model
-        x = g.embed(m.tensors["token_embd.weight"])                          # [n_tokens, n_embd]
+        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
         for il, L in g.layers():
             # self-attention
             cur = g.rms_norm(x, L.attn_norm)
@@ -43,11 +72,33 @@ class Llama(Architecture):
             cur = g.linear(cur, L.attn_output, L.attn_output_bias)            # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
-            g.add(x, cur)
-            # feed-forward
+            g.add(x, self.residual(g, cur))
+            # feed-forward: dense, or experts
             cur = g.rms_norm(x, L.ffn_norm)
-            gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                   # [n, n_ff]
-            (cur,) = g.project(g.swiglu(gate, up), L.ffn_down)                # [n, n_embd]
-            g.add(x, cur)
+            if L.ffn_gate_inp is not None:
+                cur = self.experts(g, cur, L)                                 # [n, n_embd]
+            else:
+                gate, up = g.project(cur, L.ffn_gate, L.ffn_up)               # [n, n_ff]
+                (cur,) = g.project(g.swiglu(gate, up), L.ffn_down)            # [n, n_embd]
+            g.add(x, self.residual(g, cur))
         x = g.rms_norm(x, m.tensors["output_norm.weight"])
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    @staticmethod
+    def residual(g: Graph, cur: np.ndarray) -> np.ndarray:
+        """A branch's output before it joins the residual stream (Granite scales it)."""
+        if g.hparams.f_residual_scale:
+            g.scale(cur, g.hparams.f_residual_scale)
+        return cur
+
+    def experts(self, g: Graph, cur: np.ndarray, L: Layer) -> np.ndarray:
+        """The routed experts, plus the shared expert where the layer has one (its output
+        scaled by a sigmoid gate where it has ``ffn_gate_inp_shexp``)."""
+        out = g.moe_ffn(cur, L, norm_w=self.norm_expert_weights, gating=self.expert_gating)
+        if L.ffn_up_shexp is not None:
+            gate, up = g.project(cur, L.ffn_gate_shexp, L.ffn_up_shexp)      # [n, n_ff_shexp]
+            (shared,) = g.project(g.swiglu(gate, up), L.ffn_down_shexp)      # [n, n_embd]
+            if L.ffn_gate_inp_shexp is not None:
+                g.shared_expert_gate(cur, shared, L.ffn_gate_inp_shexp)
+            g.add(out, shared)
+        return out

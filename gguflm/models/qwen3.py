@@ -23,5 +23,5 @@ class Qwen3(Llama):
                 TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd_head_k,)),
                 TensorSpec(f"{blk}.ffn_norm.weight", (hp.n_embd,)),
             ]
-            specs += cls.ffn_specs(hp, il)
+            specs += cls.ffn_or_expert_specs(hp, il)
         return specs

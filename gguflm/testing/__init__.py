@@ -22,6 +22,7 @@ _HALF_FIELDS = {
     # grid i-quants: any bytes after d index their grids (IQ1_M: see _iq1_m_scale)
     GGMLType.IQ2_XXS: [(0, "d")], GGMLType.IQ2_XS: [(0, "d")], GGMLType.IQ2_S: [(0, "d")],
     GGMLType.IQ3_XXS: [(0, "d")], GGMLType.IQ3_S: [(0, "d")], GGMLType.IQ1_S: [(0, "d")], GGMLType.IQ1_M: [],
+    GGMLType.IQ4_NL: [(0, "d")], GGMLType.IQ4_XS: [(0, "d")], GGMLType.TQ1_0: [(52, "d")], GGMLType.TQ2_0: [(64, "d")],
 }
 
 
@@ -83,6 +84,18 @@ def random_blocks(fmt: Format, n_blocks: int, rng: np.random.Generator, exact: b
         blocks[:, 4:260] = qs.view(np.uint8)
         blocks[:, 260:292] = qs.reshape(nb, 16, 16).sum(-1, dtype=np.int16).view(np.uint8).reshape(nb, 32)
         return blocks.reshape(-1)
+    if t == GGMLType.MXFP4:
+        # E8M0 exponents: scales 2^(e-128) of 2^-28..2^4, or (exact) 1
+        blocks[:, 0] = 128 if exact else rng.integers(100, 133, nb)
+        return blocks.reshape(-1)
+    if t == GGMLType.TQ2_0:
+        # 2-bit values 0..2 (value + 1; ggml's quantizer never writes 3)
+        blocks[:, :64] = (rng.integers(0, 3, (nb, 64, 4)) << np.arange(0, 8, 2)).sum(-1).astype(np.uint8)
+    if t == GGMLType.TQ1_0:
+        # base-3 fractions: 5 (qh: 4 and a zero) trits q as ceil(q * 256 / 243), as ggml writes them
+        trits = rng.integers(0, 243, (nb, 52))
+        trits[:, 48:] = trits[:, 48:] // 3 * 3
+        blocks[:, :52] = ((trits * 256 + 242) // 243).astype(np.uint8)
     for offset, role in _HALF_FIELDS[t]:
         blocks[:, offset:offset + 2] = _halves(rng, nb, role, exact).view(np.uint8).reshape(nb, 2)
     if t == GGMLType.IQ1_M:

@@ -4,8 +4,8 @@
 kind (zeros, constants, one spike among small values, subnormals, huge or tiny magnitudes, mixed
 signs, one-signed runs); ``quantized_blocks`` draws valid blocks of any format (finite scales,
 consistent Q8_1 ``s`` and Q8_K ``bsums``), optionally with scales of +-1 so that every float
-operation of a dot is exact; ``imatrices`` draws importance weights (ggml's ``quant_weights``) for
-``Format.quantize``; ``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
+operation of a dot is exact; ``imatrices`` draws importance weights (ggml's quant_weights);
+``matmul_shapes`` draws (n_rows, n_in, n_tok) for a format.
 """
 
 from __future__ import annotations
@@ -76,13 +76,20 @@ def quantized_blocks(draw, fmt: Format, n_blocks: int | st.SearchStrategy[int], 
 
 
 @st.composite
-def imatrices(draw, n_cols: int | st.SearchStrategy[int]) -> np.ndarray:
-    """float32 [n_cols] importance weights as ggml's ``quant_weights`` (one per column): non-negative,
-    of one drawn magnitude with a spread of 1e3, some columns zero (ggml's quantizers must cope)."""
-    n = draw(n_cols) if isinstance(n_cols, st.SearchStrategy) else n_cols
+def imatrices(draw, n_columns: int) -> np.ndarray:
+    """float32 [n_columns] importance weights as ggml's imatrix holds them (mean squared
+    activations, >= 0): of one kind each, lognormal spreads, uniform, constant, or sparse with
+    most columns zero."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    w = rng.random(n) ** 3 * 10.0 ** draw(st.floats(-4, 4))
-    w[rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.5]))] = 0.0
+    kind = draw(st.sampled_from(["lognormal", "uniform", "constant", "sparse"]))
+    if kind == "lognormal":
+        w = np.exp(rng.standard_normal(n_columns) * draw(st.floats(0.1, 4.0)))
+    elif kind == "uniform":
+        w = rng.uniform(0.0, 1.0, n_columns)
+    elif kind == "constant":
+        w = np.full(n_columns, 10.0 ** draw(st.floats(-4, 4)))
+    else:
+        w = np.where(rng.random(n_columns) < 0.1, rng.uniform(0.1, 10.0, n_columns), 0.0)
     return w.astype(np.float32)
 
 

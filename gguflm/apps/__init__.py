@@ -1,0 +1,1 @@
+"""Reference applications built on gguflm's public API (``chat_gui``: ``gguflm chat --gui``)."""

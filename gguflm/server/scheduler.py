@@ -1,0 +1,328 @@
+"""Parallel slots and continuous batching over one context, as llama.cpp's server runs them.
+
+The context holds ``n_slots`` sequences, by default each in its own region of the KV cache
+(``kv_unified=False``, as llama.cpp's server), so a slot's cells stay in position order whatever
+the other slots do. One scheduler thread loops: it hands queued tasks to free slots, then builds one batch from every
+busy slot (first the single tokens of the slots that are generating, then prompt chunks of the
+slots still reading their prompt, up to ``n_batch`` tokens), decodes it, and samples each slot's
+next token from its row of the outputs. A request that arrives while others generate starts at
+the next step; its prompt shares the batch with their tokens.
+
+With separate regions and an f32 or q8_0 KV cache a request's tokens do not depend on the other
+requests (attention then runs one token at a time over that token's cells, and the matmuls give
+each token the same floats at any batch width). With an f16 cache a batch attends as
+ggml's batched attention does, whose sums depend on the range of cells the batch's tokens span,
+so a greedy reply may differ from the one it gets alone once two candidates are within rounding
+of each other, as with llama.cpp's server.
+
+A slot keeps its cache after its request ends: a new task goes to the free slot whose cached
+tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
+only the rest of the prompt is decoded. A cancelled task (its client went away) is dropped before
+the next batch is built, so its slot is free within one decode step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguflm.batch import Batch
+from gguflm.errors import Error
+from gguflm.generate import Chunk, Generation, Session
+from gguflm.openai_compat import PreparedRequest
+
+log = logging.getLogger("gguflm.server")
+
+__all__ = ["Scheduler", "Task", "SchedulerStats"]
+
+_task_ids = itertools.count()
+
+
+class Task:
+    """One request queued on (or running in) a :class:`Scheduler`.
+
+    ``emit`` is called from the scheduler thread with each :class:`Chunk` (the last has
+    ``finish_reason`` and the completion) or, if the request fails, with the exception.
+    """
+
+    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None]
+                 ) -> None:
+        self.id = next(_task_ids)
+        self.prepared = prepared
+        self.emit = emit
+        self.cancelled = False
+        self.t_queued = time.perf_counter()
+        self.slot: int | None = None
+        self.cancel_step: int | None = None     # decode steps done when it was cancelled
+        self.freed_step: int | None = None      # decode steps done when its slot was freed
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since the scheduler started (read by ``/metrics``)."""
+
+    requests: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens: int = 0          # prompt tokens decoded (cached ones not counted)
+    prompt_seconds: float = 0.0     # decode time of steps that carried prompt tokens
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0  # decode time of steps that carried only generated tokens
+    steps: int = 0
+    busy_seconds: float = 0.0
+    batch_tokens: list[int] = field(default_factory=list)
+
+
+class _Slot:
+    def __init__(self, index: int, session: Session) -> None:
+        self.index = index
+        self.session = session          # the sequence's cached tokens
+        self.task: Task | None = None
+        self.gen: Generation | None = None
+        self.n_cached = 0               # prompt tokens reused from the cache
+        self.next_token: int | None = None
+        self.i_batch = -1               # the batch row of this slot's logits in this step
+        self.t_last = 0.0
+
+    @property
+    def reading_prompt(self) -> bool:
+        return self.task is not None and len(self.session.tokens) < len(self.task.prepared.tokens)
+
+
+class Scheduler:
+    """Runs :class:`Task` objects on the slots of ``llm``'s context (see the module docstring).
+
+    Parameters
+    ----------
+    llm
+        A :class:`gguflm.LLM` made with ``n_seq_max=n_slots``. The scheduler owns its context.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.ctx = llm.context
+        self.vocab = llm.model.vocab
+        self.n_slots = self.ctx.n_seq_max
+        self.n_ctx_slot = self.ctx.n_ctx // self.n_slots
+        self.n_batch = self.ctx.n_batch
+        self._cancel_all = threading.Event()
+        self._slots = [_Slot(i, Session(self.ctx, self._cancel_all, seq_id=i))
+                       for i in range(self.n_slots)]
+        self._queue: deque[Task] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._batch = Batch(self.n_batch)
+        self.stats = SchedulerStats()
+        self.t_start = time.time()
+        self._thread = threading.Thread(target=self._loop, name="gguflm-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- requests
+
+    def submit(self, task: Task) -> None:
+        """Queue ``task``; it starts as soon as a slot is free."""
+        with self._cond:
+            if self._stopping:
+                raise Error("the server is shutting down")
+            self._queue.append(task)
+            self.stats.requests += 1
+            self._cond.notify()
+
+    def cancel(self, task: Task) -> None:
+        """Stop ``task`` (from any thread): its slot is freed before the next batch is built."""
+        with self._cond:
+            if not task.cancelled:
+                task.cancelled = True
+                task.cancel_step = self.stats.steps
+            self._cond.notify()
+
+    @property
+    def slots_busy(self) -> int:
+        return sum(s.task is not None for s in self._slots)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def kv_cells_used(self) -> int:
+        return sum(c.n_used for c in self.ctx.memory.caches)
+
+    def kv_cells_total(self) -> int:
+        return sum(c.size for c in self.ctx.memory.caches)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop: cancel running and queued tasks and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cancel_all.set()
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- the loop
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._queue and self.slots_busy == 0:
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self._assign()
+                self._drop_cancelled()
+                self._step()
+        except BaseException as exc:   # never die silently: fail what is running
+            log.exception("scheduler failed")
+            self._fail_all(exc)
+            raise
+        self._fail_all(None)
+
+    def _assign(self) -> None:
+        """Queued tasks to free slots: the one caching the longest prefix of the prompt, else
+        the one idle longest."""
+        while self._queue:
+            task = self._queue[0]
+            if task.cancelled:
+                self._queue.popleft()
+                self._finish_unstarted(task)
+                continue
+            free = [s for s in self._slots if s.task is None]
+            if not free:
+                return
+            self._queue.popleft()
+            prompt = task.prepared.tokens
+            slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
+            slot.task, task.slot = task, slot.index
+            slot.n_cached = slot.session.keep_prefix(prompt)
+            slot.gen = Generation(self.vocab, prompt, task.prepared.chain, task.prepared.request)
+            slot.next_token = None
+
+    def _drop_cancelled(self) -> None:
+        for slot in self._slots:
+            if slot.task is not None and slot.task.cancelled:
+                slot.gen.cancel()
+                self._end(slot)
+
+    def _step(self) -> bool:
+        """Build one batch from every busy slot, decode it, sample; False if there was nothing."""
+        batch = self._batch
+        batch.clear()
+        busy = [s for s in self._slots if s.task is not None]
+        for slot in busy:
+            slot.i_batch = -1
+            if slot.next_token is not None:
+                slot.i_batch = batch.n_tokens
+                batch.add(slot.next_token, len(slot.session.tokens), [slot.index], True)
+        n_generated = batch.n_tokens
+        chunks: dict[int, list[int]] = {}
+        for slot in busy:
+            if not slot.reading_prompt:
+                continue
+            room = self.n_batch - batch.n_tokens
+            if room <= 0:
+                break
+            prompt = slot.task.prepared.tokens
+            start = len(slot.session.tokens)
+            chunk = prompt[start:start + room]
+            for j, token in enumerate(chunk):
+                last = start + j == len(prompt) - 1
+                if last:
+                    slot.i_batch = batch.n_tokens
+                batch.add(token, start + j, [slot.index], last)
+            chunks[slot.index] = chunk
+        if batch.n_tokens == 0:
+            return False
+
+        t0 = time.perf_counter()
+        status = self.ctx.decode(batch)
+        elapsed = time.perf_counter() - t0
+        stats = self.stats
+        stats.steps += 1
+        stats.busy_seconds += elapsed
+        stats.batch_tokens.append(batch.n_tokens)
+        del stats.batch_tokens[:-64]
+        if chunks:
+            stats.prompt_tokens += sum(len(c) for c in chunks.values())
+            stats.prompt_seconds += elapsed
+        else:
+            stats.generation_seconds += elapsed
+        stats.generated_tokens += n_generated
+        if status != 0:
+            error = Error(f"decode failed (status {status}) for a batch of {batch.n_tokens} tokens")
+            for slot in busy:
+                if slot.i_batch >= 0 or slot.index in chunks:
+                    self._fail(slot, error)
+            return True
+
+        for slot in busy:
+            if slot.next_token is not None:
+                slot.session.tokens.append(slot.next_token)
+                slot.next_token = None
+            if slot.index in chunks:
+                slot.session.tokens.extend(chunks[slot.index])
+                if not slot.reading_prompt:
+                    slot.gen.prompt_done(slot.n_cached)
+            if slot.i_batch < 0:
+                continue
+            try:
+                chunk, token = slot.gen.next(self.ctx, slot.i_batch, slot.session.tokens)
+            except Exception as exc:      # a sampler or grammar failure ends this request only
+                self._fail(slot, exc)
+                continue
+            if chunk is not None:
+                slot.task.emit(chunk)
+            if token is None:
+                self._end(slot)
+            elif len(slot.session.tokens) + 1 > self.n_ctx_slot:
+                slot.gen.finish = "length"    # the slot's share of the context is full
+                self._end(slot)
+            else:
+                slot.next_token = token
+        return True
+
+    # -- endings
+
+    def _end(self, slot: _Slot) -> None:
+        task, gen = slot.task, slot.gen
+        self._release(slot)
+        if gen.finish == "cancelled":
+            self.stats.requests_cancelled += 1
+        task.freed_step = self.stats.steps
+        task.emit(gen.end())
+
+    def _fail(self, slot: _Slot, exc: BaseException) -> None:
+        task = slot.task
+        slot.session.reset()     # what the cache holds for it is unknown
+        self._release(slot)
+        task.emit(exc)
+
+    def _release(self, slot: _Slot) -> None:
+        slot.task = slot.gen = None
+        slot.next_token = None
+        slot.i_batch = -1
+        slot.t_last = time.perf_counter()
+
+    def _finish_unstarted(self, task: Task) -> None:
+        gen = Generation(self.vocab, task.prepared.tokens, task.prepared.chain,
+                         task.prepared.request)
+        gen.cancel()
+        self.stats.requests_cancelled += 1
+        task.emit(gen.end())
+
+    def _fail_all(self, exc: BaseException | None) -> None:
+        for slot in self._slots:
+            if slot.task is not None:
+                if exc is None:
+                    slot.gen.cancel()
+                    self._end(slot)
+                else:
+                    self._fail(slot, exc)
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+        for task in queued:
+            self._finish_unstarted(task)

@@ -1,0 +1,250 @@
+/* SIMD kernels of issue 15's value-table and ternary formats (IQ4_NL, MXFP4, IQ4_XS, TQ1_0,
+ * TQ2_0), included by quants_simd_body.h and so compiled once for AVX2 and once for AVX-512 with
+ * VNNI (dot_u8_s8: vpmaddubsw + vpmaddwd, or vpdpbusd; the same exact int32 lanes). Each output
+ * follows its scalar recipe in quants_lut_dot.h step for step: the integer lanes are the same
+ * (exact), the float steps the same instructions in the same order.
+ * No include guard: included once per ISA.
+ */
+
+/* 16 bytes of 4-bit indices -> their 32 table values (low nibbles: elements 0-15, high: 16-31) */
+static inline __m256i GGUFLM_SIMD(lut_32)(__m256i table, const uint8_t *qs) {
+    return _mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs));
+}
+
+/* signed v . signed y in 8 int32 lanes of 4 adjacent products (|v| <= 127: no int16 saturation) */
+static inline __m256i GGUFLM_SIMD(dot_s8_s8)(__m256i v, __m256i y) {
+    return GGUFLM_SIMD(dot_u8_s8)(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v));
+}
+
+static inline __m256i GGUFLM_SIMD(lut_table)(const int8_t *t) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+}
+
+/* ---- 32-element blocks (IQ4_NL, MXFP4) against Q8_0 ---- */
+static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path, int type, int64_t n, const uint8_t *x,
+                                                                       const block_q8_0 *y) {
+    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
+    const size_t bx = gguflm_lut32_bytes(type);
+    const int64_t nb = n / 32;
+#define GGUFLM_LUT32_LANES(ib)                                                                                   \
+    GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, gguflm_lut32_qs(type, x + (ib) * bx)),                     \
+                           _mm256_loadu_si256((const __m256i *)y[ib].qs))
+    if (path == GGUFLM_PATH_DOT || path == GGUFLM_PATH_DOT_STREAM) {
+        __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+        int64_t ib = 0;
+        for (; ib + 1 < nb; ib += 2) {
+            GGUFLM_SIMD(prefetch)(x + (ib + 8) * bx, 2 * bx);
+            const float d1 = GGUFLM_FP16_TO_FP32_SIMD(y[ib].d) * gguflm_lut32_scale(type, x + ib * bx);
+            const float d2 = GGUFLM_FP16_TO_FP32_SIMD(y[ib + 1].d) * gguflm_lut32_scale(type, x + (ib + 1) * bx);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(GGUFLM_LUT32_LANES(ib)), acc1);
+            acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(GGUFLM_LUT32_LANES(ib + 1)), acc2);
+        }
+        float sumf = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc1, acc2));
+        if (ib < nb) {
+            const float d = GGUFLM_FP16_TO_FP32_SIMD(y[ib].d) * gguflm_lut32_scale(type, x + ib * bx);
+            const float prod = d * (float)GGUFLM_SIMD(hsum_i32)(GGUFLM_LUT32_LANES(ib));
+            sumf = sumf + prod;
+        }
+        return sumf;
+    }
+    if (path == GGUFLM_PATH_Q4_0_REPACK) {
+        float acc = 0.0f;
+        for (int64_t ib = 0; ib < nb; ++ib) {
+            GGUFLM_SIMD(prefetch)(x + (ib + 8) * bx, bx);
+            const float d = gguflm_lut32_scale(type, x + ib * bx) * GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
+            acc = fmaf((float)GGUFLM_SIMD(hsum_i32)(GGUFLM_LUT32_LANES(ib)), d, acc);
+        }
+        return acc;
+    }
+    __m256 acc = _mm256_setzero_ps();   /* SGEMM: tinyBLAS_Q0's one chain */
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        const float d = gguflm_lut32_scale(type, x + ib * bx) * GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(GGUFLM_LUT32_LANES(ib)), acc);
+    }
+    return GGUFLM_SIMD(hsum_f32)(acc);
+#undef GGUFLM_LUT32_LANES
+}
+
+/* Repacked IQ4_NL / MXFP4 (the Q4_0_REPACK recipe) for 8 rows at once, lane r of every vector
+ * being weight row r as in ggml's 8x8 GEMV: the rows' block sums by a transposing reduction, then
+ * one fma per block for the 8 rows (each lane the scalar recipe's steps). */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut32_rows8)(int type, int64_t n, const uint8_t *w,
+                                                                          int64_t ws, const block_q8_0 *y, float *out) {
+    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
+    const size_t bx = gguflm_lut32_bytes(type);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / 32; ++ib) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        __m256i p[8];
+        float dx[8];
+        ggml_half dh[8];
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t *xb = w + r * ws + ib * bx;
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 64, bx);
+            p[r] = GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, gguflm_lut32_qs(type, xb)), qy);
+            if (type == GGUFLM_MXFP4) dx[r] = gguflm_e8m0_to_fp32_half(((const block_mxfp4 *)xb)->e);
+            else dh[r] = ((const block_iq4_nl *)xb)->d;
+        }
+        /* IQ4_NL's 8 half-precision scales in one conversion (the same bits as one by one) */
+        const __m256 dxv = type == GGUFLM_MXFP4 ? _mm256_loadu_ps(dx) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(y[ib].d)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(p)), d, acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
+/* ---- 256-element super-blocks against Q8_K ---- */
+
+/* q * 3 and q * 9 per byte, mod 256 (no 8-bit multiply: shifts within 16-bit lanes, masked) */
+static inline __m256i GGUFLM_SIMD(mul3_u8)(__m256i q) { return _mm256_add_epi8(q, _mm256_add_epi8(q, q)); }
+static inline __m256i GGUFLM_SIMD(mul9_u8)(__m256i q) {
+    return _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(q, 3), _mm256_set1_epi8((char)0xF8)), q);
+}
+
+/* the top trit of each byte, 3 q / 256: avg(q', avg(q', 0)) with q' = q - 1 (saturating) is
+ * (3 q' + 3) / 4 rounded down, whose bits 6-7 are those of 3 q / 256 for every byte q */
+static inline __m256i GGUFLM_SIMD(top_trit)(__m256i q) {
+    const __m256i zero = _mm256_setzero_si256();
+    q = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+    q = _mm256_avg_epu8(q, _mm256_avg_epu8(q, zero));
+    return _mm256_and_si256(_mm256_srli_epi16(q, 6), _mm256_set1_epi8(3));
+}
+
+/* the unsigned values (value + 1) of elements 32c .. 32c+31 of a ternary super-block */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq_values)(int type, const uint8_t *xb, __m256i u[8]) {
+    if (type == GGUFLM_TQ2_0) {
+        const block_tq2_0 *b = (const block_tq2_0 *)xb;
+        const __m256i m3 = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+            u[4 * h + 0] = _mm256_and_si256(q, m3);
+            u[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+            u[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+            u[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
+        }
+        return;
+    }
+    const block_tq1_0 *b = (const block_tq1_0 *)xb;
+    /* elements 0-159: trit n of the 32 bytes qs[0..31] for elements 32n .. 32n+31 */
+    const __m256i q = _mm256_loadu_si256((const __m256i *)b->qs);
+    const __m256i q3 = GGUFLM_SIMD(mul3_u8)(q), q9 = GGUFLM_SIMD(mul9_u8)(q);
+    u[0] = GGUFLM_SIMD(top_trit)(q);
+    u[1] = GGUFLM_SIMD(top_trit)(q3);
+    u[2] = GGUFLM_SIMD(top_trit)(q9);
+    u[3] = GGUFLM_SIMD(top_trit)(GGUFLM_SIMD(mul9_u8)(q3));
+    u[4] = GGUFLM_SIMD(top_trit)(GGUFLM_SIMD(mul9_u8)(q9));
+    /* elements 160-239: trit n of qs[32..47] for 160 + 16n .. ; 240-255: trit p/4 of qh[p % 4] */
+    const __m256i r = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
+    const __m256i r3 = GGUFLM_SIMD(mul3_u8)(r), r9 = GGUFLM_SIMD(mul9_u8)(r);
+    uint8_t h[16];
+    static const uint8_t pow3[4] = {1, 3, 9, 27};
+    for (int p = 0; p < 16; ++p) h[p] = (uint8_t)(b->qh[p % 4] * pow3[p / 4]);
+    const __m256i r81 = GGUFLM_SIMD(mul9_u8)(r9);
+    u[5] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r, r3, 0xF0));
+    u[6] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r9, GGUFLM_SIMD(mul3_u8)(r9), 0xF0));
+    u[7] = GGUFLM_SIMD(top_trit)(_mm256_inserti128_si256(r81, _mm_loadu_si128((const __m128i *)h), 1));
+}
+
+/* one row against T <= 4 tokens (out[t * os]): each super-block's values are decoded once for the
+ * tokens, then per token the 8 int32 lanes of gguflm_lut256_lanes and the recipe's float step */
+#define GGUFLM_LUT256_TOKENS 4
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut256_tile)(int path, int type, int64_t n,
+                                                                          const uint8_t *x, const uint8_t *y,
+                                                                          int64_t ys, int T, float *out, int64_t os) {
+    const size_t bx = gguflm_lut256_bytes(type);
+    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_kvalues_iq4nl);
+    __m256 acc[GGUFLM_LUT256_TOKENS];
+    float tiled[GGUFLM_LUT256_TOKENS];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps(), tiled[t] = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = x + i * bx;
+        GGUFLM_SIMD(prefetch)(xb + 2 * bx, bx);
+        __m256i u[8];
+        int32_t ls[8];
+        if (type == GGUFLM_IQ4_XS) {
+            const block_iq4_xs *b = (const block_iq4_xs *)xb;
+            for (int c = 0; c < 8; ++c) {
+                u[c] = GGUFLM_SIMD(lut_32)(table, b->qs + 16 * c);
+                ls[c] = gguflm_iq4_xs_scale(b, c);
+            }
+        } else {
+            GGUFLM_SIMD(tq_values)(type, xb, u);
+        }
+        const float dx = GGUFLM_FP16_TO_FP32_SIMD(type == GGUFLM_IQ4_XS ? ((const block_iq4_xs *)xb)->d : gguflm_tq_d(type, xb));
+        for (int t = 0; t < T; ++t) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
+            __m256i lanes = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * c));
+                lanes = _mm256_add_epi32(lanes, type == GGUFLM_IQ4_XS
+                                                    ? _mm256_mullo_epi32(GGUFLM_SIMD(dot_s8_s8)(u[c], qy), _mm256_set1_epi32(ls[c]))
+                                                    : GGUFLM_SIMD(dot_u8_s8)(u[c], qy));
+            }
+            if (type != GGUFLM_IQ4_XS)   /* the ternary offset, through the activation's bsums */
+                lanes = _mm256_sub_epi32(lanes, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums),
+                                                                  _mm256_set1_epi16(1)));
+            if (path == GGUFLM_PATH_TILED)
+                tiled[t] = gguflm_tiled_step(0, dx, 0.0f, GGUFLM_SIMD(hsum_i32)(lanes), 0, yb->d, tiled[t]);
+            else if (type == GGUFLM_IQ4_XS)
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * yb->d), _mm256_cvtepi32_ps(lanes), acc[t]);
+            else
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(yb->d * dx), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) out[t * os] = path == GGUFLM_PATH_TILED ? tiled[t] : GGUFLM_SIMD(hsum_f32)(acc[t]);
+}
+
+/* rows x tokens, one output at a time (each weight row stays in L1 across the tokens) */
+#define GGUFLM_SIMD_LUT(path, tag, TYPE, ONE, YT)                                                                \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
+        (void)arith;                                                                                             \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; ++t)                                                                     \
+                o[t * os + r] = GGUFLM_SIMD(ONE)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, (const YT *)(y + t * ys)); \
+    }
+GGUFLM_SIMD_LUT(DOT, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
+GGUFLM_SIMD_LUT(SGEMM, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
+GGUFLM_SIMD_LUT(DOT, mxfp4, GGUFLM_MXFP4, lut32_1, block_q8_0)
+#undef GGUFLM_SIMD_LUT
+/* 256-element super-blocks: a row against the tokens in fours; a single token gets the tile
+ * compiled for T = 1 (decode streams the weights: no per-token arrays there) */
+#define GGUFLM_SIMD_LUT256(path, tag, TYPE)                                                                      \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
+        (void)arith;                                                                                             \
+        if (nt == 1) {                                                                                           \
+            for (int64_t r = 0; r < nr; ++r)                                                                     \
+                GGUFLM_SIMD(lut256_tile)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, y, ys, 1, o + r, os);          \
+            return;                                                                                              \
+        }                                                                                                        \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += GGUFLM_LUT256_TOKENS) {                                             \
+                const int T = (int)(nt - t < GGUFLM_LUT256_TOKENS ? nt - t : GGUFLM_LUT256_TOKENS);              \
+                GGUFLM_SIMD(lut256_tile)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, y + t * ys, ys, T, o + t * os + r, os); \
+            }                                                                                                    \
+    }
+GGUFLM_SIMD_LUT256(DOT, iq4_xs, GGUFLM_IQ4_XS)
+GGUFLM_SIMD_LUT256(TILED, iq4_xs, GGUFLM_IQ4_XS)
+GGUFLM_SIMD_LUT256(DOT, tq1_0, GGUFLM_TQ1_0)
+GGUFLM_SIMD_LUT256(DOT, tq2_0, GGUFLM_TQ2_0)
+#undef GGUFLM_SIMD_LUT256
+#undef GGUFLM_LUT256_TOKENS
+/* repacked: groups of 8 rows (each group's weights stay in L1 across the tokens), the rest one by one */
+#define GGUFLM_SIMD_LUT_REPACK(tag, TYPE)                                                                        \
+    static void GGUFLM_SIMD(Q4_0_REPACK_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,              \
+                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,   \
+                                               int arith) {                                                      \
+        (void)arith;                                                                                             \
+        int64_t r = 0;                                                                                           \
+        for (; r + 8 <= nr; r += 8)                                                                              \
+            for (int64_t t = 0; t < nt; ++t)                                                                     \
+                GGUFLM_SIMD(lut32_rows8)(TYPE, n, w + r * ws, ws, (const block_q8_0 *)(y + t * ys), o + t * os + r); \
+        for (; r < nr; ++r)                                                                                      \
+            for (int64_t t = 0; t < nt; ++t)                                                                     \
+                o[t * os + r] = GGUFLM_SIMD(lut32_1)(GGUFLM_PATH_Q4_0_REPACK, TYPE, n, w + r * ws,               \
+                                                     (const block_q8_0 *)(y + t * ys));                          \
+    }
+GGUFLM_SIMD_LUT_REPACK(iq4_nl, GGUFLM_IQ4_NL)
+GGUFLM_SIMD_LUT_REPACK(mxfp4, GGUFLM_MXFP4)
+#undef GGUFLM_SIMD_LUT_REPACK

@@ -1,0 +1,69 @@
+"""Models whose matrices are IQ4_NL, IQ4_XS, MXFP4, TQ1_0 or TQ2_0 (issue 15) load and compute
+llama.cpp's logits: tiny random models of each type (alone, and mixed with the legacy and K-quant
+types), compared with the llama.cpp of llama-cpp-python at every prompt position, decoded as one
+batch (repacked GEMM, tiled GEMM, llamafile's sgemm) and a token at a time (GEMV, vec_dot).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _ggml
+from _ggml import require_ggml
+from gguflm import Batch, Context, Model
+from gguflm.ggml_types import GGMLType
+from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+
+TYPES = [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0]
+
+
+def _logits(path, tokens, n_ubatch: int) -> np.ndarray:
+    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                                            n_threads_batch=2) as ctx:
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens):
+            batch.add(int(tok), pos, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
+
+
+def _llama_cpp_logits(path, tokens, n_ubatch: int) -> np.ndarray:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                          n_threads_batch=2, verbose=False)
+    llm.eval(list(int(t) for t in tokens))
+    return np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+
+
+def _check_equal(spec: TinyModel, path, seed: int) -> None:
+    write_tiny_model(spec, path, np.random.default_rng(seed))
+    tokens = np.random.default_rng(seed + 1).integers(3, 300, 20)
+    for n_ubatch in (1, 256):
+        theirs = _llama_cpp_logits(path, tokens, n_ubatch)
+        with _ggml.same_arithmetic():
+            ours = _logits(path, tokens, n_ubatch)
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_models_of_one_type_equal_llama_cpp(tmp_path, arch, t):
+    """Every matrix of type t (a tied output included: the embedding as the output matrix is not
+    repacked): llama.cpp's logits at every position, bit for bit."""
+    require_ggml()
+    spec = TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=512, types=dict.fromkeys(MATRIX_KINDS, t))
+    _check_equal(spec, tmp_path / f"{arch}-{t.name}.gguf", int(t))
+
+
+def test_mixed_model_equals_llama_cpp(tmp_path):
+    """The types beside K-quant and float matrices, a separate output matrix, and an FFN of 260
+    rows: IQ4_NL and MXFP4 there are not repacked (rows % 8 != 0), and IQ4_NL's batches go to
+    llamafile's sgemm."""
+    require_ggml()
+    spec = TinyModel("llama", n_embd=256, head_dim=40, n_head=4, n_head_kv=1, n_ff=260, tied_output=False,
+                     types={"token_embd": GGMLType.TQ2_0, "output": GGMLType.IQ4_XS, "attn_q": GGMLType.Q4_K,
+                            "attn_k": GGMLType.IQ4_XS, "attn_v": GGMLType.TQ1_0, "attn_output": GGMLType.IQ4_NL,
+                            "ffn_gate": GGMLType.MXFP4, "ffn_up": GGMLType.IQ4_NL, "ffn_down": GGMLType.F16})
+    _check_equal(spec, tmp_path / "mixed.gguf", 5)

@@ -1,0 +1,187 @@
+"""Mixture-of-experts architectures, and the dense families added with them (Granite, Gemma 1,
+OLMo 2, SmolLM 3, StarCoder 2, Phi 2, Command R, StableLM), against llama.cpp itself.
+
+Tiny random models of each architecture (gpt-oss with its attention sinks, a sliding window of 6
+over a 20-token prompt, biased router and experts and its clamped SwiGLU), with routers that tie
+(pairs of experts with the same router row; a layer whose scores are all 0, where only the order
+std::sort leaves equal scores in decides which experts run, past 16 experts by introsort's
+moves), enough experts that a
+20-token prompt leaves some unchosen and gives others one token (a single-token ubatch always
+does), and expert matrices of the types whose products ggml's mul_mat_id computes by different
+recipes: repacked Q4_0 and Q4_K (GEMV for every token), K-quants (tiled GEMM from 8 tokens,
+vec_dot below), Q8_0 and F16 (vec_dot; never tinyBLAS). Their logits must equal the local
+llama.cpp's bit for bit at every position, at 1 and 2 threads, a token per ubatch and the whole
+prompt in one. Loading checks the experts' keys and tensors with the loader's errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _ggml
+from _llama import require_peer
+from gguflm import Batch, Context, Model
+from gguflm.ggml_types import GGMLType
+from gguflm.hparams import HParamError, MissingKeyError
+from gguflm.loader import MissingTensorError, TensorShapeError
+from test_model_loading import rewrite
+from test_sampling_kernels import gcc_sorts  # noqa: F401 (fixture)
+from tiny_models import TinyModel, write_tiny_model
+
+N_PROMPT = 20
+
+# (arch, experts, used, router, expert types gate/up/down): every architecture, every router, and
+# each expert recipe somewhere
+CASES = [
+    ("llama", 8, 2, "pairs", (GGMLType.Q4_K, GGMLType.Q4_0, GGMLType.Q6_K)),
+    ("llama", 20, 2, "zero", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q5_K)),
+    ("qwen2moe", 8, 2, "zero", (GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.F16)),
+    ("qwen3moe", 40, 4, "pairs", (GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q4_0)),
+    ("olmoe", 4, 1, "random", (GGMLType.Q2_K, GGMLType.F16, GGMLType.Q5_0)),
+    ("granitemoe", 20, 3, "pairs", (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q4_K)),
+    ("granite", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("gpt-oss", 20, 4, "zero", (GGMLType.Q8_0, GGMLType.F16, GGMLType.Q4_K)),
+    ("gpt-oss", 8, 2, "pairs", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q8_0)),
+    ("gemma", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("olmo2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("smollm3", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("starcoder2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("phi2", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("command-r", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3),
+    ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3, {"parallel": True}),   # StableLM 2 12B's block
+]
+
+
+def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGMLType, ...],
+            extra: dict | None = None) -> TinyModel:
+    kinds = {"ffn_gate_exps": types[0], "ffn_up_exps": types[1], "ffn_down_exps": types[2],
+             "attn_q": GGMLType.Q8_0, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.F16,
+             "attn_output": GGMLType.Q5_0, "ffn_gate_inp": GGMLType.F32, "ffn_gate_shexp": GGMLType.Q4_0,
+             "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
+             "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
+    square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2", "phi2", "command-r", "stablelm")
+    return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
+                     n_ff=256, n_layer=4 if arch == "smollm3" else 2,
+                     tied_output=arch in ("gemma", "command-r") or not square, n_expert=n_expert, n_expert_used=n_used,
+                     n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
+                     router=router, n_swa=6, types=kinds, **(extra or {}))
+
+
+def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> np.ndarray:
+    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=n_threads,
+                                            n_threads_batch=n_threads) as ctx:
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens):
+            batch.add(tok, pos, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[3]}" + ("-parallel" if c[5:] else ""))
+def test_logits_equal_llama_cpp(tmp_path, case):
+    require_peer()
+    import llama_cpp
+    path = tmp_path / f"{case[0]}.gguf"
+    write_tiny_model(spec_of(*case), path, np.random.default_rng(len(case[0]) + case[1]))
+    tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, N_PROMPT - 1)]
+    for n_ubatch in (1, N_PROMPT):
+        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                              n_threads_batch=2, verbose=False)
+        try:
+            llm.eval(tokens)
+            theirs = np.asarray(llm.scores[:N_PROMPT], dtype=np.float32)
+        finally:
+            llm.close()
+        with _ggml.same_arithmetic():
+            for n_threads in (1, 2):
+                ours = decode_all(path, tokens, n_ubatch, n_threads)
+                same = (ours.view(np.uint32) == theirs.view(np.uint32)).all(axis=1)
+                assert same.all(), (f"ubatch {n_ubatch}, {n_threads} threads: positions "
+                                    f"{np.flatnonzero(~same).tolist()} differ, max |diff| "
+                                    f"{np.abs(ours - theirs).max():.3g}")
+
+
+def test_tied_scores_route_past_index_order(gcc_sorts, tmp_path):
+    """The "zero" router's layer 0 scores every expert 0: the 20-way tie is broken where GCC's
+    std::sort leaves equal elements (ggml_argsort), which for 20 experts is not index order, so
+    the llama.cpp comparison above (llama-20x2-zero) checks the tie order, not just the sort."""
+    order = np.zeros(20, np.int32)
+    gcc_sorts.oracle_sort(np.zeros(20, np.float32).ctypes.data, 20, order.ctypes.data)
+    assert sorted(order[:2]) != [0, 1]
+    path = tmp_path / "tied.gguf"
+    write_tiny_model(spec_of("llama", 20, 2, "zero", (GGMLType.F16,) * 3), path, np.random.default_rng(3))
+    with Model.load(path) as model:
+        assert not np.asarray(model.tensors["blk.0.ffn_gate_inp.weight"].data).any()
+
+
+def _fixture(tmp_path: Path, arch: str = "qwen3moe") -> Path:
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(spec_of(arch, 4, 2, "random", (GGMLType.F16,) * 3), path, np.random.default_rng(0))
+    return path
+
+
+def test_expert_keys_are_checked(tmp_path):
+    path = _fixture(tmp_path)
+    with Model.load(path) as model:
+        hp = model.hparams
+        assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == (4, 2, 256)
+        assert ("n_expert", "4") in hp.describe()
+    with pytest.raises(MissingKeyError, match="qwen3moe.expert_count"):
+        Model.load(rewrite(path, tmp_path / "a.gguf", drop_keys={"qwen3moe.expert_count"}))
+    with pytest.raises(HParamError, match=r"expert_used_count must be 1..4 \(expert_count\), found 5"):
+        Model.load(rewrite(path, tmp_path / "b.gguf", set_keys={"qwen3moe.expert_used_count": 5}))
+    with pytest.raises(HParamError, match="expert_used_count must be 1..4"):
+        Model.load(rewrite(path, tmp_path / "c.gguf", drop_keys={"qwen3moe.expert_used_count"}))
+    with pytest.raises(HParamError, match="expert_count must be 1..1024, found 0"):
+        Model.load(rewrite(path, tmp_path / "d.gguf", set_keys={"qwen3moe.expert_count": 0}))
+
+
+def test_expert_tensors_are_checked(tmp_path):
+    path = _fixture(tmp_path)
+    with pytest.raises(MissingTensorError, match="blk.1.ffn_down_exps.weight"):
+        Model.load(rewrite(path, tmp_path / "a.gguf", drop_tensors={"blk.1.ffn_down_exps.weight"}))
+    # three experts' matrices where the file says four
+    def three_experts(t):
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        return raw[:raw.size * 3 // 4], t.type, (256, 256, 3)
+    bad = rewrite(path, tmp_path / "b.gguf", tensor_edits={"blk.0.ffn_up_exps.weight": three_experts})
+    with pytest.raises(TensorShapeError, match=r"ffn_up_exps.weight.*expected \[256, 256, 4\], got \[256, 256, 3\]"):
+        Model.load(bad)
+    # the router's width is the expert count
+    with pytest.raises(TensorShapeError, match=r"blk.0.ffn_gate_inp.weight.*expected \[256, 3\], got \[256, 4\]"):
+        Model.load(rewrite(path, tmp_path / "c.gguf", set_keys={"qwen3moe.expert_count": 3}))
+
+
+def test_architecture_specific_checks(tmp_path):
+    # OLMoE's K norm spans n_embd: llama.cpp can only run it without GQA
+    path = _fixture(tmp_path, "olmoe")
+    with pytest.raises(HParamError, match="olmoe needs head_count_kv = head_count"):
+        Model.load(rewrite(path, tmp_path / "a.gguf", set_keys={"olmoe.attention.head_count_kv": 2}))
+    # Granite's logits are divided by a scale it must give
+    path = _fixture(tmp_path, "granitemoe")
+    with Model.load(path) as model:
+        assert model.hparams.f_logit_scale == 0.125 and model.hparams.n_ff_shexp == 256
+    with pytest.raises(MissingKeyError, match="granitemoe.logit_scale"):
+        Model.load(rewrite(path, tmp_path / "b.gguf", drop_keys={"granitemoe.logit_scale"}))
+    # gpt-oss: a sink per head, biases on the router and the experts
+    path = _fixture(tmp_path, "gpt-oss")
+    with Model.load(path) as model:
+        assert model.hparams.swa_layers == (True, False) and model.hparams.n_swa == 6
+    for name in ("blk.0.attn_sinks.weight", "blk.1.ffn_up_exps.bias", "blk.0.attn_output.bias"):
+        with pytest.raises(MissingTensorError, match=name):
+            Model.load(rewrite(path, tmp_path / "d.gguf", drop_tensors={name}))
+    with pytest.raises(MissingKeyError, match="gpt-oss.attention.sliding_window"):
+        Model.load(rewrite(path, tmp_path / "e.gguf", drop_keys={"gpt-oss.attention.sliding_window"}))
+    # SmolLM 3's every fourth layer has no RoPE
+    path = tmp_path / "smollm3.gguf"
+    write_tiny_model(spec_of("smollm3", 0, 0, "random", (GGMLType.F16,) * 3), path, np.random.default_rng(0))
+    with Model.load(path) as model:
+        assert [model.hparams.has_rope(il) for il in range(4)] == [True, True, True, False]
+    # Qwen 2 MoE wants its own output projection, as llama.cpp does
+    path = _fixture(tmp_path, "qwen2moe")
+    with pytest.raises(MissingTensorError, match="output.weight"):
+        Model.load(rewrite(path, tmp_path / "c.gguf", drop_tensors={"output.weight"}))
