@@ -135,8 +135,17 @@ def _scale_fields(t: GGMLType) -> list[int]:
         GGMLType.Q4_0: [0], GGMLType.Q4_1: [0, 2], GGMLType.Q5_0: [0], GGMLType.Q5_1: [0, 2],
         GGMLType.Q8_0: [0], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108], GGMLType.Q4_K: [0, 2],
         GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+        GGMLType.IQ2_XXS: [0], GGMLType.IQ2_XS: [0], GGMLType.IQ2_S: [0], GGMLType.IQ3_XXS: [0],
+        GGMLType.IQ3_S: [0], GGMLType.IQ1_S: [0],
         GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0], GGMLType.TQ1_0: [52], GGMLType.TQ2_0: [64],
     }.get(t, [])
+
+
+def _iq1_m_scales(blocks: np.ndarray) -> np.ndarray:
+    """IQ1_M's fp16 super-block scales, spread over the top nibbles of the four scale words."""
+    sc = blocks[:, 48:56].copy().view(np.uint16)
+    bits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
+    return bits.astype(np.uint16).view(np.float16)
 
 
 def check_tensor_data(w: Weight, source: str) -> None:
@@ -149,6 +158,8 @@ def check_tensor_data(w: Weight, source: str) -> None:
         blocks = w.data.reshape(-1, w.type.type_size)
         bad = any(not np.isfinite(blocks[:, off:off + 2].copy().view(np.float16)).all()
                   for off in _scale_fields(w.type))
+        if w.type is GGMLType.IQ1_M:
+            bad = not np.isfinite(_iq1_m_scales(blocks)).all()
     if bad:
         raise InvalidTensorDataError(f"{source}: tensor '{w.name}' has NaN or Inf values")
 

@@ -40,6 +40,20 @@ typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K 
 /* activation partner of every K-quant: float scale, bsums = sums of each 16 quants */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 
+/* ---- grid i-quants: 256-element super-blocks whose groups of 8 (IQ3: 4) quants are indices into
+ * a grid of 8-vectors (quants_iq_grids.h), with 7 sign bits per 8 and 3- or 4-bit scales ---- */
+typedef struct { ggml_half d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+typedef struct { ggml_half d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;
+typedef struct { ggml_half d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
+/* qs: 64 grid bytes, then 8 words of 4 7-bit sign groups and a 4-bit scale each */
+typedef struct { ggml_half d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;
+typedef struct {
+    ggml_half d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64];
+} block_iq3_s;
+typedef struct { ggml_half d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;
+/* the fp16 super-block scale is spread over the top nibbles of the four scale words */
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m;
+
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
 _Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
@@ -52,6 +66,13 @@ _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+_Static_assert(sizeof(block_iq2_xxs) == 66, "block_iq2_xxs size");
+_Static_assert(sizeof(block_iq2_xs) == 74, "block_iq2_xs size");
+_Static_assert(sizeof(block_iq2_s) == 82, "block_iq2_s size");
+_Static_assert(sizeof(block_iq3_xxs) == 98, "block_iq3_xxs size");
+_Static_assert(sizeof(block_iq3_s) == 110, "block_iq3_s size");
+_Static_assert(sizeof(block_iq1_s) == 50, "block_iq1_s size");
+_Static_assert(sizeof(block_iq1_m) == 56, "block_iq1_m size");
 
 /* ---- fp16 / bf16 <-> fp32, bit-exact in software ----
  * fp32 -> fp16 rounds to nearest even like F16C's vcvtps2ph (imm 0) and ggml's GGML_FP32_TO_FP16;

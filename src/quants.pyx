@@ -7,7 +7,7 @@ The public, friendlier API is :mod:`gguflm.quants`. The kernels run the ISA of t
 
 import numpy as np
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from quants_kernels cimport *
@@ -84,6 +84,11 @@ def quantize(int type, const float[:, ::1] x, uint8_t[:, ::1] out, bint activati
     if out.shape[0] != n or out.shape[1] != rb:
         raise ValueError(f"out must be [{n}, {rb}], got [{out.shape[0]}, {out.shape[1]}]")
     cdef gguflm_from_float_fn fn = gguflm_from_float(_switch.isa, type, activation)
+    if fn == NULL:
+        if gguflm_quantize_weighted(type) != NULL:
+            raise ValueError(f"{gguflm_traits[type].name.decode()} quantization needs an importance matrix (imatrix), "
+                             "as ggml's does")
+        raise ValueError(f"quantizing to {gguflm_traits[type].name.decode()} is not implemented")
     if n == 0 or k == 0:
         return
     with nogil:
@@ -242,3 +247,29 @@ def read_sum(const uint64_t[::1] buf, int n_threads=1) -> int:
     with nogil:
         total = gguflm_read_sum(&buf[0], buf.shape[0], n_threads)
     return total
+
+
+cdef extern from "quants_iq_grids.h" nogil:
+    const uint8_t gguflm_ksigns_iq2xs[128]
+    const uint64_t gguflm_ksigns64[128]
+    const uint64_t gguflm_iq2xxs_grid[256]
+    const uint64_t gguflm_iq2xs_grid[512]
+    const uint64_t gguflm_iq2s_grid[1024]
+    const uint32_t gguflm_iq3xxs_grid[256]
+    const uint32_t gguflm_iq3s_grid[512]
+    const uint64_t gguflm_iq1s_grid[2048]
+
+
+def iq_grid_tables() -> dict:
+    """The grid i-quants' tables as compiled in, by ggml's names: raw bytes of the C arrays
+    (little-endian entries), for tests that check them against other sources."""
+    return {
+        "ksigns_iq2xs": (<const char *>gguflm_ksigns_iq2xs)[:128],
+        "ksigns64": (<const char *>gguflm_ksigns64)[:128 * 8],
+        "iq2xxs_grid": (<const char *>gguflm_iq2xxs_grid)[:256 * 8],
+        "iq2xs_grid": (<const char *>gguflm_iq2xs_grid)[:512 * 8],
+        "iq2s_grid": (<const char *>gguflm_iq2s_grid)[:1024 * 8],
+        "iq3xxs_grid": (<const char *>gguflm_iq3xxs_grid)[:256 * 4],
+        "iq3s_grid": (<const char *>gguflm_iq3s_grid)[:512 * 4],
+        "iq1s_grid": (<const char *>gguflm_iq1s_grid)[:2048 * 8],
+    }

@@ -30,6 +30,7 @@
 
 #include "ops_math.h"
 #include "quants_ref.h"
+#include "quants_iq.h"
 
 typedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
                                int64_t y_stride, int64_t nt, float *out, int64_t out_stride, int arith);
@@ -107,7 +108,8 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
     if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
-    else if ((gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS) && n_tok >= 8) path = GGUFLM_PATH_TILED;
+    else if ((gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype)) && n_tok >= 8)
+        path = GGUFLM_PATH_TILED;
     else if (wtype == GGUFLM_IQ4_NL && n_tok >= 2) path = GGUFLM_PATH_SGEMM;  /* tinyBLAS_Q0_AVX */
     else if (gguflm_is_float(wtype) && n_tok >= 2 && n_rows % 4 == 0 &&
              n_in % gguflm_float_step(gguflm_float_chain_of(GGUFLM_PATH_SGEMM, wtype, arith)) == 0)
@@ -432,6 +434,7 @@ GGUFLM_SCALAR_KERNEL(DOT, tq2_0, GGUFLM_TQ2_0, sizeof(block_tq2_0))
                                     [GGUFLM_Q5_0] = gguflm_DOT_STREAM_q5_0##suffix,                              \
                                     [GGUFLM_Q5_1] = gguflm_DOT_STREAM_q5_1##suffix,                              \
                                     [GGUFLM_Q8_0] = gguflm_DOT_STREAM_q8_0##suffix},                             \
+        GGUFLM_IQ_KERNEL_ENTRIES(suffix)                                                                         \
         GGUFLM_LUT_KERNEL_ENTRIES(suffix)                                                                        \
     }
 

@@ -8,6 +8,7 @@
 #define GGUFLM_QUANTS_IMATRIX_H
 
 #include "quants_lut_ref.h"
+#include "quants_iq_quantize.h"
 
 /* ---- ggml's weighted searches (ggml-quants.c) ---- */
 
@@ -304,7 +305,7 @@ static inline gguflm_quantize_w_fn gguflm_quantize_weighted(int type) {
     case GGUFLM_Q6_K: return gguflm_quantize_w_q6_K;
     case GGUFLM_IQ4_NL: return gguflm_quantize_w_iq4_nl;
     case GGUFLM_IQ4_XS: return gguflm_quantize_w_iq4_xs;
-    default: return NULL;
+    default: return gguflm_iq_quantize_weighted(type);  /* the grid i-quants, NULL for the rest */
     }
 }
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include "omp_compat.h"
 #include "quants_simd.h"
+#include "quants_iq_quantize.h"
 #include "quants_imatrix.h"
 
 typedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k);
@@ -44,6 +45,14 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_Q5_K] = {"Q5_K", 256, 176, GGUFLM_Q8_K, gguflm_dequantize_row_q5_K, gguflm_quantize_row_q5_K, gguflm_quantize_row_q5_K},
     [GGUFLM_Q6_K] = {"Q6_K", 256, 210, GGUFLM_Q8_K, gguflm_dequantize_row_q6_K, gguflm_quantize_row_q6_K, gguflm_quantize_row_q6_K},
     [GGUFLM_Q8_K] = {"Q8_K", 256, 292, -1, gguflm_dequantize_row_q8_K, gguflm_quantize_row_q8_K, gguflm_quantize_row_q8_K},
+    /* grid i-quants (quants_iq.h, quants_iq_quantize.h); IQ2_XXS, IQ2_XS, IQ1_S: importance weights needed */
+    [GGUFLM_IQ2_XXS] = {"IQ2_XXS", 256, 66, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_xxs, NULL, NULL},
+    [GGUFLM_IQ2_XS] = {"IQ2_XS", 256, 74, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_xs, NULL, NULL},
+    [GGUFLM_IQ2_S] = {"IQ2_S", 256, 82, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_s, gguflm_quantize_row_iq2_s, gguflm_quantize_row_iq2_s},
+    [GGUFLM_IQ3_XXS] = {"IQ3_XXS", 256, 98, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_xxs, gguflm_quantize_row_iq3_xxs, gguflm_quantize_row_iq3_xxs},
+    [GGUFLM_IQ3_S] = {"IQ3_S", 256, 110, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_s, gguflm_quantize_row_iq3_s, gguflm_quantize_row_iq3_s},
+    [GGUFLM_IQ1_S] = {"IQ1_S", 256, 50, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_s, NULL, NULL},
+    [GGUFLM_IQ1_M] = {"IQ1_M", 256, 56, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_m, gguflm_quantize_row_iq1_m, gguflm_quantize_row_iq1_m},
     /* issue 15's value-table and ternary formats */
     [GGUFLM_IQ4_NL] = {"IQ4_NL", 32, 18, GGUFLM_Q8_0, gguflm_dequantize_row_iq4_nl, gguflm_quantize_row_iq4_nl, gguflm_quantize_row_iq4_nl},
     [GGUFLM_IQ4_XS] = {"IQ4_XS", 256, 136, GGUFLM_Q8_K, gguflm_dequantize_row_iq4_xs, gguflm_quantize_row_iq4_xs, gguflm_quantize_row_iq4_xs},

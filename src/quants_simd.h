@@ -90,6 +90,7 @@ GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD_512 0
 #define GGUFLM_SIMD_DPBF16 0
 #include "quants_simd_body.h"
+#include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
@@ -103,6 +104,7 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 0
 #include "quants_simd_body.h"
+#include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI

@@ -66,7 +66,9 @@ def _u32(raw: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- block decoding
 
 BLOCK_BYTES = {T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24, T.Q8_0: 34, T.Q8_1: 36,
-               T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210, T.Q8_K: 292}
+               T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210, T.Q8_K: 292,
+               T.IQ2_XXS: 66, T.IQ2_XS: 74, T.IQ2_S: 82, T.IQ3_XXS: 98, T.IQ3_S: 110, T.IQ1_S: 50, T.IQ1_M: 56}
+GRID_IQ = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 KQUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
 FLOATS = (T.F32, T.F16, T.BF16)
@@ -178,6 +180,118 @@ def decode_k(t: T, rows: np.ndarray) -> dict[str, np.ndarray]:
         out.update(sc16=b[..., 192:208].view(np.int8).astype(np.int64), d=_f16(b[..., 208:210]))
     out["q"] = q
     return out
+
+
+def _iq_grid(t: T) -> np.ndarray:
+    """The gguf package's grid of t as integers [points, 8 or 4] (IQ1: -1, 0, 1)."""
+    import gguf
+    cls = {T.IQ2_XXS: gguf.quants.IQ2_XXS, T.IQ2_XS: gguf.quants.IQ2_XS, T.IQ2_S: gguf.quants.IQ2_S,
+           T.IQ3_XXS: gguf.quants.IQ3_XXS, T.IQ3_S: gguf.quants.IQ3_S, T.IQ1_S: gguf.quants.IQ1_S,
+           T.IQ1_M: gguf.quants.IQ1_S}[t]
+    cls.init_grid()
+    return np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int64)
+
+
+def _bits(b: np.ndarray, n: int) -> np.ndarray:
+    """[..., k] bytes -> [..., k * 8 // n ...]: consecutive n-bit fields, lowest first (n <= 8)."""
+    return (b[..., None].astype(np.int64) >> np.arange(0, 8, n)) & ((1 << n) - 1)
+
+
+def _with_parity(sign7: np.ndarray) -> np.ndarray:
+    """7 stored sign bits -> 8: the eighth makes the number of minus signs even."""
+    return sign7 | ((((sign7[..., None] >> np.arange(7)) & 1).sum(-1) % 2) << 7)
+
+
+def decode_iq(t: T, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Grid i-quant super-blocks: mag (grid magnitude), neg (the element is negative), sc16 (the odd
+    integer scale of each 16), d (fp16 scale) and for IQ1 dneg (negative delta), [R, nb, ...]."""
+    b = _blocks(t, rows).astype(np.int64)
+    R, nb = b.shape[:2]
+    grid = _iq_grid(t)
+    d = _f16(_blocks(t, rows)[..., 0:2]) if t != T.IQ1_M else None
+    dneg = None
+    if t in (T.IQ2_XXS, T.IQ3_XXS):
+        if t == T.IQ2_XXS:
+            words = np.ascontiguousarray(_blocks(t, rows)[..., 2:66]).view(np.uint32).astype(np.int64).reshape(R, nb, 8, 2)
+            idx, aux = _blocks(t, rows)[..., 2:66].reshape(R, nb, 8, 8)[..., :4].astype(np.int64), words[..., 1]
+        else:
+            idx = b[..., 2:66].reshape(R, nb, 8, 8)
+            aux = np.ascontiguousarray(_blocks(t, rows)[..., 66:98]).view(np.uint32).astype(np.int64).reshape(R, nb, 8)
+        vals = grid[idx].reshape(R, nb, 8, 32)
+        sign7 = (aux[..., None] >> (7 * np.arange(4))) & 127                          # [R, nb, 8, 4]
+        signs = _with_parity(sign7)
+        sc = np.repeat(2 * (aux >> 28) + 1, 2, -1)
+    elif t == T.IQ2_XS:
+        q = np.ascontiguousarray(_blocks(t, rows)[..., 2:66]).view(np.uint16).astype(np.int64).reshape(R, nb, 8, 4)
+        vals = grid[q & 511].reshape(R, nb, 8, 32)
+        sign7 = q >> 9
+        signs = _with_parity(sign7)
+        sc = 2 * _bits(b[..., 66:74], 4).reshape(R, nb, 16) + 1
+    elif t == T.IQ2_S:
+        qh = _bits(b[..., 66:74], 2)                                                     # [R, nb, 8, 4]
+        idx = b[..., 2:34].reshape(R, nb, 8, 4) | (qh << 8)
+        vals = grid[idx].reshape(R, nb, 8, 32)
+        signs = b[..., 34:66].reshape(R, nb, 8, 4)
+        sc = 2 * _bits(b[..., 74:82], 4).reshape(R, nb, 16) + 1
+    elif t == T.IQ3_S:
+        qh = _bits(b[..., 66:74], 1)                                                     # [R, nb, 8, 8]
+        idx = b[..., 2:66].reshape(R, nb, 8, 8) | (qh << 8)
+        vals = grid[idx].reshape(R, nb, 8, 32)
+        signs = b[..., 74:106].reshape(R, nb, 8, 4)
+        sc = np.repeat(2 * _bits(b[..., 106:110], 4).reshape(R, nb, 8) + 1, 2, -1)
+    else:  # IQ1_S, IQ1_M: ternary grid values carry their own signs
+        if t == T.IQ1_S:
+            qh = np.ascontiguousarray(_blocks(t, rows)[..., 34:50]).view(np.uint16).astype(np.int64).reshape(R, nb, 8)
+            hi = (qh[..., None] >> (3 * np.arange(4))) & 7                                # [R, nb, 8, 4]
+            vals = grid[b[..., 2:34].reshape(R, nb, 8, 4) | (hi << 8)].reshape(R, nb, 8, 32)
+            dneg = np.repeat((qh >> 15) & 1, 32, -1).reshape(R, nb, 256)
+            sc = np.repeat(2 * ((qh >> 12) & 7) + 1, 2, -1)
+        else:
+            qh = _bits(b[..., 32:48], 4).reshape(R, nb, 8, 4)                            # per 8: 3 index bits, delta bit
+            vals = grid[b[..., 0:32].reshape(R, nb, 8, 4) | ((qh & 7) << 8)].reshape(R, nb, 8, 32)
+            dneg = np.repeat(qh >> 3, 8, -1).reshape(R, nb, 256)
+            sw = np.ascontiguousarray(_blocks(t, rows)[..., 48:56]).view(np.uint16).astype(np.int64).reshape(R, nb, 4)
+            sc = 2 * (((sw[..., :, None] >> (3 * np.arange(4))) & 7).reshape(R, nb, 16)) + 1
+            dbits = (sw[..., 0] >> 12) | ((sw[..., 1] >> 8) & 0xF0) | ((sw[..., 2] >> 4) & 0xF00) | (sw[..., 3] & 0xF000)
+            d = dbits.astype(np.uint16).view(np.float16).astype(F32)
+        vals = vals.reshape(R, nb, 256)
+        return {"mag": np.abs(vals), "neg": vals < 0, "val": 8 * vals + np.where(dneg == 1, -1, 1), "sc16": sc,
+                "d": d, "dneg": dneg == 1}
+    neg = (((signs[..., None] >> np.arange(8)) & 1) == 1).reshape(R, nb, 256)
+    mag = vals.reshape(R, nb, 256)
+    return {"mag": mag, "neg": neg, "val": np.where(neg, -mag, mag), "sc16": sc, "d": d, "dneg": None}
+
+
+IQ_FACTOR = {T.IQ3_XXS: F32(0.25), T.IQ3_S: F32(1.0)}
+
+
+def _vec_dot_iq(t, w, x):
+    """ggml_vec_dot_<iq>_q8_K (AVX2): signs applied to the activations as vpsignb does (-(-128) is
+    -128), lanes of scale * magnitude * signed activation, fma(d * y.d, lane) per super-block."""
+    ib, act = decode_iq(t, w), decode_q8(T.Q8_K, x)
+    q = act["qs"][:, None]                                                   # [T, 1, nb, 256]
+    signed = lambda neg: np.where(neg[None], np.where(q == -128, -128, -q), q)
+    sc = np.repeat(ib["sc16"], 16, -1)[None]
+    lanes = _lanes(ib["mag"][None] * sc * signed(ib["neg"]))                 # [T, R, nb, 8]
+    d = ib["d"][None] * act["d"][:, None]                                    # [T, R, nb]
+    nt, nr, nb = lanes.shape[:3]
+    acc, acc2, acc1 = np.zeros((nt, nr, 8), F32), np.zeros((nt, nr, 8), F32), np.zeros((nt, nr), F32)
+    if t == T.IQ1_M:
+        delta = _lanes(sc * signed(ib["dneg"]))
+    if t == T.IQ1_S:
+        b32 = act["bsums"].reshape(nt, nb, 8, 2).sum(-1)[:, None]                  # [T, 1, nb, 8]
+        sumi1 = (b32 * np.where(ib["dneg"][..., ::32], -1, 1)[None] * ib["sc16"][..., ::2][None]).sum(-1)
+    for i in range(nb):
+        acc = fma32(d[:, :, i, None], lanes[:, :, i].astype(F32), acc)
+        if t == T.IQ1_M:
+            acc2 = fma32(d[:, :, i, None], delta[:, :, i].astype(F32), acc2)
+        if t == T.IQ1_S:
+            acc1 = fma32(d[:, :, i], sumi1[:, :, i].astype(F32), acc1)
+    if t == T.IQ1_S:
+        return hsum_movehl(acc) + F32(0.125) * acc1
+    if t == T.IQ1_M:
+        return fma32(hsum_movehl(acc2), F32(0.125), hsum_movehl(acc))
+    return IQ_FACTOR.get(t, F32(0.125)) * hsum_movehl(acc)
 
 
 def _lanes(prod: np.ndarray) -> np.ndarray:
@@ -375,6 +489,8 @@ def vec_dot(t: T, w: np.ndarray, x: np.ndarray, arith: str) -> np.ndarray:
         return _vec_dot_legacy(t, w, x)
     if t in KQUANTS:
         return _vec_dot_k(t, w, x)
+    if t in GRID_IQ:
+        return _vec_dot_iq(t, w, x)
     return _vec_dot_float(t, w, x, arith)
 
 
@@ -392,6 +508,18 @@ def tiled(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
             s2 = (kb["mn16"][None, :, i] * act["bsums"][:, None, i]).sum(-1)
             res = fma32(-kb["dmin"][None, :, i], s2.astype(F32), res)
         buf = fma32(res, act["d"][:, None, i], buf)
+    return buf
+
+
+def tiled_iq(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The tiled GEMM of the grid i-quants: an exact int per super-block of scale * signed value
+    (IQ1: 8 * grid + delta) * activation; res = (d * factor) * s1, buf = fma(res, y.d, buf)."""
+    ib, act = decode_iq(T(t), w), decode_q8(T.Q8_K, x)
+    s1 = (ib["val"][None] * np.repeat(ib["sc16"], 16, -1)[None] * act["qs"][:, None]).sum(-1)   # [T, R, nb]
+    d = ib["d"] * IQ_FACTOR.get(T(t), F32(0.125))
+    buf = np.zeros(s1.shape[:2], F32)
+    for i in range(s1.shape[2]):
+        buf = fma32(d[None, :, i] * s1[..., i].astype(F32), act["d"][:, None, i], buf)
     return buf
 
 
@@ -464,6 +592,8 @@ def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, arith: str, 
         return np.concatenate(parts)
     if t in KQUANTS and n_tok >= 8:
         return tiled(t, w, x)
+    if t in GRID_IQ and n_tok >= 8:
+        return tiled_iq(t, w, x)
     if t in FLOATS and n_tok >= 2 and n_rows % 4 == 0 and n_in % sgemm_step(t, arith) == 0:
         return sgemm_float(t, w, x, arith)
     return vec_dot(t, w, x, arith)

@@ -7,12 +7,19 @@ import numpy as np
 import gguflm.quants as q
 from gguflm.ggml_types import GGMLType
 
-# every format that has a dot kernel
-DOT_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
-# the ones tests/ggml_lanes.py re-implements in numpy; issue 15's value-table and ternary formats
+# formats ggml quantizes only with an importance matrix (ggml_quantize_requires_imatrix):
+# tests/test_quants_iq.py checks them with imatrices and generated blocks
+GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
+# issue 15's value-table and ternary formats: tests/ggml_lanes.py does not re-implement them, they
 # are checked against ggml's own functions instead (tests/test_quants_lut.py)
-LANES_TYPES = [t for t in DOT_TYPES if t not in (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0,
-                                                  GGMLType.TQ2_0)]
+LUT_TYPES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0})
+
+# every format that has a dot kernel (tests on generated blocks)
+KERNEL_TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None]
+# every format that has a dot kernel and a quantizer
+DOT_TYPES = [t for t in KERNEL_TYPES if t not in GRID_IQ_TYPES]
+# the ones tests/ggml_lanes.py re-implements in numpy
+LANES_TYPES = [t for t in KERNEL_TYPES if t not in LUT_TYPES]
 
 
 def generate_data(offset: float, n: int, amplitude: float = 2.0) -> np.ndarray:

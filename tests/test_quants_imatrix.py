@@ -15,6 +15,7 @@ import _ggml
 import gguflm.quants as q
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
+from quants_oracles import GRID_IQ_TYPES
 
 # weight formats (the activation-only Q8_1 / Q8_K have no ggml_quantize_chunk of their own use)
 TYPES = [f.type for f in q.formats() if f.vec_dot_type is not None and f.block_size > 1]
@@ -34,7 +35,11 @@ def test_quantize_matches_ggml_quantize_chunk(t, data):
     k = fmt.block_size * data.draw(st.integers(1, 8 if fmt.block_size == 32 else 2))
     x = data.draw(gst.float_rows(k, n_rows=st.integers(1, 3), max_magnitude=1e3))
     imatrix = data.draw(gst.imatrices(k))
-    assert np.array_equal(fmt.quantize(x), _ggml.quantize_chunk(t, x))
+    if t in GRID_IQ_TYPES:   # ggml_quantize_requires_imatrix: no quantizer without one
+        with pytest.raises(ValueError, match="needs an importance matrix"):
+            fmt.quantize(x)
+    else:
+        assert np.array_equal(fmt.quantize(x), _ggml.quantize_chunk(t, x))
     assert np.array_equal(fmt.quantize(x, imatrix=imatrix), _ggml.quantize_chunk(t, x, imatrix))
 
 
@@ -44,7 +49,9 @@ def test_imatrix_is_used(t):
     fmt = q.get(t)
     x = np.random.default_rng(3).standard_normal((4, 512)).astype(np.float32)
     w = np.where(np.arange(512) % 7 == 0, 100.0, 0.01).astype(np.float32)
-    assert np.array_equal(fmt.quantize(x), fmt.quantize(x, imatrix=w)) == (t in IGNORES_IMATRIX)
+    # the formats that need one: against a flat one
+    plain = fmt.quantize(x, imatrix=np.ones(512, np.float32)) if t in GRID_IQ_TYPES else fmt.quantize(x)
+    assert np.array_equal(plain, fmt.quantize(x, imatrix=w)) == (t in IGNORES_IMATRIX)
 
 
 def test_imatrix_shape_is_checked():

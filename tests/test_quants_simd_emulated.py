@@ -27,7 +27,7 @@ from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
 from gguflm.testing import random_blocks
 import ggml_lanes as lanes
-from quants_oracles import DOT_TYPES, LANES_TYPES, check_fp16_conversions
+from quants_oracles import KERNEL_TYPES, LANES_TYPES, check_fp16_conversions
 
 ROOT = Path(__file__).resolve().parent.parent
 ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2}
@@ -71,7 +71,7 @@ def _dot(lib, isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) ->
     return np.float32(s.value)
 
 
-@pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", KERNEL_TYPES, ids=lambda t: t.name)
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_emulated_simd_kernels_equal_scalar(emulated, t, data):

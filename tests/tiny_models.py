@@ -117,6 +117,24 @@ def add_vocab(w: GGUFWriter) -> None:
         w.add(f"tokenizer.ggml.{key}_token_id", value, GGUFValueType.UINT32)
 
 
+# ggml_quantize_requires_imatrix: these types quantize only with importance weights
+NEEDS_IMATRIX = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
+
+
+def quantize_weight(t: GGMLType, x: np.ndarray) -> np.ndarray:
+    """``x`` [n_out, n_in] in type ``t``: gguflm's quantizer, or for the types it cannot quantize yet
+    ggml's ``ggml_quantize_chunk`` through llama-cpp-python; with the mean squares of the columns
+    as importance where ggml requires one."""
+    imatrix = np.mean(x.astype(np.float64) ** 2, axis=0).astype(np.float32) if t in NEEDS_IMATRIX else None
+    try:
+        return quants.get(t).quantize(x, imatrix=imatrix)
+    except ValueError as e:
+        if "not implemented" not in str(e):
+            raise
+    import _ggml
+    return _ggml.quantize_chunk(t, x, imatrix)
+
+
 def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with weights from ``rng``: norms near 1, biases near 0, matrices N(0, 0.08)
     (the token embedding N(0, 0.5)), each quantized with ggml's reference quantizer."""
@@ -137,7 +155,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if t is GGMLType.F16:
             w.add_tensor(name, x.astype(np.float16), GGMLType.F16)
         else:
-            w.add_tensor(name, quants.get(t).quantize(x.reshape(-1, n_in)), t,
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
                          shape=(n_in, n_out, n_expert) if n_expert else (n_in, n_out))
 
     w.add("general.name", f"tiny-{arch}")

@@ -19,8 +19,20 @@ _HALF_FIELDS = {
     GGMLType.Q5_1: [(0, "d"), (2, "m")], GGMLType.Q8_0: [(0, "d")], GGMLType.Q8_1: [(0, "d")],
     GGMLType.Q2_K: [(80, "d"), (82, "dmin")], GGMLType.Q3_K: [(108, "d")],
     GGMLType.Q4_K: [(0, "d"), (2, "dmin")], GGMLType.Q5_K: [(0, "d"), (2, "dmin")], GGMLType.Q6_K: [(208, "d")],
+    # grid i-quants: any bytes after d index their grids (IQ1_M: see _iq1_m_scale)
+    GGMLType.IQ2_XXS: [(0, "d")], GGMLType.IQ2_XS: [(0, "d")], GGMLType.IQ2_S: [(0, "d")],
+    GGMLType.IQ3_XXS: [(0, "d")], GGMLType.IQ3_S: [(0, "d")], GGMLType.IQ1_S: [(0, "d")], GGMLType.IQ1_M: [],
     GGMLType.IQ4_NL: [(0, "d")], GGMLType.IQ4_XS: [(0, "d")], GGMLType.TQ1_0: [(52, "d")], GGMLType.TQ2_0: [(64, "d")],
 }
+
+
+def _iq1_m_scale(blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write fp16 ``d`` into IQ1_M blocks: its four nibbles are the top nibbles of the scale words."""
+    sc = blocks[:, 48:56].copy().view(np.uint16)
+    bits = d.view(np.uint16)
+    for k in range(4):
+        sc[:, k] = (sc[:, k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    blocks[:, 48:56] = sc.view(np.uint8)
 
 
 def _halves(rng: np.random.Generator, n: int, role: str, exact: bool) -> np.ndarray:
@@ -86,6 +98,8 @@ def random_blocks(fmt: Format, n_blocks: int, rng: np.random.Generator, exact: b
         blocks[:, :52] = ((trits * 256 + 242) // 243).astype(np.uint8)
     for offset, role in _HALF_FIELDS[t]:
         blocks[:, offset:offset + 2] = _halves(rng, nb, role, exact).view(np.uint8).reshape(nb, 2)
+    if t == GGMLType.IQ1_M:
+        _iq1_m_scale(blocks, _halves(rng, nb, "d", exact))
     if t in (GGMLType.Q8_0, GGMLType.Q8_1):
         start = 2 if t == GGMLType.Q8_0 else 4
         qs = rng.integers(int8_min, 128, (nb, 32), dtype=np.int8)

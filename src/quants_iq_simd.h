@@ -1,0 +1,213 @@
+/* SIMD kernels of the grid i-quants, compiled with quants_simd_body.h once for AVX2 and once for
+ * AVX-512 (GGUFLM_SIMD names each copy). DOT decodes each 32-element group in registers as ggml's
+ * AVX2 vec_dot does (grid entries gathered by table lookups, sign masks from ksigns64 or the sign
+ * bits) and runs its integer dots (magnitudes . activations with the signs applied by xor/sub,
+ * vpmaddubsw, vpmaddwd by the scale of each 16), so the lanes, and the floats after them, are the
+ * scalar reference's bit for bit. TILED reuses that decoding for the signed values and sums the
+ * exact products (activations offset to unsigned bytes, the offset's share taken off once).
+ * No include guard: this file is meant to be included more than once.
+ */
+
+#ifndef GGUFLM_IQ_TILED_TOKENS
+#define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
+#endif
+
+/* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
+ * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
+ * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, const uint8_t *xb, int g,
+                                                                       __m256i *mag, __m256i *neg, __m256i *sc,
+                                                                       __m256i *dneg) {
+    switch (type) {
+    case GGUFLM_IQ2_XXS: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const uint32_t a = gguflm_u32_at(q + 4);
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2xxs_grid[q[3]], (int64_t)gguflm_iq2xxs_grid[q[2]],
+                                 (int64_t)gguflm_iq2xxs_grid[q[1]], (int64_t)gguflm_iq2xxs_grid[q[0]]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[(a >> 21) & 127], (int64_t)gguflm_ksigns64[(a >> 14) & 127],
+                                 (int64_t)gguflm_ksigns64[(a >> 7) & 127], (int64_t)gguflm_ksigns64[a & 127]);
+        *sc = _mm256_set1_epi16((int16_t)(2 * (a >> 28) + 1));
+        break;
+    }
+    case GGUFLM_IQ2_XS: {
+        const uint8_t *q = xb + 2 + 8 * g, s = xb[66 + g];
+        uint16_t v[4];
+        memcpy(v, q, 8);
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2xs_grid[v[3] & 511], (int64_t)gguflm_iq2xs_grid[v[2] & 511],
+                                 (int64_t)gguflm_iq2xs_grid[v[1] & 511], (int64_t)gguflm_iq2xs_grid[v[0] & 511]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[v[3] >> 9], (int64_t)gguflm_ksigns64[v[2] >> 9],
+                                 (int64_t)gguflm_ksigns64[v[1] >> 9], (int64_t)gguflm_ksigns64[v[0] >> 9]);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        break;
+    }
+    case GGUFLM_IQ2_S: {
+        const uint8_t *q = xb + 2 + 4 * g, s = xb[74 + g];
+        const unsigned h = xb[66 + g];
+        *mag = _mm256_set_epi64x((int64_t)gguflm_iq2s_grid[q[3] | ((h << 2) & 0x300)], (int64_t)gguflm_iq2s_grid[q[2] | ((h << 4) & 0x300)],
+                                 (int64_t)gguflm_iq2s_grid[q[1] | ((h << 6) & 0x300)], (int64_t)gguflm_iq2s_grid[q[0] | ((h << 8) & 0x300)]);
+        *neg = GGUFLM_SIMD(bits_32)(xb + 34 + 4 * g);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        break;
+    }
+    case GGUFLM_IQ3_XXS: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const uint32_t a = gguflm_u32_at(xb + 66 + 4 * g);
+        *mag = _mm256_set_epi32((int)gguflm_iq3xxs_grid[q[7]], (int)gguflm_iq3xxs_grid[q[6]], (int)gguflm_iq3xxs_grid[q[5]],
+                                (int)gguflm_iq3xxs_grid[q[4]], (int)gguflm_iq3xxs_grid[q[3]], (int)gguflm_iq3xxs_grid[q[2]],
+                                (int)gguflm_iq3xxs_grid[q[1]], (int)gguflm_iq3xxs_grid[q[0]]);
+        *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[(a >> 21) & 127], (int64_t)gguflm_ksigns64[(a >> 14) & 127],
+                                 (int64_t)gguflm_ksigns64[(a >> 7) & 127], (int64_t)gguflm_ksigns64[a & 127]);
+        *sc = _mm256_set1_epi16((int16_t)(2 * (a >> 28) + 1));
+        break;
+    }
+    case GGUFLM_IQ3_S: {
+        const uint8_t *q = xb + 2 + 8 * g;
+        const unsigned h = xb[66 + g];
+        *mag = _mm256_set_epi32((int)gguflm_iq3s_grid[q[7] | ((h << 1) & 256)], (int)gguflm_iq3s_grid[q[6] | ((h << 2) & 256)],
+                                (int)gguflm_iq3s_grid[q[5] | ((h << 3) & 256)], (int)gguflm_iq3s_grid[q[4] | ((h << 4) & 256)],
+                                (int)gguflm_iq3s_grid[q[3] | ((h << 5) & 256)], (int)gguflm_iq3s_grid[q[2] | ((h << 6) & 256)],
+                                (int)gguflm_iq3s_grid[q[1] | ((h << 7) & 256)], (int)gguflm_iq3s_grid[q[0] | ((h << 8) & 256)]);
+        *neg = GGUFLM_SIMD(bits_32)(xb + 74 + 4 * g);
+        *sc = _mm256_set1_epi16((int16_t)(1 + 2 * ((xb[106 + g / 2] >> (4 * (g % 2))) & 15)));
+        break;
+    }
+    case GGUFLM_IQ1_S: {
+        const uint8_t *q = xb + 2 + 4 * g;
+        const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        *mag = _mm256_abs_epi8(v);
+        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
+        *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
+        break;
+    }
+    default: { /* IQ1_M */
+        const uint8_t *q = xb + 4 * g, *h = xb + 32 + 2 * g;
+        const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h[1] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h[1] << 8) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h[0] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h[0] << 8) & 0x700)]);
+        *mag = _mm256_abs_epi8(v);
+        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * ((w >> (sh + 3)) & 7) + 1)), _mm_set1_epi16((int16_t)(2 * ((w >> sh) & 7) + 1)));
+        *dneg = _mm256_set_epi64x(h[1] & 0x80 ? -1 : 0, h[1] & 0x08 ? -1 : 0, h[0] & 0x80 ? -1 : 0, h[0] & 0x08 ? -1 : 0);
+        break;
+    }
+    }
+}
+
+/* the super-block scale as a float */
+static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
+    if (type == GGUFLM_IQ1_M) return gguflm_fp16_to_fp32(gguflm_iq1m_scale((const block_iq1_m *)xb));
+    return GGUFLM_FP16_TO_FP32_SIMD(gguflm_u16_at(xb));
+}
+
+/* DOT of one weight row with T <= 4 activation rows, the weights decoded once per group for all */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int type, size_t bx, int64_t n,
+                                                                          const uint8_t *w, const uint8_t *y,
+                                                                          int64_t ys, int T, float *o, int64_t os) {
+    __m256 acc[4], acc2[4];
+    float acc1[4];
+    for (int k = 0; k < 4; ++k) {
+        acc[k] = acc2[k] = _mm256_setzero_ps();
+        acc1[k] = 0.0f;
+    }
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = w + i * bx;
+        __m256i lanes[4], delta[4];
+        int32_t sumi1[4] = {0, 0, 0, 0};
+        for (int k = 0; k < 4; ++k) lanes[k] = delta[k] = _mm256_setzero_si256();
+        for (int g = 0; g < QK_K / 32; ++g) {
+            __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
+            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
+            for (int k = 0; k < T; ++k) {
+                const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
+                const __m256i q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+                lanes[k] = _mm256_add_epi32(lanes[k], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, q8s), sc));
+                if (type == GGUFLM_IQ1_M) {
+                    const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
+                    delta[k] = _mm256_add_epi32(delta[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8d), sc));
+                }
+                if (type == GGUFLM_IQ1_S) {
+                    const int ls = _mm256_extract_epi16(sc, 0);
+                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (_mm256_extract_epi8(dneg, 0) ? -1 : 1) * ls;
+                }
+            }
+        }
+        const float dx = GGUFLM_SIMD(iq_d)(type, xb);
+        for (int k = 0; k < T; ++k) {
+            const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+            const float d = dx * yb->d;
+            const __m256 dv = _mm256_set1_ps(d);
+            acc[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(lanes[k]), acc[k]);
+            if (type == GGUFLM_IQ1_M) acc2[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(delta[k]), acc2[k]);
+            if (type == GGUFLM_IQ1_S) acc1[k] = fmaf(d, (float)sumi1[k], acc1[k]);
+        }
+    }
+    for (int k = 0; k < T; ++k) {
+        float a[8], a2[8];
+        _mm256_storeu_ps(a, acc[k]);
+        _mm256_storeu_ps(a2, acc2[k]);
+        o[k * os] = gguflm_iq_dot_result(type, a, a2, acc1[k]);
+    }
+}
+
+/* TILED of one weight row with T <= GGUFLM_IQ_TILED_TOKENS activation rows (each weight group decoded
+ * once for all of them): per super-block the exact integer of scale
+ * * signed value (IQ1: 8 * grid + delta) * activation, from the same register decoding as DOT
+ * (values fit a byte), products in int16 pairs */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int type, size_t bx, int64_t n,
+                                                                            const uint8_t *w, const uint8_t *y,
+                                                                            int64_t ys, int T, float *o, int64_t os) {
+    float out[GGUFLM_IQ_TILED_TOKENS] = {0.0f};
+    const float factor = gguflm_iq_factor(type);
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t *xb = w + i * bx;
+        __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
+        for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
+        for (int g = 0; g < QK_K / 32; ++g) {
+            __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
+            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
+            __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+            if (gguflm_iq_is_1bit(type))  /* 8 * grid (-1, 0, 1) + delta (-1 where dneg, else 1) */
+                v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
+            /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
+             * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
+            bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
+            for (int k = 0; k < T; ++k) {
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)(y + k * ys) + i)->qs + 32 * g));
+                const __m256i qu = _mm256_xor_si256(q8, _mm256_set1_epi8((char)0x80));
+                acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(qu, v), sc));
+            }
+        }
+        const int32_t corr = 128 * GGUFLM_SIMD(hsum_i32)(bias);
+        const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+        for (int k = 0; k < T; ++k) {
+            const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+            out[k] = fmaf(dx * (float)(GGUFLM_SIMD(hsum_i32)(acc[k]) - corr), yb->d, out[k]);
+        }
+    }
+    for (int k = 0; k < T; ++k) o[k * os] = out[k];
+}
+
+#define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
+    static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
+                                       int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
+        (void)arith;                                                                                             \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += 4)                                                                  \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,               \
+                                         (int)(nt - t < 4 ? nt - t : 4), o + t * os + r, os);                   \
+    }                                                                                                            \
+    static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
+                                         int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
+        (void)arith;                                                                                             \
+        for (int64_t r = 0; r < nr; ++r)                                                                         \
+            for (int64_t t = 0; t < nt; t += GGUFLM_IQ_TILED_TOKENS)                                             \
+                GGUFLM_SIMD(iq_tiled_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,             \
+                                           (int)(nt - t < GGUFLM_IQ_TILED_TOKENS ? nt - t : GGUFLM_IQ_TILED_TOKENS), \
+                                           o + t * os + r, os);                                                  \
+    }
+GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
+#undef GGUFLM_IQ_SIMD_KERNELS
