@@ -29,13 +29,26 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.quiet and _is_terminal(sys.stderr)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when the handler was
+    made (a caller such as pytest's capture may swap it between commands)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
 def _configure_logging() -> None:
     """The command's handler for the library's records: warnings and errors on stderr
     (``GGUFLM_LOG_LEVEL=INFO`` shows more). The library itself only logs."""
     logger = logging.getLogger("gguflm")
     if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("gguflm: %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(os.environ.get("GGUFLM_LOG_LEVEL", "WARNING").upper())
