@@ -121,9 +121,9 @@ def _file_bytes(model: Model) -> int:
 
 
 def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int, n_ubatch: int,
-              n_batch: int) -> MemoryEstimate:
+              n_batch: int, kv_unified: bool) -> MemoryEstimate:
     ctx = _SizingContext(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
-                         n_threads=1, type_k=type_k, type_v=type_v)
+                         n_threads=1, type_k=type_k, type_v=type_v, kv_unified=kv_unified)
     try:
         caches = ctx._caches
         kv = sum(c.nbytes + c.size * _KV_CELL_BOOKKEEPING for c in caches)
@@ -139,11 +139,13 @@ def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int
 
 
 def estimate_memory(path: str | PathLike[str], n_ctx: int = 0, type_k: str = "f16", type_v: str = "f16",
-                    n_seq_max: int = 1, n_ubatch: int = 512, n_batch: int = 2048) -> MemoryEstimate:
+                    n_seq_max: int = 1, n_ubatch: int = 512, n_batch: int = 2048,
+                    kv_unified: bool = True) -> MemoryEstimate:
     """The resident memory of loading ``path`` and running one context with these parameters.
 
-    Parameters are :class:`gguflm.Context`'s (``n_ctx`` 0 takes the model's training context).
-    Only the GGUF header is read.
+    Parameters are :class:`gguflm.Context`'s (``n_ctx`` 0 takes the model's training context;
+    ``kv_unified=False`` with ``n_seq_max`` > 1 lays the cache out in one region per sequence, as
+    the context does). Only the GGUF header is read.
 
     Raises
     ------
@@ -159,11 +161,11 @@ def estimate_memory(path: str | PathLike[str], n_ctx: int = 0, type_k: str = "f1
     except GGUFError as exc:
         raise ModelLoadError(str(exc)) from exc
     with model:
-        return _estimate(model, n_ctx, type_k, type_v, n_seq_max, n_ubatch, n_batch)
+        return _estimate(model, n_ctx, type_k, type_v, n_seq_max, n_ubatch, n_batch, kv_unified)
 
 
 def fit_context(path: str | PathLike[str], budget_bytes: int, type_k: str = "f16", type_v: str = "f16",
-                n_seq_max: int = 1, n_ubatch: int = 512, n_batch: int = 2048) -> int:
+                n_seq_max: int = 1, n_ubatch: int = 512, n_batch: int = 2048, kv_unified: bool = True) -> int:
     """The largest ``n_ctx`` (a multiple of 256, at most the training context) whose
     :func:`estimate_memory` total fits in ``budget_bytes``; 0 when not even 256 fits."""
     path = Path(path)
@@ -173,7 +175,7 @@ def fit_context(path: str | PathLike[str], budget_bytes: int, type_k: str = "f16
         raise ModelLoadError(str(exc)) from exc
     with model:
         def fits(n: int) -> bool:
-            return _estimate(model, n, type_k, type_v, n_seq_max, n_ubatch, n_batch).total <= budget_bytes
+            return _estimate(model, n, type_k, type_v, n_seq_max, n_ubatch, n_batch, kv_unified).total <= budget_bytes
 
         # the total grows with n_ctx (cache cells and the attention's reach): bisect over multiples of 256
         lo, hi = 0, max(1, model.hparams.n_ctx_train // CTX_PAD)

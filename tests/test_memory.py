@@ -113,3 +113,20 @@ def test_bad_input(tmp_path, smollm_path):
         gguflm.estimate_memory(tmp_path / "missing.gguf")
     with pytest.raises(ValueError):
         gguflm.estimate_memory(smollm_path, type_k="q4_0")
+
+
+def test_a_cache_per_sequence_is_estimated_as_the_context_lays_it_out(smollm_path):
+    # kv_unified=False rounds each sequence's region up to 256 cells: 3 sequences in 1000 cells
+    # take 3 × 512, not the unified cache's 1024
+    unified = gguflm.estimate_memory(smollm_path, n_ctx=1000, n_seq_max=3)
+    split = gguflm.estimate_memory(smollm_path, n_ctx=1000, n_seq_max=3, kv_unified=False)
+    model = gguflm.Model.load(smollm_path)
+    with model, gguflm.Context(model, n_ctx=1000, n_seq_max=3, kv_unified=False) as ctx:
+        cells = tuple(c.size for c in ctx._caches)
+    assert unified.kv_cells == (1024,)
+    assert split.kv_cells == cells == (1536,)
+    assert split.kv_cache * 1024 == unified.kv_cache * 1536
+    # a budget for 1024 unified cells holds 3 regions of 256 (768), not 3 of 512
+    budget = gguflm.estimate_memory(smollm_path, n_ctx=1024, n_seq_max=3).total
+    assert gguflm.fit_context(smollm_path, budget, n_seq_max=3) == 1024
+    assert gguflm.fit_context(smollm_path, budget, n_seq_max=3, kv_unified=False) == 768
