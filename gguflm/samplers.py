@@ -404,6 +404,14 @@ class Sampler:
         ValueError
             When the context has no logits row for ``idx``, or nothing was selected.
         """
+        cur_p = self._candidates(ctx, idx)
+        self.apply(cur_p)
+        token = self._selected(cur_p)
+        self.accept(token)
+        return token
+
+    def _candidates(self, ctx: LogitsSource, idx: int) -> TokenDataArray:
+        """All of row ``idx``'s logits as candidates, in a buffer kept between calls."""
         row = ctx.get_logits_ith(idx)
         if row is None:
             raise ValueError(f"the context has no logits for index {idx}")
@@ -412,13 +420,13 @@ class Sampler:
             cur_p = self._cur = TokenDataArray.from_logits(row)
         else:
             cur_p.load_logits(row)
-        self.apply(cur_p)
+        return cur_p
+
+    def _selected(self, cur_p: TokenDataArray) -> int:
         if not 0 <= cur_p.selected < cur_p.size:
             raise ValueError(f"{self.name}: no token was selected; end the chain with a sampler "
                              f"that selects one (Greedy, Dist, Mirostat, MirostatV2)")
-        token = cur_p.selected_id
-        self.accept(token)
-        return token
+        return cur_p.selected_id
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if not k.startswith("_"))

@@ -93,7 +93,10 @@ def test_masks_agree_with_token_by_token_checks(text, vocab, seed):
        tokens=st.lists(st.integers(0, 200), max_size=10))
 def test_accepting_any_token_raises_only_grammar_errors(text, vocab, tokens):
     grammar = _grammar(text)
-    sampler = gguflm.samplers.Grammar(vocab, grammar)
+    try:
+        sampler = gguflm.samplers.Grammar(vocab, grammar)
+    except GrammarError:
+        return   # too ambiguous to start (left recursion hidden behind a group, as llama.cpp misses it)
     for token in tokens:
         token %= vocab.n_tokens
         try:

@@ -259,3 +259,12 @@ def test_named_tokens_resolve_through_the_vocabulary(vocab, vocab_path):
         ref.close()
     with pytest.raises(GrammarError, match="needs a vocabulary"):
         Grammar(text).compile(None)
+
+
+def test_left_recursion_behind_a_group_is_refused_at_start_not_hung(vocab):
+    # llama.cpp's detector sees only rules with an empty alternative of their own as empty, so it
+    # misses `root` reaching itself through a group around a star; starting such a grammar has no
+    # end of parse stacks: it must stop with a clear error
+    grammar = Grammar.from_string('root ::= ((("a")*) root "a")\n')
+    with pytest.raises(GrammarError, match="too ambiguous"):
+        GrammarSampler(vocab, grammar)

@@ -292,28 +292,21 @@ class GrammarChain(Sampler):
         return GrammarChain(self.chain.clone(), self.grammar.clone())
 
     def sample(self, ctx: LogitsSource, idx: int = -1) -> int:
-        row = ctx.get_logits_ith(idx)
-        if row is None:
-            raise ValueError(f"the context has no logits for index {idx}")
-        cur_p = self.__dict__.get("_cur")
-        if cur_p is None:
-            cur_p = self._cur = TokenDataArray.from_logits(row)
-        else:
-            cur_p.load_logits(row)
+        cur_p = self._candidates(ctx, idx)
         self.chain.apply(cur_p)
-        token = _selected(cur_p)
+        token = self._selected(cur_p)
         if self.grammar.active:
             start = time.perf_counter_ns()
             allowed = self.grammar.allows(token)
             self._time(start)
             if not allowed:
                 self.n_rejected += 1
-                cur_p.load_logits(row)
+                cur_p.load_logits(ctx.get_logits_ith(idx))
                 start = time.perf_counter_ns()
                 self.grammar.apply(cur_p)
                 self._time(start)
                 self.chain.apply(cur_p)
-                token = _selected(cur_p)
+                token = self._selected(cur_p)
         self.accept(token)
         return token
 
@@ -332,13 +325,6 @@ class GrammarChain(Sampler):
 
     def __repr__(self) -> str:
         return f"GrammarChain({self.chain!r}, {self.grammar!r})"
-
-
-def _selected(cur_p: TokenDataArray) -> int:
-    if not 0 <= cur_p.selected < cur_p.size:
-        raise ValueError("chain: no token was selected; end the chain with a sampler that "
-                         "selects one (Greedy, Dist, Mirostat, MirostatV2)")
-    return cur_p.selected_id
 
 
 def grammar_sampler(vocab: GrammarVocab, grammar: Grammar | str, *, lazy: bool = False,
