@@ -16,68 +16,16 @@
  * the best weighted squared error of the plain range and nstep + 1 trial scales */
 static float gguflm_make_qkx3_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
                                      uint8_t *Laux, float rmin, float rdelta, int nstep) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        const float w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
+    float min, max, sum_w, sum_x;
+    gguflm_weighted_range(n, x, weights, &min, &max, &sum_w, &sum_x);
     if (min > 0) min = 0;
     if (max <= min) {
         memset(L, 0, (size_t)n);
         *the_min = -min;
         return 0.f;
     }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_mad = 0;
-    for (int i = 0; i < n; ++i) {
-        const int l = gguflm_nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)GGUFLM_MAX(0, GGUFLM_MIN(nmax, l));
-        float diff = scale * L[i] + min - x[i];
-        diff = diff * diff;
-        best_mad += weights[i] * diff;
-    }
-    for (int is = 0; is <= nstep; ++is) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; ++i) {
-            int l = gguflm_nearest_int(iscale * (x[i] - min));
-            l = GGUFLM_MAX(0, GGUFLM_MIN(nmax, l));
-            Laux[i] = (uint8_t)l;
-            const float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float mad = 0;
-            for (int i = 0; i < n; ++i) {
-                float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = diff * diff;
-                mad += weights[i] * diff;
-            }
-            if (mad < best_mad) {
-                memcpy(L, Laux, (size_t)n);
-                best_mad = mad;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
+    return gguflm_search_scale_min(n, nmax, x, weights, min, max, sum_w, sum_x, L, the_min, Laux, rmin, rdelta,
+                                   nstep, false);
 }
 
 /* make_qp_quants: a scale for n positive values (the sub-block scales or mins) in 0..nmax by

@@ -323,27 +323,28 @@ static float gguflm_make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-/* ggml's make_qkx2_quants: scale and min (x ~ scale*L - min) by weighted least squares over
- * nstep+1 trial scales; returns the scale, *the_min gets the (positive) min */
-static float gguflm_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                                     float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
-                                     bool use_mad) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0];
-    float sum_x = sum_w * x[0];
+/* the weighted range of n values: min and max, the sum of the weights and of weight * value */
+static inline void gguflm_weighted_range(int n, const float *x, const float *weights, float *min, float *max,
+                                         float *sum_w, float *sum_x) {
+    *min = x[0], *max = x[0];
+    *sum_w = weights[0];
+    *sum_x = *sum_w * x[0];
     for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
+        if (x[i] < *min) *min = x[i];
+        if (x[i] > *max) *max = x[i];
         const float w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
+        *sum_w += w;
+        *sum_x += w * x[i];
     }
-    if (min > 0) min = 0;
-    if (max == min) {
-        for (int i = 0; i < n; ++i) L[i] = 0;
-        *the_min = -min;
-        return 0.f;
-    }
+}
+
+/* the search make_qkx2_quants and make_qkx3_quants share: quants L of the plain range [min, max]
+ * in 0..nmax, then nstep + 1 trial scales (none when nstep < 0), each fitted by weighted least
+ * squares, keeping the smallest weighted error (absolute with use_mad, else squared); returns the
+ * scale, *the_min gets -min */
+static float gguflm_search_scale_min(int n, int nmax, const float *x, const float *weights, float min, float max,
+                                     float sum_w, float sum_x, uint8_t *L, float *the_min, uint8_t *Laux, float rmin,
+                                     float rdelta, int nstep, bool use_mad) {
     float iscale = nmax / (max - min);
     float scale = 1 / iscale;
     float best_error = 0;
@@ -353,10 +354,6 @@ static float gguflm_make_qkx2_quants(int n, int nmax, const float *x, const floa
         float diff = scale * L[i] + min - x[i];
         diff = use_mad ? fabsf(diff) : diff * diff;
         best_error += weights[i] * diff;
-    }
-    if (nstep < 1) {
-        *the_min = -min;
-        return scale;
     }
     for (int is = 0; is <= nstep; ++is) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -394,6 +391,23 @@ static float gguflm_make_qkx2_quants(int n, int nmax, const float *x, const floa
     }
     *the_min = -min;
     return scale;
+}
+
+/* ggml's make_qkx2_quants: scale and min (x ~ scale*L - min) by weighted least squares over
+ * nstep+1 trial scales (none when nstep < 1); returns the scale, *the_min gets the (positive) min */
+static float gguflm_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                                     float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                                     bool use_mad) {
+    float min, max, sum_w, sum_x;
+    gguflm_weighted_range(n, x, weights, &min, &max, &sum_w, &sum_x);
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    return gguflm_search_scale_min(n, nmax, x, weights, min, max, sum_w, sum_x, L, the_min, Laux, rmin, rdelta,
+                                   nstep < 1 ? -1 : nstep, use_mad);
 }
 
 /* Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes */
