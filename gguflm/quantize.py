@@ -15,6 +15,7 @@ quantized on its own, so the bytes do not depend on the thread count.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,8 @@ import numpy as np
 
 from gguflm.errors import QuantizeError
 from gguflm.ggml_types import FileType, GGMLType
+
+_log = logging.getLogger(__name__)
 
 PathArg = Union[str, "PathLike[str]"]
 TypeArg = Union[str, GGMLType, None]
@@ -330,6 +333,7 @@ class _TypeRules:
             out = _T.F16
         self.fallbacks.append(f"{name}: {ncols} columns not divisible by {qk} ({target.name}) "
                               f"-> {out.name}")
+        _log.info("%s", self.fallbacks[-1])
         return out
 
     def _layer(self, counter: int, name: str) -> int:
