@@ -397,6 +397,33 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_imatrix(args: argparse.Namespace) -> int:
+    from gguflm.default_model import load_model
+    from gguflm.imatrix import compute_imatrix, write_imatrix, write_imatrix_legacy
+    from gguflm.progress import ProgressBar
+
+    text = Path(args.file).read_text(encoding="utf-8")
+    legacy = args.output_format == "dat" or (args.output_format is None and args.output.endswith(".dat"))
+    with load_model(args.model, _progress(args)) as model, \
+            ProgressBar("imatrix", enabled=_progress(args)) as bar:
+        def on_chunk(done: int, total: int, ppl: float) -> None:
+            if bar.enabled:
+                bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
+            else:
+                print(f"[{done}]{ppl:.4f},", end="", flush=True)
+
+        result = compute_imatrix(model, text, n_ctx=args.ctx_size, n_chunks=args.chunks,
+                                 dataset=args.file, process_output=args.process_output,
+                                 n_threads=args.threads, on_chunk=on_chunk)
+    print()
+    print(f"Final estimate: PPL = {result.ppl:.4f}")
+    im = result.imatrix
+    path = write_imatrix_legacy(args.output, im, args.file) if legacy else write_imatrix(args.output, im)
+    print(f"stored {len(im.sums)} entries after {im.chunk_count} chunks of {im.chunk_size} tokens "
+          f"in {path}", file=sys.stderr)
+    return 0
+
+
 # -- the parser
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -582,6 +609,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print each tensor's type and size, write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("imatrix", help="importance matrix of a text for quantize --imatrix, llama-imatrix style")
+    _model_args(p)
+    p.add_argument("-f", "--file", required=True, help="the calibration text")
+    p.add_argument("-o", "--output", default="imatrix.gguf", help="output file (default imatrix.gguf)")
+    p.add_argument("--output-format", choices=("gguf", "dat"), default=None,
+                   help="file format (default: dat for a .dat name, else gguf)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk")
+    p.add_argument("--chunks", type=int, default=None, help="process at most this many chunks")
+    p.add_argument("--process-output", action="store_true", help="collect output.weight too")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads")
+    p.set_defaults(func=_cmd_imatrix)
 
     p = sub.add_parser("info", help="print build and CPU facts")
     p.set_defaults(func=_cmd_info)

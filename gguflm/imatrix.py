@@ -198,3 +198,154 @@ def write_imatrix_legacy(path: PathArg, im: Imatrix, dataset: str = "") -> Path:
     path = Path(path)
     path.write_bytes(data)
     return path
+
+
+# ---- collecting
+
+
+class ImatrixCollector:
+    """Accumulates llama-imatrix's statistics from :class:`gguflm.Context`'s matmul inputs.
+
+    As llama-imatrix's ``collect_imatrix``: dense weights of blocks (``blk.*``; ``output.weight``
+    too with ``process_output``) from ubatches of at least 16 tokens, one count per input row;
+    expert weights from every ubatch, per expert: each (token, slot) routed to it adds its row
+    and one count.
+    """
+
+    def __init__(self, weight_shapes: Mapping[str, tuple[int, ...]], process_output: bool = False):
+        self.shapes = dict(weight_shapes)
+        self.process_output = process_output
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, np.ndarray] = {}
+
+    def _entry(self, name: str, n_per_row: int, n_mat: int) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self.sums:
+            self.sums[name] = np.zeros((n_mat, n_per_row), np.float32)
+            self.counts[name] = np.zeros(n_mat, np.int64)
+        return self.sums[name], self.counts[name]
+
+    def __call__(self, ob: Any) -> None:
+        x = ob.x
+        for name in ob.names:
+            if ob.route is not None:
+                self._collect_experts(name, x, ob.route, ob.by_expert)
+            elif x.shape[0] >= 16 and (name.startswith("blk.") or (self.process_output and name == "output.weight")):
+                shape = self.shapes.get(name, (x.shape[1],))
+                n_mat = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
+                sums, counts = self._entry(name, x.shape[1], n_mat)
+                sums += np.square(x).sum(axis=0, dtype=np.float32)   # a 2-D input feeds every matrix
+                counts += x.shape[0] // n_mat if n_mat > 1 else x.shape[0]
+
+    def _collect_experts(self, name: str, x: np.ndarray, route: tuple[np.ndarray, ...], by_expert: bool) -> None:
+        ids, offsets = route[0], route[2]
+        n_expert = len(offsets) - 1
+        sums, counts = self._entry(name, x.shape[1], n_expert)
+        sq = np.square(x)
+        if by_expert:   # rows already one per (token, slot), grouped by expert
+            for e in range(n_expert):
+                lo, hi = int(offsets[e]), int(offsets[e + 1])
+                if hi > lo:
+                    sums[e] += sq[lo:hi].sum(axis=0, dtype=np.float32)
+                    counts[e] += hi - lo
+        else:           # one row per token, used by each of its slots
+            for e in range(n_expert):
+                rows = np.flatnonzero((ids == e).any(axis=1))
+                uses = int((ids == e).sum())
+                if uses:
+                    per_use = (ids[rows] == e).sum(axis=1).astype(np.float32)
+                    sums[e] += (sq[rows] * per_use[:, None]).sum(axis=0, dtype=np.float32)
+                    counts[e] += uses
+
+    def imatrix(self, chunk_count: int, chunk_size: int, datasets: Sequence[str] = ()) -> Imatrix:
+        for name, sums in self.sums.items():
+            if not np.isfinite(sums).all():
+                raise ValueError(f"non-finite values detected in {name}")
+        return Imatrix({n: s.reshape(-1).copy() for n, s in self.sums.items()},
+                       {n: c.copy() for n, c in self.counts.items()}, list(datasets), chunk_count, chunk_size)
+
+
+@dataclass
+class ImatrixResult:
+    """What :func:`compute_imatrix` made: the matrix and llama-imatrix's perplexity estimate."""
+
+    imatrix: Imatrix
+    ppl: float
+    n_chunks: int
+    n_tokens: int
+
+
+def compute_imatrix(model: Any, text: str, *, n_ctx: int = 512, n_chunks: int | None = None,
+                    dataset: str = "", process_output: bool = False, n_threads: int | None = None,
+                    on_chunk: Callable[[int, int, float], object] | None = None) -> ImatrixResult:
+    """llama-imatrix's importance matrix of ``model`` over ``text``.
+
+    The text is tokenized with ``add_special`` and cut into chunks of ``n_ctx`` tokens (at most
+    ``len(tokens) // n_ctx``, at least two chunks' worth of tokens needed); each chunk is
+    decoded from an empty cache with its first token replaced by BOS when the model adds BOS and
+    every position producing output, so every token's activations count. The perplexity of the
+    second half of each chunk is computed along, as llama-imatrix prints it.
+
+    Parameters
+    ----------
+    model
+        A loaded :class:`gguflm.Model`.
+    text
+        The calibration text.
+    n_ctx
+        Tokens per chunk (llama-imatrix's ``-c``); also the stored ``chunk_size``.
+    n_chunks
+        At most this many chunks (``--chunks``; None: all).
+    dataset
+        Name recorded in ``imatrix.datasets`` (llama-imatrix records its ``-f`` file).
+    process_output
+        Collect ``output.weight`` too (``--process-output``).
+    """
+    from gguflm.batch import Batch
+    from gguflm.context import Context
+    from gguflm.errors import Error
+    from gguflm.perplexity import chunk_nll
+
+    if n_ctx < 4 or n_ctx % 2:
+        raise ValueError(f"n_ctx must be an even number >= 4, got {n_ctx}")
+    if n_chunks is not None and n_chunks < 1:
+        raise ValueError(f"n_chunks must be >= 1 or None, got {n_chunks}")
+    vocab = model.vocab
+    tokens = np.asarray(vocab.tokenize(text, add_special=True, parse_special=False), np.int32)
+    if len(tokens) < 2 * n_ctx:
+        raise ValueError(f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; "
+                         f"the text tokenizes to only {len(tokens)}")
+    total = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
+    shapes = {name: w.shape for name, w in model.tensors.items()}
+    collector = ImatrixCollector(shapes, process_output)
+    first = n_ctx // 2
+    nll = 0.0
+    count = 0
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(512, n_ctx), n_threads=n_threads)
+    ctx.matmul_observer = collector
+    try:
+        for i in range(total):
+            chunk = tokens[i * n_ctx:(i + 1) * n_ctx].copy()
+            if vocab.add_bos and vocab.bos is not None:
+                chunk[0] = vocab.bos
+            ctx.memory.seq_rm(0, -1, -1)
+            batch = Batch(n_ctx)
+            batch.token[:] = chunk
+            batch.pos[:] = np.arange(n_ctx)
+            batch.n_seq_id[:] = 1
+            batch.seq_id[:, 0] = 0
+            batch.logits[:] = 1
+            batch.n_tokens = n_ctx
+            status = ctx.decode(batch)
+            if status != 0:
+                raise Error(f"decode failed with status {status} while collecting the imatrix")
+            logits = ctx.get_logits()
+            if logits is not None and len(logits):
+                values = chunk_nll(logits[first:-1], chunk[first + 1:])
+                nll += float(values.sum())
+                count += len(values)
+            if on_chunk is not None:
+                on_chunk(i + 1, total, float(np.exp(nll / count)) if count else float("nan"))
+    finally:
+        ctx.close()
+    im = collector.imatrix(total, n_ctx, [dataset] if dataset else [])
+    return ImatrixResult(im, float(np.exp(nll / count)) if count else float("nan"), total, len(tokens))

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import gguflm
-from _derived import derived_dir, write_f16
 from _llama import require_peer
 from gguflm import cli
 from gguflm.errors import QuantizeError
@@ -33,14 +32,6 @@ NTHREAD = 2
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="session")
-def small_f16(tmp_path_factory, smollm_path) -> Path:
-    dst = derived_dir(tmp_path_factory) / "SmolLM2-135M-Instruct.2L-2048v-untied.F16.gguf"
-    if not dst.exists():
-        write_f16(smollm_path, dst, n_layers=2, untie=True, n_vocab=2048)
-    return dst
 
 
 def _llama_quantize(src: Path, dst: Path, ftype: str, *, imatrix: dict[str, np.ndarray] | None = None,
