@@ -261,3 +261,41 @@ def test_cli_imatrix_records_what_llama_quantize_records(small_f16, tmp_path):
     assert cli.main(["quantize", "--imatrix", str(path), str(small_f16), str(tmp_path / "ours.gguf"),
                      "Q4_K_M", str(NTHREAD)]) == 0
     assert _sha(tmp_path / "ours.gguf") == _sha(theirs)
+
+
+@pytest.fixture
+def split_f16(small_f16, tmp_path) -> Path:
+    """The small model written in 3 shards (8 tensors each); the first part's path."""
+    from gguflm.gguf import GGUFWriter
+
+    with GGUFReader(small_f16) as r:
+        w = GGUFWriter(tmp_path / "in" / "model.gguf")
+        (tmp_path / "in").mkdir()
+        for key, value in r.metadata.items():
+            w.add(key, value, r.value_types[key], r.array_type(key))
+        for t in r.tensors:
+            w.add_tensor(t.name, np.array(t.data).view(np.uint8).reshape(-1), t.type, t.shape)
+        paths = w.write(split_max_tensors=8)
+    assert len(paths) == 3
+    return paths[0]
+
+
+def test_keep_split_writes_llama_cpp_shards(split_f16, tmp_path):
+    llama_cpp = require_peer()
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread, p.keep_split = int(parse_ftype("Q4_K_M")[0]), NTHREAD, True
+    assert llama_cpp.llama_model_quantize(str(split_f16).encode(), str(tmp_path / "theirs").encode(),
+                                          ctypes.byref(p)) == 0
+    result = gguflm.quantize(split_f16, tmp_path / "ours.gguf", "Q4_K_M", keep_split=True, nthread=NTHREAD)
+    assert [p.name for p in result.paths] == [f"ours-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for i in (1, 2, 3):
+        assert _sha(tmp_path / f"ours-0000{i}-of-00003.gguf") == _sha(tmp_path / f"theirs-0000{i}-of-00003.gguf")
+
+
+def test_a_split_input_quantizes_into_one_file(split_f16, tmp_path):
+    _assert_same(split_f16, tmp_path, "Q4_K_M")
+
+
+def test_copy_keeps_every_tensor(small_f16, tmp_path):
+    result = _assert_same(small_f16, tmp_path, "COPY")
+    assert all(p.dst_type == p.src_type for p in result.tensors)
