@@ -626,8 +626,9 @@ def _override_entry(key: str, value: Any) -> tuple[Any, Any]:
 class _Quantizer:
     """Quantizes one tensor's rows in chunks on a thread pool (the kernels release the GIL)."""
 
-    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(self, pool: ThreadPoolExecutor | None, n_threads: int) -> None:
         self.pool = pool
+        self.n_threads = n_threads
 
     def run(self, info: Any, dst: GGMLType, weights: np.ndarray | None) -> np.ndarray:
         from gguflm import quants as q
@@ -638,16 +639,16 @@ class _Quantizer:
         src = np.asarray(info.data).reshape(n_rows, -1)
         out = np.empty((n_rows, dst.row_bytes(n_per_row)), dtype=np.uint8)
         fmt = q.get(dst)
-        chunk = max(1, -(-_CHUNK_ELEMENTS // n_per_row))
+        # a few spans per thread, each at least _CHUNK_ELEMENTS values (rows are independent:
+        # the bytes do not depend on the split)
+        chunk = max(-(-_CHUNK_ELEMENTS // n_per_row), -(-rows_per_expert // (4 * self.n_threads)))
 
         def work(r0: int, r1: int) -> None:
             x = _to_f32(info.type, src[r0:r1], n_per_row)
             if not np.isfinite(x).all():
                 raise QuantizeError(f"tensor {info.name!r} holds NaN or infinite values")
-            if weights is None:
-                out[r0:r1] = fmt.quantize(x)
-            else:  # one importance vector per expert; chunks never cross an expert
-                out[r0:r1] = fmt.quantize(x, weights[r0 // rows_per_expert])
+            # one importance vector per expert; spans never cross an expert
+            fmt.quantize(x, None if weights is None else weights[r0 // rows_per_expert], out=out[r0:r1])
 
         spans = []
         for e0 in range(0, n_rows, rows_per_expert):
@@ -664,16 +665,13 @@ class _Quantizer:
 
 
 def _to_f32(t: GGMLType, rows: np.ndarray, n_per_row: int) -> np.ndarray:
-    """Source rows as float32, as llama.cpp converts them before quantizing."""
+    """Source rows as float32, as llama.cpp converts them before quantizing (F16 and BF16 widen
+    exactly; block types dequantize as ggml's to_float)."""
     from gguflm import quants as q
 
     if t is _T.F32:
         return np.ascontiguousarray(rows, dtype=np.float32)
-    if t is _T.F16:
-        return rows.astype(np.float32)
-    if t is _T.BF16:
-        return (rows.astype(np.uint32) << 16).view(np.float32)
-    if not _is_quantized(t):
+    if t not in (_T.F16, _T.BF16) and not _is_quantized(t):
         raise QuantizeError(f"cannot dequantize/convert tensor type {t.name}")
     return q.get(t).dequantize(np.ascontiguousarray(rows), n_per_row)
 
@@ -884,7 +882,7 @@ def quantize(src: PathArg, dst: PathArg, ftype: str | int | FileType, *,
         for key, value, vtype, atype in job.metadata():
             writer.add(key, value, vtype, atype)
         pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
-        quantizer = _Quantizer(pool)
+        quantizer = _Quantizer(pool, n_threads)
         done = [0]
 
         def producer(t: Any, p: TensorPlan, w: np.ndarray | None) -> Callable[[], np.ndarray]:
