@@ -61,10 +61,10 @@ def collected(smollm):
     return result, seen
 
 
-def _chunks(model) -> list[np.ndarray]:
+def _chunks(model, n_ctx: int = N_CTX) -> list[np.ndarray]:
     vocab = model.vocab
     tokens = np.asarray(vocab.tokenize(_text(), add_special=True, parse_special=False), np.int32)
-    chunks = [tokens[i * N_CTX:(i + 1) * N_CTX].copy() for i in range(N_CHUNKS)]
+    chunks = [tokens[i * n_ctx:(i + 1) * n_ctx].copy() for i in range(N_CHUNKS)]
     if vocab.add_bos and vocab.bos is not None:
         for c in chunks:
             c[0] = vocab.bos
@@ -105,7 +105,8 @@ def test_layer_0_attention_input_is_the_normed_embedding(collected, smollm):
 
 def _llama_imatrix(path: Path, chunks: list[np.ndarray]) -> tuple[dict, dict]:
     """llama-imatrix's collect_imatrix over llama.cpp's own forward pass: for every MUL_MAT whose
-    weight is a block's and whose input has at least 16 rows, the column sums of squares."""
+    weight is a block's and whose input has at least 16 rows, the column sums of squares; for
+    every MUL_MAT_ID, per expert, the squares of the rows routed to it and their number."""
     llama_cpp = require_peer()
     L = llama_cpp
     base = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
@@ -122,9 +123,34 @@ def _llama_imatrix(path: Path, chunks: list[np.ndarray]) -> tuple[dict, dict]:
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
 
+    def rows(src1, i2: int = 0) -> np.ndarray:
+        """src1's rows [ne1, ne0] at index i2 of its third dimension, as float64."""
+        n0 = src1.ne[0]
+        buf = (ctypes.c_char * (src1.nb[2] * i2 + src1.nb[1] * (src1.ne[1] - 1) + n0 * 4)).from_address(src1.data)
+        return np.lib.stride_tricks.as_strided(np.frombuffer(buf, np.float32)[src1.nb[2] * i2 // 4:],
+                                               (src1.ne[1], n0), (src1.nb[1], 4)).astype(np.float64)
+
     def callback(t, ask, user):
         node = ctypes.cast(t, ctypes.POINTER(Tensor)).contents
-        if base.ggml_op_name(node.op) != b"MUL_MAT":
+        op = base.ggml_op_name(node.op)
+        if op == b"MUL_MAT_ID":
+            if ask:
+                return True
+            src0, src1, ids = node.src[0].contents, node.src[1].contents, node.src[2].contents
+            name, n_as = src0.name.decode(), src0.ne[2]
+            raw = (ctypes.c_char * (ids.nb[1] * ids.ne[1])).from_address(ids.data)
+            chosen = np.lib.stride_tricks.as_strided(np.frombuffer(raw, np.int32), (ids.ne[1], ids.ne[0]),
+                                                     (ids.nb[1], ids.nb[0]))
+            acc = sums.setdefault(name, np.zeros((n_as, src1.ne[0])))
+            cnt = counts.setdefault(name, np.zeros(n_as, np.int64))
+            for row in range(src1.ne[2]):
+                x = rows(src1, row)
+                for idx in range(ids.ne[0]):
+                    ex = chosen[row, idx]
+                    acc[ex] += x[idx % src1.ne[1]] ** 2
+                    cnt[ex] += 1
+            return True
+        if op != b"MUL_MAT":
             return not ask
         src0, src1 = node.src[0].contents, node.src[1].contents
         name = src0.name.decode().split("#")[-1] if b"#" in src0.name else src0.name.decode()
@@ -132,11 +158,8 @@ def _llama_imatrix(path: Path, chunks: list[np.ndarray]) -> tuple[dict, dict]:
             return not ask
         if ask:
             return True
-        n0, n1 = src1.ne[0], src1.ne[1] * src1.ne[2] * src1.ne[3]
-        buf = (ctypes.c_char * (src1.nb[1] * (src1.ne[1] - 1) + n0 * 4)).from_address(src1.data)
-        x = np.lib.stride_tricks.as_strided(np.frombuffer(buf, np.float32), (src1.ne[1], n0),
-                                            (src1.nb[1], 4)).astype(np.float64)
-        assert n1 == src1.ne[1]
+        assert src1.ne[2] == src1.ne[3] == 1
+        x = rows(src1)
         sums[name] = sums.get(name, 0) + (x * x).sum(axis=0)
         counts[name] = counts.get(name, 0) + x.shape[0]
         return True
@@ -144,11 +167,11 @@ def _llama_imatrix(path: Path, chunks: list[np.ndarray]) -> tuple[dict, dict]:
     cb = L.ggml_backend_sched_eval_callback(callback)
     model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
     params = L.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = N_CTX
-    params.n_threads = params.n_threads_batch = 2
+    params.n_ctx = params.n_batch = params.n_ubatch = len(chunks[0])
+    params.n_threads = params.n_threads_batch = THREADS
     params.flash_attn_type, params.cb_eval = L.LLAMA_FLASH_ATTN_TYPE_DISABLED, cb
     ctx = L.llama_init_from_model(model, params)
-    batch = L.llama_batch_init(N_CTX, 0, 1)
+    batch = L.llama_batch_init(len(chunks[0]), 0, 1)
     try:
         for chunk in chunks:
             L.llama_memory_clear(L.llama_get_memory(ctx), True)
@@ -173,6 +196,32 @@ def test_sums_match_llama_cpp_collecting_its_own_activations(collected, smollm, 
     for name, want in theirs.items():
         assert im.counts[name].tolist() == [counts[name]]
         np.testing.assert_allclose(im.sums[name], want, rtol=1e-4, err_msg=name)
+
+
+def test_moe_experts_are_counted_per_expert_as_llama_cpp_counts_them(tmp_path):
+    """A tiny 8-expert model: per-expert sums and counts of the rows routed to each expert
+    (gate/up: the token's row once per slot; down: each slot's own row) against llama.cpp's."""
+    _ggml.require_ggml()
+    from tiny_models import TinyModel, write_tiny_model
+    from gguflm.ggml_types import GGMLType
+
+    path = tmp_path / "moe.gguf"
+    spec = TinyModel("llama", n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=256, n_layer=2,
+                     n_expert=8, n_expert_used=2, types={"ffn_gate_inp": GGMLType.F32})
+    write_tiny_model(spec, path, np.random.default_rng(7))
+    n_ctx = 64
+    with gguflm.Model.load(path) as model, _ggml.same_arithmetic():
+        result = compute_imatrix(model, _text(), n_ctx=n_ctx, n_chunks=N_CHUNKS, n_threads=THREADS)
+        chunks = _chunks(model, n_ctx)
+    theirs, counts = _llama_imatrix(path, chunks)
+    im = result.imatrix
+    assert sorted(theirs) == sorted(im.sums)
+    for name, want in theirs.items():
+        assert im.counts[name].tolist() == np.atleast_1d(counts[name]).tolist(), name
+        np.testing.assert_allclose(im.sums[name], np.asarray(want).reshape(-1), rtol=1e-4, err_msg=name)
+    experts = [n for n in im.sums if "_exps" in n]
+    assert experts and all(im.counts[n].size == 8 and im.counts[n].sum() == N_CHUNKS * n_ctx * 2
+                           for n in experts)
 
 
 def test_quantizing_with_our_imatrix_file_is_llama_cpp_byte_for_byte(collected, small_f16, tmp_path):
