@@ -349,6 +349,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     if args.include_weights and args.exclude_weights:
         raise ValueError("--include-weights and --exclude-weights cannot be used together")
     overrides = dict(_kv_override(o) for o in args.override_kv)
+    prune = [int(i) for i in args.prune_layers.split(",") if i.strip()] if args.prune_layers else []
     tensor_types = [_tensor_type_option(t) for t in args.tensor_type]
     if args.tensor_type_file:
         tensor_types += [_tensor_type_option(t)
@@ -375,7 +376,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
                       leave_output_tensor=args.leave_output_tensor, pure=args.pure,
                       output_tensor_type=args.output_tensor_type,
                       token_embedding_type=args.token_embedding_type, tensor_types=tensor_types,
-                      kv_overrides=overrides, keep_split=args.keep_split):
+                      kv_overrides=overrides, keep_split=args.keep_split, prune_layers=prune):
             print(f"{p.name:40s} {p.src_type.name:>7s} -> {p.dst_type.name:7s} "
                   f"{p.src_bytes / 2**20:8.2f} MiB -> {p.dst_bytes / 2**20:8.2f} MiB")
         return 0
@@ -388,7 +389,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
                           output_tensor_type=args.output_tensor_type,
                           token_embedding_type=args.token_embedding_type,
                           tensor_types=tensor_types, kv_overrides=overrides,
-                          keep_split=args.keep_split,
+                          keep_split=args.keep_split, prune_layers=prune,
                           progress=lambda done, total, name: bar.update(done / total, f"[{done}/{total}] {name}"))
     if result.fallbacks:  # llama.cpp's closing warning (GGUFLM_LOG_LEVEL=INFO lists them)
         print(f"warning: {len(result.fallbacks)} of {len(result.tensors)} tensor(s) required "
@@ -606,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
                    help="set metadata in the output (int:, float:, bool:, str:; repeatable)")
     p.add_argument("--keep-split", action="store_true", help="write the output in the input's shards")
+    p.add_argument("--prune-layers", default="", metavar="L0,L1,...", help="blocks to leave out")
     p.add_argument("--dry-run", action="store_true", help="print each tensor's type and size, write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_quantize)

@@ -591,6 +591,35 @@ def _ordered(tensors: list[Any], keep_split: bool) -> list[Any]:
     return sorted(tensors, key=key)
 
 
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def _pruned(tensors: list[Any], prune: list[int]) -> tuple[int | None, list[tuple[Any, str]]]:
+    """llama.cpp's remap_layer: drop the blocks in ``prune`` and number the rest from 0 up, in
+    the tensors' order; (the new block count or None, [(tensor, its new name)])."""
+    if not prune:
+        return None, [(t, t.name) for t in tensors]
+    mapped: dict[int, int | None] = {}
+    next_id = 0
+    out = []
+    for t in tensors:
+        match = _BLK.search(t.name)
+        if match is None:
+            out.append((t, t.name))
+            continue
+        blk = int(match[1])
+        if blk not in mapped:
+            if blk in prune:
+                mapped[blk] = None
+            elif blk < prune[0]:
+                mapped[blk], next_id = blk, blk + 1
+            else:
+                mapped[blk], next_id = next_id, next_id + 1
+        if mapped[blk] is not None:
+            out.append((t, f"{t.name[:match.start(1)]}{mapped[blk]}{t.name[match.end(1):]}"))
+    return next_id, out
+
+
 def _guessed_ftype(tensors: list[Any], metadata: Mapping[str, Any]) -> int:
     """llama_model_loader's ftype: general.file_type, else guessed from the commonest type."""
     if "general.file_type" in metadata:
@@ -696,7 +725,7 @@ class _Job:
                  token_embedding_type: TypeArg = None,
                  tensor_types: Sequence[tuple[str, TypeArg]] | Mapping[str, TypeArg] = (),
                  kv_overrides: Mapping[str, bool | int | float | str] | None = None,
-                 keep_split: bool = False) -> None:
+                 keep_split: bool = False, prune_layers: Sequence[int] = ()) -> None:
         ftype_value, only_copy = parse_ftype(ftype)
         self.reader = reader
         self.allow_requantize = allow_requantize
@@ -717,15 +746,23 @@ class _Job:
         if reader.alignment != _ALIGNMENT:
             raise QuantizeError(f"general.alignment {reader.alignment}: llama.cpp's quantizer "
                                 f"lays its output out for {_ALIGNMENT} only")
-        self.tensors = _ordered(list(reader.tensors), keep_split)
-        self.file_type = (_guessed_ftype(self.tensors, reader.metadata) if only_copy
+        by_layer = _ordered(list(reader.tensors), False)
+        self.file_type = (_guessed_ftype(by_layer, reader.metadata) if only_copy
                           else int(ftype_value))
-        self.rules = _TypeRules(self.hp, self.opt, [t.name for t in self.tensors])
-        self.plans = [self._plan(t, cat) for t, cat in zip(self.tensors, self.rules.categories)]
+        prune = sorted({int(i) for i in prune_layers})
+        if prune and prune[0] < 0:
+            raise ValueError(f"invalid layer id {prune[0]} to prune")
+        self.n_blocks, renamed = _pruned(by_layer, prune)
+        if keep_split:
+            renamed.sort(key=lambda pair: (pair[0].part, pair[0].offset))
+        self.tensors = [t for t, _ in renamed]
+        names = [name for _, name in renamed]
+        self.rules = _TypeRules(self.hp, self.opt, names)
+        self.plans = [self._plan(t, name, cat) for t, name, cat in zip(self.tensors, names, self.rules.categories)]
 
-    def _plan(self, t: Any, cat: _Cat) -> TensorPlan:
+    def _plan(self, t: Any, name: str, cat: _Cat) -> TensorPlan:
         shape = t.shape[:_n_dims(t.shape)] if t.shape else (1,)
-        dst = self.rules.choose(t.name, shape, t.type, cat)
+        dst = self.rules.choose(name, shape, t.type, cat)
         if (self.weights is None and _requires_imatrix(t.name, dst, self.opt.ftype)
                 and _allows_quantization(t.name, shape, self.hp.arch, self.opt)):
             raise QuantizeError(f"this quantization requires an importance matrix (tensor "
@@ -738,7 +775,7 @@ class _Job:
             if t.type not in (_T.F32, _T.F16, _T.BF16) and not _is_quantized(t.type):
                 raise QuantizeError(f"cannot dequantize/convert tensor type {t.type.name} "
                                     f"(tensor {t.name})")
-        return TensorPlan(t.name, shape, t.type, dst, t.part if self.keep_split else 0)
+        return TensorPlan(name, shape, t.type, dst, t.part if self.keep_split else 0)
 
     def importance_for(self, t: Any, p: TensorPlan) -> np.ndarray | None:
         """The tensor's importance weights [n_expert, n_per_row], checked like llama.cpp."""
@@ -774,6 +811,8 @@ class _Job:
             kv.pop(key, None)
         for key, value in self.kv_overrides.items():
             put(key, *_override_entry(key, value))
+        if self.n_blocks is not None:
+            put(f"{self.hp.arch}.block_count", self.n_blocks, V.UINT32)
         return [(key, *entry) for key, entry in kv.items()]
 
 
@@ -812,7 +851,7 @@ def quantize(src: PathArg, dst: PathArg, ftype: str | int | FileType, *,
              tensor_types: Sequence[tuple[str, TypeArg]] | Mapping[str, TypeArg] = (),
              include_weights: Sequence[str] = (), exclude_weights: Sequence[str] = (),
              kv_overrides: Mapping[str, bool | int | float | str] | None = None,
-             keep_split: bool = False,
+             keep_split: bool = False, prune_layers: Sequence[int] = (),
              progress: Callable[[int, int, str], None] | None = None) -> QuantizeResult:
     """Quantize the GGUF model ``src`` to ``dst`` as ``llama_model_quantize`` does.
 
@@ -843,6 +882,8 @@ def quantize(src: PathArg, dst: PathArg, ftype: str | int | FileType, *,
         Metadata to set (``--override-kv``): int → UINT32, float → FLOAT32, bool, str.
     keep_split
         Write the output in the input's shards.
+    prune_layers
+        Blocks to leave out (``--prune-layers``); the others are renumbered from 0.
     progress
         Called as ``progress(tensors_done, n_tensors, name)`` as tensors are written.
 
@@ -870,7 +911,7 @@ def quantize(src: PathArg, dst: PathArg, ftype: str | int | FileType, *,
                    leave_output_tensor=leave_output_tensor, pure=pure,
                    output_tensor_type=output_tensor_type,
                    token_embedding_type=token_embedding_type, tensor_types=tensor_types,
-                   kv_overrides=kv_overrides, keep_split=keep_split)
+                   kv_overrides=kv_overrides, keep_split=keep_split, prune_layers=prune_layers)
         weights = [job.importance_for(t, p) if p.dst_type != t.type else None
                    for t, p in zip(job.tensors, job.plans)]
         n_parts = max(p.part for p in job.plans) + 1 if job.plans else 1

@@ -338,3 +338,29 @@ def test_moe_experts_are_llama_cpp_byte_for_byte(moe_f16, tmp_path, ftype):
     result = _assert_same(moe_f16, tmp_path, ftype, imatrix=weights)
     experts = [p for p in result.tensors if "_exps" in p.name]
     assert experts and all(len(p.shape) == 3 for p in experts)
+
+
+def test_pruned_layers_are_llama_cpp_byte_for_byte(moe_f16, tmp_path):
+    """--prune-layers 1,2 of 4 blocks: blk.3 becomes blk.1, block_count 2 (moved to the end of
+    the metadata), importance weights still found under the original names."""
+    llama_cpp = require_peer()
+    weights = _synthetic_importance(moe_f16, seed=4)
+    weights = {n: np.tile(v, 8) if "_exps" in n else v for n, v in weights.items()}
+    entries = (llama_cpp.llama_model_imatrix_data * (len(weights) + 1))()
+    for i, (name, v) in enumerate(weights.items()):
+        entries[i].name, entries[i].size = name.encode(), v.size
+        entries[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = int(parse_ftype("Q4_K_M")[0]), NTHREAD
+    p.imatrix = entries
+    prune = (ctypes.c_int32 * 3)(1, 2, -1)
+    p.prune_layers = prune
+    assert llama_cpp.llama_model_quantize(str(moe_f16).encode(), str(tmp_path / "theirs.gguf").encode(),
+                                          ctypes.byref(p)) == 0
+    result = gguflm.quantize(moe_f16, tmp_path / "ours.gguf", "Q4_K_M", imatrix=weights, nthread=NTHREAD,
+                             prune_layers=[2, 1])
+    assert _sha(result.paths[0]) == _sha(tmp_path / "theirs.gguf"), \
+        _first_difference(result.paths[0], tmp_path / "theirs.gguf")
+    with GGUFReader(result.paths[0]) as r:
+        assert r.metadata["llama.block_count"] == 2 and list(r.metadata)[-1] == "llama.block_count"
+        assert {t.name.split(".")[1] for t in r.tensors if t.name.startswith("blk.")} == {"0", "1"}
