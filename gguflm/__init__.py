@@ -19,8 +19,11 @@ if "numpy" not in sys.modules:
     for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
-from gguflm.errors import Error, GGUFError, LoadCancelled, ModelLoadError, VocabOnlyError
+from gguflm.errors import (Error, GGUFError, LoadCancelled, ModelLoadError, QuantizeError,
+                           VocabOnlyError)
 from gguflm import system
+# the function, bound over the submodule's name (``from gguflm.quantize import ...`` still works)
+from gguflm.quantize import quantize
 from gguflm.system import system_info
 
 __version__ = "0.1.0"
@@ -51,7 +54,9 @@ __all__ = [
     "GGUFError",
     "LoadCancelled",
     "ModelLoadError",
+    "QuantizeError",
     "VocabOnlyError",
+    "quantize",
     "system",
     "system_info",
     *_LAZY,

@@ -296,6 +296,135 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_override(text: str) -> tuple[str, Any]:
+    """``KEY=TYPE:VALUE`` (types int, float, bool, str), as llama.cpp's --override-kv."""
+    key, sep, rest = text.partition("=")
+    if not sep or not key or len(key) >= 128:
+        raise ValueError(f"malformed KV override {text!r}: expected KEY=TYPE:VALUE")
+    kind, sep, value = rest.partition(":")
+    if kind == "int" and sep:
+        return key, int(value)
+    if kind == "float" and sep:
+        return key, float(value)
+    if kind == "bool" and value in ("true", "false"):
+        return key, value == "true"
+    if kind == "str" and sep:
+        if len(value.encode()) > 127:
+            raise ValueError(f"KV override {key!r}: string longer than 127 bytes")
+        return key, value
+    raise ValueError(f"invalid type or value in KV override {text!r} (int:, float:, bool:true|false, str:)")
+
+
+def _tensor_type_option(text: str) -> tuple[str, str]:
+    """``NAME=TYPE`` of --tensor-type: the name (a regex, lowercased as llama-quantize does)."""
+    name, sep, qtype = text.partition("=")
+    if not sep or not name or not qtype:
+        raise ValueError(f"malformed tensor type {text!r}: expected NAME=TYPE")
+    return name.lower(), qtype
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from gguflm.imatrix import read_imatrix
+    from gguflm.progress import ProgressBar
+    from gguflm.quantize import FTYPE_NAMES, parse_ftype, quantize
+
+    # llama-quantize's positionals: IN [OUT] TYPE [nthreads]; without OUT the file goes beside IN
+    pos = list(args.positional)
+    if len(pos) < 2:
+        raise ValueError("usage: gguflm quantize [options] IN.gguf [OUT.gguf] TYPE [nthreads]")
+    src = Path(pos.pop(0))
+    try:
+        parse_ftype(pos[0])
+        ftype_name = pos.pop(0)
+        name = next((n for n in FTYPE_NAMES if n == ftype_name.upper()), ftype_name)
+        dst = src.parent / f"ggml-model-{name}.gguf"
+    except ValueError:
+        dst = Path(pos.pop(0))
+        if not pos:
+            raise ValueError("missing the file type") from None
+        ftype_name = pos.pop(0)
+    nthread = int(pos.pop(0)) if pos else None
+    if pos:
+        raise ValueError(f"unexpected arguments: {' '.join(pos)}")
+    if args.include_weights and args.exclude_weights:
+        raise ValueError("--include-weights and --exclude-weights cannot be used together")
+    overrides = dict(_kv_override(o) for o in args.override_kv)
+    prune = [int(i) for i in args.prune_layers.split(",") if i.strip()] if args.prune_layers else []
+    tensor_types = [_tensor_type_option(t) for t in args.tensor_type]
+    if args.tensor_type_file:
+        tensor_types += [_tensor_type_option(t)
+                         for t in Path(args.tensor_type_file).read_text().split()]
+    weights = None
+    if args.imatrix:
+        from gguflm.quantize import _importance
+
+        im = read_imatrix(args.imatrix)
+        if not im.is_legacy and not im.has_metadata:
+            raise ValueError(f"missing imatrix metadata in file {args.imatrix}")
+        weights = _importance(im.importance(), args.include_weights, args.exclude_weights)
+        if weights:  # llama-quantize records what the matrix was
+            overrides["quantize.imatrix.file"] = args.imatrix[:127]
+            if im.datasets:
+                overrides["quantize.imatrix.dataset"] = im.datasets[0][:127]
+            overrides["quantize.imatrix.entries_count"] = len(weights)
+            if im.chunk_count > 0:
+                overrides["quantize.imatrix.chunks_count"] = im.chunk_count
+    if args.dry_run:
+        from gguflm.quantize import plan
+
+        for p in plan(src, ftype_name, imatrix=weights, allow_requantize=args.allow_requantize,
+                      leave_output_tensor=args.leave_output_tensor, pure=args.pure,
+                      output_tensor_type=args.output_tensor_type,
+                      token_embedding_type=args.token_embedding_type, tensor_types=tensor_types,
+                      kv_overrides=overrides, keep_split=args.keep_split, prune_layers=prune):
+            print(f"{p.name:40s} {p.src_type.name:>7s} -> {p.dst_type.name:7s} "
+                  f"{p.src_bytes / 2**20:8.2f} MiB -> {p.dst_bytes / 2**20:8.2f} MiB")
+        return 0
+    print(f"quantizing '{src}' to '{dst}' as {ftype_name.upper()}"
+          + (f" using {nthread} threads" if nthread else ""), file=sys.stderr)
+    with ProgressBar("quantize", enabled=_progress(args)) as bar:
+        result = quantize(src, dst, ftype_name, imatrix=weights, nthread=nthread,
+                          allow_requantize=args.allow_requantize,
+                          leave_output_tensor=args.leave_output_tensor, pure=args.pure,
+                          output_tensor_type=args.output_tensor_type,
+                          token_embedding_type=args.token_embedding_type,
+                          tensor_types=tensor_types, kv_overrides=overrides,
+                          keep_split=args.keep_split, prune_layers=prune,
+                          progress=lambda done, total, name: bar.update(done / total, f"[{done}/{total}] {name}"))
+    if result.fallbacks:  # llama.cpp's closing warning (GGUFLM_LOG_LEVEL=INFO lists them)
+        print(f"warning: {len(result.fallbacks)} of {len(result.tensors)} tensor(s) required "
+              f"fallback quantization", file=sys.stderr)
+    print(result.summary())
+    return 0
+
+
+def _cmd_imatrix(args: argparse.Namespace) -> int:
+    from gguflm.default_model import load_model
+    from gguflm.imatrix import compute_imatrix, write_imatrix, write_imatrix_legacy
+    from gguflm.progress import ProgressBar
+
+    text = Path(args.file).read_text(encoding="utf-8")
+    legacy = args.output_format == "dat" or (args.output_format is None and args.output.endswith(".dat"))
+    with load_model(args.model, _progress(args)) as model, \
+            ProgressBar("imatrix", enabled=_progress(args)) as bar:
+        def on_chunk(done: int, total: int, ppl: float) -> None:
+            if bar.enabled:
+                bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
+            else:
+                print(f"[{done}]{ppl:.4f},", end="", flush=True)
+
+        result = compute_imatrix(model, text, n_ctx=args.ctx_size, n_chunks=args.chunks,
+                                 dataset=args.file, process_output=args.process_output,
+                                 n_threads=args.threads, on_chunk=on_chunk)
+    print()
+    print(f"Final estimate: PPL = {result.ppl:.4f}")
+    im = result.imatrix
+    path = write_imatrix_legacy(args.output, im, args.file) if legacy else write_imatrix(args.output, im)
+    print(f"stored {len(im.sums)} entries after {im.chunk_count} chunks of {im.chunk_size} tokens "
+          f"in {path}", file=sys.stderr)
+    return 0
+
+
 # -- the parser
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -354,6 +483,12 @@ def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
     p.add_argument("--json-schema-converter", default="llama-cpp-python",
                    choices=("llama-cpp-python", "llama.cpp"),
                    help="whose JSON schema -> grammar conversion to use")
+
+
+def _ftype_names() -> list[str]:
+    from gguflm.quantize import FTYPE_NAMES
+
+    return list(FTYPE_NAMES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -450,6 +585,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="treat control-token texts as plain text")
     p.add_argument("--show-count", action="store_true", help="print the number of tokens")
     p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser("quantize", help="quantize a GGUF model, llama-quantize style (the same bytes)",
+                       usage="gguflm quantize [options] IN.gguf [OUT.gguf] TYPE [nthreads]",
+                       description="TYPE: " + " ".join(_ftype_names()))
+    p.add_argument("positional", nargs="+", metavar="IN [OUT] TYPE [nthreads]")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow requantizing tensors that are already quantized")
+    p.add_argument("--leave-output-tensor", action="store_true", help="leave output.weight un(re)quantized")
+    p.add_argument("--pure", action="store_true", help="no k-quant mixes: every tensor to the same type")
+    p.add_argument("--imatrix", help="importance matrix file (GGUF or legacy .dat)")
+    p.add_argument("--include-weights", action="append", default=[],
+                   help="use the importance matrix for these tensor(s) only (repeatable)")
+    p.add_argument("--exclude-weights", action="append", default=[],
+                   help="do not use the importance matrix for these tensor(s) (repeatable)")
+    p.add_argument("--output-tensor-type", help="ggml type of output.weight")
+    p.add_argument("--token-embedding-type", help="ggml type of the token embeddings")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="NAME=TYPE",
+                   help="quantize tensors matching NAME (a regex) to TYPE (repeatable)")
+    p.add_argument("--tensor-type-file", help="NAME=TYPE pairs separated by spaces or newlines")
+    p.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                   help="set metadata in the output (int:, float:, bool:, str:; repeatable)")
+    p.add_argument("--keep-split", action="store_true", help="write the output in the input's shards")
+    p.add_argument("--prune-layers", default="", metavar="L0,L1,...", help="blocks to leave out")
+    p.add_argument("--dry-run", action="store_true", help="print each tensor's type and size, write nothing")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("imatrix", help="importance matrix of a text for quantize --imatrix, llama-imatrix style")
+    _model_args(p)
+    p.add_argument("-f", "--file", required=True, help="the calibration text")
+    p.add_argument("-o", "--output", default="imatrix.gguf", help="output file (default imatrix.gguf)")
+    p.add_argument("--output-format", choices=("gguf", "dat"), default=None,
+                   help="file format (default: dat for a .dat name, else gguf)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk")
+    p.add_argument("--chunks", type=int, default=None, help="process at most this many chunks")
+    p.add_argument("--process-output", action="store_true", help="collect output.weight too")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads")
+    p.set_defaults(func=_cmd_imatrix)
 
     p = sub.add_parser("info", help="print build and CPU facts")
     p.set_defaults(func=_cmd_info)

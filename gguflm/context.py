@@ -25,7 +25,7 @@ from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext import ops
 from gguflm._ext.plan import Plan
-from gguflm.graph import Aborted, Arena, Graph, RopeConfig, UBatch, apply_rope
+from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
@@ -159,6 +159,11 @@ class Context:
 
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
+        # by ubatch shape: each plan's matmul inputs by the segment before which they are complete
+        self._observations: dict[tuple[int, int, bool], dict[int, list[MatmulObservation]]] = {}
+        # called with every matmul input of multi-token ubatches as decode computes them (the
+        # array is valid only during the call): what an importance matrix is collected from
+        self.matmul_observer: Callable[[MatmulObservation], None] | None = None
         self._rope_configs = [self._make_rope_config(il) for il in range(hp.n_layer)]
         self._logits: np.ndarray | None = None      # [n_outputs, n_vocab] (None: the model has no head)
         self._embd: np.ndarray | None = None        # [n_outputs, n_embd]
@@ -220,6 +225,18 @@ class Context:
         if self.abort_callback is not None and self.abort_callback():
             raise Aborted()
 
+    def _observing(self, shape: tuple[int, int, bool]) -> Callable[[], None]:
+        """A check_abort for Plan.run that also hands each segment's finished matmul inputs to
+        the observer (Plan.run calls it before every segment, in order)."""
+        by_segment, observer, count = self._observations.get(shape, {}), self.matmul_observer, [0]
+
+        def before_segment() -> None:
+            self._check_abort()
+            for ob in by_segment.get(count[0], ()):
+                observer(ob)
+            count[0] += 1
+        return before_segment
+
     def decode(self, batch: Batch) -> int:
         """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
         try:
@@ -250,7 +267,7 @@ class Context:
                 for ci, cache in enumerate(self._caches):
                     cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
                 plan = self._plan_for(ub)
-                plan.run(self._check_abort)
+                plan.run(self._check_abort if self.matmul_observer is None else self._observing(ub.shape))
                 embd, logits, pooled = plan.results
             except Aborted:
                 for cache, snap in zip(self._caches, snapshots):
@@ -399,8 +416,10 @@ class Context:
             for cache, snap in zip(self._caches, snapshots):
                 cache.restore(snap)
 
-    def _record(self, ub: UBatch, arena: Arena) -> Plan:
-        """Record the forward pass of ubatches shaped like ``ub`` into buffers from ``arena``."""
+    def _record(self, ub: UBatch, arena: Arena,
+                observations: dict[int, list[MatmulObservation]] | None = None) -> Plan:
+        """Record the forward pass of ubatches shaped like ``ub`` into buffers from ``arena``
+        (and its matmul inputs by segment into ``observations``)."""
         hp = self.model.hparams
         plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
                     ub.n_seqs)
@@ -408,6 +427,8 @@ class Context:
         embd, logits = self.model.architecture.forward(g)
         pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
         plan.results = (embd, logits, pooled)
+        if observations is not None:
+            observations.update(g.observation_segments())
         return plan
 
     def _layout(self, ub: UBatch, guarded: bool = False) -> tuple[Arena, Plan]:
@@ -439,12 +460,15 @@ class Context:
             # once to learn when each buffer is in use, then into buffers that share memory
             guarded = guard_mode()
             arena, _ = self._layout(ub, guarded)
-            plan = self._record(ub, arena)
+            observations: dict[int, list[MatmulObservation]] = {}
+            plan = self._record(ub, arena, observations)
             if guarded:
                 plan.set_guards(*arena.guard_zones())
             self._plans[ub.shape] = plan
+            self._observations[ub.shape] = observations
             if len(self._plans) > _MAX_PLANS:
-                self._plans.popitem(last=False)
+                evicted, _ = self._plans.popitem(last=False)
+                self._observations.pop(evicted, None)
         else:
             self._plans.move_to_end(ub.shape)
             self._perf["n_reused"] += 1
@@ -595,6 +619,7 @@ class Context:
     def close(self) -> None:
         self._caches = []
         self._plans.clear()
+        self._observations.clear()
         self._logits = self._embd = None
 
     def __enter__(self) -> Context:

@@ -21,6 +21,11 @@ class VocabError(ModelLoadError):
     """A GGUF file's tokenizer metadata is missing, malformed or names a tokenizer gguflm lacks."""
 
 
+class QuantizeError(Error):
+    """A model cannot be quantized as asked: an input type llama.cpp's quantizer refuses too,
+    requantizing without permission, a very low-bit type without importance data."""
+
+
 class StateError(Error):
     """A saved context state is malformed or does not fit this context."""
 

@@ -197,6 +197,19 @@ def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeCon
              rc.n_ctx_orig, rc.freq_factors, n_threads)
 
 
+@dataclass(frozen=True)
+class MatmulObservation:
+    """The input ``x`` of the matmuls of ``names``, complete at boundary node ``node``; for
+    expert weights the routing (ids [n, k], weights, offsets [n_expert + 1], ...) and whether the
+    rows of x are already one per (token, slot) in expert order (``by_expert``) or one per token."""
+
+    node: int
+    x: np.ndarray
+    names: tuple[str, ...]
+    route: tuple[np.ndarray, ...] | None = None
+    by_expert: bool = False
+
+
 class Graph:
     """Records the forward pass of ubatches shaped like ``ub`` through ``ctx``'s model."""
 
@@ -209,6 +222,10 @@ class Graph:
         self.arena = arena
         # llama.cpp's one selection point: batches use the batch threads, single tokens the others
         self.n_threads = ctx.n_threads_batch if ub.n_tokens > 1 else ctx.n_threads
+        # segment boundaries recorded (node indices) and, at the boundary before each projection of
+        # a multi-token ubatch, its input: what Context.observe_matmuls hands to an observer
+        self.boundaries: list[int] = []
+        self.observations: list[MatmulObservation] = []
 
     # -- buffers
 
@@ -219,8 +236,32 @@ class Graph:
 
     def layers(self) -> Iterator[tuple[int, Layer]]:
         for il, layer in enumerate(self.model.layers):
-            self.plan.layer()
+            self.boundary()
             yield il, layer
+
+    def boundary(self) -> None:
+        """End the running segment: decode may stop here (abort) and observers look here."""
+        self.plan.layer()
+        self.boundaries.append(self.plan.size - 1)
+
+    def observe(self, x: np.ndarray, weights: Sequence[Weight], route: tuple[np.ndarray, ...] | None = None,
+                by_expert: bool = False) -> None:
+        """Note x as the input of these weights' matmuls, readable at the boundary just recorded."""
+        self.observations.append(MatmulObservation(self.boundaries[-1], x, tuple(w.name for w in weights),
+                                                   route, by_expert))
+
+    def observation_segments(self) -> dict[int, list[MatmulObservation]]:
+        """The observations by the segment before which they are complete (the order in which
+        Plan.run calls its check_abort): a boundary node ends a segment unless it opens one."""
+        segment_of, start, index = {}, 0, 0
+        for node in self.boundaries:
+            if node > start:
+                start, index = node + 1, index + 1
+            segment_of[node] = index
+        by_segment: dict[int, list[MatmulObservation]] = {}
+        for ob in self.observations:
+            by_segment.setdefault(segment_of[ob.node], []).append(ob)
+        return by_segment
 
     # -- embeddings
 
@@ -325,7 +366,8 @@ class Graph:
         """x @ W.T for each weight; x is quantized once per partner type among them (the result
         equals ggml's, which quantizes again for every matmul)."""
         if self.ub.n_tokens > 1:  # long prompts: let a cancel land between matmuls, not only layers
-            self.plan.layer()
+            self.boundary()
+            self.observe(x, weights)
         quantized: dict[int, np.ndarray] = {}
         partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
         for partner in partners:
@@ -396,7 +438,8 @@ class Graph:
         matrix of each 3-D weight ([n_expert][n_out, n_in]); the results ([n * k, n_out]) and,
         with ``by_expert``, x itself are in the routing's expert order."""
         if self.ub.n_tokens > 1:
-            self.plan.layer()
+            self.boundary()
+            self.observe(x, weights, route, by_expert)
         n_sorted = len(route[3])
         quantized: dict[int, np.ndarray] = {}
         partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]

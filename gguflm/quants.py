@@ -49,7 +49,8 @@ class Format:
         """Bytes of ``n`` elements; ValueError unless ``n`` is a whole number of blocks."""
         return _k.row_bytes(int(self.type), int(n))
 
-    def quantize(self, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    def quantize(self, x: np.ndarray, imatrix: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """Quantize float32 rows as ``ggml_quantize_chunk`` does (ggml's reference quantizer, or
         with importance weights its weighted search).
 
@@ -61,28 +62,40 @@ class Format:
             ggml's ``quant_weights``: one importance weight per column (an importance matrix's
             entry for this tensor). Formats whose ggml quantizer ignores them give the same bytes
             as without.
+        out : numpy.ndarray of uint8, shape (n, row_bytes(k)), optional
+            C-contiguous rows to write the blocks into (2-D ``x`` only).
 
         Returns
         -------
         numpy.ndarray of uint8, shape (row_bytes(k),) or (n, row_bytes(k))
         """
         if imatrix is None:
-            return self._quantize(x, activation=False)
+            return self._quantize(x, activation=False, out=out)
         rows = _float_rows(x, "x")
         qw = _float_rows(imatrix, "imatrix")
         if qw.shape[0] != 1 or qw.shape[1] != rows.shape[1]:
             raise ValueError(f"imatrix must hold one weight per column ({rows.shape[1]}), got shape {np.shape(imatrix)}")
-        out = np.empty((rows.shape[0], self.row_bytes(rows.shape[1])), dtype=np.uint8)
+        out = self._out_rows(out, x, rows)
         _k.quantize_weighted(int(self.type), rows, out, qw[0])
         return out if np.ndim(x) == 2 else out[0]
+
+    def _out_rows(self, out: np.ndarray | None, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        shape = (rows.shape[0], self.row_bytes(rows.shape[1]))
+        if out is None:
+            return np.empty(shape, dtype=np.uint8)
+        if np.ndim(x) != 2:
+            raise ValueError("out= needs 2-D x")
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != shape or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous uint8 of shape {shape}")
+        return out
 
     def quantize_activations(self, x: np.ndarray) -> np.ndarray:
         """Quantize float32 rows as ggml's CPU backend quantizes matmul inputs (see module doc)."""
         return self._quantize(x, activation=True)
 
-    def _quantize(self, x: np.ndarray, activation: bool) -> np.ndarray:
+    def _quantize(self, x: np.ndarray, activation: bool, out: np.ndarray | None = None) -> np.ndarray:
         rows = _float_rows(x, "x")
-        out = np.empty((rows.shape[0], self.row_bytes(rows.shape[1])), dtype=np.uint8)
+        out = self._out_rows(out, x, rows)
         _k.quantize(int(self.type), rows, out, activation)
         return out if np.ndim(x) == 2 else out[0]
 

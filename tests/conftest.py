@@ -49,6 +49,29 @@ def smollm_path() -> Path:
     return _model(SMOLLM_FILE)
 
 
+@pytest.fixture(scope="session")
+def smollm_f16(tmp_path_factory, smollm_path) -> Path:
+    """SmolLM2 as an F16 GGUF: its Q4_1 matrices dequantized, the F32 norms kept."""
+    from _derived import derived_dir, write_f16
+
+    dst = derived_dir(tmp_path_factory) / "SmolLM2-135M-Instruct.F16.gguf"
+    if not dst.exists():
+        write_f16(smollm_path, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def small_f16(tmp_path_factory, smollm_path) -> Path:
+    """A small F16 SmolLM2 for the quantizer (which reads no vocabulary): its first 2 blocks,
+    the first 2048 embedding rows, and an untied output.weight (a copy of the embeddings)."""
+    from _derived import derived_dir, write_f16
+
+    dst = derived_dir(tmp_path_factory) / "SmolLM2-135M-Instruct.2L-2048v-untied.F16.gguf"
+    if not dst.exists():
+        write_f16(smollm_path, dst, n_layers=2, untie=True, n_vocab=2048)
+    return dst
+
+
 @pytest.fixture(scope="session", params=[GEMMA_FILE, SMOLLM_FILE], ids=["gemma", "smollm"])
 def real_model_path(request) -> Path:
     return _model(request.param)

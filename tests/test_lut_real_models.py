@@ -1,10 +1,10 @@
 """SmolLM2 quantized by llama.cpp itself to IQ4_XS, IQ4_NL and TQ2_0 (issue 15): gguflm's logits
 against llama.cpp's at every position of the reference prompts.
 
-The files are made here: an F16 GGUF of SmolLM2 from its Q4_1 file (every matrix dequantized,
-the F32 norms kept), quantized with ``llama_model_quantize`` through llama-cpp-python. They go to
-a folder beside pytest's temporary directories that outlives one run (pytest-of-<user>/
-gguflm-derived), and are made again only when missing. llama.cpp falls back to other types where
+The files are made here: the F16 GGUF of SmolLM2 (conftest's ``smollm_f16``), quantized with
+``llama_model_quantize`` through llama-cpp-python. They go to a folder beside pytest's temporary
+directories that outlives one run (pytest-of-<user>/gguflm-derived), and are made again only
+when missing. llama.cpp falls back to other types where
 a row does not fit a 256-block (SmolLM2's n_embd is 576): IQ4_NL for IQ4_XS, Q4_0 for TQ2_0.
 """
 
@@ -18,51 +18,14 @@ import pytest
 
 import _ggml
 import gguflm
-import gguflm.quants as q
 from _llama import require_peer
 from conftest import SMOLLM_FILE, load_reference
 from gguflm.ggml_types import GGMLType
-from gguflm.gguf import GGUFReader, GGUFWriter
 
 PRINTED = 6e-5   # the reference's 4 decimals, plus float32 rounding of the comparison
 MAX_KL = 0.005
 # llama.cpp file types (enum llama_ftype)
 FTYPES = {"IQ4_XS": 30, "IQ4_NL": 25, "TQ2_0": 37}
-
-
-def _derived_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.getbasetemp().parent / "gguflm-derived"
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
-def _write_f16(src: Path, dst: Path) -> None:
-    """src with every quantized matrix dequantized to F16 (F32 tensors kept), metadata copied."""
-    tmp = dst.with_suffix(".part")
-    with GGUFReader(src) as reader:
-        w = GGUFWriter(tmp)
-        for key, value in reader.metadata.items():
-            if key == "general.alignment":
-                continue
-            w.add(key, value, reader.value_types[key], reader.array_type(key))
-        w.add("general.file_type", 1, reader.value_types.get("general.file_type"))   # LLAMA_FTYPE_MOSTLY_F16
-        for t in reader.tensors:
-            if t.type == GGMLType.F32:
-                w.add_tensor(t.name, np.array(t.data), GGMLType.F32, shape=t.shape)
-            else:
-                rows = q.get(t.type).dequantize(np.array(t.data).reshape(-1, t.data.shape[-1]), t.shape[0])
-                w.add_tensor(t.name, rows.astype(np.float16).reshape(t.data.shape[:-1] + (t.shape[0],)), GGMLType.F16,
-                             shape=t.shape)
-        w.write()
-    tmp.rename(dst)
-
-
-@pytest.fixture(scope="module")
-def smollm_f16(tmp_path_factory, smollm_path) -> Path:
-    dst = _derived_dir(tmp_path_factory) / "SmolLM2-135M-Instruct.F16.gguf"
-    if not dst.exists():
-        _write_f16(smollm_path, dst)
-    return dst
 
 
 def _quantized(f16: Path, name: str) -> Path:

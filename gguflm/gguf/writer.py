@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -50,7 +50,17 @@ class _PendingTensor:
     type: GGMLType
     shape: tuple[int, ...]  # ggml order
     nbytes: int
-    data: np.ndarray  # little-endian, nbytes bytes when viewed as uint8
+    data: np.ndarray | Callable[[], np.ndarray]  # little-endian bytes, or made when written
+
+
+def _tensor_bytes(t: _PendingTensor) -> np.ndarray:
+    """The tensor's bytes as flat uint8, producing them now for a lazily added tensor."""
+    data = t.data() if callable(t.data) else t.data
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if raw.nbytes != t.nbytes:
+        raise ValueError(f"tensor {t.name!r}: {t.type.name} of shape {t.shape} needs {t.nbytes} "
+                         f"bytes, its data gave {raw.nbytes}")
+    return raw
 
 
 def _encode_str(text: str | bytes | bytearray) -> bytes:
@@ -234,8 +244,8 @@ class GGUFWriter:
 
     # -- tensors
 
-    def add_tensor(self, name: str, data: np.ndarray, type: GGMLType | None = None,
-                   shape: Sequence[int] | None = None) -> None:
+    def add_tensor(self, name: str, data: np.ndarray | Callable[[], np.ndarray],
+                   type: GGMLType | None = None, shape: Sequence[int] | None = None) -> None:
         """Add a tensor.
 
         Parameters
@@ -245,7 +255,9 @@ class GGUFWriter:
         data
             For F32/F16/F64/I8/I16/I32/I64 an array of that dtype (BF16: uint16 bits); for block
             types the raw blocks as uint8, e.g. of shape ``(*rows, row_bytes)``. Raw uint8 bytes
-            are accepted for any type when ``shape`` is given.
+            are accepted for any type when ``shape`` is given. A callable (with ``type`` and
+            ``shape`` given) is called when :meth:`write` reaches the tensor and returns its
+            bytes: a file larger than memory is written one tensor at a time.
         type
             The ggml type; inferred from the dtype for the plain types.
         shape
@@ -253,6 +265,9 @@ class GGUFWriter:
             them. Default: the reversed numpy shape, or for uint8 blocks
             ``(row elements, *reversed(data.shape[:-1]))``.
         """
+        if callable(data):
+            self._add_lazy_tensor(name, data, type, shape)
+            return
         data = np.asarray(data)
         if type is None:
             type = TENSOR_TYPE_OF_DTYPE.get(data.dtype.newbyteorder("="))
@@ -273,12 +288,7 @@ class GGUFWriter:
             data = data.astype(dtype, copy=False)  # little-endian
         if shape is None:
             shape = self._default_shape(name, data, ggml_type, raw_bytes)
-        shape = tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape):
-            raise ValueError(f"tensor {name!r}: shape {shape} needs 1..{MAX_DIMS} dimensions >= 1")
-        if shape[0] % ggml_type.block_size:
-            raise ValueError(f"tensor {name!r}: row of {shape[0]} elements is not a multiple of "
-                             f"{ggml_type.name}'s block size {ggml_type.block_size}")
+        shape = self._checked_shape(name, shape, ggml_type)
         n_elements = int(np.prod(shape, dtype=object))
         nbytes = n_elements // ggml_type.block_size * ggml_type.type_size
         if raw_bytes and data.nbytes != nbytes:
@@ -288,6 +298,26 @@ class GGUFWriter:
             raise ValueError(f"tensor {name!r}: shape {shape} has {n_elements} elements, "
                              f"data has {data.size}")
         self._tensors[name] = _PendingTensor(name, ggml_type, shape, nbytes, data)
+
+    def _add_lazy_tensor(self, name: str, produce: Callable[[], np.ndarray],
+                         type: GGMLType | None, shape: Sequence[int] | None) -> None:
+        if type is None or shape is None:
+            raise TypeError(f"tensor {name!r}: data made at write time needs type= and shape=")
+        ggml_type = GGMLType(type)
+        self._check_tensor_name(name)
+        shape = self._checked_shape(name, shape, ggml_type)
+        nbytes = int(np.prod(shape, dtype=object)) // ggml_type.block_size * ggml_type.type_size
+        self._tensors[name] = _PendingTensor(name, ggml_type, shape, nbytes, produce)
+
+    @staticmethod
+    def _checked_shape(name: str, shape: Sequence[int], ggml_type: GGMLType) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= MAX_DIMS or any(d < 1 for d in shape):
+            raise ValueError(f"tensor {name!r}: shape {shape} needs 1..{MAX_DIMS} dimensions >= 1")
+        if shape[0] % ggml_type.block_size:
+            raise ValueError(f"tensor {name!r}: row of {shape[0]} elements is not a multiple of "
+                             f"{ggml_type.name}'s block size {ggml_type.block_size}")
+        return shape
 
     def _check_tensor_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
@@ -314,7 +344,8 @@ class GGUFWriter:
 
     # -- output
 
-    def write(self, *, split_max_tensors: int = 0, split_max_size: int = 0) -> list[Path]:
+    def write(self, *, split_max_tensors: int = 0, split_max_size: int = 0,
+              split_parts: Sequence[int] | None = None) -> list[Path]:
         """Write the file, or split parts when a limit is given and more than one part results.
 
         Parameters
@@ -324,6 +355,9 @@ class GGUFWriter:
         split_max_size
             Start a new part before a tensor that would take the part's tensor bytes past this
             (0: no limit). A part always holds at least one tensor.
+        split_parts
+            Instead of limits: the part (0, 1, ...) of each tensor in the order they were added,
+            non-decreasing (llama.cpp's ``--keep-split`` keeps its input's shards this way).
 
         Returns
         -------
@@ -333,7 +367,10 @@ class GGUFWriter:
         """
         if split_max_tensors < 0 or split_max_size < 0:
             raise ValueError("split limits must be >= 0")
-        groups = self._partition(split_max_tensors, split_max_size)
+        if split_parts is not None:
+            groups = self._given_parts(list(split_parts))
+        else:
+            groups = self._partition(split_max_tensors, split_max_size)
         if len(groups) == 1:
             plan = [(self.path, self._kv, groups[0])]
         else:
@@ -360,6 +397,17 @@ class GGUFWriter:
                 size = 0
             groups[-1].append(t)
             size += t.nbytes
+        return groups
+
+    def _given_parts(self, parts: list[int]) -> list[list[_PendingTensor]]:
+        tensors = list(self._tensors.values())
+        if len(parts) != len(tensors):
+            raise ValueError(f"split_parts names {len(parts)} parts for {len(tensors)} tensors")
+        if parts and (parts[0] != 0 or any(b - a not in (0, 1) for a, b in zip(parts, parts[1:]))):
+            raise ValueError("split_parts must count up from 0 without gaps")
+        groups: list[list[_PendingTensor]] = [[] for _ in range(parts[-1] + 1 if parts else 1)]
+        for part, t in zip(parts, tensors):
+            groups[part].append(t)
         return groups
 
     def _split_plan(self, groups: list[list[_PendingTensor]]) -> list[tuple]:
@@ -397,7 +445,7 @@ class GGUFWriter:
             with open(tmp, "wb") as f:
                 f.write(head)
                 for t in tensors:
-                    f.write(np.ascontiguousarray(t.data).reshape(-1).view(np.uint8))
+                    f.write(_tensor_bytes(t))
                     f.write(bytes(align_up(t.nbytes, self.alignment) - t.nbytes))
             os.replace(tmp, path)
         finally:
