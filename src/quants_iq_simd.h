@@ -129,9 +129,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
                     const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
                     delta[k] = _mm256_add_epi32(delta[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8d), sc));
                 }
-                if (type == GGUFLM_IQ1_S) {
-                    const int ls = _mm256_extract_epi16(sc, 0);
-                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (_mm256_extract_epi8(dneg, 0) ? -1 : 1) * ls;
+                if (type == GGUFLM_IQ1_S) {   /* the scale and delta sign from qh itself, not the vectors */
+                    const unsigned h = gguflm_u16_at(xb + 34 + 2 * g), ls = 2 * ((h >> 12) & 7) + 1;
+                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (h & 0x8000 ? -(int)ls : (int)ls);
                 }
             }
         }
@@ -191,10 +191,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     for (int k = 0; k < T; ++k) o[k * os] = out[k];
 }
 
+/* DOT: a single token gets the tile compiled for T = 1 (decode streams the weights: no per-token
+ * arrays there) */
 #define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
     static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
                                        int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
         (void)arith;                                                                                             \
+        if (nt == 1) {                                                                                           \
+            for (int64_t r = 0; r < nr; ++r)                                                                     \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y, ys, 1, o + r, os);         \
+            return;                                                                                              \
+        }                                                                                                        \
         for (int64_t r = 0; r < nr; ++r)                                                                         \
             for (int64_t t = 0; t < nt; t += 4)                                                                  \
                 GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,               \
