@@ -13,6 +13,7 @@
  *   Q4_K_GEMV    repacked Q4_K (rows % 8 == 0), single tokens: per super-block, two fma chains
  *                (scaled sums, scaled mins) of the whole integer sums; out = acc - acc_min.
  *   Q4_K_GEMM    the same for groups of 4 tokens, but one fma per 64 elements.
+ *                Both also serve Q2_K, repacked 8x8 by AVX-512 builds only: GEMM one fma per 128.
  *   Q4_0_REPACK  repacked Q4_0: one fma per block of the block's integer sum.
  *   SGEMM        F32/F16/BF16 batches (llamafile tinyBLAS): one fma chain of a vector's lanes, hsum.
  *
@@ -94,10 +95,12 @@ static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.la
  * DOT_STREAM is ours: DOT's arithmetic in another row order. */
 static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
                                      int repacked, int arith, gguflm_segment seg[2]) {
-    /* CPU_REPACK on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL and MXFP4 */
+    /* CPU_REPACK on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL and MXFP4; AVX-512: Q2_K */
     const int repack = repacked && n_rows % 8 == 0 &&
-                       (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4);
-    if (repack && wtype == GGUFLM_Q4_K && n_tok > 3) {
+                       (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4 ||
+                        (wtype == GGUFLM_Q2_K && gguflm_arith_avx512(arith)));
+    const int k_repack = wtype == GGUFLM_Q4_K || wtype == GGUFLM_Q2_K;
+    if (repack && k_repack && n_tok > 3) {
         /* tokens go to the GEMM in groups of 4, the rest to the GEMV */
         const int64_t grouped = n_tok - n_tok % 4;
         seg[0] = (gguflm_segment){GGUFLM_PATH_Q4_K_GEMM, 0, grouped};
@@ -105,7 +108,7 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
         return grouped < n_tok ? 2 : 1;
     }
     int path = GGUFLM_PATH_DOT;
-    if (repack) path = wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
+    if (repack) path = k_repack ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
     else if ((gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype)) && n_tok >= 8)
@@ -225,18 +228,25 @@ static inline __attribute__((always_inline)) float gguflm_tiled_1(int type, size
     return out;
 }
 
-/* repacked Q4_K: `parts` integer sums per super-block, 1 (GEMV) or 4 (GEMM, per 64 elements) */
-static inline float gguflm_q4_K_repack_1(int parts, int64_t n, const uint8_t *x, const block_q8_K *y) {
+/* integer sums per super-block of repacked Q4_K / Q2_K: GEMV 1; GEMM 4 (Q4_K, per 64 elements) or
+ * 2 (Q2_K, per 128) */
+static inline int gguflm_k_repack_parts(int path, int type) {
+    return path == GGUFLM_PATH_Q4_K_GEMV ? 1 : type == GGUFLM_Q4_K ? 4 : 2;
+}
+
+static inline float gguflm_k_repack_1(int type, int parts, int64_t n, const uint8_t *x, const block_q8_K *y) {
+    const size_t bx = type == GGUFLM_Q4_K ? sizeof(block_q4_K) : sizeof(block_q2_K);
     gguflm_kblock kb;
     gguflm_kints in;
     float acc = 0.0f, acc_min = 0.0f;
     for (int64_t i = 0; i < n / QK_K; ++i) {
-        gguflm_kunpack(GGUFLM_Q4_K, x + i * sizeof(block_q4_K), &kb);
-        gguflm_k_ints(GGUFLM_Q4_K, &kb, &y[i], &in);
+        gguflm_kunpack(type, x + i * bx, &kb);
+        gguflm_k_ints(type, &kb, &y[i], &in);
         const float scale = kb.d * y[i].d, scale_min = kb.dmin * y[i].d;
         for (int p = 0; p < parts; ++p) {
-            const int32_t sum = parts == 1 ? gguflm_sum8_i32(in.lanes) : in.part[p];
-            const int32_t min = parts == 1 ? gguflm_sum8_i32(in.mins) : in.mins[2 * p] + in.mins[2 * p + 1];
+            int32_t sum = 0, min = 0;
+            for (int j = 4 / parts * p; j < 4 / parts * (p + 1); ++j) sum += in.part[j];
+            for (int j = 8 / parts * p; j < 8 / parts * (p + 1); ++j) min += in.mins[j];
             acc = fmaf((float)sum, scale, acc);
             acc_min = fmaf((float)min, scale_min, acc_min);
         }
@@ -347,8 +357,8 @@ static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int
     if (gguflm_is_lut(type)) return gguflm_lut_recipe_1(path, type, n, x, y);
     switch (path) {
     case GGUFLM_PATH_TILED: return gguflm_tiled_1(type, bx, n, x, (const block_q8_K *)y);
-    case GGUFLM_PATH_Q4_K_GEMV: return gguflm_q4_K_repack_1(1, n, x, (const block_q8_K *)y);
-    case GGUFLM_PATH_Q4_K_GEMM: return gguflm_q4_K_repack_1(4, n, x, (const block_q8_K *)y);
+    case GGUFLM_PATH_Q4_K_GEMV:
+    case GGUFLM_PATH_Q4_K_GEMM: return gguflm_k_repack_1(type, gguflm_k_repack_parts(path, type), n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_0_REPACK: return gguflm_q4_0_repack_1(n, x, (const block_q8_0 *)y);
     default:
         if (gguflm_is_kquant(type)) return gguflm_dot_k_1(type, bx, n, x, (const block_q8_K *)y);
@@ -390,6 +400,8 @@ GGUFLM_SCALAR_KERNELS_K(q5_K, GGUFLM_Q5_K)
 GGUFLM_SCALAR_KERNELS_K(q6_K, GGUFLM_Q6_K)
 GGUFLM_SCALAR_KERNEL(Q4_K_GEMV, q4_K, GGUFLM_Q4_K, sizeof(block_q4_K))
 GGUFLM_SCALAR_KERNEL(Q4_K_GEMM, q4_K, GGUFLM_Q4_K, sizeof(block_q4_K))
+GGUFLM_SCALAR_KERNEL(Q4_K_GEMV, q2_K, GGUFLM_Q2_K, sizeof(block_q2_K))
+GGUFLM_SCALAR_KERNEL(Q4_K_GEMM, q2_K, GGUFLM_Q2_K, sizeof(block_q2_K))
 GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_Q4_0, sizeof(block_q4_0))
 GGUFLM_SCALAR_KERNEL(DOT, f32, GGUFLM_F32, 4)
 GGUFLM_SCALAR_KERNEL(DOT, f16, GGUFLM_F16, 2)
@@ -424,8 +436,10 @@ GGUFLM_SCALAR_KERNEL(DOT, tq2_0, GGUFLM_TQ2_0, sizeof(block_tq2_0))
         [GGUFLM_PATH_TILED] = {[GGUFLM_Q2_K] = gguflm_TILED_q2_K##suffix, [GGUFLM_Q3_K] = gguflm_TILED_q3_K##suffix, \
                                [GGUFLM_Q4_K] = gguflm_TILED_q4_K##suffix, [GGUFLM_Q5_K] = gguflm_TILED_q5_K##suffix, \
                                [GGUFLM_Q6_K] = gguflm_TILED_q6_K##suffix},                                       \
-        [GGUFLM_PATH_Q4_K_GEMV] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMV_q4_K##suffix},                              \
-        [GGUFLM_PATH_Q4_K_GEMM] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMM_q4_K##suffix},                              \
+        [GGUFLM_PATH_Q4_K_GEMV] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMV_q4_K##suffix,                               \
+                                   [GGUFLM_Q2_K] = gguflm_Q4_K_GEMV_q2_K##suffix},                              \
+        [GGUFLM_PATH_Q4_K_GEMM] = {[GGUFLM_Q4_K] = gguflm_Q4_K_GEMM_q4_K##suffix,                               \
+                                   [GGUFLM_Q2_K] = gguflm_Q4_K_GEMM_q2_K##suffix},                              \
         [GGUFLM_PATH_Q4_0_REPACK] = {[GGUFLM_Q4_0] = gguflm_Q4_0_REPACK_q4_0##suffix},                          \
         [GGUFLM_PATH_SGEMM] = {[GGUFLM_F32] = gguflm_SGEMM_f32##suffix, [GGUFLM_F16] = gguflm_SGEMM_f16##suffix, \
                                [GGUFLM_BF16] = gguflm_SGEMM_bf16##suffix},                                       \

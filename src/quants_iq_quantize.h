@@ -263,7 +263,7 @@ static float gguflm_iq_make_qp_quants(int n, int nmax, const float *x, uint8_t *
 static float gguflm_iq_fit(const gguflm_iq_qgrid *g, const gguflm_iq_search *s, int kmax, const float *xb,
                            const float *weight, uint8_t *signs, int *points) {
     const int gs = s->gs, D = g->dims, ng = gs / D;
-    float xval[32], waux[32];
+    float xval[32] = {0}, waux[32];  /* every xval[i < gs] is set below (gs is 16 or 32); zeroed for GCC's sake */
     int8_t L[32], Laux[32];
     bool on_grid[8], on_grid_aux[8];
     for (int i = 0; i < gs; ++i) waux[i] = sqrtf(weight[i]);

@@ -12,6 +12,9 @@
 #define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
 #endif
 
+/* 4 bytes at p as 4 int32 */
+static inline __m128i GGUFLM_SIMD(u8x4_i32)(const uint8_t *p) { return _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)gguflm_u32_at(p))); }
+
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
  * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
  * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
@@ -72,10 +75,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         break;
     }
     case GGUFLM_IQ1_S: {
-        const uint8_t *q = xb + 2 + 4 * g;
+        /* the 4 grid indices q[j] | ((h << (8 - 3j)) & 0x700) computed side by side, one gather */
         const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
-        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        const __m128i hv = _mm_sllv_epi32(_mm_set1_epi32((int)h), _mm_setr_epi32(9, 6, 3, 0));
+        const __m128i idx = _mm_or_si128(GGUFLM_SIMD(u8x4_i32)(xb + 2 + 4 * g),
+                                         _mm_srli_epi32(_mm_and_si128(hv, _mm_set1_epi32(0xE00)), 1));
+        const __m256i v = _mm256_i32gather_epi64((const long long *)gguflm_iq1s_grid, idx, 8);
         *mag = _mm256_abs_epi8(v);
         *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
         *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
@@ -83,14 +88,19 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         break;
     }
     default: { /* IQ1_M */
-        const uint8_t *q = xb + 4 * g, *h = xb + 32 + 2 * g;
+        /* h bytes h0 h0 h1 h1 in the 4 words: indices q[j] | ((h << (8, 4, 8, 4)) & 0x700), one
+         * gather; delta signs from bits 3 and 7, widened to the 8 elements of each index */
         const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
-        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h[1] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[2] | ((h[1] << 8) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h[0] << 4) & 0x700)], (int64_t)gguflm_iq1s_grid[q[0] | ((h[0] << 8) & 0x700)]);
+        const __m128i hv = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)gguflm_u16_at(xb + 32 + 2 * g)),
+                                            _mm_setr_epi8(0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1));
+        const __m128i idx = _mm_or_si128(GGUFLM_SIMD(u8x4_i32)(xb + 4 * g),
+                                         _mm_and_si128(_mm_sllv_epi32(hv, _mm_setr_epi32(8, 4, 8, 4)), _mm_set1_epi32(0x700)));
+        const __m256i v = _mm256_i32gather_epi64((const long long *)gguflm_iq1s_grid, idx, 8);
+        const __m128i bit = _mm_setr_epi32(0x08, 0x80, 0x08, 0x80);
         *mag = _mm256_abs_epi8(v);
         *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
         *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * ((w >> (sh + 3)) & 7) + 1)), _mm_set1_epi16((int16_t)(2 * ((w >> sh) & 7) + 1)));
-        *dneg = _mm256_set_epi64x(h[1] & 0x80 ? -1 : 0, h[1] & 0x08 ? -1 : 0, h[0] & 0x80 ? -1 : 0, h[0] & 0x08 ? -1 : 0);
+        *dneg = _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_and_si128(hv, bit), bit));
         break;
     }
     }
@@ -98,7 +108,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
 
 /* the super-block scale as a float */
 static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
-    if (type == GGUFLM_IQ1_M) return gguflm_fp16_to_fp32(gguflm_iq1m_scale((const block_iq1_m *)xb));
+    if (type == GGUFLM_IQ1_M) return GGUFLM_FP16_TO_FP32_SIMD(gguflm_iq1m_scale((const block_iq1_m *)xb));
     return GGUFLM_FP16_TO_FP32_SIMD(gguflm_u16_at(xb));
 }
 
@@ -129,9 +139,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
                     const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
                     delta[k] = _mm256_add_epi32(delta[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8d), sc));
                 }
-                if (type == GGUFLM_IQ1_S) {
-                    const int ls = _mm256_extract_epi16(sc, 0);
-                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (_mm256_extract_epi8(dneg, 0) ? -1 : 1) * ls;
+                if (type == GGUFLM_IQ1_S) {   /* the scale and delta sign from qh itself, not the vectors */
+                    const unsigned h = gguflm_u16_at(xb + 34 + 2 * g), ls = 2 * ((h >> 12) & 7) + 1;
+                    sumi1[k] += (yb->bsums[2 * g] + yb->bsums[2 * g + 1]) * (h & 0x8000 ? -(int)ls : (int)ls);
                 }
             }
         }
@@ -191,10 +201,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     for (int k = 0; k < T; ++k) o[k * os] = out[k];
 }
 
+/* DOT: a single token gets the tile compiled for T = 1 (decode streams the weights: no per-token
+ * arrays there) */
 #define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
     static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
                                        int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
         (void)arith;                                                                                             \
+        if (nt == 1) {                                                                                           \
+            for (int64_t r = 0; r < nr; ++r)                                                                     \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y, ys, 1, o + r, os);         \
+            return;                                                                                              \
+        }                                                                                                        \
         for (int64_t r = 0; r < nr; ++r)                                                                         \
             for (int64_t t = 0; t < nt; t += 4)                                                                  \
                 GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,               \

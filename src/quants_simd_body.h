@@ -400,9 +400,13 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_sums_tile)(int p
                 } else {
                     int32_t m[8];
                     _mm256_storeu_si256((__m256i *)m, mins);
-                    for (int p = 0; p < 4; ++p) {
-                        acc[r][t] = fmaf((float)part[r][t][p], d[r] * yd, acc[r][t]);
-                        acc_min[r][t] = fmaf((float)(m[2 * p] + m[2 * p + 1]), dmin[r] * yd, acc_min[r][t]);
+                    const int parts = gguflm_k_repack_parts(path, type);
+                    for (int p = 0; p < parts; ++p) {
+                        int32_t sum = 0, min = 0;
+                        for (int j = 4 / parts * p; j < 4 / parts * (p + 1); ++j) sum += part[r][t][j];
+                        for (int j = 8 / parts * p; j < 8 / parts * (p + 1); ++j) min += m[j];
+                        acc[r][t] = fmaf((float)sum, d[r] * yd, acc[r][t]);
+                        acc_min[r][t] = fmaf((float)min, dmin[r] * yd, acc_min[r][t]);
                     }
                 }
             }
@@ -415,8 +419,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_sums_tile)(int p
 /* ---- repacked Q4_K GEMV/GEMM over 8 rows at once: lane r of every vector is weight row r ----
  * ggml runs these on its 8-row interleaved copy of the weights with the float chains of the 8 rows
  * in the lanes of one vector; we keep the file's layout and get the same per-row integer sums by a
- * transposing reduction, so the float steps (those of gguflm_q4_K_repack_1) run 8 rows per
- * instruction. parts: 1 (GEMV, one sum per super-block) or 4 (GEMM, one per 64 elements). */
+ * transposing reduction, so the float steps (those of gguflm_k_repack_1) run 8 rows per
+ * instruction. parts: gguflm_k_repack_parts (Q2_K's 8x8 repack, AVX-512 builds, the same way). */
 
 /* lane r = the sum of the 8 lanes of v[r] */
 static inline __m256i GGUFLM_SIMD(reduce8_i32)(const __m256i v[8]) {
@@ -442,8 +446,9 @@ static inline void GGUFLM_SIMD(reduce8_pairs_i32)(const __m256i m[8], __m256i ou
 }
 
 #define GGUFLM_Q4_K_TOKENS 16
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(int parts, int64_t n, const uint8_t *w,
-                                                                              int64_t ws, const uint8_t *y, int64_t ys,
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(int type, size_t bx, int parts, int64_t n,
+                                                                              const uint8_t *w, int64_t ws,
+                                                                              const uint8_t *y, int64_t ys,
                                                                               int T, float *out, int64_t os) {
     __m256 acc[GGUFLM_Q4_K_TOKENS], acc_min[GGUFLM_Q4_K_TOKENS];
     for (int t = 0; t < T; ++t) acc[t] = acc_min[t] = _mm256_setzero_ps();
@@ -452,12 +457,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
         __m256i u[8][QK_K / 32], sc[8][QK_K / 32], mn16[8];
         float d[8], dmin[8];
         for (int r = 0; r < 8; ++r) {
-            const uint8_t *xb = w + r * ws + i * sizeof(block_q4_K);
-            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 8 * ws, sizeof(block_q4_K));
+            const uint8_t *xb = w + r * ws + i * bx;
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 8 * ws, bx);
             __m256i sc16;
-            GGUFLM_SIMD(kscales)(GGUFLM_Q4_K, xb, &sc16, &mn16[r], &d[r], &dmin[r]);
+            GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16[r], &d[r], &dmin[r]);
             for (int g = 0; g < QK_K / 32; ++g) {
-                u[r][g] = GGUFLM_SIMD(kquants)(GGUFLM_Q4_K, xb, g);
+                u[r][g] = GGUFLM_SIMD(kquants)(type, xb, g);
                 sc[r][g] = GGUFLM_SIMD(kscale_pair)(sc16, g);
             }
         }
@@ -482,6 +487,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
             }
             if (parts == 1) mins[0] = GGUFLM_SIMD(reduce8_i32)(m);
             else GGUFLM_SIMD(reduce8_pairs_i32)(m, mins);
+            if (parts == 2) {   /* per 128 elements: pairs of the 64-element parts (exact) */
+                mins[0] = _mm256_add_epi32(mins[0], mins[1]);
+                mins[1] = _mm256_add_epi32(mins[2], mins[3]);
+            }
             for (int p = 0; p < parts; ++p) {
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[p]), scale, acc[t]);
                 acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins[p]), scale_min, acc_min[t]);
@@ -596,23 +605,28 @@ GGUFLM_SIMD_K(q3_K, GGUFLM_Q3_K)
 GGUFLM_SIMD_K(q4_K, GGUFLM_Q4_K)
 GGUFLM_SIMD_K(q5_K, GGUFLM_Q5_K)
 GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
-/* repacked Q4_K: rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
-#define GGUFLM_SIMD_Q4_K_REPACK(path, parts)                                                                     \
-    static void GGUFLM_SIMD(path##_q4_K)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
-                                         int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
+/* repacked Q4_K (and Q2_K): rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
+#define GGUFLM_SIMD_Q4_K_REPACK(path, tag, TYPE)                                                                 \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
         (void)arith;                                                                                             \
+        const int parts = gguflm_k_repack_parts(GGUFLM_PATH_##path, TYPE);                                       \
         for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
             const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
             int64_t r = 0;                                                                                       \
-            for (; r + 8 <= nr; r += 8) GGUFLM_SIMD(q4_K_rows8_tile)(parts, n, w + r * ws, ws, y + t * ys, ys, T, o + t * os + r, os); \
+            for (; r + 8 <= nr; r += 8)                                                                          \
+                GGUFLM_SIMD(q4_K_rows8_tile)(TYPE, sizeof(block_##tag), parts, n, w + r * ws, ws, y + t * ys, ys, T, \
+                                             o + t * os + r, os);                                                \
             for (; r < nr; ++r)                                                                                  \
                 for (int k = 0; k < T; ++k)                                                                      \
-                    GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_##path, GGUFLM_Q4_K, sizeof(block_q4_K), n, w + r * ws, ws, 1, \
+                    GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_##path, TYPE, sizeof(block_##tag), n, w + r * ws, ws, 1, \
                                              y + (t + k) * ys, ys, 1, o + (t + k) * os + r, os);                 \
         }                                                                                                        \
     }
-GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, 1)
-GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, 4)
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, q4_K, GGUFLM_Q4_K)
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q4_K, GGUFLM_Q4_K)
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, q2_K, GGUFLM_Q2_K)
+GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q2_K, GGUFLM_Q2_K)
 #undef GGUFLM_SIMD_Q4_K_REPACK
 GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 #include "quants_simd_lut.h"  /* issue 15's value-table and ternary formats */

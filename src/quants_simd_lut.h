@@ -136,13 +136,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq_values)(int typ
     /* elements 160-239: trit n of qs[32..47] for 160 + 16n .. ; 240-255: trit p/4 of qh[p % 4] */
     const __m256i r = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
     const __m256i r3 = GGUFLM_SIMD(mul3_u8)(r), r9 = GGUFLM_SIMD(mul9_u8)(r);
-    uint8_t h[16];
-    static const uint8_t pow3[4] = {1, 3, 9, 27};
-    for (int p = 0; p < 16; ++p) h[p] = (uint8_t)(b->qh[p % 4] * pow3[p / 4]);
+    /* qh's 4 bytes times 1, 3, 9, 27 in the 4 words of each half (in registers: bytes stored one
+     * by one and loaded as a vector stall the load) */
+    const __m256i x = _mm256_set1_epi32((int)gguflm_u32_at(b->qh)), x9 = GGUFLM_SIMD(mul9_u8)(x);
+    const __m256i h = _mm256_blend_epi32(_mm256_blend_epi32(x, GGUFLM_SIMD(mul3_u8)(x), 0x22),
+                                         _mm256_blend_epi32(x9, GGUFLM_SIMD(mul3_u8)(x9), 0x88), 0xCC);
     const __m256i r81 = GGUFLM_SIMD(mul9_u8)(r9);
     u[5] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r, r3, 0xF0));
     u[6] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r9, GGUFLM_SIMD(mul3_u8)(r9), 0xF0));
-    u[7] = GGUFLM_SIMD(top_trit)(_mm256_inserti128_si256(r81, _mm_loadu_si128((const __m128i *)h), 1));
+    u[7] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r81, h, 0xF0));
 }
 
 /* one row against T <= 4 tokens (out[t * os]): each super-block's values are decoded once for the

@@ -157,12 +157,14 @@ def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:
 def mul_mat(t: int, w: np.ndarray, n_in: int, x: np.ndarray, n_threads: int = 1, repacked: bool = True) -> np.ndarray:
     """ggml_mul_mat(w, x) on the CPU backend: w uint8 [n_rows, row bytes] of type t, x float32
     [n_tok, n_in] -> [n_tok, n_rows]. ``repacked``: hold w where llama.cpp holds a model weight
-    (the CPU_REPACK buffer for Q4_0/Q4_K/IQ4_NL/MXFP4 with rows % 8 == 0)."""
+    (the CPU_REPACK buffer for Q4_0/Q4_K/IQ4_NL/MXFP4 with rows % 8 == 0, and Q2_K where the
+    library was built with AVX-512)."""
     base, cpu = _libs()
     w = np.ascontiguousarray(w, dtype=np.uint8)
     x = np.ascontiguousarray(x, dtype=np.float32)
     n_rows, n_tok = w.shape[0], x.shape[0]
-    repack = repacked and n_rows % 8 == 0 and int(t) in (2, 12, 20, 39)   # Q4_0, Q4_K, IQ4_NL, MXFP4
+    repack = repacked and n_rows % 8 == 0 and (int(t) in (2, 12, 20, 39)   # Q4_0, Q4_K, IQ4_NL, MXFP4
+                                               or (int(t) == 10 and cpu.ggml_cpu_has_avx512()))   # Q2_K
     ctx_w = base.ggml_init(_InitParams(1 << 16, None, True))
     ctx = base.ggml_init(_InitParams((16 << 20) + 2 * x.nbytes + 4 * n_rows * n_tok, None, False))
     buf = None

@@ -523,12 +523,13 @@ def tiled_iq(t: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return buf
 
 
-def repack_q4_K(w: np.ndarray, x: np.ndarray, gemm: bool) -> np.ndarray:
-    """ggml_gemv_q4_K_8x8_q8_K (gemm False) and ggml_gemm_q4_K_8x8_q8_K: the integer dot and the
-    min term of a whole super-block (GEMV) or of each 64 elements (GEMM), each scaled by
-    d_row * d_act and accumulated in its own fma chain; the min chain is subtracted last."""
-    kb, act = decode_k(T.Q4_K, w), decode_q8(T.Q8_K, x)
-    parts = 4 if gemm else 1
+def repack_k(t: T, w: np.ndarray, x: np.ndarray, gemm: bool) -> np.ndarray:
+    """ggml_gemv_q4_K_8x8_q8_K (gemm False) and ggml_gemm_q4_K_8x8_q8_K, and the same of q2_K:
+    the integer dot and the min term of a whole super-block (GEMV) or of each 64 (Q4_K) or 128
+    (Q2_K) elements (GEMM), each scaled by d_row * d_act and accumulated in its own fma chain; the
+    min chain is subtracted last."""
+    kb, act = decode_k(t, w), decode_q8(T.Q8_K, x)
+    parts = (4 if t == T.Q4_K else 2) if gemm else 1
     prod = kb["q"][None] * np.repeat(kb["sc16"], 16, -1)[None] * act["qs"][:, None]
     isum = prod.reshape(*prod.shape[:3], parts, -1).sum(-1)
     mins = kb["mn16"][None] * act["bsums"][:, None]
@@ -575,20 +576,21 @@ def sgemm_float(t: T, w: np.ndarray, x: np.ndarray, arith: str) -> np.ndarray:
 
 def matmul_reference(t: T, w: np.ndarray, x: np.ndarray, n_in: int, arith: str, repacked: bool = True) -> np.ndarray:
     """[n_tok, n_rows] as llama.cpp's CPU backend (the `arith` build) computes it: the kernel it
-    picks for the shape (probed against libggml-cpu: repacked Q4_0/Q4_K when rows % 8 == 0, tiled
+    picks for the shape (probed against libggml-cpu: repacked Q4_0/Q4_K when rows % 8 == 0, Q2_K
+    too in AVX-512 builds, tiled
     K-quants from 8 tokens, llamafile's sgemm for floats from 2 tokens when rows % 4 == 0 and
     n_in is a whole number of its steps, ggml_vec_dot otherwise; the Q0 sgemm rounds as vec_dot
     does)."""
     t = T(t)
     w, x = np.atleast_2d(w), np.atleast_2d(x)
     n_rows, n_tok = w.shape[0], x.shape[0]
-    if repacked and n_rows % 8 == 0 and t in (T.Q4_0, T.Q4_K):
+    if repacked and n_rows % 8 == 0 and (t in (T.Q4_0, T.Q4_K) or (t == T.Q2_K and VECTOR_LANES[arith] == 16)):
         if t == T.Q4_0:
             return repack_q4_0(w, x)
         grouped = n_tok - n_tok % 4 if n_tok > 3 else 0
-        parts = [repack_q4_K(w, x[:grouped], gemm=True)] if grouped else []
+        parts = [repack_k(t, w, x[:grouped], gemm=True)] if grouped else []
         if grouped < n_tok:
-            parts.append(repack_q4_K(w, x[grouped:], gemm=False))
+            parts.append(repack_k(t, w, x[grouped:], gemm=False))
         return np.concatenate(parts)
     if t in KQUANTS and n_tok >= 8:
         return tiled(t, w, x)

@@ -1,16 +1,24 @@
-"""SmolLM2 quantized by llama.cpp itself to IQ4_XS, IQ4_NL and TQ2_0 (issue 15): gguflm's logits
-against llama.cpp's at every position of the reference prompts.
+"""SmolLM2 quantized by llama.cpp itself to IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, Q2_K and TQ2_0
+(issue 15): gguflm's logits against llama.cpp's at every position of the reference prompts.
 
 The files are made here: the F16 GGUF of SmolLM2 (conftest's ``smollm_f16``), quantized with
 ``llama_model_quantize`` through llama-cpp-python. They go to a folder beside pytest's temporary
 directories that outlives one run (pytest-of-<user>/gguflm-derived), and are made again only
 when missing. llama.cpp falls back to other types where
 a row does not fit a 256-block (SmolLM2's n_embd is 576): IQ4_NL for IQ4_XS, Q4_0 for TQ2_0.
+
+So the type named is that of the 1536-column ffn_down matrices (the other i-quants fall back to
+IQ4_NL, Q2_K to Q4_0), reached as llama-quant.cpp (0.3.36) allows: the file type IQ2_S makes
+IQ2_XS tensors and IQ2_M the IQ2_S ones; IQ3_XXS and IQ2_S refuse to quantize without an
+importance matrix (``tensor_requires_imatrix``), so those two get a synthetic one (positive
+weights seeded by the tensor's name: they take ggml's weighted code paths like a real one); the
+Q2_K file type puts Q3_K on ffn_down, so the Q2_K file is "pure" (the type everywhere it fits).
 """
 
 from __future__ import annotations
 
 import ctypes
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,23 +32,46 @@ from gguflm.ggml_types import GGMLType
 
 PRINTED = 6e-5   # the reference's 4 decimals, plus float32 rounding of the comparison
 MAX_KL = 0.005
-# llama.cpp file types (enum llama_ftype)
-FTYPES = {"IQ4_XS": 30, "IQ4_NL": 25, "TQ2_0": 37}
+# tensor type -> llama.cpp file type (enum llama_ftype), quantized with an importance matrix, pure
+RECIPES = {"IQ4_XS": (30, False, False), "IQ4_NL": (25, False, False), "TQ2_0": (37, False, False),
+           "IQ3_S": (26, False, False), "IQ3_XXS": (23, True, False), "IQ2_S": (29, True, False),
+           "Q2_K": (10, False, True)}
 
 
 def _quantized(f16: Path, name: str) -> Path:
     require_peer()
     import llama_cpp
 
-    dst = f16.with_name(f"SmolLM2-135M-Instruct.{name}.gguf")
+    ftype, with_imatrix, pure = RECIPES[name]
+    dst = f16.with_name(f"SmolLM2-135M-Instruct.{name}{'.imatrix' * with_imatrix}{'.pure' * pure}.gguf")
     if not dst.exists():
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = FTYPES[name]
+        params.ftype = ftype
         params.nthread = 2
+        params.pure = pure
+        if with_imatrix:
+            entries, _arrays = _synthetic_imatrix(f16)   # _arrays: alive while llama.cpp reads them
+            params.imatrix = entries
         tmp = dst.with_suffix(".part")
         assert llama_cpp.llama_model_quantize(str(f16).encode(), str(tmp).encode(), ctypes.byref(params)) == 0
         tmp.rename(dst)
     return dst
+
+
+def _synthetic_imatrix(f16: Path) -> tuple[ctypes.Array, list[np.ndarray]]:
+    """llama_model_imatrix_data[] for every matrix of f16, ended by a null name, and the arrays
+    it points into."""
+    import llama_cpp
+    from quants_oracles import gguf_tensors
+
+    matrices = [(name, dims[0]) for name, (_, dims, _) in gguf_tensors(f16).items() if len(dims) == 2]
+    entries = (llama_cpp.llama_model_imatrix_data * (len(matrices) + 1))()
+    arrays = []
+    for entry, (name, k) in zip(entries, matrices):
+        arrays.append((0.25 + np.random.default_rng(zlib.crc32(name.encode())).exponential(size=k)).astype(np.float32))
+        entry.name, entry.size = name.encode(), k
+        entry.data = arrays[-1].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    return entries, arrays
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -49,7 +80,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-@pytest.mark.parametrize("name", list(FTYPES))
+@pytest.mark.parametrize("name", list(RECIPES))
 def test_llama_cpp_quantized_smollm_matches_llama_cpp(smollm_f16, name):
     """Every prompt position: the same top token, and logits equal to the printed digit or a
     KL divergence (llama.cpp || gguflm) within 0.005."""

@@ -140,7 +140,7 @@ def _matmul_case(t, n_rows, n_tok, seed, n_in=None):
     return w, x, n_in
 
 
-# rows: 8 (Q4_0/Q4_K repacked, floats' sgemm), 12 (not repacked, sgemm), 13 (neither); tokens: a
+# rows: 8 (Q4_0/Q4_K repacked, Q2_K too in AVX-512 arithmetics; floats' sgemm), 12 (not repacked, sgemm), 13 (neither); tokens: a
 # single one, the repack GEMV (< 4), GEMM groups with a GEMV tail (5, 17), the tiled K GEMM (8+)
 SHAPES = [(n_rows, n_tok) for n_rows in (8, 12, 13) for n_tok in (1, 3, 5, 8, 17)]
 # float rows: 48 (tinyBLAS's 8- and 16-float steps, not vdpbf16ps' 32; one vec_dot tail), 64 (every
@@ -157,7 +157,7 @@ def test_matmul_takes_llama_cpp_recipes(t, arith):
         w, x, n_in = _matmul_case(t, n_rows, n_tok, 100 * int(t) + i, n_in)
         case_arith = arith or system.ARITHMETICS[i % len(system.ARITHMETICS)]
         xq = q.quantize_rows_for_dot(t, x)
-        for repacked in ((True, False) if t in (GGMLType.Q4_0, GGMLType.Q4_K) else (True,)):
+        for repacked in ((True, False) if t in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q2_K) else (True,)):
             expected = _bits(lanes.matmul_reference(t, w, xq, n_in, case_arith, repacked))
             for name in ISAS:
                 with system.using(isa=name, arithmetic=case_arith):

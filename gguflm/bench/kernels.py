@@ -26,7 +26,8 @@ from gguflm import system
 from gguflm._ext import quants as _k
 from gguflm.testing import random_blocks
 
-TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"]
+TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0",
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 SHAPES = [(262144, 640), (2048, 640), (640, 2048), (1536, 576)]
 
 
