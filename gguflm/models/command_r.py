@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
+from gguflm.hparams import HParamReader, HParams, RopeType
 from gguflm.models.base import Architecture, TensorSpec
 
 # llama.cpp gives the models of this many layers (Command R+) per-head Q/K LayerNorms
@@ -19,12 +19,11 @@ class CommandR(Architecture):
     name = "command-r"
     rope_type = RopeType.NORM
     untied_output = False
+    heads_span_embd = requires_layer_norm_eps = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
-        kv.get_float("{arch}.attention.layer_norm_epsilon")   # required, as llama.cpp reads it
         return hp.with_changes(f_logit_scale=kv.get_float("{arch}.logit_scale", 0.0))
 
     @classmethod
@@ -32,7 +31,7 @@ class CommandR(Architecture):
         specs = cls.output_specs(hp)
         for il in range(hp.n_layer):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il, bias=None)[:3] + cls.attention_specs(hp, il, bias=None)[4:7]
+            specs += cls.qkv_specs(hp, il)
             specs.append(TensorSpec(f"blk.{il}.attn_output.weight", (hp.n_embd, hp.n_embd)))
             if hp.n_layer >= QK_NORM_LAYERS:  # one row of weights per head
                 specs += [TensorSpec(f"blk.{il}.attn_q_norm.weight", (hp.n_embd_head_k, hp.n_head[il])),
