@@ -52,11 +52,6 @@ CASES = [
     ("phi2", 0, 0, "random", (GGMLType.F16,) * 3),
     ("command-r", 0, 0, "random", (GGMLType.F16,) * 3),
     ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3),
-    # Command R+: 64 layers (llama.cpp's sign of it) with per-head Q/K LayerNorms; kept small
-    ("command-r", 0, 0, "random", (GGMLType.F16,) * 3,
-     {"n_layer": 64, "n_embd": 64, "head_dim": 16, "n_ff": 64,
-      "types": {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.F16, "attn_v": GGMLType.Q4_0, "attn_output": GGMLType.Q5_0,
-                "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.F16, "ffn_down": GGMLType.Q4_1}}),
     ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3, {"parallel": True}),   # StableLM 2 12B's block
     # dots1: DeepSeek V3's router (sigmoid, the selection bias, weights normalised then scaled) after
     # a dense layer; then softmax routing without bias, normalisation or scale
@@ -98,7 +93,6 @@ def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> 
 def _case_id(c: tuple) -> str:
     extra = c[5] if c[5:] else {}
     tags = ["parallel"] if extra.get("parallel") else []
-    tags += [f"{extra['n_layer']}layers"] if extra.get("n_layer", 0) >= 64 else []
     tags += [f"gating{extra['metadata']['expert_gating_func']}"] if "metadata" in extra else []
     return "-".join([f"{c[0]}-{c[1]}x{c[2]}-{c[3]}"] + tags)
 
@@ -125,6 +119,33 @@ def test_logits_equal_llama_cpp(tmp_path, case):
                 assert same.all(), (f"ubatch {n_ubatch}, {n_threads} threads: positions "
                                     f"{np.flatnonzero(~same).tolist()} differ, max |diff| "
                                     f"{np.abs(ours - theirs).max():.3g}")
+
+
+def test_command_r_plus_qk_norms_equal_llama_cpp(tmp_path):
+    """Command R+ (64 layers or more, llama.cpp's sign of it) LayerNorms each head of Q and K with
+    its own weights; the block is otherwise Command R's (checked above at every ubatch and thread
+    count), so one whole-prompt pass on 2 threads, kept small: 64 layers of n_embd 64."""
+    require_peer()
+    import llama_cpp
+    path = tmp_path / "command-r-plus.gguf"
+    types = {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.F16, "attn_v": GGMLType.Q4_0, "attn_output": GGMLType.Q5_0,
+             "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.F16, "ffn_down": GGMLType.Q4_1}
+    write_tiny_model(spec_of("command-r", 0, 0, "random", (GGMLType.F16,) * 3,
+                             {"n_layer": 64, "n_embd": 64, "head_dim": 16, "n_ff": 64, "types": types}),
+                     path, np.random.default_rng(5))
+    tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, 9)]
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_threads=2, n_threads_batch=2,
+                          verbose=False)
+    try:
+        llm.eval(tokens)
+        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+    with _ggml.same_arithmetic():
+        ours = decode_all(path, tokens, len(tokens), 2)
+    assert (ours.view(np.uint32) == theirs.view(np.uint32)).all(), np.abs(ours - theirs).max()
+    with Model.load(path) as model:   # per-head weights (leaving them out moves the logits by 0.24)
+        assert model.layers[63].attn_q_norm.shape == (16, 4) and model.layers[0].attn_k_norm.shape == (16, 2)
 
 
 def test_tied_scores_route_past_index_order(gcc_sorts, tmp_path):
