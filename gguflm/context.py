@@ -245,27 +245,29 @@ class Context:
             log.error("decode: %s", exc)
             return -1
         ubatches = self._split(prepared)
-        if not self._reserve(ubatches):
+        self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
+        snapshots = self._reserve(ubatches)
+        if snapshots is None:
             log.warning("decode: failed to find a memory slot for a batch of %d tokens "
                         "(n_ctx = %d)", len(prepared.pos), self.n_ctx)
             return 1
-        self._apply_shifts()
 
         hp = self.model.hparams
-        out_index = np.flatnonzero(prepared.output)
+        n_out_total = int(np.count_nonzero(prepared.output))
         self._n_outputs = 0
         self._output_ids = np.full(len(prepared.pos), -1, np.int32)
         self._logits = None
-        self._embd = np.empty((len(out_index), hp.n_embd), np.float32) if self.embeddings else None
+        self._embd = np.empty((n_out_total, hp.n_embd), np.float32) if self.embeddings else None
         self._embd_seq = {}
         first = 0
-        for ub in ubatches:
+        for i, ub in enumerate(ubatches):
             start = time.perf_counter()
-            snapshots = [c.snapshot() for c in self._caches]
             try:
+                if i > 0:  # the first ubatch is already placed (_reserve)
+                    snapshots = [c.snapshot() for c in self._caches]
+                    for ci, cache in enumerate(self._caches):
+                        cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
                 self._check_abort()
-                for ci, cache in enumerate(self._caches):
-                    cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
                 plan = self._plan_for(ub)
                 plan.run(self._check_abort if self.matmul_observer is None else self._observing(ub.shape))
                 embd, logits, pooled = plan.results
@@ -277,7 +279,7 @@ class Context:
             n_out = ub.n_outputs
             if logits is not None:
                 if self._logits is None:
-                    self._logits = np.empty((len(out_index), hp.n_vocab), np.float32)
+                    self._logits = np.empty((n_out_total, hp.n_vocab), np.float32)
                 self._logits[self._n_outputs:self._n_outputs + n_out] = logits
             if self._embd is not None:
                 self._embd[self._n_outputs:self._n_outputs + n_out] = embd
@@ -308,8 +310,8 @@ class Context:
         tokens = embd = None
         if batch.token is not None:
             tokens = np.ascontiguousarray(batch.token[:n], dtype=np.int32)
-            bad = np.flatnonzero((tokens < 0) | (tokens >= hp.n_vocab))
-            if len(bad):
+            if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
+                bad = np.flatnonzero((tokens < 0) | (tokens >= hp.n_vocab))
                 raise InvalidBatchError(f"invalid token[{bad[0]}] = {tokens[bad[0]]} (n_vocab = {hp.n_vocab})")
         else:
             embd = np.ascontiguousarray(batch.embd[:n], dtype=np.float32)
@@ -400,20 +402,28 @@ class Context:
                 pooling=pooling_inputs(self.pooling_type, b.seq_lists[sl], pos, causal) if self._pools else None))
         return ubatches
 
-    def _reserve(self, ubatches: list[UBatch]) -> bool:
-        """Find cells for every ubatch, placing them in turn on the caches, then undo the placing."""
+    def _reserve(self, ubatches: list[UBatch]) -> list | None:
+        """Find cells for every ubatch, placing them in turn on the caches. None if one does not
+        fit (the caches unchanged); else the caches' snapshots from before, with the first ubatch
+        left placed (the later ones are taken back: decode places each in its turn)."""
         snapshots = [c.snapshot() for c in self._caches]
+        after_first = None
+        placed = False
         try:
-            for ub in ubatches:
+            for i, ub in enumerate(ubatches):
                 for ci, cache in enumerate(self._caches):
                     cells = cache.find_slot(ub.n_tokens, ub.seq_first)
                     if cells is None:
-                        return False
+                        return None
                     cache.apply(cells, ub.pos, ub.seq_mask)
                     ub.cells[ci] = cells
-            return True
+                if i == 0 and len(ubatches) > 1:
+                    after_first = [c.snapshot() for c in self._caches]
+            placed = True
+            return snapshots
         finally:
-            for cache, snap in zip(self._caches, snapshots):
+            undo = after_first if placed else snapshots
+            for cache, snap in zip(self._caches, undo or ()):
                 cache.restore(snap)
 
     def _record(self, ub: UBatch, arena: Arena,

@@ -407,7 +407,8 @@ class Graph:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
         over the rows routed to it, and sum the expert outputs by their routing weights. Biases
-        of the router and of the experts are added where the layer has them; ``swiglu_limit``
+        of the router and of the experts are added where the layer has them, and its selection
+        bias ``exp_probs_b`` to the probabilities that rank the experts; ``swiglu_limit``
         selects gpt-oss's clamped SwiGLU (alpha 1.702) instead of the plain one."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
@@ -415,7 +416,8 @@ class Graph:
         self.add_bias(logits, L.ffn_gate_inp_bias)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
-        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route)
+        bias = None if L.exp_probs_b_bias is None else L.exp_probs_b_bias.data  # ranks only
+        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias)
         gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
         for t, b in ((up, L.ffn_up_exps_bias), (gate, L.ffn_gate_exps_bias)):
             if b is not None:

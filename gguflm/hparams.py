@@ -76,6 +76,10 @@ class HParams:
     n_expert_used: int = 0                           # experts each token is routed to
     n_ff_exp: int = 0                                # an expert's feed-forward width
     n_ff_shexp: int = 0                              # the shared expert's width, 0 = none
+    n_layer_dense_lead: int = 0                      # leading layers with a dense feed-forward instead
+    expert_gating_func: int = 0                      # llama_expert_gating_func_type from the file, 0 = none read
+    expert_weights_norm: bool = False                # selected weights divided by their sum (where read)
+    expert_weights_scale: float = 0.0                # selected weights multiplied by it, 0 = none
     f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
     f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
     extras: Mapping[str, Any] = field(default_factory=dict)

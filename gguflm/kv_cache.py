@@ -99,7 +99,7 @@ class KVCache:
     # -- sequences
 
     def _has(self, seq_id: int) -> np.ndarray:
-        return ((self.seq >> np.uint64(seq_id)) & np.uint64(1)).astype(bool)
+        return (self.seq & np.uint64(1 << seq_id)) != 0
 
     def _in_range(self, p0: int, p1: int) -> np.ndarray:
         p0 = 0 if p0 < 0 else p0
@@ -111,8 +111,8 @@ class KVCache:
         return int(self.pos[sel].min()) if sel.any() else -1
 
     def seq_pos_max(self, seq_id: int) -> int:
-        sel = self._has(seq_id)
-        return int(self.pos[sel].max()) if sel.any() else -1
+        pos = self.pos[self._has(seq_id)]
+        return int(pos.max()) if len(pos) else -1
 
     def _clear_cells(self, sel: np.ndarray) -> None:
         self.pos[sel] = -1
@@ -209,8 +209,8 @@ class KVCache:
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> Slot:
         """Occupy ``cells`` with tokens at ``pos`` in sequences ``seq_mask``; returns the undo."""
-        slot = Slot(cells, self.pos[cells].copy(), self.seq[cells].copy())
-        overwritten = self.pos[cells] >= 0
+        slot = Slot(cells, self.pos[cells], self.seq[cells])
+        overwritten = slot.old_pos >= 0
         if overwritten.any():
             # cells reused from the window: older positions of their sequences go as well
             for c in cells[overwritten]:
@@ -221,7 +221,10 @@ class KVCache:
         self.pos[cells] = pos
         self.seq[cells] = seq_mask
         self.shift[cells] = 0
-        if len(cells):
+        if len(cells) and self.n_stream == 1:
+            head = int(cells[-1]) + 1  # the head moves past the last cell this ubatch took
+            self.heads[0] = 0 if head >= self.stream_size else head
+        elif len(cells):
             # each region's head moves past the last cell this ubatch took there
             last = cells[::-1]
             streams, at = np.unique(last // self.stream_size, return_index=True)

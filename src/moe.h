@@ -1,8 +1,10 @@
 /* Mixture-of-experts feed-forward with ggml-cpu's numbers (llama.cpp's build_moe_ffn):
  *
- *   route      router logits -> probabilities (softmax, or the logits themselves for gpt-oss's
- *              softmax-after-top-k), ggml_argsort's std::sort (ties broken where libstdc++'s
- *              introsort leaves them), the selected probabilities as weights, then softmax of the
+ *   route      router logits -> probabilities (softmax, sigmoid, or the logits themselves for
+ *              gpt-oss's softmax-after-top-k), plus the selection bias where there is one
+ *              (DeepSeek V3's exp_probs_b: it only ranks, the weights stay unbiased),
+ *              ggml_argsort's std::sort (ties broken where libstdc++'s introsort leaves them), the
+ *              selected probabilities as weights, then softmax of the
  *              selected / normalisation by their sum (clamped at 2^-14) / a scale, each as its own
  *              ggml op rounds. The tokens are then grouped by expert (ggml_compute_forward_mul_mat_id's
  *              matrix_rows, in token-then-slot order): a "sorted row" r is one (token, slot) pair,
@@ -62,10 +64,12 @@ static void gguflm_ggml_softmax_row(const float *x, float *y, int n, int arith) 
 }
 
 /* Route n_tok tokens by their router logits (row stride `stride` floats); fills m's outputs.
+ * bias (NULL: none): [n_expert] added to the probabilities for the selection only (ggml_add).
  * Returns -1 if scratch could not be allocated. */
-static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64_t stride, int64_t n_tok, int arith) {
+static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64_t stride, int64_t n_tok,
+                            const float *bias, int arith) {
     const int ne = m->n_expert, k = m->n_used;
-    float *probs = (float *)malloc(sizeof(float) * ne);
+    float *probs = (float *)malloc(sizeof(float) * 2 * ne), *sel = bias ? probs + ne : probs;
     int32_t *order = (int32_t *)malloc(sizeof(int32_t) * ne);
     uint64_t *scratch = (uint64_t *)malloc(sizeof(uint64_t) * 3 * ne);
     int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * ne);
@@ -78,8 +82,10 @@ static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64
         if (m->gating == GGUFLM_GATING_SOFTMAX) gguflm_ggml_softmax_row(l, probs, ne, arith);
         else if (m->gating == GGUFLM_GATING_SIGMOID) for (int e = 0; e < ne; e++) probs[e] = 1.0f / (1.0f + expf(-l[e]));
         else memcpy(probs, l, sizeof(float) * ne);
+        if (bias)
+            for (int e = 0; e < ne; e++) sel[e] = probs[e] + bias[e];
         /* ggml_argsort_top_k: std::sort of all expert indices, greatest first */
-        gguflm_std_sort_positions(probs, ne, order, scratch);
+        gguflm_std_sort_positions(sel, ne, order, scratch);
         int32_t *ids = m->ids + t * k;
         float *w = m->weights + t * k;
         for (int i = 0; i < k; i++) {

@@ -320,11 +320,15 @@ cdef class Plan:
         nd.moe.offsets, nd.moe.src, nd.moe.slot = <int32_t *>_ptr(offsets), <int32_t *>_ptr(src), <int32_t *>_ptr(slot)
 
     def moe_route(self, cnp.ndarray logits, int n_expert, int n_used, int gating, bint norm_w, float w_scale,
-                  tuple route):
-        """Select n_used of n_expert experts per row of ``logits`` and group the rows by expert."""
-        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ROUTE, 1, (logits,) + route)
+                  tuple route, cnp.ndarray bias=None):
+        """Select n_used of n_expert experts per row of ``logits`` and group the rows by expert;
+        ``bias`` ([n_expert] F32), where given, is added to the probabilities for the selection only."""
+        if bias is not None and (bias.dtype != np.float32 or bias.size != n_expert or not bias.flags.c_contiguous):
+            raise ValueError(f"the selection bias must be {n_expert} contiguous float32 values")
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ROUTE, 1, (logits,) + route + ((bias,) if bias is not None else ()))
         self._set_route(nd, route, n_expert, n_used)
         nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.w = _ptr(bias) if bias is not None else NULL
         nd.x, nd.x_stride, nd.n_rows = <const float *>_ptr(logits), _stride(logits), logits.shape[0]
 
     def moe_gather(self, cnp.ndarray xq, tuple route, cnp.ndarray out):

@@ -605,6 +605,40 @@ GGUFLM_SIMD_K(q3_K, GGUFLM_Q3_K)
 GGUFLM_SIMD_K(q4_K, GGUFLM_Q4_K)
 GGUFLM_SIMD_K(q5_K, GGUFLM_Q5_K)
 GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
+/* the GEMV (parts 1) of one token over 8 rows of Q4_K or Q2_K: the same integers and float steps
+ * as q4_K_rows8_tile, but each row's quants go straight into its sum instead of being decoded for
+ * a tile of tokens first (64 vectors of quants and 64 of scales do not fit the registers: a single token paid a
+ * store and a reload for each) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_gemv1)(int type, size_t bx, int64_t n,
+                                                                               const uint8_t *w, int64_t ws,
+                                                                               const uint8_t *y, float *out) {
+    __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const block_q8_K *yb = (const block_q8_K *)y + i;
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+        __m256i v[8], m[8];
+        float d[8], dmin[8];
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t *xb = w + r * ws + i * bx;
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 8 * ws, bx);
+            __m256i sc16, mn16;
+            GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d[r], &dmin[r]);
+            m[r] = _mm256_madd_epi16(bsums, mn16);
+            v[r] = _mm256_setzero_si256();
+            for (int g = 0; g < QK_K / 32; ++g) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
+                v[r] = _mm256_add_epi32(v[r], _mm256_madd_epi16(_mm256_maddubs_epi16(GGUFLM_SIMD(kquants)(type, xb, g), qy),
+                                                                 GGUFLM_SIMD(kscale_pair)(sc16, g)));
+            }
+        }
+        const __m256 yd = _mm256_set1_ps(yb->d);
+        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(d), yd), scale_min = _mm256_mul_ps(_mm256_loadu_ps(dmin), yd);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(v)), scale, acc);
+        acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(m)), scale_min, acc_min);
+    }
+    _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
+}
+
 /* repacked Q4_K (and Q2_K): rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
 #define GGUFLM_SIMD_Q4_K_REPACK(path, tag, TYPE)                                                                 \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
@@ -614,6 +648,10 @@ GGUFLM_SIMD_K(q6_K, GGUFLM_Q6_K)
         for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
             const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
             int64_t r = 0;                                                                                       \
+            if (parts == 1 && T == 1)                                                                            \
+                for (; r + 8 <= nr; r += 8)                                                                      \
+                    GGUFLM_SIMD(q4_K_rows8_gemv1)(TYPE, sizeof(block_##tag), n, w + r * ws, ws, y + t * ys,      \
+                                                  o + t * os + r);                                               \
             for (; r + 8 <= nr; r += 8)                                                                          \
                 GGUFLM_SIMD(q4_K_rows8_tile)(TYPE, sizeof(block_##tag), parts, n, w + r * ws, ws, y + t * ys, ys, T, \
                                              o + t * os + r, os);                                                \

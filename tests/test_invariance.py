@@ -92,6 +92,9 @@ EXTRA_EXAMPLES = [
               n_expert_used=2, n_ff_shexp=32),
     TinyModel("gpt-oss", n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=2, n_expert=8,
               n_expert_used=2, n_ff_exp=32, tied_output=False, n_swa=3, router="pairs"),
+    TinyModel("dots1", n_embd=64, head_dim=16, n_head=4, n_head_kv=4, n_ff=64, n_layer=2, n_expert=8,
+              n_expert_used=2, n_ff_exp=32, tied_output=False, router="pairs", n_dense_lead=1,
+              metadata={"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5}),
 ] + [TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=4 if arch == "smollm3" else 2,
                tied_output=arch in ("gemma", "command-r"), parallel=arch == "stablelm")
      for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")]

@@ -53,6 +53,14 @@ CASES = [
     ("command-r", 0, 0, "random", (GGMLType.F16,) * 3),
     ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3),
     ("stablelm", 0, 0, "random", (GGMLType.F16,) * 3, {"parallel": True}),   # StableLM 2 12B's block
+    # dots1: DeepSeek V3's router (sigmoid, the selection bias, weights normalised then scaled) after
+    # a dense layer; then softmax routing without bias, normalisation or scale
+    ("dots1", 8, 2, "pairs", (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K),
+     {"n_layer": 3, "n_dense_lead": 1, "metadata": {"expert_gating_func": 2, "expert_weights_norm": True,
+                                                    "expert_weights_scale": 2.5}}),
+    ("dots1", 20, 3, "zero", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q5_K),
+     {"router_bias": False, "metadata": {"expert_gating_func": 1}}),
+    ("dots1", 8, 3, "random", (GGMLType.Q8_0,) * 3, {"metadata": {"expert_gating_func": 3, "expert_weights_norm": True}}),
 ]
 
 
@@ -64,11 +72,12 @@ def spec_of(arch: str, n_expert: int, n_used: int, router: str, types: tuple[GGM
              "ffn_up_shexp": GGMLType.Q8_0, "ffn_down_shexp": GGMLType.Q6_K, "ffn_gate": GGMLType.Q4_K,
              "ffn_up": GGMLType.Q8_0, "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q8_0}
     square = arch in ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "starcoder2", "phi2", "command-r", "stablelm")
-    return TinyModel(arch, n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch == "olmoe" else 2,
-                     n_ff=256, n_layer=4 if arch == "smollm3" else 2,
-                     tied_output=arch in ("gemma", "command-r") or not square, n_expert=n_expert, n_expert_used=n_used,
-                     n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
-                     router=router, n_swa=6, types=kinds, **(extra or {}))
+    shape = dict(n_embd=256, head_dim=64, n_head=4, n_head_kv=4 if arch in ("olmoe", "dots1") else 2,
+                 n_ff=256, n_layer=4 if arch == "smollm3" else 2,
+                 tied_output=arch in ("gemma", "command-r") or not (square or arch == "dots1"), n_expert=n_expert,
+                 n_expert_used=n_used, n_ff_exp=256, n_ff_shexp=256 if arch in ("qwen2moe", "granitemoe") else 0,
+                 router=router, n_swa=6, types=kinds)
+    return TinyModel(arch, **{**shape, **(extra or {})})
 
 
 def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> np.ndarray:
@@ -81,7 +90,14 @@ def decode_all(path: Path, tokens: list[int], n_ubatch: int, n_threads: int) -> 
         return ctx.get_logits().copy()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[3]}" + ("-parallel" if c[5:] else ""))
+def _case_id(c: tuple) -> str:
+    extra = c[5] if c[5:] else {}
+    tags = ["parallel"] if extra.get("parallel") else []
+    tags += [f"gating{extra['metadata']['expert_gating_func']}"] if "metadata" in extra else []
+    return "-".join([f"{c[0]}-{c[1]}x{c[2]}-{c[3]}"] + tags)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_logits_equal_llama_cpp(tmp_path, case):
     require_peer()
     import llama_cpp
@@ -103,6 +119,33 @@ def test_logits_equal_llama_cpp(tmp_path, case):
                 assert same.all(), (f"ubatch {n_ubatch}, {n_threads} threads: positions "
                                     f"{np.flatnonzero(~same).tolist()} differ, max |diff| "
                                     f"{np.abs(ours - theirs).max():.3g}")
+
+
+def test_command_r_plus_qk_norms_equal_llama_cpp(tmp_path):
+    """Command R+ (64 layers or more, llama.cpp's sign of it) LayerNorms each head of Q and K with
+    its own weights; the block is otherwise Command R's (checked above at every ubatch and thread
+    count), so one whole-prompt pass on 2 threads, kept small: 64 layers of n_embd 64."""
+    require_peer()
+    import llama_cpp
+    path = tmp_path / "command-r-plus.gguf"
+    types = {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.F16, "attn_v": GGMLType.Q4_0, "attn_output": GGMLType.Q5_0,
+             "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.F16, "ffn_down": GGMLType.Q4_1}
+    write_tiny_model(spec_of("command-r", 0, 0, "random", (GGMLType.F16,) * 3,
+                             {"n_layer": 64, "n_embd": 64, "head_dim": 16, "n_ff": 64, "types": types}),
+                     path, np.random.default_rng(5))
+    tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, 9)]
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_threads=2, n_threads_batch=2,
+                          verbose=False)
+    try:
+        llm.eval(tokens)
+        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+    with _ggml.same_arithmetic():
+        ours = decode_all(path, tokens, len(tokens), 2)
+    assert (ours.view(np.uint32) == theirs.view(np.uint32)).all(), np.abs(ours - theirs).max()
+    with Model.load(path) as model:   # per-head weights (leaving them out moves the logits by 0.24)
+        assert model.layers[63].attn_q_norm.shape == (16, 4) and model.layers[0].attn_k_norm.shape == (16, 2)
 
 
 def test_tied_scores_route_past_index_order(gcc_sorts, tmp_path):
@@ -181,6 +224,28 @@ def test_architecture_specific_checks(tmp_path):
     write_tiny_model(spec_of("smollm3", 0, 0, "random", (GGMLType.F16,) * 3), path, np.random.default_rng(0))
     with Model.load(path) as model:
         assert [model.hparams.has_rope(il) for il in range(4)] == [True, True, True, False]
+    # dots1: the gating must be one build_moe_ffn runs (llama.cpp aborts without one); no GQA; the
+    # selection bias is optional, the shared experts are not
+    path = tmp_path / "dots1.gguf"
+    write_tiny_model(spec_of("dots1", 4, 2, "random", (GGMLType.F16,) * 3,
+                             {"n_dense_lead": 1, "n_ff_shexp": 512,
+                              "metadata": {"expert_gating_func": 2, "expert_weights_scale": 2.5}}),
+                     path, np.random.default_rng(0))
+    with Model.load(path) as model:
+        hp = model.hparams
+        assert (hp.n_layer_dense_lead, hp.n_ff_shexp, hp.expert_gating_func) == (1, 512, 2)
+        assert (hp.expert_weights_norm, hp.expert_weights_scale) == (False, 2.5)
+        assert model.layers[0].ffn_gate_inp is None and model.layers[1].exp_probs_b_bias is not None
+    with pytest.raises(HParamError, match=r"dots1.expert_gating_func must be one of \[1, 2, 3\].*found 0"):
+        Model.load(rewrite(path, tmp_path / "f.gguf", drop_keys={"dots1.expert_gating_func"}))
+    with pytest.raises(HParamError, match="dots1 needs head_count_kv = head_count"):
+        Model.load(rewrite(path, tmp_path / "g.gguf", set_keys={"dots1.attention.head_count_kv": 2}))
+    with pytest.raises(MissingKeyError, match="dots1.expert_shared_count"):
+        Model.load(rewrite(path, tmp_path / "h.gguf", drop_keys={"dots1.expert_shared_count"}))
+    with pytest.raises(MissingTensorError, match="blk.1.ffn_up_shexp.weight"):
+        Model.load(rewrite(path, tmp_path / "i.gguf", drop_tensors={"blk.1.ffn_up_shexp.weight"}))
+    with Model.load(rewrite(path, tmp_path / "j.gguf", drop_tensors={"blk.1.exp_probs_b.bias"})) as model:
+        assert model.layers[1].exp_probs_b_bias is None
     # Qwen 2 MoE wants its own output projection, as llama.cpp does
     path = _fixture(tmp_path, "qwen2moe")
     with pytest.raises(MissingTensorError, match="output.weight"):

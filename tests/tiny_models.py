@@ -23,14 +23,15 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
-         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")
+         "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
+         "dots1")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss")
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
-EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss")
+EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm")
+UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
@@ -83,7 +84,10 @@ class TinyModel:
     n_expert: int = 0                   # mixture of experts (MOE_ARCHS, or llama/granite when > 0)
     n_expert_used: int = 0
     n_ff_exp: int = 0                   # expert width (EXPERT_FF_ARCHS; else n_ff)
-    n_ff_shexp: int = 0                 # shared expert (qwen2moe always: 0 = n_ff; granite: 0 = none)
+    n_ff_shexp: int = 0                 # shared expert (qwen2moe always: 0 = n_ff; dots1 always, a multiple
+                                        # of the expert width: 0 = one expert's; granite: 0 = none)
+    n_dense_lead: int = 0               # dots1: leading layers with a dense feed-forward
+    router_bias: bool = True            # dots1: the selection bias exp_probs_b
     router: str = "random"              # ROUTERS
     parallel: bool = False              # stablelm: StableLM 2 12B's block (per-head Q/K norms, no FFN norm)
     metadata: dict = field(default_factory=dict)   # more {arch}.* keys (RoPE scaling, ...), without the prefix
@@ -97,7 +101,12 @@ class TinyModel:
 
     @property
     def shared_ff(self) -> int:
+        if self.arch == "dots1":
+            return self.n_ff_shexp or self.expert_ff
         return (self.n_ff_shexp or self.n_ff) if self.arch == "qwen2moe" else self.n_ff_shexp
+
+    def has_experts(self, il: int) -> bool:
+        return bool(self.n_expert) and il >= self.n_dense_lead
 
     def type_of(self, name: str, kind: str) -> GGMLType:
         return self.tensor_types.get(name, self.types.get(kind, GGMLType.F16))
@@ -167,7 +176,8 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         # llama.cpp insists on UINT32 for integer hyper-parameters
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
     for key, value in s.metadata.items():
-        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if isinstance(value, int) else None)
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
@@ -194,7 +204,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         w.add(f"{arch}.expert_used_count", s.n_expert_used, GGUFValueType.UINT32)
         if arch in EXPERT_FF_ARCHS:
             w.add(f"{arch}.expert_feed_forward_length", s.expert_ff, GGUFValueType.UINT32)
-        if s.n_ff_shexp:
+        if arch == "dots1":   # shared experts of the routed ones' width
+            w.add(f"{arch}.expert_shared_count", s.shared_ff // s.expert_ff, GGUFValueType.UINT32)
+            w.add(f"{arch}.leading_dense_block_count", s.n_dense_lead, GGUFValueType.UINT32)
+        elif s.n_ff_shexp:
             w.add(f"{arch}.expert_shared_feed_forward_length", s.n_ff_shexp, GGUFValueType.UINT32)
     add_vocab(w)
 
@@ -239,7 +252,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             if s.parallel:   # per-head Q/K LayerNorm weights [n_head(_kv), head_dim]
                 w.add_tensor(f"{b}.attn_q_norm.weight", (1 + 0.1 * rng.standard_normal((nh, hd))).astype(np.float32), GGMLType.F32)
                 w.add_tensor(f"{b}.attn_k_norm.weight", (1 + 0.1 * rng.standard_normal((nkv, hd))).astype(np.float32), GGMLType.F32)
-        if arch in ("qwen3", "gemma3", "qwen3moe"):
+        if arch == "command-r" and s.n_layer >= 64:   # Command R+: per-head Q/K LayerNorm weights
+            w.add_tensor(f"{b}.attn_q_norm.weight", (1 + 0.1 * rng.standard_normal((nh, hd))).astype(np.float32), GGMLType.F32)
+            w.add_tensor(f"{b}.attn_k_norm.weight", (1 + 0.1 * rng.standard_normal((nkv, hd))).astype(np.float32), GGMLType.F32)
+        if arch in ("qwen3", "gemma3", "qwen3moe", "dots1"):
             vector(f"{b}.attn_q_norm.weight", hd)
             vector(f"{b}.attn_k_norm.weight", hd)
         if arch in ("olmoe", "olmo2"):
@@ -260,7 +276,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.ffn_norm.weight", e)
             if arch == "stablelm":
                 vector(f"{b}.ffn_norm.bias", e, bias=True)
-        if s.n_expert:
+        if s.has_experts(il):
             _write_experts(spec, il, w, rng, vector, matrix)
             continue
         if arch in LAYER_NORM_ARCHS:
@@ -290,6 +306,11 @@ def _write_experts(spec: TinyModel, il: int, w: GGUFWriter, rng: np.random.Gener
         router[:] = 0.0
     matrix(f"{b}.ffn_gate_inp.weight", "ffn_gate_inp", e, n, x=router)
     f = s.expert_ff
+    if s.arch == "dots1" and s.router_bias:   # the selection bias, tied where the router rows are
+        bias = 0.2 * rng.standard_normal(n)
+        if s.router == "pairs":
+            bias[1::2] = bias[0:n - n % 2:2]
+        w.add_tensor(f"{b}.exp_probs_b.bias", bias.astype(np.float32), GGMLType.F32)
     if s.arch == "gpt-oss":   # router and expert biases (F32, one row per expert)
         bias = 0.5 * rng.standard_normal(n)
         if s.router == "pairs":
@@ -392,7 +413,7 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
         if s.arch in ("phi3", "phi2"):
             kinds = ("attn_qkv", "ffn_up")
             out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
-        elif s.n_expert:
+        elif s.has_experts(il):
             kinds = ("attn_q", "attn_k", "attn_v", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps")
             out[f"{b}.ffn_down_exps.weight"] = ("ffn_down_exps", s.expert_ff)
             if s.shared_ff:
@@ -428,7 +449,8 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
         n_embd = n_head * head_dim
     else:
         n_head_kv = draw(st.integers(1, 2))
-        n_head = n_head_kv * draw(st.integers(1, 8))
+        # dots1: llama.cpp declares K and V as wide as Q (no GQA)
+        n_head = n_head_kv if arch == "dots1" else n_head_kv * draw(st.integers(1, 8))
         n_embd = draw(st.integers(2, 32)) * 16
     shape = dict(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
                  n_ff=draw(st.integers(2, 48)) * 16,
@@ -451,13 +473,27 @@ def experts(draw: st.DrawFn, arch: str) -> dict:
         return {}
     n_expert = draw(st.sampled_from((2, 4, 8, 8, 20, 40)))
     n_ff_exp = draw(st.integers(1, 12)) * 16
-    shared = {"qwen2moe": draw(st.sampled_from((0, 64, 96))),
+    shared = {"qwen2moe": draw(st.sampled_from((0, 64, 96))), "dots1": n_ff_exp * draw(st.integers(1, 2)),
               "granite": draw(st.sampled_from((0, 0, 64))), "granitemoe": draw(st.sampled_from((0, 0, 64)))}
     return {"n_expert": n_expert, "n_expert_used": draw(st.integers(1, min(4, n_expert))),
             # experts feed_forward_length wide get a small one
             **({"n_ff_exp": n_ff_exp} if arch in EXPERT_FF_ARCHS else {"n_ff": n_ff_exp}),
             "n_ff_shexp": shared.get(arch, 0),
-            "router": draw(st.sampled_from(ROUTERS))}
+            "router": draw(st.sampled_from(ROUTERS)),
+            **({"n_dense_lead": draw(st.integers(0, 1)), "router_bias": draw(st.booleans()),
+                "metadata": draw(dots1_routing())} if arch == "dots1" else {})}
+
+
+@st.composite
+def dots1_routing(draw: st.DrawFn) -> dict:
+    """dots1's routing keys: gating (1 softmax, 2 sigmoid, 3 softmax of the selected), weights
+    normalised or not, scaled or not."""
+    keys = {"expert_gating_func": draw(st.sampled_from((1, 2, 3)))}
+    if draw(st.booleans()):
+        keys["expert_weights_norm"] = draw(st.booleans())
+    if draw(st.booleans()):
+        keys["expert_weights_scale"] = draw(st.sampled_from((1.0, 2.5, 0.75)))
+    return keys
 
 
 @st.composite

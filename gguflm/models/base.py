@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gguflm.errors import ModelLoadError
-from gguflm.hparams import HParamReader, HParams, RopeType, read_common_hparams
+from gguflm.hparams import HParamReader, HParams, RopeType, read_common_hparams, require_heads_span_embd
 
 REGISTRY: dict[str, type[Architecture]] = {}
 
@@ -52,6 +52,12 @@ class Architecture:
 
     # -- hyper-parameters
 
+    # checks of the common keys that llama.cpp's graph or loader makes for some architectures:
+    # Q and the attention output declared n_embd x n_embd, so n_head * head_dim must be n_embd
+    heads_span_embd: ClassVar[bool] = False
+    # LayerNorm models: attention.layer_norm_epsilon is a required key
+    requires_layer_norm_eps: ClassVar[bool] = False
+
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         """The common keys; architectures override to add their own."""
@@ -59,7 +65,12 @@ class Architecture:
 
     @classmethod
     def read_common(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        return read_common_hparams(kv, n_vocab, cls.rope_type)
+        hp = read_common_hparams(kv, n_vocab, cls.rope_type)
+        if cls.heads_span_embd:
+            require_heads_span_embd(kv, hp)
+        if cls.requires_layer_norm_eps:
+            kv.get_float("{arch}.attention.layer_norm_epsilon")
+        return hp
 
     @classmethod
     def max_positions(cls, hp: HParams) -> int | None:
@@ -115,6 +126,23 @@ class Architecture:
                 TensorSpec(f"{blk}.attn_v.bias", (hp.n_embd_v_gqa(il),), optional=optional),
                 TensorSpec(f"{blk}.attn_output.bias", (hp.n_embd,), optional=True),
             ]
+        return specs
+
+    @classmethod
+    def qkv_specs(cls, hp: HParams, il: int, *, optional: bool = False) -> list[TensorSpec]:
+        """Q, K, V projections of layer ``il`` and their optional biases, without the output
+        projection (architectures that declare that one otherwise); all optional with
+        ``optional`` (a fused QKV may stand in for them)."""
+        attention = cls.attention_specs(hp, il, bias=None)
+        specs = attention[:3] + attention[4:7]
+        return [TensorSpec(s.name, s.shape, optional=True) for s in specs] if optional else specs
+
+    @staticmethod
+    def norm_specs(name: str, n: int, *, bias: bool = True, optional: bool = False) -> list[TensorSpec]:
+        """A norm's ``name.weight`` and (``bias``) ``name.bias``, n values each."""
+        specs = [TensorSpec(f"{name}.weight", (n,), optional=optional)]
+        if bias:
+            specs.append(TensorSpec(f"{name}.bias", (n,), optional=optional))
         return specs
 
     @staticmethod

@@ -1,13 +1,14 @@
 """Command R (Cohere): one LayerNorm (no bias) feeding attention and a SwiGLU feed-forward in
 parallel, each added to the residual (feed-forward first), adjacent-pair RoPE, the token
-embedding as output projection, logits multiplied by ``logit_scale``."""
+embedding as output projection, logits multiplied by ``logit_scale``; Command R+ (64 layers or
+more, as llama.cpp tells them apart) LayerNorms every head of Q and K before RoPE."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, require_heads_span_embd
+from gguflm.hparams import HParamReader, HParams, RopeType
 from gguflm.models.base import Architecture, TensorSpec
 
 # llama.cpp gives the models of this many layers (Command R+) per-head Q/K LayerNorms
@@ -18,15 +19,11 @@ class CommandR(Architecture):
     name = "command-r"
     rope_type = RopeType.NORM
     untied_output = False
+    heads_span_embd = requires_layer_norm_eps = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
-        kv.get_float("{arch}.attention.layer_norm_epsilon")   # required, as llama.cpp reads it
-        if hp.n_layer >= QK_NORM_LAYERS:
-            raise HParamError(f"{kv.source}: command-r with {hp.n_layer} layers has per-head Q/K LayerNorms, "
-                              f"which gguflm does not implement")
         return hp.with_changes(f_logit_scale=kv.get_float("{arch}.logit_scale", 0.0))
 
     @classmethod
@@ -34,8 +31,11 @@ class CommandR(Architecture):
         specs = cls.output_specs(hp)
         for il in range(hp.n_layer):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il, bias=None)[:3] + cls.attention_specs(hp, il, bias=None)[4:7]
+            specs += cls.qkv_specs(hp, il)
             specs.append(TensorSpec(f"blk.{il}.attn_output.weight", (hp.n_embd, hp.n_embd)))
+            if hp.n_layer >= QK_NORM_LAYERS:  # one row of weights per head
+                specs += [TensorSpec(f"blk.{il}.attn_q_norm.weight", (hp.n_embd_head_k, hp.n_head[il])),
+                          TensorSpec(f"blk.{il}.attn_k_norm.weight", (hp.n_embd_head_k, hp.n_head_kv[il]))]
             specs += cls.ffn_specs(hp, il)
         return specs
 
@@ -48,6 +48,8 @@ class CommandR(Architecture):
             q, k, v = g.project(normed, L.attn_q, L.attn_k, L.attn_v)         # [n_tokens, n_head(_kv) * head_dim]
             for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
                 g.add_bias(t, bias)
+            dk = hp.n_embd_head_k
+            q, k = g.layer_norm_heads(q, L.attn_q_norm, dk), g.layer_norm_heads(k, L.attn_k_norm, dk)
             g.rope(q, il, hp.n_head[il])
             g.rope(k, il, hp.n_head_kv[il])
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_embd]

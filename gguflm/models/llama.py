@@ -91,10 +91,14 @@ class Llama(Architecture):
             g.scale(cur, g.hparams.f_residual_scale)
         return cur
 
+    def routing(self, hp: HParams) -> dict:
+        """build_moe_ffn's gating, weight normalisation and scale for this architecture."""
+        return {"gating": self.expert_gating, "norm_w": self.norm_expert_weights}
+
     def experts(self, g: Graph, cur: np.ndarray, L: Layer) -> np.ndarray:
         """The routed experts, plus the shared expert where the layer has one (its output
         scaled by a sigmoid gate where it has ``ffn_gate_inp_shexp``)."""
-        out = g.moe_ffn(cur, L, norm_w=self.norm_expert_weights, gating=self.expert_gating)
+        out = g.moe_ffn(cur, L, **self.routing(g.hparams))
         if L.ffn_up_shexp is not None:
             gate, up = g.project(cur, L.ffn_gate_shexp, L.ffn_up_shexp)      # [n, n_ff_shexp]
             (shared,) = g.project(g.swiglu(gate, up), L.ffn_down_shexp)      # [n, n_embd]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, require_heads_span_embd, swa_pattern
+from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, swa_pattern
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -15,11 +15,11 @@ class Olmo2(Architecture):
     name = "olmo2"
     rope_type = RopeType.NEOX
     required_output = True
+    heads_span_embd = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
         n_swa = kv.get_int("{arch}.attention.sliding_window", 0)
         if n_swa <= 0:
             return hp

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
+from gguflm.hparams import HParams, RopeType
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -15,13 +15,7 @@ class Phi2(Architecture):
     name = "phi2"
     rope_type = RopeType.NEOX
     required_output = True
-
-    @classmethod
-    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
-        kv.get_float("{arch}.attention.layer_norm_epsilon")   # required, as llama.cpp reads it
-        return hp
+    heads_span_embd = requires_layer_norm_eps = True
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -29,11 +23,10 @@ class Phi2(Architecture):
         specs = cls.output_specs(hp) + [TensorSpec("output_norm.bias", (e,)), TensorSpec("output.bias", (hp.n_vocab,))]
         for il in range(hp.n_layer):
             blk, f, n_qkv = f"blk.{il}", hp.n_ff[il], e + 2 * hp.n_embd_k_gqa(il)
-            specs += [TensorSpec(f"{blk}.attn_norm.weight", (e,)), TensorSpec(f"{blk}.attn_norm.bias", (e,)),
-                      TensorSpec(f"{blk}.attn_qkv.weight", (e, n_qkv), optional=True),
+            specs += cls.norm_specs(f"{blk}.attn_norm", e)
+            specs += [TensorSpec(f"{blk}.attn_qkv.weight", (e, n_qkv), optional=True),
                       TensorSpec(f"{blk}.attn_qkv.bias", (n_qkv,), optional=True)]
-            separate = cls.attention_specs(hp, il, bias=None)
-            specs += [TensorSpec(s.name, s.shape, optional=True) for s in separate[:3] + separate[4:7]]
+            specs += cls.qkv_specs(hp, il, optional=True)
             specs += [TensorSpec(f"{blk}.attn_output.weight", (e, e)), TensorSpec(f"{blk}.attn_output.bias", (e,)),
                       TensorSpec(f"{blk}.ffn_down.weight", (f, e)), TensorSpec(f"{blk}.ffn_down.bias", (e,)),
                       TensorSpec(f"{blk}.ffn_up.weight", (e, f)), TensorSpec(f"{blk}.ffn_up.bias", (f,))]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
+from gguflm.hparams import HParams, RopeType
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -15,13 +15,7 @@ class StableLM(Architecture):
     name = "stablelm"
     rope_type = RopeType.NEOX
     required_output = True
-
-    @classmethod
-    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
-        kv.get_float("{arch}.attention.layer_norm_epsilon")   # required, as llama.cpp reads it
-        return hp
+    heads_span_embd = requires_layer_norm_eps = True
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -29,13 +23,11 @@ class StableLM(Architecture):
         specs = cls.output_specs(hp) + [TensorSpec("output_norm.bias", (e,))]
         for il in range(hp.n_layer):
             blk = f"blk.{il}"
-            specs += [TensorSpec(f"{blk}.attn_norm.weight", (e,)), TensorSpec(f"{blk}.attn_norm.bias", (e,))]
-            attention = cls.attention_specs(hp, il, bias=None)
-            specs += attention[:3] + attention[4:7] + [TensorSpec(f"{blk}.attn_output.weight", (e, e))]
+            specs += cls.norm_specs(f"{blk}.attn_norm", e)
+            specs += cls.qkv_specs(hp, il) + [TensorSpec(f"{blk}.attn_output.weight", (e, e))]
             specs += [TensorSpec(f"{blk}.attn_q_norm.weight", (dk, hp.n_head[il]), optional=True),
-                      TensorSpec(f"{blk}.attn_k_norm.weight", (dk, hp.n_head_kv[il]), optional=True),
-                      TensorSpec(f"{blk}.ffn_norm.weight", (e,), optional=True),
-                      TensorSpec(f"{blk}.ffn_norm.bias", (e,), optional=True)]
+                      TensorSpec(f"{blk}.attn_k_norm.weight", (dk, hp.n_head_kv[il]), optional=True)]
+            specs += cls.norm_specs(f"{blk}.ffn_norm", e, optional=True)
             specs += cls.ffn_specs(hp, il)
         return specs
 

@@ -6,20 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamReader, HParams, RopeType, require_heads_span_embd
+from gguflm.hparams import HParams, RopeType
 from gguflm.models.base import Architecture, TensorSpec
 
 
 class StarCoder2(Architecture):
     name = "starcoder2"
     rope_type = RopeType.NEOX
-
-    @classmethod
-    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        hp = super().read_hparams(kv, n_vocab)
-        require_heads_span_embd(kv, hp)
-        kv.get_float("{arch}.attention.layer_norm_epsilon")   # required, as llama.cpp reads it
-        return hp
+    heads_span_embd = requires_layer_norm_eps = True
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -28,10 +22,10 @@ class StarCoder2(Architecture):
         specs.insert(2, TensorSpec("output_norm.bias", (e,)))
         for il in range(hp.n_layer):
             blk, f = f"blk.{il}", hp.n_ff[il]
-            specs += [TensorSpec(f"{blk}.attn_norm.weight", (e,)), TensorSpec(f"{blk}.attn_norm.bias", (e,))]
+            specs += cls.norm_specs(f"{blk}.attn_norm", e)
             specs += cls.attention_specs(hp, il, bias=None)
-            specs += [TensorSpec(f"{blk}.ffn_norm.weight", (e,)), TensorSpec(f"{blk}.ffn_norm.bias", (e,)),
-                      TensorSpec(f"{blk}.ffn_down.weight", (f, e)), TensorSpec(f"{blk}.ffn_up.weight", (e, f)),
+            specs += cls.norm_specs(f"{blk}.ffn_norm", e)
+            specs += [TensorSpec(f"{blk}.ffn_down.weight", (f, e)), TensorSpec(f"{blk}.ffn_up.weight", (e, f)),
                       TensorSpec(f"{blk}.ffn_down.bias", (e,)), TensorSpec(f"{blk}.ffn_up.bias", (f,))]
         # the attention output bias is required here: replace attention_specs' optional one
         return list({s.name: s for s in specs + [TensorSpec(f"blk.{il}.attn_output.bias", (e,))
