@@ -81,6 +81,7 @@ def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_get_type_traits", ctypes.POINTER(_Traits), [ctypes.c_int]),
         (base, "ggml_quantize_chunk", ctypes.c_size_t, [ctypes.c_int, _P, _P, ctypes.c_int64, ctypes.c_int64,
                                                         ctypes.c_int64, _P]),
+        (base, "ggml_quantize_requires_imatrix", ctypes.c_bool, [ctypes.c_int]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -188,50 +189,7 @@ def mul_mat(t: int, w: np.ndarray, n_in: int, x: np.ndarray, n_threads: int = 1,
         base.ggml_free(ctx_w)
 
 
-class _TypeTraits(ctypes.Structure):
-    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
-                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
-                ("from_float_ref", ctypes.c_void_p)]
-
-
-_ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-
-
-@functools.cache
-def _base_quant_fns() -> ctypes.CDLL:
-    base, _ = _libs()
-    base.ggml_get_type_traits.restype = ctypes.POINTER(_TypeTraits)
-    base.ggml_get_type_traits.argtypes = [ctypes.c_int]
-    base.ggml_quantize_chunk.restype = ctypes.c_size_t
-    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _P]
-    base.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
-    base.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
-    return base
-
-
-def to_float(t: int, blob: np.ndarray, n: int) -> np.ndarray:
-    """ggml's ``to_float`` (libggml-base's type traits) of ``n`` elements of type ``t``."""
-    fn = _ToFloat(_base_quant_fns().ggml_get_type_traits(int(t)).contents.to_float)
-    blob = np.ascontiguousarray(blob, dtype=np.uint8)
-    out = np.empty(n, dtype=np.float32)
-    fn(blob.ctypes.data, out.ctypes.data, n)
-    return out
-
-
-def quantize_chunk(t: int, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
-    """``ggml_quantize_chunk`` of float32 rows ``x`` [n, k] (``imatrix``: one float32 per column)
-    -> uint8 [n, row bytes]."""
-    base = _base_quant_fns()
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    traits = base.ggml_get_type_traits(int(t)).contents
-    out = np.zeros((x.shape[0], x.shape[1] // traits.blck_size * traits.type_size), dtype=np.uint8)
-    qw = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-    written = base.ggml_quantize_chunk(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
-                                       None if qw is None else qw.ctypes.data)
-    assert written == out.nbytes
-    return out
-
-
 def requires_imatrix(t: int) -> bool:
     """``ggml_quantize_requires_imatrix``."""
-    return bool(_base_quant_fns().ggml_quantize_requires_imatrix(int(t)))
+    base, _ = _libs()
+    return bool(base.ggml_quantize_requires_imatrix(int(t)))
