@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import random
 import statistics
@@ -159,6 +160,8 @@ def hf_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -
     model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
     model.eval()
     state: dict[str, Any] = {}
+    # transformers 5 renamed the cache argument (past_key_values still works, with a warning)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def clear() -> None:
         state["cache"] = DynamicCache(config=model.config)
@@ -166,8 +169,7 @@ def hf_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -
     def forward(tokens: list[int]) -> None:
         with torch.inference_mode():
             # only the last position's logits, as the other engines' batches ask for
-            model(input_ids=torch.tensor([tokens]), past_key_values=state["cache"], use_cache=True,
-                  logits_to_keep=1)
+            model(input_ids=torch.tensor([tokens]), use_cache=True, logits_to_keep=1, **{cache_arg: state["cache"]})
 
     def prompt(tokens: list[int], n_batch: int) -> None:
         torch.set_num_threads(n_threads)
