@@ -206,7 +206,8 @@ typedef struct {
     float *row;       /* [max(head_dim_k, head_dim_v)] one K or V row as floats */
     float *acc;       /* [gqa][MAX_LANES][DBLOCK] lane accumulators of P·V */
     int32_t *order;   /* [n_kv] visible cells' indices grouped by P·V lane */
-    uint8_t *vis;     /* [TBLOCK][n_kv] which cells each token of a block sees */
+    uint8_t *vis;     /* [TBLOCK][vt_stride] which cells each token of a block sees */
+    int wide;         /* the block path's 16-lane dots on AVX-512 registers (gguflm_dots16_block_avx512) */
 } gguflm_attn_scratch;
 
 /* order[start[l] .. start[l+1]) = the indices i of the cells with cells[i] % n_lanes == l, in
@@ -260,6 +261,58 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 
 
 enum { GGUFLM_UNARY_GELU = 0, GGUFLM_UNARY_TANH = 1 };
+
+#if GGUFLM_OPS_X86
+/* gguflm_dots_block's 16-lane chains (llamafile sgemm's AVX-512 vectors) with F16 rows of a, on
+ * AVX-512 registers: one zmm accumulator per dot where the AVX2 variant keeps two ymm halves, the
+ * same FMAs in the same order, summed as gguflm_hsum16; tiles of 4 rows of a by 6 rows of b keep
+ * 24 accumulators in registers. */
+#define GGUFLM_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+GGUFLM_TARGET_AVX512 static inline __attribute__((always_inline)) void gguflm_dots16_tile_avx512(
+        int n, const void *const *a, int RM, const float *const *b, int RN, float *res, int64_t res_stride) {
+    __m512 acc[4][6];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < n; k += 16) {
+        __m512 av[4];
+        for (int i = 0; i < RM; i++)
+            av[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const ggml_half *)a[i] + k)));
+        for (int j = 0; j < RN; j++) {
+            const __m512 bv = _mm512_loadu_ps(b[j] + k);
+            for (int i = 0; i < RM; i++) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) {
+            const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            res[j * res_stride + i] = _mm_cvtss_f32(r);
+        }
+}
+
+/* res[j * res_stride + i] = the 16-lane dot of F16 row a[i] and F32 row b[j] (n a multiple of 16) */
+GGUFLM_TARGET_AVX512 static void gguflm_dots16_block_avx512(int n, const void *const *a, int ma, const float *const *b,
+                                                            int nb, float *res, int64_t res_stride) {
+    for (int i = 0; i < ma; i += 4) {
+        const int rm = ma - i < 4 ? ma - i : 4;
+        for (int j = 0; j < nb; j += 6) {
+            const int rn = nb - j < 6 ? nb - j : 6;
+            float *r = res + j * res_stride + i;
+            /* constant tile shapes, so that the accumulators stay in registers */
+#define GGUFLM_TILE16(RM_, RN_) case RM_ * 8 + RN_: gguflm_dots16_tile_avx512(n, a + i, RM_, b + j, RN_, r, res_stride); break;
+#define GGUFLM_TILE16_ROW(RM_) GGUFLM_TILE16(RM_, 1) GGUFLM_TILE16(RM_, 2) GGUFLM_TILE16(RM_, 3) \
+                               GGUFLM_TILE16(RM_, 4) GGUFLM_TILE16(RM_, 5) GGUFLM_TILE16(RM_, 6)
+            switch (rm * 8 + rn) {
+                GGUFLM_TILE16_ROW(1) GGUFLM_TILE16_ROW(2) GGUFLM_TILE16_ROW(3) GGUFLM_TILE16_ROW(4)
+            }
+#undef GGUFLM_TILE16_ROW
+#undef GGUFLM_TILE16
+        }
+    }
+}
+#endif
 
 /* ---- the row kernels, once per ISA ---- */
 #define GGUFLM_FN(name) name##_scalar
@@ -440,7 +493,7 @@ static int gguflm_pool_mean(int n_tok, int n, int n_seqs, const float *x, int64_
 enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
 static int gguflm_attn_scheme(const gguflm_attn_args *a) {
     if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
-    if (a->n_tok >= 2)
+    if (a->n_tok >= 2 && !a->cell_seq_id)
         return a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16 ? GGUFLM_ATTN_BY_BLOCK
                                                                                                 : GGUFLM_ATTN_BY_GROUP;
     return a->head_dim_k % gguflm_dot_lanes(a->arith) == 0 && a->head_dim_v % 8 == 0 ? GGUFLM_ATTN_BY_HEAD
@@ -532,8 +585,8 @@ static int gguflm_attention_by_sequence(const gguflm_attn_args *a, const gguflm_
 
 /* Every item of the scheme (gguflm_attn_scheme) over n_threads threads. Returns 0, or -1 if
  * scratch allocation failed. */
-static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads) {
-    const gguflm_ops_kernels kernels = gguflm_ops_select(use_avx2);
+static int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads) {
+    const gguflm_ops_kernels kernels = gguflm_ops_select(isa >= GGUFLM_ISA_AVX2);
     if (a->cell_seq_id && a->tok_seq == a->cell_seq_id && a->n_tok == a->n_kv && !a->causal && a->n_swa == 0 &&
         a->cache_type_k == GGUFLM_CACHE_F32 && a->cache_type_v == GGUFLM_CACHE_F32 &&
         a->n_head / a->n_head_kv <= GGUFLM_MAX_GQA)
@@ -553,7 +606,7 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
      * visibility bytes; rounded up to whole cache lines */
     const int64_t qq_floats = (gqa * (dk / QK8_0) * (int64_t)sizeof(block_q8_0) + 3) / 4;
     const int64_t acc_floats = gqa * GGUFLM_MAX_LANES * GGUFLM_ATTN_DBLOCK;
-    const int64_t vis_floats = blocked ? (tb * n_kv + 3) / 4 : 0;
+    const int64_t vis_floats = blocked ? (tb * vt_stride + 3) / 4 : 0;
     const int64_t per_thread = (tb * gqa * dk + qq_floats + tb * gqa * vt_stride + n_kv + row + acc_floats + n_kv +
                                 vis_floats + 15) / 16 * 16;
     float *scratch = (float *)malloc(sizeof(float) * per_thread * n_threads);
@@ -579,10 +632,14 @@ static int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threa
         s.acc = p;                         p += acc_floats;
         s.order = (int32_t *)p;            p += n_kv;
         s.vis = (uint8_t *)p;
+        s.wide = GGUFLM_OPS_X86 && isa >= GGUFLM_ISA_AVX512 && gguflm_vec_lanes(a->arith) == 16;
         if (blocked) {
             gguflm_transpose_v(a, vt, vt_stride);  /* ends with a barrier */
             #pragma omp for schedule(dynamic, 1)
-            for (int64_t item = 0; item < n_items; item++) {
+            for (int64_t it = 0; it < n_items; it++) {
+                /* the last tokens first: a causal block costs more the later it is, so the cheap
+                 * ones fill the end and no thread is left with a big one */
+                const int64_t item = n_items - 1 - it;
                 const int t0 = (int)(item / a->n_head_kv) * tb;
                 kernels.attn_block(a, t0, a->n_tok - t0 < tb ? a->n_tok - t0 : tb, (int)(item % a->n_head_kv),
                                    vt + (item % a->n_head_kv) * a->head_dim_v * vt_stride, vt_stride, &s);

@@ -288,8 +288,8 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.max_bias = max_bias
     a.sinks = NULL
     _check_threads(n_threads)
-    cdef int rc, use_avx2 = _switch.isa >= GGUFLM_ISA_AVX2
+    cdef int rc, isa = _switch.isa
     with nogil:
-        rc = gguflm_attention(&a, use_avx2, n_threads)
+        rc = gguflm_attention(&a, isa, n_threads)
     if rc != 0:
         raise MemoryError("attention scratch allocation failed")

@@ -48,6 +48,18 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_f16_row_to_f32)(int n, const ggml_hal
     for (; i < n; i++) y[i] = gguflm_fp16_to_fp32(x[i]);
 }
 
+/* x[i] = fp16(x[i] * scale) as floats, for i < n (scale 1 rounds exactly: x * 1 = x) */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_scale_round_f16)(int n, float scale, float *x) {
+    int i = 0;
+#if GGUFLM_VARIANT_AVX2
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+#endif
+    for (; i < n; i++) x[i] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(x[i] * scale));
+}
+
 /* acc[d] += x[d] * p for d < n: one cell's V values into its lane (fused, or with the product
  * rounded first when `fused` is 0, as ggml_vec_dot_f32's leftover loop does for most elements) */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_lane_axpy)(int n, float p, const float *restrict x, float *restrict acc) {
@@ -604,10 +616,96 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_seq)(const gguflm_attn_args *a, 
 
 /* ---- batches with F16 K and V: a block of tokens at a time, as llamafile's sgemm tiles them ---- */
 
+/* vis[c] = whether token t sees cell c, for c < n_kv (a cache's cells: cell_seq bits), branch-free
+ * so that it vectorises, and 0 for n_kv <= c < n_vis (padding); returns how many cells it sees */
+GGUFLM_TARGET static int GGUFLM_FN(gguflm_visible_row)(const gguflm_attn_args *a, int t, uint8_t *vis, int64_t n_vis) {
+    /* locals: the byte stores could alias a's fields */
+    const int32_t pt = a->tok_pos[t], n_swa = a->n_swa, n_kv = a->n_kv;
+    const int sq = a->tok_seq[t], causal = a->causal;
+    const int32_t *restrict pos = a->cell_pos;
+    const uint64_t *restrict seq = a->cell_seq;
+    int n = 0;
+    for (int c = 0; c < n_kv; c++) {
+        const int32_t pc = pos[c];
+        const int v = (pc >= 0) & (int)((seq[c] >> sq) & 1u) & (!causal | (pc <= pt)) &
+                      ((n_swa <= 0) | (pt - pc < n_swa));
+        vis[c] = (uint8_t)v;
+        n += v;
+    }
+    memset(vis + n_kv, 0, n_vis - n_kv);
+    return n;
+}
+
+/* One query's scores sc[0 .. nc) of cells lo .. lo+nc (lo and nc whole vectors of the arithmetic's
+ * lanes) become probabilities in place, exactly as gguflm_softmax_cells computes those of the
+ * cells vis marks (vis indexed by cell, 0 past the cache's cells, whose scores are not read), while the row keeps its cell layout: ggml's own score
+ * row, whose masked cells are -inf and whose exp sums run one aligned vector of cells at a time
+ * (vectors of masked cells add exact zeros). Masked cells get probability 0. The probabilities
+ * are rounded to F16 (the V type of this path). t is the token, h the query head. */
+GGUFLM_TARGET static void GGUFLM_FN(gguflm_softmax_row)(const gguflm_attn_args *a, int t, int h, int lo, int nc,
+                                                        const uint8_t *vis, float *sc) {
+    const int vec = gguflm_vec_lanes(a->arith);
+    const uint8_t *v = vis + lo;
+    float max = -INFINITY;
+    if (a->softcap > 0.0f || a->max_bias > 0.0f) {
+        const float slope = a->max_bias > 0.0f ? gguflm_alibi_slope(a->max_bias, a->n_head, h) : 0.0f;
+        for (int i = 0; i < nc; i++) {
+            float kq = sc[i];
+            if (a->softcap > 0.0f) kq = tanhf(kq * (1.0f / a->softcap)) * a->softcap;
+            kq = kq * a->kq_scale;
+            if (a->max_bias > 0.0f && v[i])
+                kq = fmaf(slope, (float)-abs(a->cell_pos[lo + i] - a->tok_pos[t]), kq);
+            sc[i] = v[i] ? kq : -INFINITY;
+            max = sc[i] > max ? sc[i] : max;
+        }
+    } else {
+        const float scale = a->kq_scale;
+        int i = 0;
+#if GGUFLM_VARIANT_AVX2
+        /* max is exact in any order */
+        __m256 mx = _mm256_set1_ps(-INFINITY);
+        const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= nc; i += 8) {
+            const __m256i vi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(v + i)));
+            const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vi, _mm256_setzero_si256()));
+            const __m256 kq = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(sc + i), sv), seen);
+            _mm256_storeu_ps(sc + i, kq);
+            mx = _mm256_max_ps(mx, kq);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mx);
+        for (int l = 0; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
+#endif
+        for (; i < nc; i++) {
+            const float kq = v[i] ? sc[i] * scale : -INFINITY;
+            sc[i] = kq;
+            max = kq > max ? kq : max;
+        }
+    }
+    if (a->sinks) max = max > a->sinks[h] ? max : a->sinks[h];
+    if (gguflm_arith_avx512(a->arith))
+        for (int i = 0; i < nc; i++) {
+            const float e = gguflm_expf_avx512(sc[i] - max);
+            sc[i] = v[i] ? e : 0.0f;
+        }
+    else
+        for (int i = 0; i < nc; i++) {
+            const float e = gguflm_expf(sc[i] - max);
+            sc[i] = v[i] ? e : 0.0f;
+        }
+    double sum = 0.0;
+    for (int i = 0; i < nc; i += vec) sum += (double)gguflm_hsum_vec(sc + i, vec);
+    if (a->sinks) sum += (double)expf(a->sinks[h] - max);
+    const float inv_sum = (float)(1.0 / sum);
+    GGUFLM_FN(gguflm_scale_round_f16)(nc, inv_sum, sc);
+}
+
 /* Tokens t0 .. t0+nt-1 and KV head hkv, F16 K and V, as ggml computes a batch: K·q for every cell
  * of the block's visible range (chains over the head dimension), the softmax of gguflm_attn_heads,
  * then P·V with V transposed (vt: [head_dim_v][vt_stride] F16 for this head, zero past n_kv):
- * chains over cells, lane = cell % lanes, masked cells adding exact zeros. */
+ * chains over cells, lane = cell % lanes, masked cells adding exact zeros. The scratch holds one
+ * score row per query of the block (O(block × n_kv), never O(n_tokens × n_kv)); with s->wide the
+ * 16-lane dots run on AVX-512 registers (the same chains). */
 GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a, int t0, int nt, int hkv,
                                                        const ggml_half *vt, int64_t vt_stride,
                                                        gguflm_attn_scratch *s) {
@@ -616,18 +714,18 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
     const int lanes = gguflm_vec_lanes(a->arith);
     const char *k_base = (const char *)a->k + gguflm_cache_head_offset(GGUFLM_CACHE_F16, hkv, dk);
 
-    /* which cells each token sees (one scan), and the range any of them sees, widened to whole
-     * lane groups */
-    int lo = a->n_kv, hi = 0;
+    /* which cells each token sees, and the range any of them sees, widened to whole lane groups */
+    int lo = a->n_kv, hi = 0, n_vis[GGUFLM_ATTN_TBLOCK];
     for (int t = t0; t < t0 + nt; t++) {
-        uint8_t *vis = s->vis + (int64_t)(t - t0) * a->n_kv;
-        for (int c = 0; c < a->n_kv; c++) {
-            vis[c] = (uint8_t)gguflm_attn_visible(a, t, c);
-            if (vis[c]) {
-                lo = c < lo ? c : lo;
-                hi = c + 1 > hi ? c + 1 : hi;
-            }
-        }
+        uint8_t *vis = s->vis + (int64_t)(t - t0) * vt_stride;
+        n_vis[t - t0] = GGUFLM_FN(gguflm_visible_row)(a, t, vis, vt_stride);
+        if (!n_vis[t - t0]) continue;
+        int c = 0;
+        while (!vis[c]) c++;
+        lo = c < lo ? c : lo;
+        c = a->n_kv;
+        while (!vis[c - 1]) c--;
+        hi = c > hi ? c : hi;
     }
     if (hi == 0) {
         for (int t = t0; t < t0 + nt; t++) memset(a->out + (int64_t)t * a->out_stride + (int64_t)h0 * dv, 0, sizeof(float) * gqa * dv);
@@ -643,7 +741,8 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
     for (int qi = 0; qi < nq; qi++) {
         const float *q = a->q + (int64_t)(t0 + qi / gqa) * a->q_stride + (int64_t)(h0 + qi % gqa) * dk;
         float *qf = s->q + (int64_t)qi * dk;
-        for (int d = 0; d < dk; d++) qf[d] = gguflm_fp16_to_fp32(gguflm_fp32_to_fp16(q[d]));
+        for (int d = 0; d < dk; d++) qf[d] = q[d];
+        GGUFLM_FN(gguflm_scale_round_f16)(dk, 1.0f, qf);
         qrows[qi] = qf;
         prows[qi] = s->score + (int64_t)qi * nc;
     }
@@ -651,23 +750,22 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         const int m = nk - c0 < GGUFLM_ATTN_CBLOCK ? nk - c0 : GGUFLM_ATTN_CBLOCK;
         const void *krows[GGUFLM_ATTN_CBLOCK];
         for (int i = 0; i < m; i++) krows[i] = k_base + (int64_t)(lo + c0 + i) * a->k_row_bytes;
-        GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, qrows, nq, lanes, s->score + c0, nc);
+#if GGUFLM_OPS_X86
+        if (s->wide)
+            gguflm_dots16_block_avx512(dk, krows, m, qrows, nq, s->score + c0, nc);
+        else
+#endif
+            GGUFLM_FN(gguflm_dots_block)(dk, krows, 1, m, qrows, nq, lanes, s->score + c0, nc);
     }
 
-    /* softmax per query over the cells its token sees, as gguflm_attn_heads': the visible scores
-     * gathered to the front of the row in cell order, then spread back, zeros between */
-    for (int tl = 0; tl < nt; tl++) {
-        const uint8_t *vis = s->vis + (int64_t)tl * a->n_kv;
-        int n_vis = 0;
-        for (int c = lo; c < lo + nk; c++)
-            if (vis[c]) s->cells[n_vis++] = c;
-        for (int qi = tl * gqa; qi < (tl + 1) * gqa; qi++) {
-            float *sc = s->score + (int64_t)qi * nc;
-            for (int i = 0; i < n_vis; i++) sc[i] = sc[s->cells[i] - lo];
-            if (n_vis > 0) GGUFLM_FN(gguflm_softmax_cells)(a, t0 + tl, h0 + qi % gqa, s->cells, n_vis, sc);
-            for (int i = nc - 1, k = n_vis - 1; i >= 0; i--)
-                sc[i] = k >= 0 && s->cells[k] - lo == i ? sc[k--] : 0.0f;
-        }
+    /* softmax per query over the cells its token sees, in the row's cell layout (a token that sees
+     * nothing gets zeros, where ggml would produce NaN) */
+    for (int qi = 0; qi < nq; qi++) {
+        if (n_vis[qi / gqa])
+            GGUFLM_FN(gguflm_softmax_row)(a, t0 + qi / gqa, h0 + qi % gqa, lo, nc,
+                                          s->vis + (int64_t)(qi / gqa) * vt_stride, s->score + (int64_t)qi * nc);
+        else
+            memset(s->score + (int64_t)qi * nc, 0, sizeof(float) * nc);
     }
 
     /* P·V, a block of value dimensions at a time */
@@ -676,8 +774,12 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_block)(const gguflm_attn_args *a
         const void *vrows[GGUFLM_ATTN_CBLOCK];
         float res[GGUFLM_ATTN_TBLOCK * GGUFLM_MAX_GQA * GGUFLM_ATTN_CBLOCK];
         for (int i = 0; i < m; i++) vrows[i] = vt + (int64_t)(d0 + i) * vt_stride + lo;
-        for (int qi = 0; qi < nq; qi++) prows[qi] = s->score + (int64_t)qi * nc;
-        GGUFLM_FN(gguflm_dots_block)(nc, vrows, 1, m, prows, nq, lanes, res, GGUFLM_ATTN_CBLOCK);
+#if GGUFLM_OPS_X86
+        if (s->wide)
+            gguflm_dots16_block_avx512(nc, vrows, m, prows, nq, res, GGUFLM_ATTN_CBLOCK);
+        else
+#endif
+            GGUFLM_FN(gguflm_dots_block)(nc, vrows, 1, m, prows, nq, lanes, res, GGUFLM_ATTN_CBLOCK);
         for (int qi = 0; qi < nq; qi++)
             memcpy(a->out + (int64_t)(t0 + qi / gqa) * a->out_stride + (int64_t)(h0 + qi % gqa) * dv + d0,
                    res + (int64_t)qi * GGUFLM_ATTN_CBLOCK, sizeof(float) * m);

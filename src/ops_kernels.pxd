@@ -1,7 +1,8 @@
 # The nogil C API of the forward-pass kernels (ops.h), shared by the ops and plan extensions:
 #     from ops_kernels cimport gguflm_attn_args, gguflm_attention, ...
 # Like the quant kernels they are static functions in headers: each extension has its own copy.
-# arith (GGUFLM_ARITH_*) and use_avx2 (ISA >= avx2) come from the one switch (dispatch.pxd).
+# arith (GGUFLM_ARITH_*) and use_avx2 (ISA >= avx2), or for gguflm_attention the ISA itself
+# (GGUFLM_ISA_*), come from the one switch (dispatch.pxd).
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 
 cdef extern from "ggml_blocks.h" nogil:
@@ -62,5 +63,5 @@ cdef extern from "ops.h" nogil:
         int n_cols
         float max_bias
         const float *sinks
-    int gguflm_attention(const gguflm_attn_args *a, int use_avx2, int n_threads)
+    int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

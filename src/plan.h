@@ -186,7 +186,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             gguflm_attn_args a = nd->attn;
             a.n_kv = *nd->i32;
             a.arith = arith;
-            if (gguflm_attention(&a, use_avx2, nd->n_threads)) return -1;
+            if (gguflm_attention(&a, isa, nd->n_threads)) return -1;
             break;
         }
         case GGUFLM_OP_GLU:

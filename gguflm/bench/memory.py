@@ -50,17 +50,17 @@ def _child(engine: str, path: str, n_ctx: int, n_prompt: int, n_gen: int, n_thre
     tokens = [int(t) for t in np.random.default_rng(1).integers(100, 1000, n_prompt + n_gen)]
     start = time.perf_counter()
     if engine == "gguflm":
-        prompt, generate, close = gguflm_runner(Model.load(path), settings, n_threads, n_ctx)
+        runner = gguflm_runner(Model.load(path), settings, n_threads, n_ctx)
     else:
-        prompt, generate, close = llama_cpp_runner(path, settings, n_threads, n_ctx)
+        runner = llama_cpp_runner(path, settings, n_threads, n_ctx)
     load_ms = 1e3 * (time.perf_counter() - start)
     loaded = _rss_mb()
     if n_prompt:
-        prompt(tokens[:n_prompt], settings.batch_size)
-    generate(tokens[n_prompt:])
+        runner.prompt(tokens[:n_prompt], settings.batch_size)
+    runner.generate(tokens[n_prompt:])
     figures = {"engine": engine, "load_ctx_ms": load_ms, "rss_start_mb": base, "rss_loaded_mb": loaded,
                "rss_run_mb": _rss_mb(), "rss_peak_mb": _peak_rss_mb()}
-    close()
+    runner.close()
     return figures
 
 

@@ -1,17 +1,25 @@
 """Prompt-processing and generation speed, llama-bench style: ``gguflm bench`` or
-``python -m gguflm.bench model -m FILE -p 512 -n 128 -r 3 -t 2``.
+``python -m gguflm.bench model -m FILE -p 512,2048,4096 -n 128 -d 0,1024 -r 3 -t 2``.
 
 As llama-bench: ``ppN`` decodes N random tokens (BOS first when the model adds one) from an empty
-cache in ``n_batch`` chunks; ``tgN`` decodes N random tokens one at a time; each test runs once
-to warm up, then ``-r`` times; t/s is the mean over repetitions ± their sample standard deviation.
+cache in ``n_batch`` chunks; ``tgN`` decodes N random tokens one at a time; with ``-d D`` (depth)
+every repetition first fills the cache with D random tokens, untimed, and the test runs after them
+(``pp512 @ d4096``); each test runs once to warm up, then ``-r`` times; t/s is the mean over
+repetitions ± their sample standard deviation.
+
 ``--compare llama-cpp`` runs the same tests through llama-cpp-python's ``llama_decode`` on the same
-file in the same process, the two engines' repetitions taking turns, and prints gguflm's speed as a
-ratio of llama.cpp's.
+file in the same process; ``--compare hf`` through Hugging Face transformers on torch (fp32, on the
+CPU, ``torch.set_num_threads`` = the test's threads), the model loaded from the same GGUF file
+(``from_pretrained(dir, gguf_file=...)``, which dequantizes it to fp32; ``pip install
+gguflm[bench-hf]``), each step computing only the last position's logits as the others do. The
+engines' repetitions take turns, and gguflm's speed is printed as a ratio of each peer's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
 import random
 import statistics
@@ -19,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gguflm.progress import ProgressBar
@@ -39,11 +48,13 @@ class BenchResult:
     type_v: str
     n_prompt: int
     n_gen: int
+    n_depth: int = 0
     samples_ns: list[int] = field(default_factory=list)
 
     @property
     def test(self) -> str:
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     @property
     def samples_ts(self) -> list[float]:
@@ -66,9 +77,17 @@ class BenchResult:
                 "avg_ts": self.avg_ts, "stddev_ts": self.stddev_ts, "samples_ts": self.samples_ts}
 
 
-# -- the engines: each returns (decode prompt of n tokens, decode n tokens one by one, close)
+# -- the engines
 
-Runner = tuple[Callable[[list[int], int], None], Callable[[list[int]], None], Callable[[], None]]
+@dataclass
+class Runner:
+    """One engine with a context: ``clear`` empties its cache, ``prompt`` decodes tokens in chunks
+    of n_batch after what the cache holds, ``generate`` decodes tokens one at a time after it."""
+
+    clear: Callable[[], None]
+    prompt: Callable[[list[int], int], None]
+    generate: Callable[[list[int]], None]
+    close: Callable[[], None]
 
 
 def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
@@ -85,18 +104,16 @@ def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: i
             raise RuntimeError(f"decode failed with status {status}")
 
     def prompt(tokens: list[int], n_batch: int) -> None:
-        ctx.memory.seq_rm(0, -1, -1)
         for start in range(0, len(tokens), n_batch):
             decode(Batch.get_one(tokens[start:start + n_batch]))
 
     def generate(tokens: list[int]) -> None:
-        ctx.memory.seq_rm(0, -1, -1)
         one = Batch.get_one([0])
         for tok in tokens:
             one.token[0] = tok
             decode(one)
 
-    return prompt, generate, ctx.close
+    return Runner(lambda: ctx.memory.seq_rm(0, -1, -1), prompt, generate, ctx.close)
 
 
 _LLAMA_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -121,18 +138,62 @@ def llama_cpp_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
 
     def prompt(tokens: list[int], n_batch: int) -> None:
-        clear()
         for start in range(0, len(tokens), n_batch):
             decode(tokens[start:start + n_batch])
         llama_cpp.llama_synchronize(ctx)
 
     def generate(tokens: list[int]) -> None:
-        clear()
         for tok in tokens:
             decode([tok])
         llama_cpp.llama_synchronize(ctx)
 
-    return prompt, generate, llm.close
+    return Runner(clear, prompt, generate, llm.close)
+
+
+def hf_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+    """transformers + torch in fp32 on the CPU, from the same GGUF file, with a DynamicCache."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    torch.set_num_threads(n_threads)
+    file = Path(path)
+    model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
+    model.eval()
+    state: dict[str, Any] = {}
+    # transformers 5 renamed the cache argument (past_key_values still works, with a warning)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def clear() -> None:
+        state["cache"] = DynamicCache(config=model.config)
+
+    def forward(tokens: list[int]) -> None:
+        with torch.inference_mode():
+            # only the last position's logits, as the other engines' batches ask for
+            model(input_ids=torch.tensor([tokens]), use_cache=True, logits_to_keep=1, **{cache_arg: state["cache"]})
+
+    def prompt(tokens: list[int], n_batch: int) -> None:
+        torch.set_num_threads(n_threads)
+        for start in range(0, len(tokens), n_batch):
+            forward(tokens[start:start + n_batch])
+
+    def generate(tokens: list[int]) -> None:
+        torch.set_num_threads(n_threads)
+        for tok in tokens:
+            forward([tok])
+
+    def close() -> None:
+        state.clear()
+        model.to("meta")  # frees the fp32 weights now rather than at the next collection
+
+    clear()
+    return Runner(clear, prompt, generate, close)
+
+
+PEERS: dict[str, tuple[str, Callable[..., Runner], str, str]] = {
+    # --compare value: engine name, runner, module to import, how to install it
+    "llama-cpp": ("llama.cpp", llama_cpp_runner, "llama_cpp", "pip install llama-cpp-python"),
+    "hf": ("hf", hf_runner, "transformers", "pip install 'gguflm[bench-hf]' (transformers, torch, accelerate)"),
+}
 
 
 def _random_tokens(n: int, n_vocab: int, bos: int | None, rng: random.Random) -> list[int]:
@@ -143,23 +204,34 @@ def _random_tokens(n: int, n_vocab: int, bos: int | None, rng: random.Random) ->
 
 
 def _test_fn(runner: Runner, result: BenchResult, args: argparse.Namespace, n_vocab: int,
-             bos: int | None, rng: random.Random) -> Callable[[], None]:
-    """One run of ``result``'s test (ppN or tgN) on ``runner``, with fresh random tokens."""
-    prompt, generate, _ = runner
+             bos: int | None, rng: random.Random) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The untimed setup (an empty cache, then the depth's tokens) and the timed run of
+    ``result``'s test (ppN or tgN) on ``runner``, each time with fresh random tokens; BOS starts
+    the depth's tokens when there are any, else the test's."""
+
+    def setup() -> None:
+        runner.clear()
+        if result.n_depth:
+            runner.prompt(_random_tokens(result.n_depth, n_vocab, bos, rng), args.batch_size)
+
+    first = None if result.n_depth else bos
     if result.n_prompt:
-        return lambda: prompt(_random_tokens(result.n_prompt, n_vocab, bos, rng), args.batch_size)
-    return lambda: generate(_random_tokens(result.n_gen, n_vocab, bos, rng))
+        return setup, lambda: runner.prompt(_random_tokens(result.n_prompt, n_vocab, first, rng), args.batch_size)
+    return setup, lambda: runner.generate(_random_tokens(result.n_gen, n_vocab, first, rng))
 
 
-def _measure(tests: Sequence[tuple[BenchResult, Callable[[], None]]], repetitions: int,
-             bar: ProgressBar) -> None:
+def _measure(tests: Sequence[tuple[BenchResult, tuple[Callable[[], None], Callable[[], None]]]],
+             repetitions: int, bar: ProgressBar) -> None:
     """Warm every engine's run up once, then time the repetitions in turns (engine after engine),
-    so that a machine whose speed drifts slows every engine alike."""
-    for _, once in tests:
+    so that a machine whose speed drifts slows every engine alike; only the run is timed, not
+    its setup."""
+    for _, (setup, once) in tests:
+        setup()
         once()
     for rep in range(repetitions):
-        for result, once in tests:
+        for result, (setup, once) in tests:
             bar.update(rep / repetitions, f"{result.engine} {result.test} t={result.n_threads}")
+            setup()
             start = time.perf_counter_ns()
             once()
             result.samples_ns.append(time.perf_counter_ns() - start)
@@ -183,6 +255,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt sizes to test, comma-separated (0 skips)")
     parser.add_argument("-n", "--n-gen", type=_int_list, default=[128],
                         help="generation lengths to test, comma-separated (0 skips)")
+    parser.add_argument("-d", "--n-depth", type=_int_list, default=[0],
+                        help="depths: tokens in the cache before each test, comma-separated")
     parser.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test")
     parser.add_argument("-t", "--threads", type=_int_list, default=None,
                         help="thread counts, comma-separated (default: usable cores)")
@@ -191,8 +265,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f32", "f16", "q8_0"))
     parser.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f32", "f16", "q8_0"))
     parser.add_argument("-o", "--output", default="md", choices=("md", "json"))
-    parser.add_argument("--compare", choices=("llama-cpp",),
-                        help="also run llama-cpp-python on the same file and print the ratio")
+    parser.add_argument("--compare", choices=tuple(PEERS), action="append", default=[],
+                        help="also run a peer on the same file and print the ratio: llama-cpp "
+                             "(llama-cpp-python) or hf (transformers + torch, fp32); may repeat")
     parser.add_argument("--load-mode", default="auto",
                         choices=("auto", "mmap", "none", "mlock", "mmap+mlock"))
     parser.add_argument("--seed", type=int, default=1, help="seed of the random tokens")
@@ -207,23 +282,24 @@ def run(args: argparse.Namespace) -> int:
     if args.repetitions < 1:
         print("gguflm bench: -r must be >= 1", file=sys.stderr)
         return 2
-    if args.compare == "llama-cpp":
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            print("gguflm bench: --compare llama-cpp needs llama-cpp-python "
-                  "(pip install llama-cpp-python)", file=sys.stderr)
+    compare = list(dict.fromkeys(args.compare))
+    for peer in compare:
+        _, _, module, install = PEERS[peer]
+        if importlib.util.find_spec(module) is None:
+            print(f"gguflm bench: --compare {peer} needs {module} ({install})", file=sys.stderr)
             return 2
     enabled = False if args.quiet else None
     model = load_model(args.model, enabled, load_mode=args.load_mode)
     path = model.path
     threads = [resolve_n_threads(t or None) for t in (args.threads or [0])]
-    tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
-    n_ctx = max([p + n for p, n in tests] + [256])
+    tests = [(p, 0, d) for d in args.n_depth for p in args.n_prompt if p] + \
+        [(0, n, d) for d in args.n_depth for n in args.n_gen if n]
+    n_ctx = max([d + p + n for p, n, d in tests] + [256])
     engines: list[tuple[str, Callable[[int], Runner]]] = [
         ("gguflm", lambda t: gguflm_runner(model, args, t, n_ctx))]
-    if args.compare == "llama-cpp":
-        engines.append(("llama.cpp", lambda t: llama_cpp_runner(str(path), args, t, n_ctx)))
+    for peer in compare:
+        engine, make_runner, _, _ = PEERS[peer]
+        engines.append((engine, lambda t, make_runner=make_runner: make_runner(str(path), args, t, n_ctx)))
     vocab = model.vocab
     bos = vocab.bos if vocab.add_bos else None
     description = model_description(model)
@@ -236,19 +312,19 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     for engine, make in engines:
                         runners.append((engine, make(n_threads)))
-                    for n_prompt, n_gen in tests:
+                    for n_prompt, n_gen, n_depth in tests:
                         timed = []
                         for engine, runner in runners:
                             result = BenchResult(
                                 engine, description, model.size_bytes, model.n_params, n_threads,
                                 args.batch_size, args.ubatch_size, args.cache_type_k,
-                                args.cache_type_v, n_prompt, n_gen)
+                                args.cache_type_v, n_prompt, n_gen, n_depth)
                             timed.append((result, _test_fn(runner, result, args, vocab.n_tokens, bos, rng)))
                         _measure(timed, args.repetitions, bar)
                         results.extend(result for result, _ in timed)
                 finally:
                     for _, runner in runners:
-                        runner[2]()
+                        runner.close()
         finally:
             model.close()
     if args.output == "json":
@@ -266,20 +342,25 @@ def model_description(model: Any) -> str:
     return f"{model.arch} {label} {model.file_type}"
 
 
-def _ratios(results: Sequence[BenchResult]) -> dict[tuple[str, int], float]:
+def _ratios(results: Sequence[BenchResult]) -> dict[tuple[str, str, int], float]:
+    """(peer engine, test, threads) -> gguflm's t/s over that peer's."""
     by_key = {(r.engine, r.test, r.n_threads): r for r in results}
-    return {(r.test, r.n_threads): r.avg_ts / peer.avg_ts
-            for r in results if r.engine == "gguflm"
-            and (peer := by_key.get(("llama.cpp", r.test, r.n_threads))) is not None}
+    peers = [engine for engine, *_ in PEERS.values()]
+    return {(peer, r.test, r.n_threads): r.avg_ts / other.avg_ts
+            for r in results if r.engine == "gguflm" for peer in peers
+            if (other := by_key.get((peer, r.test, r.n_threads))) is not None}
 
 
 def _records(results: Sequence[BenchResult]) -> list[dict[str, Any]]:
     ratios = _ratios(results)
+    keys = {engine: "ratio_vs_" + engine.replace(".", "_") for engine, *_ in PEERS.values()}
     records = []
     for r in results:
         record = r.record()
-        if r.engine == "gguflm" and (r.test, r.n_threads) in ratios:
-            record["ratio_vs_llama_cpp"] = ratios[(r.test, r.n_threads)]
+        if r.engine == "gguflm":
+            for (peer, test, threads), ratio in ratios.items():
+                if (test, threads) == (r.test, r.n_threads):
+                    record[keys[peer]] = ratio
         records.append(record)
     return records
 
@@ -304,9 +385,9 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
 
 
 def ratio_lines(results: Sequence[BenchResult]) -> list[str]:
-    """``test t=N: gguflm / llama.cpp = 0.85x`` for every test both engines ran."""
-    return [f"{test} t={threads}: gguflm / llama.cpp = {ratio:.2f}x"
-            for (test, threads), ratio in _ratios(results).items()]
+    """``test t=N: gguflm / llama.cpp = 0.85x`` for every test gguflm and a peer both ran."""
+    return [f"{test} t={threads}: gguflm / {peer} = {ratio:.2f}x"
+            for (peer, test, threads), ratio in _ratios(results).items()]
 
 
 def main(argv: Sequence[str]) -> int:
