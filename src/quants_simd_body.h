@@ -516,6 +516,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(
         for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t];
 }
 
+#if GGUFLM_SIMD_512
+#include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
+#endif
+
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
 /* The legacy blocks' kernel: for a batch, the tokens' block scales are converted to floats once for
@@ -540,6 +544,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
         for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
         return;
     }
+#if GGUFLM_SIMD_512
+    if (GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
+#endif
     float table[GGUFLM_LEGACY_TABLE];
     const float *yd = NULL, *ysum = NULL;
     if (2 * nt * nb <= GGUFLM_LEGACY_TABLE) {
