@@ -127,6 +127,15 @@ static inline gguflm_from_float_fn gguflm_from_float(int isa, int type, int acti
 #if GGUFLM_ROW_F16C
     if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_quantize_row_f16_f16c;
 #endif
+#if GGUFLM_HAVE_SIMD
+    /* the activation partners' quantizers with vector instructions: the same bytes */
+    if (activation && isa >= GGUFLM_ISA_AVX2) {
+        const int wide = isa >= GGUFLM_ISA_AVX512;
+        if (type == GGUFLM_Q8_0) return wide ? gguflm_quantize_act_q8_0_avx512 : gguflm_quantize_act_q8_0_avx2;
+        if (type == GGUFLM_Q8_1) return wide ? gguflm_quantize_act_q8_1_avx512 : gguflm_quantize_act_q8_1_avx2;
+        if (type == GGUFLM_Q8_K) return wide ? gguflm_quantize_row_q8_K_avx512 : gguflm_quantize_row_q8_K_avx2;
+    }
+#endif
     (void)isa;
     return activation ? gguflm_traits[type].from_float_act : gguflm_traits[type].from_float;
 }

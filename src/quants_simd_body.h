@@ -20,6 +20,8 @@ static inline int32_t GGUFLM_SIMD(hsum_i32)(__m256i a) {
     return _mm_cvtsi128_si32(s);
 }
 
+#include "quants_simd_act.h"  /* the activation quantizers */
+
 /* u (unsigned bytes) . s (signed bytes), 4 adjacent products per int32 lane */
 static inline __m256i GGUFLM_SIMD(dot_u8_s8)(__m256i u, __m256i s) {
 #if GGUFLM_SIMD_VNNI
