@@ -293,6 +293,34 @@ static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n
     for (int64_t i = 0; i < n_ids; ++i) to_float((const uint8_t *)w + ids[i] * w_stride, out + i * out_stride, n_in);
 }
 
+/* ======================= int8 peak probe ======================= */
+
+/* The int8 multiply-add peak of isa's batch kernels on n_threads threads: each runs `iters` rounds
+ * of quants_simd_peak.h's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd). Returns the int8
+ * operations done in all (2 per multiply-add), 0 where there is no such loop (scalar); the bench
+ * times the call. *checksum keeps the loops from being optimised away.
+ * AMX: where the CPU has AMX-INT8 and the kernel grants the tile state (gguflm._ext.system.amx()),
+ * a tdpbusd loop would be timed here, and an AMX batch path would dispatch in gguflm_kernel; neither
+ * exists yet (no machine here to test them on). */
+static int64_t gguflm_int8_peak(int isa, int64_t iters, int n_threads, int64_t *checksum) {
+    int64_t sum = 0, ops = 0;
+#if GGUFLM_HAVE_SIMD
+    if (isa >= GGUFLM_ISA_AVX2) {
+        const int wide = isa >= GGUFLM_ISA_AVX512;
+        #pragma omp parallel num_threads(n_threads) reduction(+:sum, ops)
+        {
+            sum += wide ? gguflm_int8_peak_avx512(iters) : gguflm_int8_peak_avx2(iters);
+            ops += iters * GGUFLM_INT8_PEAK_OPS(wide);
+        }
+    }
+#endif
+    (void)isa;
+    (void)iters;
+    (void)n_threads;
+    *checksum = sum;
+    return ops;
+}
+
 /* ======================= memory bandwidth probe ======================= */
 
 /* sum of the 64-bit words of buf on n_threads threads; the bench times it to get read bandwidth */
