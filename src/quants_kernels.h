@@ -127,6 +127,15 @@ static inline gguflm_from_float_fn gguflm_from_float(int isa, int type, int acti
 #if GGUFLM_ROW_F16C
     if (type == GGUFLM_F16 && isa >= GGUFLM_ISA_AVX2) return gguflm_quantize_row_f16_f16c;
 #endif
+#if GGUFLM_HAVE_SIMD
+    /* the activation partners' quantizers with vector instructions: the same bytes */
+    if (activation && isa >= GGUFLM_ISA_AVX2) {
+        const int wide = isa >= GGUFLM_ISA_AVX512;
+        if (type == GGUFLM_Q8_0) return wide ? gguflm_quantize_act_q8_0_avx512 : gguflm_quantize_act_q8_0_avx2;
+        if (type == GGUFLM_Q8_1) return wide ? gguflm_quantize_act_q8_1_avx512 : gguflm_quantize_act_q8_1_avx2;
+        if (type == GGUFLM_Q8_K) return wide ? gguflm_quantize_row_q8_K_avx512 : gguflm_quantize_row_q8_K_avx2;
+    }
+#endif
     (void)isa;
     return activation ? gguflm_traits[type].from_float_act : gguflm_traits[type].from_float;
 }
@@ -282,6 +291,34 @@ static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n
                             float *out, int64_t out_stride, int isa) {
     const gguflm_to_float_fn to_float = gguflm_to_float(isa, type);
     for (int64_t i = 0; i < n_ids; ++i) to_float((const uint8_t *)w + ids[i] * w_stride, out + i * out_stride, n_in);
+}
+
+/* ======================= int8 peak probe ======================= */
+
+/* The int8 multiply-add peak of isa's batch kernels on n_threads threads: each runs `iters` rounds
+ * of quants_simd_peak.h's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd). Returns the int8
+ * operations done in all (2 per multiply-add), 0 where there is no such loop (scalar); the bench
+ * times the call. *checksum keeps the loops from being optimised away.
+ * AMX: where the CPU has AMX-INT8 and the kernel grants the tile state (gguflm._ext.system.amx()),
+ * a tdpbusd loop would be timed here, and an AMX batch path would dispatch in gguflm_kernel; neither
+ * exists yet (no machine here to test them on). */
+static int64_t gguflm_int8_peak(int isa, int64_t iters, int n_threads, int64_t *checksum) {
+    int64_t sum = 0, ops = 0;
+#if GGUFLM_HAVE_SIMD
+    if (isa >= GGUFLM_ISA_AVX2) {
+        const int wide = isa >= GGUFLM_ISA_AVX512;
+        #pragma omp parallel num_threads(n_threads) reduction(+:sum, ops)
+        {
+            sum += wide ? gguflm_int8_peak_avx512(iters) : gguflm_int8_peak_avx2(iters);
+            ops += iters * GGUFLM_INT8_PEAK_OPS(wide);
+        }
+    }
+#endif
+    (void)isa;
+    (void)iters;
+    (void)n_threads;
+    *checksum = sum;
+    return ops;
 }
 
 /* ======================= memory bandwidth probe ======================= */

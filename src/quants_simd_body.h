@@ -20,6 +20,9 @@ static inline int32_t GGUFLM_SIMD(hsum_i32)(__m256i a) {
     return _mm_cvtsi128_si32(s);
 }
 
+#include "quants_simd_act.h"  /* the activation quantizers */
+#include "quants_simd_peak.h"  /* the int8 peak loop of the kernels bench */
+
 /* u (unsigned bytes) . s (signed bytes), 4 adjacent products per int32 lane */
 static inline __m256i GGUFLM_SIMD(dot_u8_s8)(__m256i u, __m256i s) {
 #if GGUFLM_SIMD_VNNI
@@ -292,6 +295,40 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, 
         for (int t = 0; t < T; ++t) lanes[r][t] = _mm256_setzero_si256();
     }
     for (int t = 0; t < T; ++t) yb[t] = (const block_q8_K *)(y + t * ys) + i;
+#if GGUFLM_SIMD_512
+    /* two 32-element groups (2k: low half, 2k+1: high half) per 512-bit vector; lane l of each half
+     * is the lane l of ggml's, so the halves added at the end give the same exact lanes, and a
+     * vector's sum is the 64-element part */
+    __m512i lanes2[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) lanes2[r][t] = _mm512_setzero_si512();
+    for (int g = 0; g < QK_K / 32; g += 2) {
+        __m512i u[GGUFLM_MAX_TILE], sc[GGUFLM_MAX_TILE];
+        for (int r = 0; r < R; ++r) {
+            u[r] = _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb[r], g)),
+                                      GGUFLM_SIMD(kquants)(type, xb[r], g + 1), 1);
+            sc[r] = _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kscale_pair)(sc16[r], g)),
+                                       GGUFLM_SIMD(kscale_pair)(sc16[r], g + 1), 1);
+        }
+        for (int t = 0; t < T; ++t) {
+            const __m512i qy = _mm512_loadu_si512((const void *)(yb[t]->qs + 32 * g));
+            const __m512i off = type == GGUFLM_Q3_K ? _mm512_maddubs_epi16(_mm512_set1_epi8(4), qy) : _mm512_setzero_si512();
+            for (int r = 0; r < R; ++r) {
+                __m512i p = _mm512_maddubs_epi16(u[r], qy);
+                if (type == GGUFLM_Q3_K) p = _mm512_sub_epi16(p, off);
+                const __m512i s = _mm512_madd_epi16(p, sc[r]);
+                lanes2[r][t] = _mm512_add_epi32(lanes2[r][t], s);
+                if (part)
+                    part[r][t][g / 2] = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(s),
+                                                                               _mm512_extracti64x4_epi64(s, 1)));
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t)
+            lanes[r][t] = _mm256_add_epi32(_mm512_castsi512_si256(lanes2[r][t]), _mm512_extracti64x4_epi64(lanes2[r][t], 1));
+    (void)pair;
+#else
     for (int g = 0; g < QK_K / 32; ++g) {
         __m256i u[GGUFLM_MAX_TILE], sc[GGUFLM_MAX_TILE];
         for (int r = 0; r < R; ++r) {
@@ -315,6 +352,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, 
             }
         }
     }
+#endif
     if (type == GGUFLM_Q6_K) {
         /* ggml multiplies the unsigned 6-bit quants and takes 32 * scale * bsums off each lane */
         for (int t = 0; t < T; ++t) {
@@ -429,6 +467,22 @@ static inline __m256i GGUFLM_SIMD(reduce8_i32)(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+#if GGUFLM_SIMD_512
+/* lane r = the sum of the 16 lanes of v[r]: pairs of rows interleaved and added, twice, then the
+ * four 128-bit quarters of rows 0-3 and of rows 4-7 added (one-uop shuffles only) */
+static inline __m256i GGUFLM_SIMD(reduce8_512)(const __m512i v[8]) {
+    __m512i ab[4], abcd[2];
+    for (int k = 0; k < 4; ++k)   /* quarter q: [r0 + r2, s0 + s2, r1 + r3, s1 + s3] of rows 2k, 2k+1 */
+        ab[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 2; ++k)   /* quarter q: rows 4k .. 4k+3, each its quarter's sum */
+        abcd[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(ab[2 * k], ab[2 * k + 1]), _mm512_unpackhi_epi64(ab[2 * k], ab[2 * k + 1]));
+    const __m512i half = _mm512_add_epi32(_mm512_shuffle_i32x4(abcd[0], abcd[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_i32x4(abcd[0], abcd[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i q = _mm512_shuffle_i32x4(half, half, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm256_add_epi32(_mm512_castsi512_si256(q), _mm512_extracti64x4_epi64(q, 1));
+}
+#endif
+
 /* out[p] lane r = m[r] lanes 2p + 2p+1 (the four 64-element parts of per-32-element lanes) */
 static inline void GGUFLM_SIMD(reduce8_pairs_i32)(const __m256i m[8], __m256i out[4]) {
     __m256 even[2], odd[2];
@@ -466,6 +520,14 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
                 sc[r][g] = GGUFLM_SIMD(kscale_pair)(sc16, g);
             }
         }
+#if GGUFLM_SIMD_512
+        __m512i u2[8][4], sc2[8][4];
+        for (int r = 0; r < 8; ++r)
+            for (int p = 0; p < 4; ++p) {
+                u2[r][p] = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][2 * p]), u[r][2 * p + 1], 1);
+                sc2[r][p] = _mm512_inserti64x4(_mm512_castsi256_si512(sc[r][2 * p]), sc[r][2 * p + 1], 1);
+            }
+#endif
         const __m256 dv = _mm256_loadu_ps(d), dminv = _mm256_loadu_ps(dmin);
         for (int t = 0; t < T; ++t) {
             const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
@@ -474,6 +536,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
             const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
             __m256i m[8], sums[4], mins[4];
             for (int r = 0; r < 8; ++r) m[r] = _mm256_madd_epi16(bsums, mn16[r]);
+#if GGUFLM_SIMD_512
+            /* a 64-element part (groups 2p, 2p+1) per 512-bit vector; its halves added, then the
+             * same transposing reduction (integers: any order gives the same sums) */
+            for (int p = 0; p < 4; ++p) {
+                const __m512i qy = _mm512_loadu_si512((const void *)(yb->qs + 64 * p));
+                __m512i v[8];
+                for (int r = 0; r < 8; ++r) v[r] = _mm512_madd_epi16(_mm512_maddubs_epi16(u2[r][p], qy), sc2[r][p]);
+                sums[p] = GGUFLM_SIMD(reduce8_512)(v);
+            }
+            if (parts == 1) sums[0] = _mm256_add_epi32(_mm256_add_epi32(sums[0], sums[1]), _mm256_add_epi32(sums[2], sums[3]));
+#else
             for (int p = 0; p < parts; ++p) {
                 const int g0 = (QK_K / 32 / parts) * p, g1 = g0 + QK_K / 32 / parts;
                 __m256i v[8];
@@ -485,6 +558,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
                 }
                 sums[p] = GGUFLM_SIMD(reduce8_i32)(v);
             }
+#endif
             if (parts == 1) mins[0] = GGUFLM_SIMD(reduce8_i32)(m);
             else GGUFLM_SIMD(reduce8_pairs_i32)(m, mins);
             if (parts == 2) {   /* per 128 elements: pairs of the 64-element parts (exact) */
@@ -525,6 +599,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(
         for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t];
 }
 
+#if GGUFLM_SIMD_512
+#include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
+#endif
+
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
 /* The legacy blocks' kernel: for a batch, the tokens' block scales are converted to floats once for
@@ -549,6 +627,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
         for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
         return;
     }
+#if GGUFLM_SIMD_512
+    if (GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
+#endif
     float table[GGUFLM_LEGACY_TABLE];
     const float *yd = NULL, *ysum = NULL;
     if (2 * nt * nb <= GGUFLM_LEGACY_TABLE) {

@@ -50,6 +50,7 @@ class _Traits(ctypes.Structure):
 
 
 _ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64)
+_FromFloat = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_int64)
 _VecDot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _P = ctypes.c_void_p
@@ -142,6 +143,17 @@ def to_float(t: int, blob: np.ndarray, n: int) -> np.ndarray:
     out = np.full(n, np.nan, dtype=np.float32)
     _ToFloat(base.ggml_get_type_traits(int(t)).contents.to_float)(
         blob.ctypes.data, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n)
+    return out
+
+
+def from_float(t: int, x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's from_float of type t (how it quantizes src1 to a dot partner) of one float32 row."""
+    base, cpu = _libs()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    tr = base.ggml_get_type_traits(int(t)).contents
+    out = np.zeros(x.size // tr.blck_size * tr.type_size, dtype=np.uint8)
+    _FromFloat(cpu.ggml_get_type_traits_cpu(int(t)).contents.from_float)(
+        x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.ctypes.data, x.size)
     return out
 
 

@@ -44,3 +44,23 @@ def test_kernels_bench_run_returns_figures():
     assert (row["type"], row["rows"], row["cols"], row["weight_bytes"]) == ("Q4_1", 40, 64, 40 * 40)
     assert all(v > 0 for v in row["gbs"].values()) and row["gflops"] > 0 and row["gbs_cpu"] > 0
     assert any(line.startswith("Q4_1") for line in lines)
+
+
+def test_kernels_bench_measures_the_int8_peak(capsys):
+    """The batch GFLOP/s sit beside a measured int8 peak of the ISA that runs them (none for the
+    scalar kernels), and AMX's state is said."""
+    before = system.current_isa()
+    try:
+        for isa in system.supported_isas():
+            system.set_isa(isa)
+            result = kernels.run(types=["Q8_0"], shapes=[(32, 256)], threads=[1], batch=8, membw_bytes=1 << 16,
+                                 repeat=1, out=print)
+            (row,) = result["rows"]
+            if isa == "scalar":
+                assert result["int8_peak_gops"] is None and row["peak_share"] is None
+            else:
+                assert result["int8_peak_gops"] > 0 and 0 < row["peak_share"]
+    finally:
+        system.set_isa(before)
+    printed = capsys.readouterr().out
+    assert "int8 peak" in printed and "%peak" in printed and "AMX:" in printed

@@ -14,6 +14,7 @@ import gguflm.quants as q
 from gguflm import system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import strategies as gst
+import _ggml
 from quants_oracles import DOT_TYPES, GRID_IQ_TYPES, check_fp16_conversions, generate_data, gguf_tensors
 
 ALL_TYPES = [f.type for f in q.formats() if f.type not in GRID_IQ_TYPES]
@@ -208,3 +209,44 @@ def test_activation_quantizers_follow_ggml_x86(x):
     assert np.array_equal(q8_k[ok, :4].copy().view(np.float32)[:, 0].view(np.uint32), dk[ok].view(np.uint32))
     assert np.array_equal(q8_k[ok, 4:260].view(np.int8), qk[ok])
     assert np.array_equal(q8_k[ok, 260:].copy().view(np.int16), qk[ok].reshape(-1, 16, 16).sum(-1, dtype=np.int16))
+
+
+def _activation_edge_rows(rng: np.random.Generator) -> np.ndarray:
+    """Rows of whole 256-element super-blocks whose 32-element blocks hit the activation
+    quantizers' edge cases: ties after scaling, zeros, the largest magnitude with both signs (the
+    first decides Q8_K's sign), subnormal maxima (the multiplier overflows), infinities, NaNs."""
+    blocks = [rng.standard_normal(32) * 3, np.zeros(32), np.arange(-16, 16) + 0.5,
+              np.r_[127.0, -127.0, np.arange(30) - 15.5], np.r_[-5.0, rng.uniform(-5, 5, 30), 5.0],
+              rng.standard_normal(32) * 1e-40, np.r_[np.inf, rng.standard_normal(31)],
+              np.r_[rng.standard_normal(31), np.nan], np.r_[-np.inf, np.zeros(31)], rng.standard_normal(32) * 1e30]
+    rows = [np.concatenate([blocks[(i + j) % len(blocks)] for j in range(8)]) for i in range(len(blocks))]
+    rows.append(np.r_[rng.standard_normal(255), -40.0])           # Q8_K: the maximum last, negative
+    rows.append(np.r_[-7.0, rng.uniform(-6, 6, 254), 7.0])        # Q8_K: both signs, the first wins
+    return np.array(rows, dtype=np.float32)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q8_1", "Q8_K"])
+def test_activation_quantizers_agree_on_every_isa(name):
+    """The vector activation quantizers (AVX2, AVX-512) give the scalar code's bytes on every edge case."""
+    x = _activation_edge_rows(np.random.default_rng(7))
+    fmt = q.get(name)
+    outs = {}
+    for isa in system.supported_isas():
+        with system.using(isa=isa):
+            outs[isa] = fmt.quantize_activations(x)
+    for isa, out in outs.items():
+        assert np.array_equal(out, outs["scalar"]), isa
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q8_1", "Q8_K"])
+def test_activation_quantizers_are_ggml_from_float(name):
+    """ggml-cpu's own from_float gives the same bytes on the edge rows' blocks that it defines
+    (finite, with a normal or zero maximum)."""
+    _ggml.require_ggml()
+    x = _activation_edge_rows(np.random.default_rng(7))
+    fmt = q.get(name)
+    size, row = fmt.block_size, fmt.row_bytes(fmt.block_size)
+    amax = np.abs(x.reshape(-1, size)).max(axis=1)
+    ok = np.isfinite(amax) & ((amax == 0) | (amax > 1e-30))
+    theirs = _ggml.from_float(int(fmt.type), x.reshape(-1)).reshape(-1, row)
+    assert np.array_equal(fmt.quantize_activations(x).reshape(-1, row)[ok], theirs[ok])

@@ -2,7 +2,13 @@
 
 For weight matrices shaped like the real models' (rows x cols) it prints the GB/s of weight
 streamed by a single-token matvec at each thread count, and the GFLOP/s of a batch of tokens,
-beside the machine's measured memory read bandwidth (a parallel read-sum over a large buffer).
+beside the machine's measured memory read bandwidth (a parallel read-sum over a large buffer) and
+its measured int8 peak: a plain loop of independent multiply-adds of the ISA the batch kernels run
+(AVX-512 VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd) on the batch's thread count. A batch
+matmul's GFLOP/s counts 2 operations per weight x activation product, as the peak does, so
+``%peak`` is the share of the int8 units the kernel keeps busy (the float epilogues and the
+weights' decoding take the rest). AMX would be measured beside VNNI where the CPU has AMX-INT8
+and the kernel grants the tile state; gguflm has no AMX kernels yet, so it says so.
 K-quant matrices need whole 256-element blocks per row, so their column counts are rounded up to
 a multiple of 256 (640 -> 768, 576 -> 768); the label says so.
 
@@ -50,6 +56,39 @@ def read_bandwidth(n_bytes: int, n_threads: int, repeat: int = 3) -> float:
     return buf.nbytes / seconds / 1e9
 
 
+def _batch_clock(n_threads: int):
+    """One thread: the thread's CPU clock (OpenMP runs a team of one on the calling thread), which
+    other processes on a shared machine do not distort; more: wall time."""
+    return time.thread_time if n_threads == 1 else time.perf_counter
+
+
+def int8_peak(n_threads: int, seconds: float = 0.2, repeat: int = 3) -> float | None:
+    """Measured int8 peak in GOP/s (2 per multiply-add) of the current ISA's loop on ``n_threads``
+    threads, best of ``repeat`` runs of about ``seconds`` each; None for the scalar ISA."""
+    iters = 1 << 16
+    while True:  # grow the round count until one run takes a measurable time
+        t0 = time.perf_counter()
+        ops = _k.int8_peak(iters, n_threads)
+        took = time.perf_counter() - t0
+        if ops == 0:
+            return None
+        if took >= seconds / 4 or iters >= 1 << 34:
+            break
+        iters *= 4
+    best = _best_seconds(lambda: _k.int8_peak(iters, n_threads), repeat, clock=_batch_clock(n_threads))
+    return ops / best / 1e9
+
+
+def amx_status() -> str:
+    """Why no AMX figure is printed: what the CPU, the OS and the kernel say about AMX."""
+    amx = system.system_info().get("amx", {})
+    if not amx.get("cpu"):
+        return "AMX: not on this CPU"
+    if not amx.get("os") or not amx.get("permitted"):
+        return "AMX: on the CPU, but the OS/kernel does not grant the tile state"
+    return "AMX: granted, but gguflm has no AMX kernels yet (the batch kernels run VNNI)"
+
+
 def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
     return random_blocks(fmt, n_rows * n_cols // fmt.block_size, rng).reshape(n_rows, -1)
 
@@ -57,7 +96,8 @@ def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) 
 def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, threads: list[int] = [1, 2],
         batch: int = 512, batch_threads: int = 2, membw_bytes: int = 1 << 30, repeat: int = 5,
         out=print) -> dict:
-    """Measure and print; returns ``{"isa", "arithmetic", "read_gbs": {threads: GB/s}, "rows": [...]}``."""
+    """Measure and print; returns ``{"isa", "arithmetic", "read_gbs": {threads: GB/s}, "int8_peak_gops",
+    "rows": [...]}`` (a row's ``peak_share``: its batch GFLOP/s over the int8 peak, None without one)."""
     rng = np.random.default_rng(0)
     results = {"isa": system.current_isa(), "arithmetic": system.current_arithmetic(), "read_gbs": {}, "rows": []}
     out(f"kernels: {system.current_isa()}, arithmetic {system.current_arithmetic()}")
@@ -65,8 +105,16 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         results["read_gbs"][n] = read_bandwidth(membw_bytes, n)
         out(f"memory read bandwidth, {n} thread(s): {results['read_gbs'][n]:.1f} GB/s "
             f"({membw_bytes / 2**20:.0f} MiB buffer)")
+    peak = results["int8_peak_gops"] = int8_peak(batch_threads)
+    if peak is None:
+        out("int8 peak: none (scalar kernels)")
+    else:
+        kind = "vpdpbusd (AVX-512 VNNI)" if system.current_isa().startswith("avx512") else "vpmaddubsw+vpmaddwd (AVX2)"
+        out(f"int8 peak, {batch_threads} thread(s): {peak:.1f} GOP/s ({kind} loop)")
+    out(amx_status())
     header = f"{'type':6} {'rows x cols':>14} {'GB/s 1t cpu':>11} " + " ".join(f"{f'GB/s {n}t':>9}" for n in threads)
-    out(header + f" {f'%read {max(threads)}t':>9} {f'GFLOP/s b{batch} {batch_threads}t':>18}")
+    batch_label = f"GFLOP/s b{batch} {batch_threads}t" + (" cpu" if batch_threads == 1 else "")
+    out(header + f" {f'%read {max(threads)}t':>9} {batch_label:>18} {'%peak':>6}")
     for name in types:
         fmt = q.get(name)
         for n_rows, n_cols in shapes:
@@ -84,14 +132,18 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
                 row["gbs"][n] = w.nbytes / secs / 1e9
             xb = rng.standard_normal((batch, cols)).astype(np.float32)
             outb = np.empty((batch, n_rows), np.float32)
-            secs = _best_seconds(lambda: q.matmul(w, name, xb, out=outb, n_threads=batch_threads), 1 if w.nbytes > 2**26 else repeat)
+            secs = _best_seconds(lambda: q.matmul(w, name, xb, out=outb, n_threads=batch_threads),
+                                 1 if w.nbytes > 2**26 else repeat, clock=_batch_clock(batch_threads))
             row["gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
             results["rows"].append(row)
             label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "")
             share = row["gbs"][max(threads)] / results["read_gbs"][max(threads)] * 100
+            row["peak_share"] = None if peak is None else row["gflops"] / peak
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
-                + f" {share:8.0f}% {row['gflops']:18.1f}")
-    out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock")
+                + f" {share:8.0f}% {row['gflops']:18.1f} "
+                + ("     -" if peak is None else f"{100 * row['peak_share']:5.0f}%"))
+    out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock"
+        + (" (the batch and the int8 peak too)" if batch_threads == 1 else ""))
     return results
 
 
