@@ -546,6 +546,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
                 sums[p] = GGUFLM_SIMD(reduce8_512)(v);
             }
             if (parts == 1) sums[0] = _mm256_add_epi32(_mm256_add_epi32(sums[0], sums[1]), _mm256_add_epi32(sums[2], sums[3]));
+            if (parts == 2) {   /* Q2_K: 128-element parts */
+                sums[0] = _mm256_add_epi32(sums[0], sums[1]);
+                sums[1] = _mm256_add_epi32(sums[2], sums[3]);
+            }
 #else
             for (int p = 0; p < parts; ++p) {
                 const int g0 = (QK_K / 32 / parts) * p, g1 = g0 + QK_K / 32 / parts;
