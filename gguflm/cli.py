@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
-from gguflm.progress import _is_terminal
+from gguflm.progress import ProgressBar, _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
 LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
@@ -27,6 +27,17 @@ LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 def _progress(args: argparse.Namespace) -> bool:
     """``--quiet`` turns bars off; otherwise they show when stderr is a terminal."""
     return not args.quiet and _is_terminal(sys.stderr)
+
+
+def _chunk_reporter(bar: ProgressBar) -> Callable[[int, int, float], None]:
+    """perplexity's and imatrix's per-chunk report: the bar on a terminal, else llama.cpp's
+    ``[chunk]ppl,`` lines."""
+    def on_chunk(done: int, total: int, ppl: float) -> None:
+        if bar.enabled:
+            bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
+        else:
+            print(f"[{done}]{ppl:.4f},", end="", flush=True)
+    return on_chunk
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -254,20 +265,13 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
     from gguflm.perplexity import perplexity
-    from gguflm.progress import ProgressBar
 
     text = Path(args.file).read_text(encoding="utf-8")
     model = load_model(args.model, _progress(args), load_mode=args.load_mode)
     with model, ProgressBar("perplexity", enabled=_progress(args)) as bar:
-        def on_chunk(done: int, total: int, ppl: float) -> None:
-            if bar.enabled:
-                bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
-            else:
-                print(f"[{done}]{ppl:.4f},", end="", flush=True)
-
         result = perplexity(model, text, n_ctx=args.ctx_size, n_batch=args.batch_size,
                             n_chunks=args.chunks, n_threads=args.threads,
-                            n_threads_batch=args.threads_batch, on_chunk=on_chunk)
+                            n_threads_batch=args.threads_batch, on_chunk=_chunk_reporter(bar))
     if bar.enabled:
         print("".join(f"[{i}]{p:.4f}," for i, p in enumerate(result.running, 1)), end="")
     print()
@@ -325,7 +329,6 @@ def _tensor_type_option(text: str) -> tuple[str, str]:
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
     from gguflm.imatrix import read_imatrix
-    from gguflm.progress import ProgressBar
     from gguflm.quantize import FTYPE_NAMES, parse_ftype, quantize
 
     # llama-quantize's positionals: IN [OUT] TYPE [nthreads]; without OUT the file goes beside IN
@@ -401,21 +404,14 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 def _cmd_imatrix(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
     from gguflm.imatrix import compute_imatrix, write_imatrix, write_imatrix_legacy
-    from gguflm.progress import ProgressBar
 
     text = Path(args.file).read_text(encoding="utf-8")
     legacy = args.output_format == "dat" or (args.output_format is None and args.output.endswith(".dat"))
     with load_model(args.model, _progress(args)) as model, \
             ProgressBar("imatrix", enabled=_progress(args)) as bar:
-        def on_chunk(done: int, total: int, ppl: float) -> None:
-            if bar.enabled:
-                bar.update(done / total, f"[{done}/{total}] {ppl:.4f}")
-            else:
-                print(f"[{done}]{ppl:.4f},", end="", flush=True)
-
         result = compute_imatrix(model, text, n_ctx=args.ctx_size, n_chunks=args.chunks,
                                  dataset=args.file, process_output=args.process_output,
-                                 n_threads=args.threads, on_chunk=on_chunk)
+                                 n_threads=args.threads, on_chunk=_chunk_reporter(bar))
     print()
     print(f"Final estimate: PPL = {result.ppl:.4f}")
     im = result.imatrix
