@@ -188,8 +188,8 @@ typedef struct {
 
 /* ggml's make_qp_quants: a scale for levels 0..nmax by weighted least squares, from the best of
  * 9 trial scales, then up to 5 rounds of moving single levels. L is uint8 as in ggml (a negative
- * level, from a flipped sign, wraps). */
-static float gguflm_iq_make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights) {
+ * level, from a flipped sign, wraps). The K-quants' importance-weighted quantizers use it too. */
+static float gguflm_make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights) {
     float max = 0;
     for (int i = 0; i < n; ++i) max = GGUFLM_MAX(max, x[i]);
     if (max < GROUP_MAX_EPS) {
@@ -293,7 +293,7 @@ static float gguflm_iq_fit(const gguflm_iq_qgrid *g, const gguflm_iq_search *s, 
     float best = 0;
     float scale = max / (2 * kmax - 1);
     if (s->qp_start) {
-        scale = gguflm_iq_make_qp_quants(gs, kmax + 1, xval, (uint8_t *)L, weight);
+        scale = gguflm_make_qp_quants(gs, kmax + 1, xval, (uint8_t *)L, weight);
         max = scale * kmax;  /* ggml's eff_max: the trials go around it */
         if (max <= 0) return -1.0f;
     }
