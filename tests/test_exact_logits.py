@@ -18,9 +18,9 @@ import _ggml
 import gguflm
 from _ggml import require_ggml
 from conftest import load_reference
-from gguflm import Batch, Context, Model, system
+from gguflm import system
 from gguflm.ggml_types import GGMLType
-from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+from tiny_models import MATRIX_KINDS, TinyModel, prompt_logits, write_tiny_model
 
 PRINTED = 6e-5   # the reference's 4 decimals, plus float32 rounding of the comparison
 
@@ -75,17 +75,6 @@ def test_logits_equal_local_llama_cpp(model_and_logits, real_model_path):
     print(f"\nfull logits bit-identical with llama.cpp at {exact}/{total} prompt positions")
 
 
-def _float_model_logits(path, tokens, n_ubatch: int) -> np.ndarray:
-    """Logits of every position, the prompt decoded in ubatches of n_ubatch tokens."""
-    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
-                                            n_threads_batch=2) as ctx:
-        batch = Batch(len(tokens))
-        for pos, tok in enumerate(tokens):
-            batch.add(int(tok), pos, [0], True)
-        assert ctx.decode(batch) == 0
-        return ctx.get_logits().copy()
-
-
 # n_embd 84: float rows whose last whole 64-element step leaves 20 elements, which the builds'
 # vectorized leftover loops fuse differently; n_ff 176 (SwiGLU's vector loop covers it: ggml
 # takes the elements after the last 16 (8) through libm's expf, which gguflm does not reproduce)
@@ -107,8 +96,8 @@ def test_float_weight_models_equal_local_llama_cpp(tmp_path, arch, t):
         llm.eval(list(tokens))
         theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
         with _ggml.same_arithmetic() as arithmetic:
-            ours = _float_model_logits(path, tokens, n_ubatch)
+            ours = prompt_logits(path, tokens, n_ubatch)
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
         other = "avx512" if arithmetic == "avx2" else "avx2"
         with system.using(arithmetic=other):
-            assert not np.array_equal(_float_model_logits(path, tokens, n_ubatch), ours), other
+            assert not np.array_equal(prompt_logits(path, tokens, n_ubatch), ours), other

@@ -11,21 +11,10 @@ import pytest
 
 import _ggml
 from _ggml import require_ggml
-from gguflm import Batch, Context, Model
 from gguflm.ggml_types import GGMLType
-from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+from tiny_models import MATRIX_KINDS, TinyModel, prompt_logits, write_tiny_model
 
 TYPES = [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0]
-
-
-def _logits(path, tokens, n_ubatch: int) -> np.ndarray:
-    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
-                                            n_threads_batch=2) as ctx:
-        batch = Batch(len(tokens))
-        for pos, tok in enumerate(tokens):
-            batch.add(int(tok), pos, [0], True)
-        assert ctx.decode(batch) == 0
-        return ctx.get_logits().copy()
 
 
 def _llama_cpp_logits(path, tokens, n_ubatch: int) -> np.ndarray:
@@ -43,7 +32,7 @@ def _check_equal(spec: TinyModel, path, seed: int) -> None:
     for n_ubatch in (1, 256):
         theirs = _llama_cpp_logits(path, tokens, n_ubatch)
         with _ggml.same_arithmetic():
-            ours = _logits(path, tokens, n_ubatch)
+            ours = prompt_logits(path, tokens, n_ubatch)
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
 
 

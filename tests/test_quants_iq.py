@@ -18,7 +18,7 @@ import _ggml
 import gguflm.quants as q
 import gguflm.testing.strategies as gst
 from _ggml import require_ggml
-from gguflm import Batch, Context, Model, system
+from gguflm import Model, system
 from gguflm._ext import quants as _k
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
@@ -139,16 +139,6 @@ def test_loader_rejects_nan_iq1_m_scale(tmp_path):
         check_tensor_data(Weight("blk.0.ffn_up.weight", GGMLType.IQ1_M, (512,), blob.reshape(-1)), "test")
 
 
-def _prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
-    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
-                                            n_threads_batch=2) as ctx:
-        batch = Batch(len(tokens))
-        for pos, tok in enumerate(tokens):
-            batch.add(int(tok), pos, [0], True)
-        assert ctx.decode(batch) == 0
-        return ctx.get_logits().copy()
-
-
 @pytest.mark.parametrize("t", IQ_TYPES, ids=ids)
 def test_tiny_models_equal_llama_cpp(tmp_path, t):
     """Every layer matrix in the type (quantized by ggml): position 0 is llama.cpp's
@@ -156,7 +146,7 @@ def test_tiny_models_equal_llama_cpp(tmp_path, t):
     where attention's float order differs, to 1e-4 of the logits' range with the same top-1."""
     require_ggml()
     import llama_cpp
-    from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+    from tiny_models import MATRIX_KINDS, TinyModel, prompt_logits, write_tiny_model
     types = {kind: t for kind in MATRIX_KINDS if kind not in ("token_embd", "output")}  # a quick quantization
     spec = TinyModel("llama", tied_output=False, types=types)
     path = tmp_path / f"llama-{t.name}.gguf"
@@ -169,7 +159,7 @@ def test_tiny_models_equal_llama_cpp(tmp_path, t):
         llm.eval(list(tokens))
         theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
         with _ggml.same_arithmetic():
-            ours = _prompt_logits(path, tokens, n_ubatch)
+            ours = prompt_logits(path, tokens, n_ubatch)
         np.testing.assert_array_equal(ours[0].view(np.uint32), theirs[0].view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
         assert np.abs(ours - theirs).max() <= 1e-4 * (theirs.max() - theirs.min())
         assert np.array_equal(ours.argmax(1), theirs.argmax(1))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from gguflm import quants
+from gguflm import Batch, Context, Model, quants
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFValueType, GGUFWriter
 
@@ -529,3 +529,14 @@ if __name__ == "__main__":
     import sys
 
     write_tiny_model(mixtral_bench_model(), Path(sys.argv[1]), np.random.default_rng(0))
+
+
+def prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
+    """Logits of every position of a tiny model, the prompt decoded in ubatches of n_ubatch tokens."""
+    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                                            n_threads_batch=2) as ctx:
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens):
+            batch.add(int(tok), pos, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
