@@ -152,7 +152,9 @@ static inline __attribute__((always_inline)) int GGUFLM_SIMD(legacy_gemm)(int ty
         int t = 0;                                                                                                \
         for (; t + GGUFLM_GEMM_T <= tt; t += GGUFLM_GEMM_T) GGUFLM_GEMM_TILE(P, GGUFLM_GEMM_T);                                                       \
         for (; t + 4 <= tt; t += 4) GGUFLM_GEMM_TILE(P, 4);                                                       \
-        for (; t < tt; ++t) GGUFLM_GEMM_TILE(P, 1);                                                               \
+        if (tt - t == 3) GGUFLM_GEMM_TILE(P, 3);                                                                  \
+        else if (tt - t == 2) GGUFLM_GEMM_TILE(P, 2);                                                             \
+        else if (tt - t == 1) GGUFLM_GEMM_TILE(P, 1);                                                             \
     } while (0)
         int64_t r = 0;
         for (; r + 4 <= nr; r += 4) GGUFLM_GEMM_ROWS(2);

@@ -120,7 +120,7 @@ def test_float_matmul_isas_agree_bit_for_bit(t, arith):
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
                          ids=lambda t: t.name)
 @pytest.mark.parametrize("n_in", [640, 8448])   # batch block scales from the float table, or per tile
-@pytest.mark.parametrize("n_tok", [1, 21])      # a decode step (4-row kernels); tiles of 8, 4 and 1 tokens
+@pytest.mark.parametrize("n_tok", [1, 2, 21, 23])  # one token (4-row kernels); batches: tiles of 8, 4, 3, 2, 1 tokens
 def test_legacy_matmul_isas_agree_bit_for_bit(t, n_in, n_tok, isa):
     rng = np.random.default_rng(int(t) + n_in)
     w = q.get(t).quantize(rng.standard_normal((26, n_in)).astype(np.float32))
