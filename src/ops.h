@@ -487,12 +487,23 @@ static int gguflm_pool_mean(int n_tok, int n, int n_seqs, const float *x, int64_
     return failed ? -1 : 0;
 }
 
-/* With F16 K and V (the default cache), batches go through gguflm_attn_block (GGUFLM_ATTN_TBLOCK
- * tokens per item, V transposed once per call) and single tokens through gguflm_attn_heads one
- * query head per item; other caches through gguflm_attn_heads one token and KV head per item. */
+/* the sequences the tokens of a ubatch belong to (first sequence of each; ids < 64) */
+static int gguflm_attn_n_seqs(const gguflm_attn_args *a) {
+    uint64_t seen = 0;
+    for (int t = 0; t < a->n_tok; t++) seen |= 1ull << (a->tok_seq[t] & 63);
+    return __builtin_popcountll(seen);
+}
+
+/* With F16 K and V (the default cache), batches of sequences' runs of tokens (prompts) go through
+ * gguflm_attn_block (GGUFLM_ATTN_TBLOCK tokens per item, V transposed once per call over every
+ * cell) and single tokens through gguflm_attn_heads one query head per item; other caches, and
+ * batches of about one token per sequence (parallel decoding: the tokens share no cells, and each
+ * sees only its own), through gguflm_attn_heads one token and KV head per item. All give the same
+ * floats. */
 enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
 static int gguflm_attn_scheme(const gguflm_attn_args *a) {
     if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
+    if (a->n_tok >= 2 && !a->cell_seq_id && a->n_tok < 2 * gguflm_attn_n_seqs(a)) return GGUFLM_ATTN_BY_GROUP;
     if (a->n_tok >= 2 && !a->cell_seq_id)
         return a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16 ? GGUFLM_ATTN_BY_BLOCK
                                                                                                 : GGUFLM_ATTN_BY_GROUP;
@@ -649,11 +660,16 @@ static int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads) {
             for (int64_t item = 0; item < n_items; item++)
                 kernels.attn_heads(a, 0, (int)item, 1, cells, n_vis, &s);
         } else {
-            #pragma omp for schedule(dynamic, 1)
+            /* a token's KV heads in one chunk: its visible cells are found once */
+            int t_cells = -1, n_vis_t = 0;
+            #pragma omp for schedule(dynamic, a->n_head_kv)
             for (int64_t item = 0; item < n_items; item++) {
                 const int t = (int)(item / a->n_head_kv);
-                kernels.attn_heads(a, t, (int)(item % a->n_head_kv * gqa), (int)gqa, s.cells,
-                                   gguflm_visible_cells(a, t, s.cells), &s);
+                if (t != t_cells) {
+                    n_vis_t = gguflm_visible_cells(a, t, s.cells);
+                    t_cells = t;
+                }
+                kernels.attn_heads(a, t, (int)(item % a->n_head_kv * gqa), (int)gqa, s.cells, n_vis_t, &s);
             }
         }
     }

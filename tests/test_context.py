@@ -459,6 +459,35 @@ def test_separate_kv_regions_keep_each_sequence_in_its_own_cells(which, llama_mo
         assert [ctx.memory.seq_pos_max(s) + 1 for s in range(3)] == lengths
 
 
+@pytest.mark.parametrize("which", ["llama", "gemma3"])
+def test_a_sequence_gets_the_same_floats_whatever_else_shares_its_batch(which, llama_model, gemma3_model):
+    # With separate regions a sequence's cells do not depend on the others. Its next token, batched
+    # with a 3-token run of another sequence (attention over token blocks) or with single tokens of
+    # two others (attention token by token, as parallel decoding goes), must give the same logits.
+    model = llama_model if which == "llama" else gemma3_model
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 300, n) for n in (6, 9, 4, 7)]
+    logits = {}
+    for company in ("run", "singles"):
+        with Context(model, n_ctx=1024, n_seq_max=4, kv_unified=False, type_k="f16", type_v="f16") as ctx:
+            for s, p in enumerate(prompts):
+                b = Batch(len(p), n_seq_max=1)
+                for i, t in enumerate(p):
+                    b.add(int(t), i, [s], i == len(p) - 1)
+                assert ctx.decode(b) == 0
+            b = Batch(4, n_seq_max=1)
+            if company == "run":
+                for j in range(3):
+                    b.add(11 + j, len(prompts[0]) + j, [0], j == 2)
+            else:
+                b.add(12, len(prompts[2]), [2], True)
+                b.add(13, len(prompts[3]), [3], True)
+            b.add(42, len(prompts[1]), [1], True)
+            assert ctx.decode(b) == 0
+            logits[company] = ctx.get_logits_ith(-1).copy()
+    np.testing.assert_array_equal(logits["run"], logits["singles"])
+
+
 def test_a_full_region_refuses_more_tokens_of_its_sequence(llama_model):
     with Context(llama_model, n_ctx=512, n_seq_max=2, kv_unified=False) as ctx:
         assert ctx.decode(full_batch(np.arange(1, 257), seq=0, all_logits=False)) == 0
