@@ -381,11 +381,11 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     embedding
         Serve ``/v1/embeddings`` (the model loaded for embeddings) instead of generation.
     type_k, type_v
-        KV cache types. f32 by default (llama.cpp's server: f16): with f32 (or q8_0) attention
-        runs token by token over each slot's own cells, so a reply does not depend on what
-        the other slots do, and a step carrying several slots' tokens costs least; with f16 a
-        batch attends as ggml's batched attention does, scanning every cell the batch spans
-        (see :mod:`gguflm.server.scheduler`). ``"f16"`` halves the cache's memory.
+        KV cache types. f32 by default (llama.cpp's server: f16): with f32 (or q8_0) a token's
+        attention rounds the same whether it shares a step with other slots' tokens or not, so
+        a reply does not depend on what the other slots do; with f16, as in ggml, a step of
+        several tokens takes the batched rounding (see :mod:`gguflm.server.scheduler`).
+        ``"f16"`` halves the cache's memory.
     kv_unified
         False (llama.cpp's server's default): each slot has its own ``n_ctx / parallel`` cells
         of the KV cache, kept in position order, so a slot's results do not depend on what

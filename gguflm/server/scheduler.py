@@ -10,10 +10,10 @@ the next step; its prompt shares the batch with their tokens.
 
 With separate regions and an f32 or q8_0 KV cache a request's tokens do not depend on the other
 requests (attention then runs one token at a time over that token's cells, and the matmuls give
-each token the same floats at any batch width). With an f16 cache a batch attends as
-ggml's batched attention does, whose sums depend on the range of cells the batch's tokens span,
-so a greedy reply may differ from the one it gets alone once two candidates are within rounding
-of each other, as with llama.cpp's server.
+each token the same floats at any batch width). With an f16 cache a batch of several tokens
+takes ggml's batched rounding of the scores (llamafile's sgemm) where a lone token takes its dot
+product's, so a greedy reply may differ from the one it gets alone once two candidates are within
+rounding of each other, as with llama.cpp's server.
 
 A slot keeps its cache after its request ends: a new task goes to the free slot whose cached
 tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
