@@ -67,7 +67,7 @@ class Context:
 
     Parameters follow llama.cpp's ``llama_context_params``: ``n_ctx`` 0 takes the model's training
     context; it is padded up to a multiple of 256. ``n_threads`` runs single-token decodes,
-    ``n_threads_batch`` everything else (both default to the usable cores). ``type_k``/``type_v``
+    ``n_threads_batch`` everything else (both default to the usable physical cores). ``type_k``/``type_v``
     are ``"f32"``, ``"f16"`` or ``"q8_0"``. ``abort_callback()`` returning True stops decode
     between ubatches and layers.
 

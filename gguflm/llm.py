@@ -109,7 +109,7 @@ class LLM:
     n_ctx, n_batch, n_ubatch
         Context size (0 = the model's training context), prompt chunk and micro-batch sizes.
     n_threads, n_threads_batch
-        Threads for single-token decode and for prompt processing (None = usable cores).
+        Threads for single-token decode and for prompt processing (None = the usable physical cores, hyperthreads counted once).
     type_k, type_v
         KV cache types: "f16" (default), "f32" or "q8_0" (or llama-cpp-python's ggml type ids).
     seed

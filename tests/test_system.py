@@ -20,7 +20,7 @@ from gguflm import Batch, Context, Model
 from gguflm import system
 from gguflm._ext import ops, plan, quants, sampling
 from gguflm._ext import system as ext
-from gguflm.threads import resolve_n_threads, usable_cores
+from gguflm.threads import physical_cores, resolve_n_threads, usable_cores
 
 ARCH_DIR = Path(__file__).resolve().parent / "data" / "arch"
 MODULES = {"quants": quants, "ops": ops, "plan": plan, "sampling": sampling}
@@ -53,6 +53,18 @@ def test_thread_resolution(monkeypatch):
     assert resolve_n_threads(None) == 1
     with pytest.raises(ValueError):
         resolve_n_threads(0)
+
+
+def test_default_threads_count_hyperthread_siblings_once():
+    smt = {0: "0,4", 1: "1,5", 2: "2,6", 3: "3,7", 4: "0,4", 5: "1,5", 6: "2,6", 7: "3,7"}
+    assert physical_cores(range(8), smt.get) == 4
+    assert physical_cores([0, 4], smt.get) == 1          # an affinity of one core's two threads
+    assert physical_cores([0, 1, 5], smt.get) == 2
+    ranges = {0: "0-1\n", 1: "0-1\n", 2: "2-3\n", 3: "2-3\n"}
+    assert physical_cores(range(4), ranges.get) == 2
+    assert physical_cores(range(3), lambda cpu: None) == 3   # no topology: each CPU a core
+    assert physical_cores([], smt.get) == 1
+    assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))
 
 
 def test_import_keeps_numpy_blas_to_one_thread():
