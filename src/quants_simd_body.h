@@ -620,6 +620,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
     const int has_min = gguflm_legacy_has_min(type);
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const int64_t nb = n / 32;
+#if GGUFLM_SIMD_512
+    /* AVX-512: the GEMM tiles for any number of tokens (two rows per vector: a single token's
+     * Q5_0 and Q4_1 rows decode ~40% faster than in the 256-bit tiles, and a large Q8_0 streams
+     * faster with their prefetches than row by row) */
+    if (GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
+#endif
     if (nt == 1) {
         /* 4 rows per tile share the activation's loads; a matrix streamed from memory (stream)
          * goes one row at a time, which the hardware prefetchers follow better */
@@ -631,9 +637,6 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
         for (; r < nr; ++r) GGUFLM_SIMD(dot_legacy_tile)(type, bx, n, w + r * ws, ws, 1, y, ys, 1, NULL, NULL, 0, o + r, os);
         return;
     }
-#if GGUFLM_SIMD_512
-    if (GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
-#endif
     float table[GGUFLM_LEGACY_TABLE];
     const float *yd = NULL, *ysum = NULL;
     if (2 * nt * nb <= GGUFLM_LEGACY_TABLE) {

@@ -123,7 +123,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_gemm_tile)(
         }
 }
 
-/* A batch (nt >= 2) of a legacy type: 16 tokens at a time, their block scales as floats in a
+/* Tokens (any number) of a legacy type: 16 at a time, their block scales as floats in a
  * table, then tiles of 4 rows x 8 tokens (the leftovers in smaller ones; a last odd row in the
  * 256-bit tile). Returns 0 when the rows have too many blocks for the tables. */
 static inline __attribute__((always_inline)) int GGUFLM_SIMD(legacy_gemm)(int type, size_t bx, int64_t n,
