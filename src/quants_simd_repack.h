@@ -13,7 +13,9 @@
  *
  * The integer dot: AVX-512 VNNI takes unsigned weights, so the lanes hold u = value + off (Q4_0:
  * the nibble, off 8; IQ4_NL / MXFP4: table value + 128, off 128) and start from -off * sum(y) of
- * the token's block; AVX2 keeps signed values and moves their signs onto y (vpsignb, vpmaddubsw).
+ * the token's block. AVX2 (vpmaddubsw) takes Q4_0's nibbles the same way, off 8, their int16 pair
+ * sums adding up over the block without overflow; IQ4_NL / MXFP4 values (up to 127) would
+ * saturate them, so there the lanes keep signed values whose signs move onto y (vpsignb).
  * Single tokens (decode) decode straight into registers, 64 rows per pass over the blocks; batches
  * first write a strip of transposed blocks (and the tokens' dy and -off * sum(y)) to a scratch
  * area, a K-chunk at a time, which tiles of W rows x T tokens then read once per T tokens.
@@ -38,8 +40,8 @@
 
 static inline size_t GGUFLM_SIMD(rp_bx)(int type) { return type == GGUFLM_MXFP4 ? sizeof(block_mxfp4) : sizeof(block_q4_0); }
 
-/* off of the unsigned weights (0: signed, the AVX2 copy) */
-static inline int GGUFLM_SIMD(rp_off)(int type) { return GGUFLM_SIMD_512 ? (type == GGUFLM_Q4_0 ? 8 : 128) : 0; }
+/* off of the unsigned weights; 0: signed (IQ4_NL / MXFP4 in the AVX2 copy) */
+static inline int GGUFLM_SIMD(rp_off)(int type) { return type == GGUFLM_Q4_0 ? 8 : GGUFLM_SIMD_512 ? 128 : 0; }
 
 /* The W rows' weights of one block (b: the block's start in row 0's place; roff: each row's byte
  * offset from row 0, rows past the matrix repeating its last): q[g] lane r = row r's elements
@@ -109,9 +111,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
         q[c] = _mm256_and_si256(k[c], m4);
         q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(k[c], 4), m4);
     }
-    if (type == GGUFLM_Q4_0) {
-        for (int g = 0; g < 8; ++g) q[g] = _mm256_sub_epi8(q[g], _mm256_set1_epi8(8));
-    } else {
+    if (type != GGUFLM_Q4_0) {
         const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
         for (int g = 0; g < 8; ++g) q[g] = _mm256_shuffle_epi8(table, q[g]);
     }
@@ -133,31 +133,46 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
 #undef GGUFLM_RP_Q
 }
 
-/* acc + the W rows' block dots with the token's 8 groups yq (4 bytes each) */
-static inline __attribute__((always_inline)) gguflm_rp_vi GGUFLM_SIMD(rp_dot)(gguflm_rp_vi acc, const gguflm_rp_vi q[8],
-                                                                           const uint8_t *yq) {
-    for (int g = 0; g < 8; ++g) {
-        const int32_t y4 = (int32_t)gguflm_u32_at(yq + 4 * g);
-#if GGUFLM_SIMD_512
-        acc = _mm512_dpbusd_epi32(acc, q[g], _mm512_set1_epi32(y4));
-#else
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q[g], q[g]),
-                                                                           _mm256_sign_epi8(_mm256_set1_epi32(y4), q[g])),
-                                                      _mm256_set1_epi16(1)));
+#if !GGUFLM_SIMD_512
+/* AVX2: the 8 groups' int16 pair sums of unsigned nibbles (Q4_0) add up in int16: at most
+ * 8 * 2 * 15 * 128 = 30720 */
+static inline __m256i GGUFLM_SIMD(rp_pairs16)(__m256i acc16, __m256i q, __m256i y4) {
+    return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(q, y4));
+}
+/* signed values: their signs moved onto y, one int32 sum per group (pairs up to 2 * 127 * 127) */
+static inline __m256i GGUFLM_SIMD(rp_signed4)(__m256i acc, __m256i u, __m256i q, __m256i y4) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(y4, q)), _mm256_set1_epi16(1)));
+}
 #endif
+
+/* acc + the W rows' block dots with the token's 8 groups yq (4 bytes each); off: rp_off */
+static inline __attribute__((always_inline)) gguflm_rp_vi GGUFLM_SIMD(rp_dot)(int off, gguflm_rp_vi acc, const gguflm_rp_vi q[8],
+                                                                           const uint8_t *yq) {
+#if GGUFLM_SIMD_512
+    (void)off;
+    for (int g = 0; g < 8; ++g) acc = _mm512_dpbusd_epi32(acc, q[g], _mm512_set1_epi32((int32_t)gguflm_u32_at(yq + 4 * g)));
+#else
+    if (off) {
+        __m256i acc16 = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) acc16 = GGUFLM_SIMD(rp_pairs16)(acc16, q[g], _mm256_set1_epi32((int32_t)gguflm_u32_at(yq + 4 * g)));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
     }
+    for (int g = 0; g < 8; ++g)
+        acc = GGUFLM_SIMD(rp_signed4)(acc, _mm256_sign_epi8(q[g], q[g]), q[g], _mm256_set1_epi32((int32_t)gguflm_u32_at(yq + 4 * g)));
+#endif
     return acc;
 }
 
 /* the token's -off * sum(y) for the block's integer lanes to start from */
+static inline __attribute__((always_inline)) int32_t GGUFLM_SIMD(rp_start1)(int off, const block_q8_0 *yb) {
+    if (!off) return 0;
+    return -off * GGUFLM_SIMD(hsum_i32)(GGUFLM_SIMD(dot_u8_s8)(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)yb->qs)));
+}
 static inline __attribute__((always_inline)) gguflm_rp_vi GGUFLM_SIMD(rp_start)(int off, const block_q8_0 *yb) {
 #if GGUFLM_SIMD_512
-    const int32_t sum = GGUFLM_SIMD(hsum_i32)(GGUFLM_SIMD(dot_u8_s8)(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)yb->qs)));
-    return _mm512_set1_epi32(-off * sum);
+    return _mm512_set1_epi32(GGUFLM_SIMD(rp_start1)(off, yb));
 #else
-    (void)off;
-    (void)yb;
-    return _mm256_setzero_si256();
+    return _mm256_set1_epi32(GGUFLM_SIMD(rp_start1)(off, yb));
 #endif
 }
 
@@ -232,7 +247,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type,
                 gguflm_rp_vi q[8];
                 gguflm_rp_vf dx;
                 GGUFLM_SIMD(rp_decode)(type, bs, roff[s], q, &dx);
-                acc[s] = GGUFLM_SIMD(rp_fma)(GGUFLM_SIMD(rp_dot)(start, q, (const uint8_t *)y[ib].qs), dx, dy, acc[s]);
+                acc[s] = GGUFLM_SIMD(rp_fma)(GGUFLM_SIMD(rp_dot)(off, start, q, (const uint8_t *)y[ib].qs), dx, dy, acc[s]);
             }
         }
         for (int s = 0; s < S; ++s) {
@@ -245,7 +260,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type,
 /* A batch tile: a strip's transposed K-chunk (kb blocks at `strip`) x T tokens; dy / start: the
  * tokens' tables (block ib, token t at [ib * GGUFLM_RP_TB + t]); the float chains continue those
  * in out unless first. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int T, int kb, int first, const uint8_t *strip,
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, int T, int kb, int first, const uint8_t *strip,
                                                                       const uint8_t *y, int64_t ys, const float *dy,
                                                                       const int32_t *start, float *out, int64_t os, int R) {
     gguflm_rp_vf acc[GGUFLM_RP_TMAX];
@@ -253,25 +268,33 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int T, in
     for (int ib = 0; ib < kb; ++ib) {
         const uint8_t *sb = strip + (size_t)ib * GGUFLM_RP_BLOCK;
         gguflm_rp_vi sum[GGUFLM_RP_TMAX];
+#define GGUFLM_RP_Y4(t, g) ((int32_t)gguflm_u32_at(y + (t) * ys + ib * sizeof(block_q8_0) + 2 + 4 * (g)))
 #if GGUFLM_SIMD_512
+        (void)off;
         for (int t = 0; t < T; ++t) sum[t] = _mm512_set1_epi32(start[ib * GGUFLM_RP_TB + t]);
-#else
-        for (int t = 0; t < T; ++t) sum[t] = _mm256_setzero_si256();
-        (void)start;
-#endif
         for (int g = 0; g < 8; ++g) {
-#if GGUFLM_SIMD_512
             const __m512i q = _mm512_load_si512((const void *)(sb + g * GGUFLM_RP_VB));
-            for (int t = 0; t < T; ++t)
-                sum[t] = _mm512_dpbusd_epi32(sum[t], q, _mm512_set1_epi32((int32_t)gguflm_u32_at(y + t * ys + ib * sizeof(block_q8_0) + 2 + 4 * g)));
-#else
-            const __m256i q = _mm256_load_si256((const __m256i *)(sb + g * GGUFLM_RP_VB)), u = _mm256_sign_epi8(q, q);
-            for (int t = 0; t < T; ++t) {
-                const __m256i y4 = _mm256_set1_epi32((int32_t)gguflm_u32_at(y + t * ys + ib * sizeof(block_q8_0) + 2 + 4 * g));
-                sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(y4, q)), _mm256_set1_epi16(1)));
-            }
-#endif
+            for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], q, _mm512_set1_epi32(GGUFLM_RP_Y4(t, g)));
         }
+#else
+        if (off) {
+            __m256i s16[GGUFLM_RP_TMAX];
+            for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; ++g) {
+                const __m256i q = _mm256_load_si256((const __m256i *)(sb + g * GGUFLM_RP_VB));
+                for (int t = 0; t < T; ++t) s16[t] = GGUFLM_SIMD(rp_pairs16)(s16[t], q, _mm256_set1_epi32(GGUFLM_RP_Y4(t, g)));
+            }
+            for (int t = 0; t < T; ++t)
+                sum[t] = _mm256_add_epi32(_mm256_set1_epi32(start[ib * GGUFLM_RP_TB + t]), _mm256_madd_epi16(s16[t], _mm256_set1_epi16(1)));
+        } else {
+            for (int t = 0; t < T; ++t) sum[t] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; ++g) {
+                const __m256i q = _mm256_load_si256((const __m256i *)(sb + g * GGUFLM_RP_VB)), u = _mm256_sign_epi8(q, q);
+                for (int t = 0; t < T; ++t) sum[t] = GGUFLM_SIMD(rp_signed4)(sum[t], u, q, _mm256_set1_epi32(GGUFLM_RP_Y4(t, g)));
+            }
+        }
+#endif
+#undef GGUFLM_RP_Y4
 #if GGUFLM_SIMD_512
         const __m512 dx = _mm512_load_ps((const void *)(sb + 8 * GGUFLM_RP_VB));
 #else
@@ -325,18 +348,13 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
                     for (int ib = 0; ib < kb; ++ib) {
                         const block_q8_0 *yb = (const block_q8_0 *)(yt + t * ys) + ib;
                         dy[ib * GGUFLM_RP_TB + t] = GGUFLM_FP16_TO_FP32_SIMD(yb->d);
-#if GGUFLM_SIMD_512
-                        start[ib * GGUFLM_RP_TB + t] = _mm_cvtsi128_si32(_mm512_castsi512_si128(GGUFLM_SIMD(rp_start)(off, yb)));
-#else
-                        (void)off;
-                        (void)start;
-#endif
+                        start[ib * GGUFLM_RP_TB + t] = GGUFLM_SIMD(rp_start1)(off, yb);
                     }
                 for (int s = 0; s < S; ++s) {
                     const int R = rows - s * GGUFLM_RP_W < GGUFLM_RP_W ? rows - s * GGUFLM_RP_W : GGUFLM_RP_W;
                     const uint8_t *strip = strips + (size_t)s * GGUFLM_RP_KB * GGUFLM_RP_BLOCK;
                     float *os0 = o + t0 * os + r0 + s * GGUFLM_RP_W;
-#define GGUFLM_RP_TILE(T) GGUFLM_SIMD(rp_tile)(T, kb, kc == 0, strip, yt + t * ys, ys, dy + t, start + t, os0 + t * os, os, R)
+#define GGUFLM_RP_TILE(T) GGUFLM_SIMD(rp_tile)(off, T, kb, kc == 0, strip, yt + t * ys, ys, dy + t, start + t, os0 + t * os, os, R)
                     int t = 0;
                     for (; t + GGUFLM_RP_TMAX <= tt; t += GGUFLM_RP_TMAX) GGUFLM_RP_TILE(GGUFLM_RP_TMAX);
                     switch (tt - t) {
