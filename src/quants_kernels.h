@@ -225,6 +225,12 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
+        /* the repacked Q4_0 recipe's batch kernel transposes each block of its rows once for all the
+         * tokens it is given (quants_simd_repack.h): it takes all of them, and up to 64 rows (its
+         * tokens' tables shared by 4 strips) while every thread still gets 4 chunks */
+        if (n_tok > 1 && seg[j][0].path == GGUFLM_PATH_Q4_0_REPACK)
+            while (rows[j] < 64 && (job->n_rows + 2 * rows[j] - 1) / (2 * rows[j]) >= 4 * (int64_t)omp_get_num_threads())
+                rows[j] *= 2;
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
     }
     for (int j = 0;;) {
@@ -238,8 +244,9 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
             const gguflm_gemm_fn kernel = gguflm_kernel(isa, seg[j][s].path, job->wtype);
-            for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += GGUFLM_TOKEN_TILE) {
-                const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < seg[j][s].t1 ? t0 + GGUFLM_TOKEN_TILE : seg[j][s].t1) - t0;
+            const int64_t tile = seg[j][s].path == GGUFLM_PATH_Q4_0_REPACK ? seg[j][s].t1 - seg[j][s].t0 : GGUFLM_TOKEN_TILE;
+            for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += tile) {
+                const int64_t nt = (t0 + tile < seg[j][s].t1 ? t0 + tile : seg[j][s].t1) - t0;
                 kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,
                        job->out + t0 * job->out_stride + r0, job->out_stride, arith);
             }

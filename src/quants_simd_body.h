@@ -578,31 +578,6 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + t * os, _mm256_sub_ps(acc[t], acc_min[t]));
 }
 
-/* ---- repacked Q4_0: one fma per block of the block's whole integer sum ---- */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(int64_t n, const uint8_t *w, int64_t ws,
-                                                                               int R, const uint8_t *y, int64_t ys,
-                                                                               int T, float *out, int64_t os) {
-    float acc[GGUFLM_MAX_TILE][GGUFLM_MAX_TILE];
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-    for (int64_t ib = 0; ib < n / 32; ++ib) {
-        for (int r = 0; r < R; ++r) {
-            const uint8_t *xb = w + r * ws + ib * sizeof(block_q4_0);
-            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * R * ws, sizeof(block_q4_0));
-            const __m256i qx = GGUFLM_SIMD(legacy_quants)(GGUFLM_Q4_0, xb), ux = _mm256_sign_epi8(qx, qx);
-            const float dx = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)xb);
-            for (int t = 0; t < T; ++t) {
-                const block_q8_0 *yb = (const block_q8_0 *)(y + t * ys) + ib;
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)yb->qs);
-                const int32_t sum = GGUFLM_SIMD(hsum_i32)(GGUFLM_SIMD(dot_u8_s8)(ux, _mm256_sign_epi8(qy, qx)));
-                acc[r][t] = fmaf((float)sum, dx * GGUFLM_FP16_TO_FP32_SIMD(yb->d), acc[r][t]);
-            }
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) out[t * os + r] = acc[r][t];
-}
-
 #if GGUFLM_SIMD_512
 #include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
 #endif
@@ -754,8 +729,8 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q4_K, GGUFLM_Q4_K)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMV, q2_K, GGUFLM_Q2_K)
 GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q2_K, GGUFLM_Q2_K)
 #undef GGUFLM_SIMD_Q4_K_REPACK
-GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 #include "quants_simd_lut.h"  /* issue 15's value-table and ternary formats */
+#include "quants_simd_repack.h"  /* repacked Q4_0, IQ4_NL, MXFP4 */
 #undef GGUFLM_SIMD_K
 #undef GGUFLM_SIMD_LEGACY
 #undef GGUFLM_SIMD_KERNEL

@@ -47,15 +47,6 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path
         }
         return sumf;
     }
-    if (path == GGUFLM_PATH_Q4_0_REPACK) {
-        float acc = 0.0f;
-        for (int64_t ib = 0; ib < nb; ++ib) {
-            GGUFLM_SIMD(prefetch)(x + (ib + 8) * bx, bx);
-            const float d = gguflm_lut32_scale(type, x + ib * bx) * GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
-            acc = fmaf((float)GGUFLM_SIMD(hsum_i32)(GGUFLM_LUT32_LANES(ib)), d, acc);
-        }
-        return acc;
-    }
     __m256 acc = _mm256_setzero_ps();   /* SGEMM: tinyBLAS_Q0's one chain */
     for (int64_t ib = 0; ib < nb; ++ib) {
         const float d = gguflm_lut32_scale(type, x + ib * bx) * GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
@@ -63,34 +54,6 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path
     }
     return GGUFLM_SIMD(hsum_f32)(acc);
 #undef GGUFLM_LUT32_LANES
-}
-
-/* Repacked IQ4_NL / MXFP4 (the Q4_0_REPACK recipe) for 8 rows at once, lane r of every vector
- * being weight row r as in ggml's 8x8 GEMV: the rows' block sums by a transposing reduction, then
- * one fma per block for the 8 rows (each lane the scalar recipe's steps). */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut32_rows8)(int type, int64_t n, const uint8_t *w,
-                                                                          int64_t ws, const block_q8_0 *y, float *out) {
-    const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
-    const size_t bx = gguflm_lut32_bytes(type);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < n / 32; ++ib) {
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        __m256i p[8];
-        float dx[8];
-        ggml_half dh[8];
-        for (int r = 0; r < 8; ++r) {
-            const uint8_t *xb = w + r * ws + ib * bx;
-            GGUFLM_SIMD(prefetch)(xb + GGUFLM_PREFETCH_TILES * 64, bx);
-            p[r] = GGUFLM_SIMD(dot_s8_s8)(GGUFLM_SIMD(lut_32)(table, gguflm_lut32_qs(type, xb)), qy);
-            if (type == GGUFLM_MXFP4) dx[r] = gguflm_e8m0_to_fp32_half(((const block_mxfp4 *)xb)->e);
-            else dh[r] = ((const block_iq4_nl *)xb)->d;
-        }
-        /* IQ4_NL's 8 half-precision scales in one conversion (the same bits as one by one) */
-        const __m256 dxv = type == GGUFLM_MXFP4 ? _mm256_loadu_ps(dx) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(GGUFLM_FP16_TO_FP32_SIMD(y[ib].d)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(GGUFLM_SIMD(reduce8_i32)(p)), d, acc);
-    }
-    _mm256_storeu_ps(out, acc);
 }
 
 /* ---- 256-element super-blocks against Q8_K ---- */
@@ -232,21 +195,3 @@ GGUFLM_SIMD_LUT256(DOT, tq1_0, GGUFLM_TQ1_0)
 GGUFLM_SIMD_LUT256(DOT, tq2_0, GGUFLM_TQ2_0)
 #undef GGUFLM_SIMD_LUT256
 #undef GGUFLM_LUT256_TOKENS
-/* repacked: groups of 8 rows (each group's weights stay in L1 across the tokens), the rest one by one */
-#define GGUFLM_SIMD_LUT_REPACK(tag, TYPE)                                                                        \
-    static void GGUFLM_SIMD(Q4_0_REPACK_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,              \
-                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,   \
-                                               int arith) {                                                      \
-        (void)arith;                                                                                             \
-        int64_t r = 0;                                                                                           \
-        for (; r + 8 <= nr; r += 8)                                                                              \
-            for (int64_t t = 0; t < nt; ++t)                                                                     \
-                GGUFLM_SIMD(lut32_rows8)(TYPE, n, w + r * ws, ws, (const block_q8_0 *)(y + t * ys), o + t * os + r); \
-        for (; r < nr; ++r)                                                                                      \
-            for (int64_t t = 0; t < nt; ++t)                                                                     \
-                o[t * os + r] = GGUFLM_SIMD(lut32_1)(GGUFLM_PATH_Q4_0_REPACK, TYPE, n, w + r * ws,               \
-                                                     (const block_q8_0 *)(y + t * ys));                          \
-    }
-GGUFLM_SIMD_LUT_REPACK(iq4_nl, GGUFLM_IQ4_NL)
-GGUFLM_SIMD_LUT_REPACK(mxfp4, GGUFLM_MXFP4)
-#undef GGUFLM_SIMD_LUT_REPACK
