@@ -106,6 +106,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     }
 }
 
+#if GGUFLM_SIMD_512
+#include "quants_iq_simd512.h"
+#endif
+
 /* the super-block scale as a float */
 static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
     if (type == GGUFLM_IQ1_M) return GGUFLM_FP16_TO_FP32_SIMD(gguflm_iq1m_scale((const block_iq1_m *)xb));
@@ -127,6 +131,16 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         __m256i lanes[4], delta[4];
         int32_t sumi1[4] = {0, 0, 0, 0};
         for (int k = 0; k < 4; ++k) lanes[k] = delta[k] = _mm256_setzero_si256();
+#if GGUFLM_SIMD_512
+        if (GGUFLM_SIMD(iq512_ok)(type)) {
+            GGUFLM_SIMD(iq512_sb) b;
+            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            for (int k = 0; k < T; ++k) {
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(&b, ((const block_q8_K *)(y + k * ys) + i)->qs);
+                lanes[k] = _mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
+            }
+        } else
+#endif
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
             GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
@@ -174,6 +188,20 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     const float factor = gguflm_iq_factor(type);
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
+#if GGUFLM_SIMD_512
+        if (GGUFLM_SIMD(iq512_ok)(type)) {  /* the signs on the activations as DOT does: no offset */
+            GGUFLM_SIMD(iq512_sb) b;
+            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+            for (int k = 0; k < T; ++k) {
+                const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(&b, yb->qs);
+                const int32_t s = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1)));
+                out[k] = fmaf(dx * (float)s, yb->d, out[k]);
+            }
+            continue;
+        }
+#endif
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
