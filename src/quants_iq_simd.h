@@ -136,8 +136,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             GGUFLM_SIMD(iq512_sb) b;
             GGUFLM_SIMD(iq512_decode)(type, xb, &b);
             for (int k = 0; k < T; ++k) {
-                const __m512i l = GGUFLM_SIMD(iq512_lanes)(&b, ((const block_q8_K *)(y + k * ys) + i)->qs);
+                __m512i dl = _mm512_setzero_si512();
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + k * ys) + i, &dl, &sumi1[k]);
                 lanes[k] = _mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
+                delta[k] = _mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1));
             }
         } else
 #endif
@@ -195,8 +197,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
             const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
-                const __m512i l = GGUFLM_SIMD(iq512_lanes)(&b, yb->qs);
-                const int32_t s = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1)));
+                __m512i dl = _mm512_setzero_si512();
+                int32_t sumi1 = 0;
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, yb, &dl, &sumi1);
+                int32_t s = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1)));
+                if (gguflm_iq_is_1bit(type))  /* 8 * grid + delta */
+                    s = 8 * s + (type == GGUFLM_IQ1_M ? GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1))) : sumi1);
                 out[k] = fmaf(dx * (float)s, yb->d, out[k]);
             }
             continue;

@@ -11,7 +11,7 @@
  * No include guard: included once, inside the AVX-512 region (GGUFLM_SIMD_512).
  */
 
-static inline int GGUFLM_SIMD(iq512_ok)(int type) { return !gguflm_iq_is_1bit(type); }
+static inline int GGUFLM_SIMD(iq512_ok)(int type) { (void)type; return 1; }
 
 /* 32 bytes of 7-bit sign fields -> ksigns_iq2xs of each (bit 7 = parity of bits 0-6) */
 static inline __m256i GGUFLM_SIMD(iq512_ksigns)(__m256i x) {
@@ -39,10 +39,12 @@ static inline __m256i GGUFLM_SIMD(iq512_nibble_scales)(__m128i b) {
     return _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
 }
 
-/* 8 int32 group scales (2 s + 1 already) -> the 16 int16 scales of the 16-element halves */
-static inline __m256i GGUFLM_SIMD(iq512_group_scales)(__m256i s) {
-    const __m128i w = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32(s, s), 0x08));
+/* 8 int16 group scales (2 s + 1 already) -> the 16 int16 scales of the 16-element halves */
+static inline __m256i GGUFLM_SIMD(iq512_group_scales16)(__m128i w) {
     return _mm256_set_m128i(_mm_unpackhi_epi16(w, w), _mm_unpacklo_epi16(w, w));
+}
+static inline __m256i GGUFLM_SIMD(iq512_group_scales)(__m256i s) {
+    return GGUFLM_SIMD(iq512_group_scales16)(_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32(s, s), 0x08)));
 }
 
 /* One super-block's sign bits (bit e of sign[e / 64] for element e) and its 16 int16 scales */
@@ -73,6 +75,24 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
         *scales = GGUFLM_SIMD(iq512_group_scales)(_mm256_add_epi32(_mm256_add_epi32(s, s), _mm256_set1_epi32(1)));
         break;
     }
+    case GGUFLM_IQ1_S: {    /* scale in bits 12-14 of each group's qh word */
+        const __m128i h = _mm_srli_epi16(_mm_loadu_si128((const __m128i *)(xb + 34)), 12);
+        const __m128i ls = _mm_and_si128(h, _mm_set1_epi16(7));
+        *scales = GGUFLM_SIMD(iq512_group_scales16)(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+        break;
+    }
+    case GGUFLM_IQ1_M: {    /* scale of 16 elements c: bits 3 (c % 4) .. + 2 of scale word c / 4 */
+        static const int8_t word_of[32] = {0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                           4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7};
+        static const int16_t mul[16] = {8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16};
+        uint64_t w8;
+        memcpy(&w8, xb + 48, 8);
+        const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)w8), _mm256_loadu_si256((const __m256i *)word_of));
+        /* (w >> 3 (c % 4)) & 7 as the high bits of w * 2^(13 - 3 (c % 4)) */
+        const __m256i ls = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_loadu_si256((const __m256i *)mul)), 13);
+        *scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
+        break;
+    }
     default: {  /* IQ3_S: one scale per group, nibbles of 4 bytes */
         memcpy(sign, xb + 74, 32);
         const __m256i g = GGUFLM_SIMD(iq512_nibble_scales)(_mm_cvtsi32_si128((int)gguflm_u32_at(xb + 106)));
@@ -91,6 +111,8 @@ static inline __attribute__((always_inline)) unsigned GGUFLM_SIMD(iq512_ix)(int 
     case GGUFLM_IQ2_XS: return gguflm_u16_at(xb + 2 + 2 * e) & 511;
     case GGUFLM_IQ2_S: return xb[2 + e] | (((unsigned)xb[66 + e / 4] << (8 - 2 * (e % 4))) & 0x300);
     case GGUFLM_IQ3_XXS: return xb[2 + e];
+    case GGUFLM_IQ1_S: return xb[2 + e] | ((gguflm_u16_at(xb + 34 + 2 * (e / 4)) >> (3 * (e % 4)) & 7) << 8);
+    case GGUFLM_IQ1_M: return xb[e] | ((unsigned)(xb[32 + e / 2] >> (4 * (e % 2)) & 7) << 8);
     default: return xb[2 + e] | (((unsigned)xb[66 + e / 8] << (8 - e % 8)) & 256);  /* IQ3_S */
     }
 }
@@ -108,7 +130,8 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_mag)(int 
                                   (int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 2)], (int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 3)]);
         }
     } else {
-        const uint64_t *grid = type == GGUFLM_IQ2_XXS ? gguflm_iq2xxs_grid : type == GGUFLM_IQ2_XS ? gguflm_iq2xs_grid : gguflm_iq2s_grid;
+        const uint64_t *grid = type == GGUFLM_IQ2_XXS ? gguflm_iq2xxs_grid : type == GGUFLM_IQ2_XS ? gguflm_iq2xs_grid
+                             : type == GGUFLM_IQ2_S ? gguflm_iq2s_grid : (const uint64_t *)gguflm_iq1s_grid;
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
             const int e = 8 * p + 2 * k;
@@ -127,10 +150,12 @@ static inline __m512i GGUFLM_SIMD(iq512_pair_scales)(__m256i scales, int p) {
 }
 
 /* One super-block decoded for any number of tokens: per pair of groups the magnitudes, the
- * scales of their pair sums and the sign mask */
+ * scales of their pair sums and the sign mask; IQ1_M: the mask of negative deltas, IQ1_S: the
+ * signed scale of each 16 for its delta term through the activation's bsums */
 typedef struct {
     __m512i mag[4], sc[4];
-    __mmask64 neg[4];
+    __mmask64 neg[4], dneg[4];
+    __m256i dsc;
 } GGUFLM_SIMD(iq512_sb);
 
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int type, const uint8_t *xb,
@@ -142,19 +167,44 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     for (int p = 0; p < 4; ++p) {
         b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
         b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
-        b->neg[p] = (__mmask64)sign[p];
+        if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
+            b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
+            b->mag[p] = _mm512_abs_epi8(b->mag[p]);
+        } else {
+            b->neg[p] = (__mmask64)sign[p];
+        }
+        if (type == GGUFLM_IQ1_M) {  /* delta sign of entry e: bit 3 (even e) or 7 (odd e) of qh[e / 2] */
+            const __m512i h = _mm512_shuffle_epi8(_mm512_set1_epi32((int)gguflm_u32_at(xb + 32 + 4 * p)),
+                                                  _mm512_set_epi64(0x0303030303030303LL, 0x0303030303030303LL, 0x0202020202020202LL,
+                                                                   0x0202020202020202LL, 0x0101010101010101LL, 0x0101010101010101LL, 0, 0));
+            const long long lo = 0x0808080808080808LL, hi = (long long)0x8080808080808080ULL;
+            b->dneg[p] = _mm512_test_epi8_mask(h, _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo));
+        }
+    }
+    if (type == GGUFLM_IQ1_S) {  /* bit 15 of a group's qh word: its delta is negative */
+        const __m128i h = _mm_srai_epi16(_mm_loadu_si128((const __m128i *)(xb + 34)), 15);
+        const __m256i hn = GGUFLM_SIMD(iq512_group_scales16)(h);
+        b->dsc = _mm256_sub_epi16(_mm256_xor_si256(scales, hn), hn);
     }
 }
 
-/* the 16 int32 lanes of one super-block against one activation block's quants: lanes 0-7 and
- * 8-15 added are ggml's 8 lanes; all 16 added are the tiled path's integer */
-static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(const GGUFLM_SIMD(iq512_sb) *b,
-                                                                             const int8_t *yq) {
-    __m512i acc = _mm512_setzero_si512();
+/* the 16 int32 lanes of one super-block against one activation block: lanes 0-7 and 8-15 added
+ * are ggml's 8 lanes (IQ1_M: *delta its delta lanes the same way; IQ1_S: *sumi1 its delta sum) */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(int type, const GGUFLM_SIMD(iq512_sb) *b,
+                                                                             const block_q8_K *yb, __m512i *delta,
+                                                                             int32_t *sumi1) {
+    __m512i acc = _mm512_setzero_si512(), dacc = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-        const __m512i q8 = _mm512_loadu_si512((const void *)(yq + 64 * p));
+        const __m512i q8 = _mm512_loadu_si512((const void *)(yb->qs + 64 * p));
         const __m512i q8s = _mm512_mask_sub_epi8(q8, b->neg[p], _mm512_setzero_si512(), q8);
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(b->mag[p], q8s), b->sc[p]);
+        if (type == GGUFLM_IQ1_M) {
+            const __m512i q8d = _mm512_mask_sub_epi8(q8, b->dneg[p], _mm512_setzero_si512(), q8);
+            dacc = _mm512_dpwssd_epi32(dacc, _mm512_maddubs_epi16(_mm512_set1_epi8(1), q8d), b->sc[p]);
+        }
     }
+    if (type == GGUFLM_IQ1_M) *delta = dacc;
+    if (type == GGUFLM_IQ1_S)
+        *sumi1 = GGUFLM_SIMD(hsum_i32)(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums), b->dsc));
     return acc;
 }
