@@ -137,9 +137,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             GGUFLM_SIMD(iq512_decode)(type, xb, &b);
             for (int k = 0; k < T; ++k) {
                 __m512i dl = _mm512_setzero_si512();
-                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + k * ys) + i, &dl, &sumi1[k]);
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + k * ys) + i, &dl);
                 lanes[k] = _mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
                 delta[k] = _mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1));
+                if (type == GGUFLM_IQ1_S) sumi1[k] = GGUFLM_SIMD(hsum_i32)(delta[k]);
             }
         } else
 #endif
@@ -195,15 +196,20 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
             GGUFLM_SIMD(iq512_sb) b;
             GGUFLM_SIMD(iq512_decode)(type, xb, &b);
             const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
-            for (int k = 0; k < T; ++k) {
-                const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
-                __m512i dl = _mm512_setzero_si512();
-                int32_t sumi1 = 0;
-                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, yb, &dl, &sumi1);
-                int32_t s = GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1)));
-                if (gguflm_iq_is_1bit(type))  /* 8 * grid + delta */
-                    s = 8 * s + (type == GGUFLM_IQ1_M ? GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1))) : sumi1);
-                out[k] = fmaf(dx * (float)s, yb->d, out[k]);
+            for (int k0 = 0; k0 < T; k0 += 8) {   /* 8 tokens' integers reduced together */
+                __m512i v[8];
+                float res[8];
+                for (int j = 0; j < 8; ++j) {
+                    __m512i dl = _mm512_setzero_si512();
+                    v[j] = k0 + j < T ? GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + (k0 + j) * ys) + i, &dl)
+                                      : _mm512_setzero_si512();
+                    if (gguflm_iq_is_1bit(type))  /* 8 * grid + delta */
+                        v[j] = _mm512_add_epi32(_mm512_slli_epi32(v[j], 3), dl);
+                }
+                const __m256i s8 = GGUFLM_SIMD(reduce8_512)(v);
+                _mm256_storeu_ps(res, _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_cvtepi32_ps(s8)));  /* dx * (float)s */
+                for (int j = 0; j < 8 && k0 + j < T; ++j)
+                    out[k0 + j] = fmaf(res[j], ((const block_q8_K *)(y + (k0 + j) * ys) + i)->d, out[k0 + j]);
             }
             continue;
         }
