@@ -131,8 +131,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         __m256i lanes[4], delta[4];
         int32_t sumi1[4] = {0, 0, 0, 0};
         for (int k = 0; k < 4; ++k) lanes[k] = delta[k] = _mm256_setzero_si256();
-#if GGUFLM_SIMD_512
-        if (GGUFLM_SIMD(iq512_ok)(type)) {
+#if GGUFLM_SIMD_512   /* every grid type: quants_iq_simd512.h */
+        {
             GGUFLM_SIMD(iq512_sb) b;
             GGUFLM_SIMD(iq512_decode)(type, xb, &b);
             for (int k = 0; k < T; ++k) {
@@ -142,8 +142,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
                 delta[k] = _mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1));
                 if (type == GGUFLM_IQ1_S) sumi1[k] = GGUFLM_SIMD(hsum_i32)(delta[k]);
             }
-        } else
-#endif
+        }
+#else
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
             GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
@@ -162,6 +162,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
                 }
             }
         }
+#endif
         const float dx = GGUFLM_SIMD(iq_d)(type, xb);
         for (int k = 0; k < T; ++k) {
             const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
@@ -192,7 +193,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
 #if GGUFLM_SIMD_512
-        if (GGUFLM_SIMD(iq512_ok)(type)) {  /* the signs on the activations as DOT does: no offset */
+        {  /* the signs on the activations as DOT does: no offset */
             GGUFLM_SIMD(iq512_sb) b;
             GGUFLM_SIMD(iq512_decode)(type, xb, &b);
             const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;

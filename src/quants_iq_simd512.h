@@ -1,8 +1,9 @@
-/* 512-bit decoding of the grid i-quants with 2-bit and 3-bit grids (IQ2_XXS, IQ2_XS, IQ2_S,
- * IQ3_XXS, IQ3_S) for the AVX-512 copy of quants_iq_simd.h (AVX-512 F/BW/VL/DQ and VNNI only).
- * Two 32-element groups share a vector: the grid entries (8 qwords, or 16 dwords for the 3-bit
- * grids) loaded one by one and inserted, the signs are a 64-bit mask applied to the activations by one
- * masked subtract, and the int16 pair products times the scales sum into int32 lanes by vpdpwssd.
+/* 512-bit decoding of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
+ * for the AVX-512 copy of quants_iq_simd.h (AVX-512 F/BW/VL/DQ and VNNI only). Two 32-element
+ * groups share a vector: the grid entries (8 qwords, or 16 dwords for the 3-bit grids) are
+ * loaded one by one and inserted (IQ1: magnitude and sign taken from the signed grid), the
+ * signs a 64-bit mask applied to the activations by one masked subtract, and the int16 pair
+ * products times the scales summed into int32 lanes by vpdpwssd.
  * Lane l of the low half takes elements 4l..4l+3 of the even group, lane l of the high half those
  * of the odd group, so low + high are ggml's 8 AVX2 lanes exactly (integers, no rounding).
  * The sign bits of the 7-bit sign fields' types (ksigns_iq2xs: bit 7 is the parity of the other
@@ -12,8 +13,6 @@
  * here (AMD EPYC, 3.9 GHz), i.e. ~8 weights/cycle for the 2-bit grids, ~4 for the 3-bit ones.
  * No include guard: included once, inside the AVX-512 region (GGUFLM_SIMD_512).
  */
-
-static inline int GGUFLM_SIMD(iq512_ok)(int type) { (void)type; return 1; }
 
 /* 32 bytes of 7-bit sign fields -> ksigns_iq2xs of each (bit 7 = parity of bits 0-6) */
 static inline __m256i GGUFLM_SIMD(iq512_ksigns)(__m256i x) {
