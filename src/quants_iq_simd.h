@@ -106,6 +106,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     }
 }
 
+#if GGUFLM_SIMD_512
+#include "quants_iq_simd512.h"
+#endif
+
 /* the super-block scale as a float */
 static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
     if (type == GGUFLM_IQ1_M) return GGUFLM_FP16_TO_FP32_SIMD(gguflm_iq1m_scale((const block_iq1_m *)xb));
@@ -127,6 +131,19 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         __m256i lanes[4], delta[4];
         int32_t sumi1[4] = {0, 0, 0, 0};
         for (int k = 0; k < 4; ++k) lanes[k] = delta[k] = _mm256_setzero_si256();
+#if GGUFLM_SIMD_512   /* every grid type: quants_iq_simd512.h */
+        {
+            GGUFLM_SIMD(iq512_sb) b;
+            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            for (int k = 0; k < T; ++k) {
+                __m512i dl = _mm512_setzero_si512();
+                const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + k * ys) + i, &dl);
+                lanes[k] = _mm256_add_epi32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
+                delta[k] = _mm256_add_epi32(_mm512_castsi512_si256(dl), _mm512_extracti64x4_epi64(dl, 1));
+                if (type == GGUFLM_IQ1_S) sumi1[k] = GGUFLM_SIMD(hsum_i32)(delta[k]);
+            }
+        }
+#else
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
             GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
@@ -145,6 +162,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
                 }
             }
         }
+#endif
         const float dx = GGUFLM_SIMD(iq_d)(type, xb);
         for (int k = 0; k < T; ++k) {
             const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
@@ -174,6 +192,29 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     const float factor = gguflm_iq_factor(type);
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
+#if GGUFLM_SIMD_512
+        {  /* the signs on the activations as DOT does: no offset */
+            GGUFLM_SIMD(iq512_sb) b;
+            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+            for (int k0 = 0; k0 < T; k0 += 8) {   /* 8 tokens' integers reduced together */
+                __m512i v[8];
+                float res[8];
+                for (int j = 0; j < 8; ++j) {
+                    __m512i dl = _mm512_setzero_si512();
+                    v[j] = k0 + j < T ? GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + (k0 + j) * ys) + i, &dl)
+                                      : _mm512_setzero_si512();
+                    if (gguflm_iq_is_1bit(type))  /* 8 * grid + delta */
+                        v[j] = _mm512_add_epi32(_mm512_slli_epi32(v[j], 3), dl);
+                }
+                const __m256i s8 = GGUFLM_SIMD(reduce8_512)(v);
+                _mm256_storeu_ps(res, _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_cvtepi32_ps(s8)));  /* dx * (float)s */
+                for (int j = 0; j < 8 && k0 + j < T; ++j)
+                    out[k0 + j] = fmaf(res[j], ((const block_q8_K *)(y + (k0 + j) * ys) + i)->d, out[k0 + j]);
+            }
+            continue;
+        }
+#endif
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {

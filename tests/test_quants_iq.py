@@ -108,7 +108,7 @@ def test_matmul_is_ggml_mul_mat(t):
     rng = np.random.default_rng(int(t))
     n_rows, n_in = 24, 512
     w = random_blocks(q.get(t), n_rows * n_in // 256, rng).reshape(n_rows, -1)
-    for n_tok in (1, 3, 8, 13):
+    for n_tok in (1, 3, 8, 13, 21):   # 21: a whole 16-token tile of the tiled path and 5 more
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         expected = _ggml.mul_mat(t, w, n_in, x)
         for isa in system.supported_isas():
