@@ -605,7 +605,34 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_0_repack_tile)(
 
 #if GGUFLM_SIMD_512
 #include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
+#include "quants_simd_ktile.h"  /* AVX-512 TILED GEMM of the K-quants: 16 rows per vector */
 #endif
+
+/* TILED of a K-quant: batches through the AVX-512 GEMM; fewer tokens (and the AVX2 copy) in
+ * k_sums_tile's tiles of 1 row x 4 tokens, over blocks of 16 tokens (the matmul hands the whole
+ * batch over: the rows of a block stay in L1 while they meet its tokens) */
+#define GGUFLM_K_TOKEN_BLOCK 16
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(tiled_k)(int type, size_t bx, int64_t n,
+                                                                      const uint8_t *w, int64_t ws, int64_t nr,
+                                                                      const uint8_t *y, int64_t ys, int64_t nt,
+                                                                      float *o, int64_t os) {
+#if GGUFLM_SIMD_512
+    if (nt >= GGUFLM_KT_MIN_TOKENS) {
+        GGUFLM_SIMD(ktile_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os);
+        return;
+    }
+#endif
+    for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_K_TOKEN_BLOCK) {
+        const int64_t t1 = t0 + GGUFLM_K_TOKEN_BLOCK < nt ? t0 + GGUFLM_K_TOKEN_BLOCK : nt;
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4)
+                GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_TILED, type, bx, n, w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os);
+            for (; t < t1; ++t)
+                GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_TILED, type, bx, n, w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os);
+        }
+    }
+}
 
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
@@ -679,7 +706,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
     }
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
     GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
-    GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
+    static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
+                                         int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
+        (void)arith;                                                                                             \
+        GGUFLM_SIMD(tiled_k)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                          \
+    }
 GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
 GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
 GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
@@ -759,3 +790,9 @@ GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 #undef GGUFLM_MAX_TOKENS
 #undef GGUFLM_LEGACY_TABLE
 #undef GGUFLM_Q4_K_TOKENS
+#undef GGUFLM_K_TOKEN_BLOCK
+#if GGUFLM_SIMD_512
+#undef GGUFLM_KT_SB
+#undef GGUFLM_KT_T
+#undef GGUFLM_KT_MIN_TOKENS
+#endif

@@ -1,0 +1,165 @@
+/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K) for batches: ggml's TILED recipe (one exact
+ * integer per super-block, res = d*s1 (- dmin*s2 fused), out = fma(res, y.d, out); quants_dot.h)
+ * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector.
+ * Included by quants_simd_body.h in its AVX-512 copy only (GGUFLM_SIMD_512). No include guard.
+ *
+ * Inside a super-block everything is integer, so the work is laid out for the instruction:
+ * 16 weight rows are decoded once per call (a few super-blocks at a time, into L1) into vectors
+ * whose lane r holds 4 consecutive unsigned quants of row r, and the activation's 4 matching int8
+ * values come as one broadcast dword; vpdpbusd then gives lane r = row r's 4 products, and 4 (or 8)
+ * of them in a row make a 16-element (32-element) sub-block's sum. Per sub-block one vpmulld by the
+ * rows' scales (lane r = row r's), so no horizontal sums at all: lane r of the result is s1 of row
+ * r. Q3_K's and Q6_K's offsets (4, 32) start each sub-block's sum at -offset * the activation's
+ * bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
+ * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's.
+ */
+
+#define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
+#define GGUFLM_KT_T 8           /* tokens per register tile */
+#define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens go to k_sums_tile (decoding would not pay) */
+
+/* one super-block of 16 weight rows, decoded; lane r of each vector is row r */
+typedef struct {
+    __m512i q[QK_K / 4];  /* unsigned quants 4g .. 4g+3 */
+    __m512i sc[16];       /* int32 scale of each 16 elements (32-element types: the pair's, twice) */
+    __m512i mn[8];        /* int16 pair of the mins of elements 32k .. 32k+31 (per 16 elements) */
+    __m512 d, dmin;
+} GGUFLM_SIMD(ktile_sb);
+
+/* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn */
+static inline void GGUFLM_SIMD(transpose16_epi32)(__m512i v[16]) {
+    for (int b = 8; b >= 1; b /= 2) {
+        int lo_idx[16], hi_idx[16];
+        for (int l = 0; l < 16; ++l) {
+            lo_idx[l] = (l & b) ? 16 + l - b : l;
+            hi_idx[l] = (l & b) ? 16 + l : l + b;
+        }
+        const __m512i lo = _mm512_loadu_si512((const void *)lo_idx), hi = _mm512_loadu_si512((const void *)hi_idx);
+        for (int i = 0; i < 16; ++i)
+            if (!(i & b)) {
+                const __m512i a = v[i], c = v[i + b];
+                v[i] = _mm512_permutex2var_epi32(a, lo, c);
+                v[i + b] = _mm512_permutex2var_epi32(a, hi, c);
+            }
+    }
+}
+
+/* per type: elements per scale, the quants' offset, and whether it has mins */
+static inline int gguflm_kt_sub(int type) { return type == GGUFLM_Q4_K || type == GGUFLM_Q5_K ? 32 : 16; }
+static inline int gguflm_kt_offset(int type) { return type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : 0; }
+
+/* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into dec */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
+                                                                           int64_t ws, int R, int64_t i0, int nsb,
+                                                                           GGUFLM_SIMD(ktile_sb) *dec) {
+    for (int s = 0; s < nsb; ++s) {
+        GGUFLM_SIMD(ktile_sb) *o = &dec[s];
+        __m512i v[16], sc[16], mn[16];
+        float d[16] = {0}, dmin[16] = {0};
+        for (int r = 0; r < 16; ++r) sc[r] = mn[r] = _mm512_setzero_si512();
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *xb = w + r * ws + (i0 + s) * bx;
+            GGUFLM_SIMD(prefetch)(xb + GGUFLM_KT_SB * bx, bx);
+            __m256i sc16, mn16;
+            GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d[r], &dmin[r]);
+            sc[r] = _mm512_cvtepi16_epi32(sc16);
+            mn[r] = _mm512_castsi256_si512(mn16);
+        }
+        GGUFLM_SIMD(transpose16_epi32)(sc);
+        GGUFLM_SIMD(transpose16_epi32)(mn);
+        for (int j = 0; j < 16; ++j) o->sc[j] = sc[j];
+        for (int k = 0; k < 8; ++k) o->mn[k] = mn[k];
+        o->d = _mm512_loadu_ps(d);
+        o->dmin = _mm512_loadu_ps(dmin);
+        for (int c = 0; c < QK_K / 64; ++c) {
+            for (int r = 0; r < 16; ++r)
+                v[r] = r < R ? _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, w + r * ws + (i0 + s) * bx, 2 * c)),
+                                                  GGUFLM_SIMD(kquants)(type, w + r * ws + (i0 + s) * bx, 2 * c + 1), 1)
+                             : _mm512_setzero_si512();
+            GGUFLM_SIMD(transpose16_epi32)(v);
+            for (int k = 0; k < 16; ++k) o->q[16 * c + k] = v[k];
+        }
+    }
+}
+
+static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* T tokens (y + t*ys, row-major Q8_K) against the decoded super-blocks (the activation's i0 ..
+ * i0+nsb-1); out[t * os + r] for the rows of rmask: first pass (i0 == 0) from 0, else from out */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int type,
+                                                                           const GGUFLM_SIMD(ktile_sb) *dec, int nsb,
+                                                                           int64_t i0, const uint8_t *y, int64_t ys,
+                                                                           int T, float *out, int64_t os,
+                                                                           __mmask16 rmask) {
+    const int sub = gguflm_kt_sub(type), off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
+    __m512 acc[GGUFLM_KT_T];
+    for (int t = 0; t < T; ++t) acc[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, out + t * os);
+    for (int s = 0; s < nsb; ++s) {
+        const GGUFLM_SIMD(ktile_sb) *b = &dec[s];
+        const block_q8_K *yb[GGUFLM_KT_T];
+        __m512i s1[GGUFLM_KT_T];
+        for (int t = 0; t < T; ++t) {
+            yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
+            s1[t] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < QK_K / sub; ++j) {
+            __m512i part[GGUFLM_KT_T];
+            for (int t = 0; t < T; ++t)
+                part[t] = off ? _mm512_set1_epi32(-off * yb[t]->bsums[j]) : _mm512_setzero_si512();
+            for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
+                const __m512i q = b->q[g];
+                for (int t = 0; t < T; ++t)
+                    part[t] = _mm512_dpbusd_epi32(part[t], q, _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(yb[t]->qs + 4 * g)));
+            }
+            const __m512i sc = b->sc[j * sub / 16];
+            for (int t = 0; t < T; ++t) s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(part[t], sc));
+        }
+        for (int t = 0; t < T; ++t) {
+            __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
+            if (has_min) {
+                __m512i s2 = _mm512_setzero_si512();
+                for (int k = 0; k < 8; ++k)
+                    s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
+                res = _mm512_fnmadd_ps(b->dmin, _mm512_cvtepi32_ps(s2), res);   /* fma(-dmin, s2, res) */
+            }
+            acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb[t]->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(out + t * os, rmask, acc[t]);
+}
+
+/* any rows x nt tokens: 16 rows at a time, each pass of GGUFLM_KT_SB super-blocks decoded once
+ * for all the tokens (GGUFLM_KT_T per tile, the rest in one smaller tile) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int type, size_t bx, int64_t n,
+                                                                         const uint8_t *w, int64_t ws, int64_t nr,
+                                                                         const uint8_t *y, int64_t ys, int64_t nt,
+                                                                         float *o, int64_t os) {
+    GGUFLM_SIMD(ktile_sb) dec[GGUFLM_KT_SB];
+    const int64_t nb = n / QK_K;
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        const int R = (int)(nr - r0 < 16 ? nr - r0 : 16);
+        const __mmask16 rmask = (__mmask16)((1u << R) - 1);
+        for (int64_t i0 = 0; i0 < nb; i0 += GGUFLM_KT_SB) {
+            const int nsb = (int)(nb - i0 < GGUFLM_KT_SB ? nb - i0 : GGUFLM_KT_SB);
+            GGUFLM_SIMD(ktile_decode)(type, bx, w + r0 * ws, ws, R, i0, nsb, dec);
+#define GGUFLM_KT_TILE(T) GGUFLM_SIMD(ktile_tokens)(type, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os, rmask)
+            int64_t t = 0;
+            for (; t + GGUFLM_KT_T <= nt; t += GGUFLM_KT_T) GGUFLM_KT_TILE(GGUFLM_KT_T);
+            switch (nt - t) {
+            case 7: GGUFLM_KT_TILE(7); break;
+            case 6: GGUFLM_KT_TILE(6); break;
+            case 5: GGUFLM_KT_TILE(5); break;
+            case 4: GGUFLM_KT_TILE(4); break;
+            case 3: GGUFLM_KT_TILE(3); break;
+            case 2: GGUFLM_KT_TILE(2); break;
+            case 1: GGUFLM_KT_TILE(1); break;
+            default: break;
+            }
+#undef GGUFLM_KT_TILE
+        }
+    }
+}
