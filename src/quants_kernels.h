@@ -238,9 +238,10 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
             const gguflm_gemm_fn kernel = gguflm_kernel(isa, seg[j][s].path, job->wtype);
-            /* the K-quants' TILED kernels take the whole batch (they decode a chunk's rows once for
+            /* the K-quants' TILED and repacked GEMM kernels take the whole batch (they decode a chunk's rows once for
              * all its tokens, and block the tokens themselves) */
-            const int64_t tile = seg[j][s].path == GGUFLM_PATH_TILED && gguflm_is_kquant(job->wtype)
+            const int64_t tile = (seg[j][s].path == GGUFLM_PATH_TILED || seg[j][s].path == GGUFLM_PATH_Q4_K_GEMM) &&
+                                         gguflm_is_kquant(job->wtype)
                                      ? seg[j][s].t1 - seg[j][s].t0 : GGUFLM_TOKEN_TILE;
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += tile) {
                 const int64_t nt = (t0 + tile < seg[j][s].t1 ? t0 + tile : seg[j][s].t1) - t0;

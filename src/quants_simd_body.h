@@ -618,7 +618,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(tiled_k)(int type,
                                                                       float *o, int64_t os) {
 #if GGUFLM_SIMD_512
     if (nt >= GGUFLM_KT_MIN_TOKENS) {
-        GGUFLM_SIMD(ktile_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os);
+        GGUFLM_SIMD(ktile_gemm)(type, 0, bx, n, w, ws, nr, y, ys, nt, o, os);
         return;
     }
 #endif
@@ -755,12 +755,30 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_gemv1)(
     _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
 }
 
-/* repacked Q4_K (and Q2_K): rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
+/* a batch of the repacked Q4_K or Q2_K (GEMM, parts > 1) through the AVX-512 copy's GEMM
+ * (quants_simd_ktile.h); returns 0 where that does not apply */
+static inline __attribute__((always_inline)) int GGUFLM_SIMD(k_repack_gemm)(int type, int parts, size_t bx, int64_t n,
+                                                                           const uint8_t *w, int64_t ws, int64_t nr,
+                                                                           const uint8_t *y, int64_t ys, int64_t nt,
+                                                                           float *o, int64_t os) {
+#if GGUFLM_SIMD_512
+    if (parts > 1 && nt >= GGUFLM_KT_MIN_TOKENS) {
+        GGUFLM_SIMD(ktile_gemm)(type, parts, bx, n, w, ws, nr, y, ys, nt, o, os);
+        return 1;
+    }
+#endif
+    (void)type, (void)parts, (void)bx, (void)n, (void)w, (void)ws, (void)nr, (void)y, (void)ys, (void)nt, (void)o, (void)os;
+    return 0;
+}
+
+/* repacked Q4_K (and Q2_K): batches as above; else rows in groups of 8 (the plan only repacks
+ * matrices of 8k rows), any others one by one */
 #define GGUFLM_SIMD_Q4_K_REPACK(path, tag, TYPE)                                                                 \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
         (void)arith;                                                                                             \
         const int parts = gguflm_k_repack_parts(GGUFLM_PATH_##path, TYPE);                                       \
+        if (GGUFLM_SIMD(k_repack_gemm)(TYPE, parts, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os)) return; \
         for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
             const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
             int64_t r = 0;                                                                                       \
@@ -795,4 +813,5 @@ GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 #undef GGUFLM_KT_SB
 #undef GGUFLM_KT_T
 #undef GGUFLM_KT_MIN_TOKENS
+#undef GGUFLM_KT_TOKENS
 #endif

@@ -11,7 +11,9 @@
  * rows' scales (lane r = row r's), so no horizontal sums at all: lane r of the result is s1 of row
  * r. Q3_K's and Q6_K's offsets (4, 32) start each sub-block's sum at -offset * the activation's
  * bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
- * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's.
+ * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's. The repacked
+ * Q4_K / Q2_K GEMM recipe (gguflm_k_repack_1: a float step per 64 or 128 elements) takes the same
+ * integers per part; ggml's repack is of no use here, the file's layout is decoded as it is.
  */
 
 #define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
@@ -89,24 +91,30 @@ static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
 }
 
 /* T tokens (y + t*ys, row-major Q8_K) against the decoded super-blocks (the activation's i0 ..
- * i0+nsb-1); out[t * os + r] for the rows of rmask: first pass (i0 == 0) from 0, else from out */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int type,
+ * i0+nsb-1), for the rows of rmask. parts 0: TILED, out[t * os + r] accumulated from 0 on the
+ * first pass (i0 == 0), else from out. parts 2, 4: the repacked Q4_K/Q2_K GEMM recipe, one fma per
+ * part of each chain: the scaled sums into out, the scaled mins into acc_min[t * 16 + r], both
+ * from 0 on the first pass (the caller takes acc_min off at the end). */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int type, int parts,
                                                                            const GGUFLM_SIMD(ktile_sb) *dec, int nsb,
                                                                            int64_t i0, const uint8_t *y, int64_t ys,
                                                                            int T, float *out, int64_t os,
-                                                                           __mmask16 rmask) {
+                                                                           float *acc_min, __mmask16 rmask) {
     const int sub = gguflm_kt_sub(type), off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
-    __m512 acc[GGUFLM_KT_T];
-    for (int t = 0; t < T; ++t) acc[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, out + t * os);
+    const int subs = QK_K / sub, subs_per_part = parts ? subs / parts : subs;
+    __m512 acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
+    for (int t = 0; t < T; ++t) {
+        acc[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, out + t * os);
+        if (parts) accm[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc_min + 16 * t);
+    }
     for (int s = 0; s < nsb; ++s) {
         const GGUFLM_SIMD(ktile_sb) *b = &dec[s];
         const block_q8_K *yb[GGUFLM_KT_T];
-        __m512i s1[GGUFLM_KT_T];
-        for (int t = 0; t < T; ++t) {
-            yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
-            s1[t] = _mm512_setzero_si512();
-        }
-        for (int j = 0; j < QK_K / sub; ++j) {
+        __m512i s1[GGUFLM_KT_T] = {_mm512_setzero_si512()};   /* (set per part below) */
+        for (int t = 0; t < T; ++t) yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
+        for (int j = 0; j < subs; ++j) {
+            if (j % subs_per_part == 0)   /* a part's (TILED: the super-block's) first sub-block */
+                for (int t = 0; t < T; ++t) s1[t] = _mm512_setzero_si512();
             __m512i part[GGUFLM_KT_T];
             for (int t = 0; t < T; ++t)
                 part[t] = off ? _mm512_set1_epi32(-off * yb[t]->bsums[j]) : _mm512_setzero_si512();
@@ -117,7 +125,20 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
             }
             const __m512i sc = b->sc[j * sub / 16];
             for (int t = 0; t < T; ++t) s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(part[t], sc));
+            if (parts && j % subs_per_part == subs_per_part - 1) {
+                /* the end of a part (64 or 128 elements): its sums and its mins (per 32 elements) */
+                const int p = j / subs_per_part, k0 = 8 / parts * p, k1 = 8 / parts * (p + 1);
+                for (int t = 0; t < T; ++t) {
+                    const __m512 yd = _mm512_set1_ps(yb[t]->d);
+                    __m512i s2 = _mm512_setzero_si512();
+                    for (int k = k0; k < k1; ++k)
+                        s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(b->d, yd), acc[t]);
+                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(b->dmin, yd), accm[t]);
+                }
+            }
         }
+        if (parts) continue;
         for (int t = 0; t < T; ++t) {
             __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
             if (has_min) {
@@ -129,37 +150,53 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
             acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb[t]->d), acc[t]);
         }
     }
-    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(out + t * os, rmask, acc[t]);
+    for (int t = 0; t < T; ++t) {
+        _mm512_mask_storeu_ps(out + t * os, rmask, acc[t]);
+        if (parts) _mm512_store_ps(acc_min + 16 * t, accm[t]);
+    }
 }
 
 /* any rows x nt tokens: 16 rows at a time, each pass of GGUFLM_KT_SB super-blocks decoded once
- * for all the tokens (GGUFLM_KT_T per tile, the rest in one smaller tile) */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int type, size_t bx, int64_t n,
+ * for up to GGUFLM_KT_TOKENS tokens (GGUFLM_KT_T per tile, the rest in one smaller tile); parts:
+ * see ktile_tokens */
+#define GGUFLM_KT_TOKENS 256
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int type, int parts, size_t bx, int64_t n,
                                                                          const uint8_t *w, int64_t ws, int64_t nr,
                                                                          const uint8_t *y, int64_t ys, int64_t nt,
                                                                          float *o, int64_t os) {
     GGUFLM_SIMD(ktile_sb) dec[GGUFLM_KT_SB];
+    float acc_min[parts ? GGUFLM_KT_TOKENS * 16 : 1] __attribute__((aligned(64)));
     const int64_t nb = n / QK_K;
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
         const int R = (int)(nr - r0 < 16 ? nr - r0 : 16);
         const __mmask16 rmask = (__mmask16)((1u << R) - 1);
-        for (int64_t i0 = 0; i0 < nb; i0 += GGUFLM_KT_SB) {
-            const int nsb = (int)(nb - i0 < GGUFLM_KT_SB ? nb - i0 : GGUFLM_KT_SB);
-            GGUFLM_SIMD(ktile_decode)(type, bx, w + r0 * ws, ws, R, i0, nsb, dec);
-#define GGUFLM_KT_TILE(T) GGUFLM_SIMD(ktile_tokens)(type, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os, rmask)
-            int64_t t = 0;
-            for (; t + GGUFLM_KT_T <= nt; t += GGUFLM_KT_T) GGUFLM_KT_TILE(GGUFLM_KT_T);
-            switch (nt - t) {
-            case 7: GGUFLM_KT_TILE(7); break;
-            case 6: GGUFLM_KT_TILE(6); break;
-            case 5: GGUFLM_KT_TILE(5); break;
-            case 4: GGUFLM_KT_TILE(4); break;
-            case 3: GGUFLM_KT_TILE(3); break;
-            case 2: GGUFLM_KT_TILE(2); break;
-            case 1: GGUFLM_KT_TILE(1); break;
-            default: break;
-            }
+        for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_KT_TOKENS) {
+            const int64_t t1 = t0 + GGUFLM_KT_TOKENS < nt ? t0 + GGUFLM_KT_TOKENS : nt;
+            for (int64_t i0 = 0; i0 < nb; i0 += GGUFLM_KT_SB) {
+                const int nsb = (int)(nb - i0 < GGUFLM_KT_SB ? nb - i0 : GGUFLM_KT_SB);
+                GGUFLM_SIMD(ktile_decode)(type, bx, w + r0 * ws, ws, R, i0, nsb, dec);
+#define GGUFLM_KT_TILE(T)                                                                                        \
+    GGUFLM_SIMD(ktile_tokens)(type, parts, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os,                 \
+                              acc_min + (parts ? 16 * (t - t0) : 0), rmask)
+                int64_t t = t0;
+                for (; t + GGUFLM_KT_T <= t1; t += GGUFLM_KT_T) GGUFLM_KT_TILE(GGUFLM_KT_T);
+                switch (t1 - t) {   /* GGUFLM_KT_T - 1 at most */
+                case 7: GGUFLM_KT_TILE(7); break;
+                case 6: GGUFLM_KT_TILE(6); break;
+                case 5: GGUFLM_KT_TILE(5); break;
+                case 4: GGUFLM_KT_TILE(4); break;
+                case 3: GGUFLM_KT_TILE(3); break;
+                case 2: GGUFLM_KT_TILE(2); break;
+                case 1: GGUFLM_KT_TILE(1); break;
+                default: break;
+                }
 #undef GGUFLM_KT_TILE
+            }
+            if (parts)   /* out = acc - acc_min */
+                for (int64_t t = t0; t < t1; ++t)
+                    _mm512_mask_storeu_ps(o + t * os + r0, rmask,
+                                          _mm512_sub_ps(_mm512_maskz_loadu_ps(rmask, o + t * os + r0),
+                                                        _mm512_load_ps(acc_min + 16 * (t - t0))));
         }
     }
 }
