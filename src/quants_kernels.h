@@ -241,7 +241,7 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
             /* the K-quants' TILED and repacked GEMM kernels take the whole batch (they decode a chunk's rows once for
              * all its tokens, and block the tokens themselves) */
             const int64_t tile = (seg[j][s].path == GGUFLM_PATH_TILED || seg[j][s].path == GGUFLM_PATH_Q4_K_GEMM) &&
-                                         gguflm_is_kquant(job->wtype)
+                                         (gguflm_is_kquant(job->wtype) || job->wtype == GGUFLM_IQ4_XS)
                                      ? seg[j][s].t1 - seg[j][s].t0 : GGUFLM_TOKEN_TILE;
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += tile) {
                 const int64_t nt = (t0 + tile < seg[j][s].t1 ? t0 + tile : seg[j][s].t1) - t0;

@@ -1,4 +1,4 @@
-/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K) for batches: ggml's TILED recipe (one exact
+/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K, and IQ4_XS) for batches: ggml's TILED recipe (one exact
  * integer per super-block, res = d*s1 (- dmin*s2 fused), out = fma(res, y.d, out); quants_dot.h)
  * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector.
  * Included by quants_simd_body.h in its AVX-512 copy only (GGUFLM_SIMD_512). No include guard.
@@ -9,7 +9,7 @@
  * values come as one broadcast dword; vpdpbusd then gives lane r = row r's 4 products, and 4 (or 8)
  * of them in a row make a 16-element (32-element) sub-block's sum. Per sub-block one vpmulld by the
  * rows' scales (lane r = row r's), so no horizontal sums at all: lane r of the result is s1 of row
- * r. Q3_K's and Q6_K's offsets (4, 32) start each sub-block's sum at -offset * the activation's
+ * r. Q3_K's, Q6_K's and IQ4_XS's offsets (4, 32, 128) start each sub-block's sum at -offset * the activation's
  * bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
  * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's. The repacked
  * Q4_K / Q2_K GEMM recipe (gguflm_k_repack_1: a float step per 64 or 128 elements) takes the same
@@ -46,9 +46,45 @@ static inline void GGUFLM_SIMD(transpose16_epi32)(__m512i v[16]) {
     }
 }
 
-/* per type: elements per scale, the quants' offset, and whether it has mins */
-static inline int gguflm_kt_sub(int type) { return type == GGUFLM_Q4_K || type == GGUFLM_Q5_K ? 32 : 16; }
-static inline int gguflm_kt_offset(int type) { return type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : 0; }
+/* per type: elements per scale, and the offset of the unsigned quants (IQ4_XS: its signed table
+ * values + 128) */
+static inline int gguflm_kt_sub(int type) {
+    return type == GGUFLM_Q4_K || type == GGUFLM_Q5_K || type == GGUFLM_IQ4_XS ? 32 : 16;
+}
+static inline int gguflm_kt_offset(int type) {
+    return type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : type == GGUFLM_IQ4_XS ? 128 : 0;
+}
+
+/* the 64 unsigned quants of elements 64c .. 64c+63 of a super-block */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
+    if (type == GGUFLM_IQ4_XS) {
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)gguflm_kvalues_iq4nl));
+        const uint8_t *qs = ((const block_iq4_xs *)xb)->qs + 32 * c;
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs))),
+                                             _mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs + 16)), 1);
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb, 2 * c)),
+                              GGUFLM_SIMD(kquants)(type, xb, 2 * c + 1), 1);
+}
+
+/* a super-block's 16 int32 scales (one per 16 elements), its 16 int16 mins, d and dmin */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int type, const uint8_t *xb, __m512i *sc,
+                                                                        __m256i *mn16, float *d, float *dmin) {
+    if (type == GGUFLM_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)xb;
+        int32_t ls[16];
+        for (int c = 0; c < 8; ++c) ls[2 * c] = ls[2 * c + 1] = gguflm_iq4_xs_scale(b, c);
+        *sc = _mm512_loadu_si512((const void *)ls);
+        *mn16 = _mm256_setzero_si256();
+        *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        *dmin = 0.0f;
+        return;
+    }
+    __m256i sc16;
+    GGUFLM_SIMD(kscales)(type, xb, &sc16, mn16, d, dmin);
+    *sc = _mm512_cvtepi16_epi32(sc16);
+}
 
 /* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into dec */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
@@ -62,9 +98,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + GGUFLM_KT_SB * bx, bx);
-            __m256i sc16, mn16;
-            GGUFLM_SIMD(kscales)(type, xb, &sc16, &mn16, &d[r], &dmin[r]);
-            sc[r] = _mm512_cvtepi16_epi32(sc16);
+            __m256i mn16;
+            GGUFLM_SIMD(kt_scales)(type, xb, &sc[r], &mn16, &d[r], &dmin[r]);
             mn[r] = _mm512_castsi256_si512(mn16);
         }
         GGUFLM_SIMD(transpose16_epi32)(sc);
@@ -75,13 +110,29 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
         o->dmin = _mm512_loadu_ps(dmin);
         for (int c = 0; c < QK_K / 64; ++c) {
             for (int r = 0; r < 16; ++r)
-                v[r] = r < R ? _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, w + r * ws + (i0 + s) * bx, 2 * c)),
-                                                  GGUFLM_SIMD(kquants)(type, w + r * ws + (i0 + s) * bx, 2 * c + 1), 1)
-                             : _mm512_setzero_si512();
+                v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : _mm512_setzero_si512();
             GGUFLM_SIMD(transpose16_epi32)(v);
             for (int k = 0; k < 16; ++k) o->q[16 * c + k] = v[k];
         }
     }
+}
+
+/* the R <= 16 outputs of a vector (lane r: row r): whole vectors, or through a buffer (no masked
+ * moves: SIMDe's, in the emulated tests, write the whole vector) */
+static inline __m512 GGUFLM_SIMD(kt_load)(const float *p, int R) {
+    if (R == 16) return _mm512_loadu_ps(p);
+    float b[16] = {0};
+    memcpy(b, p, sizeof(float) * R);
+    return _mm512_loadu_ps(b);
+}
+static inline void GGUFLM_SIMD(kt_store)(float *p, int R, __m512 v) {
+    if (R == 16) {
+        _mm512_storeu_ps(p, v);
+        return;
+    }
+    float b[16];
+    _mm512_storeu_ps(b, v);
+    memcpy(p, b, sizeof(float) * R);
 }
 
 static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
@@ -91,7 +142,7 @@ static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
 }
 
 /* T tokens (y + t*ys, row-major Q8_K) against the decoded super-blocks (the activation's i0 ..
- * i0+nsb-1), for the rows of rmask. parts 0: TILED, out[t * os + r] accumulated from 0 on the
+ * i0+nsb-1), for R rows. parts 0: TILED, out[t * os + r] accumulated from 0 on the
  * first pass (i0 == 0), else from out. parts 2, 4: the repacked Q4_K/Q2_K GEMM recipe, one fma per
  * part of each chain: the scaled sums into out, the scaled mins into acc_min[t * 16 + r], both
  * from 0 on the first pass (the caller takes acc_min off at the end). */
@@ -99,12 +150,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                                                                            const GGUFLM_SIMD(ktile_sb) *dec, int nsb,
                                                                            int64_t i0, const uint8_t *y, int64_t ys,
                                                                            int T, float *out, int64_t os,
-                                                                           float *acc_min, __mmask16 rmask) {
+                                                                           float *acc_min, int R) {
     const int sub = gguflm_kt_sub(type), off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
     const int subs = QK_K / sub, subs_per_part = parts ? subs / parts : subs;
     __m512 acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
     for (int t = 0; t < T; ++t) {
-        acc[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, out + t * os);
+        acc[t] = i0 == 0 ? _mm512_setzero_ps() : GGUFLM_SIMD(kt_load)(out + t * os, R);
         if (parts) accm[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc_min + 16 * t);
     }
     for (int s = 0; s < nsb; ++s) {
@@ -117,7 +168,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                 for (int t = 0; t < T; ++t) s1[t] = _mm512_setzero_si512();
             __m512i part[GGUFLM_KT_T];
             for (int t = 0; t < T; ++t)
-                part[t] = off ? _mm512_set1_epi32(-off * yb[t]->bsums[j]) : _mm512_setzero_si512();
+                part[t] = !off ? _mm512_setzero_si512()
+                          : _mm512_set1_epi32(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
             for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
                 const __m512i q = b->q[g];
                 for (int t = 0; t < T; ++t)
@@ -151,7 +203,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
         }
     }
     for (int t = 0; t < T; ++t) {
-        _mm512_mask_storeu_ps(out + t * os, rmask, acc[t]);
+        GGUFLM_SIMD(kt_store)(out + t * os, R, acc[t]);
         if (parts) _mm512_store_ps(acc_min + 16 * t, accm[t]);
     }
 }
@@ -169,7 +221,6 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
     const int64_t nb = n / QK_K;
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
         const int R = (int)(nr - r0 < 16 ? nr - r0 : 16);
-        const __mmask16 rmask = (__mmask16)((1u << R) - 1);
         for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_KT_TOKENS) {
             const int64_t t1 = t0 + GGUFLM_KT_TOKENS < nt ? t0 + GGUFLM_KT_TOKENS : nt;
             for (int64_t i0 = 0; i0 < nb; i0 += GGUFLM_KT_SB) {
@@ -177,7 +228,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
                 GGUFLM_SIMD(ktile_decode)(type, bx, w + r0 * ws, ws, R, i0, nsb, dec);
 #define GGUFLM_KT_TILE(T)                                                                                        \
     GGUFLM_SIMD(ktile_tokens)(type, parts, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os,                 \
-                              acc_min + (parts ? 16 * (t - t0) : 0), rmask)
+                              acc_min + (parts ? 16 * (t - t0) : 0), R)
                 int64_t t = t0;
                 for (; t + GGUFLM_KT_T <= t1; t += GGUFLM_KT_T) GGUFLM_KT_TILE(GGUFLM_KT_T);
                 switch (t1 - t) {   /* GGUFLM_KT_T - 1 at most */
@@ -194,9 +245,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
             }
             if (parts)   /* out = acc - acc_min */
                 for (int64_t t = t0; t < t1; ++t)
-                    _mm512_mask_storeu_ps(o + t * os + r0, rmask,
-                                          _mm512_sub_ps(_mm512_maskz_loadu_ps(rmask, o + t * os + r0),
-                                                        _mm512_load_ps(acc_min + 16 * (t - t0))));
+                    GGUFLM_SIMD(kt_store)(o + t * os + r0, R, _mm512_sub_ps(GGUFLM_SIMD(kt_load)(o + t * os + r0, R),
+                                                                            _mm512_load_ps(acc_min + 16 * (t - t0))));
         }
     }
 }
