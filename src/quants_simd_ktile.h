@@ -25,7 +25,7 @@ typedef struct {
     __m512i q[QK_K / 4];  /* unsigned quants 4g .. 4g+3 */
     __m512i sc[16];       /* int32 scale of each 16 elements (32-element types: the pair's, twice) */
     __m512i mn[8];        /* int16 pair of the mins of elements 32k .. 32k+31 (per 16 elements) */
-    __m512 d, dmin;
+    __m512 d, dmin, neg_dmin;
 } GGUFLM_SIMD(ktile_sb);
 
 /* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn */
@@ -86,7 +86,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int typ
     *sc = _mm512_cvtepi16_epi32(sc16);
 }
 
-/* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into dec */
+/* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into dec (neg_dmin: -dmin for
+ * TILED's fma(-dmin, s2, res), fused: SIMDe's vfnmadd is not) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                            int64_t ws, int R, int64_t i0, int nsb,
                                                                            GGUFLM_SIMD(ktile_sb) *dec) {
@@ -108,6 +109,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
         for (int k = 0; k < 8; ++k) o->mn[k] = mn[k];
         o->d = _mm512_loadu_ps(d);
         o->dmin = _mm512_loadu_ps(dmin);
+        for (int r = 0; r < 16; ++r) dmin[r] = -dmin[r];
+        o->neg_dmin = _mm512_loadu_ps(dmin);
         for (int c = 0; c < QK_K / 64; ++c) {
             for (int r = 0; r < 16; ++r)
                 v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : _mm512_setzero_si512();
@@ -170,6 +173,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
             for (int t = 0; t < T; ++t)
                 part[t] = !off ? _mm512_setzero_si512()
                           : _mm512_set1_epi32(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
+#pragma GCC unroll 8
             for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
                 const __m512i q = b->q[g];
                 for (int t = 0; t < T; ++t)
@@ -197,7 +201,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                 __m512i s2 = _mm512_setzero_si512();
                 for (int k = 0; k < 8; ++k)
                     s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
-                res = _mm512_fnmadd_ps(b->dmin, _mm512_cvtepi32_ps(s2), res);   /* fma(-dmin, s2, res) */
+                res = _mm512_fmadd_ps(b->neg_dmin, _mm512_cvtepi32_ps(s2), res);
             }
             acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb[t]->d), acc[t]);
         }
