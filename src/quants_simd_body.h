@@ -762,7 +762,7 @@ static inline __attribute__((always_inline)) int GGUFLM_SIMD(k_repack_gemm)(int 
                                                                            const uint8_t *y, int64_t ys, int64_t nt,
                                                                            float *o, int64_t os) {
 #if GGUFLM_SIMD_512
-    if (parts > 1 && nt >= GGUFLM_KT_MIN_TOKENS) {
+    if (parts > 1 && nt >= GGUFLM_KT_MIN_REPACK) {
         GGUFLM_SIMD(ktile_gemm)(type, parts, bx, n, w, ws, nr, y, ys, nt, o, os);
         return 1;
     }
@@ -813,5 +813,6 @@ GGUFLM_SIMD_KERNEL(Q4_0_REPACK, q4_0, GGUFLM_SIMD(q4_0_repack_tile), n,)
 #undef GGUFLM_KT_SB
 #undef GGUFLM_KT_T
 #undef GGUFLM_KT_MIN_TOKENS
+#undef GGUFLM_KT_MIN_REPACK
 #undef GGUFLM_KT_TOKENS
 #endif

@@ -18,7 +18,8 @@
 
 #define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
 #define GGUFLM_KT_T 8           /* tokens per register tile */
-#define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens go to k_sums_tile (decoding would not pay) */
+#define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens: TILED goes to k_sums_tile (decoding would not pay) */
+#define GGUFLM_KT_MIN_REPACK 32 /* and the repacked GEMM to q4_K_rows8_tile (as fast at 24 tokens) */
 
 /* one super-block of 16 weight rows, decoded; lane r of each vector is row r */
 typedef struct {
@@ -165,7 +166,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
         const GGUFLM_SIMD(ktile_sb) *b = &dec[s];
         const block_q8_K *yb[GGUFLM_KT_T];
         __m512i s1[GGUFLM_KT_T] = {_mm512_setzero_si512()};   /* (set per part below) */
-        for (int t = 0; t < T; ++t) yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
+        __m512 scale[GGUFLM_KT_T], scale_min[GGUFLM_KT_T];   /* parts: d * y.d and dmin * y.d */
+        for (int t = 0; t < T; ++t) {
+            yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
+            if (parts) {
+                const __m512 yd = _mm512_set1_ps(yb[t]->d);
+                scale[t] = _mm512_mul_ps(b->d, yd);
+                scale_min[t] = _mm512_mul_ps(b->dmin, yd);
+            }
+        }
         for (int j = 0; j < subs; ++j) {
             if (j % subs_per_part == 0)   /* a part's (TILED: the super-block's) first sub-block */
                 for (int t = 0; t < T; ++t) s1[t] = _mm512_setzero_si512();
@@ -185,12 +194,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                 /* the end of a part (64 or 128 elements): its sums and its mins (per 32 elements) */
                 const int p = j / subs_per_part, k0 = 8 / parts * p, k1 = 8 / parts * (p + 1);
                 for (int t = 0; t < T; ++t) {
-                    const __m512 yd = _mm512_set1_ps(yb[t]->d);
                     __m512i s2 = _mm512_setzero_si512();
                     for (int k = k0; k < k1; ++k)
                         s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(b->d, yd), acc[t]);
-                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(b->dmin, yd), accm[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), scale[t], acc[t]);
+                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s2), scale_min[t], accm[t]);
                 }
             }
         }

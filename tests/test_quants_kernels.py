@@ -157,10 +157,10 @@ def test_k_batch_gemm_isas_agree_bit_for_bit(t, isa):
     # the AVX-512 K GEMM (quants_simd_ktile.h): 16 rows per vector (37: a partial group; 48: whole
     # ones, the repacked Q4_K/Q2_K recipe too), 4 super-blocks per pass (1280 elements: one left
     # over), tokens in tiles of 8 within blocks of 256 (leftover tiles of 5, 3, 2, 7 tokens; the
-    # repacked recipe takes groups of 4, the rest goes to its GEMV); every ISA and both threads'
-    # chunks give the scalar recipe's floats
+    # repacked recipe's groups of 4 from 32 tokens on, the rest to its GEMV); every ISA and both
+    # threads' chunks give the scalar recipe's floats
     rng = np.random.default_rng(int(t))
-    for n_rows, n_tok in ((37, 21), (48, 16), (19, 27), (32, 18), (48, 263)):
+    for n_rows, n_tok in ((37, 21), (48, 16), (19, 27), (32, 50), (48, 263)):
         w = q.get(t).quantize((rng.standard_normal((n_rows, 1280)) * rng.uniform(0.1, 3, (n_rows, 1))).astype(np.float32))
         x = (rng.standard_normal((n_tok, 1280)) * 2).astype(np.float32)
         for repacked in (False, True):
