@@ -211,6 +211,15 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
     return (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
 }
 
+/* kernels handed a segment's whole batch, which block its tokens themselves (the others get
+ * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the K-quants' TILED and
+ * repacked GEMM ones (they decode a chunk's rows once for all its tokens) */
+static inline int gguflm_takes_whole_batch(int path, int wtype) {
+    if (path == GGUFLM_PATH_Q4_0_REPACK) return 1;
+    return (path == GGUFLM_PATH_TILED || path == GGUFLM_PATH_Q4_K_GEMM) &&
+           (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS);
+}
+
 /* inside a parallel region: every thread takes row chunks of the jobs, in order, from the shared
  * counter *next_chunk (0 before the region) until none are left, so any team size covers every
  * chunk; each chunk runs the recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
@@ -244,7 +253,8 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
             const gguflm_gemm_fn kernel = gguflm_kernel(isa, seg[j][s].path, job->wtype);
-            const int64_t tile = seg[j][s].path == GGUFLM_PATH_Q4_0_REPACK ? seg[j][s].t1 - seg[j][s].t0 : GGUFLM_TOKEN_TILE;
+            const int64_t tile = gguflm_takes_whole_batch(seg[j][s].path, job->wtype) ? seg[j][s].t1 - seg[j][s].t0
+                                                                                       : GGUFLM_TOKEN_TILE;
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += tile) {
                 const int64_t nt = (t0 + tile < seg[j][s].t1 ? t0 + tile : seg[j][s].t1) - t0;
                 kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,

@@ -580,7 +580,34 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
 
 #if GGUFLM_SIMD_512
 #include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
+#include "quants_simd_ktile.h"  /* AVX-512 TILED GEMM of the K-quants: 16 rows per vector */
 #endif
+
+/* TILED of a K-quant: batches through the AVX-512 GEMM; fewer tokens (and the AVX2 copy) in
+ * k_sums_tile's tiles of 1 row x 4 tokens, over blocks of 16 tokens (the matmul hands the whole
+ * batch over: the rows of a block stay in L1 while they meet its tokens) */
+#define GGUFLM_K_TOKEN_BLOCK 16
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(tiled_k)(int type, size_t bx, int64_t n,
+                                                                      const uint8_t *w, int64_t ws, int64_t nr,
+                                                                      const uint8_t *y, int64_t ys, int64_t nt,
+                                                                      float *o, int64_t os) {
+#if GGUFLM_SIMD_512
+    if (nt >= GGUFLM_KT_MIN_TOKENS) {
+        GGUFLM_SIMD(ktile_gemm)(type, 0, bx, n, w, ws, nr, y, ys, nt, o, os);
+        return;
+    }
+#endif
+    for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_K_TOKEN_BLOCK) {
+        const int64_t t1 = t0 + GGUFLM_K_TOKEN_BLOCK < nt ? t0 + GGUFLM_K_TOKEN_BLOCK : nt;
+        for (int64_t r = 0; r < nr; ++r) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4)
+                GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_TILED, type, bx, n, w + r * ws, ws, 1, y + t * ys, ys, 4, o + t * os + r, os);
+            for (; t < t1; ++t)
+                GGUFLM_SIMD(k_sums_tile)(GGUFLM_PATH_TILED, type, bx, n, w + r * ws, ws, 1, y + t * ys, ys, 1, o + t * os + r, os);
+        }
+    }
+}
 
 /* ======================= kernels: any rows x tokens, in tiles ======================= */
 
@@ -657,7 +684,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
     }
 #define GGUFLM_SIMD_K(tag, TYPE)                                                                                 \
     GGUFLM_SIMD_KERNEL(DOT, tag, GGUFLM_SIMD(dot_k_tile), TYPE, sizeof(block_##tag), n,)                         \
-    GGUFLM_SIMD_KERNEL(TILED, tag, GGUFLM_SIMD(k_sums_tile), GGUFLM_PATH_TILED, TYPE, sizeof(block_##tag), n,)
+    static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
+                                         int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
+        (void)arith;                                                                                             \
+        GGUFLM_SIMD(tiled_k)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                          \
+    }
 GGUFLM_SIMD_LEGACY(q4_0, GGUFLM_Q4_0)
 GGUFLM_SIMD_LEGACY(q4_1, GGUFLM_Q4_1)
 GGUFLM_SIMD_LEGACY(q5_0, GGUFLM_Q5_0)
@@ -702,12 +733,30 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_gemv1)(
     _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_min));
 }
 
-/* repacked Q4_K (and Q2_K): rows in groups of 8 (the plan only repacks matrices of 8k rows), any others one by one */
+/* a batch of the repacked Q4_K or Q2_K (GEMM, parts > 1) through the AVX-512 copy's GEMM
+ * (quants_simd_ktile.h); returns 0 where that does not apply */
+static inline __attribute__((always_inline)) int GGUFLM_SIMD(k_repack_gemm)(int type, int parts, size_t bx, int64_t n,
+                                                                           const uint8_t *w, int64_t ws, int64_t nr,
+                                                                           const uint8_t *y, int64_t ys, int64_t nt,
+                                                                           float *o, int64_t os) {
+#if GGUFLM_SIMD_512
+    if (parts > 1 && nt >= GGUFLM_KT_MIN_REPACK) {
+        GGUFLM_SIMD(ktile_gemm)(type, parts, bx, n, w, ws, nr, y, ys, nt, o, os);
+        return 1;
+    }
+#endif
+    (void)type, (void)parts, (void)bx, (void)n, (void)w, (void)ws, (void)nr, (void)y, (void)ys, (void)nt, (void)o, (void)os;
+    return 0;
+}
+
+/* repacked Q4_K (and Q2_K): batches as above; else rows in groups of 8 (the plan only repacks
+ * matrices of 8k rows), any others one by one */
 #define GGUFLM_SIMD_Q4_K_REPACK(path, tag, TYPE)                                                                 \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
         (void)arith;                                                                                             \
         const int parts = gguflm_k_repack_parts(GGUFLM_PATH_##path, TYPE);                                       \
+        if (GGUFLM_SIMD(k_repack_gemm)(TYPE, parts, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os)) return; \
         for (int64_t t = 0; t < nt; t += GGUFLM_Q4_K_TOKENS) {                                                   \
             const int T = (int)(nt - t < GGUFLM_Q4_K_TOKENS ? nt - t : GGUFLM_Q4_K_TOKENS);                    \
             int64_t r = 0;                                                                                       \
@@ -737,3 +786,11 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q2_K, GGUFLM_Q2_K)
 #undef GGUFLM_MAX_TOKENS
 #undef GGUFLM_LEGACY_TABLE
 #undef GGUFLM_Q4_K_TOKENS
+#undef GGUFLM_K_TOKEN_BLOCK
+#if GGUFLM_SIMD_512
+#undef GGUFLM_KT_SB
+#undef GGUFLM_KT_T
+#undef GGUFLM_KT_MIN_TOKENS
+#undef GGUFLM_KT_MIN_REPACK
+#undef GGUFLM_KT_TOKENS
+#endif

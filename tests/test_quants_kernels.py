@@ -151,6 +151,27 @@ def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
         np.testing.assert_array_equal(whole, halves, err_msg=name)
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                               GGMLType.IQ4_XS], ids=lambda t: t.name)
+def test_k_batch_gemm_isas_agree_bit_for_bit(t, isa):
+    # the AVX-512 K GEMM (quants_simd_ktile.h): 16 rows per vector (37: a partial group; 48: whole
+    # ones, the repacked Q4_K/Q2_K recipe too), 4 super-blocks per pass (1280 elements: one left
+    # over), tokens in tiles of 8 within blocks of 256 (leftover tiles of 5, 3, 2, 7 tokens; the
+    # repacked recipe's groups of 4 from 32 tokens on, the rest to its GEMV); every ISA and both
+    # threads' chunks give the scalar recipe's floats
+    rng = np.random.default_rng(int(t))
+    for n_rows, n_tok in ((37, 21), (48, 16), (19, 27), (32, 50), (48, 263)):
+        w = q.get(t).quantize((rng.standard_normal((n_rows, 1280)) * rng.uniform(0.1, 3, (n_rows, 1))).astype(np.float32))
+        x = (rng.standard_normal((n_tok, 1280)) * 2).astype(np.float32)
+        for repacked in (False, True):
+            outs = {}
+            for name in ISAS:
+                system.set_isa(name)
+                outs[name] = q.matmul(w, t, x, n_threads=2, repacked=repacked)
+            for name, out in outs.items():
+                np.testing.assert_array_equal(out, outs["scalar"], err_msg=f"{name} {n_rows} {n_tok} {repacked}")
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_matmul_shapes_property(data):
