@@ -46,6 +46,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_SWIGLU_OAI
         GGUFLM_OP_MOE_ADD_ID
         GGUFLM_OP_MUL_ROW
+        GGUFLM_OP_MOE_ONE
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -55,6 +56,24 @@ cdef extern from "plan.h" nogil:
         int32_t *offsets
         int32_t *src
         int32_t *slot
+    ctypedef struct gguflm_matmul_id_job:
+        int wtype, repacked
+        const uint8_t *w
+        int64_t w_stride, n_rows
+        const uint8_t *xq
+        float *out
+        int64_t out_stride
+    ctypedef struct gguflm_moe_one_args:
+        const float *logits
+        const float *bias
+        const float *x
+        uint8_t *xq
+        gguflm_matmul_id_job gate_up[2]
+        float *act
+        uint8_t *act_q
+        gguflm_matmul_id_job down
+        float *out
+        int64_t n_embd, n_ff
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
@@ -94,7 +113,7 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
              GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
-             GGUFLM_OP_MUL_ROW: "MUL_ROW"}
+             GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -346,6 +365,39 @@ cdef class Plan:
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n, nd.aux = wtype, _ptr(w), w.strides[0], n_rows, n_in, repacked
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def moe_one(self, cnp.ndarray logits, cnp.ndarray bias, cnp.ndarray x, int n_expert, int n_used, int gating,
+                bint norm_w, float w_scale, tuple route, cnp.ndarray xq, tuple experts, tuple outs, cnp.ndarray act,
+                cnp.ndarray act_q, cnp.ndarray out, int n_threads):
+        """One token's routed SwiGLU experts in one parallel region: route ``logits`` (as
+        :meth:`moe_route`), then out = the weighted sum over the selected experts of
+        down . swiglu(gate . x, up . x). ``experts``: the gate, up and down weights, each
+        ``(wtype, w, n_rows)`` as :meth:`matmul_id` takes them (gate and up of one partner type);
+        ``outs``: their outputs ([n_used, n_rows] each); ``xq``: [n_used] rows of x in the gate's
+        partner; ``act_q``: [n_used] rows of ``act`` in down's."""
+        if logits.shape[0] != 1:
+            raise ValueError("moe_one takes one token")
+        args = np.zeros(sizeof(gguflm_moe_one_args), np.uint8)   # kept with the node
+        cdef gguflm_moe_one_args *a = <gguflm_moe_one_args *>_ptr(args)
+        cdef cnp.ndarray w, o
+        cdef gguflm_matmul_id_job *job
+        a.logits, a.bias, a.x = <const float *>_ptr(logits), (<const float *>_ptr(bias) if bias is not None else NULL), \
+            <const float *>_ptr(x)
+        a.xq, a.act, a.act_q, a.out = <uint8_t *>_ptr(xq), <float *>_ptr(act), <uint8_t *>_ptr(act_q), <float *>_ptr(out)
+        a.n_embd, a.n_ff = x.shape[1], act.shape[1]
+        for i in range(3):
+            job = &a.gate_up[i] if i < 2 else &a.down
+            w, o = experts[i][1], outs[i]
+            job.wtype, job.repacked, job.w, job.w_stride, job.n_rows = experts[i][0], 1, <const uint8_t *>_ptr(w), \
+                w.strides[0], experts[i][2]
+            job.xq = <const uint8_t *>_ptr(xq if i < 2 else act_q)
+            job.out, job.out_stride = <float *>_ptr(o), _stride(o)
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ONE, n_threads,
+                                         (logits, x, xq, act, act_q, out, args) + tuple(e[1] for e in experts) + outs
+                                         + route + ((bias,) if bias is not None else ()))
+        self._set_route(nd, route, n_expert, n_used)
+        nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.w = a
 
     def swiglu_oai(self, cnp.ndarray gate, cnp.ndarray up, float alpha, float limit, cnp.ndarray out, int n_threads):
         """gpt-oss's clamped SwiGLU: out = min(gate, limit) * sigmoid(alpha * it) * (clamp(up) + 1)."""
