@@ -239,23 +239,27 @@ class Context:
 
     def decode(self, batch: Batch) -> int:
         """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
-        try:
-            prepared = self._prepare(batch)
-        except InvalidBatchError as exc:
-            log.error("decode: %s", exc)
-            return -1
-        ubatches = self._split(prepared)
+        one = self._single_token(batch)
+        if one is not None:
+            ubatches, n_tokens, n_out_total = [one], 1, one.n_outputs
+        else:
+            try:
+                prepared = self._prepare(batch)
+            except InvalidBatchError as exc:
+                log.error("decode: %s", exc)
+                return -1
+            ubatches = self._split(prepared)
+            n_tokens, n_out_total = len(prepared.pos), int(np.count_nonzero(prepared.output))
         self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
         snapshots = self._reserve(ubatches)
         if snapshots is None:
             log.warning("decode: failed to find a memory slot for a batch of %d tokens "
-                        "(n_ctx = %d)", len(prepared.pos), self.n_ctx)
+                        "(n_ctx = %d)", n_tokens, self.n_ctx)
             return 1
 
         hp = self.model.hparams
-        n_out_total = int(np.count_nonzero(prepared.output))
         self._n_outputs = 0
-        self._output_ids = np.full(len(prepared.pos), -1, np.int32)
+        self._output_ids = np.full(n_tokens, -1, np.int32)
         self._logits = None
         self._embd = np.empty((n_out_total, hp.n_embd), np.float32) if self.embeddings else None
         self._embd_seq = {}
@@ -299,6 +303,33 @@ class Context:
     @property
     def _pools(self) -> bool:
         return self.embeddings and self.pooling_type is not PoolingType.NONE
+
+    def _single_token(self, batch: Batch) -> UBatch | None:
+        """The ubatch of a one-token batch of one sequence that needs nothing checked beyond
+        what is checked here (generation's every step), built from Python ints: _prepare and
+        _split's numpy steps cost more than a small model's layers. None for every other batch
+        (and for any invalid one, which _prepare then reports)."""
+        if batch.n_tokens != 1 or batch.token is None or not self._caches or self.embeddings:
+            return None
+        hp = self.model.hparams
+        tok = int(batch.token[0])
+        if batch.seq_id is None:
+            seq = 0
+        elif batch.n_seq_id is not None and int(batch.n_seq_id[0]) == 1:
+            seq = int(batch.seq_id[0, 0])
+        else:
+            return None
+        if not 0 <= tok < hp.n_vocab or not 0 <= seq < self.n_seq_max:
+            return None
+        last = self.memory.seq_pos_max(seq)
+        pos = last + 1 if batch.pos is None else int(batch.pos[0])
+        limit = self.model.architecture.max_positions(hp)
+        if pos < 0 or (last >= 0 and pos != last + 1) or (limit is not None and pos >= limit):
+            return None
+        output = batch.logits is None or batch.logits[0] != 0
+        return UBatch(tokens=np.array([tok], np.int32), embd=None, pos=np.array([pos], np.int32),
+                      seq_first=np.array([seq], np.int32), seq_mask=np.array([1 << seq], np.uint64),
+                      output_rows=np.zeros(1 if output else 0, np.int64))
 
     def _prepare(self, batch: Batch) -> _PreparedBatch:
         hp = self.model.hparams
