@@ -24,7 +24,7 @@ from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext import ops
-from gguflm._ext.plan import Plan
+from gguflm._ext.plan import Plan, place_one
 from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
@@ -239,27 +239,26 @@ class Context:
 
     def decode(self, batch: Batch) -> int:
         """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
-        one = self._single_token(batch)
-        if one is not None:
-            ubatches, n_tokens, n_out_total = [one], 1, one.n_outputs
-        else:
-            try:
-                prepared = self._prepare(batch)
-            except InvalidBatchError as exc:
-                log.error("decode: %s", exc)
-                return -1
-            ubatches = self._split(prepared)
-            n_tokens, n_out_total = len(prepared.pos), int(np.count_nonzero(prepared.output))
+        status = self._decode_one(batch)
+        if status is not None:
+            return status
+        try:
+            prepared = self._prepare(batch)
+        except InvalidBatchError as exc:
+            log.error("decode: %s", exc)
+            return -1
+        ubatches = self._split(prepared)
         self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
         snapshots = self._reserve(ubatches)
         if snapshots is None:
             log.warning("decode: failed to find a memory slot for a batch of %d tokens "
-                        "(n_ctx = %d)", n_tokens, self.n_ctx)
+                        "(n_ctx = %d)", len(prepared.pos), self.n_ctx)
             return 1
 
         hp = self.model.hparams
+        n_out_total = int(np.count_nonzero(prepared.output))
         self._n_outputs = 0
-        self._output_ids = np.full(n_tokens, -1, np.int32)
+        self._output_ids = np.full(len(prepared.pos), -1, np.int32)
         self._logits = None
         self._embd = np.empty((n_out_total, hp.n_embd), np.float32) if self.embeddings else None
         self._embd_seq = {}
@@ -304,12 +303,17 @@ class Context:
     def _pools(self) -> bool:
         return self.embeddings and self.pooling_type is not PoolingType.NONE
 
-    def _single_token(self, batch: Batch) -> UBatch | None:
-        """The ubatch of a one-token batch of one sequence that needs nothing checked beyond
-        what is checked here (generation's every step), built from Python ints: _prepare and
-        _split's numpy steps cost more than a small model's layers. None for every other batch
-        (and for any invalid one, which _prepare then reports)."""
-        if batch.n_tokens != 1 or batch.token is None or not self._caches or self.embeddings:
+    def _decode_one(self, batch: Batch) -> int | None:
+        """decode of a one-token batch of one sequence (generation's every step) when the
+        context has one plain cache (no window, one region) and the step's plan is recorded:
+        its checks on Python ints and its cell placed by plan.place_one, not by _prepare,
+        _split, _reserve and the ubatch loop, whose numpy steps (each run cache-cold after the
+        weights streamed through) cost a small model more than a layer. Same checks, cells and
+        outputs; None for every other batch (and any invalid one: the general path reports it)."""
+        if batch.n_tokens != 1 or batch.token is None or self.embeddings or len(self._caches) != 1:
+            return None
+        cache = self._caches[0]
+        if cache.n_swa or cache.n_stream != 1:
             return None
         hp = self.model.hparams
         tok = int(batch.token[0])
@@ -321,15 +325,40 @@ class Context:
             return None
         if not 0 <= tok < hp.n_vocab or not 0 <= seq < self.n_seq_max:
             return None
-        last = self.memory.seq_pos_max(seq)
+        last = cache.seq_pos_max(seq)
         pos = last + 1 if batch.pos is None else int(batch.pos[0])
         limit = self.model.architecture.max_positions(hp)
         if pos < 0 or (last >= 0 and pos != last + 1) or (limit is not None and pos >= limit):
             return None
         output = batch.logits is None or batch.logits[0] != 0
-        return UBatch(tokens=np.array([tok], np.int32), embd=None, pos=np.array([pos], np.int32),
-                      seq_first=np.array([seq], np.int32), seq_mask=np.array([1 << seq], np.uint64),
-                      output_rows=np.zeros(1 if output else 0, np.int64))
+        shape = (1, int(output), False, 0)   # UBatch.shape
+        plan = self._plans.get(shape)
+        if plan is None:
+            return None
+        placed = place_one(cache.pos, cache.seq, cache.shift, cache.heads, pos, 1 << seq)
+        if placed is None:
+            return None
+        cell, head, n_kv = placed
+        start = time.perf_counter()
+        self._plans.move_to_end(shape)
+        self._perf["n_reused"] += 1
+        plan.tokens[0], plan.pos[0], plan.seq_first[0], plan.cells[0][0], plan.n_kv[0] = tok, pos, seq, cell, n_kv
+        self._embd, self._embd_seq = None, {}
+        try:
+            self._check_abort()
+            plan.run(self._check_abort if self.matmul_observer is None else self._observing(shape))
+        except Aborted:
+            cache.pos[cell], cache.seq[cell], cache.heads[0] = -1, 0, head
+            self._logits, self._n_outputs, self._output_ids = None, 0, np.full(1, -1, np.int32)
+            log.info("decode: aborted")
+            return 2
+        logits = plan.results[1]
+        self._logits = None if logits is None else logits.copy()   # [n_outputs, n_vocab]
+        self._n_outputs = int(output)
+        self._output_ids = np.zeros(1, np.int32) if output else np.full(1, -1, np.int32)
+        self._perf["t_eval_ms"] += (time.perf_counter() - start) * 1e3
+        self._perf["n_eval"] += 1
+        return 0
 
     def _prepare(self, batch: Batch) -> _PreparedBatch:
         hp = self.model.hparams

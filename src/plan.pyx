@@ -141,6 +141,45 @@ cdef inline int64_t _stride(cnp.ndarray a):
     return a.strides[0] // a.itemsize
 
 
+def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray heads, int32_t p, uint64_t mask):
+    """One token into a KV cache of one region without a sliding window (its ``pos`` int32,
+    ``seq`` uint64, ``shift`` int32 cells and ``heads`` int64), as KVCache.find_slot then apply
+    place it: the first free cell from the head (from cell 0 when the head is past the used
+    cells + 2), the head moved past it. Returns (cell, head before, cells attention scans), or
+    None, nothing changed, when no cell is free or K rows wait for a shift (the general path
+    handles both)."""
+    if pos.dtype != np.int32 or seq.dtype != np.uint64 or shift.dtype != np.int32 or heads.dtype != np.int64 or \
+            seq.shape[0] != pos.shape[0] or shift.shape[0] != pos.shape[0] or heads.shape[0] != 1:
+        raise ValueError("not the cells of a one-region cache")
+    cdef int32_t *P = <int32_t *>_ptr(pos)
+    cdef int32_t *S = <int32_t *>_ptr(shift)
+    cdef uint64_t *Q = <uint64_t *>_ptr(seq)
+    cdef int64_t *H = <int64_t *>_ptr(heads)
+    cdef int64_t n = pos.shape[0], i, used = 0, head = H[0], cell = -1, last = -1, old = H[0]
+    for i in range(n):
+        if S[i] != 0:
+            return None
+        if P[i] >= 0:
+            used += 1
+            last = i
+    if head > used + 2:
+        head = 0
+    for i in range(head, n):
+        if P[i] < 0:
+            cell = i
+            break
+    if cell < 0:
+        for i in range(head):
+            if P[i] < 0:
+                cell = i
+                break
+    if cell < 0:
+        return None
+    P[cell], Q[cell], S[cell] = p, mask, 0
+    H[0] = 0 if cell + 1 >= n else cell + 1
+    return cell, old, (last if last > cell else cell) + 1
+
+
 cdef class Plan:
     """Nodes recorded for one ubatch shape, and the per-ubatch inputs they read."""
 
