@@ -8,8 +8,8 @@ std::sort leaves equal scores in decides which experts run, past 16 experts by i
 moves), enough experts that a
 20-token prompt leaves some unchosen and gives others one token (a single-token ubatch always
 does), and expert matrices of the types whose products ggml's mul_mat_id computes by different
-recipes: repacked Q4_0, Q4_K, IQ4_NL, MXFP4 and (AVX-512) Q2_K (GEMV for every token), K-quants (tiled GEMM from 8 tokens,
-vec_dot below), Q8_0 and F16 (vec_dot; never tinyBLAS). Their logits must equal the local
+recipes: repacked Q4_0, Q4_K, IQ4_NL, MXFP4 and (AVX-512) Q2_K (GEMV for every token), K-quants
+(tiled GEMM from 8 tokens, vec_dot below), Q8_0 and F16 (vec_dot; never tinyBLAS). Their logits must equal the local
 llama.cpp's bit for bit at every position, at 1 and 2 threads, a token per ubatch and the whole
 prompt in one. Loading checks the experts' keys and tensors with the loader's errors.
 """
