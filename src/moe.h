@@ -261,13 +261,15 @@ static int gguflm_matmul_id(const gguflm_matmul_id_job *jobs, int n_jobs, int64_
     return 0;
 }
 
-/* A single token's routed SwiGLU experts (generation's every step) in one parallel region: what
- * the nodes route, quantize, gather, matmul_id (gate, up), SwiGLU, quantize, matmul_id (down)
- * and combine compute, with a barrier where one hands over to the next instead of a parallel
- * region each. Same kernels, same floats. */
+/* A single token's router and routed SwiGLU experts (generation's every step) in one parallel
+ * region: what the nodes quantize, matmul (router), route, quantize, gather, matmul_id (gate,
+ * up), SwiGLU, quantize, matmul_id (down) and combine compute, with a barrier where one hands
+ * over to the next instead of a parallel region each. Same kernels, same floats. */
 typedef struct {
-    const float *logits, *bias;       /* [n_expert] router logits; the selection bias (NULL: none) */
+    const float *bias;                /* [n_expert] the selection bias (NULL: none) */
     const float *x;                   /* [n_embd] the feed-forward input */
+    uint8_t *xr;                      /* x in the router's partner */
+    gguflm_matmul_job router;         /* xr -> [n_expert] router logits */
     uint8_t *xq;                      /* [n_used] rows of x in the gate/up partner (one per slot) */
     gguflm_matmul_id_job gate_up[2];  /* xq -> [n_used, n_ff] each */
     float *act;                       /* [n_used, n_ff] SwiGLU(gate, up) */
@@ -282,19 +284,25 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
     const int ne = m->n_expert, k = m->n_used;
     int64_t *first = (int64_t *)malloc(sizeof(int64_t) * 2 * (ne + 1)), *first_down = first + ne + 1;
     if (!first) return -1;
+    const int r_type = gguflm_traits[a->router.wtype].vec_dot_type;
     const int x_type = gguflm_traits[a->gate_up[0].wtype].vec_dot_type;
     const int act_type = gguflm_traits[a->down.wtype].vec_dot_type;
     const int64_t act_bytes = gguflm_row_bytes(act_type, a->n_ff);
     const gguflm_ops_kernels ops = gguflm_ops_select(use_avx2);
-    int64_t n_up = 0, n_down = 0, next_up = 0, next_down = 0;
+    int64_t n_up = 0, n_down = 0, next_router = 0, next_up = 0, next_down = 0;
     int failed = 0;
     #pragma omp parallel num_threads(n_threads)
     {
         const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        /* x once per slot (each a copy of the same row: the gather of a single token) */
+        /* x for the router, and once per slot for the experts (each slot's row a copy of the
+         * same: the gather of a single token) */
+        gguflm_quantize_act_part(r_type, a->x, a->n_embd, 1, a->n_embd, a->xr, isa, ith, nth);
         gguflm_quantize_act_part(x_type, a->x, 0, k, a->n_embd, a->xq, isa, ith, nth);
+        #pragma omp barrier
+        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, &next_router);
+        #pragma omp barrier
         if (ith == 0) {
-            failed = gguflm_moe_route(m, a->logits, ne, 1, a->bias, arith);
+            failed = gguflm_moe_route(m, a->router.out, ne, 1, a->bias, arith);
             if (!failed) {
                 n_up = gguflm_matmul_id_chunks(a->gate_up, 2, m->offsets, ne, first);
                 n_down = gguflm_matmul_id_chunks(&a->down, 1, m->offsets, ne, first_down);

@@ -56,6 +56,13 @@ cdef extern from "plan.h" nogil:
         int32_t *offsets
         int32_t *src
         int32_t *slot
+    ctypedef struct gguflm_matmul_job:
+        int wtype, repacked
+        const uint8_t *w
+        int64_t w_stride, n_rows
+        const uint8_t *xq
+        float *out
+        int64_t out_stride
     ctypedef struct gguflm_matmul_id_job:
         int wtype, repacked
         const uint8_t *w
@@ -64,9 +71,10 @@ cdef extern from "plan.h" nogil:
         float *out
         int64_t out_stride
     ctypedef struct gguflm_moe_one_args:
-        const float *logits
         const float *bias
         const float *x
+        uint8_t *xr
+        gguflm_matmul_job router
         uint8_t *xq
         gguflm_matmul_id_job gate_up[2]
         float *act
@@ -405,34 +413,40 @@ cdef class Plan:
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
-    def moe_one(self, cnp.ndarray logits, cnp.ndarray bias, cnp.ndarray x, int n_expert, int n_used, int gating,
-                bint norm_w, float w_scale, tuple route, cnp.ndarray xq, tuple experts, tuple outs, cnp.ndarray act,
+    def moe_one(self, cnp.ndarray x, cnp.ndarray bias, int n_expert, int n_used, int gating, bint norm_w,
+                float w_scale, tuple route, cnp.ndarray xr, cnp.ndarray xq, tuple weights, tuple outs, cnp.ndarray act,
                 cnp.ndarray act_q, cnp.ndarray out, int n_threads):
-        """One token's routed SwiGLU experts in one parallel region: route ``logits`` (as
-        :meth:`moe_route`), then out = the weighted sum over the selected experts of
-        down . swiglu(gate . x, up . x). ``experts``: the gate, up and down weights, each
+        """One token's router and routed SwiGLU experts in one parallel region: the router's
+        logits of x, routed as :meth:`moe_route` does, then out = the weighted sum over the
+        selected experts of down . swiglu(gate . x, up . x). ``weights``: the router's (as
+        :meth:`matmul` takes it, ``(wtype, w)``) then the experts' gate, up and down, each
         ``(wtype, w, n_rows)`` as :meth:`matmul_id` takes them (gate and up of one partner type);
-        ``outs``: their outputs ([n_used, n_rows] each); ``xq``: [n_used] rows of x in the gate's
-        partner; ``act_q``: [n_used] rows of ``act`` in down's."""
-        if logits.shape[0] != 1:
+        ``outs``: their outputs, router logits [1, n_expert] then [n_used, n_rows] each; ``xr``: x
+        in the router's partner; ``xq``: [n_used] rows of x in the gate's; ``act_q``: [n_used]
+        rows of ``act`` in down's."""
+        if x.shape[0] != 1:
             raise ValueError("moe_one takes one token")
         args = np.zeros(sizeof(gguflm_moe_one_args), np.uint8)   # kept with the node
         cdef gguflm_moe_one_args *a = <gguflm_moe_one_args *>_ptr(args)
         cdef cnp.ndarray w, o
         cdef gguflm_matmul_id_job *job
-        a.logits, a.bias, a.x = <const float *>_ptr(logits), (<const float *>_ptr(bias) if bias is not None else NULL), \
-            <const float *>_ptr(x)
-        a.xq, a.act, a.act_q, a.out = <uint8_t *>_ptr(xq), <float *>_ptr(act), <uint8_t *>_ptr(act_q), <float *>_ptr(out)
-        a.n_embd, a.n_ff = x.shape[1], act.shape[1]
-        for i in range(3):
-            job = &a.gate_up[i] if i < 2 else &a.down
-            w, o = experts[i][1], outs[i]
-            job.wtype, job.repacked, job.w, job.w_stride, job.n_rows = experts[i][0], 1, <const uint8_t *>_ptr(w), \
-                w.strides[0], experts[i][2]
-            job.xq = <const uint8_t *>_ptr(xq if i < 2 else act_q)
+        a.bias, a.x = (<const float *>_ptr(bias) if bias is not None else NULL), <const float *>_ptr(x)
+        a.xr, a.xq, a.act, a.act_q = <uint8_t *>_ptr(xr), <uint8_t *>_ptr(xq), <float *>_ptr(act), <uint8_t *>_ptr(act_q)
+        a.out, a.n_embd, a.n_ff = <float *>_ptr(out), x.shape[1], act.shape[1]
+        w, o = weights[0][1], outs[0]
+        a.router.wtype, a.router.repacked, a.router.w, a.router.w_stride = weights[0][0], 1, <const uint8_t *>_ptr(w), \
+            w.strides[0]
+        a.router.n_rows, a.router.xq, a.router.out, a.router.out_stride = w.shape[0], <const uint8_t *>_ptr(xr), \
+            <float *>_ptr(o), _stride(o)
+        for i in range(1, 4):
+            job = &a.gate_up[i - 1] if i < 3 else &a.down
+            w, o = weights[i][1], outs[i]
+            job.wtype, job.repacked, job.w, job.w_stride = weights[i][0], 1, <const uint8_t *>_ptr(w), w.strides[0]
+            job.n_rows = weights[i][2]
+            job.xq = <const uint8_t *>_ptr(xq if i < 3 else act_q)
             job.out, job.out_stride = <float *>_ptr(o), _stride(o)
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ONE, n_threads,
-                                         (logits, x, xq, act, act_q, out, args) + tuple(e[1] for e in experts) + outs
+                                         (x, xr, xq, act, act_q, out, args) + tuple(e[1] for e in weights) + outs
                                          + route + ((bias,) if bias is not None else ()))
         self._set_route(nd, route, n_expert, n_used)
         nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
