@@ -24,7 +24,7 @@ from gguflm import kv_cache
 from gguflm.batch import Batch
 from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext import ops
-from gguflm._ext.plan import Plan
+from gguflm._ext.plan import Plan, place_one
 from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, UBatch, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
@@ -239,6 +239,9 @@ class Context:
 
     def decode(self, batch: Batch) -> int:
         """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
+        status = self._decode_one(batch)
+        if status is not None:
+            return status
         try:
             prepared = self._prepare(batch)
         except InvalidBatchError as exc:
@@ -299,6 +302,63 @@ class Context:
     @property
     def _pools(self) -> bool:
         return self.embeddings and self.pooling_type is not PoolingType.NONE
+
+    def _decode_one(self, batch: Batch) -> int | None:
+        """decode of a one-token batch of one sequence (generation's every step) when the
+        context has one plain cache (no window, one region) and the step's plan is recorded:
+        its checks on Python ints and its cell placed by plan.place_one, not by _prepare,
+        _split, _reserve and the ubatch loop, whose numpy steps (each run cache-cold after the
+        weights streamed through) cost a small model more than a layer. Same checks, cells and
+        outputs; None for every other batch (and any invalid one: the general path reports it)."""
+        if batch.n_tokens != 1 or batch.token is None or self.embeddings or len(self._caches) != 1:
+            return None
+        cache = self._caches[0]
+        if cache.n_swa or cache.n_stream != 1:
+            return None
+        hp = self.model.hparams
+        tok = int(batch.token[0])
+        if batch.seq_id is None:
+            seq = 0
+        elif batch.n_seq_id is not None and int(batch.n_seq_id[0]) == 1:
+            seq = int(batch.seq_id[0, 0])
+        else:
+            return None
+        if not 0 <= tok < hp.n_vocab or not 0 <= seq < self.n_seq_max:
+            return None
+        last = cache.seq_pos_max(seq)
+        pos = last + 1 if batch.pos is None else int(batch.pos[0])
+        limit = self.model.architecture.max_positions(hp)
+        if pos < 0 or (last >= 0 and pos != last + 1) or (limit is not None and pos >= limit):
+            return None
+        output = batch.logits is None or batch.logits[0] != 0
+        shape = (1, int(output), False, 0)   # UBatch.shape
+        plan = self._plans.get(shape)
+        if plan is None:
+            return None
+        placed = place_one(cache.pos, cache.seq, cache.shift, cache.heads, pos, 1 << seq)
+        if placed is None:
+            return None
+        cell, head, n_kv = placed
+        start = time.perf_counter()
+        self._plans.move_to_end(shape)
+        self._perf["n_reused"] += 1
+        plan.tokens[0], plan.pos[0], plan.seq_first[0], plan.cells[0][0], plan.n_kv[0] = tok, pos, seq, cell, n_kv
+        self._embd, self._embd_seq = None, {}
+        try:
+            self._check_abort()
+            plan.run(self._check_abort if self.matmul_observer is None else self._observing(shape))
+        except Aborted:
+            cache.pos[cell], cache.seq[cell], cache.heads[0] = -1, 0, head
+            self._logits, self._n_outputs, self._output_ids = None, 0, np.full(1, -1, np.int32)
+            log.info("decode: aborted")
+            return 2
+        logits = plan.results[1]
+        self._logits = None if logits is None else logits.copy()   # [n_outputs, n_vocab]
+        self._n_outputs = int(output)
+        self._output_ids = np.zeros(1, np.int32) if output else np.full(1, -1, np.int32)
+        self._perf["t_eval_ms"] += (time.perf_counter() - start) * 1e3
+        self._perf["n_eval"] += 1
+        return 0
 
     def _prepare(self, batch: Batch) -> _PreparedBatch:
         hp = self.model.hparams

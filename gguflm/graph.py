@@ -412,11 +412,16 @@ class Graph:
         selects gpt-oss's clamped SwiGLU (alpha 1.702) instead of the plain one."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
+        bias = None if L.exp_probs_b_bias is None else L.exp_probs_b_bias.data  # ranks only
+        weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
+        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
+                b is None for b in (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias, L.ffn_down_exps_bias)):
+            return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
         (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
         self.add_bias(logits, L.ffn_gate_inp_bias)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
-        bias = None if L.exp_probs_b_bias is None else L.exp_probs_b_bias.data  # ranks only
         self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias)
         gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
         for t, b in ((up, L.ffn_up_exps_bias), (gate, L.ffn_gate_exps_bias)):
@@ -432,6 +437,28 @@ class Graph:
             self.plan.moe_add_id(down, L.ffn_down_exps_bias.data, route)
         out = self.new(n, hp.n_embd)
         self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
+        return out
+
+    def moe_one(self, x: np.ndarray, bias: np.ndarray | None, weights: tuple[Weight, ...], partners: list[int],
+                gating: int, norm_w: bool, w_scale: float) -> np.ndarray:
+        """moe_ffn's steps for a single token (a generation step), router included, in one node,
+        one parallel region: the buffers those steps use, handed to the kernel together."""
+        hp, k = self.hparams, self.hparams.n_expert_used
+        router, experts = weights[0], weights[1:]
+        n_ff = experts[0].shape[1]
+        route = (self.new(1, k, dtype=np.int32), self.new(1, k), self.new(hp.n_expert + 1, dtype=np.int32),
+                 self.new(k, dtype=np.int32), self.new(k, dtype=np.int32))
+        xr = self.new(1, quants.row_bytes(partners[0], hp.n_embd), dtype=np.uint8)   # x for the router
+        xq = self.new(k, quants.row_bytes(partners[1], hp.n_embd), dtype=np.uint8)   # x once per slot
+        outs = (self.new(1, router.data.shape[0]),                                   # router logits
+                self.new(k, n_ff), self.new(k, n_ff), self.new(k, hp.n_embd))        # gate, up, down
+        act = self.new(k, n_ff)
+        act_q = self.new(k, quants.row_bytes(partners[3], n_ff), dtype=np.uint8)
+        out = self.new(1, hp.n_embd)
+        self.plan.moe_one(x, bias, hp.n_expert, k, gating, norm_w, w_scale, route, xr, xq,
+                          ((int(router.type), router.data.view(np.uint8)),) +
+                          tuple((int(w.type), w.data.view(np.uint8), w.shape[1]) for w in experts),
+                          outs, act, act_q, out, self.n_threads)
         return out
 
     def project_experts(self, x: np.ndarray, route: tuple[np.ndarray, ...], *weights: Weight,

@@ -111,6 +111,8 @@ class KVCache:
         return int(self.pos[sel].min()) if sel.any() else -1
 
     def seq_pos_max(self, seq_id: int) -> int:
+        if self.n_seq_max == 1:  # every occupied cell is sequence 0's, the free ones hold -1
+            return int(self.pos.max())
         pos = self.pos[self._has(seq_id)]
         return int(pos.max()) if len(pos) else -1
 

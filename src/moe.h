@@ -12,7 +12,7 @@
  *   matmul_id  every expert's weight rows times the sorted rows routed to it: each expert's rows
  *              are read once for all its tokens, and an expert no token picked is never read. Each
  *              output is the recipe ggml's mul_mat_id uses for that expert: the repacked GEMV for
- *              repacked Q4_0/Q4_K (every token), the tiled GEMM for K-quants when 8+ tokens chose
+ *              the types CPU_REPACK holds (every token), the tiled GEMM for K-quants when 8+ tokens chose
  *              the expert, vec_dot otherwise (no tinyBLAS: mul_mat_id never calls it).
  *   combine    out[t] = ((e0 * w0 + e1 * w1) + e2 * w2) + ...: ggml_mul by the weights, then the
  *              views of the slots added in order.
@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ops.h"
 #include "ops_math.h"
 #include "quants_kernels.h"
 #include "sampling_kernels.h"  /* gguflm_std_sort_positions: ggml_argsort's std::sort, move for move */
@@ -189,10 +190,11 @@ typedef struct {
     int64_t out_stride;
 } gguflm_matmul_id_job;
 
-/* the recipe of ggml's mul_mat_id for an expert that n_tok tokens chose */
-static inline int gguflm_matmul_id_path(int wtype, int64_t n_rows, int64_t n_tok, int repacked) {
-    if (repacked && n_rows % 8 == 0 && (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K))
-        return wtype == GGUFLM_Q4_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
+/* the recipe of ggml's mul_mat_id for an expert that n_tok tokens chose: every type CPU_REPACK
+ * holds takes its repacked GEMV, token by token (forward_mul_mat_id has no GEMM) */
+static inline int gguflm_matmul_id_path(int wtype, int64_t n_rows, int64_t n_tok, int repacked, int arith) {
+    if (repacked && gguflm_repacks(wtype, n_rows, arith))
+        return wtype == GGUFLM_Q4_K || wtype == GGUFLM_Q2_K ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
     if (gguflm_is_kquant(wtype) && n_tok >= 8) return GGUFLM_PATH_TILED;
     return GGUFLM_PATH_DOT;
 }
@@ -201,13 +203,10 @@ static inline int gguflm_matmul_id_path(int wtype, int64_t n_rows, int64_t n_tok
  * the chunk's rows while these are in L1) */
 static inline int64_t gguflm_matmul_id_rows(int64_t n_tok) { return n_tok > 1 ? 16 : 64; }
 
-/* The jobs (experts of one input, n_jobs <= GGUFLM_MAX_JOBS) in one parallel region: the chunks
- * (expert, job, rows) of the experts that have tokens, taken from a shared counter. Returns -1 if
- * scratch could not be allocated. */
-static int gguflm_matmul_id(const gguflm_matmul_id_job *jobs, int n_jobs, int64_t n_in, const int32_t *offsets,
-                            int n_expert, int isa, int arith, int n_threads) {
-    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (n_expert + 1));  /* first chunk of each expert */
-    if (!first) return -1;
+/* The chunks (expert, job, rows) of the experts that have tokens: expert e's are first[e] ..
+ * first[e + 1] (first: [n_expert + 1]); returns how many there are. */
+static int64_t gguflm_matmul_id_chunks(const gguflm_matmul_id_job *jobs, int n_jobs, const int32_t *offsets,
+                                       int n_expert, int64_t *first) {
     first[0] = 0;
     for (int e = 0; e < n_expert; e++) {
         const int64_t n_tok = offsets[e + 1] - offsets[e], rows = gguflm_matmul_id_rows(n_tok);
@@ -216,37 +215,119 @@ static int gguflm_matmul_id(const gguflm_matmul_id_job *jobs, int n_jobs, int64_
             for (int j = 0; j < n_jobs; j++) chunks += (jobs[j].n_rows + rows - 1) / rows;
         first[e + 1] = first[e] + chunks;
     }
-    const int64_t n_chunks = first[n_expert];
+    return first[n_expert];
+}
+
+/* One thread's part of the jobs: chunks taken from the shared counter *next until none is left. */
+static void gguflm_matmul_id_work(const gguflm_matmul_id_job *jobs, int64_t n_in, const int32_t *offsets,
+                                  const int64_t *first, int64_t n_chunks, int64_t *next, int isa, int arith) {
+    int e = 0;
+    for (;;) {
+        int64_t chunk;
+        #pragma omp atomic capture
+        chunk = (*next)++;
+        if (chunk >= n_chunks) break;
+        while (chunk >= first[e + 1]) e++;  /* chunks are taken in increasing order */
+        const int64_t t_first = offsets[e], n_tok = offsets[e + 1] - offsets[e], rows = gguflm_matmul_id_rows(n_tok);
+        int64_t c = chunk - first[e];
+        int j = 0;
+        while (c >= (jobs[j].n_rows + rows - 1) / rows) c -= (jobs[j++].n_rows + rows - 1) / rows;
+        const gguflm_matmul_id_job *job = &jobs[j];
+        const int64_t r0 = c * rows, nr = (r0 + rows < job->n_rows ? r0 + rows : job->n_rows) - r0;
+        const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
+        const uint8_t *w = job->w + (e * job->n_rows + r0) * job->w_stride;
+        const gguflm_gemm_fn kernel = gguflm_kernel(isa, gguflm_matmul_id_path(job->wtype, job->n_rows, n_tok,
+                                                                               job->repacked, arith), job->wtype);
+        for (int64_t t0 = 0; t0 < n_tok; t0 += GGUFLM_TOKEN_TILE) {
+            const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < n_tok ? t0 + GGUFLM_TOKEN_TILE : n_tok) - t0;
+            kernel(n_in, w, job->w_stride, nr, job->xq + (t_first + t0) * xq_stride, xq_stride, nt,
+                   job->out + (t_first + t0) * job->out_stride + r0, job->out_stride, arith);
+        }
+    }
+}
+
+/* The jobs (experts of one input, n_jobs <= GGUFLM_MAX_JOBS) in one parallel region. Returns -1
+ * if scratch could not be allocated. */
+static int gguflm_matmul_id(const gguflm_matmul_id_job *jobs, int n_jobs, int64_t n_in, const int32_t *offsets,
+                            int n_expert, int isa, int arith, int n_threads) {
+    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (n_expert + 1));
+    if (!first) return -1;
+    const int64_t n_chunks = gguflm_matmul_id_chunks(jobs, n_jobs, offsets, n_expert, first);
     int64_t next = 0;
     const int nth = (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
     #pragma omp parallel num_threads(nth)
+    gguflm_matmul_id_work(jobs, n_in, offsets, first, n_chunks, &next, isa, arith);
+    free(first);
+    return 0;
+}
+
+/* A single token's router and routed SwiGLU experts (generation's every step) in one parallel
+ * region: what the nodes quantize, matmul (router), route, quantize, gather, matmul_id (gate,
+ * up), SwiGLU, quantize, matmul_id (down) and combine compute, with a barrier where one hands
+ * over to the next instead of a parallel region each. Same kernels, same floats. */
+typedef struct {
+    const float *bias;                /* [n_expert] the selection bias (NULL: none) */
+    const float *x;                   /* [n_embd] the feed-forward input */
+    uint8_t *xr;                      /* x in the router's partner */
+    gguflm_matmul_job router;         /* xr -> [n_expert] router logits */
+    uint8_t *xq;                      /* [n_used] rows of x in the gate/up partner (one per slot) */
+    gguflm_matmul_id_job gate_up[2];  /* xq -> [n_used, n_ff] each */
+    float *act;                       /* [n_used, n_ff] SwiGLU(gate, up) */
+    uint8_t *act_q;                   /* [n_used] rows of act in down's partner */
+    gguflm_matmul_id_job down;        /* act_q -> [n_used, n_embd] */
+    float *out;                       /* [n_embd] */
+    int64_t n_embd, n_ff;
+} gguflm_moe_one_args;
+
+static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a, int isa, int arith, int use_avx2,
+                          int n_threads) {
+    const int ne = m->n_expert, k = m->n_used;
+    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * 2 * (ne + 1)), *first_down = first + ne + 1;
+    if (!first) return -1;
+    const int r_type = gguflm_traits[a->router.wtype].vec_dot_type;
+    const int x_type = gguflm_traits[a->gate_up[0].wtype].vec_dot_type;
+    const int act_type = gguflm_traits[a->down.wtype].vec_dot_type;
+    const int64_t act_bytes = gguflm_row_bytes(act_type, a->n_ff);
+    const gguflm_ops_kernels ops = gguflm_ops_select(use_avx2);
+    int64_t n_up = 0, n_down = 0, next_router = 0, next_up = 0, next_down = 0;
+    int failed = 0;
+    #pragma omp parallel num_threads(n_threads)
     {
-        int e = 0;
-        for (;;) {
-            int64_t chunk;
-            #pragma omp atomic capture
-            chunk = next++;
-            if (chunk >= n_chunks) break;
-            while (chunk >= first[e + 1]) e++;  /* chunks are taken in increasing order */
-            const int64_t t_first = offsets[e], n_tok = offsets[e + 1] - offsets[e], rows = gguflm_matmul_id_rows(n_tok);
-            int64_t c = chunk - first[e];
-            int j = 0;
-            while (c >= (jobs[j].n_rows + rows - 1) / rows) c -= (jobs[j++].n_rows + rows - 1) / rows;
-            const gguflm_matmul_id_job *job = &jobs[j];
-            const int64_t r0 = c * rows, nr = (r0 + rows < job->n_rows ? r0 + rows : job->n_rows) - r0;
-            const int64_t xq_stride = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
-            const uint8_t *w = job->w + (e * job->n_rows + r0) * job->w_stride;
-            const gguflm_gemm_fn kernel = gguflm_kernel(isa, gguflm_matmul_id_path(job->wtype, job->n_rows, n_tok,
-                                                                                   job->repacked), job->wtype);
-            for (int64_t t0 = 0; t0 < n_tok; t0 += GGUFLM_TOKEN_TILE) {
-                const int64_t nt = (t0 + GGUFLM_TOKEN_TILE < n_tok ? t0 + GGUFLM_TOKEN_TILE : n_tok) - t0;
-                kernel(n_in, w, job->w_stride, nr, job->xq + (t_first + t0) * xq_stride, xq_stride, nt,
-                       job->out + (t_first + t0) * job->out_stride + r0, job->out_stride, arith);
+        const int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        /* x for the router, and once per slot for the experts (each slot's row a copy of the
+         * same: the gather of a single token) */
+        gguflm_quantize_act_part(r_type, a->x, a->n_embd, 1, a->n_embd, a->xr, isa, ith, nth);
+        gguflm_quantize_act_part(x_type, a->x, 0, k, a->n_embd, a->xq, isa, ith, nth);
+        #pragma omp barrier
+        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, &next_router);
+        #pragma omp barrier
+        if (ith == 0) {
+            failed = gguflm_moe_route(m, a->router.out, ne, 1, a->bias, arith);
+            if (!failed) {
+                n_up = gguflm_matmul_id_chunks(a->gate_up, 2, m->offsets, ne, first);
+                n_down = gguflm_matmul_id_chunks(&a->down, 1, m->offsets, ne, first_down);
             }
+        }
+        #pragma omp barrier
+        if (!failed) {
+            gguflm_matmul_id_work(a->gate_up, a->n_embd, m->offsets, first, n_up, &next_up, isa, arith);
+            #pragma omp barrier
+            for (int r = ith; r < k; r += nth) {  /* a slot's SwiGLU and its quantized row */
+                float *act = a->act + r * a->n_ff;
+                ops.swiglu_row((int)a->n_ff, a->gate_up[0].out + r * a->gate_up[0].out_stride,
+                               a->gate_up[1].out + r * a->gate_up[1].out_stride, act, arith);
+                gguflm_quantize_act_part(act_type, act, a->n_ff, 1, a->n_ff, a->act_q + r * act_bytes, isa, 0, 1);
+            }
+            #pragma omp barrier
+            gguflm_matmul_id_work(&a->down, a->n_ff, m->offsets, first_down, n_down, &next_down, isa, arith);
+            #pragma omp barrier
+            if (ith == 0)
+                gguflm_moe_combine(a->down.out, a->down.out_stride, m->weights, m->slot, 1, k, a->n_embd, a->out,
+                                   a->n_embd);
         }
     }
     free(first);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 #endif

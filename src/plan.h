@@ -44,6 +44,7 @@ typedef enum {
     GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
     GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
     GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
+    GGUFLM_OP_MOE_ONE,       /* one token's routed experts (moe; w: gguflm_moe_one_args) */
 } gguflm_op;
 
 typedef struct {
@@ -226,6 +227,10 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             k += n_jobs - 1;
             break;
         }
+        case GGUFLM_OP_MOE_ONE:
+            if (gguflm_moe_one(&nd->moe, (const gguflm_moe_one_args *)nd->w, isa, arith, use_avx2, nd->n_threads))
+                return -1;
+            break;
         case GGUFLM_OP_MOE_COMBINE:
             gguflm_moe_combine(nd->x, nd->x_stride, nd->moe.weights, nd->moe.slot, nd->n_rows, nd->moe.n_used, nd->n,
                                out, nd->out_stride);

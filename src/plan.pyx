@@ -46,6 +46,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_SWIGLU_OAI
         GGUFLM_OP_MOE_ADD_ID
         GGUFLM_OP_MUL_ROW
+        GGUFLM_OP_MOE_ONE
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -55,6 +56,32 @@ cdef extern from "plan.h" nogil:
         int32_t *offsets
         int32_t *src
         int32_t *slot
+    ctypedef struct gguflm_matmul_job:
+        int wtype, repacked
+        const uint8_t *w
+        int64_t w_stride, n_rows
+        const uint8_t *xq
+        float *out
+        int64_t out_stride
+    ctypedef struct gguflm_matmul_id_job:
+        int wtype, repacked
+        const uint8_t *w
+        int64_t w_stride, n_rows
+        const uint8_t *xq
+        float *out
+        int64_t out_stride
+    ctypedef struct gguflm_moe_one_args:
+        const float *bias
+        const float *x
+        uint8_t *xr
+        gguflm_matmul_job router
+        uint8_t *xq
+        gguflm_matmul_id_job gate_up[2]
+        float *act
+        uint8_t *act_q
+        gguflm_matmul_id_job down
+        float *out
+        int64_t n_embd, n_ff
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
@@ -94,7 +121,7 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
              GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
-             GGUFLM_OP_MUL_ROW: "MUL_ROW"}
+             GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -120,6 +147,45 @@ cdef inline void *_ptr(cnp.ndarray a):
 cdef inline int64_t _stride(cnp.ndarray a):
     """Row stride of a 2-D array in elements (float32 rows)."""
     return a.strides[0] // a.itemsize
+
+
+def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray heads, int32_t p, uint64_t mask):
+    """One token into a KV cache of one region without a sliding window (its ``pos`` int32,
+    ``seq`` uint64, ``shift`` int32 cells and ``heads`` int64), as KVCache.find_slot then apply
+    place it: the first free cell from the head (from cell 0 when the head is past the used
+    cells + 2), the head moved past it. Returns (cell, head before, cells attention scans), or
+    None, nothing changed, when no cell is free or K rows wait for a shift (the general path
+    handles both)."""
+    if pos.dtype != np.int32 or seq.dtype != np.uint64 or shift.dtype != np.int32 or heads.dtype != np.int64 or \
+            seq.shape[0] != pos.shape[0] or shift.shape[0] != pos.shape[0] or heads.shape[0] != 1:
+        raise ValueError("not the cells of a one-region cache")
+    cdef int32_t *P = <int32_t *>_ptr(pos)
+    cdef int32_t *S = <int32_t *>_ptr(shift)
+    cdef uint64_t *Q = <uint64_t *>_ptr(seq)
+    cdef int64_t *H = <int64_t *>_ptr(heads)
+    cdef int64_t n = pos.shape[0], i, used = 0, head = H[0], cell = -1, last = -1, old = H[0]
+    for i in range(n):
+        if S[i] != 0:
+            return None
+        if P[i] >= 0:
+            used += 1
+            last = i
+    if head > used + 2:
+        head = 0
+    for i in range(head, n):
+        if P[i] < 0:
+            cell = i
+            break
+    if cell < 0:
+        for i in range(head):
+            if P[i] < 0:
+                cell = i
+                break
+    if cell < 0:
+        return None
+    P[cell], Q[cell], S[cell] = p, mask, 0
+    H[0] = 0 if cell + 1 >= n else cell + 1
+    return cell, old, (last if last > cell else cell) + 1
 
 
 cdef class Plan:
@@ -346,6 +412,45 @@ cdef class Plan:
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n, nd.aux = wtype, _ptr(w), w.strides[0], n_rows, n_in, repacked
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
+
+    def moe_one(self, cnp.ndarray x, cnp.ndarray bias, int n_expert, int n_used, int gating, bint norm_w,
+                float w_scale, tuple route, cnp.ndarray xr, cnp.ndarray xq, tuple weights, tuple outs, cnp.ndarray act,
+                cnp.ndarray act_q, cnp.ndarray out, int n_threads):
+        """One token's router and routed SwiGLU experts in one parallel region: the router's
+        logits of x, routed as :meth:`moe_route` does, then out = the weighted sum over the
+        selected experts of down . swiglu(gate . x, up . x). ``weights``: the router's (as
+        :meth:`matmul` takes it, ``(wtype, w)``) then the experts' gate, up and down, each
+        ``(wtype, w, n_rows)`` as :meth:`matmul_id` takes them (gate and up of one partner type);
+        ``outs``: their outputs, router logits [1, n_expert] then [n_used, n_rows] each; ``xr``: x
+        in the router's partner; ``xq``: [n_used] rows of x in the gate's; ``act_q``: [n_used]
+        rows of ``act`` in down's."""
+        if x.shape[0] != 1:
+            raise ValueError("moe_one takes one token")
+        args = np.zeros(sizeof(gguflm_moe_one_args), np.uint8)   # kept with the node
+        cdef gguflm_moe_one_args *a = <gguflm_moe_one_args *>_ptr(args)
+        cdef cnp.ndarray w, o
+        cdef gguflm_matmul_id_job *job
+        a.bias, a.x = (<const float *>_ptr(bias) if bias is not None else NULL), <const float *>_ptr(x)
+        a.xr, a.xq, a.act, a.act_q = <uint8_t *>_ptr(xr), <uint8_t *>_ptr(xq), <float *>_ptr(act), <uint8_t *>_ptr(act_q)
+        a.out, a.n_embd, a.n_ff = <float *>_ptr(out), x.shape[1], act.shape[1]
+        w, o = weights[0][1], outs[0]
+        a.router.wtype, a.router.repacked, a.router.w, a.router.w_stride = weights[0][0], 1, <const uint8_t *>_ptr(w), \
+            w.strides[0]
+        a.router.n_rows, a.router.xq, a.router.out, a.router.out_stride = w.shape[0], <const uint8_t *>_ptr(xr), \
+            <float *>_ptr(o), _stride(o)
+        for i in range(1, 4):
+            job = &a.gate_up[i - 1] if i < 3 else &a.down
+            w, o = weights[i][1], outs[i]
+            job.wtype, job.repacked, job.w, job.w_stride = weights[i][0], 1, <const uint8_t *>_ptr(w), w.strides[0]
+            job.n_rows = weights[i][2]
+            job.xq = <const uint8_t *>_ptr(xq if i < 3 else act_q)
+            job.out, job.out_stride = <float *>_ptr(o), _stride(o)
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ONE, n_threads,
+                                         (x, xr, xq, act, act_q, out, args) + tuple(e[1] for e in weights) + outs
+                                         + route + ((bias,) if bias is not None else ()))
+        self._set_route(nd, route, n_expert, n_used)
+        nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.w = a
 
     def swiglu_oai(self, cnp.ndarray gate, cnp.ndarray up, float alpha, float limit, cnp.ndarray out, int n_threads):
         """gpt-oss's clamped SwiGLU: out = min(gate, limit) * sigmoid(alpha * it) * (clamp(up) + 1)."""

@@ -93,12 +93,17 @@ static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.la
  * apart) by n_tok tokens: up to two segments. `repacked`: the weight is a matrix that llama.cpp would
  * keep in its CPU_REPACK buffer (a model weight only used by matmuls: not a tied token embedding).
  * DOT_STREAM is ours: DOT's arithmetic in another row order. */
+/* ggml_repack_get_optimal_repack_type on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL
+ * and MXFP4; AVX-512: Q2_K; rows in groups of 8. Dense matmuls and mul_mat_id alike. */
+static inline int gguflm_repacks(int wtype, int64_t n_rows, int arith) {
+    return n_rows % 8 == 0 &&
+           (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4 ||
+            (wtype == GGUFLM_Q2_K && gguflm_arith_avx512(arith)));
+}
+
 static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
                                      int repacked, int arith, gguflm_segment seg[2]) {
-    /* CPU_REPACK on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL and MXFP4; AVX-512: Q2_K */
-    const int repack = repacked && n_rows % 8 == 0 &&
-                       (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4 ||
-                        (wtype == GGUFLM_Q2_K && gguflm_arith_avx512(arith)));
+    const int repack = repacked && gguflm_repacks(wtype, n_rows, arith);
     const int k_repack = wtype == GGUFLM_Q4_K || wtype == GGUFLM_Q2_K;
     if (repack && k_repack && n_tok > 3) {
         /* tokens go to the GEMM in groups of 4, the rest to the GEMV */

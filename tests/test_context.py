@@ -493,3 +493,55 @@ def test_a_full_region_refuses_more_tokens_of_its_sequence(llama_model):
         assert ctx.decode(full_batch(np.arange(1, 257), seq=0, all_logits=False)) == 0
         assert ctx.decode(full_batch([5], seq=0, start=256)) == 1     # region 0 is full
         assert ctx.decode(full_batch([5], seq=1)) == 0                # region 1 is not
+
+
+def test_one_token_steps_equal_the_general_path(llama_model):
+    """decode's one-token path (generation's steps: checks on ints, the cell placed by
+    plan.place_one) leaves the same cells, heads, outputs and statuses as the general path:
+    steps after a hole in the cache, explicit positions, a step without output, an invalid
+    token, an abort, a full cache."""
+    tokens = [int(t) for t in tokens_of("llama")[:12]]
+    ctxs = [Context(llama_model, n_ctx=256, n_seq_max=2) for _ in range(2)]
+    ctxs[1]._decode_one = lambda batch: None          # the general path only
+
+    def step(ctx, tok, pos=None, seq=0, logits=True):
+        if pos is None and seq == 0 and logits:
+            return ctx.decode(Batch.get_one([tok]))
+        b = Batch(1, n_seq_max=2)
+        b.add(tok, ctx.memory.seq_pos_max(seq) + 1 if pos is None else pos, [seq], logits)
+        return ctx.decode(b)
+
+    def both(*args, **kwargs):
+        statuses = [step(ctx, *args, **kwargs) for ctx in ctxs]
+        assert statuses[0] == statuses[1]
+        logits = [ctx.get_logits() for ctx in ctxs]
+        assert (logits[0] is None) == (logits[1] is None)
+        if logits[0] is not None:
+            assert logits[0].shape == logits[1].shape
+            assert (logits[0].view(np.uint32) == logits[1].view(np.uint32)).all()
+        rows = [ctx.get_logits_ith(0) for ctx in ctxs]
+        assert (rows[0] is None) == (rows[1] is None) and ctxs[0].n_outputs == ctxs[1].n_outputs
+        assert ctxs[0].state_save() == ctxs[1].state_save()
+        return statuses[0]
+
+    for ctx in ctxs:
+        assert ctx.decode(Batch.get_one(tokens[:6])) == 0
+    for t in tokens[6:9]:
+        assert both(t) == 0                               # recorded by the general path, then replayed
+    for ctx in ctxs:
+        ctx.memory.seq_rm(0, 2, 4)                        # a hole: positions 2, 3 leave cells 2, 3
+        ctx.memory.seq_rm(0, 9, -1)
+    assert both(tokens[9], pos=2) == -1                   # not continuing sequence 0
+    assert both(tokens[9], seq=1, pos=0) == 0             # sequence 1 takes the hole
+    assert both(tokens[10], seq=1) == 0
+    assert both(tokens[11], logits=False) == 0
+    assert both(llama_model.hparams.n_vocab) == -1
+    for ctx in ctxs:
+        ctx.abort_callback = lambda: True
+    assert both(tokens[0]) == 2
+    for ctx in ctxs:
+        ctx.abort_callback = None
+        assert ctx.decode(Batch.get_one(np.resize(tokens, 256 - 10))) == 0
+    assert both(tokens[1]) == 1                           # full: nothing placed
+    for ctx in ctxs:
+        ctx.close()

@@ -8,8 +8,8 @@ std::sort leaves equal scores in decides which experts run, past 16 experts by i
 moves), enough experts that a
 20-token prompt leaves some unchosen and gives others one token (a single-token ubatch always
 does), and expert matrices of the types whose products ggml's mul_mat_id computes by different
-recipes: repacked Q4_0 and Q4_K (GEMV for every token), K-quants (tiled GEMM from 8 tokens,
-vec_dot below), Q8_0 and F16 (vec_dot; never tinyBLAS). Their logits must equal the local
+recipes: repacked Q4_0, Q4_K, IQ4_NL, MXFP4 and (AVX-512) Q2_K (GEMV for every token), K-quants
+(tiled GEMM from 8 tokens, vec_dot below), Q8_0 and F16 (vec_dot; never tinyBLAS). Their logits must equal the local
 llama.cpp's bit for bit at every position, at 1 and 2 threads, a token per ubatch and the whole
 prompt in one. Loading checks the experts' keys and tensors with the loader's errors.
 """
@@ -23,7 +23,7 @@ import pytest
 
 import _ggml
 from _llama import require_peer
-from gguflm import Batch, Context, Model
+from gguflm import Batch, Context, Model, system
 from gguflm.ggml_types import GGMLType
 from gguflm.hparams import HParamError, MissingKeyError
 from gguflm.loader import MissingTensorError, TensorShapeError
@@ -61,6 +61,13 @@ CASES = [
     ("dots1", 20, 3, "zero", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q5_K),
      {"router_bias": False, "metadata": {"expert_gating_func": 1}}),
     ("dots1", 8, 3, "random", (GGMLType.Q8_0,) * 3, {"metadata": {"expert_gating_func": 3, "expert_weights_norm": True}}),
+    # the other expert types ggml-cpu repacks (Q2_K on AVX-512; IQ4_NL and MXFP4 by Q4_0's 8x8
+    # recipe): mul_mat_id takes the repacked GEMV for them too. Q2_K where its outputs reach the
+    # residual (olmoe-4x1's Q2_K gate cannot tell: the down projection's Q8_0 activations, with
+    # their fp16 scales, round the two recipes' last-bit differences away), and n_embd 512
+    # (MXFP4's power-of-two scales keep most sums exact; longer rows differ more often)
+    ("olmoe", 8, 2, "random", (GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q2_K),
+     {"n_embd": 512, "head_dim": 128, "n_ff": 512}),
 ]
 
 
@@ -119,6 +126,29 @@ def test_logits_equal_llama_cpp(tmp_path, case):
                 assert same.all(), (f"ubatch {n_ubatch}, {n_threads} threads: positions "
                                     f"{np.flatnonzero(~same).tolist()} differ, max |diff| "
                                     f"{np.abs(ours - theirs).max():.3g}")
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[-1], CASES[-2]], ids=_case_id)
+def test_generation_steps_equal_llama_cpp_on_every_isa(tmp_path, case):
+    """A token per ubatch (generation's steps: the routed experts run as one node, one parallel
+    region) on each instruction set the machine has, scalar included, gives llama.cpp's logits
+    bit for bit: repacked experts, K-quants and Q8_0, softmax-after-top-k gating (dots1's)."""
+    require_peer()
+    import llama_cpp
+    path = tmp_path / f"{case[0]}.gguf"
+    write_tiny_model(spec_of(*case), path, np.random.default_rng(len(case[0]) + case[1]))
+    tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, 7)]
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=1, n_threads=2,
+                          n_threads_batch=2, verbose=False)
+    try:
+        llm.eval(tokens)
+        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+    for isa in system.supported_isas():
+        with _ggml.same_arithmetic(), system.using(isa=isa):
+            ours = decode_all(path, tokens, 1, 2)
+        assert (ours.view(np.uint32) == theirs.view(np.uint32)).all(), (isa, np.abs(ours - theirs).max())
 
 
 def test_command_r_plus_qk_norms_equal_llama_cpp(tmp_path):
