@@ -623,10 +623,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const int64_t nb = n / 32;
 #if GGUFLM_SIMD_512
-    /* AVX-512: the GEMM tiles for any number of tokens (two rows per vector: a single token's
-     * Q5_0 and Q4_1 rows decode ~40% faster than in the 256-bit tiles, and a large Q8_0 streams
-     * faster with their prefetches than row by row) */
-    if (GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
+    /* AVX-512: the GEMM tiles, two rows per vector, for batches and for single tokens (a Q5_0 or
+     * Q4_1 row decodes ~40% faster than in the 256-bit tiles) except on a streamed matrix, whose
+     * rows one at a time keep 2 threads at the memory's speed (Q8_0 262144x640: 37 GB/s, 31 in the
+     * 4-row tiles) */
+    if ((nt > 1 || !stream) && GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
 #endif
     if (nt == 1) {
         /* 4 rows per tile share the activation's loads; a matrix streamed from memory (stream)
