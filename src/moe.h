@@ -180,15 +180,8 @@ static void gguflm_moe_add_id(float *x, int64_t x_stride, int64_t n, const float
 
 /* one stack of expert matrices [n_expert][n_rows, n_in] (row stride w_stride bytes, expert stride
  * n_rows * w_stride) times the sorted rows xq (already in wtype's dot partner), into out
- * [n_sorted, n_rows] (row stride out_stride floats) */
-typedef struct {
-    int wtype, repacked;
-    const uint8_t *w;
-    int64_t w_stride, n_rows;
-    const uint8_t *xq;
-    float *out;
-    int64_t out_stride;
-} gguflm_matmul_id_job;
+ * [n_sorted, n_rows] (row stride out_stride floats): a dense matmul's fields, w the stack */
+typedef gguflm_matmul_job gguflm_matmul_id_job;
 
 /* the recipe of ggml's mul_mat_id for an expert that n_tok tokens chose: every type CPU_REPACK
  * holds takes its repacked GEMV, token by token (forward_mul_mat_id has no GEMM) */

@@ -63,13 +63,7 @@ cdef extern from "plan.h" nogil:
         const uint8_t *xq
         float *out
         int64_t out_stride
-    ctypedef struct gguflm_matmul_id_job:
-        int wtype, repacked
-        const uint8_t *w
-        int64_t w_stride, n_rows
-        const uint8_t *xq
-        float *out
-        int64_t out_stride
+    ctypedef gguflm_matmul_job gguflm_matmul_id_job
     ctypedef struct gguflm_moe_one_args:
         const float *bias
         const float *x
