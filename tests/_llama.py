@@ -151,6 +151,20 @@ class LlamaVocab:
         return L.llama_vocab_get_attr(self._vocab, tok)
 
 
+def llama_prompt_logits(path: str | Path, tokens: list[int], **params) -> "np.ndarray":
+    """llama.cpp's logits at every position of ``tokens``, evaluated by llama-cpp-python's ``Llama``
+    (``params``: n_ctx, n_batch, n_ubatch, n_threads...), float32 [n_tokens, n_vocab]."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(str(path), logits_all=True, verbose=False, **params)
+    try:
+        llm.eval(tokens)
+        return np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
 def llama_embeddings(path: str | Path, token_lists: list[list[int]], pooling: int, n_ctx: int = 512,
                      n_threads: int = 2) -> list:
     """llama.cpp's embeddings of ``token_lists`` decoded as one batch, sequence ``s`` at positions

@@ -13,6 +13,7 @@ import pytest
 
 import _ggml
 from _ggml import require_ggml
+from _llama import llama_prompt_logits
 from gguflm import Batch, Context, Model, system
 from gguflm._ext import ops
 from gguflm.ggml_types import GGMLType
@@ -78,19 +79,13 @@ def test_long_prompt_in_ubatches_of_1024_equals_llama_cpp(tmp_path, arch):
     """A 1500-token prompt in ubatches of 1024 (then 476) on a float-weight model: llama.cpp's
     logits at every position, bit for bit (the attention over up to 1500 cells included)."""
     require_ggml()
-    import llama_cpp
     spec = TinyModel(arch, n_embd=84, head_dim=16, n_head=4, n_head_kv=2, n_ff=176,
                      types=dict.fromkeys(MATRIX_KINDS, GGMLType.F32))
     path = tmp_path / f"{arch}.gguf"
     write_tiny_model(spec, path, np.random.default_rng(2))
     tokens = [int(t) for t in np.random.default_rng(3).integers(3, 300, 1500)]
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=1600, n_batch=1600, n_ubatch=1024, n_threads=2,
-                          n_threads_batch=2, verbose=False)
-    try:
-        llm.eval(tokens)
-        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_prompt_logits(path, tokens, n_ctx=1600, n_batch=1600, n_ubatch=1024, n_threads=2,
+                                 n_threads_batch=2)
     with Model.load(path) as model, _ggml.same_arithmetic():
         ours = prompt_logits(model, tokens, 1024)
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import _ggml
-from _llama import require_peer
+from _llama import llama_prompt_logits, require_peer
 from gguflm import Batch, Context, Model, system
 from gguflm.ggml_types import GGMLType
 from gguflm.hparams import HParamError, MissingKeyError
@@ -107,18 +107,12 @@ def _case_id(c: tuple) -> str:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_logits_equal_llama_cpp(tmp_path, case):
     require_peer()
-    import llama_cpp
     path = tmp_path / f"{case[0]}.gguf"
     write_tiny_model(spec_of(*case), path, np.random.default_rng(len(case[0]) + case[1]))
     tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, N_PROMPT - 1)]
     for n_ubatch in (1, N_PROMPT):
-        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
-                              n_threads_batch=2, verbose=False)
-        try:
-            llm.eval(tokens)
-            theirs = np.asarray(llm.scores[:N_PROMPT], dtype=np.float32)
-        finally:
-            llm.close()
+        theirs = llama_prompt_logits(path, tokens, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+                                     n_threads_batch=2)
         with _ggml.same_arithmetic():
             for n_threads in (1, 2):
                 ours = decode_all(path, tokens, n_ubatch, n_threads)
@@ -134,17 +128,11 @@ def test_generation_steps_equal_llama_cpp_on_every_isa(tmp_path, case):
     region) on each instruction set the machine has, scalar included, gives llama.cpp's logits
     bit for bit: repacked experts, K-quants and Q8_0, softmax-after-top-k gating (dots1's)."""
     require_peer()
-    import llama_cpp
     path = tmp_path / f"{case[0]}.gguf"
     write_tiny_model(spec_of(*case), path, np.random.default_rng(len(case[0]) + case[1]))
     tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, 7)]
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=1, n_threads=2,
-                          n_threads_batch=2, verbose=False)
-    try:
-        llm.eval(tokens)
-        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_prompt_logits(path, tokens, n_ctx=256, n_batch=256, n_ubatch=1, n_threads=2,
+                                 n_threads_batch=2)
     for isa in system.supported_isas():
         with _ggml.same_arithmetic(), system.using(isa=isa):
             ours = decode_all(path, tokens, 1, 2)
@@ -156,7 +144,6 @@ def test_command_r_plus_qk_norms_equal_llama_cpp(tmp_path):
     its own weights; the block is otherwise Command R's (checked above at every ubatch and thread
     count), so one whole-prompt pass on 2 threads, kept small: 64 layers of n_embd 64."""
     require_peer()
-    import llama_cpp
     path = tmp_path / "command-r-plus.gguf"
     types = {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.F16, "attn_v": GGMLType.Q4_0, "attn_output": GGMLType.Q5_0,
              "ffn_gate": GGMLType.Q8_0, "ffn_up": GGMLType.F16, "ffn_down": GGMLType.Q4_1}
@@ -164,13 +151,7 @@ def test_command_r_plus_qk_norms_equal_llama_cpp(tmp_path):
                              {"n_layer": 64, "n_embd": 64, "head_dim": 16, "n_ff": 64, "types": types}),
                      path, np.random.default_rng(5))
     tokens = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 300, 9)]
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_threads=2, n_threads_batch=2,
-                          verbose=False)
-    try:
-        llm.eval(tokens)
-        theirs = np.asarray(llm.scores[:len(tokens)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_prompt_logits(path, tokens, n_ctx=256, n_batch=256, n_threads=2, n_threads_batch=2)
     with _ggml.same_arithmetic():
         ours = decode_all(path, tokens, len(tokens), 2)
     assert (ours.view(np.uint32) == theirs.view(np.uint32)).all(), np.abs(ours - theirs).max()
