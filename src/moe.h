@@ -213,14 +213,11 @@ static int64_t gguflm_matmul_id_chunks(const gguflm_matmul_id_job *jobs, int n_j
 
 /* One thread's part of the jobs: chunks taken from the shared counter *next until none is left. */
 static void gguflm_matmul_id_work(const gguflm_matmul_id_job *jobs, int64_t n_in, const int32_t *offsets,
-                                  const int64_t *first, int64_t n_chunks, int64_t *next, int isa, int arith) {
-    int e = 0;
-    for (;;) {
-        int64_t chunk;
-        #pragma omp atomic capture
-        chunk = (*next)++;
-        if (chunk >= n_chunks) break;
-        while (chunk >= first[e + 1]) e++;  /* chunks are taken in increasing order */
+                                  const int64_t *first, int64_t n_chunks, gguflm_chunk_queue *queue, int isa,
+                                  int arith) {
+    for (int64_t chunk; (chunk = gguflm_chunk_take(queue, n_chunks)) >= 0;) {
+        int e = 0;
+        while (chunk >= first[e + 1]) e++;
         const int64_t t_first = offsets[e], n_tok = offsets[e + 1] - offsets[e], rows = gguflm_matmul_id_rows(n_tok);
         int64_t c = chunk - first[e];
         int j = 0;
@@ -246,10 +243,10 @@ static int gguflm_matmul_id(const gguflm_matmul_id_job *jobs, int n_jobs, int64_
     int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (n_expert + 1));
     if (!first) return -1;
     const int64_t n_chunks = gguflm_matmul_id_chunks(jobs, n_jobs, offsets, n_expert, first);
-    int64_t next = 0;
+    gguflm_chunk_queue queue = {{0}};
     const int nth = (int)(n_threads < n_chunks ? n_threads : (n_chunks > 0 ? n_chunks : 1));
     #pragma omp parallel num_threads(nth)
-    gguflm_matmul_id_work(jobs, n_in, offsets, first, n_chunks, &next, isa, arith);
+    gguflm_matmul_id_work(jobs, n_in, offsets, first, n_chunks, &queue, isa, arith);
     free(first);
     return 0;
 }
@@ -282,7 +279,8 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
     const int act_type = gguflm_traits[a->down.wtype].vec_dot_type;
     const int64_t act_bytes = gguflm_row_bytes(act_type, a->n_ff);
     const gguflm_ops_kernels ops = gguflm_ops_select(use_avx2);
-    int64_t n_up = 0, n_down = 0, next_router = 0, next_up = 0, next_down = 0;
+    int64_t n_up = 0, n_down = 0;
+    gguflm_chunk_queue router_queue = {{0}}, up_queue = {{0}}, down_queue = {{0}};
     int failed = 0;
     #pragma omp parallel num_threads(n_threads)
     {
@@ -292,7 +290,7 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
         gguflm_quantize_act_part(r_type, a->x, a->n_embd, 1, a->n_embd, a->xr, isa, ith, nth);
         gguflm_quantize_act_part(x_type, a->x, 0, k, a->n_embd, a->xq, isa, ith, nth);
         #pragma omp barrier
-        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, &next_router);
+        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, &router_queue);
         #pragma omp barrier
         if (ith == 0) {
             failed = gguflm_moe_route(m, a->router.out, ne, 1, a->bias, arith);
@@ -303,7 +301,7 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
         }
         #pragma omp barrier
         if (!failed) {
-            gguflm_matmul_id_work(a->gate_up, a->n_embd, m->offsets, first, n_up, &next_up, isa, arith);
+            gguflm_matmul_id_work(a->gate_up, a->n_embd, m->offsets, first, n_up, &up_queue, isa, arith);
             #pragma omp barrier
             for (int r = ith; r < k; r += nth) {  /* a slot's SwiGLU and its quantized row */
                 float *act = a->act + r * a->n_ff;
@@ -312,7 +310,7 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
                 gguflm_quantize_act_part(act_type, act, a->n_ff, 1, a->n_ff, a->act_q + r * act_bytes, isa, 0, 1);
             }
             #pragma omp barrier
-            gguflm_matmul_id_work(&a->down, a->n_ff, m->offsets, first_down, n_down, &next_down, isa, arith);
+            gguflm_matmul_id_work(&a->down, a->n_ff, m->offsets, first_down, n_down, &down_queue, isa, arith);
             #pragma omp barrier
             if (ith == 0)
                 gguflm_moe_combine(a->down.out, a->down.out_stride, m->weights, m->slot, 1, k, a->n_embd, a->out,

@@ -220,14 +220,48 @@ static inline int gguflm_takes_whole_batch(int path, int wtype) {
            (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS);
 }
 
-/* inside a parallel region: every thread takes row chunks of the jobs, in order, from the shared
- * counter *next_chunk (0 before the region) until none are left, so any team size covers every
- * chunk; each chunk runs the recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
+/* The chunks of a parallel region, dealt by ranges: chunks 0..n-1 are cut into one contiguous range
+ * per thread; a thread takes its own range's chunks front to back, then helps with the others'
+ * from their back ends. Each thread's weights thus stream from one address range, which the
+ * hardware prefetchers follow: chunks dealt alternately from one counter made both threads jump
+ * every 64 rows (Gemma 3 270M's decode at 2 threads: best of 15 runs 132 t/s, against 87 with one
+ * counter; its 262144x640 output has rows of 680 bytes).
+ * A thread held up elsewhere still gets its range finished by the others. taken[r]: chunks of
+ * range r taken from its front (low 32 bits) and from its back (high 32 bits); zero before the
+ * region. */
+#define GGUFLM_MAX_RANGES 64
+typedef struct {
+    uint64_t taken[GGUFLM_MAX_RANGES];
+} gguflm_chunk_queue;
+
+/* the next chunk of n_chunks for the calling thread, or -1 when none is left */
+static inline int64_t gguflm_chunk_take(gguflm_chunk_queue *q, int64_t n_chunks) {
+    const int nth = omp_get_num_threads(), n_ranges = nth < GGUFLM_MAX_RANGES ? nth : GGUFLM_MAX_RANGES;
+    const int own = omp_get_thread_num() % n_ranges;
+    for (int k = 0; k < n_ranges; ++k) {
+        const int r = (own + k) % n_ranges;
+        const int64_t start = n_chunks * r / n_ranges, size = n_chunks * (r + 1) / n_ranges - start;
+        uint64_t cur = __atomic_load_n(&q->taken[r], __ATOMIC_RELAXED);
+        for (;;) {
+            const int64_t front = (int64_t)(cur & 0xffffffffu), back = (int64_t)(cur >> 32);
+            if (front + back >= size) break;
+            const uint64_t next = cur + (k == 0 ? 1 : (uint64_t)1 << 32);
+            /* a failed exchange reloads cur: another thread took a chunk of this range meanwhile */
+            if (__atomic_compare_exchange_n(&q->taken[r], &cur, next, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                return k == 0 ? start + front : start + size - 1 - back;
+        }
+    }
+    return -1;
+}
+
+/* inside a parallel region: every thread takes row chunks of the jobs from the shared queue (zeroed
+ * before the region) until none are left, so any team size covers every chunk; each chunk runs the
+ * recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
 static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
-                                 int arith, int64_t *next_chunk) {
+                                 int arith, gguflm_chunk_queue *queue) {
     gguflm_segment seg[GGUFLM_MAX_JOBS][2];
     int n_seg[GGUFLM_MAX_JOBS];
-    int64_t rows[GGUFLM_MAX_JOBS], xq_stride[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1];
+    int64_t rows[GGUFLM_MAX_JOBS], xq_stride[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1], n_chunks = 0;
     first_chunk[0] = 0;
     for (int j = 0; j < n_jobs; ++j) {
         const gguflm_matmul_job *job = &jobs[j];
@@ -241,13 +275,11 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
             while (rows[j] < 64 && (job->n_rows + 2 * rows[j] - 1) / (2 * rows[j]) >= 4 * (int64_t)omp_get_num_threads())
                 rows[j] *= 2;
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
+        n_chunks = first_chunk[j + 1];
     }
-    for (int j = 0;;) {
-        int64_t chunk;
-        #pragma omp atomic capture
-        chunk = (*next_chunk)++;
-        if (chunk >= first_chunk[n_jobs]) break;
-        while (chunk >= first_chunk[j + 1]) ++j;  /* chunks are taken in increasing order */
+    for (int64_t chunk; (chunk = gguflm_chunk_take(queue, n_chunks)) >= 0;) {
+        int j = 0;
+        while (j + 1 < n_jobs && chunk >= first_chunk[j + 1]) ++j;
         const gguflm_matmul_job *job = &jobs[j];
         const int64_t r0 = (chunk - first_chunk[j]) * rows[j];
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
@@ -269,9 +301,9 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
  * instead of waiting at a barrier */
 static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
                                int arith, int n_threads) {
-    int64_t next_chunk = 0;
+    gguflm_chunk_queue queue = {{0}};
     #pragma omp parallel num_threads(gguflm_matmul_threads(jobs, n_jobs, n_tok, n_threads))
-    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, arith, &next_chunk);
+    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, arith, &queue);
 }
 
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
@@ -293,13 +325,13 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
     const int vdt = gguflm_traits[wtype].vec_dot_type;
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)scratch,
                                    out, out_stride};
-    int64_t next_chunk = 0;
+    gguflm_chunk_queue queue = {{0}};
     #pragma omp parallel num_threads(gguflm_matmul_threads(&job, 1, n_tok, n_threads))
     {
         gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, isa, omp_get_thread_num(),
                                  omp_get_num_threads());
         #pragma omp barrier
-        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, arith, &next_chunk);
+        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, arith, &queue);
     }
 }
 
