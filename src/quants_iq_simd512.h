@@ -11,8 +11,13 @@
  * Grid work per 64 weights: 8 qword lookups (2-bit grids and IQ1) or 16 dword lookups (3-bit
  * grids), each a scalar load and an insert: about one lookup per cycle is the ceiling measured
  * here (AMD EPYC, 3.9 GHz), i.e. ~8 weights/cycle for the 2-bit grids, ~4 for the 3-bit ones.
- * No include guard: included once, inside the AVX-512 region (GGUFLM_SIMD_512).
+ * The VBMI copy (GGUFLM_SIMD_VBMI, quants_iq_vbmi.h) decodes the magnitudes of the grids other
+ * than IQ1's without those loads; everything else here is shared.
+ * No include guard: included once in each AVX-512 region (GGUFLM_SIMD_512).
  */
+#if GGUFLM_SIMD_VBMI
+#include "quants_iq_vbmi.h"
+#endif
 
 /* 32 bytes of 7-bit sign fields -> ksigns_iq2xs of each (bit 7 = parity of bits 0-6) */
 static inline __m256i GGUFLM_SIMD(iq512_ksigns)(__m256i x) {
@@ -164,9 +169,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     uint64_t sign[4];
     __m256i scales;
     GGUFLM_SIMD(iq512_block)(type, xb, sign, &scales);
+#if GGUFLM_SIMD_VBMI
+    const int vbmi = gguflm_iq_vbmi_type(type);
+    if (vbmi) GGUFLM_SIMD(iqv_mags)(type, xb, b->mag);
+#else
+    const int vbmi = 0;
+#endif
 #pragma GCC unroll 4  /* constant entry offsets for iq512_ix */
     for (int p = 0; p < 4; ++p) {
-        b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
+        if (!vbmi) b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
         b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
         if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
             b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
