@@ -54,7 +54,7 @@ enum {
 };
 static const char *const gguflm_cpu_feature_names[GGUFLM_CPU_FEATURE_COUNT] = {
     "avx", "fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
-    "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_fp16", "avx512_vbmi"};
+    "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_fp16", "avx512vbmi"};
 
 /* CPU makers whose native builds GCC tunes differently (see gguflm_arith_native) */
 enum { GGUFLM_VENDOR_OTHER = 0, GGUFLM_VENDOR_INTEL = 1, GGUFLM_VENDOR_AMD = 2, GGUFLM_VENDOR_COUNT = 3 };

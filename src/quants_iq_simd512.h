@@ -58,7 +58,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
                                                                           uint64_t sign[4], __m256i *scales) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {  /* 8 qwords: 4 grid bytes, then the word of 4 sign fields and the scale */
+#if GGUFLM_SIMD_VBMI
+        const __m256i a = _mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, _mm512_loadu_si512((const void *)(xb + 2))), 1);
+#else
         const __m256i a = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32));
+#endif
         _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(GGUFLM_SIMD(iq512_fields)(a)));
         const __m256i s = _mm256_srli_epi32(a, 28);
         *scales = GGUFLM_SIMD(iq512_group_scales)(_mm256_add_epi32(_mm256_add_epi32(s, s), _mm256_set1_epi32(1)));
@@ -66,7 +70,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
     }
     case GGUFLM_IQ2_XS: {   /* 32 words: 9-bit grid index, 7-bit sign field */
         const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
-        _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(_mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9))));
+#if GGUFLM_SIMD_VBMI  /* the high bytes, shifted by 1 (iq512_ksigns masks off the bit from the next byte) */
+        const __m256i f = _mm256_srli_epi16(_mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, v), 1), 1);
+#else
+        const __m256i f = _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9));
+#endif
+        _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(f));
         *scales = GGUFLM_SIMD(iq512_nibble_scales)(_mm_loadl_epi64((const __m128i *)(xb + 66)));
         break;
     }

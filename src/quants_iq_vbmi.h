@@ -39,6 +39,22 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_plane)(cons
     return r[0];
 }
 
+/* the 64 bytes after an IQ2_XXS or IQ2_XS block's scale (v) sorted by one vpermb: the 32 index
+ * bytes (IQ2_XS: the low bytes of its 9-bit indices) first, then IQ2_XXS's 8 words of sign fields
+ * and scale, IQ2_XS's high bytes (bit 0: index bit 8, bits 1-7: the sign field); iq512_block
+ * reads the upper half, iqv_mags the lower one (the same vpermb, computed once) */
+static inline __m512i GGUFLM_SIMD(iqv_split)(int type, __m512i v) {
+    static const int8_t xxs[64] __attribute__((aligned(64))) = {
+        0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35, 40, 41, 42, 43,
+        48, 49, 50, 51, 56, 57, 58, 59, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31,
+        36, 37, 38, 39, 44, 45, 46, 47, 52, 53, 54, 55, 60, 61, 62, 63};
+    static const int8_t xs[64] __attribute__((aligned(64))) = {
+        0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46,
+        48, 50, 52, 54, 56, 58, 60, 62, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+        33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+    return _mm512_permutexvar_epi8(_mm512_load_si512((const void *)(type == GGUFLM_IQ2_XXS ? xxs : xs)), v);
+}
+
 /* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type, const uint8_t *xb, __m512i mag[4]) {
     const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
@@ -47,24 +63,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type
     const uint8_t *codes;
     int pieces, entries = 32;
     switch (type) {
-    case GGUFLM_IQ2_XXS: {  /* index bytes 0-3 of each group's 8 */
-        static const int8_t at[64] __attribute__((aligned(64))) = {
-            0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35, 40, 41, 42, 43,
-            48, 49, 50, 51, 56, 57, 58, 59};
-        idx = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)at), v);
+    case GGUFLM_IQ2_XXS:
+        idx = GGUFLM_SIMD(iqv_split)(type, v);
         codes = gguflm_iq2xxs_codes, pieces = 2;
         break;
-    }
-    case GGUFLM_IQ2_XS: {   /* 9-bit indices in words: low bytes to 0-31, high bytes to 32-63 */
-        static const int8_t at[64] __attribute__((aligned(64))) = {
-            0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46,
-            48, 50, 52, 54, 56, 58, 60, 62, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-            33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-        idx = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)at), v);
+    case GGUFLM_IQ2_XS:
+        idx = GGUFLM_SIMD(iqv_split)(type, v);
         bit[1] = _mm512_test_epi8_mask(idx, _mm512_set1_epi8(1)) >> 32;
         codes = gguflm_iq2xs_codes, pieces = 4;
         break;
-    }
     case GGUFLM_IQ2_S: {    /* bits 8, 9 of entry e: bits 2e, 2e + 1 of the 8 qh bytes */
         const __m512i h = _mm512_multishift_epi64_epi8(
             _mm512_set_epi64(0x3e3c3a3836343230LL, 0x2e2c2a2826242220LL, 0x1e1c1a1816141210LL, 0x0e0c0a0806040200LL,

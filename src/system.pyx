@@ -179,7 +179,7 @@ def set_vbmi(on) -> bool:
             raise ValueError(f"vbmi takes 0, 1, on or off, got {on!r}")
         on = on in ("1", "on")
     if on and not gguflm_vbmi_runs(&_machine):
-        raise ValueError("this machine cannot run the VBMI kernels: avx512_vbmi "
+        raise ValueError("this machine cannot run the VBMI kernels: avx512vbmi "
                          f"({'the OS does not enable AVX-512' if _machine.cpu & GGUFLM_CPU_AVX512_VBMI else 'not in this CPU'})")
     previous = vbmi()
     _state.vbmi = 1 if on else 0
