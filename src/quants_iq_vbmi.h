@@ -13,7 +13,9 @@
  *   IQ2_XXS 2 x 3 + 12 + 3   IQ2_XS 2 x 7 + 12 + 4   IQ2_S 2 x 15 + 12 + 4
  *   IQ3_XXS 2 x 3 + 12 + 2   IQ3_S  2 x 7 + 12 + 2
  * against the scalar-load path's 32 loads + 32 inserts (2-bit grids) or 64 + 64 (3-bit), plus
- * their index arithmetic. IQ1_S/IQ1_M (2048 entries: 16 pieces a plane) keep that path.
+ * their index arithmetic. IQ1_S/IQ1_M keep that path: their 2048 entries take 16 pieces a plane
+ * (62 lookup ops a super-block); written so, the decoding ran at 0.88x (IQ1_S) and 0.79x (IQ1_M)
+ * of the scalar-load path's speed (1 thread, weights in L2, AMD EPYC).
  * No include guard: included once, inside the VBMI region (GGUFLM_SIMD_VBMI).
  */
 
