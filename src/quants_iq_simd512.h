@@ -187,7 +187,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
 #pragma GCC unroll 4  /* constant entry offsets for iq512_ix */
     for (int p = 0; p < 4; ++p) {
         if (!vbmi) b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
-        b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
+#if GGUFLM_SIMD_VBMI
+        if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ3_XXS)
+            b->sc[p] = GGUFLM_SIMD(iqv_xxs_pair_scales)(type, xb, p);
+        else
+#endif
+            b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
         if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
             b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
             b->mag[p] = _mm512_abs_epi8(b->mag[p]);

@@ -57,6 +57,20 @@ static inline __m512i GGUFLM_SIMD(iqv_split)(int type, __m512i v) {
     return _mm512_permutexvar_epi8(_mm512_load_si512((const void *)(type == GGUFLM_IQ2_XXS ? xxs : xs)), v);
 }
 
+/* IQ2_XXS's and IQ3_XXS's pair scales of groups 2p, 2p + 1 from their words' top 4 bits, one
+ * vpermd each (the words made 2 s + 1 in both halves first): 5 shuffles fewer a super-block than
+ * iq512_group_scales + iq512_pair_scales, shuffles being what the decoding waits on here */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_xxs_pair_scales)(int type, const uint8_t *xb, int p) {
+    const __m256i a = type == GGUFLM_IQ2_XXS
+                          ? _mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, _mm512_loadu_si512((const void *)(xb + 2))), 1)
+                          : _mm256_loadu_si256((const __m256i *)(xb + 66));
+    const __m256i s = _mm256_or_si256(_mm256_srli_epi32(a, 28 - 1), _mm256_set1_epi32(1));  /* 2 s + 1 */
+    const __m256i w = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+    const __m512i at = _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                        2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
+    return _mm512_permutexvar_epi32(at, _mm512_castsi256_si512(w));
+}
+
 /* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type, const uint8_t *xb, __m512i mag[4]) {
     const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
