@@ -13,7 +13,13 @@ Two settings decide how the kernels compute, and this module is the only place t
   wide). Any ISA computes any; the default is the build llama.cpp compiles natively for this CPU
   (its features and its vendor). ``GGUFLM_ARITH`` overrides it.
 
-The environment variables are read once, when gguflm is first imported; an unknown value, or an ISA
+One more switch picks no ISA of its own but a faster way to the same bits: **VBMI**, whether the
+AVX-512 ISAs' grid i-quant kernels (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) use AVX512_VBMI's
+byte permutes for their grid lookups. On by default where the CPU has AVX512_VBMI and the OS
+enables AVX-512; ``GGUFLM_VBMI=0`` (or :func:`set_vbmi`) turns it off, e.g. to test the other
+AVX-512 kernels on such a machine.
+
+The environment variables (``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``) are read once, when gguflm is first imported; an unknown value, or an ISA
 this machine cannot run, makes that import fail with a message naming the variable. After that,
 :func:`set_isa` and :func:`set_arithmetic` change what every kernel runs from its next call on: the
 quantized matmuls (:mod:`gguflm.quants`), the forward-pass ops, the sampler scans, and the recorded
@@ -77,14 +83,33 @@ def set_arithmetic(name: str) -> str:
     return _system.set_arithmetic(name)
 
 
+def vbmi() -> bool:
+    """Whether the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI now."""
+    return _system.vbmi()
+
+
+def set_vbmi(on: bool) -> bool:
+    """Let the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (True) or not (False) from their
+    next call on; returns the previous setting. Both give the same bits.
+
+    Raises
+    ------
+    ValueError
+        ``on`` is true and this machine cannot run AVX512_VBMI.
+    """
+    return _system.set_vbmi(bool(on))
+
+
 @contextlib.contextmanager
-def using(isa: str | None = None, arithmetic: str | None = None) -> Iterator[None]:
-    """Run a block with another ISA and/or arithmetic, then restore the previous ones."""
+def using(isa: str | None = None, arithmetic: str | None = None, vbmi: bool | None = None) -> Iterator[None]:
+    """Run a block with another ISA, arithmetic and/or VBMI setting, then restore the previous ones."""
     with contextlib.ExitStack() as restore:
         if isa is not None:
             restore.callback(set_isa, set_isa(isa))
         if arithmetic is not None:
             restore.callback(set_arithmetic, set_arithmetic(arithmetic))
+        if vbmi is not None:
+            restore.callback(set_vbmi, set_vbmi(vbmi))
         yield
 
 
@@ -92,7 +117,7 @@ def system_info() -> dict[str, Any]:
     """Describe the build, the CPU and what runs, as llama.cpp's ``llama_print_system_info`` does.
 
     Keys: ``compiler``, ``openmp``, ``omp_max_threads``, ``omp_num_procs``, ``usable_cores``,
-    ``default_threads``, ``machine``; ``isa`` and ``arithmetic`` (in force now),
+    ``default_threads``, ``machine``; ``isa``, ``arithmetic`` and ``vbmi`` (in force now),
     ``supported_isas``, ``native_arithmetic`` (llama.cpp's native build for this CPU),
     ``cpu_vendor`` (``intel``, ``amd`` or ``other``: GCC tunes native builds by it);
     ``cpu_features`` (feature -> the CPU has it and the OS enables it: what may run),
@@ -107,6 +132,7 @@ def system_info() -> dict[str, Any]:
     info["machine"] = platform.machine()
     info["isa"] = current_isa()
     info["arithmetic"] = current_arithmetic()
+    info["vbmi"] = vbmi()
     info["supported_isas"] = features["isas"]
     info["native_arithmetic"] = features["native_arithmetic"]
     info["cpu_vendor"] = features["vendor"]

@@ -48,8 +48,20 @@ static inline int gguflm_arith_autovec_lanes(int arith) { return arith == GGUFLM
 typedef struct {
     int isa;    /* GGUFLM_ISA_*, one this CPU and OS run */
     int arith;  /* GGUFLM_ARITH_* */
+    int vbmi;   /* 1: the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (only where it runs) */
 } gguflm_dispatch;
 
 #define GGUFLM_DISPATCH_CAPSULE "gguflm._ext.system._dispatch"
+
+/* The switch this extension bound (dispatch.pxd's bind_dispatch), read by gguflm_kernel for vbmi
+ * alone: VBMI is no ISA of its own (CPUs have it with or without AVX512_BF16) but a faster way
+ * to the same bits in a few AVX-512 kernels, so it is chosen where a kernel is looked up, not
+ * passed down every call chain as isa and arith are; switching it mid-pass mixes no results. */
+static const gguflm_dispatch *gguflm_bound_dispatch __attribute__((unused));
+static inline const gguflm_dispatch *gguflm_bind_dispatch(const void *d) {
+    gguflm_bound_dispatch = (const gguflm_dispatch *)d;
+    return gguflm_bound_dispatch;
+}
+static inline int gguflm_vbmi_on(void) { return gguflm_bound_dispatch && gguflm_bound_dispatch->vbmi; }
 
 #endif

@@ -23,12 +23,18 @@ cdef extern from "dispatch.h" nogil:
     ctypedef struct gguflm_dispatch:
         int isa
         int arith
+        int vbmi
     const char *GGUFLM_DISPATCH_CAPSULE
+    const gguflm_dispatch *gguflm_bind_dispatch(const void *d)
 
 
 cdef inline const gguflm_dispatch *bind_dispatch() except NULL:
-    """The switch gguflm._ext.system owns (importing it first, so its environment is read)."""
-    return <const gguflm_dispatch *>PyCapsule_Import(GGUFLM_DISPATCH_CAPSULE, 0)
+    """The switch gguflm._ext.system owns (importing it first, so its environment is read), also
+    bound for this extension's C kernel lookups (dispatch.h: gguflm_bound_dispatch)."""
+    cdef void *d = PyCapsule_Import(GGUFLM_DISPATCH_CAPSULE, 0)
+    if d == NULL:
+        return NULL
+    return gguflm_bind_dispatch(d)
 
 
 cdef inline dict dispatch_names(const gguflm_dispatch *d):

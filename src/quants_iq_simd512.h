@@ -11,8 +11,13 @@
  * Grid work per 64 weights: 8 qword lookups (2-bit grids and IQ1) or 16 dword lookups (3-bit
  * grids), each a scalar load and an insert: about one lookup per cycle is the ceiling measured
  * here (AMD EPYC, 3.9 GHz), i.e. ~8 weights/cycle for the 2-bit grids, ~4 for the 3-bit ones.
- * No include guard: included once, inside the AVX-512 region (GGUFLM_SIMD_512).
+ * The VBMI copy (GGUFLM_SIMD_VBMI, quants_iq_vbmi.h) decodes the magnitudes of the grids other
+ * than IQ1's without those loads; everything else here is shared.
+ * No include guard: included once in each AVX-512 region (GGUFLM_SIMD_512).
  */
+#if GGUFLM_SIMD_VBMI
+#include "quants_iq_vbmi.h"
+#endif
 
 /* 32 bytes of 7-bit sign fields -> ksigns_iq2xs of each (bit 7 = parity of bits 0-6) */
 static inline __m256i GGUFLM_SIMD(iq512_ksigns)(__m256i x) {
@@ -53,7 +58,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
                                                                           uint64_t sign[4], __m256i *scales) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {  /* 8 qwords: 4 grid bytes, then the word of 4 sign fields and the scale */
+#if GGUFLM_SIMD_VBMI
+        const __m256i a = _mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, _mm512_loadu_si512((const void *)(xb + 2))), 1);
+#else
         const __m256i a = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32));
+#endif
         _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(GGUFLM_SIMD(iq512_fields)(a)));
         const __m256i s = _mm256_srli_epi32(a, 28);
         *scales = GGUFLM_SIMD(iq512_group_scales)(_mm256_add_epi32(_mm256_add_epi32(s, s), _mm256_set1_epi32(1)));
@@ -61,7 +70,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
     }
     case GGUFLM_IQ2_XS: {   /* 32 words: 9-bit grid index, 7-bit sign field */
         const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
-        _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(_mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9))));
+#if GGUFLM_SIMD_VBMI  /* the high bytes, shifted by 1 (iq512_ksigns masks off the bit from the next byte) */
+        const __m256i f = _mm256_srli_epi16(_mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, v), 1), 1);
+#else
+        const __m256i f = _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9));
+#endif
+        _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(f));
         *scales = GGUFLM_SIMD(iq512_nibble_scales)(_mm_loadl_epi64((const __m128i *)(xb + 66)));
         break;
     }
@@ -164,10 +178,21 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     uint64_t sign[4];
     __m256i scales;
     GGUFLM_SIMD(iq512_block)(type, xb, sign, &scales);
+#if GGUFLM_SIMD_VBMI
+    const int vbmi = gguflm_iq_vbmi_type(type);
+    if (vbmi) GGUFLM_SIMD(iqv_mags)(type, xb, b->mag);
+#else
+    const int vbmi = 0;
+#endif
 #pragma GCC unroll 4  /* constant entry offsets for iq512_ix */
     for (int p = 0; p < 4; ++p) {
-        b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
-        b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
+        if (!vbmi) b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
+#if GGUFLM_SIMD_VBMI
+        if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ3_XXS)
+            b->sc[p] = GGUFLM_SIMD(iqv_xxs_pair_scales)(type, xb, p);
+        else
+#endif
+            b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
         if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
             b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
             b->mag[p] = _mm512_abs_epi8(b->mag[p]);

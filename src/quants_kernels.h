@@ -92,13 +92,18 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 }
 
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
- * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones. */
+ * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones; the
+ * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels. */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_DPBF16
     if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
         if (path == GGUFLM_PATH_DOT) return gguflm_DOT_bf16_avx512bf16;
         if (path == GGUFLM_PATH_SGEMM) return gguflm_SGEMM_bf16_avx512bf16;
     }
+#endif
+#if GGUFLM_HAVE_SIMD
+    if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type])
+        return gguflm_iq_kernels_avx512vbmi[path][type];
 #endif
     return gguflm_kernel_table(isa)[path][type];
 }

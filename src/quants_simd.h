@@ -2,7 +2,8 @@
  * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no
  * -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features, and
  * gguflm_kernel maps it to a kernel); the avx512bf16 ISA adds BF16 kernels that run vdpbf16ps
- * (quants_simd_float.h once more) to the AVX-512 ones. Off x86, or without GCC's target pragmas,
+ * (quants_simd_float.h once more) to the AVX-512 ones, and AVX512_VBMI, where the CPU has it,
+ * grid i-quant kernels (quants_iq_simd.h once more, see quants_iq_vbmi.h). Off x86, or without GCC's target pragmas,
  * only the scalar kernels exist.
  *
  * Test harnesses may define GGUFLM_SIMDE: the intrinsics then come from SIMDe's portable
@@ -23,6 +24,7 @@
 #include <simde/x86/fma.h>
 #define GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_TARGET_AVX512_BEGIN
+#define GGUFLM_TARGET_AVX512VBMI_BEGIN
 #define GGUFLM_TARGET_END
 #define GGUFLM_HAVE_DPBF16 0  /* SIMDe's vdpbf16ps rounds otherwise */
 #define GGUFLM_FP16_TO_FP32_SIMD(h) gguflm_fp16_to_fp32(h)
@@ -35,6 +37,9 @@
 #define GGUFLM_TARGET_AVX512BF16_BEGIN                                                                    \
     _Pragma("GCC push_options")                                                                         \
     _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16\")")
+#define GGUFLM_TARGET_AVX512VBMI_BEGIN                                                                    \
+    _Pragma("GCC push_options")                                                                         \
+    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi\")")
 #define GGUFLM_TARGET_END _Pragma("GCC pop_options")
 #define GGUFLM_HAVE_DPBF16 1
 /* F16C's scalar conversion; bit-identical with the software one */
@@ -89,6 +94,7 @@ GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD_VNNI 0
 #define GGUFLM_SIMD_512 0
 #define GGUFLM_SIMD_DPBF16 0
+#define GGUFLM_SIMD_VBMI 0
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
@@ -96,6 +102,7 @@ static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_C
 #undef GGUFLM_SIMD_VNNI
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
+#undef GGUFLM_SIMD_VBMI
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
@@ -103,13 +110,36 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD_VNNI 1
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 0
+#define GGUFLM_SIMD_VBMI 0
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_DPBF16
+#undef GGUFLM_SIMD_VBMI
+GGUFLM_TARGET_END
+
+/* the grid i-quants once more with AVX512_VBMI (quants_iq_vbmi.h), for the CPUs that have it
+ * (gguflm_kernel picks them while the dispatch's vbmi is on); they call the AVX-512 copy's
+ * helpers, which GCC inlines into the wider target */
+GGUFLM_TARGET_AVX512VBMI_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx512vbmi
+#define GGUFLM_SIMD_DPBF16 0
+#define GGUFLM_SIMD_VBMI 1
+#define gguflm_bits_32_avx512vbmi gguflm_bits_32_avx512
+#define gguflm_hsum_i32_avx512vbmi gguflm_hsum_i32_avx512
+#define gguflm_reduce8_512_avx512vbmi gguflm_reduce8_512_avx512
+#include "quants_iq_simd.h"
+static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
+    GGUFLM_IQ_KERNEL_ENTRIES(_avx512vbmi)};
+#undef gguflm_bits_32_avx512vbmi
+#undef gguflm_hsum_i32_avx512vbmi
+#undef gguflm_reduce8_512_avx512vbmi
+#undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
+#undef GGUFLM_SIMD_VBMI
 GGUFLM_TARGET_END
 
 #if GGUFLM_HAVE_DPBF16

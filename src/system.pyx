@@ -41,6 +41,7 @@ cdef extern from "cpu_features.h" nogil:
         GGUFLM_CPU_FEATURE_COUNT
         GGUFLM_CPU_AMX_TILE
         GGUFLM_CPU_AMX_INT8
+        GGUFLM_CPU_AVX512_VBMI
         GGUFLM_OS_AVX
         GGUFLM_OS_AVX512
         GGUFLM_OS_AMX
@@ -51,6 +52,7 @@ cdef extern from "cpu_features.h" nogil:
     gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w)
     int gguflm_isa_runs(const gguflm_cpu_features *f, int isa)
     int gguflm_isa_best(const gguflm_cpu_features *f)
+    int gguflm_vbmi_runs(const gguflm_cpu_features *f)
     int gguflm_arith_native(const gguflm_cpu_features *f)
     int gguflm_amx_permitted()
     int gguflm_amx_request()
@@ -67,6 +69,7 @@ cdef gguflm_cpu_features _machine = gguflm_cpu_decide(&_words)
 cdef gguflm_dispatch _state
 _state.isa = gguflm_isa_best(&_machine)
 _state.arith = gguflm_arith_native(&_machine)
+_state.vbmi = gguflm_vbmi_runs(&_machine)
 cdef int _amx_granted = -1  # not asked yet
 
 
@@ -85,6 +88,7 @@ cdef dict _describe(const gguflm_cpu_features *f):
                "amx": bool(f.os & GGUFLM_OS_AMX)},
         "usable": _flags(f.usable),
         "isas": _isas(f),
+        "vbmi": bool(gguflm_vbmi_runs(f)),
         "vendor": gguflm_vendor_names[f.vendor].decode(),
         "native_arithmetic": ARITHMETICS[gguflm_arith_native(f)],
     }
@@ -108,7 +112,7 @@ def decide_features(dict words) -> dict:
 
     Returns ``cpu`` (feature -> CPUID advertises it), ``os`` (``avx``, ``avx512``, ``amx`` ->
     XCR0 enables that register state; nothing without OSXSAVE), ``usable`` (feature -> both),
-    ``isas`` (the kernel variants it runs), ``vendor`` (``intel``, ``amd`` or ``other``) and
+    ``isas`` (the kernel variants it runs), ``vbmi`` (it runs the VBMI grid i-quant kernels), ``vendor`` (``intel``, ``amd`` or ``other``) and
     ``native_arithmetic``.
     """
     cdef gguflm_cpuid_words w = _words_from(words)
@@ -159,6 +163,26 @@ def set_isa(str name) -> str:
                          f"{', '.join(supported_isas())}")
     previous = current_isa()
     _state.isa = isa
+    return previous
+
+
+def vbmi() -> bool:
+    """Whether the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI now."""
+    return bool(_state.vbmi)
+
+
+def set_vbmi(on) -> bool:
+    """Let the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (or not) from their next call on;
+    returns the previous setting. The same bits either way."""
+    if isinstance(on, str):
+        if on not in ("0", "1", "on", "off"):
+            raise ValueError(f"vbmi takes 0, 1, on or off, got {on!r}")
+        on = on in ("1", "on")
+    if on and not gguflm_vbmi_runs(&_machine):
+        raise ValueError("this machine cannot run the VBMI kernels: avx512vbmi "
+                         f"({'the OS does not enable AVX-512' if _machine.cpu & GGUFLM_CPU_AVX512_VBMI else 'not in this CPU'})")
+    previous = vbmi()
+    _state.vbmi = 1 if on else 0
     return previous
 
 
@@ -228,7 +252,7 @@ def parallel_sum_squares(const float[::1] x, int n_threads):
 
 
 def _apply_environment() -> None:
-    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic)):
+    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic), ("GGUFLM_VBMI", set_vbmi)):
         value = os.environ.get(variable, "").strip().lower()
         if value:
             try:

@@ -6,9 +6,18 @@
 #define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
-/* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512) in arithmetic
- * arith (GGUFLM_ARITH_*); 0 if none exists */
+/* the dispatch's vbmi as gguflm_kernel reads it: harness isa 3 is avx512 with VBMI on */
+static gguflm_dispatch gguflm_harness_switch;
+static int gguflm_harness_isa(int isa) {
+    gguflm_harness_switch.vbmi = isa == 3;
+    gguflm_bind_dispatch(&gguflm_harness_switch);
+    return isa == 3 ? GGUFLM_ISA_AVX512 : isa;
+}
+
+/* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512, 3 avx512 with
+ * VBMI) in arithmetic arith (GGUFLM_ARITH_*); 0 if none exists */
 int gguflm_emulated_dot(int isa, int arith, int type, int64_t n, const void *x, const void *y, float *s) {
+    isa = gguflm_harness_isa(isa);
     if (type < 0 || type >= GGUFLM_TYPE_COUNT || !gguflm_kernel(isa, GGUFLM_PATH_DOT, type)) return 0;
     gguflm_kernel(isa, GGUFLM_PATH_DOT, type)(n, x, 0, 1, y, 0, 1, s, 0, arith);
     return 1;
@@ -18,6 +27,7 @@ int gguflm_emulated_dot(int isa, int arith, int type, int64_t n, const void *x, 
  * CPU without it, and emulation makes it safe */
 void gguflm_emulated_matmul(int isa, int arith, int wtype, const void *w, int64_t w_stride, int64_t n_rows,
                             int64_t n_in, const void *xq, int64_t n_tok, float *out, int n_threads) {
+    isa = gguflm_harness_isa(isa);
     gguflm_matmul_q(wtype, w, w_stride, n_rows, n_in, xq, n_tok, out, n_rows, 1, isa, arith, n_threads);
 }
 

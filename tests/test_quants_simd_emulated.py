@@ -1,4 +1,5 @@
-"""The AVX2 and AVX-512 (+VNNI) dot kernels run through SIMDe's portable intrinsics, in every arithmetic.
+"""The AVX2 and AVX-512 (+VNNI, and +VBMI for the grid i-quants) dot kernels run through SIMDe's
+portable intrinsics, in every arithmetic.
 
 CPUs without AVX-512 cannot run the native AVX-512 kernels, so this test compiles the kernel
 headers against SIMDe (package cmeel-simde, in the test extra) into a small shared library and
@@ -30,7 +31,7 @@ import ggml_lanes as lanes
 from quants_oracles import KERNEL_TYPES, LANES_TYPES, check_fp16_conversions
 
 ROOT = Path(__file__).resolve().parent.parent
-ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2}
+ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512vbmi": 3}  # avx512vbmi: avx512, VBMI on
 
 
 def _simde_include() -> Path:
@@ -86,8 +87,9 @@ def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
     xq = data.draw(gst.quantized_blocks(partner, n // partner.block_size, int8_min=-127, tiny=tiny))
     scalar = emulated_dot("scalar", t, n, w, xq)
     assert scalar.view(np.uint32) == _native("scalar", arith, t, n, w, xq).view(np.uint32)
-    # every variant rounds as the scalar kernels; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly
-    for isa in ("avx2", "avx512"):
+    # every variant rounds as the scalar kernels; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly;
+    # the VBMI grid decoding gives the same bytes
+    for isa in ("avx2", "avx512", "avx512vbmi"):
         assert emulated_dot(isa, t, n, w, xq).view(np.uint32) == scalar.view(np.uint32), isa
     # the CPU's own instructions compute what SIMDe's portable ones do (avx512bf16 has no emulated
     # twin: SIMDe's vdpbf16ps neither reads denormals as zeros nor flushes; it must equal avx512's)
