@@ -112,8 +112,11 @@ def spm_vocab():
         yield model.vocab
 
 
+# random grammars that fail to compile (left recursion, a literal no token can spell...) are
+# skipped here; how many varies with hypothesis' seed, up to the health check's limit
 @settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.filter_too_much])
 @given(text=grammars(), seed=st.integers(0, 2**32 - 1))
 def test_random_grammars_mask_a_real_vocabulary_as_llama_cpp(spm_vocab, text, seed):
     grammar = _grammar(text)
