@@ -215,7 +215,9 @@ static void GGUFLM_SIMD(TILED_iq4_xs)(int64_t n, const uint8_t *w, int64_t ws, i
  * The elements of a super-block as 4 vectors of 64 in the activation's order, each byte the
  * base-3 shift q * 3^k (mod 256) whose top trit is the value + 1:
  *   [q, 3q], [9q, 27q], [81q, r, 3r], [9r, 27r, 81r, h]
- * q = qs[0..31], r = qs[32..47] (16 bytes), h = qh's 4 bytes times 1, 3, 9, 27. */
+ * q = qs[0..31], r = qs[32..47] (16 bytes), h = qh's 4 bytes times 1, 3, 9, 27: r and h share one
+ * chain [r, 3r, r, x] -> [9r, 27r, ., 9x] -> [., ., 81r, .] with x = qh * [1, 3, 1, 3] per dword,
+ * and a lane shuffle puts r, 3r into the upper half of the third vector. */
 static inline __m512i GGUFLM_SIMD(mul9_z)(__m512i q) {
     return _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(q, 3), _mm512_set1_epi8((char)0xF8)), q);
 }
@@ -227,21 +229,20 @@ static inline __m512i GGUFLM_SIMD(top_trit64_z)(__m512i q) {
     return _mm512_and_si512(q, _mm512_set1_epi8((char)0xC0));
 }
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq1_values_z)(const block_tq1_0 *b, __m512i z[4]) {
-    const __mmask64 hi256 = 0xFFFFFFFF00000000ull, lanes13 = 0xFFFF0000FFFF0000ull;
-    const __mmask64 lane2 = 0x0000FFFF00000000ull, lane3 = 0xFFFF000000000000ull;
+    const __mmask64 hi256 = 0xFFFFFFFF00000000ull, lane2 = 0x0000FFFF00000000ull;
     const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->qs));
     const __m512i q1 = _mm512_mask_add_epi8(a, hi256, a, _mm512_add_epi8(a, a));
     const __m512i q9 = GGUFLM_SIMD(mul9_z)(q1), q81 = GGUFLM_SIMD(mul9_z)(q9);
-    const __m512i r = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
-    const __m512i r1 = _mm512_mask_add_epi8(r, lanes13, r, _mm512_add_epi8(r, r));
+    __m512i r = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
+    r = _mm512_mask_set1_epi32(r, 0xF000, (int)gguflm_u32_at(b->qh));
+    /* times 3: all of lane 1, dwords 1 and 3 of lane 3 */
+    const __m512i r1 = _mm512_mask_add_epi8(r, 0xF0F0000000000000ull | 0x00000000FFFF0000ull, r, _mm512_add_epi8(r, r));
     const __m512i r9 = GGUFLM_SIMD(mul9_z)(r1), r81 = GGUFLM_SIMD(mul9_z)(r9);
-    const __m512i x = _mm512_set1_epi32((int)gguflm_u32_at(b->qh));
-    const __m512i x3 = _mm512_mask_add_epi8(x, 0xF0F0F0F0F0F0F0F0ull, x, _mm512_add_epi8(x, x));
-    const __m512i h = _mm512_mask_mov_epi8(x3, 0xFF00FF00FF00FF00ull, GGUFLM_SIMD(mul9_z)(x3));
     z[0] = GGUFLM_SIMD(top_trit64_z)(q1);
     z[1] = GGUFLM_SIMD(top_trit64_z)(q9);
-    z[2] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_mov_epi8(q81, hi256, r1));
-    z[3] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_mov_epi8(_mm512_mask_mov_epi8(r9, lane2, r81), lane3, h));
+    z[2] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_shuffle_i64x2(q81, 0xF0, r1, r1, _MM_SHUFFLE(1, 0, 1, 0)));
+    /* lane 3: x's dwords 0, 1 (qh, 3 qh) and 9x's dwords 2, 3 (9 qh, 27 qh) */
+    z[3] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_mov_epi8(_mm512_mask_mov_epi8(r9, lane2, r81), 0x00FF000000000000ull, r1));
 }
 
 /* one TQ1_0 row against T <= 4 tokens: lut256_tile's recipe (the same 8 int32 lanes: the two
