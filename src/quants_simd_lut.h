@@ -210,7 +210,83 @@ static void GGUFLM_SIMD(TILED_iq4_xs)(int64_t n, const uint8_t *w, int64_t ws, i
             }
     }
 }
+#if GGUFLM_SIMD_512
+/* ---- TQ1_0 with 512-bit vectors (why: at 256 bits the decode, not the memory, bound it) ----
+ * The elements of a super-block as 4 vectors of 64 in the activation's order, each byte the
+ * base-3 shift q * 3^k (mod 256) whose top trit is the value + 1:
+ *   [q, 3q], [9q, 27q], [81q, r, 3r], [9r, 27r, 81r, h]
+ * q = qs[0..31], r = qs[32..47] (16 bytes), h = qh's 4 bytes times 1, 3, 9, 27: r and h share one
+ * chain [r, 3r, r, x] -> [9r, 27r, ., 9x] -> [., ., 81r, .] with x = qh * [1, 3, 1, 3] per dword,
+ * and a lane shuffle puts r, 3r into the upper half of the third vector. */
+static inline __m512i GGUFLM_SIMD(mul9_z)(__m512i q) {
+    return _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(q, 3), _mm512_set1_epi8((char)0xF8)), q);
+}
+/* top_trit's steps without its final shift: the trit in bits 6-7, so the dot comes out 64 times
+ * too large (exact; one shift per super-block instead of one per vector) */
+static inline __m512i GGUFLM_SIMD(top_trit64_z)(__m512i q) {
+    q = _mm512_subs_epu8(q, _mm512_set1_epi8(1));
+    q = _mm512_avg_epu8(q, _mm512_avg_epu8(q, _mm512_setzero_si512()));
+    return _mm512_and_si512(q, _mm512_set1_epi8((char)0xC0));
+}
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq1_values_z)(const block_tq1_0 *b, __m512i z[4]) {
+    const __mmask64 hi256 = 0xFFFFFFFF00000000ull, lane2 = 0x0000FFFF00000000ull;
+    const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->qs));
+    const __m512i q1 = _mm512_mask_add_epi8(a, hi256, a, _mm512_add_epi8(a, a));
+    const __m512i q9 = GGUFLM_SIMD(mul9_z)(q1), q81 = GGUFLM_SIMD(mul9_z)(q9);
+    __m512i r = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b->qs + 32)));
+    r = _mm512_mask_set1_epi32(r, 0xF000, (int)gguflm_u32_at(b->qh));
+    /* times 3: all of lane 1, dwords 1 and 3 of lane 3 */
+    const __m512i r1 = _mm512_mask_add_epi8(r, 0xF0F0000000000000ull | 0x00000000FFFF0000ull, r, _mm512_add_epi8(r, r));
+    const __m512i r9 = GGUFLM_SIMD(mul9_z)(r1), r81 = GGUFLM_SIMD(mul9_z)(r9);
+    z[0] = GGUFLM_SIMD(top_trit64_z)(q1);
+    z[1] = GGUFLM_SIMD(top_trit64_z)(q9);
+    z[2] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_shuffle_i64x2(q81, 0xF0, r1, r1, _MM_SHUFFLE(1, 0, 1, 0)));
+    /* lane 3: x's dwords 0, 1 (qh, 3 qh) and 9x's dwords 2, 3 (9 qh, 27 qh) */
+    z[3] = GGUFLM_SIMD(top_trit64_z)(_mm512_mask_mov_epi8(_mm512_mask_mov_epi8(r9, lane2, r81), 0x00FF000000000000ull, r1));
+}
+
+/* one TQ1_0 row against T <= 4 tokens: lut256_tile's recipe (the same 8 int32 lanes: the two
+ * 256-bit halves of the 16 lanes hold the same elements mod 32) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq1_tile_z)(int64_t n, const uint8_t *x, const uint8_t *y,
+                                                                         int64_t ys, int T, float *out, int64_t os) {
+    __m256 acc[4];
+    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const block_tq1_0 *b = (const block_tq1_0 *)x + i;
+        GGUFLM_SIMD(prefetch)((const uint8_t *)(b + 2), sizeof(block_tq1_0));
+        __m512i z[4];
+        GGUFLM_SIMD(tq1_values_z)(b, z);
+        const float dx = GGUFLM_FP16_TO_FP32_SIMD(b->d);
+        for (int t = 0; t < T; ++t) {
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[0], _mm512_loadu_si512(yb->qs));
+            s = _mm512_dpbusd_epi32(s, z[1], _mm512_loadu_si512(yb->qs + 64));
+            __m512i s2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z[2], _mm512_loadu_si512(yb->qs + 128));
+            s2 = _mm512_dpbusd_epi32(s2, z[3], _mm512_loadu_si512(yb->qs + 192));
+            s = _mm512_add_epi32(s, s2);
+            __m256i lanes = _mm256_srai_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)), 6);
+            lanes = _mm256_sub_epi32(lanes, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums), _mm256_set1_epi16(1)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(yb->d * dx), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) out[t * os] = GGUFLM_SIMD(hsum_f32)(acc[t]);
+}
+static void GGUFLM_SIMD(DOT_tq1_0)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, int64_t ys,
+                                   int64_t nt, float *o, int64_t os, int arith) {
+    (void)arith;
+    if (nt == 1) {   /* decode: the tile compiled for one token */
+        for (int64_t r = 0; r < nr; ++r) GGUFLM_SIMD(tq1_tile_z)(n, w + r * ws, y, ys, 1, o + r, os);
+        return;
+    }
+    for (int64_t r = 0; r < nr; ++r)
+        for (int64_t t = 0; t < nt; t += 4) {
+            const int T = (int)(nt - t < 4 ? nt - t : 4);
+            GGUFLM_SIMD(tq1_tile_z)(n, w + r * ws, y + t * ys, ys, T, o + t * os + r, os);
+        }
+}
+#else
 GGUFLM_SIMD_LUT256(DOT, tq1_0, GGUFLM_TQ1_0)
+#endif
 GGUFLM_SIMD_LUT256(DOT, tq2_0, GGUFLM_TQ2_0)
 #undef GGUFLM_SIMD_LUT256
 #undef GGUFLM_LUT256_TOKENS
