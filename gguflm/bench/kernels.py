@@ -14,6 +14,11 @@ a multiple of 256 (640 -> 768, 576 -> 768); the label says so.
 
 :func:`run` returns the figures as a dict, so the ``gguflm bench`` CLI can reuse it.
 
+On a shared machine the bandwidth and the peak themselves drift (2x within minutes was seen on a
+2-core cloud machine), so each row's ``%read`` and ``%peak`` are against the figures measured
+again just before and just after that row (the better of the two): the row and its reference come
+from the same few seconds. The header's figures are those of the first window.
+
 On a machine shared with other busy processes, libgomp's default spin-waiting makes every
 multi-threaded parallel region wait for a time slice (about 10 ms per matmul was measured on a
 2-core machine under load); run with ``OMP_WAIT_POLICY=passive`` there. The variable has to be set
@@ -49,9 +54,13 @@ def _best_seconds(fn, repeat: int, min_seconds: float = 0.0, clock=time.perf_cou
     return best
 
 
-def read_bandwidth(n_bytes: int, n_threads: int, repeat: int = 3) -> float:
-    """Measured memory read bandwidth in GB/s: a parallel sum of ``n_bytes`` of 64-bit words."""
-    buf = np.ones(n_bytes // 8, dtype=np.uint64)  # written once so every page is resident
+def read_buffer(n_bytes: int) -> np.ndarray:
+    """The buffer read_bandwidth sums, written once so every page is resident."""
+    return np.ones(n_bytes // 8, dtype=np.uint64)
+
+
+def read_bandwidth(buf: np.ndarray, n_threads: int, repeat: int = 3) -> float:
+    """Measured memory read bandwidth in GB/s: a parallel sum of ``buf``'s 64-bit words."""
     seconds = _best_seconds(lambda: _k.read_sum(buf, n_threads), repeat)
     return buf.nbytes / seconds / 1e9
 
@@ -79,6 +88,12 @@ def int8_peak(n_threads: int, seconds: float = 0.2, repeat: int = 3) -> float | 
     return ops / best / 1e9
 
 
+def _references(buf: np.ndarray, n_threads: int, batch_threads: int) -> tuple[float, float]:
+    """The read bandwidth (``n_threads``) and the int8 peak (``batch_threads``; 0 without one),
+    measured briefly, for the row measured beside them."""
+    return read_bandwidth(buf, n_threads, repeat=2), int8_peak(batch_threads, seconds=0.1, repeat=2) or 0.0
+
+
 def amx_status() -> str:
     """Why no AMX figure is printed: what the CPU, the OS and the kernel say about AMX."""
     amx = system.system_info().get("amx", {})
@@ -101,8 +116,9 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
     rng = np.random.default_rng(0)
     results = {"isa": system.current_isa(), "arithmetic": system.current_arithmetic(), "read_gbs": {}, "rows": []}
     out(f"kernels: {system.current_isa()}, arithmetic {system.current_arithmetic()}")
+    buf = read_buffer(membw_bytes)
     for n in threads:
-        results["read_gbs"][n] = read_bandwidth(membw_bytes, n)
+        results["read_gbs"][n] = read_bandwidth(buf, n)
         out(f"memory read bandwidth, {n} thread(s): {results['read_gbs'][n]:.1f} GB/s "
             f"({membw_bytes / 2**20:.0f} MiB buffer)")
     peak = results["int8_peak_gops"] = int8_peak(batch_threads)
@@ -123,6 +139,7 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             x1 = rng.standard_normal((1, cols)).astype(np.float32)
             out1 = np.empty((1, n_rows), np.float32)
             row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}}
+            before = _references(buf, max(threads), batch_threads)
             # single thread on the thread's CPU clock: what the kernel streams while it runs, which
             # other processes on a shared machine do not distort the way they distort wall time
             secs = _best_seconds(lambda: q.matmul(w, name, x1, out=out1, n_threads=1), repeat, 0.2, time.thread_time)
@@ -135,15 +152,19 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             secs = _best_seconds(lambda: q.matmul(w, name, xb, out=outb, n_threads=batch_threads),
                                  1 if w.nbytes > 2**26 else repeat, clock=_batch_clock(batch_threads))
             row["gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
+            after = _references(buf, max(threads), batch_threads)
+            row["read_gbs"] = max(before[0], after[0])
+            row["int8_peak_gops"] = None if peak is None else max(before[1], after[1])
             results["rows"].append(row)
             label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "")
-            share = row["gbs"][max(threads)] / results["read_gbs"][max(threads)] * 100
-            row["peak_share"] = None if peak is None else row["gflops"] / peak
+            share = row["gbs"][max(threads)] / row["read_gbs"] * 100
+            row["peak_share"] = None if peak is None else row["gflops"] / row["int8_peak_gops"]
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f} "
                 + ("     -" if peak is None else f"{100 * row['peak_share']:5.0f}%"))
     out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock"
-        + (" (the batch and the int8 peak too)" if batch_threads == 1 else ""))
+        + (" (the batch and the int8 peak too)" if batch_threads == 1 else "")
+        + "; %read and %peak: against the figures measured around the row")
     return results
 
 
