@@ -242,6 +242,86 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     for (int k = 0; k < T; ++k) o[k * os] = out[k];
 }
 
+#if GGUFLM_SIMD_512
+/* ---- batches through the AVX-512 K GEMM (quants_simd_ktile.h): 16 rows decoded once per pass ---- */
+#define GGUFLM_IQ_GEMM_MIN_TOKENS 16  /* fewer tokens: iq_tiled_tile (decoding 16 rows would not pay) */
+
+#if !GGUFLM_SIMD_VBMI  /* the VBMI copy calls the AVX-512 copy's GEMM and with it this decoding */
+/* the 64 elements 64p .. 64p+63 of a decoded super-block as off + signed value (IQ1: 8 * grid + delta) */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq_kt_values)(int type, const uint8_t *xb,
+                                                                              const GGUFLM_SIMD(iq512_sb) *b, int p,
+                                                                              __m512i off) {
+    if (!gguflm_iq_is_1bit(type))
+        return _mm512_mask_sub_epi8(_mm512_add_epi8(off, b->mag[p]), b->neg[p], off, b->mag[p]);
+    __mmask64 dneg = b->dneg[p];
+    if (type == GGUFLM_IQ1_S)  /* bit 15 of the qh words of groups 2p, 2p + 1 */
+        dneg = (gguflm_u16_at(xb + 34 + 4 * p) & 0x8000 ? 0xFFFFFFFFull : 0) |
+               (gguflm_u16_at(xb + 36 + 4 * p) & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i base = _mm512_mask_blend_epi8(dneg, _mm512_add_epi8(off, one), _mm512_sub_epi8(off, one));
+    const __m512i g8 = _mm512_slli_epi16(b->mag[p], 3);   /* |grid| is 0 or 1: nothing crosses a byte */
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(base, g8), b->neg[p], base, g8);
+}
+
+/* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into the K GEMM's layout:
+ * the unsigned values of gguflm_kt_offset, the odd scale of each 16 elements, d = fp16 d * factor
+ * (the TILED recipe's float), no mins */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(int type, size_t bx, const uint8_t *w,
+                                                                              int64_t ws, int R, int64_t i0, int nsb,
+                                                                              GGUFLM_SIMD(ktile_sb) *dec) {
+    const __m512i off = _mm512_set1_epi8((char)gguflm_kt_offset(type));
+    const float factor = gguflm_iq_factor(type);
+    for (int s = 0; s < nsb; ++s) {
+        GGUFLM_SIMD(ktile_sb) *o = &dec[s];
+        __m512i v[QK_K / 64][16], sc[16];
+        float d[16] = {0};
+        for (int r = 0; r < 16; ++r) {
+            sc[r] = _mm512_setzero_si512();
+            for (int p = 0; p < QK_K / 64; ++p) v[p][r] = _mm512_setzero_si512();
+        }
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *xb = w + r * ws + (i0 + s) * bx;
+            GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
+            GGUFLM_SIMD(iq512_sb) b;
+            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            sc[r] = _mm512_cvtepi16_epi32(b.scales);
+            d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+            for (int p = 0; p < QK_K / 64; ++p) v[p][r] = GGUFLM_SIMD(iq_kt_values)(type, xb, &b, p, off);
+        }
+        GGUFLM_SIMD(transpose16_epi32)(sc);
+        for (int j = 0; j < 16; ++j) o->sc[j] = sc[j];
+        for (int k = 0; k < 8; ++k) o->mn[k] = _mm512_setzero_si512();
+        o->d = _mm512_loadu_ps(d);
+        o->dmin = o->neg_dmin = _mm512_setzero_ps();
+        for (int p = 0; p < QK_K / 64; ++p) {
+            GGUFLM_SIMD(transpose16_epi32)(v[p]);
+            for (int k = 0; k < 16; ++k) o->q[16 * p + k] = v[p][k];
+        }
+    }
+}
+#endif
+#endif
+
+/* TILED of any number of rows and tokens (the matmul hands the whole batch over): the K GEMM for
+ * batches (AVX-512), else iq_tiled_tile over blocks of its tokens, the rows of a block staying in
+ * L1 while they meet its tokens */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type, size_t bx, int64_t n,
+                                                                       const uint8_t *w, int64_t ws, int64_t nr,
+                                                                       const uint8_t *y, int64_t ys, int64_t nt,
+                                                                       float *o, int64_t os) {
+#if GGUFLM_SIMD_512
+    if (nt >= GGUFLM_IQ_GEMM_MIN_TOKENS) {
+        GGUFLM_SIMD(ktile_gemm)(type, 0, bx, n, w, ws, nr, y, ys, nt, o, os);
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < nt; t += GGUFLM_IQ_TILED_TOKENS)
+        for (int64_t r = 0; r < nr; ++r)
+            GGUFLM_SIMD(iq_tiled_tile)(type, bx, n, w + r * ws, y + t * ys, ys,
+                                       (int)(nt - t < GGUFLM_IQ_TILED_TOKENS ? nt - t : GGUFLM_IQ_TILED_TOKENS),
+                                       o + t * os + r, os);
+}
+
 /* DOT: a single token gets the tile compiled for T = 1 (decode streams the weights: no per-token
  * arrays there) */
 #define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
@@ -261,11 +341,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
         (void)arith;                                                                                             \
-        for (int64_t r = 0; r < nr; ++r)                                                                         \
-            for (int64_t t = 0; t < nt; t += GGUFLM_IQ_TILED_TOKENS)                                             \
-                GGUFLM_SIMD(iq_tiled_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,             \
-                                           (int)(nt - t < GGUFLM_IQ_TILED_TOKENS ? nt - t : GGUFLM_IQ_TILED_TOKENS), \
-                                           o + t * os + r, os);                                                  \
+        GGUFLM_SIMD(iq_tiled)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                        \
     }
 GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
 #undef GGUFLM_IQ_SIMD_KERNELS
+#undef GGUFLM_IQ_GEMM_MIN_TOKENS

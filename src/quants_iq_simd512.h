@@ -171,6 +171,7 @@ typedef struct {
     __m512i mag[4], sc[4];
     __mmask64 neg[4], dneg[4];
     __m256i dsc;
+    __m256i scales;  /* the odd scale of each 16 elements (int16), for the K GEMM's decoding */
 } GGUFLM_SIMD(iq512_sb);
 
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int type, const uint8_t *xb,
@@ -178,6 +179,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     uint64_t sign[4];
     __m256i scales;
     GGUFLM_SIMD(iq512_block)(type, xb, sign, &scales);
+    b->scales = scales;
 #if GGUFLM_SIMD_VBMI
     const int vbmi = gguflm_iq_vbmi_type(type);
     if (vbmi) GGUFLM_SIMD(iqv_mags)(type, xb, b->mag);

@@ -217,12 +217,13 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
 }
 
 /* kernels handed a segment's whole batch, which block its tokens themselves (the others get
- * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the K-quants' TILED and
- * repacked GEMM ones (they decode a chunk's rows once for all its tokens) */
+ * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the TILED and repacked
+ * GEMM ones of the K-quants, IQ4_XS and the grid i-quants (they decode a chunk's rows once for all
+ * its tokens) */
 static inline int gguflm_takes_whole_batch(int path, int wtype) {
     if (path == GGUFLM_PATH_Q4_0_REPACK) return 1;
     return (path == GGUFLM_PATH_TILED || path == GGUFLM_PATH_Q4_K_GEMM) &&
-           (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS);
+           (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype));
 }
 
 /* The chunks of a parallel region, dealt by ranges: chunks 0..n-1 are cut into one contiguous range

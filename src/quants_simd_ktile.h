@@ -1,5 +1,6 @@
-/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K, and IQ4_XS) for batches: ggml's TILED recipe (one exact
- * integer per super-block, res = d*s1 (- dmin*s2 fused), out = fma(res, y.d, out); quants_dot.h)
+/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K), IQ4_XS and the grid i-quants for batches:
+ * ggml's TILED recipe (one exact integer per super-block, res = d*s1 (- dmin*s2 fused),
+ * out = fma(res, y.d, out); quants_dot.h, quants_iq.h)
  * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector.
  * Included by quants_simd_body.h in its AVX-512 copy only (GGUFLM_SIMD_512). No include guard.
  *
@@ -9,8 +10,8 @@
  * values come as one broadcast dword; vpdpbusd then gives lane r = row r's 4 products, and 4 (or 8)
  * of them in a row make a 16-element (32-element) sub-block's sum. Per sub-block one vpmulld by the
  * rows' scales (lane r = row r's), so no horizontal sums at all: lane r of the result is s1 of row
- * r. Q3_K's, Q6_K's and IQ4_XS's offsets (4, 32, 128) start each sub-block's sum at -offset * the activation's
- * bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
+ * r. Offsets (Q3_K 4, Q6_K 32, IQ4_XS 128, the grids 64 or 16) start each sub-block's sum at
+ * -offset * the activation's bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
  * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's. The repacked
  * Q4_K / Q2_K GEMM recipe (gguflm_k_repack_1: a float step per 64 or 128 elements) takes the same
  * integers per part; ggml's repack is of no use here, the file's layout is decoded as it is.
@@ -48,13 +49,23 @@ static inline void GGUFLM_SIMD(transpose16_epi32)(__m512i v[16]) {
 }
 
 /* per type: elements per scale, and the offset of the unsigned quants (IQ4_XS: its signed table
- * values + 128) */
+ * values + 128; the grid i-quants: their signed values, at most 62 in size, + 64, IQ1's 8 * grid +
+ * delta, at most 9, + 16) */
 static inline int gguflm_kt_sub(int type) {
-    return type == GGUFLM_Q4_K || type == GGUFLM_Q5_K || type == GGUFLM_IQ4_XS ? 32 : 16;
+    return type == GGUFLM_Q4_K || type == GGUFLM_Q5_K || type == GGUFLM_IQ4_XS || type == GGUFLM_IQ2_XXS ||
+                   type == GGUFLM_IQ3_XXS || type == GGUFLM_IQ3_S || type == GGUFLM_IQ1_S
+               ? 32
+               : 16;
 }
 static inline int gguflm_kt_offset(int type) {
+    if (gguflm_is_iq_grid(type)) return gguflm_iq_is_1bit(type) ? 16 : 64;
     return type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : type == GGUFLM_IQ4_XS ? 128 : 0;
 }
+
+/* the grid i-quants' decoding into the same layout (quants_iq_simd.h, included after this file) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(int type, size_t bx, const uint8_t *w,
+                                                                              int64_t ws, int R, int64_t i0, int nsb,
+                                                                              GGUFLM_SIMD(ktile_sb) *dec);
 
 /* the 64 unsigned quants of elements 64c .. 64c+63 of a super-block */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
@@ -92,6 +103,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int typ
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                            int64_t ws, int R, int64_t i0, int nsb,
                                                                            GGUFLM_SIMD(ktile_sb) *dec) {
+    if (gguflm_is_iq_grid(type)) {
+        GGUFLM_SIMD(iq_ktile_decode)(type, bx, w, ws, R, i0, nsb, dec);
+        return;
+    }
     for (int s = 0; s < nsb; ++s) {
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         __m512i v[16], sc[16], mn[16];

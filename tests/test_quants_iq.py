@@ -103,10 +103,12 @@ def test_vec_dot_is_ggml_vec_dot_on_every_isa(t, data):
 @pytest.mark.parametrize("t", IQ_TYPES, ids=ids)
 def test_matmul_is_ggml_mul_mat(t):
     """Single tokens through vec_dot, batches of 8+ through ggml-cpu's tiled GEMM (one exact integer
-    per super-block); every ISA and thread count bit-identical with ggml's mul_mat."""
+    per super-block); every ISA and thread count bit-identical with ggml's mul_mat. AVX-512 runs
+    16+ tokens through the K GEMM: 24 rows are a whole 16-row strip and a part, 5 super-blocks a
+    whole pass of decoded super-blocks and a part."""
     require_ggml()
     rng = np.random.default_rng(int(t))
-    n_rows, n_in = 24, 512
+    n_rows, n_in = 24, 1280
     w = random_blocks(q.get(t), n_rows * n_in // 256, rng).reshape(n_rows, -1)
     for n_tok in (1, 3, 8, 13, 21):   # 21: a whole 16-token tile of the tiled path and 5 more
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
@@ -152,7 +154,7 @@ def test_tiny_models_equal_llama_cpp(tmp_path, t):
     path = tmp_path / f"llama-{t.name}.gguf"
     write_tiny_model(spec, path, np.random.default_rng(int(t)))
     assert {w.type for name, w in Model.load(path).tensors.items() if name.endswith("_up.weight")} == {t}
-    tokens = np.random.default_rng(1).integers(3, 300, 12)
+    tokens = np.random.default_rng(1).integers(3, 300, 20)   # 20: the batch takes the K GEMM on AVX-512
     for n_ubatch in (1, 256):
         llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
                               n_threads_batch=2, verbose=False)
@@ -163,6 +165,28 @@ def test_tiny_models_equal_llama_cpp(tmp_path, t):
         np.testing.assert_array_equal(ours[0].view(np.uint32), theirs[0].view(np.uint32), err_msg=f"n_ubatch {n_ubatch}")
         assert np.abs(ours - theirs).max() <= 1e-4 * (theirs.max() - theirs.min())
         assert np.array_equal(ours.argmax(1), theirs.argmax(1))
+
+
+@pytest.mark.parametrize("t", IQ_TYPES, ids=ids)
+def test_tiny_models_same_floats_at_every_thread_count(tmp_path, t):
+    """Every layer matrix in the type: for each ubatch split (single tokens: vec_dot; 5: the tiled
+    tiles; 20: on AVX-512 the K GEMM, 16 rows decoded per pass) the logits are bit-identical at 1
+    to 4 threads, and never NaN."""
+    from test_invariance import prompt_logits as logits_at
+    from tiny_models import MATRIX_KINDS, TinyModel, write_tiny_model
+    types = {kind: t for kind in MATRIX_KINDS if kind not in ("token_embd", "output")}
+    path = tmp_path / f"llama-{t.name}.gguf"
+    write_tiny_model(TinyModel("llama", n_ff=1280, tied_output=False, types=types), path,
+                     np.random.default_rng(int(t) + 1))
+    tokens = [1] + [int(v) for v in np.random.default_rng(2).integers(3, 300, 19)]
+    with Model.load(path) as model:
+        for n_ubatch in (1, 5, 20):
+            first = logits_at(model, tokens, 1, n_ubatch, "f16", "f16")
+            assert not np.isnan(first).any()
+            for n_threads in (2, 3, 4):
+                got = logits_at(model, tokens, n_threads, n_ubatch, "f16", "f16")
+                np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32),
+                                              err_msg=f"n_ubatch {n_ubatch} n_threads {n_threads}")
 
 
 QUANTIZED = IQ_TYPES
