@@ -1,34 +1,51 @@
 /* The int8 multiply-add peak that the batch kernels are measured against (gguflm bench kernels):
- * GGUFLM_INT8_PEAK_CHAINS independent accumulators, enough to hide the instruction's latency,
- * updated `iters` times; vpdpbusd on 512-bit vectors in the AVX-512 (VNNI) copy, vpmaddubsw +
- * vpmaddwd + vpaddd on 256-bit ones in the AVX2 copy. Returns a checksum so that the loop stays.
+ * independent accumulators, enough to hide the instruction's latency, updated `iters` times;
+ * vpdpbusd on 512-bit vectors in the AVX-512 (VNNI) copy (12 chains), vpmaddubsw + vpmaddwd +
+ * vpaddd on 256-bit ones in the AVX2 copy (8 chains, within its 16 registers). The chains are
+ * named variables, not an array: GCC kept an array of 24 vectors on the stack, a load and a
+ * store per step, which read half the real peak. Returns a checksum so that the loop stays.
  * Included by quants_simd_body.h once per ISA; no include guard. */
-#define GGUFLM_INT8_PEAK_CHAINS 24
+#define GGUFLM_PEAK_8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define GGUFLM_PEAK_12(M) GGUFLM_PEAK_8(M) M(8) M(9) M(10) M(11)
+#ifndef GGUFLM_INT8_PEAK_OPS
+/* int8 operations (2 per multiply-add) of one int8_peak round: 12 chains x 64, or 8 x 32 */
+#define GGUFLM_INT8_PEAK_OPS(wide) ((wide) ? (int64_t)12 * 128 : (int64_t)8 * 64)
+#endif
 
 static int32_t GGUFLM_SIMD(int8_peak)(int64_t iters) {
 #if GGUFLM_SIMD_512
-    __m512i acc[GGUFLM_INT8_PEAK_CHAINS], u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
-    for (int i = 0; i < GGUFLM_INT8_PEAK_CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);
+    __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+#define GGUFLM_PEAK_INIT(i) __m512i a##i = _mm512_set1_epi32(i);
+#define GGUFLM_PEAK_STEP(i) a##i = _mm512_dpbusd_epi32(a##i, u, s);
+#define GGUFLM_PEAK_SUM(i) t = _mm512_add_epi32(t, a##i);
+    GGUFLM_PEAK_12(GGUFLM_PEAK_INIT)
     for (int64_t k = 0; k < iters; ++k) {
-        for (int i = 0; i < GGUFLM_INT8_PEAK_CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], u, s);
+        GGUFLM_PEAK_12(GGUFLM_PEAK_STEP)
         __asm__ volatile("" : "+v"(u), "+v"(s));   /* the operands are not known constants */
     }
-    __m512i t = acc[0];
-    for (int i = 1; i < GGUFLM_INT8_PEAK_CHAINS; ++i) t = _mm512_add_epi32(t, acc[i]);
+    __m512i t = _mm512_setzero_si512();
+    GGUFLM_PEAK_12(GGUFLM_PEAK_SUM)
     return GGUFLM_SIMD(hsum_i32)(_mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1)));
 #else
-    __m256i acc[GGUFLM_INT8_PEAK_CHAINS], u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
-    for (int i = 0; i < GGUFLM_INT8_PEAK_CHAINS; ++i) acc[i] = _mm256_set1_epi32(i);
+    __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
+#define GGUFLM_PEAK_INIT(i) __m256i a##i = _mm256_set1_epi32(i);
+    /* the asm makes each chain's vpmaddubsw its own (without it the 8 would be one, reused) */
+#define GGUFLM_PEAK_STEP(i)                          \
+    __asm__ volatile("" : "+x"(u));                  \
+    a##i = _mm256_add_epi32(a##i, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
+#define GGUFLM_PEAK_SUM(i) t = _mm256_add_epi32(t, a##i);
+    GGUFLM_PEAK_8(GGUFLM_PEAK_INIT)
     for (int64_t k = 0; k < iters; ++k) {
-        for (int i = 0; i < GGUFLM_INT8_PEAK_CHAINS; ++i)
-            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
-        __asm__ volatile("" : "+x"(u), "+x"(s));
+        GGUFLM_PEAK_8(GGUFLM_PEAK_STEP)
     }
-    __m256i t = acc[0];
-    for (int i = 1; i < GGUFLM_INT8_PEAK_CHAINS; ++i) t = _mm256_add_epi32(t, acc[i]);
+    __m256i t = _mm256_setzero_si256();
+    GGUFLM_PEAK_8(GGUFLM_PEAK_SUM)
     return GGUFLM_SIMD(hsum_i32)(t);
 #endif
+#undef GGUFLM_PEAK_INIT
+#undef GGUFLM_PEAK_STEP
+#undef GGUFLM_PEAK_SUM
 }
+#undef GGUFLM_PEAK_8
+#undef GGUFLM_PEAK_12
 
-/* int8 operations (2 per multiply-add) of one int8_peak round */
-#define GGUFLM_INT8_PEAK_OPS(wide) ((int64_t)GGUFLM_INT8_PEAK_CHAINS * ((wide) ? 128 : 64))
