@@ -524,11 +524,14 @@ def mixtral_bench_model() -> TinyModel:
                      tied_output=False, n_expert=8, n_expert_used=2, types=types)
 
 
-if __name__ == "__main__":
-    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model
-    import sys
-
-    write_tiny_model(mixtral_bench_model(), Path(sys.argv[1]), np.random.default_rng(0))
+def type_bench_model(t: GGMLType) -> TinyModel:
+    """The per-type benchmark's model: llama-shaped at n_embd 2048 (32 heads, GQA 4:1, n_ff 5632,
+    4 layers: 182 M weights), every layer matrix in type ``t``, Q8_0 embeddings and output over the
+    tiny vocabulary, so that the matrices of one type take the time."""
+    types = dict.fromkeys(MATRIX_KINDS, t)
+    types.update(token_embd=GGMLType.Q8_0, output=GGMLType.Q8_0)
+    return TinyModel("llama", n_embd=2048, head_dim=64, n_head=32, n_head_kv=8, n_ff=5632, n_layer=4,
+                     tied_output=False, types=types)
 
 
 def prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
@@ -540,3 +543,12 @@ def prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
             batch.add(int(tok), pos, [0], True)
         assert ctx.decode(batch) == 0
         return ctx.get_logits().copy()
+
+
+if __name__ == "__main__":
+    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
+    # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
+    import sys
+
+    spec = type_bench_model(GGMLType[sys.argv[2]]) if len(sys.argv) > 2 else mixtral_bench_model()
+    write_tiny_model(spec, Path(sys.argv[1]), np.random.default_rng(0))
