@@ -305,15 +305,16 @@ class Context:
 
     def _decode_one(self, batch: Batch) -> int | None:
         """decode of a one-token batch of one sequence (generation's every step) when the
-        context has one plain cache (no window, one region) and the step's plan is recorded:
-        its checks on Python ints and its cell placed by plan.place_one, not by _prepare,
-        _split, _reserve and the ubatch loop, whose numpy steps (each run cache-cold after the
-        weights streamed through) cost a small model more than a layer. Same checks, cells and
-        outputs; None for every other batch (and any invalid one: the general path reports it)."""
-        if batch.n_tokens != 1 or batch.token is None or self.embeddings or len(self._caches) != 1:
+        context's caches have one region each and the step's plan is recorded: its checks on
+        Python ints and its cells placed by plan.place_one (a sliding window's too), not by
+        _prepare, _split, _reserve and the ubatch loop, whose numpy steps (each run cache-cold
+        after the weights streamed through) cost a small model more than a layer. Same checks,
+        cells and outputs; None for every other batch (and any invalid one: the general path
+        reports it)."""
+        caches = self._caches
+        if batch.n_tokens != 1 or batch.token is None or self.embeddings or not caches:
             return None
-        cache = self._caches[0]
-        if cache.n_swa or cache.n_stream != 1:
+        if any(cache.n_stream != 1 for cache in caches):
             return None
         hp = self.model.hparams
         tok = int(batch.token[0])
@@ -325,7 +326,7 @@ class Context:
             return None
         if not 0 <= tok < hp.n_vocab or not 0 <= seq < self.n_seq_max:
             return None
-        last = cache.seq_pos_max(seq)
+        last = max(cache.seq_pos_max(seq) for cache in caches)
         pos = last + 1 if batch.pos is None else int(batch.pos[0])
         limit = self.model.architecture.max_positions(hp)
         if pos < 0 or (last >= 0 and pos != last + 1) or (limit is not None and pos >= limit):
@@ -335,20 +336,27 @@ class Context:
         plan = self._plans.get(shape)
         if plan is None:
             return None
-        placed = place_one(cache.pos, cache.seq, cache.shift, cache.heads, pos, 1 << seq)
-        if placed is None:
-            return None
-        cell, head, n_kv = placed
+        # what an abort or a cache without room puts back (a window's placing also drops the
+        # positions that slid out, so one cell's old values would not do)
+        snapshots = [cache.snapshot() for cache in caches]
+        for ci, cache in enumerate(caches):
+            placed = place_one(cache.pos, cache.seq, cache.shift, cache.heads, pos, 1 << seq, cache.n_swa)
+            if placed is None:
+                for c, snap in zip(caches, snapshots):
+                    c.restore(snap)
+                return None
+            plan.cells[ci][0], plan.n_kv[ci] = placed[0], placed[2]
         start = time.perf_counter()
         self._plans.move_to_end(shape)
         self._perf["n_reused"] += 1
-        plan.tokens[0], plan.pos[0], plan.seq_first[0], plan.cells[0][0], plan.n_kv[0] = tok, pos, seq, cell, n_kv
+        plan.tokens[0], plan.pos[0], plan.seq_first[0] = tok, pos, seq
         self._embd, self._embd_seq = None, {}
         try:
             self._check_abort()
             plan.run(self._check_abort if self.matmul_observer is None else self._observing(shape))
         except Aborted:
-            cache.pos[cell], cache.seq[cell], cache.heads[0] = -1, 0, head
+            for cache, snap in zip(caches, snapshots):
+                cache.restore(snap)
             self._logits, self._n_outputs, self._output_ids = None, 0, np.full(1, -1, np.int32)
             log.info("decode: aborted")
             return 2

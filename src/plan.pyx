@@ -143,13 +143,16 @@ cdef inline int64_t _stride(cnp.ndarray a):
     return a.strides[0] // a.itemsize
 
 
-def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray heads, int32_t p, uint64_t mask):
-    """One token into a KV cache of one region without a sliding window (its ``pos`` int32,
-    ``seq`` uint64, ``shift`` int32 cells and ``heads`` int64), as KVCache.find_slot then apply
-    place it: the first free cell from the head (from cell 0 when the head is past the used
-    cells + 2), the head moved past it. Returns (cell, head before, cells attention scans), or
-    None, nothing changed, when no cell is free or K rows wait for a shift (the general path
-    handles both)."""
+def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray heads, int32_t p, uint64_t mask,
+              int32_t n_swa=0):
+    """One token into a KV cache of one region (its ``pos`` int32, ``seq`` uint64, ``shift``
+    int32 cells and ``heads`` int64), as KVCache.find_slot then apply place it: the first
+    reusable cell from the head (from cell 0 when the head is past the used cells + 2), the head
+    moved past it. Reusable: free, or with a sliding window (``n_swa`` > 0) a cell of one sequence
+    that slid out of it (its position at least n_swa below the sequence's newest), whose
+    sequence then loses that position and every older one, as KVCache.apply does. Returns (cell,
+    head before, cells attention scans), or None, nothing changed, when no cell is reusable or K
+    rows wait for a shift (the general path handles both)."""
     if pos.dtype != np.int32 or seq.dtype != np.uint64 or shift.dtype != np.int32 or heads.dtype != np.int64 or \
             seq.shape[0] != pos.shape[0] or shift.shape[0] != pos.shape[0] or heads.shape[0] != 1:
         raise ValueError("not the cells of a one-region cache")
@@ -158,28 +161,64 @@ def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray h
     cdef uint64_t *Q = <uint64_t *>_ptr(seq)
     cdef int64_t *H = <int64_t *>_ptr(heads)
     cdef int64_t n = pos.shape[0], i, used = 0, head = H[0], cell = -1, last = -1, old = H[0]
+    cdef int64_t pos_max[64]
+    cdef int s
+    cdef uint64_t q, bit
+    cdef int32_t old_pos
+    for s in range(64):
+        pos_max[s] = -1
     for i in range(n):
         if S[i] != 0:
             return None
         if P[i] >= 0:
             used += 1
-            last = i
+            q = Q[i]
+            if n_swa > 0 and q != 0 and (q & (q - 1)) == 0:   # one sequence: its newest position
+                s = _lowest_bit(q)
+                if P[i] > pos_max[s]:
+                    pos_max[s] = P[i]
     if head > used + 2:
         head = 0
     for i in range(head, n):
-        if P[i] < 0:
+        if _reusable(P[i], Q[i], pos_max, n_swa):
             cell = i
             break
     if cell < 0:
         for i in range(head):
-            if P[i] < 0:
+            if _reusable(P[i], Q[i], pos_max, n_swa):
                 cell = i
                 break
     if cell < 0:
         return None
+    old_pos = P[cell]
+    if old_pos >= 0:   # slid out of its sequence's window: that position and the older ones go
+        bit = Q[cell]
+        for i in range(n):
+            if P[i] >= 0 and P[i] <= old_pos and Q[i] & bit:
+                Q[i] &= ~bit
+                if Q[i] == 0:
+                    P[i], S[i] = -1, 0
     P[cell], Q[cell], S[cell] = p, mask, 0
     H[0] = 0 if cell + 1 >= n else cell + 1
-    return cell, old, (last if last > cell else cell) + 1
+    for i in range(n - 1, -1, -1):
+        if P[i] >= 0:
+            last = i
+            break
+    return cell, old, last + 1
+
+
+cdef inline int _lowest_bit(uint64_t q) noexcept nogil:
+    cdef int s = 0
+    while not (q >> s) & 1:
+        s += 1
+    return s
+
+
+cdef inline bint _reusable(int32_t p, uint64_t q, const int64_t *pos_max, int32_t n_swa) noexcept nogil:
+    """KVCache._reusable for one cell: free, or (a window) one sequence's and n_swa behind its newest."""
+    if p < 0:
+        return True
+    return n_swa > 0 and q != 0 and (q & (q - 1)) == 0 and pos_max[_lowest_bit(q)] + 1 - p >= n_swa
 
 
 cdef class Plan:

@@ -404,6 +404,45 @@ def test_window_cache_equals_full_cache(gemma3_model):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_one_token_steps_through_a_window_equal_the_general_path(gemma3_model):
+    """The one-token path with a sliding-window cache beside the full one (plan.place_one with
+    n_swa): two sequences step past the 256-cell window cache, so its cells slid out of the window
+    are taken again (and their sequences' older positions dropped), an abort in between puts every
+    cache back; cells, heads, outputs and statuses stay the general path's."""
+    tokens = [int(t) for t in np.resize(tokens_of("gemma3"), 300)]
+    ctxs = [Context(gemma3_model, n_ctx=512, n_ubatch=8, n_seq_max=2) for _ in range(2)]
+    ctxs[1]._decode_one = lambda batch: None          # the general path only
+    fast, decode_one = [], ctxs[0]._decode_one
+    ctxs[0]._decode_one = lambda batch: fast.append(decode_one(batch)) or fast[-1]
+
+    def both(tok, seq):
+        b = Batch(1, n_seq_max=2)
+        b.add(tok, ctxs[0].memory.seq_pos_max(seq) + 1, [seq], True)
+        statuses = [ctx.decode(b) for ctx in ctxs]
+        assert statuses[0] == statuses[1]
+        if statuses[0] == 0:
+            logits = [ctx.get_logits() for ctx in ctxs]
+            assert (logits[0].view(np.uint32) == logits[1].view(np.uint32)).all()
+        assert ctxs[0].state_save() == ctxs[1].state_save()
+        return statuses[0]
+
+    for ctx in ctxs:
+        for seq in (0, 1):
+            assert ctx.decode(full_batch(tokens[:8], seq=seq, all_logits=False)) == 0
+    for i, tok in enumerate(tokens[8:150]):
+        assert both(tok, i % 2) == 0
+    for ctx in ctxs:
+        ctx.abort_callback = lambda: True
+    assert both(tokens[0], 0) == 2
+    for ctx in ctxs:
+        ctx.abort_callback = None
+    for i, tok in enumerate(tokens[150:]):
+        assert both(tok, i % 2) == 0
+    assert fast.count(0) >= 280                        # the steps past the window too took the one-token path
+    for ctx in ctxs:
+        ctx.close()
+
+
 def test_embeddings_and_pooling(llama_model):
     tokens = tokens_of("llama")[:6]
     with Context(llama_model, n_ctx=256, embeddings=True, pooling="mean") as ctx:
