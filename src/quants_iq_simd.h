@@ -288,13 +288,13 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
             for (int p = 0; p < QK_K / 64; ++p) v[p][r] = GGUFLM_SIMD(iq_kt_values)(type, xb, &b, p, off);
         }
-        GGUFLM_SIMD(transpose16_epi32)(sc);
+        GGUFLM_SIMD(kt_transpose)(sc);
         for (int j = 0; j < 16; ++j) o->sc[j] = sc[j];
         for (int k = 0; k < 8; ++k) o->mn[k] = _mm512_setzero_si512();
         o->d = _mm512_loadu_ps(d);
         o->dmin = o->neg_dmin = _mm512_setzero_ps();
         for (int p = 0; p < QK_K / 64; ++p) {
-            GGUFLM_SIMD(transpose16_epi32)(v[p]);
+            GGUFLM_SIMD(kt_transpose)(v[p]);
             for (int k = 0; k < 16; ++k) o->q[16 * p + k] = v[p][k];
         }
     }

@@ -580,23 +580,21 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
 
 #if GGUFLM_SIMD_512
 #include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
-#include "quants_simd_ktile.h"  /* AVX-512 TILED GEMM of the K-quants: 16 rows per vector */
 #endif
+#include "quants_simd_ktile.h"  /* the K GEMM: 16 (AVX2: 8) rows per vector */
 
-/* TILED of a K-quant: batches through the AVX-512 GEMM; fewer tokens (and the AVX2 copy) in
- * k_sums_tile's tiles of 1 row x 4 tokens, over blocks of 16 tokens (the matmul hands the whole
- * batch over: the rows of a block stay in L1 while they meet its tokens) */
+/* TILED of a K-quant: batches through the K GEMM; fewer tokens in k_sums_tile's tiles of 1 row x
+ * 4 tokens, over blocks of 16 tokens (the matmul hands the whole batch over: the rows of a block
+ * stay in L1 while they meet its tokens) */
 #define GGUFLM_K_TOKEN_BLOCK 16
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(tiled_k)(int type, size_t bx, int64_t n,
                                                                       const uint8_t *w, int64_t ws, int64_t nr,
                                                                       const uint8_t *y, int64_t ys, int64_t nt,
                                                                       float *o, int64_t os) {
-#if GGUFLM_SIMD_512
     if (nt >= GGUFLM_KT_MIN_TOKENS) {
         GGUFLM_SIMD(ktile_gemm)(type, 0, bx, n, w, ws, nr, y, ys, nt, o, os);
         return;
     }
-#endif
     for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_K_TOKEN_BLOCK) {
         const int64_t t1 = t0 + GGUFLM_K_TOKEN_BLOCK < nt ? t0 + GGUFLM_K_TOKEN_BLOCK : nt;
         for (int64_t r = 0; r < nr; ++r) {
@@ -740,13 +738,10 @@ static inline __attribute__((always_inline)) int GGUFLM_SIMD(k_repack_gemm)(int 
                                                                            const uint8_t *w, int64_t ws, int64_t nr,
                                                                            const uint8_t *y, int64_t ys, int64_t nt,
                                                                            float *o, int64_t os) {
-#if GGUFLM_SIMD_512
     if (parts > 1 && nt >= GGUFLM_KT_MIN_REPACK) {
         GGUFLM_SIMD(ktile_gemm)(type, parts, bx, n, w, ws, nr, y, ys, nt, o, os);
         return 1;
     }
-#endif
-    (void)type, (void)parts, (void)bx, (void)n, (void)w, (void)ws, (void)nr, (void)y, (void)ys, (void)nt, (void)o, (void)os;
     return 0;
 }
 
@@ -788,11 +783,26 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q2_K, GGUFLM_Q2_K)
 #undef GGUFLM_LEGACY_TABLE
 #undef GGUFLM_Q4_K_TOKENS
 #undef GGUFLM_K_TOKEN_BLOCK
-#if GGUFLM_SIMD_512
 #undef GGUFLM_KT_SB
 #undef GGUFLM_KT_T
 #undef GGUFLM_KT_T_PARTS
 #undef GGUFLM_KT_MIN_TOKENS
 #undef GGUFLM_KT_MIN_REPACK
 #undef GGUFLM_KT_TOKENS
-#endif
+#undef GGUFLM_KT_W
+#undef gguflm_kt_vi
+#undef gguflm_kt_vf
+#undef gguflm_kt_zero
+#undef gguflm_kt_set1
+#undef gguflm_kt_dot
+#undef gguflm_kt_dot16
+#undef gguflm_kt_add
+#undef gguflm_kt_mullo
+#undef gguflm_kt_zerof
+#undef gguflm_kt_set1f
+#undef gguflm_kt_loadf
+#undef gguflm_kt_storef
+#undef gguflm_kt_cvt
+#undef gguflm_kt_mulf
+#undef gguflm_kt_fma
+#undef gguflm_kt_subf

@@ -17,23 +17,68 @@
  * integers per part; ggml's repack is of no use here, the file's layout is decoded as it is.
  */
 
-#define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
+/* The same code for both widths: GGUFLM_KT_W rows per vector, through the kt_* operations below.
+ * AVX2 has no vpdpbusd: vpmaddubsw, vpmaddwd by ones and an add take its place (exact here: the
+ * unsigned quants of these types are at most 63 (IQ grids: 126), an activation at most 128 in
+ * size, so no int16 pair sum saturates; IQ4_XS's values + 128 would, so it stays AVX-512 only,
+ * as the grids' decoding does). */
+#if GGUFLM_SIMD_512
+#define GGUFLM_KT_W 16
+#define gguflm_kt_vi __m512i
+#define gguflm_kt_vf __m512
 #define GGUFLM_KT_T 8           /* tokens per register tile */
 #define GGUFLM_KT_T_PARTS 4     /* the repacked GEMM's: its per-part chains of the sums and the
                                  * mins spill at 8 (Q4_K, a thread: 432 GOP/s at 4, 388 at 6, 360 at 8) */
+#define gguflm_kt_zero() _mm512_setzero_si512()
+#define gguflm_kt_set1(x) _mm512_set1_epi32(x)
+#define gguflm_kt_dot(acc, u, y) _mm512_dpbusd_epi32((acc), (u), (y))
+#define gguflm_kt_dot16(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
+#define gguflm_kt_add(a, b) _mm512_add_epi32((a), (b))
+#define gguflm_kt_mullo(a, b) _mm512_mullo_epi32((a), (b))
+#define gguflm_kt_zerof() _mm512_setzero_ps()
+#define gguflm_kt_set1f(x) _mm512_set1_ps(x)
+#define gguflm_kt_loadf(p) _mm512_loadu_ps(p)
+#define gguflm_kt_storef(p, v) _mm512_storeu_ps((p), (v))
+#define gguflm_kt_cvt(v) _mm512_cvtepi32_ps(v)
+#define gguflm_kt_mulf(a, b) _mm512_mul_ps((a), (b))
+#define gguflm_kt_fma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define gguflm_kt_subf(a, b) _mm512_sub_ps((a), (b))
+#else
+#define GGUFLM_KT_W 8
+#define gguflm_kt_vi __m256i
+#define gguflm_kt_vf __m256
+#define GGUFLM_KT_T 4           /* 16 registers */
+#define GGUFLM_KT_T_PARTS 2
+#define gguflm_kt_zero() _mm256_setzero_si256()
+#define gguflm_kt_set1(x) _mm256_set1_epi32(x)
+#define gguflm_kt_dot(acc, u, y) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (y)), _mm256_set1_epi16(1)))
+#define gguflm_kt_dot16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
+#define gguflm_kt_add(a, b) _mm256_add_epi32((a), (b))
+#define gguflm_kt_mullo(a, b) _mm256_mullo_epi32((a), (b))
+#define gguflm_kt_zerof() _mm256_setzero_ps()
+#define gguflm_kt_set1f(x) _mm256_set1_ps(x)
+#define gguflm_kt_loadf(p) _mm256_loadu_ps(p)
+#define gguflm_kt_storef(p, v) _mm256_storeu_ps((p), (v))
+#define gguflm_kt_cvt(v) _mm256_cvtepi32_ps(v)
+#define gguflm_kt_mulf(a, b) _mm256_mul_ps((a), (b))
+#define gguflm_kt_fma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define gguflm_kt_subf(a, b) _mm256_sub_ps((a), (b))
+#endif
+#define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
 #define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens: TILED goes to k_sums_tile (decoding would not pay) */
 #define GGUFLM_KT_MIN_REPACK 32 /* and the repacked GEMM to q4_K_rows8_tile (as fast at 24 tokens) */
 
-/* one super-block of 16 weight rows, decoded; lane r of each vector is row r */
+/* one super-block of GGUFLM_KT_W weight rows, decoded; lane r of each vector is row r */
 typedef struct {
-    __m512i q[QK_K / 4];  /* unsigned quants 4g .. 4g+3 */
-    __m512i sc[16];       /* int32 scale of each 16 elements (32-element types: the pair's, twice) */
-    __m512i mn[8];        /* int16 pair of the mins of elements 32k .. 32k+31 (per 16 elements) */
-    __m512 d, dmin, neg_dmin;
+    gguflm_kt_vi q[QK_K / 4];  /* unsigned quants 4g .. 4g+3 */
+    gguflm_kt_vi sc[16];       /* int32 scale of each 16 elements (32-element types: the pair's, twice) */
+    gguflm_kt_vi mn[8];        /* int16 pair of the mins of elements 32k .. 32k+31 (per 16 elements) */
+    gguflm_kt_vf d, dmin, neg_dmin;
 } GGUFLM_SIMD(ktile_sb);
 
+#if GGUFLM_SIMD_512
 /* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn */
-static inline void GGUFLM_SIMD(transpose16_epi32)(__m512i v[16]) {
+static inline void GGUFLM_SIMD(kt_transpose)(__m512i v[16]) {
     for (int b = 8; b >= 1; b /= 2) {
         int lo_idx[16], hi_idx[16];
         for (int l = 0; l < 16; ++l) {
@@ -49,7 +94,29 @@ static inline void GGUFLM_SIMD(transpose16_epi32)(__m512i v[16]) {
             }
     }
 }
+#else
+/* v[i] lane j <-> v[j] lane i for 8 vectors of 8 dwords */
+static inline void GGUFLM_SIMD(kt_transpose)(__m256i v[8]) {
+    __m256i a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        a[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);
+        b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);
+        b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]);
+        b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_permute2x128_si256(b[i], b[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2x128_si256(b[i], b[i + 4], 0x31);
+    }
+}
+#endif
 
+#ifndef GGUFLM_KT_TYPES  /* once: the file is included in both copies */
+#define GGUFLM_KT_TYPES
 /* per type: elements per scale, and the offset of the unsigned quants (IQ4_XS: its signed table
  * values + 128; the grid i-quants: their signed values, at most 62 in size, + 64, IQ1's 8 * grid +
  * delta, at most 9, + 16) */
@@ -63,14 +130,18 @@ static inline int gguflm_kt_offset(int type) {
     if (gguflm_is_iq_grid(type)) return gguflm_iq_is_1bit(type) ? 16 : 64;
     return type == GGUFLM_Q3_K ? 4 : type == GGUFLM_Q6_K ? 32 : type == GGUFLM_IQ4_XS ? 128 : 0;
 }
+#endif
 
+#if GGUFLM_SIMD_512
 /* the grid i-quants' decoding into the same layout (quants_iq_simd.h, included after this file) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                               int64_t ws, int R, int64_t i0, int nsb,
                                                                               GGUFLM_SIMD(ktile_sb) *dec);
+#endif
 
-/* the 64 unsigned quants of elements 64c .. 64c+63 of a super-block */
-static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
+/* the 4 * GGUFLM_KT_W unsigned quants of elements 4Wc .. 4Wc + 4W - 1 of a super-block */
+static inline __attribute__((always_inline)) gguflm_kt_vi GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
+#if GGUFLM_SIMD_512
     if (type == GGUFLM_IQ4_XS) {
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)gguflm_kvalues_iq4nl));
         const uint8_t *qs = ((const block_iq4_xs *)xb)->qs + 32 * c;
@@ -80,79 +151,105 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(kt_quants)(int 
     }
     return _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb, 2 * c)),
                               GGUFLM_SIMD(kquants)(type, xb, 2 * c + 1), 1);
+#else
+    return GGUFLM_SIMD(kquants)(type, xb, c);
+#endif
 }
 
-/* a super-block's 16 int32 scales (one per 16 elements), its 16 int16 mins, d and dmin */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int type, const uint8_t *xb, __m512i *sc,
+/* a super-block's 16 int32 scales (one per 16 elements; AVX2: two vectors of 8), its 16 int16
+ * mins, d and dmin */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int type, const uint8_t *xb,
+                                                                        gguflm_kt_vi sc[16 / GGUFLM_KT_W],
                                                                         __m256i *mn16, float *d, float *dmin) {
+#if GGUFLM_SIMD_512
     if (type == GGUFLM_IQ4_XS) {
         const block_iq4_xs *b = (const block_iq4_xs *)xb;
         int32_t ls[16];
         for (int c = 0; c < 8; ++c) ls[2 * c] = ls[2 * c + 1] = gguflm_iq4_xs_scale(b, c);
-        *sc = _mm512_loadu_si512((const void *)ls);
+        sc[0] = _mm512_loadu_si512((const void *)ls);
         *mn16 = _mm256_setzero_si256();
         *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
         *dmin = 0.0f;
         return;
     }
+#endif
     __m256i sc16;
     GGUFLM_SIMD(kscales)(type, xb, &sc16, mn16, d, dmin);
-    *sc = _mm512_cvtepi16_epi32(sc16);
+#if GGUFLM_SIMD_512
+    sc[0] = _mm512_cvtepi16_epi32(sc16);
+#else
+    sc[0] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(sc16));
+    sc[1] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sc16, 1));
+#endif
 }
 
-/* super-blocks i0 .. i0+nsb-1 of R <= 16 rows (the missing ones zero) into dec (neg_dmin: -dmin for
- * TILED's fma(-dmin, s2, res), fused: SIMDe's vfnmadd is not) */
+/* super-blocks i0 .. i0+nsb-1 of R <= GGUFLM_KT_W rows (the missing ones zero) into dec (neg_dmin:
+ * -dmin for TILED's fma(-dmin, s2, res), fused: SIMDe's vfnmadd is not) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                            int64_t ws, int R, int64_t i0, int nsb,
                                                                            GGUFLM_SIMD(ktile_sb) *dec) {
+    enum { W = GGUFLM_KT_W, NSC = 16 / GGUFLM_KT_W };
+#if GGUFLM_SIMD_512
     if (gguflm_is_iq_grid(type)) {
         GGUFLM_SIMD(iq_ktile_decode)(type, bx, w, ws, R, i0, nsb, dec);
         return;
     }
+#endif
     for (int s = 0; s < nsb; ++s) {
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
-        __m512i v[16], sc[16], mn[16];
-        float d[16] = {0}, dmin[16] = {0};
-        for (int r = 0; r < 16; ++r) sc[r] = mn[r] = _mm512_setzero_si512();
+        gguflm_kt_vi v[W], sc[NSC][W], mn[W];
+        float d[W] = {0}, dmin[W] = {0};
+        for (int r = 0; r < W; ++r) {
+            mn[r] = gguflm_kt_zero();
+            for (int h = 0; h < NSC; ++h) sc[h][r] = gguflm_kt_zero();
+        }
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + GGUFLM_KT_SB * bx, bx);
             __m256i mn16;
-            GGUFLM_SIMD(kt_scales)(type, xb, &sc[r], &mn16, &d[r], &dmin[r]);
+            gguflm_kt_vi scr[NSC];
+            GGUFLM_SIMD(kt_scales)(type, xb, scr, &mn16, &d[r], &dmin[r]);
+            for (int h = 0; h < NSC; ++h) sc[h][r] = scr[h];
+#if GGUFLM_SIMD_512
             mn[r] = _mm512_castsi256_si512(mn16);
+#else
+            mn[r] = mn16;
+#endif
         }
-        GGUFLM_SIMD(transpose16_epi32)(sc);
-        GGUFLM_SIMD(transpose16_epi32)(mn);
-        for (int j = 0; j < 16; ++j) o->sc[j] = sc[j];
+        for (int h = 0; h < NSC; ++h) {
+            GGUFLM_SIMD(kt_transpose)(sc[h]);
+            for (int j = 0; j < W; ++j) o->sc[W * h + j] = sc[h][j];
+        }
+        GGUFLM_SIMD(kt_transpose)(mn);
         for (int k = 0; k < 8; ++k) o->mn[k] = mn[k];
-        o->d = _mm512_loadu_ps(d);
-        o->dmin = _mm512_loadu_ps(dmin);
-        for (int r = 0; r < 16; ++r) dmin[r] = -dmin[r];
-        o->neg_dmin = _mm512_loadu_ps(dmin);
-        for (int c = 0; c < QK_K / 64; ++c) {
-            for (int r = 0; r < 16; ++r)
-                v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : _mm512_setzero_si512();
-            GGUFLM_SIMD(transpose16_epi32)(v);
-            for (int k = 0; k < 16; ++k) o->q[16 * c + k] = v[k];
+        o->d = gguflm_kt_loadf(d);
+        o->dmin = gguflm_kt_loadf(dmin);
+        for (int r = 0; r < W; ++r) dmin[r] = -dmin[r];
+        o->neg_dmin = gguflm_kt_loadf(dmin);
+        for (int c = 0; c < QK_K / (4 * W); ++c) {
+            for (int r = 0; r < W; ++r)
+                v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : gguflm_kt_zero();
+            GGUFLM_SIMD(kt_transpose)(v);
+            for (int k = 0; k < W; ++k) o->q[W * c + k] = v[k];
         }
     }
 }
 
-/* the R <= 16 outputs of a vector (lane r: row r): whole vectors, or through a buffer (no masked
- * moves: SIMDe's, in the emulated tests, write the whole vector) */
-static inline __m512 GGUFLM_SIMD(kt_load)(const float *p, int R) {
-    if (R == 16) return _mm512_loadu_ps(p);
-    float b[16] = {0};
+/* the R <= GGUFLM_KT_W outputs of a vector (lane r: row r): whole vectors, or through a buffer (no
+ * masked moves: SIMDe's, in the emulated tests, write the whole vector) */
+static inline gguflm_kt_vf GGUFLM_SIMD(kt_load)(const float *p, int R) {
+    if (R == GGUFLM_KT_W) return gguflm_kt_loadf(p);
+    float b[GGUFLM_KT_W] = {0};
     memcpy(b, p, sizeof(float) * R);
-    return _mm512_loadu_ps(b);
+    return gguflm_kt_loadf(b);
 }
-static inline void GGUFLM_SIMD(kt_store)(float *p, int R, __m512 v) {
-    if (R == 16) {
-        _mm512_storeu_ps(p, v);
+static inline void GGUFLM_SIMD(kt_store)(float *p, int R, gguflm_kt_vf v) {
+    if (R == GGUFLM_KT_W) {
+        gguflm_kt_storef(p, v);
         return;
     }
-    float b[16];
-    _mm512_storeu_ps(b, v);
+    float b[GGUFLM_KT_W];
+    gguflm_kt_storef(b, v);
     memcpy(p, b, sizeof(float) * R);
 }
 
@@ -177,79 +274,79 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                                                                            float *acc_min, int R) {
     const int sub = gguflm_kt_sub(type), off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
     const int subs = QK_K / sub, subs_per_part = parts ? subs / parts : subs;
-    __m512 acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
+    gguflm_kt_vf acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
     #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-        acc[t] = i0 == 0 ? _mm512_setzero_ps() : GGUFLM_SIMD(kt_load)(out + t * os, R);
-        if (parts) accm[t] = i0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc_min + 16 * t);
+        acc[t] = i0 == 0 ? gguflm_kt_zerof() : GGUFLM_SIMD(kt_load)(out + t * os, R);
+        if (parts) accm[t] = i0 == 0 ? gguflm_kt_zerof() : gguflm_kt_loadf(acc_min + GGUFLM_KT_W * t);
     }
     for (int s = 0; s < nsb; ++s) {
         const GGUFLM_SIMD(ktile_sb) *b = &dec[s];
         const block_q8_K *yb[GGUFLM_KT_T];
-        __m512i s1[GGUFLM_KT_T] = {_mm512_setzero_si512()};   /* (set per part below) */
-        __m512 scale[GGUFLM_KT_T], scale_min[GGUFLM_KT_T];   /* parts: d * y.d and dmin * y.d */
+        gguflm_kt_vi s1[GGUFLM_KT_T] = {gguflm_kt_zero()};   /* (set per part below) */
+        gguflm_kt_vf scale[GGUFLM_KT_T], scale_min[GGUFLM_KT_T];   /* parts: d * y.d and dmin * y.d */
         #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
             yb[t] = (const block_q8_K *)(y + t * ys) + i0 + s;
             if (parts) {
-                const __m512 yd = _mm512_set1_ps(yb[t]->d);
-                scale[t] = _mm512_mul_ps(b->d, yd);
-                scale_min[t] = _mm512_mul_ps(b->dmin, yd);
+                const gguflm_kt_vf yd = gguflm_kt_set1f(yb[t]->d);
+                scale[t] = gguflm_kt_mulf(b->d, yd);
+                scale_min[t] = gguflm_kt_mulf(b->dmin, yd);
             }
         }
         for (int j = 0; j < subs; ++j) {
             if (j % subs_per_part == 0)   /* a part's (TILED: the super-block's) first sub-block */
                 #pragma GCC unroll 8
-                for (int t = 0; t < T; ++t) s1[t] = _mm512_setzero_si512();
-            __m512i part[GGUFLM_KT_T];
+                for (int t = 0; t < T; ++t) s1[t] = gguflm_kt_zero();
+            gguflm_kt_vi part[GGUFLM_KT_T];
             #pragma GCC unroll 8
             for (int t = 0; t < T; ++t)
-                part[t] = !off ? _mm512_setzero_si512()
-                          : _mm512_set1_epi32(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
+                part[t] = !off ? gguflm_kt_zero()
+                          : gguflm_kt_set1(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
 #pragma GCC unroll 8
             for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
-                const __m512i q = b->q[g];
+                const gguflm_kt_vi q = b->q[g];
                 #pragma GCC unroll 8
                 for (int t = 0; t < T; ++t)
-                    part[t] = _mm512_dpbusd_epi32(part[t], q, _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(yb[t]->qs + 4 * g)));
+                    part[t] = gguflm_kt_dot(part[t], q, gguflm_kt_set1(GGUFLM_SIMD(kt_dword)(yb[t]->qs + 4 * g)));
             }
-            const __m512i sc = b->sc[j * sub / 16];
+            const gguflm_kt_vi sc = b->sc[j * sub / 16];
             #pragma GCC unroll 8
-            for (int t = 0; t < T; ++t) s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(part[t], sc));
+            for (int t = 0; t < T; ++t) s1[t] = gguflm_kt_add(s1[t], gguflm_kt_mullo(part[t], sc));
             if (parts && j % subs_per_part == subs_per_part - 1) {
                 /* the end of a part (64 or 128 elements): its sums and its mins (per 32 elements) */
                 const int p = j / subs_per_part, k0 = 8 / parts * p, k1 = 8 / parts * (p + 1);
                 #pragma GCC unroll 8
                 for (int t = 0; t < T; ++t) {
-                    __m512i s2 = _mm512_setzero_si512();
+                    gguflm_kt_vi s2 = gguflm_kt_zero();
                     for (int k = k0; k < k1; ++k)
-                        s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), scale[t], acc[t]);
-                    accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s2), scale_min[t], accm[t]);
+                        s2 = gguflm_kt_dot16(s2, b->mn[k], gguflm_kt_set1(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
+                    acc[t] = gguflm_kt_fma(gguflm_kt_cvt(s1[t]), scale[t], acc[t]);
+                    accm[t] = gguflm_kt_fma(gguflm_kt_cvt(s2), scale_min[t], accm[t]);
                 }
             }
         }
         if (parts) continue;
         #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
-            __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
+            gguflm_kt_vf res = gguflm_kt_mulf(b->d, gguflm_kt_cvt(s1[t]));
             if (has_min) {
-                __m512i s2 = _mm512_setzero_si512();
+                gguflm_kt_vi s2 = gguflm_kt_zero();
                 for (int k = 0; k < 8; ++k)
-                    s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
-                res = _mm512_fmadd_ps(b->neg_dmin, _mm512_cvtepi32_ps(s2), res);
+                    s2 = gguflm_kt_dot16(s2, b->mn[k], gguflm_kt_set1(GGUFLM_SIMD(kt_dword)(&yb[t]->bsums[2 * k])));
+                res = gguflm_kt_fma(b->neg_dmin, gguflm_kt_cvt(s2), res);
             }
-            acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb[t]->d), acc[t]);
+            acc[t] = gguflm_kt_fma(res, gguflm_kt_set1f(yb[t]->d), acc[t]);
         }
     }
     #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
         GGUFLM_SIMD(kt_store)(out + t * os, R, acc[t]);
-        if (parts) _mm512_store_ps(acc_min + 16 * t, accm[t]);
+        if (parts) gguflm_kt_storef(acc_min + GGUFLM_KT_W * t, accm[t]);
     }
 }
 
-/* any rows x nt tokens: 16 rows at a time, each pass of GGUFLM_KT_SB super-blocks decoded once
+/* any rows x nt tokens: GGUFLM_KT_W rows at a time, each pass of GGUFLM_KT_SB super-blocks decoded once
  * for up to GGUFLM_KT_TOKENS tokens (GGUFLM_KT_T per tile, the rest in one smaller tile); parts:
  * see ktile_tokens */
 #define GGUFLM_KT_TOKENS 256
@@ -258,10 +355,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
                                                                          const uint8_t *y, int64_t ys, int64_t nt,
                                                                          float *o, int64_t os) {
     GGUFLM_SIMD(ktile_sb) dec[GGUFLM_KT_SB];
-    float acc_min[parts ? GGUFLM_KT_TOKENS * 16 : 1] __attribute__((aligned(64)));
+    float acc_min[parts ? GGUFLM_KT_TOKENS * GGUFLM_KT_W : 1] __attribute__((aligned(64)));
     const int64_t nb = n / QK_K;
-    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
-        const int R = (int)(nr - r0 < 16 ? nr - r0 : 16);
+    for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_KT_W) {
+        const int R = (int)(nr - r0 < GGUFLM_KT_W ? nr - r0 : GGUFLM_KT_W);
         for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_KT_TOKENS) {
             const int64_t t1 = t0 + GGUFLM_KT_TOKENS < nt ? t0 + GGUFLM_KT_TOKENS : nt;
             for (int64_t i0 = 0; i0 < nb; i0 += GGUFLM_KT_SB) {
@@ -269,17 +366,19 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
                 GGUFLM_SIMD(ktile_decode)(type, bx, w + r0 * ws, ws, R, i0, nsb, dec);
 #define GGUFLM_KT_TILE(T)                                                                                        \
     GGUFLM_SIMD(ktile_tokens)(type, parts, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os,                 \
-                              acc_min + (parts ? 16 * (t - t0) : 0), R)
+                              acc_min + (parts ? GGUFLM_KT_W * (t - t0) : 0), R)
                 int64_t t = t0;
                 if (parts)
                     for (; t + GGUFLM_KT_T_PARTS <= t1; t += GGUFLM_KT_T_PARTS) GGUFLM_KT_TILE(GGUFLM_KT_T_PARTS);
                 else
                     for (; t + GGUFLM_KT_T <= t1; t += GGUFLM_KT_T) GGUFLM_KT_TILE(GGUFLM_KT_T);
                 switch (t1 - t) {   /* GGUFLM_KT_T - 1 at most */
+#if GGUFLM_KT_T > 4
                 case 7: GGUFLM_KT_TILE(7); break;
                 case 6: GGUFLM_KT_TILE(6); break;
                 case 5: GGUFLM_KT_TILE(5); break;
                 case 4: GGUFLM_KT_TILE(4); break;
+#endif
                 case 3: GGUFLM_KT_TILE(3); break;
                 case 2: GGUFLM_KT_TILE(2); break;
                 case 1: GGUFLM_KT_TILE(1); break;
@@ -289,8 +388,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
             }
             if (parts)   /* out = acc - acc_min */
                 for (int64_t t = t0; t < t1; ++t)
-                    GGUFLM_SIMD(kt_store)(o + t * os + r0, R, _mm512_sub_ps(GGUFLM_SIMD(kt_load)(o + t * os + r0, R),
-                                                                            _mm512_load_ps(acc_min + 16 * (t - t0))));
+                    GGUFLM_SIMD(kt_store)(o + t * os + r0, R, gguflm_kt_subf(GGUFLM_SIMD(kt_load)(o + t * os + r0, R),
+                                                                            gguflm_kt_loadf(acc_min + GGUFLM_KT_W * (t - t0))));
         }
     }
 }
