@@ -57,8 +57,8 @@ static inline __m512 GGUFLM_SIMD(pair_scales)(__m128 v, int p) {
 }
 
 /* P row pairs (1 or 2) x T tokens (<= 8) of a legacy type (the loops over them unrolled by
- * pragma, as GCC does not by itself: Q8_0 and Q4_1 batches 5-10% faster). dy, sy: the tokens' block scales d
- * and s as floats, token t's block ib at [ib * GGUFLM_GEMM_TOKENS + t]. Q4_1 and Q5_1 also keep
+ * pragma, as GCC does not by itself: Q8_0 and Q4_1 batches 5-10% faster). dy, sy: the tokens'
+ * block scales d and s as floats, token t's block ib at [ib * GGUFLM_GEMM_TOKENS + t]. Q4_1 and Q5_1 also keep
  * ggml's scalar chain of the mins, summs = fma(m, s, summs), for the 4 rows x 4 tokens of a vector
  * (lane 4t + r). */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(legacy_gemm_tile)(int type, size_t bx, int64_t nb,

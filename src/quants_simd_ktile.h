@@ -1,8 +1,8 @@
 /* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K), IQ4_XS and the grid i-quants for batches:
  * ggml's TILED recipe (one exact integer per super-block, res = d*s1 (- dmin*s2 fused),
  * out = fma(res, y.d, out); quants_dot.h, quants_iq.h)
- * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector.
- * Included by quants_simd_body.h in its AVX-512 copy only (GGUFLM_SIMD_512). No include guard.
+ * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector (AVX2: 8
+ * rows, see the width note below). Included by quants_simd_body.h in both copies; no include guard.
  *
  * Inside a super-block everything is integer, so the work is laid out for the instruction:
  * 16 weight rows are decoded once per call (a few super-blocks at a time, into L1) into vectors
@@ -11,7 +11,8 @@
  * of them in a row make a 16-element (32-element) sub-block's sum. Per sub-block one vpmulld by the
  * rows' scales (lane r = row r's), so no horizontal sums at all: lane r of the result is s1 of row
  * r. Offsets (Q3_K 4, Q6_K 32, IQ4_XS 128, the grids 64 or 16) start each sub-block's sum at
- * -offset * the activation's bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the bsum pairs per 32 elements.
+ * -offset * the activation's bsum; the mins (s2) are one vpdpwssd of the rows' min pairs by the
+ * bsum pairs per 32 elements.
  * The float steps then run 16 rows per instruction, lane by lane the scalar recipe's. The repacked
  * Q4_K / Q2_K GEMM recipe (gguflm_k_repack_1: a float step per 64 or 128 elements) takes the same
  * integers per part; ggml's repack is of no use here, the file's layout is decoded as it is.
@@ -64,7 +65,7 @@
 #define gguflm_kt_fma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define gguflm_kt_subf(a, b) _mm256_sub_ps((a), (b))
 #endif
-#define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB) */
+#define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB; 8 rows half) */
 #define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens: TILED goes to k_sums_tile (decoding would not pay) */
 #define GGUFLM_KT_MIN_REPACK 32 /* and the repacked GEMM to q4_K_rows8_tile (as fast at 24 tokens) */
 
