@@ -106,6 +106,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     }
 }
 
+/* group g's signed values (IQ1: 8 * grid + delta, grid -1, 0 or 1 and delta -1 where dneg, else 1)
+ * and the int16 scale of each element pair */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
+                                                                                 __m256i *sc) {
+    __m256i mag, neg, dneg = _mm256_setzero_si256();
+    GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, sc, &dneg);
+    const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+    if (!gguflm_iq_is_1bit(type)) return v;
+    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
+}
+
 #if GGUFLM_SIMD_512
 #include "quants_iq_simd512.h"
 #endif
@@ -218,11 +229,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
         for (int g = 0; g < QK_K / 32; ++g) {
-            __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
-            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
-            __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
-            if (gguflm_iq_is_1bit(type))  /* 8 * grid (-1, 0, 1) + delta (-1 where dneg, else 1) */
-                v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
+            __m256i sc;
+            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, &sc);
             /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
              * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
             bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
@@ -242,11 +250,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
     for (int k = 0; k < T; ++k) o[k * os] = out[k];
 }
 
-#if GGUFLM_SIMD_512
-/* ---- batches through the AVX-512 K GEMM (quants_simd_ktile.h): 16 rows decoded once per pass ---- */
-#define GGUFLM_IQ_GEMM_MIN_TOKENS 16  /* fewer tokens: iq_tiled_tile (decoding 16 rows would not pay) */
+/* ---- batches through the K GEMM (quants_simd_ktile.h): 16 rows (AVX2: 8) decoded once per pass ---- */
+#define GGUFLM_IQ_GEMM_MIN_TOKENS 16  /* fewer tokens: iq_tiled_tile (decoding the rows would not pay) */
 
-#if !GGUFLM_SIMD_VBMI  /* the VBMI copy calls the AVX-512 copy's GEMM and with it this decoding */
+#if GGUFLM_SIMD_512 && !GGUFLM_SIMD_VBMI  /* the VBMI copy calls the AVX-512 copy's GEMM and with it this decoding */
 /* the 64 elements 64p .. 64p+63 of a decoded super-block as off + signed value (IQ1: 8 * grid + delta) */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq_kt_values)(int type, const uint8_t *xb,
                                                                               const GGUFLM_SIMD(iq512_sb) *b, int p,
@@ -299,22 +306,57 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
         }
     }
 }
-#endif
+#elif !GGUFLM_SIMD_512
+/* AVX2: 8 rows, each 32-element group decoded in registers as DOT does (iq_group_values), offset
+ * to unsigned, the 8 rows' groups transposed to lanes; the same layout and floats as above */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(int type, size_t bx, const uint8_t *w,
+                                                                              int64_t ws, int R, int64_t i0, int nsb,
+                                                                              GGUFLM_SIMD(ktile_sb) *dec) {
+    const __m256i off = _mm256_set1_epi8((char)gguflm_kt_offset(type));
+    const float factor = gguflm_iq_factor(type);
+    for (int s = 0; s < nsb; ++s) {
+        GGUFLM_SIMD(ktile_sb) *o = &dec[s];
+        int32_t scales[QK_K / 16][8] = {{0}};   /* [16-element sub-block][row] */
+        float d[8] = {0};
+        for (int r = 0; r < R; ++r) {
+            const uint8_t *xb = w + r * ws + (i0 + s) * bx;
+            GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
+            d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+        }
+        for (int g = 0; g < QK_K / 32; ++g) {
+            __m256i v[8];
+            for (int r = 0; r < 8; ++r) {
+                if (r >= R) {
+                    v[r] = _mm256_setzero_si256();
+                    continue;
+                }
+                __m256i sc;
+                v[r] = _mm256_add_epi8(off, GGUFLM_SIMD(iq_group_values)(type, w + r * ws + (i0 + s) * bx, g, &sc));
+                scales[2 * g][r] = _mm256_extract_epi16(sc, 0);       /* elements 0-15 of the group */
+                scales[2 * g + 1][r] = _mm256_extract_epi16(sc, 8);   /* 16-31 */
+            }
+            GGUFLM_SIMD(kt_transpose)(v);
+            for (int k = 0; k < 8; ++k) o->q[8 * g + k] = v[k];
+        }
+        for (int j = 0; j < QK_K / 16; ++j) o->sc[j] = _mm256_loadu_si256((const __m256i *)scales[j]);
+        for (int k = 0; k < 8; ++k) o->mn[k] = _mm256_setzero_si256();
+        o->d = _mm256_loadu_ps(d);
+        o->dmin = o->neg_dmin = _mm256_setzero_ps();
+    }
+}
 #endif
 
 /* TILED of any number of rows and tokens (the matmul hands the whole batch over): the K GEMM for
- * batches (AVX-512), else iq_tiled_tile over blocks of its tokens, the rows of a block staying in
+ * batches, else iq_tiled_tile over blocks of its tokens, the rows of a block staying in
  * L1 while they meet its tokens */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type, size_t bx, int64_t n,
                                                                        const uint8_t *w, int64_t ws, int64_t nr,
                                                                        const uint8_t *y, int64_t ys, int64_t nt,
                                                                        float *o, int64_t os) {
-#if GGUFLM_SIMD_512
     if (nt >= GGUFLM_IQ_GEMM_MIN_TOKENS) {
         GGUFLM_SIMD(ktile_gemm)(type, 0, bx, n, w, ws, nr, y, ys, nt, o, os);
         return;
     }
-#endif
     for (int64_t t = 0; t < nt; t += GGUFLM_IQ_TILED_TOKENS)
         for (int64_t r = 0; r < nr; ++r)
             GGUFLM_SIMD(iq_tiled_tile)(type, bx, n, w + r * ws, y + t * ys, ys,

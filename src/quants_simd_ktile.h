@@ -21,8 +21,8 @@
 /* The same code for both widths: GGUFLM_KT_W rows per vector, through the kt_* operations below.
  * AVX2 has no vpdpbusd: vpmaddubsw, vpmaddwd by ones and an add take its place (exact here: the
  * unsigned quants of these types are at most 63 (IQ grids: 126), an activation at most 128 in
- * size, so no int16 pair sum saturates; IQ4_XS's values + 128 would, so it stays AVX-512 only,
- * as the grids' decoding does). */
+ * size, so no int16 pair sum saturates; IQ4_XS's values + 128 would, so it stays AVX-512 only).
+ * The grids' decoding has a copy per width (quants_iq_simd.h). */
 #if GGUFLM_SIMD_512
 #define GGUFLM_KT_W 16
 #define gguflm_kt_vi __m512i
@@ -133,12 +133,10 @@ static inline int gguflm_kt_offset(int type) {
 }
 #endif
 
-#if GGUFLM_SIMD_512
 /* the grid i-quants' decoding into the same layout (quants_iq_simd.h, included after this file) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                               int64_t ws, int R, int64_t i0, int nsb,
                                                                               GGUFLM_SIMD(ktile_sb) *dec);
-#endif
 
 /* the 4 * GGUFLM_KT_W unsigned quants of elements 4Wc .. 4Wc + 4W - 1 of a super-block */
 static inline __attribute__((always_inline)) gguflm_kt_vi GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
@@ -190,12 +188,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
                                                                            int64_t ws, int R, int64_t i0, int nsb,
                                                                            GGUFLM_SIMD(ktile_sb) *dec) {
     enum { W = GGUFLM_KT_W, NSC = 16 / GGUFLM_KT_W };
-#if GGUFLM_SIMD_512
     if (gguflm_is_iq_grid(type)) {
         GGUFLM_SIMD(iq_ktile_decode)(type, bx, w, ws, R, i0, nsb, dec);
         return;
     }
-#endif
     for (int s = 0; s < nsb; ++s) {
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         gguflm_kt_vi v[W], sc[NSC][W], mn[W];

@@ -103,12 +103,12 @@ def test_vec_dot_is_ggml_vec_dot_on_every_isa(t, data):
 @pytest.mark.parametrize("t", IQ_TYPES, ids=ids)
 def test_matmul_is_ggml_mul_mat(t):
     """Single tokens through vec_dot, batches of 8+ through ggml-cpu's tiled GEMM (one exact integer
-    per super-block); every ISA and thread count bit-identical with ggml's mul_mat. AVX-512 runs
-    16+ tokens through the K GEMM: 24 rows are a whole 16-row strip and a part, 5 super-blocks a
-    whole pass of decoded super-blocks and a part."""
+    per super-block); every ISA and thread count bit-identical with ggml's mul_mat. 16+ tokens go
+    through the K GEMM: 28 rows are whole strips and a part (16 rows a strip on AVX-512, 8 on
+    AVX2), 5 super-blocks a whole pass of decoded super-blocks and a part."""
     require_ggml()
     rng = np.random.default_rng(int(t))
-    n_rows, n_in = 24, 1280
+    n_rows, n_in = 28, 1280
     w = random_blocks(q.get(t), n_rows * n_in // 256, rng).reshape(n_rows, -1)
     for n_tok in (1, 3, 8, 13, 21):   # 21: a whole 16-token tile of the tiled path and 5 more
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
