@@ -277,7 +277,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                                                                               int64_t ws, int R, int64_t i0, int nsb,
                                                                               GGUFLM_SIMD(ktile_sb) *dec) {
     const __m512i off = _mm512_set1_epi8((char)gguflm_kt_offset(type));
-    const float factor = gguflm_iq_factor(type);
+    const float factor = gguflm_iq_factor(type), no_min[16] = {0};
     for (int s = 0; s < nsb; ++s) {
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         __m512i v[QK_K / 64][16], sc[16];
@@ -295,15 +295,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
             for (int p = 0; p < QK_K / 64; ++p) v[p][r] = GGUFLM_SIMD(iq_kt_values)(type, xb, &b, p, off);
         }
-        GGUFLM_SIMD(kt_transpose)(sc);
-        for (int j = 0; j < 16; ++j) o->sc[j] = sc[j];
+        GGUFLM_SIMD(kt_store_lanes)(sc, o->sc);
         for (int k = 0; k < 8; ++k) o->mn[k] = _mm512_setzero_si512();
-        o->d = _mm512_loadu_ps(d);
-        o->dmin = o->neg_dmin = _mm512_setzero_ps();
-        for (int p = 0; p < QK_K / 64; ++p) {
-            GGUFLM_SIMD(kt_transpose)(v[p]);
-            for (int k = 0; k < 16; ++k) o->q[16 * p + k] = v[p][k];
-        }
+        GGUFLM_SIMD(kt_set_d)(o, d, no_min);
+        for (int p = 0; p < QK_K / 64; ++p) GGUFLM_SIMD(kt_store_lanes)(v[p], &o->q[16 * p]);
     }
 }
 #elif !GGUFLM_SIMD_512
@@ -313,7 +308,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                                                                               int64_t ws, int R, int64_t i0, int nsb,
                                                                               GGUFLM_SIMD(ktile_sb) *dec) {
     const __m256i off = _mm256_set1_epi8((char)gguflm_kt_offset(type));
-    const float factor = gguflm_iq_factor(type);
+    const float factor = gguflm_iq_factor(type), no_min[8] = {0};
     for (int s = 0; s < nsb; ++s) {
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         int32_t scales[QK_K / 16][8] = {{0}};   /* [16-element sub-block][row] */
@@ -335,13 +330,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                 scales[2 * g][r] = _mm256_extract_epi16(sc, 0);       /* elements 0-15 of the group */
                 scales[2 * g + 1][r] = _mm256_extract_epi16(sc, 8);   /* 16-31 */
             }
-            GGUFLM_SIMD(kt_transpose)(v);
-            for (int k = 0; k < 8; ++k) o->q[8 * g + k] = v[k];
+            GGUFLM_SIMD(kt_store_lanes)(v, &o->q[8 * g]);
         }
         for (int j = 0; j < QK_K / 16; ++j) o->sc[j] = _mm256_loadu_si256((const __m256i *)scales[j]);
         for (int k = 0; k < 8; ++k) o->mn[k] = _mm256_setzero_si256();
-        o->d = _mm256_loadu_ps(d);
-        o->dmin = o->neg_dmin = _mm256_setzero_ps();
+        GGUFLM_SIMD(kt_set_d)(o, d, no_min);
     }
 }
 #endif

@@ -116,6 +116,24 @@ static inline void GGUFLM_SIMD(kt_transpose)(__m256i v[8]) {
 }
 #endif
 
+/* per-row vectors v (lane j: the row's dword j) into dst[0 .. W-1] with lane r: row r's */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_store_lanes)(gguflm_kt_vi v[GGUFLM_KT_W],
+                                                                             gguflm_kt_vi *dst) {
+    GGUFLM_SIMD(kt_transpose)(v);
+    for (int k = 0; k < GGUFLM_KT_W; ++k) dst[k] = v[k];
+}
+
+/* a decoded super-block's float scales, lane r: row r's (neg_dmin: -dmin for TILED's
+ * fma(-dmin, s2, res), fused: SIMDe's vfnmadd is not) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_set_d)(GGUFLM_SIMD(ktile_sb) *o, const float *d,
+                                                                       const float *dmin) {
+    float neg[GGUFLM_KT_W];
+    for (int r = 0; r < GGUFLM_KT_W; ++r) neg[r] = -dmin[r];
+    o->d = gguflm_kt_loadf(d);
+    o->dmin = gguflm_kt_loadf(dmin);
+    o->neg_dmin = gguflm_kt_loadf(neg);
+}
+
 #ifndef GGUFLM_KT_TYPES  /* once: the file is included in both copies */
 #define GGUFLM_KT_TYPES
 /* per type: elements per scale, and the offset of the unsigned quants (IQ4_XS: its signed table
@@ -182,8 +200,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int typ
 #endif
 }
 
-/* super-blocks i0 .. i0+nsb-1 of R <= GGUFLM_KT_W rows (the missing ones zero) into dec (neg_dmin:
- * -dmin for TILED's fma(-dmin, s2, res), fused: SIMDe's vfnmadd is not) */
+/* super-blocks i0 .. i0+nsb-1 of R <= GGUFLM_KT_W rows (the missing ones zero) into dec */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int type, size_t bx, const uint8_t *w,
                                                                            int64_t ws, int R, int64_t i0, int nsb,
                                                                            GGUFLM_SIMD(ktile_sb) *dec) {
@@ -213,21 +230,14 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
             mn[r] = mn16;
 #endif
         }
-        for (int h = 0; h < NSC; ++h) {
-            GGUFLM_SIMD(kt_transpose)(sc[h]);
-            for (int j = 0; j < W; ++j) o->sc[W * h + j] = sc[h][j];
-        }
-        GGUFLM_SIMD(kt_transpose)(mn);
+        for (int h = 0; h < NSC; ++h) GGUFLM_SIMD(kt_store_lanes)(sc[h], &o->sc[W * h]);
+        GGUFLM_SIMD(kt_transpose)(mn);   /* 8 int16 pairs a row: the first 8 vectors */
         for (int k = 0; k < 8; ++k) o->mn[k] = mn[k];
-        o->d = gguflm_kt_loadf(d);
-        o->dmin = gguflm_kt_loadf(dmin);
-        for (int r = 0; r < W; ++r) dmin[r] = -dmin[r];
-        o->neg_dmin = gguflm_kt_loadf(dmin);
+        GGUFLM_SIMD(kt_set_d)(o, d, dmin);
         for (int c = 0; c < QK_K / (4 * W); ++c) {
             for (int r = 0; r < W; ++r)
                 v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : gguflm_kt_zero();
-            GGUFLM_SIMD(kt_transpose)(v);
-            for (int k = 0; k < W; ++k) o->q[W * c + k] = v[k];
+            GGUFLM_SIMD(kt_store_lanes)(v, &o->q[W * c]);
         }
     }
 }
