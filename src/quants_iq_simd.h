@@ -12,9 +12,6 @@
 #define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
 #endif
 
-/* 4 bytes at p as 4 int32 */
-static inline __m128i GGUFLM_SIMD(u8x4_i32)(const uint8_t *p) { return _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)gguflm_u32_at(p))); }
-
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
  * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
  * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
@@ -75,12 +72,14 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         break;
     }
     case GGUFLM_IQ1_S: {
-        /* the 4 grid indices q[j] | ((h << (8 - 3j)) & 0x700) computed side by side, one gather */
+        /* the 4 grid indices q[j] | ((h << (8 - 3j)) & 0x700), as scalar loads: a vpgatherdq
+         * of 4 took twice as long on Zen 5 */
+        const uint8_t *q = xb + 2 + 4 * g;
         const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
-        const __m128i hv = _mm_sllv_epi32(_mm_set1_epi32((int)h), _mm_setr_epi32(9, 6, 3, 0));
-        const __m128i idx = _mm_or_si128(GGUFLM_SIMD(u8x4_i32)(xb + 2 + 4 * g),
-                                         _mm_srli_epi32(_mm_and_si128(hv, _mm_set1_epi32(0xE00)), 1));
-        const __m256i v = _mm256_i32gather_epi64((const long long *)gguflm_iq1s_grid, idx, 8);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
         *mag = _mm256_abs_epi8(v);
         *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
         *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
@@ -88,14 +87,16 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         break;
     }
     default: { /* IQ1_M */
-        /* h bytes h0 h0 h1 h1 in the 4 words: indices q[j] | ((h << (8, 4, 8, 4)) & 0x700), one
-         * gather; delta signs from bits 3 and 7, widened to the 8 elements of each index */
+        /* h bytes h0 h0 h1 h1 in the 4 words: indices q[j] | ((h << (8, 4, 8, 4)) & 0x700) (scalar
+         * loads, as for IQ1_S); delta signs from bits 3 and 7, widened to the 8 elements of each index */
+        const uint8_t *q = xb + 4 * g, h0 = xb[32 + 2 * g], h1 = xb[33 + 2 * g];
         const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
         const __m128i hv = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)gguflm_u16_at(xb + 32 + 2 * g)),
                                             _mm_setr_epi8(0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1));
-        const __m128i idx = _mm_or_si128(GGUFLM_SIMD(u8x4_i32)(xb + 4 * g),
-                                         _mm_and_si128(_mm_sllv_epi32(hv, _mm_setr_epi32(8, 4, 8, 4)), _mm_set1_epi32(0x700)));
-        const __m256i v = _mm256_i32gather_epi64((const long long *)gguflm_iq1s_grid, idx, 8);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h1 << 4) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[2] | ((h1 << 8) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h0 << 4) & 0x700)],
+                                            (int64_t)gguflm_iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
         const __m128i bit = _mm_setr_epi32(0x08, 0x80, 0x08, 0x80);
         *mag = _mm256_abs_epi8(v);
         *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);

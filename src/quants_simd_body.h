@@ -790,10 +790,12 @@ GGUFLM_SIMD_Q4_K_REPACK(Q4_K_GEMM, q2_K, GGUFLM_Q2_K)
 #undef GGUFLM_KT_MIN_REPACK
 #undef GGUFLM_KT_TOKENS
 #undef GGUFLM_KT_W
+#undef GGUFLM_KT_SIGNED
 #undef gguflm_kt_vi
 #undef gguflm_kt_vf
 #undef gguflm_kt_zero
 #undef gguflm_kt_set1
+#undef gguflm_kt_load
 #undef gguflm_kt_dot
 #undef gguflm_kt_dot16
 #undef gguflm_kt_add

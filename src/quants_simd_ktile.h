@@ -20,8 +20,9 @@
 
 /* The same code for both widths: GGUFLM_KT_W rows per vector, through the kt_* operations below.
  * AVX2 has no vpdpbusd: vpmaddubsw, vpmaddwd by ones and an add take its place (exact here: the
- * unsigned quants of these types are at most 63 (IQ grids: 126), an activation at most 128 in
- * size, so no int16 pair sum saturates; IQ4_XS's values + 128 would, so it stays AVX-512 only).
+ * unsigned quants of these types are at most 63 (IQ grids: 126), an activation at most 127 in
+ * size, so no int16 pair sum saturates). IQ4_XS's values + 128 would: in the AVX2 copy its quants
+ * stay signed and their signs move onto the activation (GGUFLM_KT_SIGNED; |value| <= 127).
  * The grids' decoding has a copy per width (quants_iq_simd.h). */
 #if GGUFLM_SIMD_512
 #define GGUFLM_KT_W 16
@@ -32,6 +33,7 @@
                                  * mins spill at 8 (Q4_K, a thread: 432 GOP/s at 4, 388 at 6, 360 at 8) */
 #define gguflm_kt_zero() _mm512_setzero_si512()
 #define gguflm_kt_set1(x) _mm512_set1_epi32(x)
+#define gguflm_kt_load(p) _mm512_loadu_si512((const void *)(p))
 #define gguflm_kt_dot(acc, u, y) _mm512_dpbusd_epi32((acc), (u), (y))
 #define gguflm_kt_dot16(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
 #define gguflm_kt_add(a, b) _mm512_add_epi32((a), (b))
@@ -52,6 +54,7 @@
 #define GGUFLM_KT_T_PARTS 2
 #define gguflm_kt_zero() _mm256_setzero_si256()
 #define gguflm_kt_set1(x) _mm256_set1_epi32(x)
+#define gguflm_kt_load(p) _mm256_loadu_si256((const __m256i *)(p))
 #define gguflm_kt_dot(acc, u, y) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (y)), _mm256_set1_epi16(1)))
 #define gguflm_kt_dot16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #define gguflm_kt_add(a, b) _mm256_add_epi32((a), (b))
@@ -65,6 +68,8 @@
 #define gguflm_kt_fma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define gguflm_kt_subf(a, b) _mm256_sub_ps((a), (b))
 #endif
+/* signed quants, |value| . (y with the value's sign): IQ4_XS in the AVX2 copy */
+#define GGUFLM_KT_SIGNED(type) (!GGUFLM_SIMD_512 && (type) == GGUFLM_IQ4_XS)
 #define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB; 8 rows half) */
 #define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens: TILED goes to k_sums_tile (decoding would not pay) */
 #define GGUFLM_KT_MIN_REPACK 32 /* and the repacked GEMM to q4_K_rows8_tile (as fast at 24 tokens) */
@@ -158,14 +163,18 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
 
 /* the 4 * GGUFLM_KT_W unsigned quants of elements 4Wc .. 4Wc + 4W - 1 of a super-block */
 static inline __attribute__((always_inline)) gguflm_kt_vi GGUFLM_SIMD(kt_quants)(int type, const uint8_t *xb, int c) {
-#if GGUFLM_SIMD_512
     if (type == GGUFLM_IQ4_XS) {
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)gguflm_kvalues_iq4nl));
-        const uint8_t *qs = ((const block_iq4_xs *)xb)->qs + 32 * c;
+        const uint8_t *qs = ((const block_iq4_xs *)xb)->qs + 4 * GGUFLM_KT_W * c / 2;
+#if GGUFLM_SIMD_512
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs))),
                                              _mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs + 16)), 1);
-        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));   /* value + 128 */
+#else
+        return _mm256_shuffle_epi8(table, GGUFLM_SIMD(nibbles_32)(qs));   /* signed: GGUFLM_KT_SIGNED */
+#endif
     }
+#if GGUFLM_SIMD_512
     return _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb, 2 * c)),
                               GGUFLM_SIMD(kquants)(type, xb, 2 * c + 1), 1);
 #else
@@ -178,18 +187,16 @@ static inline __attribute__((always_inline)) gguflm_kt_vi GGUFLM_SIMD(kt_quants)
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_scales)(int type, const uint8_t *xb,
                                                                         gguflm_kt_vi sc[16 / GGUFLM_KT_W],
                                                                         __m256i *mn16, float *d, float *dmin) {
-#if GGUFLM_SIMD_512
     if (type == GGUFLM_IQ4_XS) {
         const block_iq4_xs *b = (const block_iq4_xs *)xb;
         int32_t ls[16];
         for (int c = 0; c < 8; ++c) ls[2 * c] = ls[2 * c + 1] = gguflm_iq4_xs_scale(b, c);
-        sc[0] = _mm512_loadu_si512((const void *)ls);
+        for (int h = 0; h < 16 / GGUFLM_KT_W; ++h) sc[h] = gguflm_kt_load(ls + GGUFLM_KT_W * h);
         *mn16 = _mm256_setzero_si256();
         *d = GGUFLM_FP16_TO_FP32_SIMD(b->d);
         *dmin = 0.0f;
         return;
     }
-#endif
     __m256i sc16;
     GGUFLM_SIMD(kscales)(type, xb, &sc16, mn16, d, dmin);
 #if GGUFLM_SIMD_512
@@ -279,7 +286,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                                                                            int64_t i0, const uint8_t *y, int64_t ys,
                                                                            int T, float *out, int64_t os,
                                                                            float *acc_min, int R) {
-    const int sub = gguflm_kt_sub(type), off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
+    const int sub = gguflm_kt_sub(type), off = GGUFLM_KT_SIGNED(type) ? 0 : gguflm_kt_offset(type);
+    const int has_min = gguflm_k_has_min(type);
     const int subs = QK_K / sub, subs_per_part = parts ? subs / parts : subs;
     gguflm_kt_vf acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
     #pragma GCC unroll 8
@@ -313,6 +321,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
 #pragma GCC unroll 8
             for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
                 const gguflm_kt_vi q = b->q[g];
+#if !GGUFLM_SIMD_512
+                if (GGUFLM_KT_SIGNED(type)) {
+                    const __m256i qa = _mm256_sign_epi8(q, q);
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < T; ++t)
+                        part[t] = gguflm_kt_dot(part[t], qa, _mm256_sign_epi8(gguflm_kt_set1(GGUFLM_SIMD(kt_dword)(yb[t]->qs + 4 * g)), q));
+                    continue;
+                }
+#endif
                 #pragma GCC unroll 8
                 for (int t = 0; t < T; ++t)
                     part[t] = gguflm_kt_dot(part[t], q, gguflm_kt_set1(GGUFLM_SIMD(kt_dword)(yb[t]->qs + 4 * g)));

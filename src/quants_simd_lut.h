@@ -190,17 +190,15 @@ GGUFLM_SIMD_LUT(DOT, mxfp4, GGUFLM_MXFP4, lut32_1, block_q8_0)
             }                                                                                                    \
     }
 GGUFLM_SIMD_LUT256(DOT, iq4_xs, GGUFLM_IQ4_XS)
-/* IQ4_XS's TILED: batches through the AVX-512 K GEMM (quants_simd_ktile.h); else the tiles above
- * over blocks of 16 tokens (the matmul hands the whole batch over) */
+/* IQ4_XS's TILED: batches through the K GEMM (quants_simd_ktile.h); else the tiles above over
+ * blocks of 16 tokens (the matmul hands the whole batch over) */
 static void GGUFLM_SIMD(TILED_iq4_xs)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,
                                       int64_t ys, int64_t nt, float *o, int64_t os, int arith) {
     (void)arith;
-#if GGUFLM_SIMD_512
     if (nt >= GGUFLM_KT_MIN_TOKENS) {
         GGUFLM_SIMD(ktile_gemm)(GGUFLM_IQ4_XS, 0, sizeof(block_iq4_xs), n, w, ws, nr, y, ys, nt, o, os);
         return;
     }
-#endif
     for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_K_TOKEN_BLOCK) {
         const int64_t t1 = t0 + GGUFLM_K_TOKEN_BLOCK < nt ? t0 + GGUFLM_K_TOKEN_BLOCK : nt;
         for (int64_t r = 0; r < nr; ++r)

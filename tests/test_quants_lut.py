@@ -59,8 +59,8 @@ def test_dot_matches_ggml_vec_dot(t, isa, data):
 
 # (n_rows, n_tok): rows % 8 == 0 takes IQ4_NL/MXFP4 to the repacked GEMV (1..3 tokens) and GEMM
 # (4+), other row counts to vec_dot, or for IQ4_NL batches llamafile's sgemm; IQ4_XS batches of
-# 8+ tokens go to the tiled GEMM
-SHAPES = [(16, 1), (16, 3), (16, 9), (13, 1), (13, 2), (13, 9), (24, 17)]
+# 8+ tokens go to the tiled GEMM (16+ to the K GEMM: 13 rows are a part strip at both widths)
+SHAPES = [(16, 1), (16, 3), (16, 9), (13, 1), (13, 2), (13, 9), (24, 17), (13, 21)]
 
 
 @pytest.mark.parametrize("isa", ISAS)
