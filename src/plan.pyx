@@ -207,11 +207,13 @@ def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray h
     return cell, old, last + 1
 
 
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long x) noexcept nogil
+
+
 cdef inline int _lowest_bit(uint64_t q) noexcept nogil:
-    cdef int s = 0
-    while not (q >> s) & 1:
-        s += 1
-    return s
+    """the index of q's lowest set bit (q != 0)"""
+    return __builtin_ctzll(q)
 
 
 cdef inline bint _reusable(int32_t p, uint64_t q, const int64_t *pos_max, int32_t n_swa) noexcept nogil:
