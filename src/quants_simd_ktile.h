@@ -1,5 +1,5 @@
-/* AVX-512 TILED GEMM of the K-quants (Q2_K .. Q6_K), IQ4_XS and the grid i-quants for batches:
- * ggml's TILED recipe (one exact integer per super-block, res = d*s1 (- dmin*s2 fused),
+/* The TILED GEMM (AVX-512 and AVX2) of the K-quants (Q2_K .. Q6_K), IQ4_XS and the grid i-quants
+ * for batches: ggml's TILED recipe (one exact integer per super-block, res = d*s1 (- dmin*s2 fused),
  * out = fma(res, y.d, out); quants_dot.h, quants_iq.h)
  * with the integer part done by vpdpbusd on 512-bit vectors, 16 weight rows per vector (AVX2: 8
  * rows, see the width note below). Included by quants_simd_body.h in both copies; no include guard.
