@@ -582,6 +582,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
 #include "quants_simd_gemm.h"  /* AVX-512 batch tiles: two outputs per vector */
 #endif
 #include "quants_simd_ktile.h"  /* the K GEMM: 16 (AVX2: 8) rows per vector */
+#if GGUFLM_SIMD_512
+#include "quants_simd_legacy16.h"  /* AVX-512 legacy batches: 16 rows per vector */
+#endif
 
 /* TILED of a K-quant: batches through the K GEMM; fewer tokens in k_sums_tile's tiles of 1 row x
  * 4 tokens, over blocks of 16 tokens (the matmul hands the whole batch over: the rows of a block
@@ -625,6 +628,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
      * Q4_1 row decodes ~40% faster than in the 256-bit tiles) except on a streamed matrix, whose
      * rows one at a time keep 2 threads at the memory's speed (Q8_0 262144x640: 37 GB/s, 31 in the
      * 4-row tiles) */
+    if (nt > 1) {  /* whole strips of 16 rows, then the rest in the 2-row tiles */
+        const int64_t done = GGUFLM_SIMD(legacy16_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os);
+        w += done * ws, o += done, nr -= done;
+        if (nr == 0) return;
+    }
     if ((nt > 1 || !stream) && GGUFLM_SIMD(legacy_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os)) return;
 #endif
     if (nt == 1) {

@@ -133,6 +133,26 @@ def test_legacy_matmul_isas_agree_bit_for_bit(t, n_in, n_tok, isa):
         np.testing.assert_array_equal(out, outs["scalar"], err_msg=name)
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_legacy_batch_strips_isas_agree_bit_for_bit(t, n_threads, isa):
+    # 300 rows: at one thread chunks of 64 rows (4 strips of 16 decoded together), a last chunk of
+    # 44 (2 strips and 12 rows in the 2-row tiles); at two, chunks of 16. An odd block count (3)
+    # and 130 blocks; 9 and 33 tokens end on a lone token
+    rng = np.random.default_rng(int(t))
+    for n_in in (96, 4160):
+        w = q.get(t).quantize(rng.standard_normal((300, n_in)).astype(np.float32))
+        for n_tok in (8, 9, 33):
+            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+            outs = {}
+            for name in ISAS:
+                system.set_isa(name)
+                outs[name] = q.matmul(w, t, x, n_threads=n_threads)
+            for name, out in outs.items():
+                np.testing.assert_array_equal(out, outs["scalar"], err_msg=f"{name} {n_in} {n_tok}")
+
+
 @pytest.mark.parametrize("t", [GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
 def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
     # a single token against a matrix of 16 MiB or more is streamed row by row; its halves, below
