@@ -16,10 +16,6 @@
 
 #define GGUFLM_L16_ROWS 16
 #define GGUFLM_L16_MIN_TOKENS 8  /* fewer tokens: the 2-row tiles (decoding a strip would not pay) */
-/* the bits of the float 1.5 * 2^23: this plus an integer i, |i| < 2^22, is the float 1.5 * 2^23 + i,
- * so i as a float is one float subtract away (exact), on the adders: vcvtdq2ps would take a slot of
- * the two pipes that vpdpbusd and the fma share (AMD Zen 4: 31% of the int8 peak with it) */
-#define GGUFLM_L16_MAGIC 0x4B400000
 
 /* a strip's decoded blocks: q[8 ib + l] lane r = row r's unsigned quants 4l..4l+3 of block ib;
  * d[16 ib + r], m[16 ib + r]: row r's scale and (Q4_1, Q5_1) min of block ib */
@@ -29,8 +25,7 @@ typedef struct {
 } GGUFLM_SIMD(l16_strip);
 
 /* a tile of tokens (up to 2), token t's block ib at [2 ib + t]: dy, sy its scale and (Q8_1) s as
- * floats; start[8 (2 ib + t) + l]: the accumulator's start for lane l, the magic number minus (the
- * signed types) 128 * the sum of the lane's 4 activations. Made once per tile for all the strips,
+ * floats; start[8 (2 ib + t) + l]: the signed types' -128 * the sum of lane l's 4 activations. Made once per tile for all the strips,
  * and kept in memory so that the loop broadcasts them from there */
 typedef struct {
     float *dy, *sy;
@@ -75,7 +70,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_prepare)(int h
             } else {
                 const __m256i sum4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
                                                          _mm256_loadu_si256((const __m256i *)(yb + qoff)));
-                _mm256_store_si256((__m256i *)(k->start + 8 * (2 * ib + t)), _mm256_sub_epi32(_mm256_set1_epi32(GGUFLM_L16_MAGIC), sum4));
+                _mm256_store_si256((__m256i *)(k->start + 8 * (2 * ib + t)), _mm256_sub_epi32(_mm256_setzero_si256(), sum4));
             }
         }
 }
@@ -87,8 +82,6 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_tile)(int has_
                                                                        const uint8_t *y, int64_t ys, int T,
                                                                        float *out, int64_t os) {
     const size_t by = has_min ? sizeof(block_q8_1) : sizeof(block_q8_0), qoff = has_min ? 4 : 2;
-    const __m512i magic = _mm512_set1_epi32(GGUFLM_L16_MAGIC);
-    const __m512 magic_f = _mm512_castsi512_ps(magic);
     __m512 acc[2][8], summ[2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; ++t) {
@@ -110,9 +103,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_tile)(int has_
             #pragma GCC unroll 2
             for (int t = 0; t < T; ++t) {
                 const __m512i a = _mm512_set1_epi32((int)gguflm_u32_at(y + t * ys + ib * by + qoff + 4 * l));
-                const __m512i start = has_min ? magic : _mm512_set1_epi32(k->start[8 * (2 * ib + t) + l]);
-                const __m512 lane = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_dpbusd_epi32(start, q, a)), magic_f);
-                acc[t][l] = _mm512_fmadd_ps(dxy[t], lane, acc[t][l]);
+                const __m512i start = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(k->start[8 * (2 * ib + t) + l]);
+                acc[t][l] = _mm512_fmadd_ps(dxy[t], _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, q, a)), acc[t][l]);
             }
         }
     }
