@@ -15,7 +15,6 @@
  */
 
 #define GGUFLM_L16_ROWS 16
-#define GGUFLM_L16_MIN_TOKENS 8  /* fewer tokens: the 2-row tiles (decoding a strip would not pay) */
 
 /* a strip's decoded blocks: q[8 ib + l] lane r = row r's unsigned quants 4l..4l+3 of block ib;
  * d[16 ib + r], m[16 ib + r]: row r's scale and (Q4_1, Q5_1) min of block ib */
@@ -127,7 +126,7 @@ static inline __attribute__((always_inline)) int64_t GGUFLM_SIMD(legacy16_gemm)(
                                                                                const uint8_t *y, int64_t ys, int64_t nt,
                                                                                float *o, int64_t os) {
     const int64_t nb = n / 32, strips = nr / GGUFLM_L16_ROWS;
-    if (nt < GGUFLM_L16_MIN_TOKENS || strips == 0) return 0;
+    if (nt < GGUFLM_LEGACY_STRIP_TOKENS || strips == 0) return 0;
     const int has_min = gguflm_legacy_has_min(type);
     /* per block: a strip's 8 vectors and 2 x 16 row floats, a tile's 2 x 8 starts and 2 x 2 floats */
     const size_t strip_bytes = (size_t)nb * (8 * 64 + 2 * 64);
