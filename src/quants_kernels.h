@@ -218,8 +218,8 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
 
 /* kernels handed a segment's whole batch, which block its tokens themselves (the others get
  * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the TILED and repacked
- * GEMM ones of the K-quants, IQ4_XS and the grid i-quants, and the legacy blocks' AVX-512 DOT (they
- * decode a chunk's rows once for all its tokens) */
+ * GEMM ones of the K-quants, IQ4_XS and the grid i-quants, and the legacy blocks' AVX-512 DOT from
+ * GGUFLM_LEGACY_STRIP_TOKENS tokens on (they decode a chunk's rows once for all its tokens) */
 static inline int gguflm_legacy_strips(int isa, int path, int wtype, int64_t n_tok) {
     return path == GGUFLM_PATH_DOT && gguflm_is_legacy(wtype) && isa >= GGUFLM_ISA_AVX512 &&
            n_tok >= GGUFLM_LEGACY_STRIP_TOKENS;
@@ -282,7 +282,8 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
          * one (quants_simd_legacy16.h) transpose each block of their rows once for all the tokens
          * they are given: they take all of them, and up to 64 rows (their tokens' tables shared by 4
          * strips) while every thread still gets 4 chunks */
-        if ((n_tok > 1 && seg[j][0].path == GGUFLM_PATH_Q4_0_REPACK) || gguflm_legacy_strips(isa, seg[j][0].path, job->wtype, n_tok))
+        if ((n_tok > 1 && seg[j][0].path == GGUFLM_PATH_Q4_0_REPACK) ||
+            gguflm_legacy_strips(isa, seg[j][0].path, job->wtype, n_tok))
             while (rows[j] < 64 && (job->n_rows + 2 * rows[j] - 1) / (2 * rows[j]) >= 4 * (int64_t)omp_get_num_threads())
                 rows[j] *= 2;
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];
@@ -296,8 +297,9 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const int64_t nr = (r0 + rows[j] < job->n_rows ? r0 + rows[j] : job->n_rows) - r0;
         for (int s = 0; s < n_seg[j]; ++s) {
             const gguflm_gemm_fn kernel = gguflm_kernel(isa, seg[j][s].path, job->wtype);
-            const int64_t tile = gguflm_takes_whole_batch(isa, seg[j][s].path, job->wtype, seg[j][s].t1 - seg[j][s].t0) ? seg[j][s].t1 - seg[j][s].t0
-                                                                                       : GGUFLM_TOKEN_TILE;
+            const int64_t seg_tok = seg[j][s].t1 - seg[j][s].t0;
+            const int64_t tile = gguflm_takes_whole_batch(isa, seg[j][s].path, job->wtype, seg_tok) ? seg_tok
+                                                                                                   : GGUFLM_TOKEN_TILE;
             for (int64_t t0 = seg[j][s].t0; t0 < seg[j][s].t1; t0 += tile) {
                 const int64_t nt = (t0 + tile < seg[j][s].t1 ? t0 + tile : seg[j][s].t1) - t0;
                 kernel(n_in, job->w + r0 * job->w_stride, job->w_stride, nr, job->xq + t0 * xq_stride[j], xq_stride[j], nt,

@@ -7,8 +7,8 @@
  * the 8 lanes cost 8 vpdpbusd, 8 conversions and 8 fmas with one multiply for the 16 rows' dx*dy,
  * where the two-outputs-per-vector tiles (quants_simd_gemm.h) spend one multiply per vpdpbusd;
  * the final sum of the 8 lanes is 7 vertical adds in ggml's order.
- * A strip of 16 rows is decoded once for all the tokens of the call (the matmul hands it the whole
- * batch): each block's quants, offset to unsigned (+128 for the signed types), transposed so that
+ * A strip of 16 rows is decoded once for all the tokens of the call (the matmul hands it batches of
+ * GGUFLM_LEGACY_STRIP_TOKENS or more whole, the decoding does not pay below): each block's quants, offset to unsigned (+128 for the signed types), transposed so that
  * vector l has row r's 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one
  * broadcast dword; the offset comes back as -128 * their sum, the accumulator's starting value.
  * No include guard: included once, in the AVX-512 copy of quants_simd_body.h (GGUFLM_SIMD_512).
@@ -24,13 +24,15 @@ typedef struct {
 } GGUFLM_SIMD(l16_strip);
 
 /* a tile of tokens (up to 2), token t's block ib at [2 ib + t]: dy, sy its scale and (Q8_1) s as
- * floats; start[8 (2 ib + t) + l]: the signed types' -128 * the sum of lane l's 4 activations. Made once per tile for all the strips,
- * and kept in memory so that the loop broadcasts them from there */
+ * floats; start[8 (2 ib + t) + l]: the signed types' -128 * the sum of lane l's 4 activations.
+ * Made once per tile for all the strips, and kept in memory so that the loop broadcasts them from
+ * there (held in registers, GCC shuffled each one out) */
 typedef struct {
     float *dy, *sy;
     int32_t *start;
 } GGUFLM_SIMD(l16_tokens);
 
+/* 16 rows of nb blocks (w, ws bytes apart) into a strip */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_decode)(int type, size_t bx, int64_t nb,
                                                                          const uint8_t *w, int64_t ws,
                                                                          GGUFLM_SIMD(l16_strip) *s) {
@@ -56,6 +58,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_decode)(int ty
     }
 }
 
+/* the tables of a tile of T tokens (l16_tokens) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_prepare)(int has_min, int64_t nb, const uint8_t *y,
                                                                           int64_t ys, int T,
                                                                           const GGUFLM_SIMD(l16_tokens) *k) {
