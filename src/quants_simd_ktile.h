@@ -83,15 +83,27 @@ typedef struct {
 } GGUFLM_SIMD(ktile_sb);
 
 #if GGUFLM_SIMD_512
-/* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn */
-static inline void GGUFLM_SIMD(kt_transpose)(__m512i v[16]) {
-    for (int b = 8; b >= 1; b /= 2) {
-        int lo_idx[16], hi_idx[16];
-        for (int l = 0; l < 16; ++l) {
-            lo_idx[l] = (l & b) ? 16 + l - b : l;
-            hi_idx[l] = (l & b) ? 16 + l : l + b;
-        }
-        const __m512i lo = _mm512_loadu_si512((const void *)lo_idx), hi = _mm512_loadu_si512((const void *)hi_idx);
+/* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn (step s swaps
+ * blocks of b = 8 >> s: lane l of the pair's first vector takes lane l - b of the second where
+ * l & b, of the second vector lane l + b of the first where !(l & b)). Unrolled with constant
+ * tables: written as loops, GCC kept v on the stack and rebuilt the tables per call, which was most
+ * of a legacy strip's decoding */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(kt_transpose)(__m512i v[16]) {
+    static const int32_t idx[4][2][16] __attribute__((aligned(64))) = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+         {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}},
+        {{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+         {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}},
+        {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+         {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}},
+    };
+    #pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+        const int b = 8 >> s;
+        const __m512i lo = _mm512_load_si512((const void *)idx[s][0]), hi = _mm512_load_si512((const void *)idx[s][1]);
+        #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i)
             if (!(i & b)) {
                 const __m512i a = v[i], c = v[i + b];

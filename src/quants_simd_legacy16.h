@@ -8,13 +8,15 @@
  * where the two-outputs-per-vector tiles (quants_simd_gemm.h) spend one multiply per vpdpbusd;
  * the final sum of the 8 lanes is 7 vertical adds in ggml's order.
  * A strip of 16 rows is decoded once for all the tokens of the call (the matmul hands it batches of
- * GGUFLM_LEGACY_STRIP_TOKENS or more whole, the decoding does not pay below): each block's quants, offset to unsigned (+128 for the signed types), transposed so that
- * vector l has row r's 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one
+ * GGUFLM_LEGACY_STRIP_TOKENS or more whole, the decoding does not pay below): each block's
+ * quants, offset to unsigned (+128 for the signed types), transposed so that vector l has row r's
+ * 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one
  * broadcast dword; the offset comes back as -128 * their sum, the accumulator's starting value.
  * No include guard: included once, in the AVX-512 copy of quants_simd_body.h (GGUFLM_SIMD_512).
  */
 
 #define GGUFLM_L16_ROWS 16
+#define GGUFLM_L16_PREFETCH 16  /* blocks ahead in each row */
 
 /* a strip's decoded blocks: q[8 ib + l] lane r = row r's unsigned quants 4l..4l+3 of block ib;
  * d[16 ib + r], m[16 ib + r]: row r's scale and (Q4_1, Q5_1) min of block ib */
@@ -41,15 +43,22 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(l16_decode)(int ty
     for (int64_t ib = 0; ib < nb; ib += 2) {
         const int pair = ib + 1 < nb;
         __m512i v[GGUFLM_L16_ROWS];  /* v[r]: row r's 16 dwords, blocks ib and ib + 1 */
+        uint16_t dh[2][GGUFLM_L16_ROWS], mh[2][GGUFLM_L16_ROWS];
         for (int r = 0; r < GGUFLM_L16_ROWS; ++r) {
             const uint8_t *xb = w + r * ws + ib * bx;
+            /* 16 rows read side by side: the prefetchers alone left this loop waiting on memory */
+            _mm_prefetch((const char *)(xb + GGUFLM_L16_PREFETCH * bx), _MM_HINT_T0);
             const __m256i lo = _mm256_xor_si256(GGUFLM_SIMD(legacy_quants)(type, xb), bias);
             const __m256i hi = pair ? _mm256_xor_si256(GGUFLM_SIMD(legacy_quants)(type, xb + bx), bias) : _mm256_setzero_si256();
             v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             for (int k = 0; k <= pair; ++k) {
-                s->d[16 * (ib + k) + r] = GGUFLM_FP16_TO_FP32_SIMD(*(const ggml_half *)(xb + k * bx));
-                if (has_min) s->m[16 * (ib + k) + r] = GGUFLM_FP16_TO_FP32_SIMD(((const block_q4_1 *)(xb + k * bx))->m);
+                memcpy(&dh[k][r], xb + k * bx, 2);
+                if (has_min) memcpy(&mh[k][r], xb + k * bx + 2, 2);
             }
+        }
+        for (int k = 0; k <= pair; ++k) {
+            _mm512_store_ps(s->d + 16 * (ib + k), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh[k])));
+            if (has_min) _mm512_store_ps(s->m + 16 * (ib + k), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh[k])));
         }
         GGUFLM_SIMD(kt_transpose)(v);
         for (int l = 0; l < 8; ++l) s->q[8 * ib + l] = v[l];
