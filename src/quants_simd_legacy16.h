@@ -10,8 +10,8 @@
  * A strip of 16 rows is decoded once for all the tokens of the call (the matmul hands it batches of
  * GGUFLM_LEGACY_STRIP_TOKENS or more whole, the decoding does not pay below): each block's
  * quants, offset to unsigned (+128 for the signed types), transposed so that vector l has row r's
- * 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one
- * broadcast dword; the offset comes back as -128 * their sum, the accumulator's starting value.
+ * 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one broadcast dword; the
+ * offset comes back as -128 * their sum, the accumulator's starting value.
  * No include guard: included once, in the AVX-512 copy of quants_simd_body.h (GGUFLM_SIMD_512).
  */
 
@@ -142,26 +142,27 @@ static inline __attribute__((always_inline)) int64_t GGUFLM_SIMD(legacy16_gemm)(
     const int has_min = gguflm_legacy_has_min(type);
     /* per block: a strip's 8 vectors and 2 x 16 row floats, a tile's 2 x 8 starts and 2 x 2 floats */
     const size_t strip_bytes = (size_t)nb * (8 * 64 + 2 * 64);
-    void *buf = aligned_alloc(64, GGUFLM_L16_STRIPS * strip_bytes + ((size_t)nb * (64 + 16) + 63) / 64 * 64);
+    const int held = (int)(strips < GGUFLM_L16_STRIPS ? strips : GGUFLM_L16_STRIPS);  /* a 16-row chunk: 1 */
+    void *buf = aligned_alloc(64, held * strip_bytes + ((size_t)nb * (64 + 16) + 63) / 64 * 64);
     if (!buf) return 0;
     GGUFLM_SIMD(l16_strip) s[GGUFLM_L16_STRIPS];
-    for (int j = 0; j < GGUFLM_L16_STRIPS; ++j) {
+    for (int j = 0; j < held; ++j) {
         s[j].q = (__m512i *)((uint8_t *)buf + j * strip_bytes);
         s[j].d = (float *)(s[j].q + 8 * nb);
         s[j].m = s[j].d + GGUFLM_L16_ROWS * nb;
     }
     GGUFLM_SIMD(l16_tokens) k;
-    k.start = (int32_t *)((uint8_t *)buf + GGUFLM_L16_STRIPS * strip_bytes);
+    k.start = (int32_t *)((uint8_t *)buf + held * strip_bytes);
     k.dy = (float *)(k.start + 16 * nb);
     k.sy = k.dy + 2 * nb;
-    for (int64_t k0 = 0; k0 < strips; k0 += GGUFLM_L16_STRIPS) {
-        const int ns = (int)(strips - k0 < GGUFLM_L16_STRIPS ? strips - k0 : GGUFLM_L16_STRIPS);
+    for (int64_t k0 = 0; k0 < strips; k0 += held) {
+        const int ns = (int)(strips - k0 < held ? strips - k0 : held);
         const int64_t r0 = k0 * GGUFLM_L16_ROWS;
         for (int j = 0; j < ns; ++j) GGUFLM_SIMD(l16_decode)(type, bx, nb, w + (r0 + j * GGUFLM_L16_ROWS) * ws, ws, &s[j]);
         for (int64_t t = 0; t < nt; t += 2) {
             const int T = nt - t >= 2 ? 2 : 1;
             GGUFLM_SIMD(l16_prepare)(has_min, nb, y + t * ys, ys, T, &k);
-            for (int j = 0; j < ns; ++j) {
+            for (int j = 0; j < ns; ++j) {  /* T a constant in each call, for the unrolled tile */
                 float *ot = o + t * os + r0 + j * GGUFLM_L16_ROWS;
                 if (T == 2) GGUFLM_SIMD(l16_tile)(has_min, nb, &s[j], &k, y + t * ys, ys, 2, ot, os);
                 else GGUFLM_SIMD(l16_tile)(has_min, nb, &s[j], &k, y + t * ys, ys, 1, ot, os);
