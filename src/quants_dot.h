@@ -49,10 +49,10 @@ enum {
 
 /* a single token's legacy-block matrix this large is streamed row by row (see dot_legacy) */
 #define GGUFLM_STREAM_BYTES (16 << 20)
-/* batches of at least this many tokens take the legacy blocks' AVX-512 strips
- * (quants_simd_legacy16.h), whose decoding of 16 rows at a time pays from here on (one thread,
+/* batches of at least this many tokens take the AVX-512 strips of the legacy and ternary types
+ * (quants_simd_strips.h), whose decoding of 16 rows at a time pays from here on (one thread,
  * 4096x4096: 0.75-0.9x the 2-row tiles' speed at 8 tokens, 1.05-1.4x at 16, 1.4-1.6x at 32 and up) */
-#define GGUFLM_LEGACY_STRIP_TOKENS 16
+#define GGUFLM_STRIP_TOKENS 16
 
 /* a run of token rows [t0, t1) that one recipe computes */
 typedef struct {

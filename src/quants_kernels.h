@@ -218,14 +218,15 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
 
 /* kernels handed a segment's whole batch, which block its tokens themselves (the others get
  * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the TILED and repacked
- * GEMM ones of the K-quants, IQ4_XS and the grid i-quants, and the legacy blocks' AVX-512 DOT from
- * GGUFLM_LEGACY_STRIP_TOKENS tokens on (they decode a chunk's rows once for all its tokens) */
-static inline int gguflm_legacy_strips(int isa, int path, int wtype, int64_t n_tok) {
-    return path == GGUFLM_PATH_DOT && gguflm_is_legacy(wtype) && isa >= GGUFLM_ISA_AVX512 &&
-           n_tok >= GGUFLM_LEGACY_STRIP_TOKENS;
+ * GEMM ones of the K-quants, IQ4_XS and the grid i-quants, and the legacy and ternary types'
+ * AVX-512 DOT from GGUFLM_STRIP_TOKENS tokens on (they decode a chunk's rows once for all its
+ * tokens) */
+static inline int gguflm_row_strips(int isa, int path, int wtype, int64_t n_tok) {
+    return path == GGUFLM_PATH_DOT && (gguflm_is_legacy(wtype) || gguflm_is_ternary(wtype)) && isa >= GGUFLM_ISA_AVX512 &&
+           n_tok >= GGUFLM_STRIP_TOKENS;
 }
 static inline int gguflm_takes_whole_batch(int isa, int path, int wtype, int64_t n_tok) {
-    if (path == GGUFLM_PATH_Q4_0_REPACK || gguflm_legacy_strips(isa, path, wtype, n_tok)) return 1;
+    if (path == GGUFLM_PATH_Q4_0_REPACK || gguflm_row_strips(isa, path, wtype, n_tok)) return 1;
     return (path == GGUFLM_PATH_TILED || path == GGUFLM_PATH_Q4_K_GEMM) &&
            (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype));
 }
@@ -278,12 +279,12 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
-        /* the repacked Q4_0 recipe's batch kernel (quants_simd_repack.h) and the legacy blocks' AVX-512
-         * one (quants_simd_legacy16.h) transpose each block of their rows once for all the tokens
+        /* the repacked Q4_0 recipe's batch kernel (quants_simd_repack.h) and the AVX-512 strips
+         * (quants_simd_strips.h) transpose each block of their rows once for all the tokens
          * they are given: they take all of them, and up to 64 rows (their tokens' tables shared by 4
          * strips) while every thread still gets 4 chunks */
         if ((n_tok > 1 && seg[j][0].path == GGUFLM_PATH_Q4_0_REPACK) ||
-            gguflm_legacy_strips(isa, seg[j][0].path, job->wtype, n_tok))
+            gguflm_row_strips(isa, seg[j][0].path, job->wtype, n_tok))
             while (rows[j] < 64 && (job->n_rows + 2 * rows[j] - 1) / (2 * rows[j]) >= 4 * (int64_t)omp_get_num_threads())
                 rows[j] *= 2;
         first_chunk[j + 1] = first_chunk[j] + (job->n_rows + rows[j] - 1) / rows[j];

@@ -583,7 +583,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(q4_K_rows8_tile)(i
 #endif
 #include "quants_simd_ktile.h"  /* the K GEMM: 16 (AVX2: 8) rows per vector */
 #if GGUFLM_SIMD_512
-#include "quants_simd_legacy16.h"  /* AVX-512 legacy batches: 16 rows per vector */
+#include "quants_simd_strips.h"  /* AVX-512 legacy and ternary batches: 16 rows per vector */
 #endif
 
 /* TILED of a K-quant: batches through the K GEMM; fewer tokens in k_sums_tile's tiles of 1 row x
@@ -629,7 +629,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
      * rows one at a time keep 2 threads at the memory's speed (Q8_0 262144x640: 37 GB/s, 31 in the
      * 4-row tiles) */
     if (nt > 1) {  /* whole strips of 16 rows, then the rest in the 2-row tiles */
-        const int64_t done = GGUFLM_SIMD(legacy16_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os);
+        const int64_t done = GGUFLM_SIMD(strips_gemm)(type, bx, n, w, ws, nr, y, ys, nt, o, os);
         w += done * ws, o += done, nr -= done;
         if (nr == 0) return;
     }

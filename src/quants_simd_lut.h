@@ -209,6 +209,7 @@ static void GGUFLM_SIMD(TILED_iq4_xs)(int64_t n, const uint8_t *w, int64_t ws, i
     }
 }
 #if GGUFLM_SIMD_512
+GGUFLM_SIMD_LUT256(DOT, tq2_0_tiles, GGUFLM_TQ2_0)
 /* ---- TQ1_0 with 512-bit vectors (why: at 256 bits the decode, not the memory, bound it) ----
  * The elements of a super-block as 4 vectors of 64 in the activation's order, each byte the
  * base-3 shift q * 3^k (mod 256) whose top trit is the value + 1:
@@ -276,15 +277,24 @@ static void GGUFLM_SIMD(DOT_tq1_0)(int64_t n, const uint8_t *w, int64_t ws, int6
         for (int64_t r = 0; r < nr; ++r) GGUFLM_SIMD(tq1_tile_z)(n, w + r * ws, y, ys, 1, o + r, os);
         return;
     }
+    /* batches: whole strips of 16 rows (quants_simd_strips.h), the rest here */
+    const int64_t done = GGUFLM_SIMD(strips_gemm)(GGUFLM_TQ1_0, sizeof(block_tq1_0), n, w, ws, nr, y, ys, nt, o, os);
+    w += done * ws, o += done, nr -= done;
     for (int64_t r = 0; r < nr; ++r)
         for (int64_t t = 0; t < nt; t += 4) {
             const int T = (int)(nt - t < 4 ? nt - t : 4);
             GGUFLM_SIMD(tq1_tile_z)(n, w + r * ws, y + t * ys, ys, T, o + t * os + r, os);
         }
 }
+static void GGUFLM_SIMD(DOT_tq2_0)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, int64_t ys,
+                                   int64_t nt, float *o, int64_t os, int arith) {
+    /* batches: whole strips of 16 rows (quants_simd_strips.h), the rest in the tiles */
+    const int64_t done = nt > 1 ? GGUFLM_SIMD(strips_gemm)(GGUFLM_TQ2_0, sizeof(block_tq2_0), n, w, ws, nr, y, ys, nt, o, os) : 0;
+    if (done < nr) GGUFLM_SIMD(DOT_tq2_0_tiles)(n, w + done * ws, ws, nr - done, y, ys, nt, o + done, os, arith);
+}
 #else
 GGUFLM_SIMD_LUT256(DOT, tq1_0, GGUFLM_TQ1_0)
-#endif
 GGUFLM_SIMD_LUT256(DOT, tq2_0, GGUFLM_TQ2_0)
+#endif
 #undef GGUFLM_SIMD_LUT256
 #undef GGUFLM_LUT256_TOKENS

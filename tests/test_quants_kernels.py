@@ -133,16 +133,16 @@ def test_legacy_matmul_isas_agree_bit_for_bit(t, n_in, n_tok, isa):
         np.testing.assert_array_equal(out, outs["scalar"], err_msg=name)
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+                               GGMLType.TQ1_0, GGMLType.TQ2_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_legacy_batch_strips_isas_agree_bit_for_bit(t, n_threads, isa):
+def test_batch_strips_isas_agree_bit_for_bit(t, n_threads, isa):
     # batches of 16 tokens or more take the AVX-512 strips of 16 rows; 300 rows: at one thread
     # chunks of 64 rows (4 strips decoded together), a last chunk of 44 (2 strips and 12 rows in
-    # the 2-row tiles); at two, chunks of 16. An odd block count (3) and 130 blocks; 67 tokens end
-    # on a lone token
+    # the 2-row tiles); at two, chunks of 16. An odd block count (3; the ternary types: 1) and 130
+    # blocks (ternary: 17); 67 tokens end on a lone token
     rng = np.random.default_rng(int(t))
-    for n_in in (96, 4160):
+    for n_in in ((256, 4352) if q.get(t).block_size == 256 else (96, 4160)):
         w = q.get(t).quantize(rng.standard_normal((300, n_in)).astype(np.float32))
         for n_tok in (16, 67):
             x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
