@@ -38,6 +38,9 @@
 #define gguflm_kt_dot16(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
 #define gguflm_kt_add(a, b) _mm512_add_epi32((a), (b))
 #define gguflm_kt_mullo(a, b) _mm512_mullo_epi32((a), (b))
+#define gguflm_kt_mullo16(a, b) _mm512_mullo_epi16((a), (b))
+#define gguflm_kt_or(a, b) _mm512_or_si512((a), (b))
+#define gguflm_kt_slli32(a, n) _mm512_slli_epi32((a), (n))
 #define gguflm_kt_zerof() _mm512_setzero_ps()
 #define gguflm_kt_set1f(x) _mm512_set1_ps(x)
 #define gguflm_kt_loadf(p) _mm512_loadu_ps(p)
@@ -59,6 +62,9 @@
 #define gguflm_kt_dot16(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #define gguflm_kt_add(a, b) _mm256_add_epi32((a), (b))
 #define gguflm_kt_mullo(a, b) _mm256_mullo_epi32((a), (b))
+#define gguflm_kt_mullo16(a, b) _mm256_mullo_epi16((a), (b))
+#define gguflm_kt_or(a, b) _mm256_or_si256((a), (b))
+#define gguflm_kt_slli32(a, n) _mm256_slli_epi32((a), (n))
 #define gguflm_kt_zerof() _mm256_setzero_ps()
 #define gguflm_kt_set1f(x) _mm256_set1_ps(x)
 #define gguflm_kt_loadf(p) _mm256_loadu_ps(p)
@@ -70,6 +76,10 @@
 #endif
 /* signed quants, |value| . (y with the value's sign): IQ4_XS in the AVX2 copy */
 #define GGUFLM_KT_SIGNED(type) (!GGUFLM_SIMD_512 && (type) == GGUFLM_IQ4_XS)
+/* quants decoded times their sub-block's scale, Q2_K's (at most 3 * 15: still a byte, and the
+ * integer sum is the same), so that a part's sub-blocks make one chain of vpdpbusd with no
+ * vpmulld or add per sub-block */
+#define GGUFLM_KT_PRESCALED(type) ((type) == GGUFLM_Q2_K)
 #define GGUFLM_KT_SB 4          /* super-blocks decoded per pass: 16 rows' stay in L1 (23 KB; 8 rows half) */
 #define GGUFLM_KT_MIN_TOKENS 16 /* fewer tokens: TILED goes to k_sums_tile (decoding would not pay) */
 #define GGUFLM_KT_MIN_REPACK 32 /* and the repacked GEMM to q4_K_rows8_tile (as fast at 24 tokens) */
@@ -257,6 +267,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_decode)(int 
             for (int r = 0; r < W; ++r)
                 v[r] = r < R ? GGUFLM_SIMD(kt_quants)(type, w + r * ws + (i0 + s) * bx, c) : gguflm_kt_zero();
             GGUFLM_SIMD(kt_store_lanes)(v, &o->q[W * c]);
+            if (GGUFLM_KT_PRESCALED(type))   /* each byte of a 16-bit lane times the scale: no carry */
+                for (int k = 0; k < W; ++k) {
+                    const gguflm_kt_vi sc = o->sc[(W * c + k) / 4];
+                    o->q[W * c + k] = gguflm_kt_mullo16(o->q[W * c + k], gguflm_kt_or(sc, gguflm_kt_slli32(sc, 16)));
+                }
         }
     }
 }
@@ -299,7 +314,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
                                                                            int T, float *out, int64_t os,
                                                                            float *acc_min, int R) {
     const int sub = gguflm_kt_sub(type), off = GGUFLM_KT_SIGNED(type) ? 0 : gguflm_kt_offset(type);
-    const int has_min = gguflm_k_has_min(type);
+    const int has_min = gguflm_k_has_min(type), prescaled = GGUFLM_KT_PRESCALED(type);
     const int subs = QK_K / sub, subs_per_part = parts ? subs / parts : subs;
     gguflm_kt_vf acc[GGUFLM_KT_T], accm[GGUFLM_KT_T];
     #pragma GCC unroll 8
@@ -328,8 +343,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
             gguflm_kt_vi part[GGUFLM_KT_T];
             #pragma GCC unroll 8
             for (int t = 0; t < T; ++t)
-                part[t] = !off ? gguflm_kt_zero()
-                          : gguflm_kt_set1(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
+                part[t] = prescaled ? s1[t]
+                          : !off    ? gguflm_kt_zero()
+                                    : gguflm_kt_set1(-off * (sub == 16 ? yb[t]->bsums[j] : yb[t]->bsums[2 * j] + yb[t]->bsums[2 * j + 1]));
 #pragma GCC unroll 8
             for (int g = j * sub / 4; g < (j + 1) * sub / 4; ++g) {
                 const gguflm_kt_vi q = b->q[g];
@@ -348,7 +364,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_tokens)(int 
             }
             const gguflm_kt_vi sc = b->sc[j * sub / 16];
             #pragma GCC unroll 8
-            for (int t = 0; t < T; ++t) s1[t] = gguflm_kt_add(s1[t], gguflm_kt_mullo(part[t], sc));
+            for (int t = 0; t < T; ++t) s1[t] = prescaled ? part[t] : gguflm_kt_add(s1[t], gguflm_kt_mullo(part[t], sc));
             if (parts && j % subs_per_part == subs_per_part - 1) {
                 /* the end of a part (64 or 128 elements): its sums and its mins (per 32 elements) */
                 const int p = j / subs_per_part, k0 = 8 / parts * p, k1 = 8 / parts * (p + 1);
