@@ -110,6 +110,23 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(tq_values)(int typ
     u[7] = GGUFLM_SIMD(top_trit)(_mm256_blend_epi32(r81, h, 0xF0));
 }
 
+/* the recipe's 8 int32 lanes of a ternary super-block's unsigned values u (at most 2) against the
+ * activation's 256 quants, lane l: elements 4l..4l+3 of every chunk. Without VNNI the 8 chunks'
+ * vpmaddubsw pair sums (at most 2 * 2 * 128 each) add up as int16 and widen once: 16 instructions
+ * where a vpmaddwd and an add per chunk took 24 */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(tq_lanes)(const __m256i u[8], const int8_t *qs) {
+#if GGUFLM_SIMD_VNNI
+    __m256i lanes = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) lanes = _mm256_dpbusd_epi32(lanes, u[c], _mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+    return lanes;
+#else
+    __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_loadu_si256((const __m256i *)qs));
+    for (int c = 1; c < 8; ++c)
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[c], _mm256_loadu_si256((const __m256i *)(qs + 32 * c))));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
 /* one row against T <= 4 tokens (out[t * os]): each super-block's values are decoded once for the
  * tokens, then per token the 8 int32 lanes of gguflm_lut256_lanes and the recipe's float step */
 #define GGUFLM_LUT256_TOKENS 4
@@ -138,16 +155,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut256_tile)(int p
         const float dx = GGUFLM_FP16_TO_FP32_SIMD(type == GGUFLM_IQ4_XS ? ((const block_iq4_xs *)xb)->d : gguflm_tq_d(type, xb));
         for (int t = 0; t < T; ++t) {
             const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i;
-            __m256i lanes = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * c));
-                lanes = _mm256_add_epi32(lanes, type == GGUFLM_IQ4_XS
-                                                    ? _mm256_mullo_epi32(GGUFLM_SIMD(dot_s8_s8)(u[c], qy), _mm256_set1_epi32(ls[c]))
-                                                    : GGUFLM_SIMD(dot_u8_s8)(u[c], qy));
+            __m256i lanes;
+            if (type == GGUFLM_IQ4_XS) {
+                lanes = _mm256_setzero_si256();
+                for (int c = 0; c < 8; ++c) {
+                    const __m256i qy = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * c));
+                    lanes = _mm256_add_epi32(lanes, _mm256_mullo_epi32(GGUFLM_SIMD(dot_s8_s8)(u[c], qy), _mm256_set1_epi32(ls[c])));
+                }
+            } else {   /* less the ternary offset, through the activation's bsums */
+                lanes = _mm256_sub_epi32(GGUFLM_SIMD(tq_lanes)(u, yb->qs),
+                                         _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums), _mm256_set1_epi16(1)));
             }
-            if (type != GGUFLM_IQ4_XS)   /* the ternary offset, through the activation's bsums */
-                lanes = _mm256_sub_epi32(lanes, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums),
-                                                                  _mm256_set1_epi16(1)));
             if (path == GGUFLM_PATH_TILED)
                 tiled[t] = gguflm_tiled_step(0, dx, 0.0f, GGUFLM_SIMD(hsum_i32)(lanes), 0, yb->d, tiled[t]);
             else if (type == GGUFLM_IQ4_XS)
