@@ -8,6 +8,13 @@
 #define GGUFLM_PEAK_8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 #define GGUFLM_PEAK_12(M) GGUFLM_PEAK_8(M) M(8) M(9) M(10) M(11)
 #ifndef GGUFLM_INT8_PEAK_OPS
+/* v made opaque to the compiler: in a register of class c natively; SIMDe's vectors are structs,
+ * which only a memory operand takes (its test harness, built at -O0, refused "v" and "x") */
+#ifdef GGUFLM_SIMDE
+#define GGUFLM_PEAK_OPAQUE(v, c) __asm__ volatile("" : "+m"(v))
+#else
+#define GGUFLM_PEAK_OPAQUE(v, c) __asm__ volatile("" : "+" c(v))
+#endif
 /* int8 operations (2 per multiply-add) of one int8_peak round: 12 chains x 64, or 8 x 32 */
 #define GGUFLM_INT8_PEAK_OPS(wide) ((wide) ? (int64_t)12 * 128 : (int64_t)8 * 64)
 #endif
@@ -21,7 +28,8 @@ static int32_t GGUFLM_SIMD(int8_peak)(int64_t iters) {
     GGUFLM_PEAK_12(GGUFLM_PEAK_INIT)
     for (int64_t k = 0; k < iters; ++k) {
         GGUFLM_PEAK_12(GGUFLM_PEAK_STEP)
-        __asm__ volatile("" : "+v"(u), "+v"(s));   /* the operands are not known constants */
+        GGUFLM_PEAK_OPAQUE(u, "v");   /* the operands are not known constants */
+        GGUFLM_PEAK_OPAQUE(s, "v");
     }
     __m512i t = _mm512_setzero_si512();
     GGUFLM_PEAK_12(GGUFLM_PEAK_SUM)
@@ -31,7 +39,7 @@ static int32_t GGUFLM_SIMD(int8_peak)(int64_t iters) {
 #define GGUFLM_PEAK_INIT(i) __m256i a##i = _mm256_set1_epi32(i);
     /* the asm makes each chain's vpmaddubsw its own (without it the 8 would be one, reused) */
 #define GGUFLM_PEAK_STEP(i)                          \
-    __asm__ volatile("" : "+x"(u));                  \
+    GGUFLM_PEAK_OPAQUE(u, "x");                      \
     a##i = _mm256_add_epi32(a##i, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
 #define GGUFLM_PEAK_SUM(i) t = _mm256_add_epi32(t, a##i);
     GGUFLM_PEAK_8(GGUFLM_PEAK_INIT)
