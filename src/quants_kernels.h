@@ -219,11 +219,11 @@ static inline int gguflm_matmul_threads(const gguflm_matmul_job *jobs, int n_job
 /* kernels handed a segment's whole batch, which block its tokens themselves (the others get
  * GGUFLM_TOKEN_TILE tokens at a time): the Q4_0 recipe's repacked ones, and the TILED and repacked
  * GEMM ones of the K-quants, IQ4_XS and the grid i-quants, and the legacy and ternary types'
- * AVX-512 DOT from GGUFLM_STRIP_TOKENS tokens on (they decode a chunk's rows once for all its
+ * AVX-512 DOT from gguflm_strip_tokens() tokens on (they decode a chunk's rows once for all its
  * tokens) */
 static inline int gguflm_row_strips(int isa, int path, int wtype, int64_t n_tok) {
     return path == GGUFLM_PATH_DOT && (gguflm_is_legacy(wtype) || gguflm_is_ternary(wtype)) && isa >= GGUFLM_ISA_AVX512 &&
-           n_tok >= GGUFLM_STRIP_TOKENS;
+           n_tok >= gguflm_strip_tokens(wtype);
 }
 static inline int gguflm_takes_whole_batch(int isa, int path, int wtype, int64_t n_tok) {
     if (path == GGUFLM_PATH_Q4_0_REPACK || gguflm_row_strips(isa, path, wtype, n_tok)) return 1;

@@ -11,7 +11,7 @@
  * rows' dx*dy, where the two-outputs-per-vector tiles (quants_simd_gemm.h) spend one multiply per
  * vpdpbusd; the final sum of the 8 lanes is 7 vertical adds in ggml's order.
  * A strip of 16 rows is decoded once for all the tokens of the call (the matmul hands it batches of
- * GGUFLM_STRIP_TOKENS or more whole, the decoding does not pay below): each chunk's quants,
+ * gguflm_strip_tokens() or more whole, the decoding does not pay below): each chunk's quants,
  * unsigned (+128 for the signed legacy types, the ternary values + 1), transposed so that vector l
  * has row r's 4 quants of lane l in lane r. The token's 4 int8 values of lane l are one broadcast
  * dword. The lane's offset is the accumulator's starting value: -128 * the 4 activations' sum for
@@ -212,7 +212,7 @@ static inline __attribute__((always_inline)) int64_t GGUFLM_SIMD(strips_gemm)(in
                                                                              float *o, int64_t os) {
     const int chunks = gguflm_strip_chunks(type);
     const int64_t nb = n / (32 * chunks), strips = nr / GGUFLM_STRIP_ROWS;
-    if (nt < GGUFLM_STRIP_TOKENS || strips == 0) return 0;
+    if (nt < gguflm_strip_tokens(type) || strips == 0) return 0;
     /* per block: a strip's 8 vectors per chunk and 2 x 16 row floats, a tile's 4 x 8 starts and
      * 2 x 4 floats */
     const size_t strip_bytes = (size_t)nb * (chunks * 8 * 64 + 2 * 64);

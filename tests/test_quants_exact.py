@@ -198,14 +198,15 @@ def test_oracle_is_ggml_vec_dot(t):
 @pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
                                GGMLType.TQ1_0, GGMLType.TQ2_0], ids=lambda t: t.name)
 def test_batch_strips_are_ggml_mul_mat(t):
-    """The AVX-512 strips of the legacy and ternary types (16 rows, batches of 16 tokens or more)
-    against ggml_mul_mat: 300 rows (not a multiple of 8, so Q4_0 is not repacked on either side)
+    """The AVX-512 strips of the legacy and ternary types (16 rows, batches of 16 tokens or more;
+    ternary: 8) against ggml_mul_mat: 300 rows (not a multiple of 8, so Q4_0 is not repacked on either side)
     leave 12 rows to the other tiles; 67 tokens end on a lone token; one thread takes 64-row
     chunks."""
     _ggml.require_ggml()
-    n_in = 4352 if q.get(t).block_size == 256 else 4160
+    ternary = q.get(t).block_size == 256
+    n_in = 4352 if ternary else 4160
     with _ggml.same_arithmetic():
-        for n_tok in (16, 67):
+        for n_tok in ((8, 67) if ternary else (16, 67)):
             w, x, n_in = _matmul_case(t, 300, n_tok, 2000 + int(t) + n_tok, n_in)
             theirs = _bits(_ggml.mul_mat(int(t), w, n_in, x, n_threads=2))
             for n_threads in (1, 2):

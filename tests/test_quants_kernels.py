@@ -137,14 +137,16 @@ def test_legacy_matmul_isas_agree_bit_for_bit(t, n_in, n_tok, isa):
                                GGMLType.TQ1_0, GGMLType.TQ2_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_batch_strips_isas_agree_bit_for_bit(t, n_threads, isa):
-    # batches of 16 tokens or more take the AVX-512 strips of 16 rows; 300 rows: at one thread
+    # batches of 16 tokens or more (ternary: 8) take the AVX-512 strips of 16 rows, from the
+    # smallest such batch on; 300 rows: at one thread
     # chunks of 64 rows (4 strips decoded together), a last chunk of 44 (2 strips and 12 rows in
     # the 2-row tiles); at two, chunks of 16. An odd block count (3; the ternary types: 1) and 130
     # blocks (ternary: 17); 67 tokens end on a lone token
     rng = np.random.default_rng(int(t))
-    for n_in in ((256, 4352) if q.get(t).block_size == 256 else (96, 4160)):
+    ternary = q.get(t).block_size == 256
+    for n_in in ((256, 4352) if ternary else (96, 4160)):
         w = q.get(t).quantize(rng.standard_normal((300, n_in)).astype(np.float32))
-        for n_tok in (16, 67):
+        for n_tok in ((8, 67) if ternary else (16, 67)):
             x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
             outs = {}
             for name in ISAS:
