@@ -241,6 +241,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type,
             acc[s] = GGUFLM_SIMD(rp_load)(o, 0);
         }
         const uint8_t *wg = w + r0 * ws;
+        /* the next pass's rows, asked for a step (whole lines) per block so they arrive in time */
+        const uint8_t *next = wg + (int64_t)rows * ws;
         const int64_t nb = n / 32, next_rows = nr - r0 - rows;
         const int64_t next_bytes = (next_rows < GGUFLM_RP_GEMV_ROWS ? next_rows : GGUFLM_RP_GEMV_ROWS) * ws;
         const int64_t step = ((next_bytes + nb - 1) / nb + 63) & ~(int64_t)63;
@@ -248,8 +250,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type,
             const gguflm_rp_vi start = GGUFLM_SIMD(rp_start)(off, &y[ib]);
             const float dy = GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
             const uint8_t *b = wg + ib * bx;
-            for (int64_t o = ib * step; o < (ib + 1) * step && o < next_bytes; o += 64)  /* the next pass */
-                _mm_prefetch((const char *)(wg + (int64_t)rows * ws + o), _MM_HINT_T1);
+            for (int64_t o = ib * step; o < (ib + 1) * step && o < next_bytes; o += 64)
+                _mm_prefetch((const char *)(next + o), _MM_HINT_T1);
             for (int s = 0; s < S; ++s) {
                 const uint8_t *bs = b + (int64_t)s * GGUFLM_RP_W * ws;
                 /* every other block (36 bytes, under a line) asks for the rows' data 4 lines on */
