@@ -193,8 +193,17 @@ def quantize_rows_for_dot(wtype: TypeLike, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _storage(fmt: Format, repacked: bool, rows16: bool) -> int:
+    """The kernels' ``repacked`` value for a weight held as said."""
+    if rows16 and not repacked:
+        raise ValueError("a rows-16 weight is one llama.cpp repacks: rows16 needs repacked=True")
+    if rows16 and fmt.type not in ROWS16_TYPES:
+        raise ValueError(f"{fmt.type.name} has no rows-16 layout")
+    return _k.REPACKED_ROWS16 if rows16 else _k.REPACKED if repacked else _k.PLAIN
+
+
 def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None = None,
-           n_threads: int | None = 1, repacked: bool = True) -> np.ndarray:
+           n_threads: int | None = 1, repacked: bool = True, rows16: bool = False) -> np.ndarray:
     """``out`` [n_tok, n_rows] = ``x`` [n_tok, n_in] times the weight matrix ``w`` [n_rows, n_in].
 
     Every output rounds exactly as in llama.cpp's CPU backend (x86 AVX2 build), which picks its
@@ -214,6 +223,9 @@ def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None
     repacked : bool
         ``w`` is a model weight that llama.cpp keeps in its repacked layout (any matmul weight);
         False for a matrix llama.cpp holds in its plain CPU buffer (one it never multiplies).
+    rows16 : bool
+        ``w`` is in the rows-16 layout (:func:`to_rows16`; :data:`ROWS16_TYPES` with a multiple of
+        16 rows), as a loaded model holds those weights. The same floats as the file's layout.
 
     Returns
     -------
@@ -226,19 +238,47 @@ def matmul(w: np.ndarray, wtype: TypeLike, x: np.ndarray, out: np.ndarray | None
     if x.shape[1] != n_in:
         raise ValueError(f"x has {x.shape[1]} columns, the weight rows {n_in}")
     out = _out_matrix(out, x.shape[0], wb.shape[0])
-    _k.matmul(int(fmt.type), wb, n_in, x, out, resolve_n_threads(n_threads), bool(repacked))
+    _k.matmul(int(fmt.type), wb, n_in, x, out, resolve_n_threads(n_threads), _storage(fmt, repacked, rows16))
     return out
 
 
 def matmul_quantized(w: np.ndarray, wtype: TypeLike, xq: np.ndarray, out: np.ndarray | None = None,
-                     n_threads: int | None = 1, repacked: bool = True) -> np.ndarray:
+                     n_threads: int | None = 1, repacked: bool = True, rows16: bool = False) -> np.ndarray:
     """:func:`matmul` from activations already quantized by :func:`quantize_rows_for_dot`."""
     fmt = get(wtype)
     fmt._partner()
     wb, n_in = _weight_bytes(w, fmt)
     xq = _byte_rows(xq, "xq")
     out = _out_matrix(out, xq.shape[0], wb.shape[0])
-    _k.matmul_quantized(int(fmt.type), wb, n_in, xq, out, resolve_n_threads(n_threads), bool(repacked))
+    _k.matmul_quantized(int(fmt.type), wb, n_in, xq, out, resolve_n_threads(n_threads),
+                        _storage(fmt, repacked, rows16))
+    return out
+
+
+# The rows-16 layout (src/quants_rows16.h): the matmul weights of these types, in groups of 16 rows,
+# each group block after block with the block's 16 rows interleaved, so that a group is one stream
+# of the vectors the repacked-recipe kernels compute with. A loaded model holds them so (where the
+# rows are a multiple of 16); the floats are those of the file's layout.
+ROWS16_TYPES = frozenset({GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.MXFP4})
+
+
+def to_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None) -> np.ndarray:
+    """``w`` (uint8 [n_rows, row_bytes], n_rows a multiple of 16) in the rows-16 layout; ``out`` may
+    be ``w`` itself (converted in place)."""
+    return _rows16(w, wtype, out, True)
+
+
+def from_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of :func:`to_rows16`: rows in the file's layout again."""
+    return _rows16(w, wtype, out, False)
+
+
+def _rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None, to_rows16: bool) -> np.ndarray:
+    fmt = get(wtype)
+    wb = _byte_rows(w, "w")
+    if out is None:
+        out = np.empty_like(wb)
+    _k.rows16_convert(int(fmt.type), wb, out, to_rows16)
     return out
 
 

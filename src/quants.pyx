@@ -186,12 +186,54 @@ cdef int _check_matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, int64_t
     return 1
 
 
+# how a matmul weight is held (the ``repacked`` argument of matmul and matmul_quantized)
+PLAIN = GGUFLM_PLAIN                    # llama.cpp's plain CPU buffer (a tied token embedding)
+REPACKED = GGUFLM_REPACKED              # where llama.cpp repacks it; here the file's layout
+REPACKED_ROWS16 = GGUFLM_REPACKED_ROWS16  # the same, held in the rows-16 layout (rows16_convert)
+ROWS16 = GGUFLM_ROWS16                  # rows per group of that layout
+
+
+cdef int _check_repacked(int wtype, int64_t n_rows, int repacked) except -1:
+    if repacked not in (GGUFLM_PLAIN, GGUFLM_REPACKED, GGUFLM_REPACKED_ROWS16):
+        raise ValueError(f"repacked must be PLAIN, REPACKED or REPACKED_ROWS16, got {repacked}")
+    if repacked == GGUFLM_REPACKED_ROWS16:
+        _check_rows16(wtype, n_rows)
+    return 0
+
+
+cdef int _check_rows16(int wtype, int64_t n_rows) except -1:
+    _check_type(wtype)
+    if not gguflm_rows16_type(wtype):
+        raise ValueError(f"{gguflm_traits[wtype].name.decode()} has no rows-16 layout")
+    if n_rows % GGUFLM_ROWS16:
+        raise ValueError(f"the rows-16 layout takes a multiple of {GGUFLM_ROWS16} rows, got {n_rows}")
+    return 0
+
+
+def rows16_convert(int wtype, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, bint to_rows16):
+    """``dst`` = the rows of ``src`` (file layout) in the rows-16 layout (``to_rows16``), or back;
+    ``dst`` may be ``src``."""
+    _check_rows16(wtype, src.shape[0])
+    if dst.shape[0] != src.shape[0] or dst.shape[1] != src.shape[1]:
+        raise ValueError(f"dst must be [{src.shape[0]}, {src.shape[1]}], got [{dst.shape[0]}, {dst.shape[1]}]")
+    if src.shape[1] % gguflm_traits[wtype].type_size:
+        raise ValueError(f"rows of {src.shape[1]} bytes are not whole {gguflm_traits[wtype].name.decode()} blocks")
+    if src.shape[0] == 0 or src.shape[1] == 0:
+        return
+    tmp = np.empty(GGUFLM_ROWS16 * src.shape[1], dtype=np.uint8)
+    cdef uint8_t[::1] tv = tmp
+    with nogil:
+        gguflm_rows16_convert(wtype, to_rows16, &src[0, 0], &dst[0, 0], src.shape[0], src.shape[1], &tv[0])
+
+
 def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,
-           int n_threads=1, bint repacked=True):
+           int n_threads=1, int repacked=GGUFLM_REPACKED):
     """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations
     are quantized to the partner type inside the same parallel region. Each output is computed
-    with the arithmetic llama.cpp's CPU backend uses for this shape; ``repacked``: ``w`` is a weight
-    llama.cpp would repack (False: one in its plain CPU buffer)."""
+    with the arithmetic llama.cpp's CPU backend uses for this shape; ``repacked``: how ``w`` is held
+    (PLAIN: in llama.cpp's plain CPU buffer; REPACKED: where llama.cpp repacks it; REPACKED_ROWS16:
+    the same, ``w`` in the rows-16 layout)."""
+    _check_repacked(wtype, w.shape[0], repacked)
     if x.shape[1] != n_in:
         raise ValueError(f"x must have {n_in} columns, got {x.shape[1]}")
     if not _check_matmul(wtype, w, n_in, x.shape[0], out, n_threads):
@@ -206,10 +248,11 @@ def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1]
 
 
 def matmul_quantized(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const uint8_t[:, ::1] xq,
-                     float[:, ::1] out, int n_threads=1, bint repacked=True):
+                     float[:, ::1] out, int n_threads=1, int repacked=GGUFLM_REPACKED):
     """``out`` = ``w`` . activations already quantized (``xq`` [n_tok, act row bytes]); see
     :func:`matmul` for ``repacked``."""
     _check_dot_type(wtype)
+    _check_repacked(wtype, w.shape[0], repacked)
     cdef int64_t xb = _row_bytes(gguflm_traits[wtype].vec_dot_type, n_in)
     if xq.shape[1] != xb:
         raise ValueError(f"xq rows must take {xb} bytes, got {xq.shape[1]}")

@@ -15,6 +15,8 @@
  *   Q4_K_GEMM    the same for groups of 4 tokens, but one fma per 64 elements.
  *                Both also serve Q2_K, repacked 8x8 by AVX-512 builds only: GEMM one fma per 128.
  *   Q4_0_REPACK  repacked Q4_0: one fma per block of the block's integer sum.
+ *   Q4_0_ROWS16  the same recipe reading weights that gguflm holds in its rows-16 layout
+ *                (quants_rows16.h; Q4_0, IQ4_NL and MXFP4 matmul weights of a loaded model).
  *   SGEMM        F32/F16/BF16 batches (llamafile tinyBLAS): one fma chain of a vector's lanes, hsum.
  *
  * The recipes of quantized weights round the same in every build (the AVX-512 kernels' float
@@ -32,6 +34,7 @@
 #include "ops_math.h"
 #include "quants_ref.h"
 #include "quants_iq.h"
+#include "quants_rows16.h"
 
 typedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
                                int64_t y_stride, int64_t nt, float *out, int64_t out_stride, int arith);
@@ -42,6 +45,7 @@ enum {
     GGUFLM_PATH_Q4_K_GEMV,
     GGUFLM_PATH_Q4_K_GEMM,
     GGUFLM_PATH_Q4_0_REPACK,
+    GGUFLM_PATH_Q4_0_ROWS16,
     GGUFLM_PATH_SGEMM,
     GGUFLM_PATH_DOT_STREAM,  /* DOT's arithmetic, one row at a time: single tokens on large matrices */
     GGUFLM_PATH_COUNT
@@ -89,10 +93,18 @@ static inline gguflm_float_chain gguflm_float_chain_of(int path, int type, int a
 /* elements per step of a chain */
 static inline int gguflm_float_step(gguflm_float_chain c) { return c.vecs * c.lanes * (1 + c.pairs); }
 
+/* How a matmul weight is held (gguflm_matmul_job.repacked): where llama.cpp keeps it, and for the
+ * types of the rows-16 layout, whether gguflm holds it so */
+enum {
+    GGUFLM_PLAIN = 0,           /* llama.cpp's plain CPU buffer (a tied token embedding) */
+    GGUFLM_REPACKED = 1,        /* llama.cpp's CPU_REPACK buffer; here in the file's layout */
+    GGUFLM_REPACKED_ROWS16 = 2  /* the same, here in the rows-16 layout (rows % 16 == 0) */
+};
+
 /* The recipes llama.cpp's CPU backend applies to a matmul of n_rows weight rows (w_stride bytes
  * apart) by n_tok tokens: up to two segments. `repacked`: the weight is a matrix that llama.cpp would
- * keep in its CPU_REPACK buffer (a model weight only used by matmuls: not a tied token embedding).
- * DOT_STREAM is ours: DOT's arithmetic in another row order. */
+ * keep in its CPU_REPACK buffer (a model weight only used by matmuls: not a tied token embedding),
+ * one of the values above. DOT_STREAM is ours: DOT's arithmetic in another row order. */
 /* ggml_repack_get_optimal_repack_type on x86 AVX2+: Q4_0, Q4_K, and (8x8, Q4_0's recipe) IQ4_NL
  * and MXFP4; AVX-512: Q2_K; rows in groups of 8. Dense matmuls and mul_mat_id alike. */
 static inline int gguflm_repacks(int wtype, int64_t n_rows, int arith) {
@@ -100,6 +112,9 @@ static inline int gguflm_repacks(int wtype, int64_t n_rows, int arith) {
            (wtype == GGUFLM_Q4_0 || wtype == GGUFLM_Q4_K || wtype == GGUFLM_IQ4_NL || wtype == GGUFLM_MXFP4 ||
             (wtype == GGUFLM_Q2_K && gguflm_arith_avx512(arith)));
 }
+
+/* the repacked Q4_0 recipe, in either layout */
+static inline int gguflm_q4_0_recipe(int path) { return path == GGUFLM_PATH_Q4_0_REPACK || path == GGUFLM_PATH_Q4_0_ROWS16; }
 
 static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int64_t n_tok,
                                      int repacked, int arith, gguflm_segment seg[2]) {
@@ -113,7 +128,8 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
         return grouped < n_tok ? 2 : 1;
     }
     int path = GGUFLM_PATH_DOT;
-    if (repack) path = k_repack ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
+    if (repack && repacked == GGUFLM_REPACKED_ROWS16 && gguflm_rows16_type(wtype)) path = GGUFLM_PATH_Q4_0_ROWS16;
+    else if (repack) path = k_repack ? GGUFLM_PATH_Q4_K_GEMV : GGUFLM_PATH_Q4_0_REPACK;
     else if (gguflm_is_legacy(wtype) && n_tok == 1 && n_rows * w_stride >= GGUFLM_STREAM_BYTES)
         path = GGUFLM_PATH_DOT_STREAM;
     else if ((gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype)) && n_tok >= 8)
@@ -386,6 +402,20 @@ static inline __attribute__((always_inline)) void gguflm_gemm_scalar(int path, i
             out[t * out_stride + r] = gguflm_recipe_1(path, type, arith, bx, n, w + r * w_stride, y + t * y_stride);
 }
 
+/* Q4_0_ROWS16: each row read back to the file's layout, then Q4_0_REPACK's recipe (rows come in
+ * whole groups of 16, w at a group's start) */
+static inline __attribute__((always_inline)) void gguflm_rows16_scalar(int type, int64_t n, const uint8_t *w, int64_t ws,
+                                                                      int64_t nr, const uint8_t *y, int64_t ys, int64_t nt,
+                                                                      float *out, int64_t os, int arith) {
+    uint8_t row[ws];
+    for (int64_t r = 0; r < nr; ++r) {
+        gguflm_rows16_row(type, 0, (uint8_t *)w + (r - r % GGUFLM_ROWS16) * ws, (int)(r % GGUFLM_ROWS16), ws, row);
+        for (int64_t t = 0; t < nt; ++t)
+            out[t * os + r] = gguflm_recipe_1(GGUFLM_PATH_Q4_0_REPACK, type, arith, (size_t)gguflm_rows16_bx(type), n, row,
+                                              y + t * ys);
+    }
+}
+
 /* the scalar kernel table: [path][type], NULL where llama.cpp has no such recipe */
 #define GGUFLM_SCALAR_KERNEL(path, tag, TYPE, bx)                                                                \
     static void gguflm_##path##_##tag##_scalar(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,            \
@@ -426,6 +456,16 @@ GGUFLM_SCALAR_KERNEL(SGEMM, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
 GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
 GGUFLM_SCALAR_KERNEL(DOT, mxfp4, GGUFLM_MXFP4, sizeof(block_mxfp4))
 GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, mxfp4, GGUFLM_MXFP4, sizeof(block_mxfp4))
+#define GGUFLM_SCALAR_ROWS16(tag, TYPE)                                                                          \
+    static void gguflm_Q4_0_ROWS16_##tag##_scalar(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,          \
+                                                  const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os, \
+                                                  int arith) {                                                    \
+        gguflm_rows16_scalar(TYPE, n, w, ws, nr, y, ys, nt, o, os, arith);                                       \
+    }
+GGUFLM_SCALAR_ROWS16(q4_0, GGUFLM_Q4_0)
+GGUFLM_SCALAR_ROWS16(iq4_nl, GGUFLM_IQ4_NL)
+GGUFLM_SCALAR_ROWS16(mxfp4, GGUFLM_MXFP4)
+#undef GGUFLM_SCALAR_ROWS16
 GGUFLM_SCALAR_KERNEL(DOT, iq4_xs, GGUFLM_IQ4_XS, sizeof(block_iq4_xs))
 GGUFLM_SCALAR_KERNEL(TILED, iq4_xs, GGUFLM_IQ4_XS, sizeof(block_iq4_xs))
 GGUFLM_SCALAR_KERNEL(DOT, tq1_0, GGUFLM_TQ1_0, sizeof(block_tq1_0))
@@ -471,7 +511,10 @@ GGUFLM_SCALAR_KERNEL(DOT, tq2_0, GGUFLM_TQ2_0, sizeof(block_tq2_0))
     [GGUFLM_PATH_TILED][GGUFLM_IQ4_XS] = gguflm_TILED_iq4_xs##suffix,                                            \
     [GGUFLM_PATH_SGEMM][GGUFLM_IQ4_NL] = gguflm_SGEMM_iq4_nl##suffix,                                            \
     [GGUFLM_PATH_Q4_0_REPACK][GGUFLM_IQ4_NL] = gguflm_Q4_0_REPACK_iq4_nl##suffix,                                \
-    [GGUFLM_PATH_Q4_0_REPACK][GGUFLM_MXFP4] = gguflm_Q4_0_REPACK_mxfp4##suffix,
+    [GGUFLM_PATH_Q4_0_REPACK][GGUFLM_MXFP4] = gguflm_Q4_0_REPACK_mxfp4##suffix,                                  \
+    [GGUFLM_PATH_Q4_0_ROWS16][GGUFLM_Q4_0] = gguflm_Q4_0_ROWS16_q4_0##suffix,                                    \
+    [GGUFLM_PATH_Q4_0_ROWS16][GGUFLM_IQ4_NL] = gguflm_Q4_0_ROWS16_iq4_nl##suffix,                                \
+    [GGUFLM_PATH_Q4_0_ROWS16][GGUFLM_MXFP4] = gguflm_Q4_0_ROWS16_mxfp4##suffix,
 
 static const gguflm_gemm_fn gguflm_kernels_scalar[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_scalar);
 

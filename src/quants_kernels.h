@@ -180,13 +180,13 @@ static void gguflm_quantize_act(int vec_dot_type, const float *x, int64_t x_stri
 
 /* decode (one token) hands out 64-row chunks, batches 16-row chunks, as ggml's mul_mat; and as it
  * does, a matrix too small for 4 chunks per thread is cut into one chunk per thread instead (a
- * multiple of 8 rows, the repacked Q4_K kernels' step), so that no thread waits on another's
- * second chunk */
-static inline int64_t gguflm_chunk_rows(int64_t n_rows, int64_t n_tok, int n_threads) {
+ * multiple of `step` rows: 8, the repacked Q4_K kernels' step, or a rows-16 weight's 16), so that
+ * no thread waits on another's second chunk */
+static inline int64_t gguflm_chunk_rows(int64_t n_rows, int64_t n_tok, int n_threads, int64_t step) {
     const int64_t rows = n_tok == 1 ? 64 : 16;
     if (n_tok > 1 || n_threads <= 1 || (n_rows + rows - 1) / rows >= 4 * (int64_t)n_threads) return rows;
     const int64_t per_thread = (n_rows + n_threads - 1) / n_threads;
-    return (per_thread + 7) / 8 * 8;
+    return (per_thread + step - 1) / step * step;
 }
 
 /* one weight matrix W [n_rows, n_in] (row stride w_stride bytes, type wtype) times activations xq
@@ -205,8 +205,12 @@ typedef struct {
 /* the most matmuls of one input that share a parallel region (a fused Q, K, V projection) */
 #define GGUFLM_MAX_JOBS 4
 
+static inline int64_t gguflm_job_chunk_step(const gguflm_matmul_job *job) {
+    return job->repacked == GGUFLM_REPACKED_ROWS16 ? GGUFLM_ROWS16 : 8;
+}
+
 static inline int64_t gguflm_job_chunks(const gguflm_matmul_job *job, int64_t n_tok, int n_threads) {
-    const int64_t rows = gguflm_chunk_rows(job->n_rows, n_tok, n_threads);
+    const int64_t rows = gguflm_chunk_rows(job->n_rows, n_tok, n_threads, gguflm_job_chunk_step(job));
     return (job->n_rows + rows - 1) / rows;
 }
 
@@ -226,7 +230,7 @@ static inline int gguflm_row_strips(int isa, int path, int wtype, int64_t n_tok)
            n_tok >= gguflm_strip_tokens(wtype);
 }
 static inline int gguflm_takes_whole_batch(int isa, int path, int wtype, int64_t n_tok) {
-    if (path == GGUFLM_PATH_Q4_0_REPACK || gguflm_row_strips(isa, path, wtype, n_tok)) return 1;
+    if (gguflm_q4_0_recipe(path) || gguflm_row_strips(isa, path, wtype, n_tok)) return 1;
     return (path == GGUFLM_PATH_TILED || path == GGUFLM_PATH_Q4_K_GEMM) &&
            (gguflm_is_kquant(wtype) || wtype == GGUFLM_IQ4_XS || gguflm_is_iq_grid(wtype));
 }
@@ -278,12 +282,12 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         const gguflm_matmul_job *job = &jobs[j];
         n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
-        rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads());
+        rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads(), gguflm_job_chunk_step(job));
         /* the repacked Q4_0 recipe's batch kernel (quants_simd_repack.h) and the AVX-512 strips
          * (quants_simd_strips.h) transpose each block of their rows once for all the tokens
          * they are given: they take all of them, and up to 64 rows (their tokens' tables shared by 4
          * strips) while every thread still gets 4 chunks */
-        if ((n_tok > 1 && seg[j][0].path == GGUFLM_PATH_Q4_0_REPACK) ||
+        if ((n_tok > 1 && gguflm_q4_0_recipe(seg[j][0].path)) ||
             gguflm_row_strips(isa, seg[j][0].path, job->wtype, n_tok))
             while (rows[j] < 64 && (job->n_rows + 2 * rows[j] - 1) / (2 * rows[j]) >= 4 * (int64_t)omp_get_num_threads())
                 rows[j] *= 2;

@@ -23,6 +23,12 @@ cdef extern from "quants_kernels.h" nogil:
     enum:
         GGUFLM_TYPE_COUNT
         GGUFLM_PATH_DOT
+        # a matmul's `repacked` (quants_dot.h): llama.cpp's plain buffer, its CPU_REPACK one (the
+        # file's layout here), the same in gguflm's rows-16 layout
+        GGUFLM_PLAIN
+        GGUFLM_REPACKED
+        GGUFLM_REPACKED_ROWS16
+        GGUFLM_ROWS16
 
     # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt in arithmetic arith (see quants_dot.h)
     ctypedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
@@ -60,7 +66,8 @@ cdef extern from "quants_kernels.h" nogil:
                              void *xq, int isa, int n_threads)
     # out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] . xq, with the recipes
     # llama.cpp takes for this shape in arithmetic arith (GGUFLM_ARITH_*), on isa's kernels;
-    # repacked = 0 for a token embedding used as the output matrix
+    # repacked: GGUFLM_PLAIN for a token embedding used as the output matrix, GGUFLM_REPACKED_ROWS16
+    # for a weight in the rows-16 layout (quants_rows16.h)
     void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                          const void *xq, int64_t n_tok, float *out, int64_t out_stride, int repacked,
                          int isa, int arith, int n_threads)
@@ -68,6 +75,11 @@ cdef extern from "quants_kernels.h" nogil:
     void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_t n_rows, int64_t n_in,
                            const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
                            int64_t out_stride, int repacked, int isa, int arith, int n_threads)
+    # rows-16 layout (quants_rows16.h): its types, and n_rows (a multiple of 16) rows converted to it
+    # (to_rows16 1) or back (0); dst may be src; tmp takes 16 x row_bytes
+    int gguflm_rows16_type(int type)
+    void gguflm_rows16_convert(int type, int to_rows16, const uint8_t *src, uint8_t *dst, int64_t n_rows,
+                               int64_t row_bytes, uint8_t *tmp)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
                          int64_t n_ids, float *out, int64_t out_stride, int isa)

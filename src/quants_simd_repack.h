@@ -49,6 +49,46 @@ static inline size_t GGUFLM_SIMD(rp_bx)(int type) { return type == GGUFLM_MXFP4 
 /* off of the unsigned weights; 0: signed (IQ4_NL / MXFP4 in the AVX2 copy) */
 static inline int GGUFLM_SIMD(rp_off)(int type) { return type == GGUFLM_Q4_0 ? 8 : GGUFLM_SIMD_512 ? 128 : 0; }
 
+/* k[c] lane r: row r's qs dword c -> q[g] lane r: its elements 4g..4g+3 (low nibbles g < 4, high
+ * nibbles g >= 4) as rp_off's unsigned values, or signed ones (IQ4_NL / MXFP4 in the AVX2 copy) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_values)(int type, const gguflm_rp_vi k[4], gguflm_rp_vi q[8]) {
+#if GGUFLM_SIMD_512
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+        q[c] = _mm512_and_si512(k[c], m4);
+        q[c + 4] = _mm512_and_si512(_mm512_srli_epi16(k[c], 4), m4);
+    }
+    if (type != GGUFLM_Q4_0) {
+        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)gguflm_lut32_table(type))),
+                                               _mm512_set1_epi8((char)0x80));   /* value + 128 */
+        for (int g = 0; g < 8; ++g) q[g] = _mm512_shuffle_epi8(table, q[g]);
+    }
+#else
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+        q[c] = _mm256_and_si256(k[c], m4);
+        q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(k[c], 4), m4);
+    }
+    if (type != GGUFLM_Q4_0) {
+        const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
+        for (int g = 0; g < 8; ++g) q[g] = _mm256_shuffle_epi8(table, q[g]);
+    }
+#endif
+}
+
+/* MXFP4's e8m0 exponents (one per lane) as gguflm_e8m0_to_fp32_half */
+static inline gguflm_rp_vf GGUFLM_SIMD(rp_e8m0)(gguflm_rp_vi e) {
+#if GGUFLM_SIMD_512
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 tiny = _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(1));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(tiny, big, _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e)));
+#else
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(big, _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e), tiny));
+#endif
+}
+
 /* The W rows' weights of one block (b: the block's start in row 0's place; roff: each row's byte
  * offset from row 0, rows past the matrix repeating its last): q[g] lane r = row r's elements
  * 4g..4g+3 (u or signed values, see above), dx lane r = row r's scale. */
@@ -68,16 +108,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
     const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
     const __m512i k[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
                           _mm512_unpackhi_epi64(t1, t3)};
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {   /* low nibbles: elements 4c.., high: 16 + 4c.. */
-        q[c] = _mm512_and_si512(k[c], m4);
-        q[c + 4] = _mm512_and_si512(_mm512_srli_epi16(k[c], 4), m4);
-    }
-    if (type != GGUFLM_Q4_0) {
-        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)gguflm_lut32_table(type))),
-                                               _mm512_set1_epi8((char)0x80));   /* value + 128 */
-        for (int g = 0; g < 8; ++g) q[g] = _mm512_shuffle_epi8(table, q[g]);
-    }
+    GGUFLM_SIMD(rp_values)(type, k, q);
     /* the scales: the first 4 bytes of each row's block */
 #if defined(GGUFLM_SIMDE)   /* SIMDe has no vpgatherdd: the same dwords one by one */
     __m512i s;
@@ -89,11 +120,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
 #else
     const __m512i s = _mm512_i32gather_epi32(_mm512_loadu_si512((const void *)roff), (const void *)b, 1);
 #endif
-    if (type == GGUFLM_MXFP4) {   /* gguflm_e8m0_to_fp32_half */
-        const __m512i e = _mm512_and_si512(s, _mm512_set1_epi32(0xFF));
-        const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-        const __mmask16 tiny = _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(1));
-        *dx = _mm512_castsi512_ps(_mm512_mask_blend_epi32(tiny, big, _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e)));
+    if (type == GGUFLM_MXFP4) {
+        *dx = GGUFLM_SIMD(rp_e8m0)(_mm512_and_si512(s, _mm512_set1_epi32(0xFF)));
     } else {
 #if defined(GGUFLM_SIMDE)   /* nor vpmovdw */
         int32_t d4[16];
@@ -112,21 +140,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
     const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
     const __m256i k[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
                           _mm256_unpackhi_epi64(t1, t3)};
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-        q[c] = _mm256_and_si256(k[c], m4);
-        q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(k[c], 4), m4);
-    }
-    if (type != GGUFLM_Q4_0) {
-        const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
-        for (int g = 0; g < 8; ++g) q[g] = _mm256_shuffle_epi8(table, q[g]);
-    }
+    GGUFLM_SIMD(rp_values)(type, k, q);
     if (type == GGUFLM_MXFP4) {
-        const __m256i e = _mm256_setr_epi32(b[roff[0]], b[roff[1]], b[roff[2]], b[roff[3]], b[roff[4]], b[roff[5]],
-                                            b[roff[6]], b[roff[7]]);
-        const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
-        const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-        *dx = _mm256_castsi256_ps(_mm256_blendv_epi8(big, _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e), tiny));
+        *dx = GGUFLM_SIMD(rp_e8m0)(_mm256_setr_epi32(b[roff[0]], b[roff[1]], b[roff[2]], b[roff[3]], b[roff[4]], b[roff[5]],
+                                                     b[roff[6]], b[roff[7]]));
     } else {
         __m128i h = _mm_setzero_si128();
 #define GGUFLM_RP_H(r) h = _mm_insert_epi16(h, gguflm_u16_at(b + roff[r]), r)
@@ -137,6 +154,27 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode)(int typ
     }
 #endif
 #undef GGUFLM_RP_Q
+}
+
+/* The same from a rows-16 group block gb (quants_rows16.h), whose chunks are the k vectors already:
+ * the AVX-512 copy takes all 16 rows, the AVX2 one rows 8 half .. 8 half + 7 */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode16)(int type, const uint8_t *gb, int half,
+                                                                          gguflm_rp_vi q[8], gguflm_rp_vf *dx) {
+    const int64_t sbytes = gguflm_rows16_scale_bytes(type);
+    const uint8_t *chunks = gb + GGUFLM_ROWS16 * sbytes;
+    gguflm_rp_vi k[4];
+#if GGUFLM_SIMD_512
+    (void)half;
+    for (int c = 0; c < 4; ++c) k[c] = _mm512_loadu_si512((const void *)(chunks + 64 * c));
+    GGUFLM_SIMD(rp_values)(type, k, q);
+    if (type == GGUFLM_MXFP4) *dx = GGUFLM_SIMD(rp_e8m0)(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb)));
+    else *dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+#else
+    for (int c = 0; c < 4; ++c) k[c] = _mm256_loadu_si256((const __m256i *)(chunks + 64 * c + 32 * half));
+    GGUFLM_SIMD(rp_values)(type, k, q);
+    if (type == GGUFLM_MXFP4) *dx = GGUFLM_SIMD(rp_e8m0)(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 8 * half))));
+    else *dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * half)));
+#endif
 }
 
 #if !GGUFLM_SIMD_512
@@ -224,12 +262,14 @@ static inline void GGUFLM_SIMD(rp_row_offsets)(int64_t ws, int R, int32_t roff[G
     for (int r = 0; r < GGUFLM_RP_W; ++r) roff[r] = (int32_t)((r < R ? r : R - 1) * ws);
 }
 
-/* one token: up to GGUFLM_RP_GEMV_ROWS rows at a time, every block of all of them before the next */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type, int64_t n, const uint8_t *w, int64_t ws,
-                                                                      int64_t nr, const block_q8_0 *y, float *o) {
+/* one token: up to GGUFLM_RP_GEMV_ROWS rows at a time, every block of all of them before the next;
+ * rows16: w in the rows-16 layout (whole groups of 16 rows, one pass each) */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type, int rows16, int64_t n, const uint8_t *w,
+                                                                      int64_t ws, int64_t nr, const block_q8_0 *y, float *o) {
     enum { S_MAX = GGUFLM_RP_GEMV_ROWS / GGUFLM_RP_W };
     const size_t bx = GGUFLM_SIMD(rp_bx)(type);
     const int off = GGUFLM_SIMD(rp_off)(type);
+    const int64_t block_step = rows16 ? GGUFLM_ROWS16 * (int64_t)bx : (int64_t)bx;
     for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_RP_GEMV_ROWS) {
         const int rows = (int)(nr - r0 < GGUFLM_RP_GEMV_ROWS ? nr - r0 : GGUFLM_RP_GEMV_ROWS);
         const int S = (rows + GGUFLM_RP_W - 1) / GGUFLM_RP_W;
@@ -241,25 +281,30 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemv)(int type,
             acc[s] = GGUFLM_SIMD(rp_load)(o, 0);
         }
         const uint8_t *wg = w + r0 * ws;
-        /* the next pass's rows, asked for a step (whole lines) per block so they arrive in time */
+        /* file layout: the next pass's rows, asked for a step (whole lines) per block so they
+         * arrive in time (a rows-16 group is one stream, which the hardware follows) */
         const uint8_t *next = wg + (int64_t)rows * ws;
         const int64_t nb = n / 32, next_rows = nr - r0 - rows;
-        const int64_t next_bytes = (next_rows < GGUFLM_RP_GEMV_ROWS ? next_rows : GGUFLM_RP_GEMV_ROWS) * ws;
+        const int64_t next_bytes = rows16 ? 0 : (next_rows < GGUFLM_RP_GEMV_ROWS ? next_rows : GGUFLM_RP_GEMV_ROWS) * ws;
         const int64_t step = ((next_bytes + nb - 1) / nb + 63) & ~(int64_t)63;
         for (int64_t ib = 0; ib < nb; ++ib) {
             const gguflm_rp_vi start = GGUFLM_SIMD(rp_start)(off, &y[ib]);
             const float dy = GGUFLM_FP16_TO_FP32_SIMD(y[ib].d);
-            const uint8_t *b = wg + ib * bx;
+            const uint8_t *b = wg + ib * block_step;
             for (int64_t o = ib * step; o < (ib + 1) * step && o < next_bytes; o += 64)
                 _mm_prefetch((const char *)(next + o), _MM_HINT_T1);
             for (int s = 0; s < S; ++s) {
-                const uint8_t *bs = b + (int64_t)s * GGUFLM_RP_W * ws;
-                /* every other block (36 bytes, under a line) asks for the rows' data 4 lines on */
-                if (!(ib & 1))
-                    for (int r = 0; r < GGUFLM_RP_W; ++r) _mm_prefetch((const char *)(bs + roff[s][r] + 256), _MM_HINT_T0);
                 gguflm_rp_vi q[8];
                 gguflm_rp_vf dx;
-                GGUFLM_SIMD(rp_decode)(type, bs, roff[s], q, &dx);
+                if (rows16) {
+                    GGUFLM_SIMD(rp_decode16)(type, b, s, q, &dx);
+                } else {
+                    const uint8_t *bs = b + (int64_t)s * GGUFLM_RP_W * ws;
+                    /* every other block (36 bytes, under a line) asks for the rows' data 4 lines on */
+                    if (!(ib & 1))
+                        for (int r = 0; r < GGUFLM_RP_W; ++r) _mm_prefetch((const char *)(bs + roff[s][r] + 256), _MM_HINT_T0);
+                    GGUFLM_SIMD(rp_decode)(type, bs, roff[s], q, &dx);
+                }
                 acc[s] = GGUFLM_SIMD(rp_fma)(GGUFLM_SIMD(rp_dot)(off, start, q, (const uint8_t *)y[ib].qs), dx, dy, acc[s]);
             }
         }
@@ -320,9 +365,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, 
 
 /* a batch: per K-chunk, the strips of up to GGUFLM_RP_GROUP rows transposed once, then per block of
  * GGUFLM_RP_TB tokens their tables, then tiles of W rows x GGUFLM_RP_TMAX tokens */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type, int64_t n, const uint8_t *w, int64_t ws,
-                                                                      int64_t nr, const uint8_t *y, int64_t ys, int64_t nt,
-                                                                      float *o, int64_t os) {
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type, int rows16, int64_t n, const uint8_t *w,
+                                                                      int64_t ws, int64_t nr, const uint8_t *y, int64_t ys,
+                                                                      int64_t nt, float *o, int64_t os) {
     enum { S_MAX = GGUFLM_RP_GROUP / GGUFLM_RP_W };
     const size_t bx = GGUFLM_SIMD(rp_bx)(type);
     const int off = GGUFLM_SIMD(rp_off)(type);
@@ -339,11 +384,15 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
                 const int R = rows - s * GGUFLM_RP_W < GGUFLM_RP_W ? rows - s * GGUFLM_RP_W : GGUFLM_RP_W;
                 int32_t roff[GGUFLM_RP_W];
                 GGUFLM_SIMD(rp_row_offsets)(ws, R, roff);
-                const uint8_t *b = w + (r0 + (int64_t)s * GGUFLM_RP_W) * ws + kc * bx;
+                /* rows16: the strip's group (of 16 rows) and which half of it (AVX2's strips of 8) */
+                const int half = (s * GGUFLM_RP_W / 8) & 1;
+                const uint8_t *b = rows16 ? w + (r0 + (int64_t)s * GGUFLM_RP_W - 8 * half) * ws + kc * GGUFLM_ROWS16 * bx
+                                          : w + (r0 + (int64_t)s * GGUFLM_RP_W) * ws + kc * bx;
                 for (int ib = 0; ib < kb; ++ib) {
                     gguflm_rp_vi q[8];
                     gguflm_rp_vf dx;
-                    GGUFLM_SIMD(rp_decode)(type, b + ib * bx, roff, q, &dx);
+                    if (rows16) GGUFLM_SIMD(rp_decode16)(type, b + ib * GGUFLM_ROWS16 * bx, half, q, &dx);
+                    else GGUFLM_SIMD(rp_decode)(type, b + ib * bx, roff, q, &dx);
                     uint8_t *sb = strips + ((size_t)s * GGUFLM_RP_KB + ib) * GGUFLM_RP_BLOCK;
 #if GGUFLM_SIMD_512
                     for (int g = 0; g < 8; ++g) _mm512_store_si512((void *)(sb + g * GGUFLM_RP_VB), q[g]);
@@ -389,17 +438,19 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
     }
 }
 
-#define GGUFLM_SIMD_RP(tag, TYPE)                                                                                \
-    static void GGUFLM_SIMD(Q4_0_REPACK_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr,              \
-                                               const uint8_t *y, int64_t ys, int64_t nt, float *o, int64_t os,   \
-                                               int arith) {                                                      \
+#define GGUFLM_SIMD_RP(path, ROWS16, tag, TYPE)                                                                  \
+    static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
+                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
         (void)arith;                                                                                             \
-        if (nt == 1) GGUFLM_SIMD(rp_gemv)(TYPE, n, w, ws, nr, (const block_q8_0 *)y, o);                          \
-        else GGUFLM_SIMD(rp_gemm)(TYPE, n, w, ws, nr, y, ys, nt, o, os);                                         \
+        if (nt == 1) GGUFLM_SIMD(rp_gemv)(TYPE, ROWS16, n, w, ws, nr, (const block_q8_0 *)y, o);                  \
+        else GGUFLM_SIMD(rp_gemm)(TYPE, ROWS16, n, w, ws, nr, y, ys, nt, o, os);                                 \
     }
-GGUFLM_SIMD_RP(q4_0, GGUFLM_Q4_0)
-GGUFLM_SIMD_RP(iq4_nl, GGUFLM_IQ4_NL)
-GGUFLM_SIMD_RP(mxfp4, GGUFLM_MXFP4)
+GGUFLM_SIMD_RP(Q4_0_REPACK, 0, q4_0, GGUFLM_Q4_0)
+GGUFLM_SIMD_RP(Q4_0_REPACK, 0, iq4_nl, GGUFLM_IQ4_NL)
+GGUFLM_SIMD_RP(Q4_0_REPACK, 0, mxfp4, GGUFLM_MXFP4)
+GGUFLM_SIMD_RP(Q4_0_ROWS16, 1, q4_0, GGUFLM_Q4_0)
+GGUFLM_SIMD_RP(Q4_0_ROWS16, 1, iq4_nl, GGUFLM_IQ4_NL)
+GGUFLM_SIMD_RP(Q4_0_ROWS16, 1, mxfp4, GGUFLM_MXFP4)
 #undef GGUFLM_SIMD_RP
 #undef gguflm_rp_vi
 #undef gguflm_rp_vf
