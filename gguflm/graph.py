@@ -22,6 +22,7 @@ import numpy as np
 from gguflm._ext import ops, quants
 from gguflm._ext.plan import Plan
 from gguflm.hparams import RopeType
+from gguflm.quants import matmul_storage
 
 if TYPE_CHECKING:
     from gguflm.loader import Weight
@@ -167,6 +168,12 @@ class Arena:
         return np.array(at, np.int64), np.array(length, np.int64), first, last
 
 
+def _file_layout(w: Weight) -> None:
+    """Rows read one by one (get_rows) need the file's layout; the loader keeps it for them."""
+    if w.rows16:
+        raise ValueError(f"tensor '{w.name}' is held in the rows-16 layout, which only matmuls read")
+
+
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:
     if isinstance(value, np.ndarray):
         yield value
@@ -267,6 +274,7 @@ class Graph:
 
     def embed(self, w: Weight, scale: float = 0.0) -> np.ndarray:
         """Rows of the embedding matrix for the ubatch's tokens (or its given embeddings)."""
+        _file_layout(w)
         x = self.new(self.ub.n_tokens, self.hparams.n_embd)
         if self.ub.tokens is None:
             self.plan.copy(self.plan.embd, 0, x)
@@ -278,6 +286,7 @@ class Graph:
 
     def position_rows(self, w: Weight) -> np.ndarray:
         """Rows of ``w`` at the ubatch's positions (absolute position embeddings)."""
+        _file_layout(w)
         x = self.new(self.ub.n_tokens, w.shape[0])
         self.plan.get_rows(int(w.type), w.data.view(np.uint8), w.shape[0], x, by_position=True)
         return x
@@ -325,6 +334,7 @@ class Graph:
 
     def add_matrix_row(self, x: np.ndarray, w: Weight, row: int) -> np.ndarray:
         """x[i] += row ``row`` of the matrix w, for every i (BERT's token-type embedding), in place."""
+        _file_layout(w)
         values = np.empty(w.shape[0], np.float32)
         quants.dequantize(int(w.type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
         self.plan.add_row(x, values)
@@ -380,9 +390,8 @@ class Graph:
             # llama.cpp repacks every matmul weight, a tied output projection too: it loads the
             # token embedding a second time as the output layer's tensor (TENSOR_DUPLICATED, in
             # the output layer's buffer type), which the repack buffer holds like any matmul weight
-            repacked = True
-            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out, repacked,
-                             self.n_threads)
+            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out,
+                             matmul_storage(w.type, rows16=w.rows16), self.n_threads)
             outs.append(out)
         if len(weights) > 1:  # one parallel region: no barrier between the projections
             self.plan.group_matmuls(len(weights))
@@ -456,7 +465,8 @@ class Graph:
         act_q = self.new(k, quants.row_bytes(partners[3], n_ff), dtype=np.uint8)
         out = self.new(1, hp.n_embd)
         self.plan.moe_one(x, bias, hp.n_expert, k, gating, norm_w, w_scale, route, xr, xq,
-                          ((int(router.type), router.data.view(np.uint8)),) +
+                          ((int(router.type), router.data.view(np.uint8),
+                            matmul_storage(router.type, rows16=router.rows16)),) +
                           tuple((int(w.type), w.data.view(np.uint8), w.shape[1]) for w in experts),
                           outs, act, act_q, out, self.n_threads)
         return out

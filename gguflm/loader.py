@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -70,13 +70,16 @@ class Weight:
     """A tensor bound to its data: ``data`` is a view of the file (mmap) or of private memory.
 
     For matrices ``data`` has one row per output (numpy shape ``(shape[1], row_bytes)`` for block
-    types, ``(shape[1], shape[0])`` for float types).
+    types, ``(shape[1], shape[0])`` for float types). ``rows16``: ``data`` is a private copy in the
+    rows-16 layout (:func:`gguflm.quants.to_rows16`; :func:`~gguflm.quants.from_rows16` gives the
+    file's bytes back), as a full load holds the matmul weights of its types.
     """
 
     name: str
     type: GGMLType
     shape: tuple[int, ...]
     data: np.ndarray
+    rows16: bool = False
 
     @property
     def n_elements(self) -> int:
@@ -242,10 +245,32 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
     log.info("%s: arch %s, %d layers, n_embd %d, vocab %d", source, arch_name, hparams.n_layer,
              hparams.n_embd, hparams.n_vocab)
     weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
+    _hold_rows16(weights, reader)
     if load_mode in ("mlock", "mmap+mlock"):
         _mlock([w.data for w in weights.values()], source)
     return LoadedModel(path, reader, metadata, arch_name, n_vocab, vocab,
                        LoadedNetwork(arch, hparams, weights), load_mode)
+
+
+# the tensors llama.cpp reads with get_rows (LLM_TENSOR_INFOS: GGML_OP_GET_ROWS), never repacked
+ROW_LOOKUP_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+
+
+def _hold_rows16(weights: dict[str, Weight], reader: GGUFReader) -> None:
+    """Copy the matmul weights of :data:`gguflm.quants.ROWS16_TYPES` with whole groups of 16 rows
+    into the rows-16 layout (llama.cpp repacks the same ones into its CPU_REPACK buffer at load),
+    and give the file's pages under them back. A tied output projection is its token embedding's
+    Weight, which get_rows reads: it keeps the file's layout."""
+    held: dict[int, Weight] = {}
+    for name, w in weights.items():
+        if id(w) not in held:
+            if w.type not in quants.ROWS16_TYPES or len(w.shape) != 2 or w.shape[1] % quants.ROWS16 \
+                    or w.name in ROW_LOOKUP_TENSORS:
+                held[id(w)] = w
+                continue
+            held[id(w)] = replace(w, data=quants.to_rows16(w.data, w.type), rows16=True)
+            reader.release(w.data)
+        weights[name] = held[id(w)]
 
 
 def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams, source: str,

@@ -260,6 +260,12 @@ def matmul_quantized(w: np.ndarray, wtype: TypeLike, xq: np.ndarray, out: np.nda
 # of the vectors the repacked-recipe kernels compute with. A loaded model holds them so (where the
 # rows are a multiple of 16); the floats are those of the file's layout.
 ROWS16_TYPES = frozenset({GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.MXFP4})
+ROWS16: int = _k.ROWS16  # rows of a group
+
+
+def matmul_storage(wtype: TypeLike, repacked: bool = True, rows16: bool = False) -> int:
+    """The kernels' ``repacked`` value (the plan's matmul nodes take it) for a weight held so."""
+    return _storage(get(wtype), repacked, rows16)
 
 
 def to_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None) -> np.ndarray:

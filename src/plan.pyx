@@ -378,8 +378,9 @@ cdef class Plan:
         nd.type, nd.x, nd.x_stride = vec_dot_type, <const float *>_ptr(x), _stride(x)
         nd.n_rows, nd.n, nd.out = x.shape[0], x.shape[1], _ptr(xq)
 
-    def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, bint repacked,
+    def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, int repacked,
                int n_threads):
+        """out = w . xq; ``repacked``: how w is held (gguflm.quants.matmul_storage)."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL, n_threads, (w, xq, out,))
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n = wtype, _ptr(w), w.strides[0], w.shape[0], n_in
         nd.aux = repacked
@@ -454,7 +455,7 @@ cdef class Plan:
         """One token's router and routed SwiGLU experts in one parallel region: the router's
         logits of x, routed as :meth:`moe_route` does, then out = the weighted sum over the
         selected experts of down . swiglu(gate . x, up . x). ``weights``: the router's (as
-        :meth:`matmul` takes it, ``(wtype, w)``) then the experts' gate, up and down, each
+        :meth:`matmul` takes it, ``(wtype, w, repacked)``) then the experts' gate, up and down, each
         ``(wtype, w, n_rows)`` as :meth:`matmul_id` takes them (gate and up of one partner type);
         ``outs``: their outputs, router logits [1, n_expert] then [n_used, n_rows] each; ``xr``: x
         in the router's partner; ``xq``: [n_used] rows of x in the gate's; ``act_q``: [n_used]
@@ -469,8 +470,8 @@ cdef class Plan:
         a.xr, a.xq, a.act, a.act_q = <uint8_t *>_ptr(xr), <uint8_t *>_ptr(xq), <float *>_ptr(act), <uint8_t *>_ptr(act_q)
         a.out, a.n_embd, a.n_ff = <float *>_ptr(out), x.shape[1], act.shape[1]
         w, o = weights[0][1], outs[0]
-        a.router.wtype, a.router.repacked, a.router.w, a.router.w_stride = weights[0][0], 1, <const uint8_t *>_ptr(w), \
-            w.strides[0]
+        a.router.wtype, a.router.repacked, a.router.w, a.router.w_stride = weights[0][0], weights[0][2], \
+            <const uint8_t *>_ptr(w), w.strides[0]
         a.router.n_rows, a.router.xq, a.router.out, a.router.out_stride = w.shape[0], <const uint8_t *>_ptr(xr), \
             <float *>_ptr(o), _stride(o)
         for i in range(1, 4):

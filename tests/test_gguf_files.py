@@ -167,3 +167,38 @@ def test_opening_gemma_is_fast(gemma_path):
         timings.append(time.perf_counter() - start)
     print(f"open gemma: best {min(timings) * 1e3:.1f} ms")
     assert min(timings) < 0.5
+
+
+def _rss_kib(kind: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(kind + ":"))
+
+
+@pytest.mark.parametrize("mode", ["mmap", "read"])
+def test_release_gives_back_the_pages_under_a_tensor(tmp_path, mode):
+    """release() drops the whole pages under a tensor and no byte of its neighbours (which share
+    its first and last pages): the file's map reads the tensor again from the page cache, read
+    mode's private memory is freed."""
+    from gguflm.ggml_types import GGMLType
+
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 255, 1 << 22, dtype=np.uint8).view(np.float32)   # 4 MiB
+    small = [rng.standard_normal(100).astype(np.float32) for _ in range(2)]
+    path = tmp_path / "release.gguf"
+    w = GGUFWriter(path, alignment=32)
+    w.add("general.architecture", "llama")
+    w.add_tensor("a", small[0], GGMLType.F32, (100,))
+    w.add_tensor("big", big, GGMLType.F32, (big.size,))
+    w.add_tensor("c", small[1], GGMLType.F32, (100,))
+    w.write()
+    with GGUFReader(path, mode=mode) as r:
+        data = r.tensor("big").data
+        assert int(data.view(np.uint8).sum(dtype=np.uint64)) == int(big.view(np.uint8).sum(dtype=np.uint64))
+        kind = "RssFile" if mode == "mmap" else "RssAnon"
+        before = _rss_kib(kind)
+        r.release(data)
+        assert before - _rss_kib(kind) >= 3 * 1024
+        assert np.array_equal(r.tensor("a").data, small[0]) and np.array_equal(r.tensor("c").data, small[1])
+        if mode == "mmap":
+            assert np.array_equal(data.view(np.uint8), big.view(np.uint8))
+        r.release(np.zeros(8))   # not in the reader's memory: nothing happens

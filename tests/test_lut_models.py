@@ -56,3 +56,32 @@ def test_mixed_model_equals_llama_cpp(tmp_path):
                             "attn_k": GGMLType.IQ4_XS, "attn_v": GGMLType.TQ1_0, "attn_output": GGMLType.IQ4_NL,
                             "ffn_gate": GGMLType.MXFP4, "ffn_up": GGMLType.IQ4_NL, "ffn_down": GGMLType.F16})
     _check_equal(spec, tmp_path / "mixed.gguf", 5)
+
+
+def test_rows16_weights_are_held_interleaved_and_equal_llama_cpp(tmp_path):
+    """Q4_0, IQ4_NL and MXFP4 matmul weights with whole groups of 16 rows are held in the rows-16
+    layout (private copies; the file's bytes once unpacked); the token embedding, which get_rows
+    reads and the tied output shares, and the 264-row FFN matrices keep the file's layout. The
+    logits equal llama.cpp's, the same loaded by mmap and read into memory."""
+    from gguflm import Model, quants
+    from gguflm.gguf import GGUFReader
+
+    require_ggml()
+    types = {"token_embd": GGMLType.Q4_0, "attn_q": GGMLType.Q4_0, "attn_k": GGMLType.IQ4_NL,
+             "attn_v": GGMLType.MXFP4, "attn_output": GGMLType.Q4_0, "ffn_gate": GGMLType.IQ4_NL,
+             "ffn_up": GGMLType.Q4_0, "ffn_down": GGMLType.F16}
+    spec = TinyModel("llama", n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=264, types=types)
+    path = tmp_path / "rows16.gguf"
+    _check_equal(spec, path, 3)
+    with Model.load(path) as model:
+        t = model.tensors
+        assert t["output.weight"] is t["token_embd.weight"] and not t["token_embd.weight"].rows16
+        assert not t["blk.0.ffn_gate.weight"].rows16 and not t["blk.0.ffn_up.weight"].rows16   # 264 rows
+        with GGUFReader(path) as reader:
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                w = t[f"blk.0.{name}.weight"]
+                assert w.rows16 and w.data.flags.owndata
+                assert np.array_equal(quants.from_rows16(w.data, w.type), reader.tensor(w.name).data.reshape(w.data.shape))
+    tokens = np.random.default_rng(4).integers(3, 300, 12)
+    mapped, read = (prompt_logits(path, tokens, 1, load_mode=mode) for mode in ("mmap", "none"))
+    np.testing.assert_array_equal(mapped.view(np.uint32), read.view(np.uint32))

@@ -534,9 +534,9 @@ def type_bench_model(t: GGMLType) -> TinyModel:
                      tied_output=False, types=types)
 
 
-def prompt_logits(path, tokens, n_ubatch: int) -> np.ndarray:
+def prompt_logits(path, tokens, n_ubatch: int, load_mode: str = "auto") -> np.ndarray:
     """Logits of every position of a tiny model, the prompt decoded in ubatches of n_ubatch tokens."""
-    with Model.load(path) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
+    with Model.load(path, load_mode=load_mode) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,
                                             n_threads_batch=2) as ctx:
         batch = Batch(len(tokens))
         for pos, tok in enumerate(tokens):

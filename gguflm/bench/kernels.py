@@ -10,7 +10,9 @@ matmul's GFLOP/s counts 2 operations per weight x activation product, as the pea
 weights' decoding take the rest). AMX would be measured beside VNNI where the CPU has AMX-INT8
 and the kernel grants the tile state; gguflm has no AMX kernels yet, so it says so.
 K-quant matrices need whole 256-element blocks per row, so their column counts are rounded up to
-a multiple of 256 (640 -> 768, 576 -> 768); the label says so.
+a multiple of 256 (640 -> 768, 576 -> 768); the label says so. Q4_0, IQ4_NL and MXFP4 matrices
+whose rows come in whole groups of 16 are measured in the rows-16 layout a loaded model holds them
+in (label ``r``).
 
 :func:`run` returns the figures as a dict, so the ``gguflm bench`` CLI can reuse it.
 
@@ -138,32 +140,41 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         for n_rows, n_cols in shapes:
             cols = -(-n_cols // fmt.block_size) * fmt.block_size
             w = _weights(fmt, n_rows, cols, rng)
+            # held as a loaded model holds it: in the rows-16 layout where the type and rows allow
+            rows16 = fmt.type in q.ROWS16_TYPES and n_rows % q.ROWS16 == 0
+            if rows16:
+                w = q.to_rows16(w, fmt.type)
             x1 = rng.standard_normal((1, cols)).astype(np.float32)
             out1 = np.empty((1, n_rows), np.float32)
-            row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}}
+            row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}, "rows16": rows16}
+
+            def matmul(x: np.ndarray, out: np.ndarray, n_threads: int) -> None:
+                q.matmul(w, name, x, out=out, n_threads=n_threads, rows16=rows16)
+
             # single thread on the thread's CPU clock: what the kernel streams while it runs, which
             # other processes on a shared machine do not distort the way they distort wall time
-            secs = _best_seconds(lambda: q.matmul(w, name, x1, out=out1, n_threads=1), repeat, 0.2, time.thread_time)
+            secs = _best_seconds(lambda: matmul(x1, out1, 1), repeat, 0.2, time.thread_time)
             row["gbs_cpu"] = w.nbytes / secs / 1e9
             for n in threads:
-                secs = _best_seconds(lambda: q.matmul(w, name, x1, out=out1, n_threads=n), repeat, 0.2)
+                secs = _best_seconds(lambda: matmul(x1, out1, n), repeat, 0.2)
                 row["gbs"][n] = w.nbytes / secs / 1e9
             xb = rng.standard_normal((batch, cols)).astype(np.float32)
             outb = np.empty((batch, n_rows), np.float32)
-            secs = _best_seconds(lambda: q.matmul(w, name, xb, out=outb, n_threads=batch_threads),
+            secs = _best_seconds(lambda: matmul(xb, outb, batch_threads),
                                  1 if w.nbytes > 2**26 else repeat, clock=_batch_clock(batch_threads))
             row["gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
             read_gbs, peak_gops = _references(buf, max(threads), batch_threads)
             best_read = row["read_gbs"] = max(best_read, read_gbs)
             best_peak = row["int8_peak_gops"] = None if peak is None else max(best_peak, peak_gops)
             results["rows"].append(row)
-            label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "")
+            label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "") + ("r" if rows16 else "")
             share = row["gbs"][max(threads)] / row["read_gbs"] * 100
             row["peak_share"] = None if peak is None else row["gflops"] / row["int8_peak_gops"]
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f} "
                 + ("     -" if peak is None else f"{100 * row['peak_share']:5.0f}%"))
-    out("* 256-block columns rounded up to whole blocks; 'cpu': on the thread's CPU clock"
+    out("* 256-block columns rounded up to whole blocks; r: the weights in the rows-16 layout a loaded model"
+        " holds them in; 'cpu': on the thread's CPU clock"
         + (" (the batch and the int8 peak too)" if batch_threads == 1 else "")
         + "; %read and %peak: against the highest figures measured up to the row")
     return results

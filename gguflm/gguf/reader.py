@@ -106,6 +106,7 @@ class _Parser:
         self.buf = buf
         self.size = len(buf)
         self.base = np.frombuffer(buf, dtype=np.uint8)
+        self.base.flags.writeable = False  # read mode's private map too: every view is read-only
         self.part = part
 
     # -- failures and bounded reads
@@ -342,7 +343,8 @@ class GGUFReader:
         ``split.count`` makes the reader open the other parts next to it.
     mode
         ``"mmap"`` maps the files read-only and every view points into the map; ``"read"``
-        reads them into private memory first (nothing stays tied to the files).
+        reads them into private memory first (an anonymous map: nothing stays tied to the files).
+        Either way :meth:`release` gives back the pages under a tensor a caller has copied.
 
     Attributes
     ----------
@@ -397,11 +399,17 @@ class GGUFReader:
     def _parse(self, path: Path, part: int) -> _Part:
         try:
             with open(path, "rb") as f:
-                if self.mode == "read":
-                    buf: mmap.mmap | bytes = f.read()
+                size = f.seek(0, 2)
+                if not size:
+                    buf: mmap.mmap | bytes = b""
+                elif self.mode == "read":
+                    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # freeable by release()
+                    f.seek(0)
+                    if f.readinto(buf) != size:
+                        buf.close()
+                        raise OSError(f"the file shrank while it was read ({size} bytes expected)")
                 else:
-                    size = f.seek(0, 2)
-                    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+                    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise GGUFError(f"{path}: cannot open: {exc.strerror or exc}") from exc
         self._buffers.append(buf)
@@ -451,6 +459,23 @@ class GGUFReader:
             raise GGUFError(f"{part.path}: key {key!r}: expected an integer, found "
                             f"{part.value_types[key].name}")
         return int(part.metadata[key])
+
+    def release(self, view: np.ndarray) -> None:
+        """Give back the memory pages wholly inside ``view`` (a tensor's data, which the caller has
+        copied and will not read through this reader again): a map's pages are dropped from the
+        process (the file's come back from the page cache if read again; read mode's are freed)."""
+        page = mmap.PAGESIZE
+        start = view.__array_interface__["data"][0]
+        for buf in self._buffers:
+            if not isinstance(buf, mmap.mmap) or buf.closed:
+                continue
+            base = np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+            if base <= start and start + view.nbytes <= base + len(buf):
+                first = -(-(start - base) // page) * page
+                last = (start - base + view.nbytes) // page * page
+                if last > first:
+                    buf.madvise(mmap.MADV_DONTNEED, first, last - first)
+                return
 
     # -- closing
 
