@@ -167,8 +167,17 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_decode16)(int t
     (void)half;
     for (int c = 0; c < 4; ++c) k[c] = _mm512_loadu_si512((const void *)(chunks + 64 * c));
     GGUFLM_SIMD(rp_values)(type, k, q);
-    if (type == GGUFLM_MXFP4) *dx = GGUFLM_SIMD(rp_e8m0)(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb)));
-    else *dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+    if (type == GGUFLM_MXFP4) {
+#if defined(GGUFLM_SIMDE)   /* SIMDe has no vpmovzxbd */
+        int32_t e[16];
+        for (int r = 0; r < 16; ++r) e[r] = gb[r];
+        *dx = GGUFLM_SIMD(rp_e8m0)(_mm512_loadu_si512((const void *)e));
+#else
+        *dx = GGUFLM_SIMD(rp_e8m0)(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb)));
+#endif
+    } else {
+        *dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+    }
 #else
     for (int c = 0; c < 4; ++c) k[c] = _mm256_loadu_si256((const __m256i *)(chunks + 64 * c + 32 * half));
     GGUFLM_SIMD(rp_values)(type, k, q);
