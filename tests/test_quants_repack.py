@@ -22,46 +22,28 @@ ISAS = system.supported_isas()
 
 # (n_rows, n_in, token counts): 88 rows = one 64-row pass + a 16-row strip + an 8-row one; 72
 # blocks = two 32-block K-chunks + 8; 45 tokens = a 32-token table block + 8 + 5; 520 rows with 2
-# threads take the driver's 64-row batch chunks (the last one 8 rows)
-SHAPES = [(88, 32 * 72, (1, 2, 4, 13, 45)), (520, 64, (1, 6))]
+# threads take the driver's 64-row batch chunks (the last one 8 rows). Rows-16 weights: 80 rows = a
+# 64-row pass + one group; 48 rows at 3-4 threads: one-group chunks
+SHAPES = {False: [(88, 32 * 72, (1, 2, 4, 13, 45)), (520, 64, (1, 6))],
+          True: [(80, 32 * 72, (1, 2, 4, 13, 45)), (48, 96, (1, 3)), (528, 64, (1, 6))]}
 
 
+@pytest.mark.parametrize("rows16", [False, True], ids=["file", "rows16"])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-def test_repacked_matmul_matches_ggml_repack(t, isa):
+def test_repacked_matmul_matches_ggml_repack(t, isa, rows16):
     _ggml.require_ggml()
     fmt = q.get(t)
     rng = np.random.default_rng(int(t) + 7)
-    for n_rows, n_in, toks in SHAPES:
+    for n_rows, n_in, toks in SHAPES[rows16]:
         w = random_blocks(fmt, n_rows * n_in // 32, rng).reshape(n_rows, -1)
-        for n_tok in toks:
-            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-            with system.using(isa=isa):
-                ours = q.matmul(w, t, x, n_threads=2, repacked=True)
-            ref = _ggml.mul_mat(t, w, n_in, x, n_threads=2, repacked=True)
-            assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (n_rows, n_in, n_tok)
-
-
-# rows-16 shapes: 80 rows = a 64-row pass + one group; 48 rows at 3-4 threads: one-group chunks
-ROWS16_SHAPES = [(80, 32 * 72, (1, 2, 4, 13, 45)), (48, 96, (1, 3)), (528, 64, (1, 6))]
-
-
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-def test_rows16_matmul_matches_ggml_repack(t, isa):
-    _ggml.require_ggml()
-    fmt = q.get(t)
-    rng = np.random.default_rng(int(t) + 11)
-    for n_rows, n_in, toks in ROWS16_SHAPES:
-        w = random_blocks(fmt, n_rows * n_in // 32, rng).reshape(n_rows, -1)
-        w16 = q.to_rows16(w, t)
-        assert not np.array_equal(w16, w)
+        held = q.to_rows16(w, t) if rows16 else w
         for n_tok in toks:
             x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
             ref = _ggml.mul_mat(t, w, n_in, x, n_threads=2, repacked=True)
             for n_threads in (1, 2, 3, 4):
                 with system.using(isa=isa):
-                    ours = q.matmul(w16, t, x, n_threads=n_threads, rows16=True)
+                    ours = q.matmul(held, t, x, n_threads=n_threads, repacked=True, rows16=rows16)
                 assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (n_rows, n_in, n_tok, n_threads)
 
 
