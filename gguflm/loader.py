@@ -268,7 +268,7 @@ def _hold_rows16(weights: dict[str, Weight], reader: GGUFReader) -> None:
                     or w.name in ROW_LOOKUP_TENSORS:
                 held[id(w)] = w
                 continue
-            held[id(w)] = replace(w, data=quants.to_rows16(w.data, w.type), rows16=True)
+            held[id(w)] = replace(w, data=quants.to_rows16(w.data, w.type, n_threads=None), rows16=True)
             reader.release(w.data)
         weights[name] = held[id(w)]
 

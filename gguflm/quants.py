@@ -268,23 +268,26 @@ def matmul_storage(wtype: TypeLike, repacked: bool = True, rows16: bool = False)
     return _storage(get(wtype), repacked, rows16)
 
 
-def to_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None) -> np.ndarray:
+def to_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None,
+              n_threads: int | None = 1) -> np.ndarray:
     """``w`` (uint8 [n_rows, row_bytes], n_rows a multiple of 16) in the rows-16 layout; ``out`` may
-    be ``w`` itself (converted in place)."""
-    return _rows16(w, wtype, out, True)
+    be ``w`` itself (converted in place, on one thread)."""
+    return _rows16(w, wtype, out, True, n_threads)
 
 
-def from_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None) -> np.ndarray:
+def from_rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None = None,
+                n_threads: int | None = 1) -> np.ndarray:
     """The inverse of :func:`to_rows16`: rows in the file's layout again."""
-    return _rows16(w, wtype, out, False)
+    return _rows16(w, wtype, out, False, n_threads)
 
 
-def _rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None, to_rows16: bool) -> np.ndarray:
+def _rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None, to_rows16: bool,
+            n_threads: int | None) -> np.ndarray:
     fmt = get(wtype)
     wb = _byte_rows(w, "w")
     if out is None:
         out = np.empty_like(wb)
-    _k.rows16_convert(int(fmt.type), wb, out, to_rows16)
+    _k.rows16_convert(int(fmt.type), wb, out, to_rows16, resolve_n_threads(n_threads))
     return out
 
 

@@ -210,10 +210,11 @@ cdef int _check_rows16(int wtype, int64_t n_rows) except -1:
     return 0
 
 
-def rows16_convert(int wtype, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, bint to_rows16):
+def rows16_convert(int wtype, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, bint to_rows16, int n_threads=1):
     """``dst`` = the rows of ``src`` (file layout) in the rows-16 layout (``to_rows16``), or back;
-    ``dst`` may be ``src``."""
+    ``dst`` may be ``src`` (then one thread converts)."""
     _check_rows16(wtype, src.shape[0])
+    _check_threads(n_threads)
     if dst.shape[0] != src.shape[0] or dst.shape[1] != src.shape[1]:
         raise ValueError(f"dst must be [{src.shape[0]}, {src.shape[1]}], got [{dst.shape[0]}, {dst.shape[1]}]")
     if src.shape[1] % gguflm_traits[wtype].type_size:
@@ -223,7 +224,8 @@ def rows16_convert(int wtype, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, bi
     tmp = np.empty(GGUFLM_ROWS16 * src.shape[1], dtype=np.uint8)
     cdef uint8_t[::1] tv = tmp
     with nogil:
-        gguflm_rows16_convert(wtype, to_rows16, &src[0, 0], &dst[0, 0], src.shape[0], src.shape[1], &tv[0])
+        gguflm_rows16_convert(wtype, to_rows16, &src[0, 0], &dst[0, 0], src.shape[0], src.shape[1], &tv[0],
+                              n_threads)
 
 
 def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,

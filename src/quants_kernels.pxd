@@ -76,10 +76,10 @@ cdef extern from "quants_kernels.h" nogil:
                            const float *x, int64_t x_stride, int64_t n_tok, void *scratch, float *out,
                            int64_t out_stride, int repacked, int isa, int arith, int n_threads)
     # rows-16 layout (quants_rows16.h): its types, and n_rows (a multiple of 16) rows converted to it
-    # (to_rows16 1) or back (0); dst may be src; tmp takes 16 x row_bytes
+    # (to_rows16 1) or back (0); dst may be src (then tmp takes 16 x row_bytes), else n_threads copy
     int gguflm_rows16_type(int type)
     void gguflm_rows16_convert(int type, int to_rows16, const uint8_t *src, uint8_t *dst, int64_t n_rows,
-                               int64_t row_bytes, uint8_t *tmp)
+                               int64_t row_bytes, uint8_t *tmp, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
                          int64_t n_ids, float *out, int64_t out_stride, int isa)

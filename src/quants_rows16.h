@@ -51,17 +51,27 @@ static inline void gguflm_rows16_row(int type, int put, uint8_t *group, int r, i
     }
 }
 
-/* n_rows (a multiple of 16) rows of row_bytes each from src to dst (which may be src), packed into
- * the rows-16 layout (to_rows16 1) or unpacked to the file's (0); tmp takes 16 x row_bytes */
+/* n_rows (a multiple of 16) rows of row_bytes each from src to dst, packed into the rows-16 layout
+ * (to_rows16 1) or unpacked to the file's (0). dst may be src (in place, one thread; tmp takes 16 x
+ * row_bytes); a copy to other memory runs its groups on n_threads (loading converts while the
+ * file's pages fault in) */
 static void gguflm_rows16_convert(int type, int to_rows16, const uint8_t *src, uint8_t *dst, int64_t n_rows,
-                                  int64_t row_bytes, uint8_t *tmp) {
-    const int64_t group = GGUFLM_ROWS16 * row_bytes;
-    for (int64_t g = 0; g < n_rows / GGUFLM_ROWS16; ++g) {
-        memcpy(tmp, src + g * group, (size_t)group);
-        for (int r = 0; r < GGUFLM_ROWS16; ++r)
-            if (to_rows16) gguflm_rows16_row(type, 1, dst + g * group, r, row_bytes, tmp + r * row_bytes);
-            else gguflm_rows16_row(type, 0, tmp, r, row_bytes, dst + g * group + r * row_bytes);
+                                  int64_t row_bytes, uint8_t *tmp, int n_threads) {
+    const int64_t group = GGUFLM_ROWS16 * row_bytes, n_groups = n_rows / GGUFLM_ROWS16;
+    if (src == dst) {
+        for (int64_t g = 0; g < n_groups; ++g) {
+            memcpy(tmp, src + g * group, (size_t)group);
+            for (int r = 0; r < GGUFLM_ROWS16; ++r)
+                if (to_rows16) gguflm_rows16_row(type, 1, dst + g * group, r, row_bytes, tmp + r * row_bytes);
+                else gguflm_rows16_row(type, 0, tmp, r, row_bytes, dst + g * group + r * row_bytes);
+        }
+        return;
     }
+    #pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t g = 0; g < n_groups; ++g)
+        for (int r = 0; r < GGUFLM_ROWS16; ++r)
+            if (to_rows16) gguflm_rows16_row(type, 1, dst + g * group, r, row_bytes, (uint8_t *)src + g * group + r * row_bytes);
+            else gguflm_rows16_row(type, 0, (uint8_t *)src + g * group, r, row_bytes, dst + g * group + r * row_bytes);
 }
 
 #endif

@@ -63,6 +63,8 @@ def test_rows16_layout_round_trips_and_converts_in_place(t):
     inplace = w.copy()
     assert q.to_rows16(inplace, t, out=inplace) is inplace
     assert np.array_equal(inplace, w16)
+    assert np.array_equal(q.to_rows16(w, t, n_threads=3), w16)
+    assert np.array_equal(q.from_rows16(w16, t, n_threads=2), w)
     assert bx * 5 == w.shape[1]
 
 
