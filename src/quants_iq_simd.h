@@ -13,7 +13,8 @@
 #endif
 
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
- * the grid magnitudes (bytes), 0xff where an element is negative, the int16 scale of each element
+ * the grid magnitudes (bytes), the signs (0xff where an element is negative; IQ1: the signed grid
+ * values -1, 0, 1 themselves, for vpsignb as ggml's mul_add_epi8), the int16 scale of each element
  * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, const uint8_t *xb, int g,
                                                                        __m256i *mag, __m256i *neg, __m256i *sc,
@@ -81,7 +82,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
                                             (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
         *mag = _mm256_abs_epi8(v);
-        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *neg = v;
         *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
         *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
         break;
@@ -99,7 +100,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
                                             (int64_t)gguflm_iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
         const __m128i bit = _mm_setr_epi32(0x08, 0x80, 0x08, 0x80);
         *mag = _mm256_abs_epi8(v);
-        *neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+        *neg = v;
         *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * ((w >> (sh + 3)) & 7) + 1)), _mm_set1_epi16((int16_t)(2 * ((w >> sh) & 7) + 1)));
         *dneg = _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_and_si128(hv, bit), bit));
         break;
@@ -113,9 +114,8 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values
                                                                                  __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
     GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, sc, &dneg);
-    const __m256i v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
-    if (!gguflm_iq_is_1bit(type)) return v;
-    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), v), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
+    if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+    return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), neg), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
 }
 
 #if GGUFLM_SIMD_512
@@ -162,7 +162,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
-                const __m256i q8s = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+                const __m256i q8s = gguflm_iq_is_1bit(type) ? _mm256_sign_epi8(q8, neg)
+                                                            : _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
                 lanes[k] = _mm256_add_epi32(lanes[k], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, q8s), sc));
                 if (type == GGUFLM_IQ1_M) {
                     const __m256i q8d = _mm256_sub_epi8(_mm256_xor_si256(q8, dneg), dneg);
