@@ -17,8 +17,8 @@
  * values -1, 0, 1 themselves, for vpsignb as ggml's mul_add_epi8), the int16 scale of each element
  * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, const uint8_t *xb, int g,
-                                                                       __m256i *mag, __m256i *neg, __m256i *sc,
-                                                                       __m256i *dneg) {
+                                                                       const uint16_t *ix, __m256i *mag, __m256i *neg,
+                                                                       __m256i *sc, __m256i *dneg) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {
         const uint8_t *q = xb + 2 + 8 * g;
@@ -77,7 +77,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
          * of 4 took twice as long on Zen 5 */
         const uint8_t *q = xb + 2 + 4 * g;
         const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
-        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)],
+        const __m256i v = ix ? _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[ix[4 * g + 3]], (int64_t)gguflm_iq1s_grid[ix[4 * g + 2]],
+                                                 (int64_t)gguflm_iq1s_grid[ix[4 * g + 1]], (int64_t)gguflm_iq1s_grid[ix[4 * g]])
+                             : _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
@@ -94,7 +96,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
         const __m128i hv = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)gguflm_u16_at(xb + 32 + 2 * g)),
                                             _mm_setr_epi8(0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1));
-        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h1 << 4) & 0x700)],
+        const __m256i v = ix ? _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[ix[4 * g + 3]], (int64_t)gguflm_iq1s_grid[ix[4 * g + 2]],
+                                                 (int64_t)gguflm_iq1s_grid[ix[4 * g + 1]], (int64_t)gguflm_iq1s_grid[ix[4 * g]])
+                             : _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h1 << 4) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[2] | ((h1 << 8) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[1] | ((h0 << 4) & 0x700)],
                                             (int64_t)gguflm_iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
@@ -108,12 +112,37 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     }
 }
 
+/* The 32 grid indices of an IQ1_S or IQ1_M super-block, computed in vectors and left in memory
+ * for the scalar loads of the entries (the index arithmetic entry by entry was most of the work):
+ * entry e = qs[e] | a 3-bit field of the qh bits at bits 8-10. IQ1_S: field e % 4 (bits 3j) of qh
+ * word e / 4; IQ1_M: the low or high nibble's 3 bits (e odd) of qh byte e / 2. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_indices)(int type, const uint8_t *xb, uint16_t ix[32]) {
+    const int s = type == GGUFLM_IQ1_S;
+    const uint8_t *qs = xb + (s ? 2 : 0);
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
+    /* each lane's field to bits 13-15 (the rest of its 16 bits shifted out), then down to 8-10 */
+    const __m256i mul = s ? _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16)
+                          : _mm256_setr_epi16(8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512);
+    /* lane e (of 16) of each half takes qh word e / 4 (IQ1_S) or byte e / 2 (IQ1_M, high byte zero) */
+    static const int8_t picks[2][2][32] = {
+        {{0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1},
+         {8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1}},
+        {{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
+         {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}}};
+    for (int half = 0; half < 2; ++half) {
+        const __m256i pick = _mm256_loadu_si256((const __m256i *)picks[s][half]);
+        const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), mul), 13), 8);
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * half)));
+        _mm256_storeu_si256((__m256i *)(ix + 16 * half), _mm256_or_si256(q, h));
+    }
+}
+
 /* group g's signed values (IQ1: 8 * grid + delta, grid -1, 0 or 1 and delta -1 where dneg, else 1)
  * and the int16 scale of each element pair */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
                                                                                  __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
-    GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, sc, &dneg);
+    GGUFLM_SIMD(iq_group)(type, xb, g, NULL, &mag, &neg, sc, &dneg);
     if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
     return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), neg), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
 }
@@ -156,9 +185,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             }
         }
 #else
+        uint16_t ix[32];
+        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
-            GGUFLM_SIMD(iq_group)(type, xb, g, &mag, &neg, &sc, &dneg);
+            GGUFLM_SIMD(iq_group)(type, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &mag, &neg, &sc, &dneg);
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
