@@ -172,6 +172,8 @@ def _file_layout(w: Weight) -> None:
     """Rows read one by one (get_rows) need the file's layout; the loader keeps it for them."""
     if w.rows16:
         raise ValueError(f"tensor '{w.name}' is held in the rows-16 layout, which only matmuls read")
+    if w.held_as is not None:
+        raise ValueError(f"tensor '{w.name}' is held as {w.held_as.name} blocks, which only matmuls read")
 
 
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:
@@ -379,7 +381,7 @@ class Graph:
             self.boundary()
             self.observe(x, weights)
         quantized: dict[int, np.ndarray] = {}
-        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
         for partner in partners:
             if partner not in quantized:
                 quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
@@ -390,8 +392,8 @@ class Graph:
             # llama.cpp repacks every matmul weight, a tied output projection too: it loads the
             # token embedding a second time as the output layer's tensor (TENSOR_DUPLICATED, in
             # the output layer's buffer type), which the repack buffer holds like any matmul weight
-            self.plan.matmul(int(w.type), w.data.view(np.uint8), x.shape[1], quantized[partner], out,
-                             matmul_storage(w.type, rows16=w.rows16), self.n_threads)
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], quantized[partner], out,
+                             matmul_storage(w.kernel_type, rows16=w.rows16), self.n_threads)
             outs.append(out)
         if len(weights) > 1:  # one parallel region: no barrier between the projections
             self.plan.group_matmuls(len(weights))
@@ -423,7 +425,7 @@ class Graph:
         n, k = x.shape[0], hp.n_expert_used
         bias = None if L.exp_probs_b_bias is None else L.exp_probs_b_bias.data  # ranks only
         weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
-        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
         if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
                 b is None for b in (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias, L.ffn_down_exps_bias)):
             return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
@@ -465,9 +467,9 @@ class Graph:
         act_q = self.new(k, quants.row_bytes(partners[3], n_ff), dtype=np.uint8)
         out = self.new(1, hp.n_embd)
         self.plan.moe_one(x, bias, hp.n_expert, k, gating, norm_w, w_scale, route, xr, xq,
-                          ((int(router.type), router.data.view(np.uint8),
-                            matmul_storage(router.type, rows16=router.rows16)),) +
-                          tuple((int(w.type), w.data.view(np.uint8), w.shape[1]) for w in experts),
+                          ((int(router.kernel_type), router.data.view(np.uint8),
+                            matmul_storage(router.kernel_type, rows16=router.rows16)),) +
+                          tuple((int(w.kernel_type), w.data.view(np.uint8), w.shape[1]) for w in experts),
                           outs, act, act_q, out, self.n_threads)
         return out
 
@@ -481,7 +483,7 @@ class Graph:
             self.observe(x, weights, route, by_expert)
         n_sorted = len(route[3])
         quantized: dict[int, np.ndarray] = {}
-        partners = [quants.type_traits(int(w.type))["vec_dot_type"] for w in weights]
+        partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
         for partner in partners:
             if partner not in quantized:
                 xq = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
@@ -496,7 +498,7 @@ class Graph:
             n_out = w.shape[1]
             out = self.new(n_sorted, n_out)
             # every expert matrix is in llama.cpp's repack buffer where its type has a layout there
-            self.plan.matmul_id(int(w.type), w.data.view(np.uint8), n_out, w.shape[0], quantized[partner], out,
+            self.plan.matmul_id(int(w.kernel_type), w.data.view(np.uint8), n_out, w.shape[0], quantized[partner], out,
                                 route, w.shape[2], True, self.n_threads)
             outs.append(out)
         if len(weights) > 1:

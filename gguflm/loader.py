@@ -72,7 +72,9 @@ class Weight:
     For matrices ``data`` has one row per output (numpy shape ``(shape[1], row_bytes)`` for block
     types, ``(shape[1], shape[0])`` for float types). ``rows16``: ``data`` is a private copy in the
     rows-16 layout (:func:`gguflm.quants.to_rows16`; :func:`~gguflm.quants.from_rows16` gives the
-    file's bytes back), as a full load holds the matmul weights of its types.
+    file's bytes back), as a full load holds the matmul weights of its types. ``held_as``: ``data``
+    holds the weights in that type's blocks (:data:`gguflm.quants.HELD_AS`), which the kernels
+    compute with (``kernel_type``); ``type`` and ``nbytes`` stay the file's.
     """
 
     name: str
@@ -80,14 +82,23 @@ class Weight:
     shape: tuple[int, ...]
     data: np.ndarray
     rows16: bool = False
+    held_as: GGMLType | None = None
 
     @property
     def n_elements(self) -> int:
         return int(np.prod(self.shape))
 
     @property
+    def kernel_type(self) -> GGMLType:
+        """The type of the blocks in ``data``."""
+        return self.type if self.held_as is None else self.held_as
+
+    @property
     def nbytes(self) -> int:
-        return self.data.nbytes
+        """Bytes of the tensor in the file."""
+        if self.held_as is None:
+            return self.data.nbytes
+        return self.data.shape[0] * quants.get(self.type).row_bytes(self.shape[0])
 
     def as_matrix(self) -> Weight:
         """A vector as the one-row matrix a matmul takes it as (shape (n, 1))."""
@@ -245,7 +256,7 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
     log.info("%s: arch %s, %d layers, n_embd %d, vocab %d", source, arch_name, hparams.n_layer,
              hparams.n_embd, hparams.n_vocab)
     weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
-    _hold_rows16(weights, reader)
+    _hold_for_kernels(weights, reader)
     if load_mode in ("mlock", "mmap+mlock"):
         _mlock([w.data for w in weights.values()], source)
     return LoadedModel(path, reader, metadata, arch_name, n_vocab, vocab,
@@ -256,21 +267,40 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
 ROW_LOOKUP_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
 
 
-def _hold_rows16(weights: dict[str, Weight], reader: GGUFReader) -> None:
-    """Copy the matmul weights of :data:`gguflm.quants.ROWS16_TYPES` with whole groups of 16 rows
-    into the rows-16 layout (llama.cpp repacks the same ones into its CPU_REPACK buffer at load),
-    and give the file's pages under them back. A tied output projection is its token embedding's
-    Weight, which get_rows reads: it keeps the file's layout."""
+def _hold_for_kernels(weights: dict[str, Weight], reader: GGUFReader) -> None:
+    """Put the matmul weights the kernels read faster in another form into it (a private copy)
+    and give the file's pages under them back; a Weight two names share (a tied output projection
+    is its token embedding's) is looked at once, by its own tensor name."""
     held: dict[int, Weight] = {}
     for name, w in weights.items():
         if id(w) not in held:
-            if w.type not in quants.ROWS16_TYPES or len(w.shape) != 2 or w.shape[1] % quants.ROWS16 \
-                    or w.name in ROW_LOOKUP_TENSORS:
-                held[id(w)] = w
-                continue
-            held[id(w)] = replace(w, data=quants.to_rows16(w.data, w.type, n_threads=None), rows16=True)
-            reader.release(w.data)
+            held[id(w)] = _held(w)
+            if held[id(w)] is not w:
+                reader.release(w.data)
         weights[name] = held[id(w)]
+
+
+def _held(w: Weight) -> Weight:
+    """``w`` as a full load holds it: the rows-16 layout for the 2-D weights of
+    :data:`gguflm.quants.ROWS16_TYPES` with whole groups of 16 rows (llama.cpp repacks the same
+    ones into its CPU_REPACK buffer at load), another type's blocks where :func:`held_type` names
+    one, else as the file has it. Tensors read by rows (get_rows) keep the file's layout."""
+    if w.name in ROW_LOOKUP_TENSORS:
+        return w
+    if w.type in quants.ROWS16_TYPES and len(w.shape) == 2 and w.shape[1] % quants.ROWS16 == 0:
+        return replace(w, data=quants.to_rows16(w.data, w.type, n_threads=None), rows16=True)
+    as_type = held_type(w)
+    if as_type is not None:
+        return replace(w, data=quants.hold_as(w.data, w.type, n_threads=None), held_as=as_type)
+    return w
+
+
+def held_type(w: Weight) -> GGMLType | None:
+    """The type a full load holds ``w``'s blocks as (:data:`gguflm.quants.HELD_AS`), or None: the
+    matrices of those types but the tensors read by rows."""
+    if len(w.shape) < 2 or w.name in ROW_LOOKUP_TENSORS:
+        return None
+    return quants.HELD_AS.get(w.type)
 
 
 def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams, source: str,

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 
+from gguflm import quants
 from gguflm.context import CTX_PAD, Context
 from gguflm.errors import GGUFError, ModelLoadError
 from gguflm.gguf import GGUFReader
 from gguflm.hparams import HParamReader
-from gguflm.loader import LoadedModel, LoadedNetwork, _bind_tensors
+from gguflm.loader import LoadedModel, LoadedNetwork, _bind_tensors, held_type
 from gguflm.model import Model
 from gguflm.models import get_architecture
 
@@ -48,7 +49,9 @@ class MemoryEstimate:
     Attributes
     ----------
     weights
-        The mapped file (header and tensors): every page is read by the first forward pass.
+        The mapped file (header and tensors): every page is read by the first forward pass; plus
+        what the weights a load holds in a larger type's blocks (:func:`gguflm.loader.held_type`)
+        add.
     kv_cache
         K and V rows of every layer for every cell, sliding-window layers in their window-sized
         cache, and the cells' bookkeeping.
@@ -114,10 +117,13 @@ def _vocab_bytes(model: Model) -> int:
     return _VOCAB_FIXED + _VOCAB_PER_TOKEN * n_tokens + _VOCAB_PER_MERGE * n_merges
 
 
-def _file_bytes(model: Model) -> int:
+def _weight_bytes(model: Model) -> int:
     reader = model._reader
     paths = getattr(reader, "paths", None) or [model.path]
-    return sum(Path(p).stat().st_size for p in paths)
+    held = {id(w): w for w in model.tensors.values()}.values()
+    grown = sum(w.data.shape[0] * (quants.get(t).row_bytes(w.shape[0]) - quants.get(w.type).row_bytes(w.shape[0]))
+                for w in held if (t := held_type(w)) is not None)
+    return sum(Path(p).stat().st_size for p in paths) + grown
 
 
 def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int, n_ubatch: int,
@@ -131,7 +137,7 @@ def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int
         compute = ctx.compute_buffer_size(ctx.n_ubatch) + logits_row
         if ctx.n_ubatch > 1:
             compute += ctx.compute_buffer_size(1) + logits_row
-        return MemoryEstimate(weights=_file_bytes(model), kv_cache=kv, compute=compute,
+        return MemoryEstimate(weights=_weight_bytes(model), kv_cache=kv, compute=compute,
                               vocab=_vocab_bytes(model), runtime=_RUNTIME, n_ctx=ctx.n_ctx,
                               kv_cells=tuple(c.size for c in caches))
     finally:

@@ -228,6 +228,21 @@ def rows16_convert(int wtype, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, bi
                               n_threads)
 
 
+def tq1_as_tq2(const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, int n_threads=1):
+    """``dst`` = the TQ1_0 rows of ``src`` with each block rewritten as a TQ2_0 block (the same
+    values and scale), ``dst`` [rows, blocks x 66] for ``src`` [rows, blocks x 54]."""
+    _check_threads(n_threads)
+    cdef int64_t tq1 = gguflm_traits[GGUFLM_TQ1_0].type_size, tq2 = gguflm_traits[GGUFLM_TQ2_0].type_size
+    if src.shape[1] % tq1:
+        raise ValueError(f"rows of {src.shape[1]} bytes are not whole TQ1_0 blocks")
+    if dst.shape[0] != src.shape[0] or dst.shape[1] != src.shape[1] // tq1 * tq2:
+        raise ValueError(f"dst must be [{src.shape[0]}, {src.shape[1] // tq1 * tq2}], got [{dst.shape[0]}, {dst.shape[1]}]")
+    if src.shape[0] == 0 or src.shape[1] == 0:
+        return
+    with nogil:
+        gguflm_tq1_as_tq2(&src[0, 0], &dst[0, 0], src.shape[0] * (src.shape[1] // tq1), n_threads)
+
+
 def matmul(int wtype, const uint8_t[:, ::1] w, int64_t n_in, const float[:, ::1] x, float[:, ::1] out,
            int n_threads=1, int repacked=GGUFLM_REPACKED):
     """``out`` [n_tok, n_rows] = ``w`` [n_rows, row_bytes] . ``x`` [n_tok, n_in]; the activations

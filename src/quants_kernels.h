@@ -15,6 +15,7 @@
 #include "quants_simd.h"
 #include "quants_iq_quantize.h"
 #include "quants_imatrix.h"
+#include "quants_tq_held.h"
 
 typedef void (*gguflm_to_float_fn)(const void *x, float *y, int64_t k);
 typedef void (*gguflm_from_float_fn)(const float *x, void *y, int64_t k);

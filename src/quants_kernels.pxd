@@ -29,6 +29,8 @@ cdef extern from "quants_kernels.h" nogil:
         GGUFLM_REPACKED
         GGUFLM_REPACKED_ROWS16
         GGUFLM_ROWS16
+        GGUFLM_TQ1_0
+        GGUFLM_TQ2_0
 
     # out[t * out_stride + r] = W_r . Y_t for r < nr, t < nt in arithmetic arith (see quants_dot.h)
     ctypedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
@@ -80,6 +82,9 @@ cdef extern from "quants_kernels.h" nogil:
     int gguflm_rows16_type(int type)
     void gguflm_rows16_convert(int type, int to_rows16, const uint8_t *src, uint8_t *dst, int64_t n_rows,
                                int64_t row_bytes, uint8_t *tmp, int n_threads)
+    # TQ1_0 blocks rewritten as TQ2_0 blocks (quants_tq_held.h: how a loaded model holds its TQ1_0
+    # matmul weights; the kernels' outputs do not change)
+    void gguflm_tq1_as_tq2(const uint8_t *src, uint8_t *dst, int64_t n_blocks, int n_threads)
     # out[i] = row ids[i] of W as floats
     void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n_in, const int32_t *ids,
                          int64_t n_ids, float *out, int64_t out_stride, int isa)

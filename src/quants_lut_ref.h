@@ -290,10 +290,14 @@ static inline void gguflm_tq_unpack(int type, const void *vb, uint8_t *u) {
         for (int e = 0; e < QK_K; ++e) u[e] = (b->qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
         return;
     }
+    /* elements 32 n + m: trit n of qs[m]; 160 + 16 n + m: of qs[32 + m]; 240 + 4 n + m: of qh[m] */
     const block_tq1_0 *b = (const block_tq1_0 *)vb;
-    for (int e = 0; e < 160; ++e) u[e] = (uint8_t)gguflm_tq1_trit(b->qs[e % 32], e / 32);
-    for (int e = 160; e < 240; ++e) u[e] = (uint8_t)gguflm_tq1_trit(b->qs[32 + (e - 160) % 16], (e - 160) / 16);
-    for (int e = 240; e < 256; ++e) u[e] = (uint8_t)gguflm_tq1_trit(b->qh[(e - 240) % 4], (e - 240) / 4);
+    for (int n = 0; n < 5; ++n)
+        for (int m = 0; m < 32; ++m) u[32 * n + m] = (uint8_t)gguflm_tq1_trit(b->qs[m], n);
+    for (int n = 0; n < 5; ++n)
+        for (int m = 0; m < 16; ++m) u[160 + 16 * n + m] = (uint8_t)gguflm_tq1_trit(b->qs[32 + m], n);
+    for (int n = 0; n < 4; ++n)
+        for (int m = 0; m < 4; ++m) u[240 + 4 * n + m] = (uint8_t)gguflm_tq1_trit(b->qh[m], n);
 }
 
 static inline ggml_half gguflm_tq_d(int type, const void *vb) {

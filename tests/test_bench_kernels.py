@@ -66,3 +66,14 @@ def test_kernels_bench_measures_the_int8_peak(capsys):
         system.set_isa(before)
     printed = capsys.readouterr().out
     assert "int8 peak" in printed and "%peak" in printed and "AMX:" in printed
+
+
+def test_kernels_bench_measures_weights_as_a_model_holds_them():
+    """TQ1_0 streams its TQ2_0 blocks (66 bytes a super-block, not 54), Q4_0 its rows-16 copy."""
+    lines = []
+    result = kernels.run(types=["TQ1_0", "Q4_0"], shapes=[(32, 512)], threads=[1], batch=2, membw_bytes=1 << 16,
+                         repeat=1, out=lines.append)
+    tq1, q4 = result["rows"]
+    assert (tq1["held_as"], tq1["weight_bytes"], tq1["rows16"]) == ("TQ2_0", 32 * 2 * 66, False)
+    assert (q4["held_as"], q4["weight_bytes"], q4["rows16"]) == (None, 32 * 16 * 18, True)
+    assert any(line.startswith("TQ1_0") and "32x512h" in line for line in lines)

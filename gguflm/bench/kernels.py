@@ -140,16 +140,21 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         for n_rows, n_cols in shapes:
             cols = -(-n_cols // fmt.block_size) * fmt.block_size
             w = _weights(fmt, n_rows, cols, rng)
-            # held as a loaded model holds it: in the rows-16 layout where the type and rows allow
+            # held as a loaded model holds it: in the rows-16 layout where the type and rows allow,
+            # in another type's blocks where the type has one (the bytes streamed are those)
             rows16 = fmt.type in q.ROWS16_TYPES and n_rows % q.ROWS16 == 0
+            kernel_type = q.HELD_AS.get(fmt.type, fmt.type)
             if rows16:
                 w = q.to_rows16(w, fmt.type)
+            elif kernel_type != fmt.type:
+                w = q.hold_as(w, fmt.type)
             x1 = rng.standard_normal((1, cols)).astype(np.float32)
             out1 = np.empty((1, n_rows), np.float32)
-            row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}, "rows16": rows16}
+            row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}, "rows16": rows16,
+                   "held_as": None if kernel_type == fmt.type else kernel_type.name}
 
             def matmul(x: np.ndarray, out: np.ndarray, n_threads: int) -> None:
-                q.matmul(w, name, x, out=out, n_threads=n_threads, rows16=rows16)
+                q.matmul(w, kernel_type, x, out=out, n_threads=n_threads, rows16=rows16)
 
             # single thread on the thread's CPU clock: what the kernel streams while it runs, which
             # other processes on a shared machine do not distort the way they distort wall time
@@ -167,14 +172,16 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             best_read = row["read_gbs"] = max(best_read, read_gbs)
             best_peak = row["int8_peak_gops"] = None if peak is None else max(best_peak, peak_gops)
             results["rows"].append(row)
-            label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "") + ("r" if rows16 else "")
+            label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "") + ("r" if rows16 else "") \
+                + ("h" if row["held_as"] else "")
             share = row["gbs"][max(threads)] / row["read_gbs"] * 100
             row["peak_share"] = None if peak is None else row["gflops"] / row["int8_peak_gops"]
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f} "
                 + ("     -" if peak is None else f"{100 * row['peak_share']:5.0f}%"))
     out("* 256-block columns rounded up to whole blocks; r: the weights in the rows-16 layout a loaded model"
-        " holds them in; 'cpu': on the thread's CPU clock"
+        " holds them in; h: held as another type's blocks, as a loaded model holds them ("
+        + ", ".join(f"{a.name} as {b.name}" for a, b in q.HELD_AS.items()) + "); 'cpu': on the thread's CPU clock"
         + (" (the batch and the int8 peak too)" if batch_threads == 1 else "")
         + "; %read and %peak: against the highest figures measured up to the row")
     return results
