@@ -138,11 +138,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_indices)(int t
 }
 
 /* group g's signed values (IQ1: 8 * grid + delta, grid -1, 0 or 1 and delta -1 where dneg, else 1)
- * and the int16 scale of each element pair */
+ * and the int16 scale of each element pair; ix: the super-block's iq1_indices (IQ1), else NULL */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
-                                                                                 __m256i *sc) {
+                                                                                 const uint16_t *ix, __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
-    GGUFLM_SIMD(iq_group)(type, xb, g, NULL, &mag, &neg, sc, &dneg);
+    GGUFLM_SIMD(iq_group)(type, xb, g, ix, &mag, &neg, sc, &dneg);
     if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
     return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), neg), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
 }
@@ -261,9 +261,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
 #endif
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
+        uint16_t ix[32];
+        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i sc;
-            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, &sc);
+            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &sc);
             /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
              * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
             bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
@@ -346,10 +348,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         int32_t scales[QK_K / 16][8] = {{0}};   /* [16-element sub-block][row] */
         float d[8] = {0};
+        uint16_t ix[8][32];   /* IQ1: each row's grid indices, computed once for its 8 groups */
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
+            if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix[r]);
         }
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i v[8];
@@ -359,7 +363,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                     continue;
                 }
                 __m256i sc;
-                v[r] = _mm256_add_epi8(off, GGUFLM_SIMD(iq_group_values)(type, w + r * ws + (i0 + s) * bx, g, &sc));
+                v[r] = _mm256_add_epi8(off, GGUFLM_SIMD(iq_group_values)(type, w + r * ws + (i0 + s) * bx, g,
+                                                                          gguflm_iq_is_1bit(type) ? ix[r] : NULL, &sc));
                 scales[2 * g][r] = _mm256_extract_epi16(sc, 0);       /* elements 0-15 of the group */
                 scales[2 * g + 1][r] = _mm256_extract_epi16(sc, 8);   /* 16-31 */
             }
