@@ -3,13 +3,13 @@
 Usage: python src/gen_iq_codes.py src/quants_iq_grids.h > src/quants_iq_codes.h
 
 Every grid element takes one of few values (IQ2: 8, 25, 43; IQ3_XXS: 4, 12, ..., 62; IQ3_S: 1, 3,
-..., 15; IQ1: -1, 0, 1), so an entry is its elements' value numbers side by side: 2 bits each for
-the 8-element IQ2 and IQ1 entries (16-bit codes), 3 bits each for the 4-element IQ3 ones (12
-bits), element j at bits b j .. b j + b - 1. The codes are stored as two byte planes (low byte of
-each entry, then high byte), 128-byte pieces of which vpermi2b looks up; the values as 64-byte
-tables vpermb reads with the 6 low bits of a byte (the value number repeated to fill them, so the
-bits above the code need no mask). Read from the generated quants_iq_grids.h (ggml's data); the
-script checks that the codes rebuild every grid entry.
+..., 15), so an entry is its elements' value numbers side by side: 2 bits each for the 8-element IQ2
+entries (16-bit codes), 3 bits each for the 4-element IQ3 ones (12 bits), element j at bits b j .. b
+j + b - 1. The codes are stored as two byte planes (low byte of each entry, then high byte),
+128-byte pieces of which vpermi2b looks up; the values as 64-byte tables vpermb reads with the 6 low
+bits of a byte (the value number repeated to fill them, so the bits above the code need no mask).
+Read from the generated quants_iq_grids.h (ggml's data); the script checks that the codes rebuild
+every grid entry.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import sys
 
 # (grid, elements per entry, bits per element): the grids coded here
 GRIDS = [("iq2xxs_grid", 8, 2), ("iq2xs_grid", 8, 2), ("iq2s_grid", 8, 2),
-         ("iq3xxs_grid", 4, 3), ("iq3s_grid", 4, 3), ("iq1s_grid", 8, 2)]
+         ("iq3xxs_grid", 4, 3), ("iq3s_grid", 4, 3)]
+# (IQ1's 2048-entry grid is not coded: its decoders load the entries, see quants_iq_vbmi.h)
 
 
 def grid(text: str, name: str) -> list[int]:
@@ -49,9 +50,7 @@ def main(path: str) -> None:
     for name, width, bits in GRIDS:
         entries = grid(text, name)
         elems = [[(e >> (8 * j)) & 255 for j in range(width)] for e in entries]
-        # the IQ1 grid's bytes are int8 -1, 0, 1: numbered in that order
-        key = (lambda v: (v ^ 128) - 128) if name == "iq1s_grid" else (lambda v: v)
-        vals = sorted({v for el in elems for v in el}, key=key)
+        vals = sorted({v for el in elems for v in el})
         assert len(vals) <= 1 << bits, (name, vals)
         codes = [sum(vals.index(v) << (bits * j) for j, v in enumerate(el)) for el in elems]
         assert all(c < 1 << 16 for c in codes)
