@@ -172,8 +172,6 @@ def _file_layout(w: Weight) -> None:
     """Rows read one by one (get_rows) need the file's layout; the loader keeps it for them."""
     if w.rows16:
         raise ValueError(f"tensor '{w.name}' is held in the rows-16 layout, which only matmuls read")
-    if w.held_as is not None:
-        raise ValueError(f"tensor '{w.name}' is held as {w.held_as.name} blocks, which only matmuls read")
 
 
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:
@@ -281,7 +279,7 @@ class Graph:
         if self.ub.tokens is None:
             self.plan.copy(self.plan.embd, 0, x)
         else:
-            self.plan.get_rows(int(w.type), w.data.view(np.uint8), w.shape[0], x)
+            self.plan.get_rows(int(w.kernel_type), w.data.view(np.uint8), w.shape[0], x)
         if scale:
             self.plan.scale(x, scale)
         return x
@@ -290,7 +288,7 @@ class Graph:
         """Rows of ``w`` at the ubatch's positions (absolute position embeddings)."""
         _file_layout(w)
         x = self.new(self.ub.n_tokens, w.shape[0])
-        self.plan.get_rows(int(w.type), w.data.view(np.uint8), w.shape[0], x, by_position=True)
+        self.plan.get_rows(int(w.kernel_type), w.data.view(np.uint8), w.shape[0], x, by_position=True)
         return x
 
     # -- norms and elementwise
@@ -338,7 +336,7 @@ class Graph:
         """x[i] += row ``row`` of the matrix w, for every i (BERT's token-type embedding), in place."""
         _file_layout(w)
         values = np.empty(w.shape[0], np.float32)
-        quants.dequantize(int(w.type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
+        quants.dequantize(int(w.kernel_type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
         self.plan.add_row(x, values)
         return x
 

@@ -270,37 +270,38 @@ ROW_LOOKUP_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "to
 def _hold_for_kernels(weights: dict[str, Weight], reader: GGUFReader) -> None:
     """Put the matmul weights the kernels read faster in another form into it (a private copy)
     and give the file's pages under them back; a Weight two names share (a tied output projection
-    is its token embedding's) is looked at once, by its own tensor name."""
+    is its token embedding's) is converted once."""
+    as_types = held_types(weights)
     held: dict[int, Weight] = {}
     for name, w in weights.items():
         if id(w) not in held:
-            held[id(w)] = _held(w)
+            held[id(w)] = _held(w, as_types.get(id(w)))
             if held[id(w)] is not w:
                 reader.release(w.data)
         weights[name] = held[id(w)]
 
 
-def _held(w: Weight) -> Weight:
-    """``w`` as a full load holds it: the rows-16 layout for the 2-D weights of
-    :data:`gguflm.quants.ROWS16_TYPES` with whole groups of 16 rows (llama.cpp repacks the same
-    ones into its CPU_REPACK buffer at load), another type's blocks where :func:`held_type` names
-    one, else as the file has it. Tensors read by rows (get_rows) keep the file's layout."""
-    if w.name in ROW_LOOKUP_TENSORS:
-        return w
-    if w.type in quants.ROWS16_TYPES and len(w.shape) == 2 and w.shape[1] % quants.ROWS16 == 0:
-        return replace(w, data=quants.to_rows16(w.data, w.type, n_threads=None), rows16=True)
-    as_type = held_type(w)
+def _held(w: Weight, as_type: GGMLType | None) -> Weight:
+    """``w`` as a full load holds it: in ``as_type``'s blocks (:func:`held_types`), the rows-16
+    layout for the 2-D matmul weights of :data:`gguflm.quants.ROWS16_TYPES` with whole groups of
+    16 rows (llama.cpp repacks the same ones into its CPU_REPACK buffer at load), else as the file
+    has it. Tensors read by rows (get_rows) keep the file's layout: a tied output too."""
     if as_type is not None:
         return replace(w, data=quants.hold_as(w.data, w.type, n_threads=None), held_as=as_type)
+    if w.name not in ROW_LOOKUP_TENSORS and w.type in quants.ROWS16_TYPES and len(w.shape) == 2 \
+            and w.shape[1] % quants.ROWS16 == 0:
+        return replace(w, data=quants.to_rows16(w.data, w.type, n_threads=None), rows16=True)
     return w
 
 
-def held_type(w: Weight) -> GGMLType | None:
-    """The type a full load holds ``w``'s blocks as (:data:`gguflm.quants.HELD_AS`), or None: the
-    matrices of those types but the tensors read by rows."""
-    if len(w.shape) < 2 or w.name in ROW_LOOKUP_TENSORS:
-        return None
-    return quants.HELD_AS.get(w.type)
+def held_types(weights: Mapping[str, Weight]) -> dict[int, GGMLType]:
+    """The Weights (by ``id``) a full load holds in another type's blocks, and that type
+    (:data:`gguflm.quants.HELD_AS`): the matrices of those types that a matmul reads. The values
+    stay the same, so rows read from them are too; a token embedding only read by rows is left
+    as it is (the larger blocks would cost memory for nothing), one the output shares is held."""
+    by_matmul = {id(w) for name, w in weights.items() if name not in ROW_LOOKUP_TENSORS}
+    return {id(w): quants.HELD_AS[w.type] for w in weights.values()
+            if id(w) in by_matmul and len(w.shape) >= 2 and w.type in quants.HELD_AS}
 
 
 def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams, source: str,

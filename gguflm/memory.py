@@ -23,7 +23,7 @@ from gguflm.context import CTX_PAD, Context
 from gguflm.errors import GGUFError, ModelLoadError
 from gguflm.gguf import GGUFReader
 from gguflm.hparams import HParamReader
-from gguflm.loader import LoadedModel, LoadedNetwork, _bind_tensors, held_type
+from gguflm.loader import LoadedModel, LoadedNetwork, _bind_tensors, held_types
 from gguflm.model import Model
 from gguflm.models import get_architecture
 
@@ -50,7 +50,7 @@ class MemoryEstimate:
     ----------
     weights
         The mapped file (header and tensors): every page is read by the first forward pass; plus
-        what the weights a load holds in a larger type's blocks (:func:`gguflm.loader.held_type`)
+        what the weights a load holds in a larger type's blocks (:func:`gguflm.loader.held_types`)
         add.
     kv_cache
         K and V rows of every layer for every cell, sliding-window layers in their window-sized
@@ -120,9 +120,10 @@ def _vocab_bytes(model: Model) -> int:
 def _weight_bytes(model: Model) -> int:
     reader = model._reader
     paths = getattr(reader, "paths", None) or [model.path]
-    held = {id(w): w for w in model.tensors.values()}.values()
-    grown = sum(w.data.shape[0] * (quants.get(t).row_bytes(w.shape[0]) - quants.get(w.type).row_bytes(w.shape[0]))
-                for w in held if (t := held_type(w)) is not None)
+    weights = {id(w): w for w in model.tensors.values()}
+    grown = sum(weights[i].data.shape[0] * (quants.get(t).row_bytes(weights[i].shape[0])
+                                            - quants.get(weights[i].type).row_bytes(weights[i].shape[0]))
+                for i, t in held_types(model.tensors).items())
     return sum(Path(p).stat().st_size for p in paths) + grown
 
 

@@ -87,25 +87,27 @@ def test_rows16_weights_are_held_interleaved_and_equal_llama_cpp(tmp_path):
     np.testing.assert_array_equal(mapped.view(np.uint32), read.view(np.uint32))
 
 
-def test_tq1_weights_are_held_as_tq2_and_equal_llama_cpp(tmp_path):
-    """TQ1_0 matmul weights are held as TQ2_0 blocks (private copies, the file's values); the token
-    embedding, which get_rows reads and the tied output shares, stays TQ1_0. Sizes stay the file's,
-    the memory estimate counts the larger blocks, and the logits equal llama.cpp's, the same loaded
-    by mmap and read into memory."""
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_tq1_weights_are_held_as_tq2_and_equal_llama_cpp(tmp_path, tied):
+    """TQ1_0 matrices a matmul reads are held as TQ2_0 blocks (private copies, the file's values):
+    a tied token embedding too (its rows read from the held blocks), an untied one, which only
+    get_rows reads, not. Sizes stay the file's, the memory estimate counts the larger blocks, and
+    the logits equal llama.cpp's, the same loaded by mmap and read into memory."""
     from gguflm import Model, quants
     from gguflm.gguf import GGUFReader
     from gguflm.memory import estimate_memory
 
     require_ggml()
-    spec = TinyModel("llama", n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=512,
+    spec = TinyModel("llama", n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=512, tied_output=tied,
                      types={**dict.fromkeys(MATRIX_KINDS, GGMLType.TQ1_0), "ffn_down": GGMLType.Q8_0})
     path = tmp_path / "tq1.gguf"
     _check_equal(spec, path, 6)
     with Model.load(path) as model, GGUFReader(path) as reader:
         t = model.tensors
-        assert t["output.weight"] is t["token_embd.weight"] and t["token_embd.weight"].held_as is None
-        held = [w for w in t.values() if w.held_as is not None]
-        assert {w.name.split(".")[2] for w in held} == {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"}
+        assert (t["output.weight"] is t["token_embd.weight"]) == tied
+        held = {id(w): w for w in t.values() if w.held_as is not None}.values()
+        expected = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "token_embd" if tied else "output"}
+        assert {w.name.split(".")[-2] for w in held} == expected
         for w in held:
             assert w.type == GGMLType.TQ1_0 and w.kernel_type == GGMLType.TQ2_0 and w.data.flags.owndata
             assert w.nbytes == reader.tensor(w.name).nbytes
