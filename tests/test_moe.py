@@ -60,6 +60,8 @@ CASES = [
                                                     "expert_weights_scale": 2.5}}),
     ("dots1", 20, 3, "zero", (GGMLType.F16, GGMLType.Q4_0, GGMLType.Q5_K),
      {"router_bias": False, "metadata": {"expert_gating_func": 1}}),
+    # TQ1_0 experts, held as TQ2_0 blocks after loading (the matmul_id and one-token paths read those)
+    ("qwen3moe", 8, 2, "random", (GGMLType.TQ1_0, GGMLType.TQ1_0, GGMLType.TQ1_0)),
     ("dots1", 8, 3, "random", (GGMLType.Q8_0,) * 3, {"metadata": {"expert_gating_func": 3, "expert_weights_norm": True}}),
     # the other expert types ggml-cpu repacks (Q2_K on AVX-512; IQ4_NL and MXFP4 by Q4_0's 8x8
     # recipe): mul_mat_id takes the repacked GEMV for them too. Q2_K where its outputs reach the
