@@ -268,9 +268,9 @@ ROW_LOOKUP_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "to
 
 
 def _hold_for_kernels(weights: dict[str, Weight], reader: GGUFReader) -> None:
-    """Put the matmul weights the kernels read faster in another form into it (a private copy)
-    and give the file's pages under them back; a Weight two names share (a tied output projection
-    is its token embedding's) is converted once."""
+    """Convert the matmul weights that the kernels read faster in another form (a private copy
+    each) and give the file's pages under them back; a Weight two names share (a tied output
+    projection is its token embedding's) is converted once."""
     as_types = held_types(weights)
     held: dict[int, Weight] = {}
     for name, w in weights.items():
@@ -285,7 +285,7 @@ def _held(w: Weight, as_type: GGMLType | None) -> Weight:
     """``w`` as a full load holds it: in ``as_type``'s blocks (:func:`held_types`), the rows-16
     layout for the 2-D matmul weights of :data:`gguflm.quants.ROWS16_TYPES` with whole groups of
     16 rows (llama.cpp repacks the same ones into its CPU_REPACK buffer at load), else as the file
-    has it. Tensors read by rows (get_rows) keep the file's layout: a tied output too."""
+    has it. Tensors read by rows (get_rows) never take the rows-16 layout, a tied output neither."""
     if as_type is not None:
         return replace(w, data=quants.hold_as(w.data, w.type, n_threads=None), held_as=as_type)
     if w.name not in ROW_LOOKUP_TENSORS and w.type in quants.ROWS16_TYPES and len(w.shape) == 2 \
