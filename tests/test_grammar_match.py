@@ -137,6 +137,14 @@ def test_random_strings_match_as_llama_cpp(llama, text, seed):
         grammar = Grammar.from_string(text)
     except GrammarError:
         assume(False)
+    try:
+        grammar.compile(None)
+    except GrammarError as err:
+        # more parse stacks than gguflm allows from the start (root ::= ("a"*) root: a rule that
+        # may be empty before the recursion, which llama.cpp's check does not see either, and
+        # whose stacks llama.cpp's initialisation expands without end): no match to compare
+        assume("ambiguous" not in str(err))
+        raise
     rng = random.Random(seed)
     root = grammar.parsed.symbol_ids["root"]
     samples = [s for s in (derive(grammar.parsed, root, rng) for _ in range(12)) if s is not None]
