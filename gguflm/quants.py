@@ -296,18 +296,21 @@ def _rows16(w: np.ndarray, wtype: TypeLike, out: np.ndarray | None, to_rows16: b
 # Types whose matmul weights a loaded model holds as another type's blocks: the same values, the
 # same outputs from the kernels (bit for bit), a faster decoding (src/quants_tq_held.h: TQ1_0's
 # base-3 bytes as TQ2_0's 2-bit fields, 22% more bytes).
-HELD_AS: Mapping[GGMLType, GGMLType] = MappingProxyType({GGMLType.TQ1_0: GGMLType.TQ2_0})
+# Each such type: the type it is held as, and the kernel that rewrites its rows so.
+_HOLDERS = {GGMLType.TQ1_0: (GGMLType.TQ2_0, _k.tq1_as_tq2)}
+HELD_AS: Mapping[GGMLType, GGMLType] = MappingProxyType({t: held for t, (held, _) in _HOLDERS.items()})
 
 
 def hold_as(w: np.ndarray, wtype: TypeLike, n_threads: int | None = 1) -> np.ndarray:
     """The rows of ``w`` (uint8 [n_rows, row_bytes] of type ``wtype``, a key of :data:`HELD_AS`)
     rewritten in ``HELD_AS[wtype]``'s blocks."""
     fmt = get(wtype)
-    if fmt.type not in HELD_AS:
+    if fmt.type not in _HOLDERS:
         raise ValueError(f"{fmt.name} weights are held as they are")
+    held, convert = _HOLDERS[fmt.type]
     wb = _byte_rows(w, "w")
-    out = np.empty((wb.shape[0], wb.shape[1] // fmt.type_size * get(HELD_AS[fmt.type]).type_size), np.uint8)
-    _k.tq1_as_tq2(wb, out, resolve_n_threads(n_threads))
+    out = np.empty((wb.shape[0], wb.shape[1] // fmt.type_size * get(held).type_size), np.uint8)
+    convert(wb, out, resolve_n_threads(n_threads))
     return out
 
 
