@@ -269,13 +269,26 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy_rows4)(
 
 /* ---- K-quants: the integers of one super-block ---- */
 
-/* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the pair
- * (2g, 2g+1) broadcast as one int32, then its low or high half repeated per 128-bit lane */
+/* int16 lanes 0-7 take the scale of elements 32g..32g+15, lanes 8-15 that of the next 16: the
+ * 128-bit half of sc16 holding scales 2g, 2g+1 repeated in both lanes (the same two permutes for
+ * every g of a super-block, which the compiler computes once), then one byte shuffle per g */
 static inline __m256i GGUFLM_SIMD(kscale_pair)(__m256i sc16, int g) {
     const __m256i pair_spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                                  2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(g)), pair_spread);
+    const __m256i half = g < 4 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    return _mm256_shuffle_epi8(half, _mm256_add_epi8(pair_spread, _mm256_set1_epi8((char)(4 * (g % 4)))));
 }
+
+#if GGUFLM_SIMD_512
+/* kscale_pair of g and g + 1 as one 512-bit vector (int16 lanes 16j..16j+15: scale 2g + j), one
+ * word permute */
+static inline __m512i GGUFLM_SIMD(kscale_pair2)(__m256i sc16, int g) {
+    const __m512i idx = _mm512_add_epi16(_mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL, 0x0002000200020002LL,
+                                                          0x0002000200020002LL, 0x0001000100010001LL, 0x0001000100010001LL, 0, 0),
+                                         _mm512_set1_epi16((short)(2 * g)));
+    return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc16));
+}
+#endif
 
 /* lanes[r][t]: the int32 lanes of ggml_vec_dot (gguflm_kints.lanes) of super-block i of weight
  * rows w + r*ws against tokens y + t*ys; part[r][t][p] (when part is given) the sum per 64
@@ -307,8 +320,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, 
         for (int r = 0; r < R; ++r) {
             u[r] = _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb[r], g)),
                                       GGUFLM_SIMD(kquants)(type, xb[r], g + 1), 1);
-            sc[r] = _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kscale_pair)(sc16[r], g)),
-                                       GGUFLM_SIMD(kscale_pair)(sc16[r], g + 1), 1);
+            sc[r] = GGUFLM_SIMD(kscale_pair2)(sc16[r], g);
         }
         for (int t = 0; t < T; ++t) {
             const __m512i qy = _mm512_loadu_si512((const void *)(yb[t]->qs + 32 * g));
