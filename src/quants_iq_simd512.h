@@ -156,14 +156,6 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_mag)(int 
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(v[1], v[0])), _mm256_set_m128i(v[3], v[2]), 1);
 }
 
-/* the 32 int16 scales of groups 2p, 2p + 1 (for the 32 pair sums of vpmaddubsw) */
-static inline __m512i GGUFLM_SIMD(iq512_pair_scales)(__m256i scales, int p) {
-    static const int16_t chunk[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
-    const __m512i idx = _mm512_add_epi16(_mm512_loadu_si512((const void *)chunk), _mm512_set1_epi16((short)(4 * p)));
-    return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(scales));
-}
-
 /* One super-block decoded for any number of tokens: per pair of groups the magnitudes, the
  * scales of their pair sums and the sign mask; IQ1_M: the mask of negative deltas, IQ1_S: the
  * signed scale of each 16 for its delta term through the activation's bsums */
@@ -194,7 +186,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
             b->sc[p] = GGUFLM_SIMD(iqv_xxs_pair_scales)(type, xb, p);
         else
 #endif
-            b->sc[p] = GGUFLM_SIMD(iq512_pair_scales)(scales, p);
+            b->sc[p] = GGUFLM_SIMD(pair_scales512)(scales, 4 * p);
         if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
             b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
             b->mag[p] = _mm512_abs_epi8(b->mag[p]);

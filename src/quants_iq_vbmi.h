@@ -64,7 +64,7 @@ static inline __m512i GGUFLM_SIMD(iqv_split)(int type, __m512i v) {
 
 /* IQ2_XXS's and IQ3_XXS's pair scales of groups 2p, 2p + 1 from their words' top 4 bits, one
  * vpermd each (the words made 2 s + 1 in both halves first): 5 shuffles fewer a super-block than
- * iq512_group_scales + iq512_pair_scales, shuffles being what the decoding waits on here */
+ * iq512_group_scales + pair_scales512, shuffles being what the decoding waits on here */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_xxs_pair_scales)(int type, const uint8_t *xb, int p) {
     const __m256i a = type == GGUFLM_IQ2_XXS
                           ? _mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, _mm512_loadu_si512((const void *)(xb + 2))), 1)

@@ -131,6 +131,7 @@ GGUFLM_TARGET_AVX512VBMI_BEGIN
 #define gguflm_hsum_i32_avx512vbmi gguflm_hsum_i32_avx512
 #define gguflm_reduce8_512_avx512vbmi gguflm_reduce8_512_avx512
 #define gguflm_ktile_gemm_avx512vbmi gguflm_ktile_gemm_avx512
+#define gguflm_pair_scales512_avx512vbmi gguflm_pair_scales512_avx512
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
     GGUFLM_IQ_KERNEL_ENTRIES(_avx512vbmi)};
@@ -138,6 +139,7 @@ static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUF
 #undef gguflm_hsum_i32_avx512vbmi
 #undef gguflm_reduce8_512_avx512vbmi
 #undef gguflm_ktile_gemm_avx512vbmi
+#undef gguflm_pair_scales512_avx512vbmi
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
 #undef GGUFLM_SIMD_512

@@ -280,12 +280,14 @@ static inline __m256i GGUFLM_SIMD(kscale_pair)(__m256i sc16, int g) {
 }
 
 #if GGUFLM_SIMD_512
-/* kscale_pair of g and g + 1 as one 512-bit vector (int16 lanes 16j..16j+15: scale 2g + j), one
- * word permute */
-static inline __m512i GGUFLM_SIMD(kscale_pair2)(__m256i sc16, int g) {
+/* the 32 int16 scales of the vpmaddubsw pair sums of elements 16k .. 16k + 63, from sc16's one
+ * scale per 16 elements (int16 lanes 8j .. 8j + 7 take scale k + j): one word permute. The
+ * K-quants' pair of 32-element groups g, g + 1 (k = 2g) and the grid i-quants' 64 elements p
+ * (k = 4p, quants_iq_simd512.h) */
+static inline __m512i GGUFLM_SIMD(pair_scales512)(__m256i sc16, int k) {
     const __m512i idx = _mm512_add_epi16(_mm512_set_epi64(0x0003000300030003LL, 0x0003000300030003LL, 0x0002000200020002LL,
                                                           0x0002000200020002LL, 0x0001000100010001LL, 0x0001000100010001LL, 0, 0),
-                                         _mm512_set1_epi16((short)(2 * g)));
+                                         _mm512_set1_epi16((short)k));
     return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc16));
 }
 #endif
@@ -320,7 +322,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(k_ints)(int type, 
         for (int r = 0; r < R; ++r) {
             u[r] = _mm512_inserti64x4(_mm512_castsi256_si512(GGUFLM_SIMD(kquants)(type, xb[r], g)),
                                       GGUFLM_SIMD(kquants)(type, xb[r], g + 1), 1);
-            sc[r] = GGUFLM_SIMD(kscale_pair2)(sc16[r], g);
+            sc[r] = GGUFLM_SIMD(pair_scales512)(sc16[r], 2 * g);
         }
         for (int t = 0; t < T; ++t) {
             const __m512i qy = _mm512_loadu_si512((const void *)(yb[t]->qs + 32 * g));
@@ -682,11 +684,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(dot_legacy)(int ty
 #undef GGUFLM_LEGACY_TILE
 }
 
-/* the kernels of quantized weights round alike in every arithmetic */
-/* K DOT: a single token goes row by row. In tiles of 4 rows its Q3_K, Q5_K and Q6_K rows read 2048
- * columns at 9-15 GB/s on 2 threads (16 matrices of 5632 x 2048, each streamed once per pass) and
- * one by one at 13-23 (Q6_K per-type model, tg64: 82-92 -> 166-169 t/s; Q3_K, Q5_K +10-25%); the
- * float types keep their 4-row tiles, which they read faster. */
+/* the kernels of quantized weights round alike in every arithmetic. Its one user, the K DOT, takes a
+ * single token row by row: in tiles of 4 rows its Q6_K rows of 2048 columns read at 9-13 GB/s on 2
+ * threads (16 matrices of 5632 x 2048, each streamed once per pass), one by one at 18-28 (Q6_K
+ * per-type model, tg64: 82-92 -> 140-169 t/s; Q3_K, Q5_K +10-25%); the float types keep their 4-row
+ * tiles, which they read faster. */
 #define GGUFLM_SIMD_KERNEL(path, tag, ...)                                                                       \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
