@@ -13,13 +13,16 @@ Two settings decide how the kernels compute, and this module is the only place t
   wide). Any ISA computes any; the default is the build llama.cpp compiles natively for this CPU
   (its features and its vendor). ``GGUFLM_ARITH`` overrides it.
 
-One more switch picks no ISA of its own but a faster way to the same bits: **VBMI**, whether the
-AVX-512 ISAs' grid i-quant kernels (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) use AVX512_VBMI's
-byte permutes for their grid lookups. On by default where the CPU has AVX512_VBMI and the OS
-enables AVX-512; ``GGUFLM_VBMI=0`` (or :func:`set_vbmi`) turns it off, e.g. to test the other
-AVX-512 kernels on such a machine.
+Two more switches pick no ISA of their own but a faster way to the same bits: **VBMI**, whether
+the AVX-512 ISAs' grid i-quant kernels (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) use AVX512_VBMI's
+byte permutes for their grid lookups, on by default where the CPU has AVX512_VBMI and the OS
+enables AVX-512; and **AMX**, whether the AVX-512 ISAs' batch kernels of the repacked Q4_0 recipe
+(Q4_0, IQ4_NL, MXFP4) take their integer dots from Intel's AMX tiles, on by default where the CPU
+has AMX-INT8, the OS enables the tile state and the kernel grants it to the process (asked once,
+at import). ``GGUFLM_VBMI=0`` and ``GGUFLM_AMX=0`` (or :func:`set_vbmi`, :func:`set_amx`) turn
+them off, e.g. to test the other AVX-512 kernels on such a machine.
 
-The environment variables (``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``) are read once, when gguflm is first imported; an unknown value, or an ISA
+The environment variables (``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``, ``GGUFLM_AMX``) are read once, when gguflm is first imported; an unknown value, or an ISA
 this machine cannot run, makes that import fail with a message naming the variable. After that,
 :func:`set_isa` and :func:`set_arithmetic` change what every kernel runs from its next call on: the
 quantized matmuls (:mod:`gguflm.quants`), the forward-pass ops, the sampler scans, and the recorded
@@ -100,9 +103,29 @@ def set_vbmi(on: bool) -> bool:
     return _system.set_vbmi(bool(on))
 
 
+def amx() -> bool:
+    """Whether the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles now."""
+    return _system.amx()
+
+
+def set_amx(on: bool) -> bool:
+    """Let the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles (True) or not
+    (False) from their next call on; returns the previous setting. Both give the same bits.
+
+    Raises
+    ------
+    ValueError
+        ``on`` is true and this machine cannot run AMX-INT8 (the CPU lacks it, the OS does not
+        enable the tile state, or the kernel refused it).
+    """
+    return _system.set_amx(bool(on))
+
+
 @contextlib.contextmanager
-def using(isa: str | None = None, arithmetic: str | None = None, vbmi: bool | None = None) -> Iterator[None]:
-    """Run a block with another ISA, arithmetic and/or VBMI setting, then restore the previous ones."""
+def using(isa: str | None = None, arithmetic: str | None = None, vbmi: bool | None = None,
+          amx: bool | None = None) -> Iterator[None]:
+    """Run a block with another ISA, arithmetic, VBMI and/or AMX setting, then restore the previous
+    ones."""
     with contextlib.ExitStack() as restore:
         if isa is not None:
             restore.callback(set_isa, set_isa(isa))
@@ -110,6 +133,8 @@ def using(isa: str | None = None, arithmetic: str | None = None, vbmi: bool | No
             restore.callback(set_arithmetic, set_arithmetic(arithmetic))
         if vbmi is not None:
             restore.callback(set_vbmi, set_vbmi(vbmi))
+        if amx is not None:
+            restore.callback(set_amx, set_amx(amx))
         yield
 
 
@@ -123,7 +148,7 @@ def system_info() -> dict[str, Any]:
     ``cpu_features`` (feature -> the CPU has it and the OS enables it: what may run),
     ``cpu_advertises`` (feature -> CPUID has it), ``os_enables`` (``avx``, ``avx512``, ``amx``
     register states in XCR0) and ``amx`` (``cpu``, ``os``, ``permitted``: whether the kernel has
-    granted this process the tile data state).
+    granted this process the tile data state; ``on``: whether the kernels use the tiles now).
     """
     features = _system.cpu_features()
     info: dict[str, Any] = dict(_system.build_info())
@@ -139,7 +164,7 @@ def system_info() -> dict[str, Any]:
     info["cpu_features"] = features["usable"]
     info["cpu_advertises"] = features["cpu"]
     info["os_enables"] = features["os"]
-    info["amx"] = _system.amx()
+    info["amx"] = dict(_system.amx_support(), on=amx())
     return info
 
 

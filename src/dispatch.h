@@ -49,19 +49,23 @@ typedef struct {
     int isa;    /* GGUFLM_ISA_*, one this CPU and OS run */
     int arith;  /* GGUFLM_ARITH_* */
     int vbmi;   /* 1: the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (only where it runs) */
+    int amx;    /* 1: the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles (only
+                 * where the CPU has AMX-INT8, the OS enables it and the kernel granted the state) */
 } gguflm_dispatch;
 
 #define GGUFLM_DISPATCH_CAPSULE "gguflm._ext.system._dispatch"
 
 /* The switch this extension bound (dispatch.pxd's bind_dispatch), read by gguflm_kernel for vbmi
- * alone: VBMI is no ISA of its own (CPUs have it with or without AVX512_BF16) but a faster way
- * to the same bits in a few AVX-512 kernels, so it is chosen where a kernel is looked up, not
- * passed down every call chain as isa and arith are; switching it mid-pass mixes no results. */
+ * and amx alone: neither is an ISA of its own (CPUs have them with or without AVX512_BF16) but a
+ * faster way to the same bits in a few AVX-512 kernels, so they are chosen where a kernel is
+ * looked up, not passed down every call chain as isa and arith are; switching them mid-pass mixes
+ * no results. */
 static const gguflm_dispatch *gguflm_bound_dispatch __attribute__((unused));
 static inline const gguflm_dispatch *gguflm_bind_dispatch(const void *d) {
     gguflm_bound_dispatch = (const gguflm_dispatch *)d;
     return gguflm_bound_dispatch;
 }
 static inline int gguflm_vbmi_on(void) { return gguflm_bound_dispatch && gguflm_bound_dispatch->vbmi; }
+static inline int gguflm_amx_on(void) { return gguflm_bound_dispatch && gguflm_bound_dispatch->amx; }
 
 #endif

@@ -24,6 +24,7 @@ cdef extern from "dispatch.h" nogil:
         int isa
         int arith
         int vbmi
+        int amx
     const char *GGUFLM_DISPATCH_CAPSULE
     const gguflm_dispatch *gguflm_bind_dispatch(const void *d)
 

@@ -300,16 +300,17 @@ def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1]
         gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in, isa)
 
 
-def int8_peak(int64_t iters, int n_threads=1) -> int:
-    """Run the current ISA's int8 multiply-add peak loop ``iters`` rounds on ``n_threads`` threads;
-    returns the int8 operations done (2 per multiply-add), 0 for the scalar ISA (time the call)."""
+def int8_peak(int64_t iters, int n_threads=1, bint amx=False) -> int:
+    """Run the current ISA's int8 multiply-add peak loop ``iters`` rounds on ``n_threads`` threads
+    (amx: the AMX tiles' loop); returns the int8 operations done (2 per multiply-add), 0 for the
+    scalar ISA, and with amx where the tiles are off (time the call)."""
     _check_threads(n_threads)
     if iters < 0:
         raise ValueError(f"iters must be >= 0, got {iters}")
     cdef int isa = _switch.isa
     cdef int64_t checksum, ops
     with nogil:
-        ops = gguflm_int8_peak(isa, iters, n_threads, &checksum)
+        ops = gguflm_int8_peak(isa, amx, iters, n_threads, &checksum)
     return ops
 
 

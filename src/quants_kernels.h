@@ -94,13 +94,17 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
  * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones; the
- * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels. */
+ * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels; with its amx on: the
+ * repacked Q4_0 recipe's AMX kernels. */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_DPBF16
     if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
         if (path == GGUFLM_PATH_DOT) return gguflm_DOT_bf16_avx512bf16;
         if (path == GGUFLM_PATH_SGEMM) return gguflm_SGEMM_bf16_avx512bf16;
     }
+#endif
+#if GGUFLM_HAVE_AMX
+    if (isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && gguflm_amx_kernels[path][type]) return gguflm_amx_kernels[path][type];
 #endif
 #if GGUFLM_HAVE_SIMD
     if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type])
@@ -364,25 +368,33 @@ static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n
 /* ======================= int8 peak probe ======================= */
 
 /* The int8 multiply-add peak of isa's batch kernels on n_threads threads: each runs `iters` rounds
- * of quants_simd_peak.h's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd). Returns the int8
- * operations done in all (2 per multiply-add), 0 where there is no such loop (scalar); the bench
- * times the call. *checksum keeps the loops from being optimised away.
- * AMX: where the CPU has AMX-INT8 and the kernel grants the tile state (gguflm._ext.system.amx()),
- * a tdpbusd loop would be timed here, and an AMX batch path would dispatch in gguflm_kernel; neither
- * exists yet (no machine here to test them on). */
-static int64_t gguflm_int8_peak(int isa, int64_t iters, int n_threads, int64_t *checksum) {
+ * of quants_simd_peak.h's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd), or with amx (an
+ * AVX-512 ISA, the dispatch's amx on) of quants_amx.h's tdpbssd loop. Returns the int8 operations
+ * done in all (2 per multiply-add), 0 where there is no such loop (scalar; amx where the tiles are
+ * off); the bench times the call. *checksum keeps the loops from being optimised away. */
+static int64_t gguflm_int8_peak(int isa, int amx, int64_t iters, int n_threads, int64_t *checksum) {
     int64_t sum = 0, ops = 0;
 #if GGUFLM_HAVE_SIMD
-    if (isa >= GGUFLM_ISA_AVX2) {
+    const int tiles = amx && isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && GGUFLM_HAVE_AMX;
+    if (isa >= GGUFLM_ISA_AVX2 && (tiles || !amx)) {
         const int wide = isa >= GGUFLM_ISA_AVX512;
         #pragma omp parallel num_threads(n_threads) reduction(+:sum, ops)
         {
-            sum += wide ? gguflm_int8_peak_avx512(iters) : gguflm_int8_peak_avx2(iters);
-            ops += iters * GGUFLM_INT8_PEAK_OPS(wide);
+#if GGUFLM_HAVE_AMX
+            if (tiles) {
+                sum += gguflm_int8_peak_amx(iters);
+                ops += iters * GGUFLM_INT8_PEAK_OPS_AMX;
+            } else
+#endif
+            {
+                sum += wide ? gguflm_int8_peak_avx512(iters) : gguflm_int8_peak_avx2(iters);
+                ops += iters * GGUFLM_INT8_PEAK_OPS(wide);
+            }
         }
     }
 #endif
     (void)isa;
+    (void)amx;
     (void)iters;
     (void)n_threads;
     *checksum = sum;

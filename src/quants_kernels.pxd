@@ -90,4 +90,4 @@ cdef extern from "quants_kernels.h" nogil:
                          int64_t n_ids, float *out, int64_t out_stride, int isa)
     uint64_t gguflm_read_sum(const uint64_t *buf, int64_t n_words, int n_threads)
     # int8 operations of isa's peak loop run iters rounds on n_threads threads (0: no such loop)
-    int64_t gguflm_int8_peak(int isa, int64_t iters, int n_threads, int64_t *checksum)
+    int64_t gguflm_int8_peak(int isa, int amx, int64_t iters, int n_threads, int64_t *checksum)

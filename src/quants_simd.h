@@ -40,6 +40,13 @@
 #define GGUFLM_TARGET_AVX512VBMI_BEGIN                                                                    \
     _Pragma("GCC push_options")                                                                         \
     _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi\")")
+/* AMX: GCC 11 and clang 12 have its intrinsics */
+#if defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11
+#define GGUFLM_HAVE_AMX 1
+#define GGUFLM_TARGET_AMX_BEGIN                                                                           \
+    _Pragma("GCC push_options")                                                                         \
+    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\")")
+#endif
 #define GGUFLM_TARGET_END _Pragma("GCC pop_options")
 #define GGUFLM_HAVE_DPBF16 1
 /* F16C's scalar conversion; bit-identical with the software one */
@@ -47,6 +54,9 @@
 #else
 #define GGUFLM_HAVE_SIMD 0
 #define GGUFLM_HAVE_DPBF16 0
+#endif
+#ifndef GGUFLM_HAVE_AMX
+#define GGUFLM_HAVE_AMX 0   /* SIMDe, other compilers, off x86 */
 #endif
 
 #if GGUFLM_HAVE_SIMD
@@ -96,6 +106,7 @@ GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD_512 0
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 0
+#define GGUFLM_SIMD_AMX 0
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
@@ -104,6 +115,7 @@ static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_C
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
+#undef GGUFLM_SIMD_AMX
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
@@ -112,12 +124,14 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 0
+#define GGUFLM_SIMD_AMX 0
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
+#undef GGUFLM_SIMD_AMX
 GGUFLM_TARGET_END
 
 /* the grid i-quants once more with AVX512_VBMI (quants_iq_vbmi.h), for the CPUs that have it
@@ -146,6 +160,34 @@ static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUF
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
 GGUFLM_TARGET_END
+
+/* the repacked Q4_0 recipe once more with the AMX tiles (quants_amx.h) for its batch tiles, where
+ * the CPU has AMX-INT8 and the kernel granted the tile state (gguflm_kernel picks them while the
+ * dispatch's amx is on); it calls the AVX-512 copy's helpers, which GCC inlines into the wider
+ * target */
+#if GGUFLM_HAVE_AMX
+GGUFLM_TARGET_AMX_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx512amx
+#define GGUFLM_SIMD_512 1
+#define GGUFLM_SIMD_AMX 1
+#define gguflm_hsum_i32_avx512amx gguflm_hsum_i32_avx512
+#define gguflm_dot_u8_s8_avx512amx gguflm_dot_u8_s8_avx512
+#include "quants_amx.h"
+#include "quants_simd_repack.h"
+static const gguflm_gemm_fn gguflm_amx_kernels[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
+    [GGUFLM_PATH_Q4_0_REPACK] = {[GGUFLM_Q4_0] = gguflm_Q4_0_REPACK_q4_0_avx512amx,
+                                 [GGUFLM_IQ4_NL] = gguflm_Q4_0_REPACK_iq4_nl_avx512amx,
+                                 [GGUFLM_MXFP4] = gguflm_Q4_0_REPACK_mxfp4_avx512amx},
+    [GGUFLM_PATH_Q4_0_ROWS16] = {[GGUFLM_Q4_0] = gguflm_Q4_0_ROWS16_q4_0_avx512amx,
+                                 [GGUFLM_IQ4_NL] = gguflm_Q4_0_ROWS16_iq4_nl_avx512amx,
+                                 [GGUFLM_MXFP4] = gguflm_Q4_0_ROWS16_mxfp4_avx512amx}};
+#undef gguflm_hsum_i32_avx512amx
+#undef gguflm_dot_u8_s8_avx512amx
+#undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_512
+#undef GGUFLM_SIMD_AMX
+GGUFLM_TARGET_END
+#endif
 
 #if GGUFLM_HAVE_DPBF16
 GGUFLM_TARGET_AVX512BF16_BEGIN

@@ -372,6 +372,60 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, 
     for (int t = 0; t < T; ++t) GGUFLM_SIMD(rp_store)(out + t * os, acc[t], R);
 }
 
+#if GGUFLM_SIMD_AMX
+/* rp_tile for 16 tokens with the integer dots from the AMX tiles (quants_amx.h): per block, C
+ * [16 tokens x 16 rows] = the tokens' 32 signed bytes (A, read in place, rows ys bytes apart) times
+ * the tile GGUFLM_AMX_OFF of -off bytes (rp_amx_offsets), then plus the same times the strip's
+ * transposed block (B: group g's vector is B's row g, the u values unsigned): start plus rp_tile's
+ * vpdpbusd chain, the same int32 sums, with no table of starts. Then rp_tile's float steps, token
+ * by token. Two blocks at a time, in tiles C0 and C1: the matrix unit takes the second while the
+ * vector units convert the first. */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile_amx)(int kb, int first, const uint8_t *strip,
+                                                                          const uint8_t *y, int64_t ys, const float *dy,
+                                                                          float *out, int64_t os, int R) {
+    __m512 acc[16];
+    int32_t c[2][16 * 16] __attribute__((aligned(64)));
+    for (int t = 0; t < 16; ++t) acc[t] = GGUFLM_SIMD(rp_load)(out + t * os, first ? 0 : R);
+    GGUFLM_AMX_MEMORY(strip);   /* the strip's stores before the tile loads */
+    for (int ib = 0; ib < kb; ib += 2) {
+        const int pair = ib + 1 < kb;
+        const uint8_t *ya = y + ib * sizeof(block_q8_0) + offsetof(block_q8_0, qs), *sb = strip + (size_t)ib * GGUFLM_RP_BLOCK;
+        _tile_zero(GGUFLM_AMX_C0);
+        _tile_loadd(GGUFLM_AMX_A0, ya, ys);
+        _tile_loadd(GGUFLM_AMX_B0, sb, GGUFLM_RP_VB);
+        _tile_dpbssd(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_OFF);
+        _tile_dpbsud(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0);
+        if (pair) {
+            _tile_zero(GGUFLM_AMX_C1);
+            _tile_loadd(GGUFLM_AMX_A1, ya + sizeof(block_q8_0), ys);
+            _tile_loadd(GGUFLM_AMX_B1, sb + GGUFLM_RP_BLOCK, GGUFLM_RP_VB);
+            _tile_dpbssd(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_OFF);
+            _tile_dpbsud(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1);
+        }
+        _tile_stored(GGUFLM_AMX_C0, c[0], 64);
+        for (int h = 0; h <= pair; ++h) {
+            if (h) _tile_stored(GGUFLM_AMX_C1, c[1], 64);
+            GGUFLM_AMX_MEMORY(c[h]);
+            const int b = ib + h;
+            const __m512 dx = _mm512_load_ps((const void *)(strip + (size_t)b * GGUFLM_RP_BLOCK + 8 * GGUFLM_RP_VB));
+            for (int t = 0; t < 16; ++t)
+                acc[t] = GGUFLM_SIMD(rp_fma)(_mm512_load_si512((const void *)(c[h] + 16 * t)), dx, dy[b * GGUFLM_RP_TB + t],
+                                             acc[t]);
+        }
+    }
+    for (int t = 0; t < 16; ++t) GGUFLM_SIMD(rp_store)(out + t * os, acc[t], R);
+}
+
+/* the tile configuration of the block dots and the tile GGUFLM_AMX_OFF: 8 rows of -off bytes */
+static inline void GGUFLM_SIMD(rp_amx_start)(int off) {
+    int8_t neg[8 * 64] __attribute__((aligned(64)));
+    memset(neg, -off, sizeof(neg));
+    GGUFLM_AMX_MEMORY(neg);
+    gguflm_amx_config_blocks();
+    _tile_loadd(GGUFLM_AMX_OFF, neg, 64);
+}
+#endif
+
 /* a batch: per K-chunk, the strips of up to GGUFLM_RP_GROUP rows transposed once, then per block of
  * GGUFLM_RP_TB tokens their tables, then tiles of W rows x GGUFLM_RP_TMAX tokens */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type, int rows16, int64_t n, const uint8_t *w,
@@ -384,6 +438,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
     uint8_t strips[S_MAX * GGUFLM_RP_KB * GGUFLM_RP_BLOCK] __attribute__((aligned(64)));
     float dy[GGUFLM_RP_KB * GGUFLM_RP_TB];
     int32_t start[GGUFLM_RP_KB * GGUFLM_RP_TB];
+#if GGUFLM_SIMD_AMX
+    if (nt >= 16) GGUFLM_SIMD(rp_amx_start)(off);
+#endif
     for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_RP_GROUP) {
         const int rows = (int)(nr - r0 < GGUFLM_RP_GROUP ? nr - r0 : GGUFLM_RP_GROUP);
         const int S = (rows + GGUFLM_RP_W - 1) / GGUFLM_RP_W;
@@ -415,11 +472,13 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
             for (int64_t t0 = 0; t0 < nt; t0 += GGUFLM_RP_TB) {
                 const int tt = (int)(nt - t0 < GGUFLM_RP_TB ? nt - t0 : GGUFLM_RP_TB);
                 const uint8_t *yt = y + t0 * ys + kc * sizeof(block_q8_0);
+                /* the AMX tiles' tokens need no starts */
+                const int amx_tokens = GGUFLM_SIMD_AMX ? tt / 16 * 16 : 0;
                 for (int t = 0; t < tt; ++t)
                     for (int ib = 0; ib < kb; ++ib) {
                         const block_q8_0 *yb = (const block_q8_0 *)(yt + t * ys) + ib;
                         dy[ib * GGUFLM_RP_TB + t] = GGUFLM_FP16_TO_FP32_SIMD(yb->d);
-                        start[ib * GGUFLM_RP_TB + t] = GGUFLM_SIMD(rp_start1)(off, yb);
+                        if (t >= amx_tokens) start[ib * GGUFLM_RP_TB + t] = GGUFLM_SIMD(rp_start1)(off, yb);
                     }
                 for (int s = 0; s < S; ++s) {
                     const int R = rows - s * GGUFLM_RP_W < GGUFLM_RP_W ? rows - s * GGUFLM_RP_W : GGUFLM_RP_W;
@@ -427,6 +486,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
                     float *os0 = o + t0 * os + r0 + s * GGUFLM_RP_W;
 #define GGUFLM_RP_TILE(T) GGUFLM_SIMD(rp_tile)(off, T, kb, kc == 0, strip, yt + t * ys, ys, dy + t, start + t, os0 + t * os, os, R)
                     int t = 0;
+#if GGUFLM_SIMD_AMX
+                    for (; t + 16 <= tt; t += 16)
+                        GGUFLM_SIMD(rp_tile_amx)(kb, kc == 0, strip, yt + t * ys, ys, dy + t, os0 + t * os, os, R);
+#endif
                     for (; t + GGUFLM_RP_TMAX <= tt; t += GGUFLM_RP_TMAX) GGUFLM_RP_TILE(GGUFLM_RP_TMAX);
                     switch (tt - t) {
 #if GGUFLM_RP_TMAX > 4
@@ -445,6 +508,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
             }
         }
     }
+#if GGUFLM_SIMD_AMX
+    if (nt >= 16) _tile_release();
+#endif
 }
 
 #define GGUFLM_SIMD_RP(path, ROWS16, tag, TYPE)                                                                  \

@@ -70,6 +70,7 @@ cdef gguflm_dispatch _state
 _state.isa = gguflm_isa_best(&_machine)
 _state.arith = gguflm_arith_native(&_machine)
 _state.vbmi = gguflm_vbmi_runs(&_machine)
+_state.amx = 0  # on once granted (_apply_environment)
 cdef int _amx_granted = -1  # not asked yet
 
 
@@ -200,7 +201,7 @@ def set_arithmetic(str name) -> str:
     return previous
 
 
-def amx() -> dict:
+def amx_support() -> dict:
     """AMX tiles: ``cpu`` (CPUID has AMX-TILE and AMX-INT8), ``os`` (XCR0 enables the tile state),
     ``permitted`` (the kernel has granted this process the tile data state)."""
     return {"cpu": bool(_machine.cpu & GGUFLM_CPU_AMX_TILE and _machine.cpu & GGUFLM_CPU_AMX_INT8),
@@ -210,16 +211,39 @@ def amx() -> dict:
 def request_amx() -> bool:
     """Ask the kernel, once per process, for the tile data state (Linux); True when AMX may run.
 
-    Never asked when the CPU or the OS lacks AMX. Asked only on demand: a grant makes every
-    signal frame of the process larger, for nothing while no kernel uses tiles.
+    Never asked when the CPU or the OS lacks AMX (nor when ``GGUFLM_AMX=0`` keeps the tiles off
+    from import on): a grant makes every signal frame of the process larger.
     """
     global _amx_granted
-    state = amx()
+    state = amx_support()
     if not (state["cpu"] and state["os"]):
         return False
     if _amx_granted < 0:
         _amx_granted = gguflm_amx_request()
     return bool(_amx_granted)
+
+
+def amx() -> bool:
+    """Whether the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles now."""
+    return bool(_state.amx)
+
+
+def set_amx(on) -> bool:
+    """Let the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles (or not) from their
+    next call on, asking the kernel for the tile state first; returns the previous setting. The same
+    bits either way."""
+    if isinstance(on, str):
+        if on not in ("0", "1", "on", "off"):
+            raise ValueError(f"amx takes 0, 1, on or off, got {on!r}")
+        on = on in ("1", "on")
+    if on and not request_amx():
+        state = amx_support()
+        why = ("not in this CPU" if not state["cpu"] else "the OS does not enable the tile state" if not state["os"]
+               else "the kernel did not grant the tile data state")
+        raise ValueError(f"this machine cannot run the AMX kernels: amx_int8 ({why})")
+    previous = amx()
+    _state.amx = 1 if on else 0
+    return previous
 
 
 def build_info() -> dict:
@@ -252,13 +276,17 @@ def parallel_sum_squares(const float[::1] x, int n_threads):
 
 
 def _apply_environment() -> None:
-    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic), ("GGUFLM_VBMI", set_vbmi)):
+    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic), ("GGUFLM_VBMI", set_vbmi),
+                             ("GGUFLM_AMX", set_amx)):
         value = os.environ.get(variable, "").strip().lower()
         if value:
             try:
                 setter(value)
             except ValueError as e:
                 raise ImportError(f"{variable}={value!r}: {e}") from None
+    # the tiles are on by default where they run: the kernel is asked for them here, once
+    if not os.environ.get("GGUFLM_AMX", "").strip():
+        _state.amx = 1 if request_amx() else 0
 
 
 _apply_environment()

@@ -213,16 +213,19 @@ def test_system_info_reports_what_runs():
 
 
 def test_amx_permission_is_asked_only_where_amx_exists():
-    """In a child process (a grant enlarges its signal frames): no CPU or OS support, no request and
-    no permission; with both, Linux grants the tile data state."""
-    code = "from gguflm._ext import system as s; import json; print(json.dumps([s.amx(), s.request_amx(), s.amx()]))"
-    before, granted, after = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                                       check=True).stdout)
-    assert not before["permitted"]
-    if before["cpu"] and before["os"] and sys.platform == "linux":
-        assert granted and after["permitted"]
-    else:
-        assert not granted and not after["permitted"]
+    """In child processes (a grant enlarges their signal frames): with GGUFLM_AMX=0 nothing is asked
+    at import; asked then, Linux grants the tile data state where the CPU and the OS have AMX, and
+    elsewhere nothing is asked. By default the import asks, and the tiles are on where granted."""
+    def child(code: str, **env: str) -> list:
+        environ = {k: v for k, v in os.environ.items() if k != "GGUFLM_AMX"} | env
+        return json.loads(subprocess.run([sys.executable, "-c", "from gguflm._ext import system as s; import json; "
+                                          f"print(json.dumps({code}))"], capture_output=True, text=True, check=True,
+                                         env=environ).stdout)
+    before, on, granted, after = child("[s.amx_support(), s.amx(), s.request_amx(), s.amx_support()]", GGUFLM_AMX="0")
+    assert not before["permitted"] and not on
+    has = bool(before["cpu"] and before["os"] and sys.platform == "linux")
+    assert granted == after["permitted"] == has
+    assert child("[s.amx_support()['permitted'], s.amx()]") == [has, has]
 
 
 # -- one switch for every kernel

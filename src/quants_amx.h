@@ -1,0 +1,90 @@
+/* Intel AMX (the tile registers and their matrix unit) for the AVX-512 ISAs' batch kernels, where the
+ * CPU has AMX-INT8, the OS enables the tile state and the kernel granted it to the process (the
+ * dispatch's amx, set by gguflm._ext.system; never otherwise, so never a SIGILL). Included by
+ * quants_simd.h inside its AMX target region, before the kernels that use it.
+ *
+ * A tile holds up to 16 rows of up to 64 bytes. tdpbsud C += A . B (A signed bytes, B unsigned)
+ * takes A as M rows of K bytes and B as K/4 rows of N dwords, the 4 consecutive k of column n side
+ * by side: C[m][n] += sum_k A[m][k] * B[k/4][4n + k%4], an exact int32 sum. B's rows are thus
+ * what the repacked Q4_0 recipe's transposed blocks already are (group g's vector: lane r = row r's
+ * elements 4g..4g+3), and A's rows the tokens' Q8_0 blocks, read in place.
+ *
+ * Each thread loads its tile configuration before its first tile instruction and releases the
+ * tiles after its last one (the state is per thread, and a released one is cheap to switch).
+ */
+#ifndef GGUFLM_QUANTS_AMX_H
+#define GGUFLM_QUANTS_AMX_H
+
+/* GCC's tile loads and stores are asm statements that name no memory, only a pointer: without
+ * this barrier, which hands the compiler buffer p as read and written here, between stores to a
+ * buffer and a tile load of it (or a tile store to it and loads from it), the compiler may drop
+ * or reorder the plain accesses (it dropped the memset of a local tile source) */
+#define GGUFLM_AMX_MEMORY(p) __asm__ volatile("" : : "r"(p) : "memory")
+
+/* ldtilecfg's 64-byte operand (palette 1) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} gguflm_amx_config;
+
+/* the block-dot shape: tiles 0, 1 C (16 x 16 int32), 2, 3 A (16 rows of one 32-byte block), 4, 5
+ * and 6 B (8 rows of 16 dwords; 6 a kernel's constant one); macros, not an enum: the tile intrinsics paste their tile numbers into
+ * the instruction's text */
+#define GGUFLM_AMX_C0 0
+#define GGUFLM_AMX_C1 1
+#define GGUFLM_AMX_A0 2
+#define GGUFLM_AMX_A1 3
+#define GGUFLM_AMX_B0 4
+#define GGUFLM_AMX_B1 5
+#define GGUFLM_AMX_OFF 6
+static void gguflm_amx_config_blocks(void) {
+    gguflm_amx_config cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int c = GGUFLM_AMX_C0; c <= GGUFLM_AMX_C1; ++c) cfg.rows[c] = 16, cfg.colsb[c] = 64;
+    for (int a = GGUFLM_AMX_A0; a <= GGUFLM_AMX_A1; ++a) cfg.rows[a] = 16, cfg.colsb[a] = 32;
+    for (int b = GGUFLM_AMX_B0; b <= GGUFLM_AMX_OFF; ++b) cfg.rows[b] = 8, cfg.colsb[b] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* int8 operations (2 per multiply-add) of one gguflm_int8_peak_amx round: 4 tiles of 16 x 16 x 64 */
+#define GGUFLM_INT8_PEAK_OPS_AMX ((int64_t)4 * 16 * 16 * 64 * 2)
+
+/* The AMX int8 peak the bench measures the tile kernels against: full tiles (K = 64), four
+ * independent accumulators fed by two A and two B tiles, `iters` rounds. Returns a checksum. */
+static int32_t gguflm_int8_peak_amx(int64_t iters) {
+    gguflm_amx_config cfg __attribute__((aligned(64)));
+    int8_t src[16 * 64] __attribute__((aligned(64)));
+    int32_t c[16 * 16] __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    for (int i = 0; i < 16 * 64; ++i) src[i] = (int8_t)(i % 7 - 3);
+    GGUFLM_AMX_MEMORY(src);
+    _tile_loadconfig(&cfg);
+    _tile_loadd(4, src, 64);
+    _tile_loadd(5, src, 64);
+    _tile_loadd(6, src, 64);
+    _tile_loadd(7, src, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = 0; k < iters; ++k) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);
+    GGUFLM_AMX_MEMORY(c);
+    int32_t sum = c[0];
+    _tile_stored(3, c, 64);
+    GGUFLM_AMX_MEMORY(c);
+    sum += c[255];
+    _tile_release();
+    return sum;
+}
+
+#endif
