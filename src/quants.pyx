@@ -300,6 +300,15 @@ def get_rows(int type, const uint8_t[:, ::1] w, int64_t n_in, const int32_t[::1]
         gguflm_get_rows(type, &w[0, 0], rb, n_in, &ids[0], n_ids, &out[0, 0], n_in, isa)
 
 
+def amx_batch(int wtype, int64_t n_rows, int64_t n_in, int repacked=GGUFLM_REPACKED) -> bool:
+    """Whether a batch matmul (16+ tokens) of such a weight takes its integer dots from the AMX
+    tiles now (the ISA, the AMX switch and the weight's recipe say)."""
+    _check_dot_type(wtype)
+    _check_repacked(wtype, n_rows, repacked)
+    cdef int64_t w_stride = _row_bytes(wtype, n_in)
+    return bool(gguflm_amx_batch(_switch.isa, wtype, n_rows, w_stride, n_in, repacked, _switch.arith))
+
+
 def int8_peak(int64_t iters, int n_threads=1, bint amx=False) -> int:
     """Run the current ISA's int8 multiply-add peak loop ``iters`` rounds on ``n_threads`` threads
     (amx: the AMX tiles' loop); returns the int8 operations done (2 per multiply-add), 0 for the

@@ -113,6 +113,20 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
     return gguflm_kernel_table(isa)[path][type];
 }
 
+/* whether isa's batch matmul (16+ tokens) of a weight of wtype, n_rows rows, held as `repacked` says,
+ * takes its integer dots from the AMX tiles (the bench says which peak a row is measured against) */
+static inline int gguflm_amx_batch(int isa, int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int repacked,
+                                   int arith) {
+#if GGUFLM_HAVE_AMX
+    gguflm_segment seg[2];
+    gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, 16, repacked, arith, seg);
+    return isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && gguflm_amx_kernels[seg[0].path][wtype] != NULL;
+#else
+    (void)isa, (void)wtype, (void)n_rows, (void)w_stride, (void)n_in, (void)repacked, (void)arith;
+    return 0;
+#endif
+}
+
 /* isa's row conversions of type: the traits' portable ones, but F16 rows take F16C in the SIMD
  * ISAs (the same bits) */
 #if GGUFLM_ROW_F16C

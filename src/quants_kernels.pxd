@@ -55,6 +55,7 @@ cdef extern from "quants_kernels.h" nogil:
 
     # isa's kernel of recipe path for a weight type (NULL: none); isa is a GGUFLM_ISA_* (dispatch.pxd)
     gguflm_gemm_fn gguflm_kernel(int isa, int path, int type)
+    int gguflm_amx_batch(int isa, int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int repacked, int arith)
     # isa's row conversions of a type (the traits' ones, but F16C for F16 rows in the SIMD ISAs);
     # activation: the quantizer ggml's CPU backend uses for src1
     gguflm_to_float_fn gguflm_to_float(int isa, int type)

@@ -16,14 +16,15 @@ import pytest
 import _ggml
 import gguflm.quants as q
 from gguflm import system
+from gguflm._ext import system as ext_system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 
 TYPES = [GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.MXFP4]
 ISAS = system.supported_isas()
-AMX = system.system_info()["amx"]
-needs_amx = pytest.mark.skipif(not AMX["permitted"], reason="AMX-INT8 does not run here (CPU {cpu}, OS {os}, kernel "
-                               "grant {permitted}): the AMX kernels need all three".format(**AMX))
+AMX_RUNS = ext_system.request_amx()   # (already asked at import, unless GGUFLM_AMX=0)
+needs_amx = pytest.mark.skipif(not AMX_RUNS, reason="AMX-INT8 does not run here (CPU {cpu}, OS {os}, kernel grant "
+                               "{permitted}): the AMX kernels need all three".format(**ext_system.amx_support()))
 
 # (n_rows, n_in, token counts): 88 rows = one 64-row pass + a 16-row strip + an 8-row one; 72
 # blocks = two 32-block K-chunks + 8; 45 tokens = a 32-token table block + 8 + 5; 520 rows with 2
@@ -116,7 +117,7 @@ def test_amx_switch_checks_the_machine():
     try:
         assert system.set_amx(False) == previous and system.amx() is False
         assert system.system_info()["amx"]["on"] is False
-        if AMX["permitted"]:
+        if AMX_RUNS:
             assert system.set_amx(True) is False and system.amx() is True
         else:
             with pytest.raises(ValueError, match="cannot run the AMX kernels"):

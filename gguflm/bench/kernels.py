@@ -7,8 +7,11 @@ its measured int8 peak: a plain loop of independent multiply-adds of the ISA the
 (AVX-512 VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd) on the batch's thread count. A batch
 matmul's GFLOP/s counts 2 operations per weight x activation product, as the peak does, so
 ``%peak`` is the share of the int8 units the kernel keeps busy (the float epilogues and the
-weights' decoding take the rest). AMX would be measured beside VNNI where the CPU has AMX-INT8
-and the kernel grants the tile state; gguflm has no AMX kernels yet, so it says so.
+weights' decoding take the rest). Where the AMX tiles are on (the CPU has AMX-INT8, the OS enables
+the tile state and the kernel granted it: :func:`gguflm.system.amx`), the AMX int8 peak (a loop of
+full-size tdpbssd tiles) is measured too, and the rows whose batch kernel takes its integer dots
+from the tiles (the repacked Q4_0 recipe's: Q4_0, IQ4_NL, MXFP4) are measured against it (``%peak``
+marked ``a``); elsewhere the bench says why there is no AMX figure.
 K-quant matrices need whole 256-element blocks per row, so their column counts are rounded up to
 a multiple of 256 (640 -> 768, 576 -> 768); the label says so. Q4_0, IQ4_NL and MXFP4 matrices
 whose rows come in whole groups of 16 are measured in the rows-16 layout a loaded model holds them
@@ -74,37 +77,43 @@ def _batch_clock(n_threads: int):
     return time.thread_time if n_threads == 1 else time.perf_counter
 
 
-def int8_peak(n_threads: int, seconds: float = 0.2, repeat: int = 3) -> float | None:
+def int8_peak(n_threads: int, seconds: float = 0.2, repeat: int = 3, amx: bool = False) -> float | None:
     """Measured int8 peak in GOP/s (2 per multiply-add) of the current ISA's loop on ``n_threads``
-    threads, best of ``repeat`` runs of about ``seconds`` each; None for the scalar ISA."""
-    iters = 1 << 16
+    threads (amx: of the AMX tiles' loop), best of ``repeat`` runs of about ``seconds`` each; None
+    for the scalar ISA, and with amx where the tiles are off."""
+    iters = 1 << 10 if amx else 1 << 16
     while True:  # grow the round count until one run takes a measurable time
         t0 = time.perf_counter()
-        ops = _k.int8_peak(iters, n_threads)
+        ops = _k.int8_peak(iters, n_threads, amx)
         took = time.perf_counter() - t0
         if ops == 0:
             return None
         if took >= seconds / 4 or iters >= 1 << 34:
             break
         iters *= 4
-    best = _best_seconds(lambda: _k.int8_peak(iters, n_threads), repeat, clock=_batch_clock(n_threads))
+    best = _best_seconds(lambda: _k.int8_peak(iters, n_threads, amx), repeat, clock=_batch_clock(n_threads))
     return ops / best / 1e9
 
 
-def _references(buf: np.ndarray, n_threads: int, batch_threads: int) -> tuple[float, float]:
-    """The read bandwidth (``n_threads``) and the int8 peak (``batch_threads``; 0 without one),
-    measured again briefly."""
-    return read_bandwidth(buf, n_threads, repeat=2), int8_peak(batch_threads, seconds=0.1, repeat=2) or 0.0
+def _references(buf: np.ndarray, n_threads: int, batch_threads: int) -> tuple[float, float, float]:
+    """The read bandwidth (``n_threads``), the int8 peak and the AMX one (``batch_threads``; 0
+    without one), measured again briefly."""
+    return (read_bandwidth(buf, n_threads, repeat=2), int8_peak(batch_threads, seconds=0.1, repeat=2) or 0.0,
+            int8_peak(batch_threads, seconds=0.1, repeat=2, amx=True) or 0.0)
 
 
 def amx_status() -> str:
-    """Why no AMX figure is printed: what the CPU, the OS and the kernel say about AMX."""
+    """What the CPU, the OS and the kernel say about AMX, and whether the kernels use it."""
     amx = system.system_info().get("amx", {})
     if not amx.get("cpu"):
         return "AMX: not on this CPU"
     if not amx.get("os") or not amx.get("permitted"):
         return "AMX: on the CPU, but the OS/kernel does not grant the tile state"
-    return "AMX: granted, but gguflm has no AMX kernels yet (the batch kernels run VNNI)"
+    if not amx.get("on"):
+        return "AMX: granted, but switched off (GGUFLM_AMX=0 or gguflm.system.set_amx)"
+    if not system.current_isa().startswith("avx512"):
+        return f"AMX: granted, but the {system.current_isa()} kernels do not use it"
+    return "AMX: granted and on: the repacked Q4_0 recipe's batch tiles (Q4_0, IQ4_NL, MXFP4) use it"
 
 
 def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -115,7 +124,8 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         batch: int = 512, batch_threads: int = 2, membw_bytes: int = 1 << 30, repeat: int = 5,
         out=print) -> dict:
     """Measure and print; returns ``{"isa", "arithmetic", "read_gbs": {threads: GB/s}, "int8_peak_gops",
-    "rows": [...]}`` (a row's ``peak_share``: its batch GFLOP/s over the int8 peak, None without one)."""
+    "amx_peak_gops", "rows": [...]}`` (a row's ``peak_share``: its batch GFLOP/s over the int8 peak
+    of what its batch ran, the AMX one where its ``amx`` is true; None without one)."""
     rng = np.random.default_rng(0)
     results = {"isa": system.current_isa(), "arithmetic": system.current_arithmetic(), "read_gbs": {}, "rows": []}
     out(f"kernels: {system.current_isa()}, arithmetic {system.current_arithmetic()}")
@@ -131,7 +141,10 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
         kind = "vpdpbusd (AVX-512 VNNI)" if system.current_isa().startswith("avx512") else "vpmaddubsw+vpmaddwd (AVX2)"
         out(f"int8 peak, {batch_threads} thread(s): {peak:.1f} GOP/s ({kind} loop)")
     out(amx_status())
-    best_read, best_peak = results["read_gbs"][max(threads)], peak
+    amx_peak = results["amx_peak_gops"] = int8_peak(batch_threads, amx=True)
+    if amx_peak is not None:
+        out(f"AMX int8 peak, {batch_threads} thread(s): {amx_peak:.1f} GOP/s (tdpbssd loop, 16x16x64 tiles)")
+    best_read, best_peak, best_amx = results["read_gbs"][max(threads)], peak, amx_peak
     header = f"{'type':6} {'rows x cols':>14} {'GB/s 1t cpu':>11} " + " ".join(f"{f'GB/s {n}t':>9}" for n in threads)
     batch_label = f"GFLOP/s b{batch} {batch_threads}t" + (" cpu" if batch_threads == 1 else "")
     out(header + f" {f'%read {max(threads)}t':>9} {batch_label:>18} {'%peak':>6}")
@@ -151,7 +164,8 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             x1 = rng.standard_normal((1, cols)).astype(np.float32)
             out1 = np.empty((1, n_rows), np.float32)
             row = {"type": name, "rows": n_rows, "cols": cols, "weight_bytes": w.nbytes, "gbs": {}, "rows16": rows16,
-                   "held_as": None if kernel_type == fmt.type else kernel_type.name}
+                   "held_as": None if kernel_type == fmt.type else kernel_type.name,
+                   "amx": batch >= 16 and _k.amx_batch(int(kernel_type), n_rows, cols, q.matmul_storage(kernel_type, rows16=rows16))}
 
             def matmul(x: np.ndarray, out: np.ndarray, n_threads: int) -> None:
                 q.matmul(w, kernel_type, x, out=out, n_threads=n_threads, rows16=rows16)
@@ -168,22 +182,26 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
             secs = _best_seconds(lambda: matmul(xb, outb, batch_threads),
                                  1 if w.nbytes > 2**26 else repeat, clock=_batch_clock(batch_threads))
             row["gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
-            read_gbs, peak_gops = _references(buf, max(threads), batch_threads)
+            read_gbs, peak_gops, amx_gops = _references(buf, max(threads), batch_threads)
             best_read = row["read_gbs"] = max(best_read, read_gbs)
-            best_peak = row["int8_peak_gops"] = None if peak is None else max(best_peak, peak_gops)
+            best_peak = None if peak is None else max(best_peak, peak_gops)
+            best_amx = None if amx_peak is None else max(best_amx, amx_gops)
+            row["int8_peak_gops"] = best_amx if row["amx"] else best_peak
             results["rows"].append(row)
             label = f"{n_rows}x{cols}" + ("*" if cols != n_cols else "") + ("r" if rows16 else "") \
                 + ("h" if row["held_as"] else "")
             share = row["gbs"][max(threads)] / row["read_gbs"] * 100
-            row["peak_share"] = None if peak is None else row["gflops"] / row["int8_peak_gops"]
+            row["peak_share"] = None if row["int8_peak_gops"] is None else row["gflops"] / row["int8_peak_gops"]
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f} "
-                + ("     -" if peak is None else f"{100 * row['peak_share']:5.0f}%"))
+                + ("     -" if row["peak_share"] is None else f"{100 * row['peak_share']:5.0f}%")
+                + ("a" if row["amx"] else ""))
     out("* 256-block columns rounded up to whole blocks; r: the weights in the rows-16 layout a loaded model"
         " holds them in; h: held as another type's blocks, as a loaded model holds them ("
         + ", ".join(f"{a.name} as {b.name}" for a, b in q.HELD_AS.items()) + "); 'cpu': on the thread's CPU clock"
         + (" (the batch and the int8 peak too)" if batch_threads == 1 else "")
-        + "; %read and %peak: against the highest figures measured up to the row")
+        + "; %read and %peak: against the highest figures measured up to the row"
+        + ("; a: the batch took its integer dots from the AMX tiles, %peak against the AMX peak" if amx_peak else ""))
     return results
 
 
