@@ -38,12 +38,21 @@ enum {
 };
 static const char *const gguflm_arith_names[GGUFLM_ARITH_COUNT] = {"avx2", "avx512", "avx512bf16", "zen4"};
 
-/* the facts that tell them apart: 16-float vectors; vdpbf16ps; the auto-vectorizer's floats */
+/* the facts that tell them apart: 16-float vectors; vdpbf16ps; the auto-vectorizer's floats; the
+ * FMAs GCC's tuning makes of scalar sums */
 static inline int gguflm_arith_avx512(int arith) { return arith != GGUFLM_ARITH_AVX2; }
 static inline int gguflm_arith_dpbf16(int arith) {
     return arith == GGUFLM_ARITH_AVX512BF16 || arith == GGUFLM_ARITH_ZEN4;
 }
 static inline int gguflm_arith_autovec_lanes(int arith) { return arith == GGUFLM_ARITH_ZEN4 ? 16 : 8; }
+/* whether GCC contracted a scalar sum carried through a loop, s = s + a * b, into an FMA: its
+ * tuning for AMD Zen avoids such chains (avoid_fma_chains), its Intel tuning makes them (the
+ * leftover block of ggml_vec_dot_{iq4_nl,mxfp4}_q8_0: a native build on Intel Sapphire Rapids
+ * fuses it, on AMD Zen 4 not). An AVX2-only machine's native build fuses it where GCC tunes for
+ * Intel; the avx2 arithmetic, which does not tell the two apart, keeps Zen's unfused form. */
+static inline int gguflm_arith_fuses_loop_sums(int arith) {
+    return arith == GGUFLM_ARITH_AVX512 || arith == GGUFLM_ARITH_AVX512BF16;
+}
 
 typedef struct {
     int isa;    /* GGUFLM_ISA_*, one this CPU and OS run */

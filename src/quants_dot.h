@@ -381,7 +381,7 @@ static inline __attribute__((always_inline)) float gguflm_float_1(int path, int 
 static inline __attribute__((always_inline)) float gguflm_recipe_1(int path, int type, int arith, size_t bx,
                                                                   int64_t n, const uint8_t *x, const uint8_t *y) {
     if (gguflm_is_float(type)) return gguflm_float_1(path, type, arith, n, x, y);
-    if (gguflm_is_lut(type)) return gguflm_lut_recipe_1(path, type, n, x, y);
+    if (gguflm_is_lut(type)) return gguflm_lut_recipe_1(path, type, arith, n, x, y);
     switch (path) {
     case GGUFLM_PATH_TILED: return gguflm_tiled_1(type, bx, n, x, (const block_q8_K *)y);
     case GGUFLM_PATH_Q4_K_GEMV:

@@ -6,7 +6,8 @@
  *   DOT  IQ4_NL, MXFP4 (ggml_vec_dot_{iq4_nl,mxfp4}_q8_0): blocks in pairs, two chains of 8
  *        lanes (even blocks, odd blocks), lane l the integer sum of elements 4l..4l+3,
  *        acc = fma(dy*dx, lane, acc); hsum_float_8(acc_even + acc_odd); an odd last block adds
- *        dy*dx * its whole sum unfused.
+ *        dy*dx * its whole sum, fused or not as the build's tuning has it (dispatch.h:
+ *        gguflm_arith_fuses_loop_sums).
  *   DOT  IQ4_XS (ggml_vec_dot_iq4_xs_q8_K): one chain, lanes of the scaled sums of a super-block
  *        (lane l: elements 4l..4l+3 of every 32), acc = fma(dx*dy, lane, acc), hsum_float_8.
  *   DOT  TQ1_0, TQ2_0: lanes of (value + 1) * y over elements 4l..4l+3 of every 32 minus
@@ -52,7 +53,7 @@ static inline void gguflm_lanes_i8(const int8_t *v, const int8_t *y, int32_t lan
 }
 
 /* ---- 32-element blocks against Q8_0 ---- */
-static inline float gguflm_lut32_dot_1(int type, int64_t n, const uint8_t *x, const block_q8_0 *y) {
+static inline float gguflm_lut32_dot_1(int type, int arith, int64_t n, const uint8_t *x, const block_q8_0 *y) {
     const size_t bx = gguflm_lut32_bytes(type);
     const int64_t nb = n / 32;
     float acc[2][8] = {{0}}, s[8];
@@ -74,8 +75,8 @@ static inline float gguflm_lut32_dot_1(int type, int64_t n, const uint8_t *x, co
         gguflm_lut_unpack32(gguflm_lut32_table(type), gguflm_lut32_qs(type, xb), v);
         gguflm_lanes_i8(v, y[ib].qs, lanes);
         const float d = gguflm_fp16_to_fp32(y[ib].d) * gguflm_lut32_scale(type, xb);
-        const float prod = d * (float)gguflm_sum8_i32(lanes);
-        sumf = sumf + prod;
+        const float sum = (float)gguflm_sum8_i32(lanes);
+        sumf = gguflm_arith_fuses_loop_sums(arith) ? fmaf(d, sum, sumf) : sumf + d * sum;
     }
     return sumf;
 }
@@ -151,10 +152,10 @@ static inline float gguflm_lut256_dot_1(int type, int tiled, int64_t n, const ui
 }
 
 /* one output of `path` for one of these weight types */
-static inline __attribute__((always_inline)) float gguflm_lut_recipe_1(int path, int type, int64_t n, const uint8_t *x,
-                                                                      const uint8_t *y) {
+static inline __attribute__((always_inline)) float gguflm_lut_recipe_1(int path, int type, int arith, int64_t n,
+                                                                      const uint8_t *x, const uint8_t *y) {
     if (gguflm_is_lut32(type)) {
-        if (path == GGUFLM_PATH_DOT || path == GGUFLM_PATH_DOT_STREAM) return gguflm_lut32_dot_1(type, n, x, (const block_q8_0 *)y);
+        if (path == GGUFLM_PATH_DOT || path == GGUFLM_PATH_DOT_STREAM) return gguflm_lut32_dot_1(type, arith, n, x, (const block_q8_0 *)y);
         return gguflm_lut32_chain_1(type, path == GGUFLM_PATH_Q4_0_REPACK, n, x, (const block_q8_0 *)y);
     }
     return gguflm_lut256_dot_1(type, path == GGUFLM_PATH_TILED, n, x, (const block_q8_K *)y);

@@ -21,8 +21,8 @@ static inline __m256i GGUFLM_SIMD(lut_table)(const int8_t *t) {
 }
 
 /* ---- 32-element blocks (IQ4_NL, MXFP4) against Q8_0 ---- */
-static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path, int type, int64_t n, const uint8_t *x,
-                                                                       const block_q8_0 *y) {
+static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path, int type, int arith, int64_t n,
+                                                                       const uint8_t *x, const block_q8_0 *y) {
     const __m256i table = GGUFLM_SIMD(lut_table)(gguflm_lut32_table(type));
     const size_t bx = gguflm_lut32_bytes(type);
     const int64_t nb = n / 32;
@@ -42,8 +42,8 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(lut32_1)(int path
         float sumf = GGUFLM_SIMD(hsum_f32)(_mm256_add_ps(acc1, acc2));
         if (ib < nb) {
             const float d = GGUFLM_FP16_TO_FP32_SIMD(y[ib].d) * gguflm_lut32_scale(type, x + ib * bx);
-            const float prod = d * (float)GGUFLM_SIMD(hsum_i32)(GGUFLM_LUT32_LANES(ib));
-            sumf = sumf + prod;
+            const float sum = (float)GGUFLM_SIMD(hsum_i32)(GGUFLM_LUT32_LANES(ib));
+            sumf = gguflm_arith_fuses_loop_sums(arith) ? fmaf(d, sum, sumf) : sumf + d * sum;
         }
         return sumf;
     }
@@ -181,10 +181,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(lut256_tile)(int p
 #define GGUFLM_SIMD_LUT(path, tag, TYPE, ONE, YT)                                                                \
     static void GGUFLM_SIMD(path##_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y, \
                                           int64_t ys, int64_t nt, float *o, int64_t os, int arith) {             \
-        (void)arith;                                                                                             \
         for (int64_t r = 0; r < nr; ++r)                                                                         \
             for (int64_t t = 0; t < nt; ++t)                                                                     \
-                o[t * os + r] = GGUFLM_SIMD(ONE)(GGUFLM_PATH_##path, TYPE, n, w + r * ws, (const YT *)(y + t * ys)); \
+                o[t * os + r] = GGUFLM_SIMD(ONE)(GGUFLM_PATH_##path, TYPE, arith, n, w + r * ws,               \
+                                                 (const YT *)(y + t * ys));                                      \
     }
 GGUFLM_SIMD_LUT(DOT, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
 GGUFLM_SIMD_LUT(SGEMM, iq4_nl, GGUFLM_IQ4_NL, lut32_1, block_q8_0)
