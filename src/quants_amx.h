@@ -28,9 +28,10 @@ typedef struct {
     uint8_t rows[16];
 } gguflm_amx_config;
 
-/* the block-dot shape: tiles 0, 1 C (16 x 16 int32), 2, 3 A (16 rows of one 32-byte block), 4, 5
- * and 6 B (8 rows of 16 dwords; 6 a kernel's constant one); macros, not an enum: the tile intrinsics paste their tile numbers into
- * the instruction's text */
+/* the block-dot shape, for blocks of k_bytes (16 or 32) elements: tiles 0, 1 C (16 x 16 int32),
+ * 2, 3 A (16 rows of k_bytes), 4, 5 and 6 B (k_bytes / 4 rows of 16 dwords; 6 a kernel's constant
+ * one); macros, not an enum: the tile intrinsics paste their tile numbers into the instruction's
+ * text */
 #define GGUFLM_AMX_C0 0
 #define GGUFLM_AMX_C1 1
 #define GGUFLM_AMX_A0 2
@@ -38,14 +39,93 @@ typedef struct {
 #define GGUFLM_AMX_B0 4
 #define GGUFLM_AMX_B1 5
 #define GGUFLM_AMX_OFF 6
-static void gguflm_amx_config_blocks(void) {
+static void gguflm_amx_config_blocks(int k_bytes) {
     gguflm_amx_config cfg __attribute__((aligned(64)));
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
     for (int c = GGUFLM_AMX_C0; c <= GGUFLM_AMX_C1; ++c) cfg.rows[c] = 16, cfg.colsb[c] = 64;
-    for (int a = GGUFLM_AMX_A0; a <= GGUFLM_AMX_A1; ++a) cfg.rows[a] = 16, cfg.colsb[a] = 32;
-    for (int b = GGUFLM_AMX_B0; b <= GGUFLM_AMX_OFF; ++b) cfg.rows[b] = 8, cfg.colsb[b] = 64;
+    for (int a = GGUFLM_AMX_A0; a <= GGUFLM_AMX_A1; ++a) cfg.rows[a] = 16, cfg.colsb[a] = (uint16_t)k_bytes;
+    for (int b = GGUFLM_AMX_B0; b <= GGUFLM_AMX_OFF; ++b) cfg.rows[b] = (uint8_t)(k_bytes / 4), cfg.colsb[b] = 64;
+    GGUFLM_AMX_MEMORY(&cfg);   /* (GCC 12 dropped all but the palette's store without it) */
     _tile_loadconfig(&cfg);
+}
+
+/* the block-dot shape for blocks of k_bytes, and the tile GGUFLM_AMX_OFF of -off bytes: a token's
+ * A row against it is -off * the sum of its block, where unsigned weights u = value + off start */
+static void gguflm_amx_begin(int k_bytes, int off) {
+    int8_t neg[8 * 64] __attribute__((aligned(64)));
+    memset(neg, -off, sizeof(neg));
+    GGUFLM_AMX_MEMORY(neg);
+    gguflm_amx_config_blocks(k_bytes);
+    _tile_loadd(GGUFLM_AMX_OFF, neg, 64);
+}
+
+static void gguflm_amx_end(void) { _tile_release(); }
+
+/* C (tile c) = the 16 tokens' k_bytes at a (rows ys bytes apart) times B (tile b, loaded from bq,
+ * rows 64 bytes apart), starting from -off * their sums (with_off) or 0: the block's int32 sums,
+ * lane r of C's row t that of token t and weight row r */
+#define GGUFLM_AMX_BLOCK_DOT(c, a_tile, b_tile, a, ys, bq, with_off)  \
+    do {                                                            \
+        _tile_zero(c);                                              \
+        _tile_loadd(a_tile, (a), (ys));                             \
+        _tile_loadd(b_tile, (bq), 64);                              \
+        if (with_off) _tile_dpbssd(c, a_tile, GGUFLM_AMX_OFF);      \
+        _tile_dpbsud(c, a_tile, b_tile);                            \
+    } while (0)
+
+/* ktile_tokens (quants_simd_ktile.h: the K GEMM's float steps, lane r = weight row r) of the TILED
+ * recipe for 16 tokens, each 32-element sub-block's sums (part, with -offset * its bsums) from the
+ * tiles: C = the tokens' sub-block bytes (A, in their Q8_K blocks) times the decoded super-block's
+ * vectors of the sub-block (B: q[g] lane r = row r's quants 4g..4g+3, B's row g), from the -offset
+ * tile; then s1 += part * scale per sub-block and the super-block's float steps as there.
+ * Sub-blocks go in pairs (C0, C1), stored to a ring of two pairs: the vector units take pair
+ * q - 1 while the matrix unit computes pair q. */
+static void gguflm_ktile_tiled16_amx(int type, const gguflm_ktile_sb_avx512 *dec, int nsb, int64_t i0, const uint8_t *y,
+                                     int64_t ys, float *out, int64_t os, int R) {
+    enum { SUB = 32, PAIRS = QK_K / SUB / 2 };
+    const int off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
+    __m512 acc[16];
+    __m512i s1[16];
+    int32_t ring[2][2][16 * 16] __attribute__((aligned(64)));
+    for (int t = 0; t < 16; ++t) acc[t] = i0 == 0 ? _mm512_setzero_ps() : gguflm_kt_load_avx512(out + t * os, R);
+    GGUFLM_AMX_MEMORY(dec);   /* the decoded vectors' stores before the tile loads */
+    for (int q = 0; q <= nsb * PAIRS; ++q) {
+        if (q < nsb * PAIRS) {   /* pair q's sums into the ring */
+            const int s = q / PAIRS, j = 2 * (q % PAIRS);
+            const uint8_t *ya = y + (i0 + s) * (int64_t)sizeof(block_q8_K) + offsetof(block_q8_K, qs) + j * SUB;
+            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0, ya, ys, &dec[s].q[j * SUB / 4], off);
+            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1, ya + SUB, ys, &dec[s].q[(j + 1) * SUB / 4], off);
+            _tile_stored(GGUFLM_AMX_C0, ring[q & 1][0], 64);
+            _tile_stored(GGUFLM_AMX_C1, ring[q & 1][1], 64);
+        }
+        if (q == 0) continue;
+        const int p = q - 1, s = p / PAIRS;   /* pair p's integer steps */
+        const gguflm_ktile_sb_avx512 *b = &dec[s];
+        GGUFLM_AMX_MEMORY(ring[p & 1]);
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * (p % PAIRS) + h;
+            const int32_t *c = ring[p & 1][h];
+            const __m512i sc = b->sc[j * SUB / 16];
+            for (int t = 0; t < 16; ++t) {
+                const __m512i part = _mm512_mullo_epi32(_mm512_load_si512((const void *)(c + 16 * t)), sc);
+                s1[t] = j == 0 ? part : _mm512_add_epi32(s1[t], part);
+            }
+        }
+        if (p % PAIRS != PAIRS - 1) continue;
+        for (int t = 0; t < 16; ++t) {   /* the super-block's float steps */
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i0 + s;
+            __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
+            if (has_min) {
+                __m512i s2 = _mm512_setzero_si512();
+                for (int k = 0; k < 8; ++k)
+                    s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(gguflm_kt_dword_avx512(&yb->bsums[2 * k])));
+                res = _mm512_fmadd_ps(b->neg_dmin, _mm512_cvtepi32_ps(s2), res);
+            }
+            acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < 16; ++t) gguflm_kt_store_avx512(out + t * os, R, acc[t]);
 }
 
 /* int8 operations (2 per multiply-add) of one gguflm_int8_peak_amx round: 4 tiles of 16 x 16 x 64 */
@@ -62,6 +142,7 @@ static int32_t gguflm_int8_peak_amx(int64_t iters) {
     for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
     for (int i = 0; i < 16 * 64; ++i) src[i] = (int8_t)(i % 7 - 3);
     GGUFLM_AMX_MEMORY(src);
+    GGUFLM_AMX_MEMORY(&cfg);
     _tile_loadconfig(&cfg);
     _tile_loadd(4, src, 64);
     _tile_loadd(5, src, 64);

@@ -114,13 +114,15 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 }
 
 /* whether isa's batch matmul (16+ tokens) of a weight of wtype, n_rows rows, held as `repacked` says,
- * takes its integer dots from the AMX tiles (the bench says which peak a row is measured against) */
+ * takes its integer dots from the AMX tiles (the bench says which peak a row is measured against):
+ * the repacked Q4_0 recipe's AMX kernels, or the K GEMM's AMX part (TILED, quants_simd_ktile.h) */
 static inline int gguflm_amx_batch(int isa, int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int repacked,
                                    int arith) {
 #if GGUFLM_HAVE_AMX
     gguflm_segment seg[2];
     gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, 16, repacked, arith, seg);
-    return isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && gguflm_amx_kernels[seg[0].path][wtype] != NULL;
+    const int k_gemm = seg[0].path == GGUFLM_PATH_TILED && gguflm_kt_amx_type(wtype, 0);
+    return isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && (gguflm_amx_kernels[seg[0].path][wtype] != NULL || k_gemm);
 #else
     (void)isa, (void)wtype, (void)n_rows, (void)w_stride, (void)n_in, (void)repacked, (void)arith;
     return 0;

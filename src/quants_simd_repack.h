@@ -390,18 +390,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile_amx)(int k
     for (int ib = 0; ib < kb; ib += 2) {
         const int pair = ib + 1 < kb;
         const uint8_t *ya = y + ib * sizeof(block_q8_0) + offsetof(block_q8_0, qs), *sb = strip + (size_t)ib * GGUFLM_RP_BLOCK;
-        _tile_zero(GGUFLM_AMX_C0);
-        _tile_loadd(GGUFLM_AMX_A0, ya, ys);
-        _tile_loadd(GGUFLM_AMX_B0, sb, GGUFLM_RP_VB);
-        _tile_dpbssd(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_OFF);
-        _tile_dpbsud(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0);
-        if (pair) {
-            _tile_zero(GGUFLM_AMX_C1);
-            _tile_loadd(GGUFLM_AMX_A1, ya + sizeof(block_q8_0), ys);
-            _tile_loadd(GGUFLM_AMX_B1, sb + GGUFLM_RP_BLOCK, GGUFLM_RP_VB);
-            _tile_dpbssd(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_OFF);
-            _tile_dpbsud(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1);
-        }
+        GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0, ya, ys, sb, 1);
+        if (pair) GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1, ya + sizeof(block_q8_0), ys, sb + GGUFLM_RP_BLOCK, 1);
         _tile_stored(GGUFLM_AMX_C0, c[0], 64);
         for (int h = 0; h <= pair; ++h) {
             if (h) _tile_stored(GGUFLM_AMX_C1, c[1], 64);
@@ -416,14 +406,6 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile_amx)(int k
     for (int t = 0; t < 16; ++t) GGUFLM_SIMD(rp_store)(out + t * os, acc[t], R);
 }
 
-/* the tile configuration of the block dots and the tile GGUFLM_AMX_OFF: 8 rows of -off bytes */
-static inline void GGUFLM_SIMD(rp_amx_start)(int off) {
-    int8_t neg[8 * 64] __attribute__((aligned(64)));
-    memset(neg, -off, sizeof(neg));
-    GGUFLM_AMX_MEMORY(neg);
-    gguflm_amx_config_blocks();
-    _tile_loadd(GGUFLM_AMX_OFF, neg, 64);
-}
 #endif
 
 /* a batch: per K-chunk, the strips of up to GGUFLM_RP_GROUP rows transposed once, then per block of
@@ -439,7 +421,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
     float dy[GGUFLM_RP_KB * GGUFLM_RP_TB];
     int32_t start[GGUFLM_RP_KB * GGUFLM_RP_TB];
 #if GGUFLM_SIMD_AMX
-    if (nt >= 16) GGUFLM_SIMD(rp_amx_start)(off);
+    if (nt >= 16) gguflm_amx_begin(32, off);
 #endif
     for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_RP_GROUP) {
         const int rows = (int)(nr - r0 < GGUFLM_RP_GROUP ? nr - r0 : GGUFLM_RP_GROUP);
@@ -509,7 +491,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
         }
     }
 #if GGUFLM_SIMD_AMX
-    if (nt >= 16) _tile_release();
+    if (nt >= 16) gguflm_amx_end();
 #endif
 }
 

@@ -74,15 +74,15 @@ def test_kernels_bench_measures_the_int8_peak(capsys):
 
 
 def test_kernels_bench_measures_amx_rows_against_the_amx_peak():
-    """Where the tiles are on, the AMX peak is measured and a Q4_0 batch (the repacked Q4_0
-    recipe's AMX tiles) is held against it, a Q8_0 one (no AMX kernel) against VNNI's; elsewhere
-    there is no AMX peak and no row uses the tiles."""
+    """Where the tiles are on, the AMX peak is measured and Q4_0 and Q5_K batches (the repacked Q4_0
+    recipe's AMX tiles, TILED's) are held against it, a Q8_0 one (no AMX part) against VNNI's;
+    elsewhere there is no AMX peak and no row uses the tiles."""
     lines = []
-    result = kernels.run(types=["Q4_0", "Q8_0"], shapes=[(32, 256)], threads=[1], batch=16, membw_bytes=1 << 16,
-                         repeat=1, out=lines.append)
+    result = kernels.run(types=["Q4_0", "Q8_0", "Q5_K"], shapes=[(32, 256)], threads=[1], batch=16,
+                         membw_bytes=1 << 16, repeat=1, out=lines.append)
     on = system.amx() and system.current_isa().startswith("avx512")
-    q4, q8 = result["rows"]
-    assert (q4["amx"], q8["amx"]) == (on, False)
+    q4, q8, q5k = result["rows"]
+    assert (q4["amx"], q8["amx"], q5k["amx"]) == (on, False, on)
     if on:
         assert result["amx_peak_gops"] > result["int8_peak_gops"] > 0
         assert q4["int8_peak_gops"] >= result["amx_peak_gops"] and q4["peak_share"] == q4["gflops"] / q4["int8_peak_gops"]

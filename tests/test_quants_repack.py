@@ -4,9 +4,7 @@ kernels' tiling has edges: strips of rows cut short (rows % 16 == 8), passes of 
 rows longer than a K-chunk and not a whole number of them, token counts past a table block (32)
 and every leftover tile size, and the 64-row chunks the matmul driver hands out for batches.
 The same weights in gguflm's rows-16 layout (src/quants_rows16.h, how a loaded model holds them)
-give the same floats, at 1-4 threads (the driver's chunks are then whole groups of 16 rows).
-On a machine that grants AMX, the batch tiles of 16 tokens take their integer dots from the AMX
-tiles (src/quants_amx.h): the same floats again, with the tiles on and off."""
+give the same floats, at 1-4 threads (the driver's chunks are then whole groups of 16 rows)."""
 
 from __future__ import annotations
 
@@ -16,15 +14,11 @@ import pytest
 import _ggml
 import gguflm.quants as q
 from gguflm import system
-from gguflm._ext import system as ext_system
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 
 TYPES = [GGMLType.Q4_0, GGMLType.IQ4_NL, GGMLType.MXFP4]
 ISAS = system.supported_isas()
-AMX_RUNS = ext_system.request_amx()   # (already asked at import, unless GGUFLM_AMX=0)
-needs_amx = pytest.mark.skipif(not AMX_RUNS, reason="AMX-INT8 does not run here (CPU {cpu}, OS {os}, kernel grant "
-                               "{permitted}): the AMX kernels need all three".format(**ext_system.amx_support()))
 
 # (n_rows, n_in, token counts): 88 rows = one 64-row pass + a 16-row strip + an 8-row one; 72
 # blocks = two 32-block K-chunks + 8; 45 tokens = a 32-token table block + 8 + 5; 520 rows with 2
@@ -86,42 +80,3 @@ def test_rows16_rejects_what_it_cannot_hold():
     with pytest.raises(ValueError, match="repacked=True"):
         q.matmul(w[:16], "Q4_0", x, repacked=False, rows16=True)
 
-
-@needs_amx
-@pytest.mark.parametrize("rows16", [False, True], ids=["file", "rows16"])
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-def test_amx_tiles_give_the_same_floats(t, rows16):
-    """16, 48 and 100 tokens: whole AMX tiles, and tiles with VNNI leftovers in the same table
-    block (100 = 3 x 32 + 4: two AMX tiles a table, then 4 tokens); 73 blocks: two whole K-chunks
-    and one of 9, so the tiles' pairs of blocks end on a single one; 80 rows: a 64-row pass and a
-    16-row one."""
-    _ggml.require_ggml()
-    fmt = q.get(t)
-    rng = np.random.default_rng(int(t) + 11)
-    n_rows, n_in = 80, 32 * 73
-    w = random_blocks(fmt, n_rows * n_in // 32, rng).reshape(n_rows, -1)
-    held = q.to_rows16(w, t) if rows16 else w
-    for n_tok in (16, 48, 100):
-        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-        ref = _ggml.mul_mat(t, w, n_in, x, n_threads=2, repacked=True)
-        for isa in [i for i in ISAS if i.startswith("avx512")]:
-            for amx in (True, False):
-                for n_threads in (1, 2, 3):
-                    with system.using(isa=isa, amx=amx):
-                        ours = q.matmul(held, t, x, n_threads=n_threads, repacked=True, rows16=rows16)
-                    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (isa, amx, n_tok, n_threads)
-
-
-def test_amx_switch_checks_the_machine():
-    previous = system.amx()
-    try:
-        assert system.set_amx(False) == previous and system.amx() is False
-        assert system.system_info()["amx"]["on"] is False
-        if AMX_RUNS:
-            assert system.set_amx(True) is False and system.amx() is True
-        else:
-            with pytest.raises(ValueError, match="cannot run the AMX kernels"):
-                system.set_amx(True)
-            assert system.amx() is False
-    finally:
-        system.set_amx(previous)

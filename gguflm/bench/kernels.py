@@ -10,7 +10,8 @@ matmul's GFLOP/s counts 2 operations per weight x activation product, as the pea
 weights' decoding take the rest). Where the AMX tiles are on (the CPU has AMX-INT8, the OS enables
 the tile state and the kernel granted it: :func:`gguflm.system.amx`), the AMX int8 peak (a loop of
 full-size tdpbssd tiles) is measured too, and the rows whose batch kernel takes its integer dots
-from the tiles (the repacked Q4_0 recipe's: Q4_0, IQ4_NL, MXFP4) are measured against it (``%peak``
+from the tiles (the repacked Q4_0 recipe's: Q4_0, IQ4_NL, MXFP4; TILED's of the types of 32-element
+sub-blocks: Q4_K, Q5_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) are measured against it (``%peak``
 marked ``a``); elsewhere the bench says why there is no AMX figure.
 K-quant matrices need whole 256-element blocks per row, so their column counts are rounded up to
 a multiple of 256 (640 -> 768, 576 -> 768); the label says so. Q4_0, IQ4_NL and MXFP4 matrices
@@ -113,7 +114,8 @@ def amx_status() -> str:
         return "AMX: granted, but switched off (GGUFLM_AMX=0 or gguflm.system.set_amx)"
     if not system.current_isa().startswith("avx512"):
         return f"AMX: granted, but the {system.current_isa()} kernels do not use it"
-    return "AMX: granted and on: the repacked Q4_0 recipe's batch tiles (Q4_0, IQ4_NL, MXFP4) use it"
+    return ("AMX: granted and on: the batch tiles of the repacked Q4_0 recipe (Q4_0, IQ4_NL, MXFP4) and of TILED's "
+            "32-element sub-blocks (Q4_K, Q5_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) use it")
 
 
 def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
