@@ -375,7 +375,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, 
 #if GGUFLM_SIMD_AMX
 /* rp_tile for 16 tokens with the integer dots from the AMX tiles (quants_amx.h): per block, C
  * [16 tokens x 16 rows] = the tokens' 32 signed bytes (A, read in place, rows ys bytes apart) times
- * the tile GGUFLM_AMX_OFF of -off bytes (rp_amx_offsets), then plus the same times the strip's
+ * the tile GGUFLM_AMX_OFF of -off bytes (gguflm_amx_begin), then plus the same times the strip's
  * transposed block (B: group g's vector is B's row g, the u values unsigned): start plus rp_tile's
  * vpdpbusd chain, the same int32 sums, with no table of starts. Then rp_tile's float steps, token
  * by token. Two blocks at a time, in tiles C0 and C1: the matrix unit takes the second while the

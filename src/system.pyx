@@ -167,6 +167,15 @@ def set_isa(str name) -> str:
     return previous
 
 
+cdef bint _switch_value(str name, on) except -1:
+    """A switch's setting: a bool, or from the environment "0", "1", "on" or "off"."""
+    if isinstance(on, str):
+        if on not in ("0", "1", "on", "off"):
+            raise ValueError(f"{name} takes 0, 1, on or off, got {on!r}")
+        return on in ("1", "on")
+    return bool(on)
+
+
 def vbmi() -> bool:
     """Whether the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI now."""
     return bool(_state.vbmi)
@@ -175,10 +184,7 @@ def vbmi() -> bool:
 def set_vbmi(on) -> bool:
     """Let the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (or not) from their next call on;
     returns the previous setting. The same bits either way."""
-    if isinstance(on, str):
-        if on not in ("0", "1", "on", "off"):
-            raise ValueError(f"vbmi takes 0, 1, on or off, got {on!r}")
-        on = on in ("1", "on")
+    on = _switch_value("vbmi", on)
     if on and not gguflm_vbmi_runs(&_machine):
         raise ValueError("this machine cannot run the VBMI kernels: avx512vbmi "
                          f"({'the OS does not enable AVX-512' if _machine.cpu & GGUFLM_CPU_AVX512_VBMI else 'not in this CPU'})")
@@ -232,10 +238,7 @@ def set_amx(on) -> bool:
     """Let the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles (or not) from their
     next call on, asking the kernel for the tile state first; returns the previous setting. The same
     bits either way."""
-    if isinstance(on, str):
-        if on not in ("0", "1", "on", "off"):
-            raise ValueError(f"amx takes 0, 1, on or off, got {on!r}")
-        on = on in ("1", "on")
+    on = _switch_value("amx", on)
     if on and not request_amx():
         state = amx_support()
         why = ("not in this CPU" if not state["cpu"] else "the OS does not enable the tile state" if not state["os"]
