@@ -88,18 +88,20 @@ def set_arithmetic(name: str) -> str:
 
 
 def vbmi() -> bool:
-    """Whether the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI now."""
+    """Whether the AVX-512 ISAs' grid i-quant kernels use the VBMI set (AVX512_VBMI, GFNI,
+    AVX512_BITALG) now."""
     return _system.vbmi()
 
 
 def set_vbmi(on: bool) -> bool:
-    """Let the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (True) or not (False) from their
+    """Let the AVX-512 ISAs' grid i-quant kernels use the VBMI set (AVX512_VBMI, GFNI and
+    AVX512_BITALG: byte permutes, bit-matrix maps and bit gathers) (True) or not (False) from their
     next call on; returns the previous setting. Both give the same bits.
 
     Raises
     ------
     ValueError
-        ``on`` is true and this machine cannot run AVX512_VBMI.
+        ``on`` is true and this machine cannot run the three.
     """
     return _system.set_vbmi(bool(on))
 

@@ -50,11 +50,13 @@ enum {
     GGUFLM_CPU_AVX512_BF16 = 1 << 12,
     GGUFLM_CPU_AVX512_FP16 = 1 << 13,
     GGUFLM_CPU_AVX512_VBMI = 1 << 14,
-    GGUFLM_CPU_FEATURE_COUNT = 15,
+    GGUFLM_CPU_GFNI = 1 << 15,
+    GGUFLM_CPU_AVX512_BITALG = 1 << 16,
+    GGUFLM_CPU_FEATURE_COUNT = 17,
 };
 static const char *const gguflm_cpu_feature_names[GGUFLM_CPU_FEATURE_COUNT] = {
     "avx", "fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
-    "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_fp16", "avx512vbmi"};
+    "amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_fp16", "avx512vbmi", "gfni", "avx512_bitalg"};
 
 /* CPU makers whose native builds GCC tunes differently (see gguflm_arith_native) */
 enum { GGUFLM_VENDOR_OTHER = 0, GGUFLM_VENDOR_INTEL = 1, GGUFLM_VENDOR_AMD = 2, GGUFLM_VENDOR_COUNT = 3 };
@@ -71,10 +73,13 @@ enum { GGUFLM_OS_AVX = 1 << 0, GGUFLM_OS_AVX512 = 1 << 1, GGUFLM_OS_AMX = 1 << 2
 #define GGUFLM_CPU_AVX_FAMILY (GGUFLM_CPU_AVX | GGUFLM_CPU_FMA | GGUFLM_CPU_F16C | GGUFLM_CPU_AVX2)
 #define GGUFLM_CPU_AVX512_FAMILY (GGUFLM_CPU_AVX512F | GGUFLM_CPU_AVX512DQ | GGUFLM_CPU_AVX512BW | \
                                   GGUFLM_CPU_AVX512VL | GGUFLM_CPU_AVX512_VNNI)
+/* what the VBMI grid i-quant kernels execute besides the AVX-512 ISA's (gguflm_vbmi_runs) */
+#define GGUFLM_CPU_VBMI_SET (GGUFLM_CPU_AVX512_VBMI | GGUFLM_CPU_GFNI | GGUFLM_CPU_AVX512_BITALG)
 /* everything that runs on the AVX-512 register state (the kernels need only the family above;
- * AVX512_VBMI also picks faster grid i-quant kernels, see gguflm_vbmi_runs) */
+ * the VBMI set also picks faster grid i-quant kernels, see gguflm_vbmi_runs; GFNI counts here
+ * because the kernels use its 512-bit form) */
 #define GGUFLM_CPU_AVX512_STATE (GGUFLM_CPU_AVX512_FAMILY | GGUFLM_CPU_AVX512_BF16 | GGUFLM_CPU_AVX512_FP16 | \
-                                 GGUFLM_CPU_AVX512_VBMI)
+                                 GGUFLM_CPU_VBMI_SET)
 #define GGUFLM_CPU_AMX_FAMILY (GGUFLM_CPU_AMX_TILE | GGUFLM_CPU_AMX_INT8 | GGUFLM_CPU_AMX_BF16)
 
 typedef struct {
@@ -106,7 +111,8 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
         osxsave = (int)gguflm_bit(w->ecx1, 27);
     }
     if (w->max_leaf >= 7) {
-        /* EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX: 1 AVX512_VBMI, 11 AVX512_VNNI;
+        /* EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX: 1 AVX512_VBMI, 8 GFNI,
+         * 11 AVX512_VNNI, 12 AVX512_BITALG;
          * EDX: 22 AMX-BF16, 23 AVX512_FP16, 24 AMX-TILE, 25 AMX-INT8; subleaf 1 EAX: 5 AVX512_BF16 */
         f.cpu |= gguflm_bit(w->ebx7, 5) ? GGUFLM_CPU_AVX2 : 0;
         f.cpu |= gguflm_bit(w->ebx7, 16) ? GGUFLM_CPU_AVX512F : 0;
@@ -114,6 +120,8 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
         f.cpu |= gguflm_bit(w->ebx7, 30) ? GGUFLM_CPU_AVX512BW : 0;
         f.cpu |= gguflm_bit(w->ebx7, 31) ? GGUFLM_CPU_AVX512VL : 0;
         f.cpu |= gguflm_bit(w->ecx7, 1) ? GGUFLM_CPU_AVX512_VBMI : 0;
+        f.cpu |= gguflm_bit(w->ecx7, 8) ? GGUFLM_CPU_GFNI : 0;
+        f.cpu |= gguflm_bit(w->ecx7, 12) ? GGUFLM_CPU_AVX512_BITALG : 0;
         f.cpu |= gguflm_bit(w->ecx7, 11) ? GGUFLM_CPU_AVX512_VNNI : 0;
         f.cpu |= gguflm_bit(w->edx7, 22) ? GGUFLM_CPU_AMX_BF16 : 0;
         f.cpu |= gguflm_bit(w->edx7, 23) ? GGUFLM_CPU_AVX512_FP16 : 0;
@@ -147,9 +155,10 @@ static inline int gguflm_isa_runs(const gguflm_cpu_features *f, int isa) {
     return isa >= 0 && isa < GGUFLM_ISA_COUNT && (f->usable & gguflm_isa_needs[isa]) == gguflm_isa_needs[isa];
 }
 
-/* whether f runs the VBMI grid i-quant kernels (an AVX-512 ISA's kernels with AVX512_VBMI) */
+/* whether f runs the VBMI grid i-quant kernels (an AVX-512 ISA's kernels with AVX512_VBMI, GFNI
+ * and AVX512_BITALG: every CPU with the first since Ice Lake and Zen 4 has all three) */
 static inline int gguflm_vbmi_runs(const gguflm_cpu_features *f) {
-    return gguflm_isa_runs(f, GGUFLM_ISA_AVX512) && (f->usable & GGUFLM_CPU_AVX512_VBMI);
+    return gguflm_isa_runs(f, GGUFLM_ISA_AVX512) && (f->usable & GGUFLM_CPU_VBMI_SET) == GGUFLM_CPU_VBMI_SET;
 }
 
 /* the most capable ISA f runs */

@@ -6,10 +6,12 @@ Every grid element takes one of few values (IQ2: 8, 25, 43; IQ3_XXS: 4, 12, ...,
 ..., 15), so an entry is its elements' value numbers side by side: 2 bits each for the 8-element IQ2
 entries (16-bit codes), 3 bits each for the 4-element IQ3 ones (12 bits), element j at bits b j .. b
 j + b - 1. The codes are stored as two byte planes (low byte of each entry, then high byte),
-128-byte pieces of which vpermi2b looks up; the values as 64-byte tables vpermb reads with the 6 low
-bits of a byte (the value number repeated to fill them, so the bits above the code need no mask).
-Read from the generated quants_iq_grids.h (ggml's data); the script checks that the codes rebuild
-every grid entry.
+128-byte pieces of which vpermi2b looks up; IQ3_XXS's values as a 64-byte table vpermb reads with the
+6 low bits of a byte (the value number repeated to fill it, so the bits above the code need no
+mask). The IQ2 and IQ3_S values are affine in the code bits (quants_iq_vbmi.h maps them with
+vgf2p8affineqb): the script checks they are 8, 25, 43 and 1, 3, ..., 15. IQ2_XS loads its grid
+entries (quants_iq_vbmi.h says why) and has no codes here. Read from the generated
+quants_iq_grids.h (ggml's data); the script checks that the codes rebuild every grid entry.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ import re
 import sys
 
 # (grid, elements per entry, bits per element): the grids coded here
-GRIDS = [("iq2xxs_grid", 8, 2), ("iq2xs_grid", 8, 2), ("iq2s_grid", 8, 2),
-         ("iq3xxs_grid", 4, 3), ("iq3s_grid", 4, 3)]
+GRIDS = [("iq2xxs_grid", 8, 2), ("iq2s_grid", 8, 2), ("iq3xxs_grid", 4, 3), ("iq3s_grid", 4, 3)]
 # (IQ1's 2048-entry grid is not coded: its decoders load the entries, see quants_iq_vbmi.h)
 
 
@@ -59,10 +60,11 @@ def main(path: str) -> None:
             assert e == sum(vals[(c >> (bits * j)) & ((1 << bits) - 1)] << (8 * j) for j in range(width))
         out += rows(f"gguflm_{name.replace('_grid', '')}_codes", [c & 255 for c in codes] + [c >> 8 for c in codes])
         values_of[name] = vals
-    for name, label, bits in (("iq2xxs_grid", "iq2", 2), ("iq3xxs_grid", "iq3xxs", 3), ("iq3s_grid", "iq3s", 3)):
-        vals = values_of[name] + [0] * ((1 << bits) - len(values_of[name]))  # IQ2: code 3 unused
-        out += rows(f"gguflm_{label}_values", [vals[i % (1 << bits)] for i in range(64)])
-    assert values_of["iq2xs_grid"] == values_of["iq2s_grid"] == values_of["iq2xxs_grid"]
+    vals = values_of["iq3xxs_grid"]
+    out += rows("gguflm_iq3xxs_values", [vals[i % 8] for i in range(64)])
+    # the bit-matrix maps of quants_iq_vbmi.h (GGUFLM_IQV_AFFINE_IQ2, _IQ3S)
+    assert values_of["iq2xxs_grid"] == values_of["iq2s_grid"] == [8, 25, 43]
+    assert values_of["iq3s_grid"] == [2 * c + 1 for c in range(8)]
     out.append("#endif")
     sys.stdout.write("\n".join(out) + "\n")
 

@@ -12,7 +12,8 @@
  * grids), each a scalar load and an insert: about one lookup per cycle is the ceiling measured
  * here (AMD EPYC, 3.9 GHz), i.e. ~8 weights/cycle for the 2-bit grids, ~4 for the 3-bit ones.
  * The VBMI copy (GGUFLM_SIMD_VBMI, quants_iq_vbmi.h) decodes the magnitudes of the grids other
- * than IQ1's without those loads; everything else here is shared.
+ * than IQ1's and IQ2_XS's without those loads, and the 7-bit sign fields without the 32-byte
+ * parity arithmetic below; everything else here is shared.
  * No include guard: included once in each AVX-512 region (GGUFLM_SIMD_512).
  */
 #if GGUFLM_SIMD_VBMI
@@ -58,11 +59,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
                                                                           uint64_t sign[4], __m256i *scales) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {  /* 8 qwords: 4 grid bytes, then the word of 4 sign fields and the scale */
-#if GGUFLM_SIMD_VBMI
-        const __m256i a = _mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, _mm512_loadu_si512((const void *)(xb + 2))), 1);
-#else
         const __m256i a = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32));
-#endif
         _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(GGUFLM_SIMD(iq512_fields)(a)));
         const __m256i s = _mm256_srli_epi32(a, 28);
         *scales = GGUFLM_SIMD(iq512_group_scales)(_mm256_add_epi32(_mm256_add_epi32(s, s), _mm256_set1_epi32(1)));
@@ -70,11 +67,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
     }
     case GGUFLM_IQ2_XS: {   /* 32 words: 9-bit grid index, 7-bit sign field */
         const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
-#if GGUFLM_SIMD_VBMI  /* the high bytes, shifted by 1 (iq512_ksigns masks off the bit from the next byte) */
-        const __m256i f = _mm256_srli_epi16(_mm512_extracti64x4_epi64(GGUFLM_SIMD(iqv_split)(type, v), 1), 1);
-#else
         const __m256i f = _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 9));
-#endif
         _mm256_storeu_si256((__m256i *)sign, GGUFLM_SIMD(iq512_ksigns)(f));
         *scales = GGUFLM_SIMD(iq512_nibble_scales)(_mm_loadl_epi64((const __m128i *)(xb + 66)));
         break;
@@ -174,9 +167,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     b->scales = scales;
 #if GGUFLM_SIMD_VBMI
     const int vbmi = gguflm_iq_vbmi_type(type);
+    const int vbmi_signs = type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ3_XXS;
     if (vbmi) GGUFLM_SIMD(iqv_mags)(type, xb, b->mag);
+    if (vbmi_signs) GGUFLM_SIMD(iqv_field_signs)(type, xb, b->neg);
 #else
-    const int vbmi = 0;
+    const int vbmi = 0, vbmi_signs = 0;
 #endif
 #pragma GCC unroll 4  /* constant entry offsets for iq512_ix */
     for (int p = 0; p < 4; ++p) {
@@ -190,7 +185,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
         if (gguflm_iq_is_1bit(type)) {  /* grid values -1, 0, 1: magnitude and sign from them */
             b->neg[p] = _mm512_movepi8_mask(b->mag[p]);
             b->mag[p] = _mm512_abs_epi8(b->mag[p]);
-        } else {
+        } else if (!vbmi_signs) {
             b->neg[p] = (__mmask64)sign[p];
         }
         if (type == GGUFLM_IQ1_M) {  /* delta sign of entry e: bit 3 (even e) or 7 (odd e) of qh[e / 2] */
@@ -213,11 +208,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
  * of bsums times signed scales (all of a lane vector added: the integer of the term) */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(int type, const GGUFLM_SIMD(iq512_sb) *b,
                                                                              const block_q8_K *yb, __m512i *delta) {
-    __m512i acc = _mm512_setzero_si512(), dacc = _mm512_setzero_si512();
+    /* two chains of vpdpwssd: a super-block's latency is what the decoding waits on */
+    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, dacc = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
         const __m512i q8 = _mm512_loadu_si512((const void *)(yb->qs + 64 * p));
         const __m512i q8s = _mm512_mask_sub_epi8(q8, b->neg[p], _mm512_setzero_si512(), q8);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(b->mag[p], q8s), b->sc[p]);
+        acc[p & 1] = _mm512_dpwssd_epi32(acc[p & 1], _mm512_maddubs_epi16(b->mag[p], q8s), b->sc[p]);
         if (type == GGUFLM_IQ1_M) {
             const __m512i q8d = _mm512_mask_sub_epi8(q8, b->dneg[p], _mm512_setzero_si512(), q8);
             dacc = _mm512_dpwssd_epi32(dacc, _mm512_maddubs_epi16(_mm512_set1_epi8(1), q8d), b->sc[p]);
@@ -226,5 +222,5 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(in
     if (type == GGUFLM_IQ1_S)
         dacc = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums), b->dsc), 0);
     *delta = dacc;
-    return acc;
+    return _mm512_add_epi32(acc[0], acc[1]);
 }

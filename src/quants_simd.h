@@ -22,6 +22,7 @@
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
 #include <simde/x86/fma.h>
+#include <simde/x86/gfni.h>
 #define GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_TARGET_AVX512VBMI_BEGIN
@@ -39,7 +40,7 @@
     _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16\")")
 #define GGUFLM_TARGET_AVX512VBMI_BEGIN                                                                    \
     _Pragma("GCC push_options")                                                                         \
-    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi\")")
+    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni,avx512bitalg\")")
 /* AMX: GCC 11 and clang 12 have its intrinsics */
 #if defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11
 #define GGUFLM_HAVE_AMX 1

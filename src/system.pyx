@@ -41,7 +41,7 @@ cdef extern from "cpu_features.h" nogil:
         GGUFLM_CPU_FEATURE_COUNT
         GGUFLM_CPU_AMX_TILE
         GGUFLM_CPU_AMX_INT8
-        GGUFLM_CPU_AVX512_VBMI
+        GGUFLM_CPU_VBMI_SET
         GGUFLM_OS_AVX
         GGUFLM_OS_AVX512
         GGUFLM_OS_AMX
@@ -177,17 +177,20 @@ cdef bint _switch_value(str name, on) except -1:
 
 
 def vbmi() -> bool:
-    """Whether the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI now."""
+    """Whether the AVX-512 ISAs' grid i-quant kernels use the VBMI set (AVX512_VBMI, GFNI,
+    AVX512_BITALG) now."""
     return bool(_state.vbmi)
 
 
 def set_vbmi(on) -> bool:
-    """Let the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (or not) from their next call on;
-    returns the previous setting. The same bits either way."""
+    """Let the AVX-512 ISAs' grid i-quant kernels use the VBMI set (AVX512_VBMI, GFNI, AVX512_BITALG)
+    or not from their next call on; returns the previous setting. The same bits either way."""
     on = _switch_value("vbmi", on)
     if on and not gguflm_vbmi_runs(&_machine):
-        raise ValueError("this machine cannot run the VBMI kernels: avx512vbmi "
-                         f"({'the OS does not enable AVX-512' if _machine.cpu & GGUFLM_CPU_AVX512_VBMI else 'not in this CPU'})")
+        missing = [FEATURES[i] for i in range(GGUFLM_CPU_FEATURE_COUNT)
+                   if GGUFLM_CPU_VBMI_SET & (1 << i) and not _machine.cpu & (1 << i)]
+        raise ValueError("this machine cannot run the VBMI kernels (avx512vbmi, gfni, avx512_bitalg): "
+                         + (", ".join(missing) + " not in this CPU" if missing else "the OS does not enable AVX-512"))
     previous = vbmi()
     _state.vbmi = 1 if on else 0
     return previous

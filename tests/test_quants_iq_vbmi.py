@@ -1,6 +1,8 @@
-"""The grid i-quants' AVX512_VBMI kernels (src/quants_iq_vbmi.h) and their switch.
+"""The grid i-quants' VBMI kernels (src/quants_iq_vbmi.h: AVX512_VBMI, GFNI, AVX512_BITALG) and
+their switch.
 
-With VBMI the AVX-512 kernels look the grid entries up by byte permutes instead of scalar loads;
+With them the AVX-512 kernels look the grid entries up by byte permutes instead of scalar loads,
+map value numbers and sign fields by bit matrices and gather sign masks by bit shuffles;
 the integers, and so the floats, must not change: on every grid type, every path (single tokens,
 token tiles, tiled batches) gives the same bits with VBMI on and off, and as the scalar kernels.
 Machines without VBMI check the same kernels through SIMDe (test_quants_simd_emulated.py).
@@ -26,7 +28,7 @@ from gguflm.testing import strategies as gst
 GRID_TYPES = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S,
               GGMLType.IQ1_S, GGMLType.IQ1_M]
 HAS_VBMI = ext.cpu_features()["vbmi"]
-needs_vbmi = pytest.mark.skipif(not HAS_VBMI, reason="this CPU has no AVX512_VBMI (AVX-512 state): "
+needs_vbmi = pytest.mark.skipif(not HAS_VBMI, reason="this CPU lacks AVX512_VBMI, GFNI or AVX512_BITALG (AVX-512 state): "
                                 "test_quants_simd_emulated runs these kernels through SIMDe")
 
 
@@ -51,20 +53,26 @@ def test_vbmi_kernels_equal_the_others(t, data):
         assert dot.view(np.uint32) == expected[1].view(np.uint32), key
 
 
-def test_decision_reads_cpuid_7_ecx_bit_1():
-    """AVX512_VBMI is CPUID.(7,0):ECX bit 1, usable with the AVX-512 register state, and the VBMI
-    kernels run where the AVX-512 ISA does too."""
+def test_decision_reads_cpuid_7_ecx_bits_1_8_12():
+    """The VBMI kernels need AVX512_VBMI, GFNI and AVX512_BITALG (CPUID.(7,0):ECX bits 1, 8, 12),
+    usable with the AVX-512 register state, and run where the AVX-512 ISA does too."""
     osxsave_avx = (1 << 27) | (1 << 28) | (1 << 12) | (1 << 29)
     avx512 = (1 << 5) | (1 << 16) | (1 << 17) | (1 << 30) | (1 << 31)
-    base = {"max_leaf": 0xD, "vendor": "AuthenticAMD", "ecx1": osxsave_avx, "ebx7": avx512, "ecx7": 1 << 11,
+    vnni, vbmi, gfni, bitalg = 1 << 11, 1 << 1, 1 << 8, 1 << 12
+    base = {"max_leaf": 0xD, "vendor": "AuthenticAMD", "ecx1": osxsave_avx, "ebx7": avx512, "ecx7": vnni,
             "edx7": 0, "eax7_1": 0, "xcr0": 0xE7}
-    for ecx7, xcr0, ebx7, runs in ((1 << 11 | 1 << 1, 0xE7, avx512, True), (1 << 11, 0xE7, avx512, False),
-                                   (1 << 11 | 1 << 1, 0x7, avx512, False),      # OS without AVX-512 state
-                                   (1 << 1, 0xE7, avx512, False),               # no VNNI: no AVX-512 ISA
-                                   (1 << 11 | 1 << 1, 0xE7, 1 << 5, False)):    # VBMI without AVX512F
+    the_set = vbmi | gfni | bitalg
+    for ecx7, xcr0, ebx7, runs in ((vnni | the_set, 0xE7, avx512, True), (vnni, 0xE7, avx512, False),
+                                   (vnni | vbmi, 0xE7, avx512, False),          # VBMI alone (Cannon Lake)
+                                   (vnni | vbmi | gfni, 0xE7, avx512, False),   # no BITALG
+                                   (vnni | vbmi | bitalg, 0xE7, avx512, False), # no GFNI
+                                   (vnni | the_set, 0x7, avx512, False),        # OS without AVX-512 state
+                                   (the_set, 0xE7, avx512, False),              # no VNNI: no AVX-512 ISA
+                                   (vnni | the_set, 0xE7, 1 << 5, False)):      # without AVX512F
         decided = ext.decide_features(dict(base, ecx7=ecx7, xcr0=xcr0, ebx7=ebx7))
-        assert decided["cpu"]["avx512vbmi"] == bool(ecx7 & 2)
-        assert decided["usable"]["avx512vbmi"] == bool(ecx7 & 2 and xcr0 == 0xE7)
+        for name, bit in (("avx512vbmi", vbmi), ("gfni", gfni), ("avx512_bitalg", bitalg)):
+            assert decided["cpu"][name] == bool(ecx7 & bit)
+            assert decided["usable"][name] == bool(ecx7 & bit and xcr0 == 0xE7)
         assert decided["vbmi"] == runs, (ecx7, xcr0, ebx7)
 
 
@@ -77,7 +85,10 @@ def test_set_vbmi_checks_the_machine():
             ext.set_vbmi("maybe")
         words = ext.cpu_words()
         ext._simulate_machine(dict(words, ecx7=words["ecx7"] & ~2))
-        with pytest.raises(ValueError, match="avx512vbmi .not in this CPU"):
+        with pytest.raises(ValueError, match="avx512vbmi not in this CPU"):
+            system.set_vbmi(True)
+        ext._simulate_machine(dict(words, ecx7=words["ecx7"] & ~(1 << 8 | 1 << 12)))
+        with pytest.raises(ValueError, match="gfni, avx512_bitalg not in this CPU"):
             system.set_vbmi(True)
         ext._simulate_machine()
         if HAS_VBMI:
