@@ -167,6 +167,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         acc[k] = acc2[k] = _mm256_setzero_ps();
         acc1[k] = 0.0f;
     }
+#if GGUFLM_SIMD_512   /* the next super-block's grid lookups made one step ahead: shorter chains */
+    GGUFLM_SIMD(iq512_ahead) ahead = GGUFLM_SIMD(iq512_look_ahead)(type, n >= QK_K ? w : NULL);
+#endif
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t *xb = w + i * bx;
         __m256i lanes[4], delta[4];
@@ -175,7 +178,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
 #if GGUFLM_SIMD_512   /* every grid type: quants_iq_simd512.h */
         {
             GGUFLM_SIMD(iq512_sb) b;
-            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            const GGUFLM_SIMD(iq512_ahead) now = ahead;
+            if (i + 1 < n / QK_K) ahead = GGUFLM_SIMD(iq512_look_ahead)(type, xb + bx);
+            GGUFLM_SIMD(iq512_decode)(type, xb, now, &b);
             for (int k = 0; k < T; ++k) {
                 __m512i dl = _mm512_setzero_si512();
                 const __m512i l = GGUFLM_SIMD(iq512_lanes)(type, &b, (const block_q8_K *)(y + k * ys) + i, &dl);
@@ -239,7 +244,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
 #if GGUFLM_SIMD_512
         {  /* the signs on the activations as DOT does: no offset */
             GGUFLM_SIMD(iq512_sb) b;
-            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            GGUFLM_SIMD(iq512_decode)(type, xb, GGUFLM_SIMD(iq512_look_ahead)(type, xb), &b);
             const float dx = GGUFLM_SIMD(iq_d)(type, xb) * factor;
             for (int k0 = 0; k0 < T; k0 += 8) {   /* 8 tokens' integers reduced together */
                 __m512i v[8];
@@ -325,7 +330,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
             GGUFLM_SIMD(iq512_sb) b;
-            GGUFLM_SIMD(iq512_decode)(type, xb, &b);
+            GGUFLM_SIMD(iq512_decode)(type, xb, GGUFLM_SIMD(iq512_look_ahead)(type, xb), &b);
             sc[r] = _mm512_cvtepi16_epi32(b.scales);
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
             for (int p = 0; p < QK_K / 64; ++p) v[p][r] = GGUFLM_SIMD(iq_kt_values)(type, xb, &b, p, off);

@@ -159,7 +159,28 @@ typedef struct {
     __m256i scales;  /* the odd scale of each 16 elements (int16), for the K GEMM's decoding */
 } GGUFLM_SIMD(iq512_sb);
 
+/* what iq512_decode takes from a lookup made ahead of it (the VBMI copy's grid codes, so that a
+ * loop can look the next super-block up while the current one is used; nothing otherwise) */
+#if GGUFLM_SIMD_VBMI
+typedef GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(iq512_ahead);
+static inline __attribute__((always_inline)) GGUFLM_SIMD(iq512_ahead) GGUFLM_SIMD(iq512_look_ahead)(int type, const uint8_t *xb) {
+    if (gguflm_iq_vbmi_type(type) && xb) return GGUFLM_SIMD(iqv_lookup)(type, xb);
+    const GGUFLM_SIMD(iq512_ahead) none = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    return none;
+}
+#else
+typedef struct {
+    char none;
+} GGUFLM_SIMD(iq512_ahead);
+static inline __attribute__((always_inline)) GGUFLM_SIMD(iq512_ahead) GGUFLM_SIMD(iq512_look_ahead)(int type, const uint8_t *xb) {
+    (void)type, (void)xb;
+    const GGUFLM_SIMD(iq512_ahead) none = {0};
+    return none;
+}
+#endif
+
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int type, const uint8_t *xb,
+                                                                           GGUFLM_SIMD(iq512_ahead) ahead,
                                                                            GGUFLM_SIMD(iq512_sb) *b) {
     uint64_t sign[4];
     __m256i scales;
@@ -168,10 +189,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
 #if GGUFLM_SIMD_VBMI
     const int vbmi = gguflm_iq_vbmi_type(type);
     const int vbmi_signs = type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ3_XXS;
-    if (vbmi) GGUFLM_SIMD(iqv_mags)(type, xb, b->mag);
+    if (vbmi) GGUFLM_SIMD(iqv_mags)(type, ahead, b->mag);
     if (vbmi_signs) GGUFLM_SIMD(iqv_field_signs)(type, xb, b->neg);
 #else
     const int vbmi = 0, vbmi_signs = 0;
+    (void)ahead;
 #endif
 #pragma GCC unroll 4  /* constant entry offsets for iq512_ix */
     for (int p = 0; p < 4; ++p) {

@@ -116,8 +116,13 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_xxs_pair_sc
     return _mm512_permutexvar_epi32(at, w);
 }
 
-/* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type, const uint8_t *xb, __m512i mag[4]) {
+/* a super-block's grid codes as looked up: the 2-bit grids' low code bytes of their 32 entries in
+ * lo's low half, the high ones in its high half; the 3-bit grids' 64 low bytes in lo, high in hi */
+typedef struct {
+    __m512i lo, hi;
+} GGUFLM_SIMD(iqv_codes);
+
+static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(iqv_lookup)(int type, const uint8_t *xb) {
     /* IQ2_XXS's 32 index bytes in both halves */
     static const int8_t iq2xxs_index[32] __attribute__((aligned(32))) = {
         0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59};
@@ -153,30 +158,39 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type
         break;
     }
     bit[0] = _mm512_movepi8_mask(idx);
-    const __m512i lo = GGUFLM_SIMD(iqv_plane)(codes, pieces, idx, bit);
-    const __m512i hi = GGUFLM_SIMD(iqv_plane)(codes + 128 * pieces, pieces, idx, bit);
-    if (entries == 32) {
-        /* the low code bytes of the 32 entries, then their high ones: per 64 weights one vpermb
-         * puts entry 8p + k's two in qword k, vpmultishiftqb element j's 2 bits at byte j's
-         * bottom, vgf2p8affineqb makes them the value (vpermb and vpermi2b, a table each, before) */
-        const __m512i c = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, lo, hi);
+    GGUFLM_SIMD(iqv_codes) c;
+    c.lo = GGUFLM_SIMD(iqv_plane)(codes, pieces, idx, bit);
+    c.hi = GGUFLM_SIMD(iqv_plane)(codes + 128 * pieces, pieces, idx, bit);
+    if (entries == 32) c.lo = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, c.lo, c.hi);
+    return c;
+}
+
+/* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) from its codes */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type, GGUFLM_SIMD(iqv_codes) codes, __m512i mag[4]) {
+    if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_S) {
+        /* per 64 weights one vpermb puts entry 8p + k's two code bytes in qword k, vpmultishiftqb
+         * element j's 2 bits at byte j's bottom, vgf2p8affineqb makes them the value (vpermb and
+         * vpermi2b, a table each, before) */
         const __m512i shift = _mm512_set1_epi64(0x0e0c0a0806040200LL);
         const __m512i spread = _mm512_set1_epi64(0x2000);  /* qword k of vector p: bytes 8p + k, 32 + 8p + k */
         const __m512i entry = _mm512_set_epi64(0x0707, 0x0606, 0x0505, 0x0404, 0x0303, 0x0202, 0x0101, 0);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
             const __m512i at = _mm512_add_epi8(_mm512_add_epi8(spread, entry), _mm512_set1_epi16((short)(0x0808 * p)));
-            const __m512i code = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(at, c));
+            const __m512i code = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(at, codes.lo));
             mag[p] = _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ2), 8);
         }
     } else {              /* dword k of vector p: entry 16p + k's code bytes */
+        /* the low and high code bytes of entries 0-31, then of 32-63, in one vector each, so that
+         * one vpermb a vector spreads them (vpermi2b takes two shuffle cycles) */
+        const __m512i half[2] = {_mm512_shuffle_i64x2(codes.lo, codes.hi, 0x44), _mm512_shuffle_i64x2(codes.lo, codes.hi, 0xEE)};
         const __m512i shift = _mm512_set1_epi64(0x2926232009060300LL);
-        const __m512i spread = _mm512_set_epi32(0x4f0f4f0f, 0x4e0e4e0e, 0x4d0d4d0d, 0x4c0c4c0c, 0x4b0b4b0b, 0x4a0a4a0a,
-                                                0x49094909, 0x48084808, 0x47074707, 0x46064606, 0x45054505, 0x44044404,
-                                                0x43034303, 0x42024202, 0x41014101, 0x40004000);
+        const __m512i spread = _mm512_set_epi32(0x2f0f2f0f, 0x2e0e2e0e, 0x2d0d2d0d, 0x2c0c2c0c, 0x2b0b2b0b, 0x2a0a2a0a,
+                                                0x29092909, 0x28082808, 0x27072707, 0x26062606, 0x25052505, 0x24042404,
+                                                0x23032303, 0x22022202, 0x21012101, 0x20002000);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
-            const __m512i c = _mm512_permutex2var_epi8(lo, _mm512_add_epi8(spread, _mm512_set1_epi8((char)(16 * p))), hi);
+            const __m512i c = _mm512_permutexvar_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8((char)(16 * (p & 1)))), half[p >> 1]);
             const __m512i code = _mm512_multishift_epi64_epi8(shift, c);
             mag[p] = type == GGUFLM_IQ3_S
                          ? _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ3S), 1)
