@@ -1,7 +1,10 @@
 /* Intel AMX (the tile registers and their matrix unit) for the AVX-512 ISAs' batch kernels, where the
  * CPU has AMX-INT8, the OS enables the tile state and the kernel granted it to the process (the
  * dispatch's amx, set by gguflm._ext.system; never otherwise, so never a SIGILL). Included by
- * quants_simd.h inside its AMX target region, before the kernels that use it.
+ * quants_simd.h inside an AMX target region before its SIMD regions: the tile helpers here, and the
+ * int8 peak loop of the kernels bench. The kernels' tile functions (quants_simd_repack.h,
+ * quants_simd_ktile.h) are compiled in their AVX-512 copy under the AMX target too, out of line,
+ * and called there while the dispatch's amx is on.
  *
  * A tile holds up to 16 rows of up to 64 bytes. tdpbsud C += A . B (A signed bytes, B unsigned)
  * takes A as M rows of K bytes and B as K/4 rows of N dwords, the 4 consecutive k of column n side
@@ -73,60 +76,6 @@ static void gguflm_amx_end(void) { _tile_release(); }
         if (with_off) _tile_dpbssd(c, a_tile, GGUFLM_AMX_OFF);      \
         _tile_dpbsud(c, a_tile, b_tile);                            \
     } while (0)
-
-/* ktile_tokens (quants_simd_ktile.h: the K GEMM's float steps, lane r = weight row r) of the TILED
- * recipe for 16 tokens, each 32-element sub-block's sums (part, with -offset * its bsums) from the
- * tiles: C = the tokens' sub-block bytes (A, in their Q8_K blocks) times the decoded super-block's
- * vectors of the sub-block (B: q[g] lane r = row r's quants 4g..4g+3, B's row g), from the -offset
- * tile; then s1 += part * scale per sub-block and the super-block's float steps as there.
- * Sub-blocks go in pairs (C0, C1), stored to a ring of two pairs: the vector units take pair
- * q - 1 while the matrix unit computes pair q. */
-static void gguflm_ktile_tiled16_amx(int type, const gguflm_ktile_sb_avx512 *dec, int nsb, int64_t i0, const uint8_t *y,
-                                     int64_t ys, float *out, int64_t os, int R) {
-    enum { SUB = 32, PAIRS = QK_K / SUB / 2 };
-    const int off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
-    __m512 acc[16];
-    __m512i s1[16];
-    int32_t ring[2][2][16 * 16] __attribute__((aligned(64)));
-    for (int t = 0; t < 16; ++t) acc[t] = i0 == 0 ? _mm512_setzero_ps() : gguflm_kt_load_avx512(out + t * os, R);
-    GGUFLM_AMX_MEMORY(dec);   /* the decoded vectors' stores before the tile loads */
-    for (int q = 0; q <= nsb * PAIRS; ++q) {
-        if (q < nsb * PAIRS) {   /* pair q's sums into the ring */
-            const int s = q / PAIRS, j = 2 * (q % PAIRS);
-            const uint8_t *ya = y + (i0 + s) * (int64_t)sizeof(block_q8_K) + offsetof(block_q8_K, qs) + j * SUB;
-            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0, ya, ys, &dec[s].q[j * SUB / 4], off);
-            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1, ya + SUB, ys, &dec[s].q[(j + 1) * SUB / 4], off);
-            _tile_stored(GGUFLM_AMX_C0, ring[q & 1][0], 64);
-            _tile_stored(GGUFLM_AMX_C1, ring[q & 1][1], 64);
-        }
-        if (q == 0) continue;
-        const int p = q - 1, s = p / PAIRS;   /* pair p's integer steps */
-        const gguflm_ktile_sb_avx512 *b = &dec[s];
-        GGUFLM_AMX_MEMORY(ring[p & 1]);
-        for (int h = 0; h < 2; ++h) {
-            const int j = 2 * (p % PAIRS) + h;
-            const int32_t *c = ring[p & 1][h];
-            const __m512i sc = b->sc[j * SUB / 16];
-            for (int t = 0; t < 16; ++t) {
-                const __m512i part = _mm512_mullo_epi32(_mm512_load_si512((const void *)(c + 16 * t)), sc);
-                s1[t] = j == 0 ? part : _mm512_add_epi32(s1[t], part);
-            }
-        }
-        if (p % PAIRS != PAIRS - 1) continue;
-        for (int t = 0; t < 16; ++t) {   /* the super-block's float steps */
-            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i0 + s;
-            __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
-            if (has_min) {
-                __m512i s2 = _mm512_setzero_si512();
-                for (int k = 0; k < 8; ++k)
-                    s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(gguflm_kt_dword_avx512(&yb->bsums[2 * k])));
-                res = _mm512_fmadd_ps(b->neg_dmin, _mm512_cvtepi32_ps(s2), res);
-            }
-            acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb->d), acc[t]);
-        }
-    }
-    for (int t = 0; t < 16; ++t) gguflm_kt_store_avx512(out + t * os, R, acc[t]);
-}
 
 /* int8 operations (2 per multiply-add) of one gguflm_int8_peak_amx round: 4 tiles of 16 x 16 x 64 */
 #define GGUFLM_INT8_PEAK_OPS_AMX ((int64_t)4 * 16 * 16 * 64 * 2)

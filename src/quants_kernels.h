@@ -94,17 +94,14 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
  * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones; the
- * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels; with its amx on: the
- * repacked Q4_0 recipe's AMX kernels. */
+ * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels. (The AVX-512 batch
+ * kernels that have AMX tile functions call them themselves while the dispatch's amx is on.) */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_DPBF16
     if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
         if (path == GGUFLM_PATH_DOT) return gguflm_DOT_bf16_avx512bf16;
         if (path == GGUFLM_PATH_SGEMM) return gguflm_SGEMM_bf16_avx512bf16;
     }
-#endif
-#if GGUFLM_HAVE_AMX
-    if (isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && gguflm_amx_kernels[path][type]) return gguflm_amx_kernels[path][type];
 #endif
 #if GGUFLM_HAVE_SIMD
     if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type])
@@ -115,14 +112,16 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 
 /* whether isa's batch matmul (16+ tokens) of a weight of wtype, n_rows rows, held as `repacked` says,
  * takes its integer dots from the AMX tiles (the bench says which peak a row is measured against):
- * the repacked Q4_0 recipe's AMX kernels, or the K GEMM's AMX part (TILED, quants_simd_ktile.h) */
+ * the repacked Q4_0 recipe (quants_simd_repack.h), or TILED's K GEMM for the types of 32-element
+ * sub-blocks (quants_simd_ktile.h) */
 static inline int gguflm_amx_batch(int isa, int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int repacked,
                                    int arith) {
 #if GGUFLM_HAVE_AMX
     gguflm_segment seg[2];
     gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, 16, repacked, arith, seg);
+    const int repack = seg[0].path == GGUFLM_PATH_Q4_0_REPACK || seg[0].path == GGUFLM_PATH_Q4_0_ROWS16;
     const int k_gemm = seg[0].path == GGUFLM_PATH_TILED && gguflm_kt_amx_type(wtype, 0);
-    return isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && (gguflm_amx_kernels[seg[0].path][wtype] != NULL || k_gemm);
+    return isa >= GGUFLM_ISA_AVX512 && gguflm_amx_on() && (repack || k_gemm);
 #else
     (void)isa, (void)wtype, (void)n_rows, (void)w_stride, (void)n_in, (void)repacked, (void)arith;
     return 0;

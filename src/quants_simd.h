@@ -101,6 +101,14 @@
         }                                                                                                        \
     } while (0)
 
+/* the AMX tile helpers and the bench's tile peak loop (quants_amx.h); the AVX-512 copy's batch
+ * kernels carry their tile functions (GGUFLM_SIMD_AMX), in the same target, out of line */
+#if GGUFLM_HAVE_AMX
+GGUFLM_TARGET_AMX_BEGIN
+#include "quants_amx.h"
+GGUFLM_TARGET_END
+#endif
+
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_VNNI 0
@@ -125,7 +133,7 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 0
-#define GGUFLM_SIMD_AMX 0
+#define GGUFLM_SIMD_AMX GGUFLM_HAVE_AMX
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
@@ -161,34 +169,6 @@ static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUF
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
 GGUFLM_TARGET_END
-
-/* the repacked Q4_0 recipe once more with the AMX tiles (quants_amx.h) for its batch tiles, where
- * the CPU has AMX-INT8 and the kernel granted the tile state (gguflm_kernel picks them while the
- * dispatch's amx is on); it calls the AVX-512 copy's helpers, which GCC inlines into the wider
- * target */
-#if GGUFLM_HAVE_AMX
-GGUFLM_TARGET_AMX_BEGIN
-#define GGUFLM_SIMD(name) gguflm_##name##_avx512amx
-#define GGUFLM_SIMD_512 1
-#define GGUFLM_SIMD_AMX 1
-#define gguflm_hsum_i32_avx512amx gguflm_hsum_i32_avx512
-#define gguflm_dot_u8_s8_avx512amx gguflm_dot_u8_s8_avx512
-#include "quants_amx.h"
-#include "quants_simd_repack.h"
-static const gguflm_gemm_fn gguflm_amx_kernels[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
-    [GGUFLM_PATH_Q4_0_REPACK] = {[GGUFLM_Q4_0] = gguflm_Q4_0_REPACK_q4_0_avx512amx,
-                                 [GGUFLM_IQ4_NL] = gguflm_Q4_0_REPACK_iq4_nl_avx512amx,
-                                 [GGUFLM_MXFP4] = gguflm_Q4_0_REPACK_mxfp4_avx512amx},
-    [GGUFLM_PATH_Q4_0_ROWS16] = {[GGUFLM_Q4_0] = gguflm_Q4_0_ROWS16_q4_0_avx512amx,
-                                 [GGUFLM_IQ4_NL] = gguflm_Q4_0_ROWS16_iq4_nl_avx512amx,
-                                 [GGUFLM_MXFP4] = gguflm_Q4_0_ROWS16_mxfp4_avx512amx}};
-#undef gguflm_hsum_i32_avx512amx
-#undef gguflm_dot_u8_s8_avx512amx
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_AMX
-GGUFLM_TARGET_END
-#endif
 
 #if GGUFLM_HAVE_DPBF16
 GGUFLM_TARGET_AVX512BF16_BEGIN

@@ -92,22 +92,6 @@ typedef struct {
     gguflm_kt_vf d, dmin, neg_dmin;
 } GGUFLM_SIMD(ktile_sb);
 
-#if GGUFLM_SIMD_512 && GGUFLM_HAVE_AMX
-/* the AMX tiles' part of this GEMM (quants_amx.h, in its target region; while the dispatch's amx is
- * on): the tile state for sub-blocks of k_bytes, then TILED's ktile_tokens for 16 tokens with each
- * 32-element sub-block's integer sums from the tiles, the same bits */
-GGUFLM_TARGET_AMX_BEGIN
-static void gguflm_amx_begin(int k_bytes, int off);
-static void gguflm_amx_end(void);
-static void gguflm_ktile_tiled16_amx(int type, const GGUFLM_SIMD(ktile_sb) *dec, int nsb, int64_t i0, const uint8_t *y,
-                                     int64_t ys, float *out, int64_t os, int R);
-GGUFLM_TARGET_END
-#undef GGUFLM_KT_AMX
-#define GGUFLM_KT_AMX 1
-#elif !defined(GGUFLM_KT_AMX)
-#define GGUFLM_KT_AMX 0
-#endif
-
 #if GGUFLM_SIMD_512
 /* v[i] lane j <-> v[j] lane i: off-diagonal blocks of 8, 4, 2, 1 swapped in turn (step s swaps
  * blocks of b = 8 >> s: lane l of the pair's first vector takes lane l - b of the second where
@@ -318,6 +302,64 @@ static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
     return v;
 }
 
+#if GGUFLM_SIMD_AMX   /* out of line in the AMX target (quants_amx.h), called while the dispatch's amx is on */
+GGUFLM_TARGET_AMX_BEGIN
+/* ktile_tokens (quants_simd_ktile.h: the K GEMM's float steps, lane r = weight row r) of the TILED
+ * recipe for 16 tokens, each 32-element sub-block's sums (part, with -offset * its bsums) from the
+ * tiles: C = the tokens' sub-block bytes (A, in their Q8_K blocks) times the decoded super-block's
+ * vectors of the sub-block (B: q[g] lane r = row r's quants 4g..4g+3, B's row g), from the -offset
+ * tile; then s1 += part * scale per sub-block and the super-block's float steps as there.
+ * Sub-blocks go in pairs (C0, C1), stored to a ring of two pairs: the vector units take pair
+ * q - 1 while the matrix unit computes pair q. */
+static void GGUFLM_SIMD(ktile_tiled16_amx)(int type, const GGUFLM_SIMD(ktile_sb) *dec, int nsb, int64_t i0, const uint8_t *y,
+                                     int64_t ys, float *out, int64_t os, int R) {
+    enum { SUB = 32, PAIRS = QK_K / SUB / 2 };
+    const int off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
+    __m512 acc[16];
+    __m512i s1[16];
+    int32_t ring[2][2][16 * 16] __attribute__((aligned(64)));
+    for (int t = 0; t < 16; ++t) acc[t] = i0 == 0 ? _mm512_setzero_ps() : GGUFLM_SIMD(kt_load)(out + t * os, R);
+    GGUFLM_AMX_MEMORY(dec);   /* the decoded vectors' stores before the tile loads */
+    for (int q = 0; q <= nsb * PAIRS; ++q) {
+        if (q < nsb * PAIRS) {   /* pair q's sums into the ring */
+            const int s = q / PAIRS, j = 2 * (q % PAIRS);
+            const uint8_t *ya = y + (i0 + s) * (int64_t)sizeof(block_q8_K) + offsetof(block_q8_K, qs) + j * SUB;
+            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C0, GGUFLM_AMX_A0, GGUFLM_AMX_B0, ya, ys, &dec[s].q[j * SUB / 4], off);
+            GGUFLM_AMX_BLOCK_DOT(GGUFLM_AMX_C1, GGUFLM_AMX_A1, GGUFLM_AMX_B1, ya + SUB, ys, &dec[s].q[(j + 1) * SUB / 4], off);
+            _tile_stored(GGUFLM_AMX_C0, ring[q & 1][0], 64);
+            _tile_stored(GGUFLM_AMX_C1, ring[q & 1][1], 64);
+        }
+        if (q == 0) continue;
+        const int p = q - 1, s = p / PAIRS;   /* pair p's integer steps */
+        const GGUFLM_SIMD(ktile_sb) *b = &dec[s];
+        GGUFLM_AMX_MEMORY(ring[p & 1]);
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * (p % PAIRS) + h;
+            const int32_t *c = ring[p & 1][h];
+            const __m512i sc = b->sc[j * SUB / 16];
+            for (int t = 0; t < 16; ++t) {
+                const __m512i part = _mm512_mullo_epi32(_mm512_load_si512((const void *)(c + 16 * t)), sc);
+                s1[t] = j == 0 ? part : _mm512_add_epi32(s1[t], part);
+            }
+        }
+        if (p % PAIRS != PAIRS - 1) continue;
+        for (int t = 0; t < 16; ++t) {   /* the super-block's float steps */
+            const block_q8_K *yb = (const block_q8_K *)(y + t * ys) + i0 + s;
+            __m512 res = _mm512_mul_ps(b->d, _mm512_cvtepi32_ps(s1[t]));
+            if (has_min) {
+                __m512i s2 = _mm512_setzero_si512();
+                for (int k = 0; k < 8; ++k)
+                    s2 = _mm512_dpwssd_epi32(s2, b->mn[k], _mm512_set1_epi32(GGUFLM_SIMD(kt_dword)(&yb->bsums[2 * k])));
+                res = _mm512_fmadd_ps(b->neg_dmin, _mm512_cvtepi32_ps(s2), res);
+            }
+            acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(yb->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < 16; ++t) GGUFLM_SIMD(kt_store)(out + t * os, R, acc[t]);
+}
+GGUFLM_TARGET_END
+#endif
+
 /* (Every loop over the tile's tokens is unrolled by pragma: left to itself GCC kept the per-token
  * arrays in memory, a load and a store per step; Q4_K's repacked GEMM went from 265 to 425 GOP/s
  * a thread.)
@@ -432,8 +474,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
      * GOP/s, IQ3_S 286 -> 386, Q4_K 320 -> 383, Q5_K 324 -> 389; not Q6_K and Q3_K (16-element
      * sub-blocks: 247 -> 248, 253 -> 251 in a first version, the vpmulld per sub-block and token
      * stays), nor the repacked Q4_K GEMM (its per-part chains of 16 tokens spilled: 262 -> 224) */
-    const int amx = GGUFLM_KT_AMX && nt >= 16 && gguflm_kt_amx_type(type, parts) && gguflm_amx_on();
-#if GGUFLM_KT_AMX
+    const int amx = GGUFLM_SIMD_AMX && nt >= 16 && gguflm_kt_amx_type(type, parts) && gguflm_amx_on();
+#if GGUFLM_SIMD_AMX
     if (amx) gguflm_amx_begin(32, gguflm_kt_offset(type));
 #endif
     for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_KT_W) {
@@ -447,9 +489,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
     GGUFLM_SIMD(ktile_tokens)(type, parts, dec, nsb, i0, y + t * ys, ys, T, o + t * os + r0, os,                 \
                               acc_min + (parts ? GGUFLM_KT_W * (t - t0) : 0), R)
                 int64_t t = t0;
-#if GGUFLM_KT_AMX
+#if GGUFLM_SIMD_AMX
                 if (amx)
-                    for (; t + 16 <= t1; t += 16) gguflm_ktile_tiled16_amx(type, dec, nsb, i0, y + t * ys, ys, o + t * os + r0, os, R);
+                    for (; t + 16 <= t1; t += 16) GGUFLM_SIMD(ktile_tiled16_amx)(type, dec, nsb, i0, y + t * ys, ys, o + t * os + r0, os, R);
 #endif
                 if (parts)
                     for (; t + GGUFLM_KT_T_PARTS <= t1; t += GGUFLM_KT_T_PARTS) GGUFLM_KT_TILE(GGUFLM_KT_T_PARTS);
@@ -475,7 +517,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(ktile_gemm)(int ty
                                                                             gguflm_kt_loadf(acc_min + GGUFLM_KT_W * (t - t0))));
         }
     }
-#if GGUFLM_KT_AMX
+#if GGUFLM_SIMD_AMX
     if (amx) gguflm_amx_end();
 #else
     (void)amx;

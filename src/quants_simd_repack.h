@@ -372,7 +372,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, 
     for (int t = 0; t < T; ++t) GGUFLM_SIMD(rp_store)(out + t * os, acc[t], R);
 }
 
-#if GGUFLM_SIMD_AMX
+#if GGUFLM_SIMD_AMX   /* out of line in the AMX target (quants_amx.h), called while the dispatch's amx is on */
+GGUFLM_TARGET_AMX_BEGIN
 /* rp_tile for 16 tokens with the integer dots from the AMX tiles (quants_amx.h): per block, C
  * [16 tokens x 16 rows] = the tokens' 32 signed bytes (A, read in place, rows ys bytes apart) times
  * the tile GGUFLM_AMX_OFF of -off bytes (gguflm_amx_begin), then plus the same times the strip's
@@ -380,11 +381,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile)(int off, 
  * vpdpbusd chain, the same int32 sums, with no table of starts. Then rp_tile's float steps, token
  * by token. Two blocks at a time, in tiles C0 and C1: the matrix unit takes the second while the
  * vector units convert the first. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile_amx)(int kb, int first, const uint8_t *strip,
-                                                                          const uint8_t *y, int64_t ys, const float *dy,
-                                                                          float *out, int64_t os, int R) {
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile16_amx)(int kb, int first, const uint8_t *strip,
+                                                                            const uint8_t *y, int64_t ys, const float *dy,
+                                                                            float *out, int64_t os, int R) {
     __m512 acc[16];
     int32_t c[2][16 * 16] __attribute__((aligned(64)));
+#pragma GCC unroll 16  /* acc in registers (not unrolled, GCC kept it on the stack: -13%) */
     for (int t = 0; t < 16; ++t) acc[t] = GGUFLM_SIMD(rp_load)(out + t * os, first ? 0 : R);
     GGUFLM_AMX_MEMORY(strip);   /* the strip's stores before the tile loads */
     for (int ib = 0; ib < kb; ib += 2) {
@@ -398,14 +400,22 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_tile_amx)(int k
             GGUFLM_AMX_MEMORY(c[h]);
             const int b = ib + h;
             const __m512 dx = _mm512_load_ps((const void *)(strip + (size_t)b * GGUFLM_RP_BLOCK + 8 * GGUFLM_RP_VB));
+#pragma GCC unroll 16
             for (int t = 0; t < 16; ++t)
                 acc[t] = GGUFLM_SIMD(rp_fma)(_mm512_load_si512((const void *)(c[h] + 16 * t)), dx, dy[b * GGUFLM_RP_TB + t],
                                              acc[t]);
         }
     }
+#pragma GCC unroll 16
     for (int t = 0; t < 16; ++t) GGUFLM_SIMD(rp_store)(out + t * os, acc[t], R);
 }
 
+/* rp_tile16_amx for tokens 0 .. tokens - 1 (a multiple of 16) of a table block: one call a strip */
+static void GGUFLM_SIMD(rp_tiles_amx)(int tokens, int kb, int first, const uint8_t *strip, const uint8_t *y, int64_t ys,
+                                      const float *dy, float *out, int64_t os, int R) {
+    for (int t = 0; t < tokens; t += 16) GGUFLM_SIMD(rp_tile16_amx)(kb, first, strip, y + t * ys, ys, dy + t, out + t * os, os, R);
+}
+GGUFLM_TARGET_END
 #endif
 
 /* a batch: per K-chunk, the strips of up to GGUFLM_RP_GROUP rows transposed once, then per block of
@@ -420,8 +430,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
     uint8_t strips[S_MAX * GGUFLM_RP_KB * GGUFLM_RP_BLOCK] __attribute__((aligned(64)));
     float dy[GGUFLM_RP_KB * GGUFLM_RP_TB];
     int32_t start[GGUFLM_RP_KB * GGUFLM_RP_TB];
+    const int amx = GGUFLM_SIMD_AMX && nt >= 16 && gguflm_amx_on();   /* 16-token tiles through AMX */
 #if GGUFLM_SIMD_AMX
-    if (nt >= 16) gguflm_amx_begin(32, off);
+    if (amx) gguflm_amx_begin(32, off);
 #endif
     for (int64_t r0 = 0; r0 < nr; r0 += GGUFLM_RP_GROUP) {
         const int rows = (int)(nr - r0 < GGUFLM_RP_GROUP ? nr - r0 : GGUFLM_RP_GROUP);
@@ -455,7 +466,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
                 const int tt = (int)(nt - t0 < GGUFLM_RP_TB ? nt - t0 : GGUFLM_RP_TB);
                 const uint8_t *yt = y + t0 * ys + kc * sizeof(block_q8_0);
                 /* the AMX tiles' tokens need no starts */
-                const int amx_tokens = GGUFLM_SIMD_AMX ? tt / 16 * 16 : 0;
+                const int amx_tokens = amx ? tt / 16 * 16 : 0;
                 for (int t = 0; t < tt; ++t)
                     for (int ib = 0; ib < kb; ++ib) {
                         const block_q8_0 *yb = (const block_q8_0 *)(yt + t * ys) + ib;
@@ -469,8 +480,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
 #define GGUFLM_RP_TILE(T) GGUFLM_SIMD(rp_tile)(off, T, kb, kc == 0, strip, yt + t * ys, ys, dy + t, start + t, os0 + t * os, os, R)
                     int t = 0;
 #if GGUFLM_SIMD_AMX
-                    for (; t + 16 <= tt; t += 16)
-                        GGUFLM_SIMD(rp_tile_amx)(kb, kc == 0, strip, yt + t * ys, ys, dy + t, os0 + t * os, os, R);
+                    if (amx_tokens) GGUFLM_SIMD(rp_tiles_amx)(amx_tokens, kb, kc == 0, strip, yt, ys, dy, os0, os, R);
+                    t = amx_tokens;
 #endif
                     for (; t + GGUFLM_RP_TMAX <= tt; t += GGUFLM_RP_TMAX) GGUFLM_RP_TILE(GGUFLM_RP_TMAX);
                     switch (tt - t) {
@@ -491,7 +502,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(rp_gemm)(int type,
         }
     }
 #if GGUFLM_SIMD_AMX
-    if (nt >= 16) gguflm_amx_end();
+    if (amx) gguflm_amx_end();
 #endif
 }
 
