@@ -199,8 +199,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     for (int p = 0; p < 4; ++p) {
         if (!vbmi) b->mag[p] = GGUFLM_SIMD(iq512_mag)(type, xb, p);
 #if GGUFLM_SIMD_VBMI
-        if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ3_XXS)
-            b->sc[p] = GGUFLM_SIMD(iqv_xxs_pair_scales)(type, xb, p);
+        if (gguflm_iqv_scale_type(type))
+            b->sc[p] = GGUFLM_SIMD(iqv_pair_scales)(type, xb, p);
         else
 #endif
             b->sc[p] = GGUFLM_SIMD(pair_scales512)(scales, 4 * p);

@@ -12,7 +12,8 @@
  * 3-bit grids spread their code bytes per 64 weights with a vpermi2b and map the fields with
  * vpermb (IQ3_XXS) or vgf2p8affineqb (IQ3_S: 2 c + 1). The magnitudes are the same bytes as the
  * lookups of quants_iq_simd512.h; the 7-bit sign fields (IQ2_XXS, IQ2_XS, IQ3_XXS) become masks
- * through iqv_field_signs; scales and the dot itself do not change.
+ * through iqv_field_signs, the 4-bit scales a vector of dwords through shifts (iqv_pair_scales);
+ * the dot itself does not change.
  * IQ1_S/IQ1_M keep the scalar-load path: their 2048 entries take 16 pieces a plane (62 lookup ops
  * a super-block); written so, the decoding ran at 0.88x (IQ1_S) and 0.79x (IQ1_M) of the
  * scalar-load path's speed (1 thread, weights in L2, AMD EPYC).
@@ -102,18 +103,35 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_field_signs)(i
         neg[p] = _mm512_bitshuffle_epi64_mask(f, _mm512_add_epi8(_mm512_set1_epi64(0x0706050403020100LL), _mm512_set1_epi8((char)(8 * p))));
 }
 
-/* IQ2_XXS's and IQ3_XXS's pair scales of groups 2p, 2p + 1 from their words' top 4 bits, one
- * vpermd each (the words made 2 s + 1 in both halves first; IQ2_XXS's word g is the high half of
- * qword g of the block after its scale, IQ3_XXS's at 66 + 4 g) */
-static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_xxs_pair_scales)(int type, const uint8_t *xb, int p) {
-    const __m512i a = type == GGUFLM_IQ2_XXS ? _mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32)
-                                             : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 66)));
-    const __m512i s = _mm512_or_si512(_mm512_srli_epi32(a, 28 - 1), _mm512_set1_epi32(1));  /* 2 s + 1 */
+/* the int16 scales of 64 elements 64p .. (iq512_lanes' sc[p]), one vpermd from a vector of dwords
+ * 2 s + 1 in both halves, s a 4-bit scale: per 32 elements, IQ2_XXS's and IQ3_XXS's from their
+ * words' top 4 bits (IQ2_XXS's word g the high half of qword g of the block after its scale,
+ * IQ3_XXS's at 66 + 4 g), IQ3_S's from nibble g of its 4 scale bytes (dword g shifted by 4 g); per
+ * 16 elements, IQ2_XS's and IQ2_S's from nibble k of their 8 scale bytes (dword 2k the low 4
+ * bytes shifted by 4k, dword 2k + 1 the high 4 by 4k for nibble 8 + k): no other shuffle */
+static inline int gguflm_iqv_scale_type(int type) { return !gguflm_iq_is_1bit(type); }
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_pair_scales)(int type, const uint8_t *xb, int p) {
+    const int per16 = type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S;
+    __m512i s;   /* 2 s + 1 */
+    if (per16 || type == GGUFLM_IQ3_S) {
+        const __m512i a = per16 ? _mm512_srlv_epi32(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))),
+                                                    _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0))
+                                : _mm512_srlv_epi32(_mm512_set1_epi32((int)gguflm_u32_at(xb + 106)),
+                                                    _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 28, 24, 20, 16, 12, 8, 4, 0));
+        s = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(a, 1), _mm512_set1_epi32(0x1e)), _mm512_set1_epi32(1));
+    } else {
+        const __m512i a = type == GGUFLM_IQ2_XXS ? _mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32)
+                                                 : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 66)));
+        s = _mm512_or_si512(_mm512_srli_epi32(a, 28 - 1), _mm512_set1_epi32(1));
+    }
     const __m512i w = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
-    const int g = type == GGUFLM_IQ2_XXS ? 4 * p : 2 * p, step = type == GGUFLM_IQ2_XXS ? 2 : 1;  /* dword of group 2p */
-    const __m512i at = _mm512_set_epi32(g + step, g + step, g + step, g + step, g + step, g + step, g + step, g + step,
-                                        g, g, g, g, g, g, g, g);
-    return _mm512_permutexvar_epi32(at, w);
+    /* the dwords of the four 16-element scales of 64p ..: per 16 nibble k = 4p + i at dword 2k (k < 8)
+     * or 2 (k - 8) + 1; per 32 group 2p's (twice) then 2p + 1's (IQ2_XXS: dword 2 g) */
+    const int k0 = 4 * p, d0 = k0 < 8 ? 2 * k0 : 2 * (k0 - 8) + 1;
+    const int g = type == GGUFLM_IQ2_XXS ? 4 * p : 2 * p, step = type == GGUFLM_IQ2_XXS ? 2 : 1;
+    const int at[4] = {per16 ? d0 : g, per16 ? d0 + 2 : g, per16 ? d0 + 4 : g + step, per16 ? d0 + 6 : g + step};
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(at[3], at[3], at[3], at[3], at[2], at[2], at[2], at[2],
+                                                     at[1], at[1], at[1], at[1], at[0], at[0], at[0], at[0]), w);
 }
 
 /* a super-block's grid codes as looked up: the 2-bit grids' low code bytes of their 32 entries in
