@@ -188,7 +188,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
     b->scales = scales;
 #if GGUFLM_SIMD_VBMI
     const int vbmi = gguflm_iq_vbmi_type(type);
-    const int vbmi_signs = type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ3_XXS;
+    const int vbmi_signs = gguflm_iqv_field_sign_type(type);
     if (vbmi) GGUFLM_SIMD(iqv_mags)(type, ahead, b->mag);
     if (vbmi_signs) GGUFLM_SIMD(iqv_field_signs)(type, xb, b->neg);
 #else

@@ -9,8 +9,9 @@
  * 2-bit grids then keep the low plane's lookups in the low half and the high plane's in the high
  * half; per 64 weights one vpermb puts an entry's two code bytes in its qword, vpmultishiftqb moves
  * element j's 2 bits to the bottom of byte j, and vgf2p8affineqb maps them to 8, 25, 43. The
- * 3-bit grids spread their code bytes per 64 weights with a vpermi2b and map the fields with
- * vpermb (IQ3_XXS) or vgf2p8affineqb (IQ3_S: 2 c + 1). The magnitudes are the same bytes as the
+ * 3-bit grids put their low and high code bytes of entries 0-31, then 32-63, in one vector each
+ * (vshufi64x2), spread them per 64 weights with a vpermb and map the fields with vpermb (IQ3_XXS)
+ * or vgf2p8affineqb (IQ3_S: 2 c + 1). The magnitudes are the same bytes as the
  * lookups of quants_iq_simd512.h; the 7-bit sign fields (IQ2_XXS, IQ2_XS, IQ3_XXS) become masks
  * through iqv_field_signs, the 4-bit scales a vector of dwords through shifts (iqv_pair_scales);
  * the dot itself does not change.
@@ -33,8 +34,12 @@
 
 #include "quants_iq_codes.h"
 
-/* the types whose magnitudes iqv_mags looks up (the others load their grid entries) */
+/* the types whose magnitudes iqv_mags looks up (the others load their grid entries), and those of
+ * 7-bit sign fields, whose masks iqv_field_signs makes */
 static inline int gguflm_iq_vbmi_type(int type) { return !gguflm_iq_is_1bit(type) && type != GGUFLM_IQ2_XS; }
+static inline int gguflm_iqv_field_sign_type(int type) {
+    return type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ3_XXS;
+}
 
 static inline uint64_t gguflm_iqv_u64_at(const uint8_t *p) {
     uint64_t v;

@@ -304,15 +304,15 @@ static inline int32_t GGUFLM_SIMD(kt_dword)(const void *p) {
 
 #if GGUFLM_SIMD_AMX   /* out of line in the AMX target (quants_amx.h), called while the dispatch's amx is on */
 GGUFLM_TARGET_AMX_BEGIN
-/* ktile_tokens (quants_simd_ktile.h: the K GEMM's float steps, lane r = weight row r) of the TILED
- * recipe for 16 tokens, each 32-element sub-block's sums (part, with -offset * its bsums) from the
+/* ktile_tokens (below: the K GEMM's float steps, lane r = weight row r) of the TILED recipe for 16
+ * tokens, each 32-element sub-block's sums (part, with -offset * its bsums) from the
  * tiles: C = the tokens' sub-block bytes (A, in their Q8_K blocks) times the decoded super-block's
  * vectors of the sub-block (B: q[g] lane r = row r's quants 4g..4g+3, B's row g), from the -offset
  * tile; then s1 += part * scale per sub-block and the super-block's float steps as there.
  * Sub-blocks go in pairs (C0, C1), stored to a ring of two pairs: the vector units take pair
  * q - 1 while the matrix unit computes pair q. */
 static void GGUFLM_SIMD(ktile_tiled16_amx)(int type, const GGUFLM_SIMD(ktile_sb) *dec, int nsb, int64_t i0, const uint8_t *y,
-                                     int64_t ys, float *out, int64_t os, int R) {
+                                           int64_t ys, float *out, int64_t os, int R) {
     enum { SUB = 32, PAIRS = QK_K / SUB / 2 };
     const int off = gguflm_kt_offset(type), has_min = gguflm_k_has_min(type);
     __m512 acc[16];
