@@ -179,7 +179,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         {
             GGUFLM_SIMD(iq512_sb) b;
             const GGUFLM_SIMD(iq512_ahead) now = ahead;
-            if (i + 1 < n / QK_K) ahead = GGUFLM_SIMD(iq512_look_ahead)(type, xb + bx);
+            /* (the last super-block looks itself up again: no branch, no read past the row) */
+            ahead = GGUFLM_SIMD(iq512_look_ahead)(type, i + 1 < n / QK_K ? xb + bx : xb);
             GGUFLM_SIMD(iq512_decode)(type, xb, now, &b);
             for (int k = 0; k < T; ++k) {
                 __m512i dl = _mm512_setzero_si512();
@@ -217,7 +218,13 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
             const float d = dx * yb->d;
             const __m256 dv = _mm256_set1_ps(d);
+#if GGUFLM_SIMD_512 && !defined(GGUFLM_SIMDE)
+            /* d broadcast by the fma's memory operand: no vbroadcastss on the shuffle port, which the
+             * AVX-512 decoding waits on (GCC broadcasts from a register; ~1 cycle a super-block) */
+            __asm__("vfmadd231ps %[d]%{1to8%}, %[x], %[acc]" : [acc] "+v"(acc[k]) : [x] "v"(_mm256_cvtepi32_ps(lanes[k])), [d] "m"(d));
+#else
             acc[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(lanes[k]), acc[k]);
+#endif
             if (type == GGUFLM_IQ1_M) acc2[k] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(delta[k]), acc2[k]);
             if (type == GGUFLM_IQ1_S) acc1[k] = fmaf(d, (float)sumi1[k], acc1[k]);
         }

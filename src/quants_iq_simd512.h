@@ -165,7 +165,7 @@ typedef struct {
 typedef GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(iq512_ahead);
 static inline __attribute__((always_inline)) GGUFLM_SIMD(iq512_ahead) GGUFLM_SIMD(iq512_look_ahead)(int type, const uint8_t *xb) {
     if (gguflm_iq_vbmi_type(type) && xb) return GGUFLM_SIMD(iqv_lookup)(type, xb);
-    const GGUFLM_SIMD(iq512_ahead) none = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    const GGUFLM_SIMD(iq512_ahead) none = {{_mm512_setzero_si512(), _mm512_setzero_si512()}};
     return none;
 }
 #else
@@ -230,12 +230,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_decode)(int 
  * of bsums times signed scales (all of a lane vector added: the integer of the term) */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(int type, const GGUFLM_SIMD(iq512_sb) *b,
                                                                              const block_q8_K *yb, __m512i *delta) {
-    /* two chains of vpdpwssd: a super-block's latency is what the decoding waits on */
-    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, dacc = _mm512_setzero_si512();
+    __m512i prod[4], dacc = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
         const __m512i q8 = _mm512_loadu_si512((const void *)(yb->qs + 64 * p));
         const __m512i q8s = _mm512_mask_sub_epi8(q8, b->neg[p], _mm512_setzero_si512(), q8);
-        acc[p & 1] = _mm512_dpwssd_epi32(acc[p & 1], _mm512_maddubs_epi16(b->mag[p], q8s), b->sc[p]);
+        prod[p] = _mm512_maddubs_epi16(b->mag[p], q8s);
         if (type == GGUFLM_IQ1_M) {
             const __m512i q8d = _mm512_mask_sub_epi8(q8, b->dneg[p], _mm512_setzero_si512(), q8);
             dacc = _mm512_dpwssd_epi32(dacc, _mm512_maddubs_epi16(_mm512_set1_epi8(1), q8d), b->sc[p]);
@@ -244,5 +243,9 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_lanes)(in
     if (type == GGUFLM_IQ1_S)
         dacc = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yb->bsums), b->dsc), 0);
     *delta = dacc;
-    return _mm512_add_epi32(acc[0], acc[1]);
+    /* two chains of vpdpwssd (a super-block's latency is what the decoding waits on), each started
+     * by a vpmaddwd (no zeroed accumulator to copy) */
+    const __m512i acc0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(prod[0], b->sc[0]), prod[2], b->sc[2]);
+    const __m512i acc1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(prod[1], b->sc[1]), prod[3], b->sc[3]);
+    return _mm512_add_epi32(acc0, acc1);
 }

@@ -1,20 +1,16 @@
 /* The grid magnitudes and sign masks of a whole super-block through AVX512_VBMI, GFNI and
  * AVX512_BITALG, for the VBMI copy of quants_iq_simd512.h (GGUFLM_SIMD_VBMI): no per-entry scalar
  * loads, no bit arithmetic on the sign fields.
- * The grids are stored as codes (quants_iq_codes.h: each element's value number, 2 bits in the
- * 8-element IQ2 entries, 3 bits in the 4-element IQ3 ones) in two byte planes. Per super-block
- * the entry indices sit in one vector (the 2-bit grids' 32 in both halves, the 3-bit grids' 64),
- * and each plane is looked up for all of them at once: vpermi2b reads a 128-entry piece with the
- * 7 low index bits, and the pieces of larger grids are blended on the higher bits (masks). The
- * 2-bit grids then keep the low plane's lookups in the low half and the high plane's in the high
- * half; per 64 weights one vpermb puts an entry's two code bytes in its qword, vpmultishiftqb moves
- * element j's 2 bits to the bottom of byte j, and vgf2p8affineqb maps them to 8, 25, 43. The
- * 3-bit grids put their low and high code bytes of entries 0-31, then 32-63, in one vector each
- * (vshufi64x2), spread them per 64 weights with a vpermb and map the fields with vpermb (IQ3_XXS)
- * or vgf2p8affineqb (IQ3_S: 2 c + 1). The magnitudes are the same bytes as the
- * lookups of quants_iq_simd512.h; the 7-bit sign fields (IQ2_XXS, IQ2_XS, IQ3_XXS) become masks
- * through iqv_field_signs, the 4-bit scales a vector of dwords through shifts (iqv_pair_scales);
- * the dot itself does not change.
+ * The grids are stored as codes (quants_iq_codes.h: 2 bits an element in the 8-element IQ2 entries,
+ * 4 in the 4-element IQ3 ones, each mapped to its value by one vgf2p8affineqb) in two byte planes.
+ * Per super-block the entry indices sit in one vector, in an arranged order (iqv_lookup), and each
+ * plane is looked up for all of them at once: vpermi2b reads a 128-entry piece with the 7 low
+ * index bits, and the pieces of larger grids are blended on the higher bits (masks); one unpack of
+ * the two planes then puts each entry's code bytes where one vpmultishiftqb a 64 weights moves
+ * element j's code to the bottom of byte j. The magnitudes are the same bytes as the lookups of
+ * quants_iq_simd512.h; the 7-bit sign fields (IQ2_XXS, IQ2_XS, IQ3_XXS) become masks through
+ * iqv_field_signs, the 4-bit scales rows of a table or a vector of dwords (iqv_pair_scales); the
+ * dot itself does not change.
  * IQ1_S/IQ1_M keep the scalar-load path: their 2048 entries take 16 pieces a plane (62 lookup ops
  * a super-block); written so, the decoding ran at 0.88x (IQ1_S) and 0.79x (IQ1_M) of the
  * scalar-load path's speed (1 thread, weights in L2, AMD EPYC).
@@ -26,6 +22,8 @@
  * the bit-matrix maps (vgf2p8affineqb runs beside it) took IQ2_XXS's single-token loop from ~64
  * to ~48 cycles a super-block (1 thread, 256 x 24576 streamed, Intel Xeon with AMX: 3.7 -> 4.9
  * GB/s of weights; IQ3_XXS 5.8 -> 6.5).
+ * The arranged lookups, the affine IQ3_XXS values and the scale rows then took it to ~30 (IQ3_XXS
+ * ~37 -> ~32, IQ3_S ~42 -> ~36; 1 thread, 256 x 24576, weights in L2).
  * Earlier (1 thread, a 16384x8192 matrix streamed, best of 8, AMD EPYC Zen 4), GB/s of weights
  * without -> with VBMI (byte permutes only): IQ2_XXS 8.1 -> 8.4, IQ2_XS 9.2 -> 9.4, IQ2_S 7.5 ->
  * 10.5, IQ3_XXS 6.8 -> 13.9, IQ3_S 5.1 -> 16.5.
@@ -65,6 +63,7 @@ static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_plane)(cons
  * (constant 1); a 7-bit sign field at bits 0-6 (KSIGNS) or 1-7 (KSIGNS_HI) -> ggml's ksigns_iq2xs
  * byte (the field, its parity as bit 7) */
 #define GGUFLM_IQV_AFFINE_IQ2 0x0302000001020000LL
+#define GGUFLM_IQV_AFFINE_IQ3XXS 0x0008000102040000LL
 #define GGUFLM_IQV_AFFINE_IQ3S 0x0001020400000000LL
 #define GGUFLM_IQV_AFFINE_KSIGNS 0x010204081020407fLL
 #define GGUFLM_IQV_AFFINE_KSIGNS_HI 0x02040810204080feLL
@@ -108,116 +107,133 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_field_signs)(i
         neg[p] = _mm512_bitshuffle_epi64_mask(f, _mm512_add_epi8(_mm512_set1_epi64(0x0706050403020100LL), _mm512_set1_epi8((char)(8 * p))));
 }
 
-/* the int16 scales of 64 elements 64p .. (iq512_lanes' sc[p]), one vpermd from a vector of dwords
- * 2 s + 1 in both halves, s a 4-bit scale: per 32 elements, IQ2_XXS's and IQ3_XXS's from their
- * words' top 4 bits (IQ2_XXS's word g the high half of qword g of the block after its scale,
- * IQ3_XXS's at 66 + 4 g), IQ3_S's from nibble g of its 4 scale bytes (dword g shifted by 4 g); per
- * 16 elements, IQ2_XS's and IQ2_S's from nibble k of their 8 scale bytes (dword 2k the low 4
- * bytes shifted by 4k, dword 2k + 1 the high 4 by 4k for nibble 8 + k): no other shuffle */
+/* The int16 scales of 64 elements 64p .. (iq512_lanes' sc[p]), each 2 s + 1 for a 4-bit scale s,
+ * in both halves of its dword, for the types other than IQ1's:
+ * - one scale per 32 elements (IQ2_XXS: the top nibble of word g of the block after d, at
+ *   9 + 8 g; IQ3_XXS: of the word at 66 + 4 g; IQ3_S: nibble g of its 4 scale bytes): the row of
+ *   gguflm_iqv_pair_scale_rows that the two nibbles of groups 2p, 2p + 1 index, the index made by
+ *   scalar instructions (the vector ports, which the decoding waits on, take none) and one load
+ *   (was a vpermd a 64 weights on the shuffle port);
+ * - one per 16 elements (IQ2_XS, IQ2_S: nibble k of their 8 scale bytes): a vector of dwords by
+ *   shifts (dword 2k the low 4 bytes shifted by 4k, dword 2k + 1 the high 4 by 4k for nibble
+ *   8 + k), one vpermd a 64 weights (a row per four nibbles would take a 4 MiB table). */
 static inline int gguflm_iqv_scale_type(int type) { return !gguflm_iq_is_1bit(type); }
+
+#define GGUFLM_IQV_S(s) (uint32_t)((2 * (s) + 1) * 0x10001)
+#define GGUFLM_IQV_S8(s) GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), \
+                         GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s)
+#define GGUFLM_IQV_PAIR(lo, hi) GGUFLM_IQV_S8(lo), GGUFLM_IQV_S8(hi)
+#define GGUFLM_IQV_PAIRS(hi)                                                                                   \
+    GGUFLM_IQV_PAIR(0, hi), GGUFLM_IQV_PAIR(1, hi), GGUFLM_IQV_PAIR(2, hi), GGUFLM_IQV_PAIR(3, hi),           \
+        GGUFLM_IQV_PAIR(4, hi), GGUFLM_IQV_PAIR(5, hi), GGUFLM_IQV_PAIR(6, hi), GGUFLM_IQV_PAIR(7, hi),       \
+        GGUFLM_IQV_PAIR(8, hi), GGUFLM_IQV_PAIR(9, hi), GGUFLM_IQV_PAIR(10, hi), GGUFLM_IQV_PAIR(11, hi),     \
+        GGUFLM_IQV_PAIR(12, hi), GGUFLM_IQV_PAIR(13, hi), GGUFLM_IQV_PAIR(14, hi), GGUFLM_IQV_PAIR(15, hi)
+/* row lo + 16 hi: 8 dwords of scale lo, 8 of scale hi */
+static const uint32_t gguflm_iqv_pair_scale_rows[256 * 16] __attribute__((aligned(64))) = {
+    GGUFLM_IQV_PAIRS(0),  GGUFLM_IQV_PAIRS(1),  GGUFLM_IQV_PAIRS(2),  GGUFLM_IQV_PAIRS(3),
+    GGUFLM_IQV_PAIRS(4),  GGUFLM_IQV_PAIRS(5),  GGUFLM_IQV_PAIRS(6),  GGUFLM_IQV_PAIRS(7),
+    GGUFLM_IQV_PAIRS(8),  GGUFLM_IQV_PAIRS(9),  GGUFLM_IQV_PAIRS(10), GGUFLM_IQV_PAIRS(11),
+    GGUFLM_IQV_PAIRS(12), GGUFLM_IQV_PAIRS(13), GGUFLM_IQV_PAIRS(14), GGUFLM_IQV_PAIRS(15)};
+#undef GGUFLM_IQV_PAIRS
+#undef GGUFLM_IQV_PAIR
+#undef GGUFLM_IQV_S8
+#undef GGUFLM_IQV_S
+
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_pair_scales)(int type, const uint8_t *xb, int p) {
-    const int per16 = type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S;
-    __m512i s;   /* 2 s + 1 */
-    if (per16 || type == GGUFLM_IQ3_S) {
-        const __m512i a = per16 ? _mm512_srlv_epi32(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))),
-                                                    _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0))
-                                : _mm512_srlv_epi32(_mm512_set1_epi32((int)gguflm_u32_at(xb + 106)),
-                                                    _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 28, 24, 20, 16, 12, 8, 4, 0));
-        s = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(a, 1), _mm512_set1_epi32(0x1e)), _mm512_set1_epi32(1));
-    } else {
-        const __m512i a = type == GGUFLM_IQ2_XXS ? _mm512_srli_epi64(_mm512_loadu_si512((const void *)(xb + 2)), 32)
-                                                 : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 66)));
-        s = _mm512_or_si512(_mm512_srli_epi32(a, 28 - 1), _mm512_set1_epi32(1));
+    if (type != GGUFLM_IQ2_XS && type != GGUFLM_IQ2_S) {
+        const unsigned row = type == GGUFLM_IQ3_S     ? xb[106 + p]
+                             : type == GGUFLM_IQ3_XXS ? (unsigned)(xb[69 + 8 * p] >> 4) | (xb[73 + 8 * p] & 0xF0)
+                                                      : (unsigned)(xb[9 + 16 * p] >> 4) | (xb[17 + 16 * p] & 0xF0);
+        return _mm512_load_si512((const void *)(gguflm_iqv_pair_scale_rows + 16 * row));
     }
+    const __m512i a = _mm512_srlv_epi32(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))),
+                                        _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0));
+    const __m512i s = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(a, 1), _mm512_set1_epi32(0x1e)), _mm512_set1_epi32(1));
     const __m512i w = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
-    /* the dwords of the four 16-element scales of 64p ..: per 16 nibble k = 4p + i at dword 2k (k < 8)
-     * or 2 (k - 8) + 1; per 32 group 2p's (twice) then 2p + 1's (IQ2_XXS: dword 2 g) */
-    const int k0 = 4 * p, d0 = k0 < 8 ? 2 * k0 : 2 * (k0 - 8) + 1;
-    const int g = type == GGUFLM_IQ2_XXS ? 4 * p : 2 * p, step = type == GGUFLM_IQ2_XXS ? 2 : 1;
-    const int at[4] = {per16 ? d0 : g, per16 ? d0 + 2 : g, per16 ? d0 + 4 : g + step, per16 ? d0 + 6 : g + step};
-    return _mm512_permutexvar_epi32(_mm512_set_epi32(at[3], at[3], at[3], at[3], at[2], at[2], at[2], at[2],
-                                                     at[1], at[1], at[1], at[1], at[0], at[0], at[0], at[0]), w);
+    const int k0 = 4 * p, d0 = k0 < 8 ? 2 * k0 : 2 * (k0 - 8) + 1;   /* nibble k0's dword */
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(d0 + 6, d0 + 6, d0 + 6, d0 + 6, d0 + 4, d0 + 4, d0 + 4, d0 + 4,
+                                                     d0 + 2, d0 + 2, d0 + 2, d0 + 2, d0, d0, d0, d0), w);
 }
 
-/* a super-block's grid codes as looked up: the 2-bit grids' low code bytes of their 32 entries in
- * lo's low half, the high ones in its high half; the 3-bit grids' 64 low bytes in lo, high in hi */
+/* A super-block's grid codes, looked up in an arranged entry order so that one unpack of the two
+ * planes' lookups puts each entry's code bytes (low, high) where vpmultishiftqb reads them for its
+ * 64 weights: qword k of pairs[0] holds the codes of entries 2k, 2k + 1, 16 + 2k, 17 + 2k of the
+ * 3-bit grids (pairs[1]: 32 more), or entries k, 8 + k, 16 + k, 24 + k of the 2-bit ones (element
+ * block 64 p takes word p of every qword); was a vpermb a 64 weights (and two vshufi64x2) */
 typedef struct {
-    __m512i lo, hi;
+    __m512i pairs[2];
 } GGUFLM_SIMD(iqv_codes);
 
+/* the entry at each index byte of the arranged order: qword 2m + h, bytes 4c + j hold entry
+ * 32 h + 16 (j / 2) + 4 m + 2 c + j % 2 (3-bit grids), qword 2m entry 8 j + 2 m + c (2-bit grids;
+ * the odd qwords are not read, entry 0) */
+static const int8_t gguflm_iqv_order3[64] __attribute__((aligned(64))) = {
+    0, 1, 16, 17, 2, 3, 18, 19, 32, 33, 48, 49, 34, 35, 50, 51, 4, 5, 20, 21, 6, 7, 22, 23, 36, 37, 52, 53, 38, 39, 54, 55,
+    8, 9, 24, 25, 10, 11, 26, 27, 40, 41, 56, 57, 42, 43, 58, 59, 12, 13, 28, 29, 14, 15, 30, 31, 44, 45, 60, 61, 46, 47, 62, 63};
+static const int8_t gguflm_iqv_order2[64] __attribute__((aligned(64))) = {
+    0, 8, 16, 24, 1, 9, 17, 25, 0, 0, 0, 0, 0, 0, 0, 0, 2, 10, 18, 26, 3, 11, 19, 27, 0, 0, 0, 0, 0, 0, 0, 0,
+    4, 12, 20, 28, 5, 13, 21, 29, 0, 0, 0, 0, 0, 0, 0, 0, 6, 14, 22, 30, 7, 15, 23, 31, 0, 0, 0, 0, 0, 0, 0, 0};
+/* IQ2_XXS: where the arranged entries' index bytes are (entry e at 8 (e / 4) + e % 4 after d);
+ * IQ2_S: the bit offsets 2 e of their two high bits in the 8 qh bytes */
+static const int8_t gguflm_iqv_iq2xxs_at[64] __attribute__((aligned(64))) = {
+    0, 16, 32, 48, 1, 17, 33, 49, 0, 0, 0, 0, 0, 0, 0, 0, 2, 18, 34, 50, 3, 19, 35, 51, 0, 0, 0, 0, 0, 0, 0, 0,
+    8, 24, 40, 56, 9, 25, 41, 57, 0, 0, 0, 0, 0, 0, 0, 0, 10, 26, 42, 58, 11, 27, 43, 59, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int8_t gguflm_iqv_iq2s_high_at[64] __attribute__((aligned(64))) = {
+    0, 16, 32, 48, 2, 18, 34, 50, 0, 0, 0, 0, 0, 0, 0, 0, 4, 20, 36, 52, 6, 22, 38, 54, 0, 0, 0, 0, 0, 0, 0, 0,
+    8, 24, 40, 56, 10, 26, 42, 58, 0, 0, 0, 0, 0, 0, 0, 0, 12, 28, 44, 60, 14, 30, 46, 62, 0, 0, 0, 0, 0, 0, 0, 0};
+
 static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(iqv_lookup)(int type, const uint8_t *xb) {
-    /* IQ2_XXS's 32 index bytes in both halves */
-    static const int8_t iq2xxs_index[32] __attribute__((aligned(32))) = {
-        0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59};
     const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
+    const __m512i order3 = _mm512_load_si512((const void *)gguflm_iqv_order3);
     __m512i idx;
     __mmask64 bit[3] = {0, 0, 0};
     const uint8_t *codes;
-    int pieces, entries = 32;
+    int pieces;
     switch (type) {
     case GGUFLM_IQ2_XXS:
-        idx = _mm512_permutexvar_epi8(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)iq2xxs_index)), v);
+        idx = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)gguflm_iqv_iq2xxs_at), v);
         codes = gguflm_iq2xxs_codes, pieces = 2;
         break;
     case GGUFLM_IQ2_S: {    /* bits 8, 9 of entry e: bits 2e, 2e + 1 of the 8 qh bytes */
-        const __m512i h = _mm512_multishift_epi64_epi8(
-            _mm512_set_epi64(0x3e3c3a3836343230LL, 0x2e2c2a2826242220LL, 0x1e1c1a1816141210LL, 0x0e0c0a0806040200LL,
-                             0x3e3c3a3836343230LL, 0x2e2c2a2826242220LL, 0x1e1c1a1816141210LL, 0x0e0c0a0806040200LL),
-            _mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)));
-        idx = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb + 2)));
+        const __m512i h = _mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)gguflm_iqv_iq2s_high_at),
+                                                       _mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)));
+        idx = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)gguflm_iqv_order2), v);
         bit[1] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1));
         bit[2] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(2));
         codes = gguflm_iq2s_codes, pieces = 8;
         break;
     }
     case GGUFLM_IQ3_XXS:
-        idx = v, entries = 64;
+        idx = _mm512_permutexvar_epi8(order3, v);
         codes = gguflm_iq3xxs_codes, pieces = 2;
         break;
     default:                /* IQ3_S: bit 8 of entry e is bit e of the 8 qh bytes */
-        idx = v, entries = 64;
-        bit[1] = (__mmask64)gguflm_iqv_u64_at(xb + 66);
+        idx = _mm512_permutexvar_epi8(order3, v);
+        bit[1] = _mm512_bitshuffle_epi64_mask(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)), order3);
         codes = gguflm_iq3s_codes, pieces = 4;
         break;
     }
     bit[0] = _mm512_movepi8_mask(idx);
-    GGUFLM_SIMD(iqv_codes) c;
-    c.lo = GGUFLM_SIMD(iqv_plane)(codes, pieces, idx, bit);
-    c.hi = GGUFLM_SIMD(iqv_plane)(codes + 128 * pieces, pieces, idx, bit);
-    if (entries == 32) c.lo = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, c.lo, c.hi);
+    const __m512i lo = GGUFLM_SIMD(iqv_plane)(codes, pieces, idx, bit), hi = GGUFLM_SIMD(iqv_plane)(codes + 128 * pieces, pieces, idx, bit);
+    GGUFLM_SIMD(iqv_codes) c = {{_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi)}};
     return c;
 }
 
-/* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) from its codes */
+/* the four 64-byte magnitude vectors of a super-block (iq512_mag's p = 0..3) from its codes: per
+ * 64 weights vpmultishiftqb moves element j's code to byte j's low bits, vgf2p8affineqb makes it
+ * the value (the bits above it are ignored) */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_mags)(int type, GGUFLM_SIMD(iqv_codes) codes, __m512i mag[4]) {
-    if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_S) {
-        /* per 64 weights one vpermb puts entry 8p + k's two code bytes in qword k, vpmultishiftqb
-         * element j's 2 bits at byte j's bottom, vgf2p8affineqb makes them the value (vpermb and
-         * vpermi2b, a table each, before) */
-        const __m512i shift = _mm512_set1_epi64(0x0e0c0a0806040200LL);
-        const __m512i spread = _mm512_set1_epi64(0x2000);  /* qword k of vector p: bytes 8p + k, 32 + 8p + k */
-        const __m512i entry = _mm512_set_epi64(0x0707, 0x0606, 0x0505, 0x0404, 0x0303, 0x0202, 0x0101, 0);
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) {
-            const __m512i at = _mm512_add_epi8(_mm512_add_epi8(spread, entry), _mm512_set1_epi16((short)(0x0808 * p)));
-            const __m512i code = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(at, codes.lo));
+    for (int p = 0; p < 4; ++p) {
+        if (type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_S) {   /* 2 bits at 16 p + 2 j */
+            const __m512i code = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200LL + 0x1010101010101010LL * p),
+                                                              codes.pairs[0]);
             mag[p] = _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ2), 8);
-        }
-    } else {              /* dword k of vector p: entry 16p + k's code bytes */
-        /* the low and high code bytes of entries 0-31, then of 32-63, in one vector each, so that
-         * one vpermb a vector spreads them (vpermi2b takes two shuffle cycles) */
-        const __m512i half[2] = {_mm512_shuffle_i64x2(codes.lo, codes.hi, 0x44), _mm512_shuffle_i64x2(codes.lo, codes.hi, 0xEE)};
-        const __m512i shift = _mm512_set1_epi64(0x2926232009060300LL);
-        const __m512i spread = _mm512_set_epi32(0x2f0f2f0f, 0x2e0e2e0e, 0x2d0d2d0d, 0x2c0c2c0c, 0x2b0b2b0b, 0x2a0a2a0a,
-                                                0x29092909, 0x28082808, 0x27072707, 0x26062606, 0x25052505, 0x24042404,
-                                                0x23032303, 0x22022202, 0x21012101, 0x20002000);
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) {
-            const __m512i c = _mm512_permutexvar_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8((char)(16 * (p & 1)))), half[p >> 1]);
-            const __m512i code = _mm512_multishift_epi64_epi8(shift, c);
-            mag[p] = type == GGUFLM_IQ3_S
-                         ? _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ3S), 1)
-                         : _mm512_permutexvar_epi8(code, _mm512_load_si512((const void *)gguflm_iq3xxs_values));
+        } else {                                                /* 4 bits at 32 (p % 2) + 4 j */
+            const __m512i code = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x1c1814100c080400LL + 0x2020202020202020LL * (p & 1)),
+                                                              codes.pairs[p >> 1]);
+            mag[p] = type == GGUFLM_IQ3_S ? _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ3S), 1)
+                                          : _mm512_gf2p8affine_epi64_epi8(code, _mm512_set1_epi64(GGUFLM_IQV_AFFINE_IQ3XXS), 4);
         }
     }
 }
