@@ -60,6 +60,7 @@ typedef struct {
     int vbmi;   /* 1: the AVX-512 ISAs' grid i-quant kernels use AVX512_VBMI (only where it runs) */
     int amx;    /* 1: the AVX-512 ISAs' batch kernels that have an AMX variant use the tiles (only
                  * where the CPU has AMX-INT8, the OS enables it and the kernel granted the state) */
+    int vendor; /* the machine's GGUFLM_VENDOR_* (cpu_features.h): where vbmi pays can depend on it */
 } gguflm_dispatch;
 
 #define GGUFLM_DISPATCH_CAPSULE "gguflm._ext.system._dispatch"

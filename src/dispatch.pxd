@@ -25,6 +25,7 @@ cdef extern from "dispatch.h" nogil:
         int arith
         int vbmi
         int amx
+        int vendor
     const char *GGUFLM_DISPATCH_CAPSULE
     const gguflm_dispatch *gguflm_bind_dispatch(const void *d)
 

@@ -92,10 +92,19 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
     return gguflm_kernels_scalar;
 }
 
+/* whether type's VBMI kernels are the faster ones on this machine's cores: IQ2_S's look its
+ * 1024-entry grid up with 16 vpermi2b a super-block, each two cycles of the one shuffle port of
+ * Intel's cores, where the AVX-512 kernels' entry loads run 1.25x faster (single token, 47 against
+ * 59 cycles a super-block, Xeon with AMX); on AMD's Zen 4 the lookups ran 1.4x faster */
+static inline int gguflm_vbmi_pays(int type) {
+    return type != GGUFLM_IQ2_S || gguflm_bound_dispatch->vendor != GGUFLM_VENDOR_INTEL;
+}
+
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
  * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones; the
- * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels. (The AVX-512 batch
- * kernels that have AMX tile functions call them themselves while the dispatch's amx is on.) */
+ * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels (of the types where they
+ * pay). (The AVX-512 batch kernels that have AMX tile functions call them themselves while the
+ * dispatch's amx is on.) */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_DPBF16
     if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
@@ -104,7 +113,7 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
     }
 #endif
 #if GGUFLM_HAVE_SIMD
-    if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type])
+    if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type] && gguflm_vbmi_pays(type))
         return gguflm_iq_kernels_avx512vbmi[path][type];
 #endif
     return gguflm_kernel_table(isa)[path][type];

@@ -71,6 +71,7 @@ _state.isa = gguflm_isa_best(&_machine)
 _state.arith = gguflm_arith_native(&_machine)
 _state.vbmi = gguflm_vbmi_runs(&_machine)
 _state.amx = 0  # on once granted (_apply_environment)
+_state.vendor = _machine.vendor
 cdef int _amx_granted = -1  # not asked yet
 
 

@@ -14,6 +14,16 @@ static int gguflm_harness_isa(int isa) {
     return isa == 3 ? GGUFLM_ISA_AVX512 : isa;
 }
 
+/* whether gguflm_kernel gives the VBMI kernel of `path` for `type` on an AVX-512 machine of vendor
+ * (GGUFLM_VENDOR_*) with the dispatch's vbmi on */
+int gguflm_emulated_picks_vbmi(int vendor, int path, int type) {
+    gguflm_harness_isa(3);
+    gguflm_harness_switch.vendor = vendor;
+    const gguflm_gemm_fn f = gguflm_kernel(GGUFLM_ISA_AVX512, path, type);
+    gguflm_harness_switch.vendor = GGUFLM_VENDOR_OTHER;
+    return f != NULL && f == gguflm_iq_kernels_avx512vbmi[path][type];
+}
+
 /* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512, 3 avx512 with
  * VBMI) in arithmetic arith (GGUFLM_ARITH_*); 0 if none exists */
 int gguflm_emulated_dot(int isa, int arith, int type, int64_t n, const void *x, const void *y, float *s) {

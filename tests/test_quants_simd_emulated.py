@@ -60,6 +60,8 @@ def emulated(tmp_path_factory):
     lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_void_p, ctypes.c_int]
+    lib.gguflm_emulated_picks_vbmi.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gguflm_emulated_picks_vbmi.restype = ctypes.c_int
     for name in ("gguflm_software_fp32_to_fp16", "gguflm_software_fp16_to_fp32"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
@@ -96,6 +98,19 @@ def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
     for isa in set(system.supported_isas()) - {"scalar"}:
         twin = "avx512" if isa == "avx512bf16" else isa
         assert _native(isa, arith, t, n, w, xq).view(np.uint32) == emulated_dot(twin, t, n, w, xq).view(np.uint32), isa
+
+
+def test_vbmi_kernels_where_they_pay(emulated):
+    # every grid type takes its VBMI kernels with vbmi on, but IQ2_S not on Intel's cores (its
+    # lookups are the slower way there; quants_kernels.h: gguflm_vbmi_pays); vendors 0-2: other,
+    # intel, amd (cpu_features.h)
+    grid = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S,
+            GGMLType.IQ1_S, GGMLType.IQ1_M]
+    for vendor, name in enumerate(("other", "intel", "amd")):
+        picked = {t.name for t in grid if emulated.gguflm_emulated_picks_vbmi(vendor, 0, int(t))}
+        expected = {t.name for t in grid} - ({"IQ2_S"} if name == "intel" else set())
+        assert picked == expected, name
+    assert not emulated.gguflm_emulated_picks_vbmi(1, 0, int(GGMLType.Q4_K))   # no VBMI kernel
 
 
 def _native(isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
