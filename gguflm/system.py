@@ -16,8 +16,8 @@ Two settings decide how the kernels compute, and this module is the only place t
 Two more switches pick no ISA of their own but a faster way to the same bits: **VBMI**, whether
 the AVX-512 ISAs' grid i-quant kernels (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) use AVX512_VBMI's
 byte permutes for their grid lookups, on by default where the CPU has AVX512_VBMI and the OS
-enables AVX-512 (IQ2_S keeps the AVX-512 kernels on Intel's cores, where its lookups are the
-slower way); and **AMX**, whether the AVX-512 ISAs' batch kernels of the repacked Q4_0 recipe
+enables AVX-512 (on Intel's cores only IQ2_XXS, IQ3_XXS and IQ3_S take them: the AVX-512 kernels,
+which gather the grid entries, run the others as fast or faster there); and **AMX**, whether the AVX-512 ISAs' batch kernels of the repacked Q4_0 recipe
 (Q4_0, IQ4_NL, MXFP4) and the TILED K GEMM of the types of 32-element sub-blocks (Q4_K, Q5_K, IQ4_XS,
 IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) take their integer dots from Intel's AMX tiles, on by default where the CPU
 has AMX-INT8, the OS enables the tile state and the kernel grants it to the process (asked once,

@@ -110,44 +110,104 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
     }
 }
 
-/* the grid index of entry e of a super-block (entries of 8 elements for the 2-bit grids, 4 for
- * the 3-bit ones), read from the block with scalar loads: computed in vectors instead, GCC moves
- * them out with vpextrw, which competes with the inserts for the shuffle unit (measured slower) */
+/* The grid magnitudes of groups 2p and 2p + 1 (64 bytes): 8 qword entries (16 dword ones in the
+ * 3-bit grids).
+ * - The AVX-512 copy gathers them (vpgatherdq/dd on indices computed in vectors). On Intel's cores
+ *   that ran 1.05-2.5x the speed of loading them one by one and inserting them (single token,
+ *   cycles a super-block, loads -> gathers: IQ3_XXS 121 -> 48, IQ3_S 110 -> 50, IQ2_XXS 50 -> 45,
+ *   IQ2_XS 46 -> 39, IQ2_S 47 -> 34, IQ1_S 56 -> 47, IQ1_M 58 -> 56; Xeon with AMX), the inserts
+ *   waiting on the one shuffle port.
+ * - The VBMI copy comes here only for IQ2_XS and IQ1 (it looks the other grids up), and runs them
+ *   on AMD's cores only (quants_kernels.h: gguflm_vbmi_pays): it loads them, gathers having run 3x
+ *   slower than the loads on the AMD EPYC (Zen 4). */
+#if GGUFLM_SIMD_VBMI
+/* the grid index of entry e of an IQ2_XS, IQ1_S or IQ1_M super-block, read with scalar loads:
+ * computed in vectors instead, GCC moves them out with vpextrw, which competes with the inserts for
+ * the shuffle unit (measured slower) */
 static inline __attribute__((always_inline)) unsigned GGUFLM_SIMD(iq512_ix)(int type, const uint8_t *xb, int e) {
     switch (type) {
-    case GGUFLM_IQ2_XXS: return xb[2 + 8 * (e / 4) + e % 4];
     case GGUFLM_IQ2_XS: return gguflm_u16_at(xb + 2 + 2 * e) & 511;
-    case GGUFLM_IQ2_S: return xb[2 + e] | (((unsigned)xb[66 + e / 4] << (8 - 2 * (e % 4))) & 0x300);
-    case GGUFLM_IQ3_XXS: return xb[2 + e];
     case GGUFLM_IQ1_S: return xb[2 + e] | ((gguflm_u16_at(xb + 34 + 2 * (e / 4)) >> (3 * (e % 4)) & 7) << 8);
-    case GGUFLM_IQ1_M: return xb[e] | ((unsigned)(xb[32 + e / 2] >> (4 * (e % 2)) & 7) << 8);
-    default: return xb[2 + e] | (((unsigned)xb[66 + e / 8] << (8 - e % 8)) & 256);  /* IQ3_S */
+    default: return xb[e] | ((unsigned)(xb[32 + e / 2] >> (4 * (e % 2)) & 7) << 8);  /* IQ1_M */
     }
 }
 
-/* the grid magnitudes of groups 2p and 2p + 1 (64 bytes): 8 qword or 16 dword entries loaded one
- * by one and inserted (vpgatherdq/dd measured 3x slower than this on the AMD EPYC here) */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_mag)(int type, const uint8_t *xb, int p) {
+    const uint64_t *grid = type == GGUFLM_IQ2_XS ? gguflm_iq2xs_grid : (const uint64_t *)gguflm_iq1s_grid;
     __m128i v[4];
-    if (type == GGUFLM_IQ3_XXS || type == GGUFLM_IQ3_S) {
-        const uint32_t *grid = type == GGUFLM_IQ3_XXS ? gguflm_iq3xxs_grid : gguflm_iq3s_grid;
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-            const int e = 16 * p + 4 * k;
-            v[k] = _mm_setr_epi32((int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e)], (int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 1)],
-                                  (int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 2)], (int)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 3)]);
-        }
-    } else {
-        const uint64_t *grid = type == GGUFLM_IQ2_XXS ? gguflm_iq2xxs_grid : type == GGUFLM_IQ2_XS ? gguflm_iq2xs_grid
-                             : type == GGUFLM_IQ2_S ? gguflm_iq2s_grid : (const uint64_t *)gguflm_iq1s_grid;
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) {
-            const int e = 8 * p + 2 * k;
-            v[k] = _mm_set_epi64x((long long)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 1)], (long long)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e)]);
-        }
+    for (int k = 0; k < 4; ++k) {
+        const int e = 8 * p + 2 * k;
+        v[k] = _mm_set_epi64x((long long)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e + 1)], (long long)grid[GGUFLM_SIMD(iq512_ix)(type, xb, e)]);
     }
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(v[1], v[0])), _mm256_set_m128i(v[3], v[2]), 1);
 }
+#else
+/* t[ix[k] | bit k of high << 8] for k < 16: vpgatherdd (SIMDe has neither integer gathers nor
+ * vpmovzxbd: scalar loads there) */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_gather32)(const uint8_t *ix, unsigned high, const uint32_t *t) {
+#if defined(GGUFLM_SIMDE)
+    uint32_t v[16];
+    for (int k = 0; k < 16; ++k) v[k] = t[ix[k] | ((high >> k & 1) << 8)];
+    return _mm512_loadu_si512((const void *)v);
+#else
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ix));
+    return _mm512_i32gather_epi32(_mm512_mask_or_epi32(idx, (__mmask16)high, idx, _mm512_set1_epi32(256)), (const void *)t, 4);
+#endif
+}
+/* t[idx] for 8 dword indices: vpgatherdq */
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_gather64)(__m256i idx, const uint64_t *t) {
+#if defined(GGUFLM_SIMDE)
+    int32_t i[8];
+    uint64_t v[8];
+    _mm256_storeu_si256((__m256i *)i, idx);
+    for (int k = 0; k < 8; ++k) v[k] = t[i[k]];
+    return _mm512_loadu_si512((const void *)v);
+#else
+    return _mm512_i32gather_epi64(idx, (const void *)t, 8);
+#endif
+}
+
+static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iq512_mag)(int type, const uint8_t *xb, int p) {
+    /* entries 16p + k: index byte 2 + 16p + k (IQ3_S: bit 8 from bit k of qh bytes 66 + 2p, 67 + 2p) */
+    if (type == GGUFLM_IQ3_XXS) return GGUFLM_SIMD(iq512_gather32)(xb + 2 + 16 * p, 0, gguflm_iq3xxs_grid);
+    if (type == GGUFLM_IQ3_S) return GGUFLM_SIMD(iq512_gather32)(xb + 2 + 16 * p, gguflm_u16_at(xb + 66 + 2 * p), gguflm_iq3s_grid);
+    /* entries 8p + j: the index bits in the 2 (IQ1_S: 4) bytes of qh of the 8 entries, shifted
+     * per j to bits 8 .. (a 3-bit or 2-bit field at bits 3j (IQ1_S, of the two words), 4j (IQ1_M),
+     * 2j (IQ2_S)) */
+    __m256i idx;
+    switch (type) {
+    case GGUFLM_IQ2_XXS:    /* index bytes 0-3 of qwords 2p and 2p + 1 after d */
+        idx = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(xb + 2 + 16 * p)),
+                                                    _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1)));
+        break;
+    case GGUFLM_IQ2_XS:     /* the low 9 bits of words 8p .. */
+        idx = _mm256_and_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xb + 2 + 16 * p))), _mm256_set1_epi32(511));
+        break;
+    case GGUFLM_IQ2_S: {
+        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)gguflm_u16_at(xb + 66 + 2 * p)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(xb + 2 + 8 * p))),
+                              _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 8));
+        break;
+    }
+    case GGUFLM_IQ1_S: {
+        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)gguflm_u32_at(xb + 34 + 4 * p)), _mm256_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25));
+        idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(xb + 2 + 8 * p))),
+                              _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(7)), 8));
+        break;
+    }
+    default: {              /* IQ1_M */
+        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)gguflm_u32_at(xb + 32 + 4 * p)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+        idx = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(xb + 8 * p))),
+                              _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(7)), 8));
+        break;
+    }
+    }
+    const uint64_t *grid = type == GGUFLM_IQ2_XXS ? gguflm_iq2xxs_grid : type == GGUFLM_IQ2_XS ? gguflm_iq2xs_grid
+                         : type == GGUFLM_IQ2_S ? gguflm_iq2s_grid : (const uint64_t *)gguflm_iq1s_grid;
+    return GGUFLM_SIMD(iq512_gather64)(idx, grid);
+}
+#endif
 
 /* One super-block decoded for any number of tokens: per pair of groups the magnitudes, the
  * scales of their pair sums and the sign mask; IQ1_M: the mask of negative deltas, IQ1_S: the

@@ -92,12 +92,16 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
     return gguflm_kernels_scalar;
 }
 
-/* whether type's VBMI kernels are the faster ones on this machine's cores: IQ2_S's look its
- * 1024-entry grid up with 16 vpermi2b a super-block, each two cycles of the one shuffle port of
- * Intel's cores, where the AVX-512 kernels' entry loads run 1.25x faster (single token, 47 against
- * 59 cycles a super-block, Xeon with AMX); on AMD's Zen 4 the lookups ran 1.4x faster */
+/* whether type's VBMI kernels are the faster ones on this machine's cores. On Intel's, only for the
+ * grids they look up with few permutes (IQ2_XXS, IQ3_XXS, IQ3_S: 2-4 vpermi2b a plane): IQ2_S's
+ * 1024-entry grid takes 16 (two cycles each of the one shuffle port), and the VBMI kernels load
+ * IQ2_XS's and IQ1's entries one by one, where the AVX-512 kernels gather them (quants_iq_simd512.h:
+ * iq512_mag; single token, cycles a super-block, VBMI -> AVX-512 kernels: IQ2_S 59 -> 37-46,
+ * IQ1_S 55 -> 47, IQ2_XS and IQ1_M level; Xeon with AMX). On AMD's Zen 4 gathers ran 3x slower
+ * than loads and IQ2_S's lookups 1.4x faster than its loads. */
 static inline int gguflm_vbmi_pays(int type) {
-    return type != GGUFLM_IQ2_S || gguflm_bound_dispatch->vendor != GGUFLM_VENDOR_INTEL;
+    return gguflm_bound_dispatch->vendor != GGUFLM_VENDOR_INTEL || type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ3_XXS ||
+           type == GGUFLM_IQ3_S;
 }
 
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
