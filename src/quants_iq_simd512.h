@@ -1,19 +1,17 @@
 /* 512-bit decoding of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
  * for the AVX-512 copy of quants_iq_simd.h (AVX-512 F/BW/VL/DQ and VNNI only). Two 32-element
  * groups share a vector: the grid entries (8 qwords, or 16 dwords for the 3-bit grids) are
- * loaded one by one and inserted (IQ1: magnitude and sign taken from the signed grid), the
- * signs a 64-bit mask applied to the activations by one masked subtract, and the int16 pair
- * products times the scales summed into int32 lanes by vpdpwssd.
+ * gathered (iq512_mag; IQ1: magnitude and sign taken from the signed grid), the signs a 64-bit
+ * mask applied to the activations by one masked subtract, and the int16 pair products times the
+ * scales summed into int32 lanes by vpdpwssd.
  * Lane l of the low half takes elements 4l..4l+3 of the even group, lane l of the high half those
  * of the odd group, so low + high are ggml's 8 AVX2 lanes exactly (integers, no rounding).
  * The sign bits of the 7-bit sign fields' types (ksigns_iq2xs: bit 7 is the parity of the other
  * seven) and the 16 scales of a super-block are unpacked once per super-block, 32 bytes at a time.
- * Grid work per 64 weights: 8 qword lookups (2-bit grids and IQ1) or 16 dword lookups (3-bit
- * grids), each a scalar load and an insert: about one lookup per cycle is the ceiling measured
- * here (AMD EPYC, 3.9 GHz), i.e. ~8 weights/cycle for the 2-bit grids, ~4 for the 3-bit ones.
- * The VBMI copy (GGUFLM_SIMD_VBMI, quants_iq_vbmi.h) decodes the magnitudes of the grids other
- * than IQ1's and IQ2_XS's without those loads, and the 7-bit sign fields without the 32-byte
- * parity arithmetic below; everything else here is shared.
+ * The VBMI copy (GGUFLM_SIMD_VBMI, quants_iq_vbmi.h) looks the magnitudes of the grids other
+ * than IQ1's and IQ2_XS's up with byte permutes (and loads those two's entries one by one), and
+ * decodes the 7-bit sign fields without the 32-byte parity arithmetic below; everything else here
+ * is shared.
  * No include guard: included once in each AVX-512 region (GGUFLM_SIMD_512).
  */
 #if GGUFLM_SIMD_VBMI
@@ -113,10 +111,10 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq512_block)(int t
 /* The grid magnitudes of groups 2p and 2p + 1 (64 bytes): 8 qword entries (16 dword ones in the
  * 3-bit grids).
  * - The AVX-512 copy gathers them (vpgatherdq/dd on indices computed in vectors). On Intel's cores
- *   that ran 1.05-2.5x the speed of loading them one by one and inserting them (single token,
- *   cycles a super-block, loads -> gathers: IQ3_XXS 121 -> 48, IQ3_S 110 -> 50, IQ2_XXS 50 -> 45,
- *   IQ2_XS 46 -> 39, IQ2_S 47 -> 34, IQ1_S 56 -> 47, IQ1_M 58 -> 56; Xeon with AMX), the inserts
- *   waiting on the one shuffle port.
+ *   that ran up to 2.5x the speed of loading them one by one and inserting them (single token,
+ *   cycles a super-block, loads -> gathers: IQ3_XXS 121 -> 48, IQ3_S 110 -> 50, IQ2_XXS 50 -> 44,
+ *   IQ2_XS 46 -> 39, IQ2_S 47 -> 37-46, IQ1_S 56 -> 47, IQ1_M 58 -> 56; Xeon with AMX), the
+ *   inserts waiting on the one shuffle port.
  * - The VBMI copy comes here only for IQ2_XS and IQ1 (it looks the other grids up), and runs them
  *   on AMD's cores only (quants_kernels.h: gguflm_vbmi_pays): it loads them, gathers having run 3x
  *   slower than the loads on the AMD EPYC (Zen 4). */

@@ -16,7 +16,9 @@
  * scalar-load path's speed (1 thread, weights in L2, AMD EPYC).
  * IQ2_XS loads its 512-entry grid's entries too: its lookups took 8 vpermi2b a super-block, and
  * the loads (with these sign masks) ran 5.0 GB/s against 4.5 (1 thread, Intel Xeon; equal on the
- * Zen 4 below).
+ * Zen 4 below). On Intel's cores the VBMI kernels now serve only IQ2_XXS, IQ3_XXS and IQ3_S: the
+ * other types run the AVX-512 kernels there, which gather their entries (quants_kernels.h:
+ * gguflm_vbmi_pays).
  * On Intel's cores every byte permute (vpermb, vpmultishiftqb, vpshufbitqmb, and kmov from memory)
  * takes the one shuffle port, vpermi2b two of its cycles, and the decoding waits on that port:
  * the bit-matrix maps (vgf2p8affineqb runs beside it) took IQ2_XXS's single-token loop from ~64
@@ -173,14 +175,10 @@ static const int8_t gguflm_iqv_order3[64] __attribute__((aligned(64))) = {
 static const int8_t gguflm_iqv_order2[64] __attribute__((aligned(64))) = {
     0, 8, 16, 24, 1, 9, 17, 25, 0, 0, 0, 0, 0, 0, 0, 0, 2, 10, 18, 26, 3, 11, 19, 27, 0, 0, 0, 0, 0, 0, 0, 0,
     4, 12, 20, 28, 5, 13, 21, 29, 0, 0, 0, 0, 0, 0, 0, 0, 6, 14, 22, 30, 7, 15, 23, 31, 0, 0, 0, 0, 0, 0, 0, 0};
-/* IQ2_XXS: where the arranged entries' index bytes are (entry e at 8 (e / 4) + e % 4 after d);
- * IQ2_S: the bit offsets 2 e of their two high bits in the 8 qh bytes */
+/* IQ2_XXS: where the arranged entries' index bytes are (entry e at 8 (e / 4) + e % 4 after d) */
 static const int8_t gguflm_iqv_iq2xxs_at[64] __attribute__((aligned(64))) = {
     0, 16, 32, 48, 1, 17, 33, 49, 0, 0, 0, 0, 0, 0, 0, 0, 2, 18, 34, 50, 3, 19, 35, 51, 0, 0, 0, 0, 0, 0, 0, 0,
     8, 24, 40, 56, 9, 25, 41, 57, 0, 0, 0, 0, 0, 0, 0, 0, 10, 26, 42, 58, 11, 27, 43, 59, 0, 0, 0, 0, 0, 0, 0, 0};
-static const int8_t gguflm_iqv_iq2s_high_at[64] __attribute__((aligned(64))) = {
-    0, 16, 32, 48, 2, 18, 34, 50, 0, 0, 0, 0, 0, 0, 0, 0, 4, 20, 36, 52, 6, 22, 38, 54, 0, 0, 0, 0, 0, 0, 0, 0,
-    8, 24, 40, 56, 10, 26, 42, 58, 0, 0, 0, 0, 0, 0, 0, 0, 12, 28, 44, 60, 14, 30, 46, 62, 0, 0, 0, 0, 0, 0, 0, 0};
 
 static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(iqv_lookup)(int type, const uint8_t *xb) {
     const __m512i v = _mm512_loadu_si512((const void *)(xb + 2));
@@ -195,9 +193,9 @@ static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(
         codes = gguflm_iq2xxs_codes, pieces = 2;
         break;
     case GGUFLM_IQ2_S: {    /* bits 8, 9 of entry e: bits 2e, 2e + 1 of the 8 qh bytes */
-        const __m512i h = _mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)gguflm_iqv_iq2s_high_at),
-                                                       _mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)));
-        idx = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)gguflm_iqv_order2), v);
+        const __m512i order2 = _mm512_load_si512((const void *)gguflm_iqv_order2);
+        const __m512i h = _mm512_multishift_epi64_epi8(_mm512_add_epi8(order2, order2), _mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)));
+        idx = _mm512_permutexvar_epi8(order2, v);
         bit[1] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1));
         bit[2] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(2));
         codes = gguflm_iq2s_codes, pieces = 8;
