@@ -154,7 +154,15 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values
 /* the super-block scale as a float */
 static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, const uint8_t *xb) {
     if (type == GGUFLM_IQ1_M) return GGUFLM_FP16_TO_FP32_SIMD(gguflm_iq1m_scale((const block_iq1_m *)xb));
+#if GGUFLM_SIMD_512 && !defined(GGUFLM_SIMDE)
+    /* vcvtph2ps reading the block's first 8 bytes itself: GCC inserts the half into a register
+     * (vpinsrw), a shuffle-port uop the AVX-512 decoding waits on (IQ3_S: ~1.5 cycles a super-block) */
+    __m128 f;
+    __asm__("vcvtph2ps %[h], %[f]" : [f] "=v"(f) : [h] "m"(*(const struct { uint8_t b[8]; } *)xb));
+    return _mm_cvtss_f32(f);
+#else
     return GGUFLM_FP16_TO_FP32_SIMD(gguflm_u16_at(xb));
+#endif
 }
 
 /* DOT of one weight row with T <= 4 activation rows, the weights decoded once per group for all */
