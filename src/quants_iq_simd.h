@@ -8,6 +8,14 @@
  * No include guard: this file is meant to be included more than once.
  */
 
+/* 1 in the AVX2 copy that gathers the 3-bit grids' entries (quants_simd.h: GGUFLM_SIMD_GATHER) */
+#undef GGUFLM_IQ_GATHERS
+#if defined(GGUFLM_SIMD_GATHER)
+#define GGUFLM_IQ_GATHERS 1
+#else
+#define GGUFLM_IQ_GATHERS 0
+#endif
+
 #ifndef GGUFLM_IQ_TILED_TOKENS
 #define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
 #endif
@@ -53,9 +61,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     case GGUFLM_IQ3_XXS: {
         const uint8_t *q = xb + 2 + 8 * g;
         const uint32_t a = gguflm_u32_at(xb + 66 + 4 * g);
-        *mag = _mm256_set_epi32((int)gguflm_iq3xxs_grid[q[7]], (int)gguflm_iq3xxs_grid[q[6]], (int)gguflm_iq3xxs_grid[q[5]],
-                                (int)gguflm_iq3xxs_grid[q[4]], (int)gguflm_iq3xxs_grid[q[3]], (int)gguflm_iq3xxs_grid[q[2]],
-                                (int)gguflm_iq3xxs_grid[q[1]], (int)gguflm_iq3xxs_grid[q[0]]);
+        if (GGUFLM_IQ_GATHERS)
+            *mag = _mm256_i32gather_epi32((const int *)gguflm_iq3xxs_grid, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), 4);
+        else
+            *mag = _mm256_set_epi32((int)gguflm_iq3xxs_grid[q[7]], (int)gguflm_iq3xxs_grid[q[6]], (int)gguflm_iq3xxs_grid[q[5]],
+                                    (int)gguflm_iq3xxs_grid[q[4]], (int)gguflm_iq3xxs_grid[q[3]], (int)gguflm_iq3xxs_grid[q[2]],
+                                    (int)gguflm_iq3xxs_grid[q[1]], (int)gguflm_iq3xxs_grid[q[0]]);
         *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[(a >> 21) & 127], (int64_t)gguflm_ksigns64[(a >> 14) & 127],
                                  (int64_t)gguflm_ksigns64[(a >> 7) & 127], (int64_t)gguflm_ksigns64[a & 127]);
         *sc = _mm256_set1_epi16((int16_t)(2 * (a >> 28) + 1));
@@ -64,10 +75,16 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     case GGUFLM_IQ3_S: {
         const uint8_t *q = xb + 2 + 8 * g;
         const unsigned h = xb[66 + g];
-        *mag = _mm256_set_epi32((int)gguflm_iq3s_grid[q[7] | ((h << 1) & 256)], (int)gguflm_iq3s_grid[q[6] | ((h << 2) & 256)],
-                                (int)gguflm_iq3s_grid[q[5] | ((h << 3) & 256)], (int)gguflm_iq3s_grid[q[4] | ((h << 4) & 256)],
-                                (int)gguflm_iq3s_grid[q[3] | ((h << 5) & 256)], (int)gguflm_iq3s_grid[q[2] | ((h << 6) & 256)],
-                                (int)gguflm_iq3s_grid[q[1] | ((h << 7) & 256)], (int)gguflm_iq3s_grid[q[0] | ((h << 8) & 256)]);
+        if (GGUFLM_IQ_GATHERS)  /* index j: q[j] | bit j of h at bit 8 */
+            *mag = _mm256_i32gather_epi32((const int *)gguflm_iq3s_grid,
+                                          _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)),
+                                                          _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32((int)h), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                                                                           _mm256_set1_epi32(256))), 4);
+        else
+            *mag = _mm256_set_epi32((int)gguflm_iq3s_grid[q[7] | ((h << 1) & 256)], (int)gguflm_iq3s_grid[q[6] | ((h << 2) & 256)],
+                                    (int)gguflm_iq3s_grid[q[5] | ((h << 3) & 256)], (int)gguflm_iq3s_grid[q[4] | ((h << 4) & 256)],
+                                    (int)gguflm_iq3s_grid[q[3] | ((h << 5) & 256)], (int)gguflm_iq3s_grid[q[2] | ((h << 6) & 256)],
+                                    (int)gguflm_iq3s_grid[q[1] | ((h << 7) & 256)], (int)gguflm_iq3s_grid[q[0] | ((h << 8) & 256)]);
         *neg = GGUFLM_SIMD(bits_32)(xb + 74 + 4 * g);
         *sc = _mm256_set1_epi16((int16_t)(1 + 2 * ((xb[106 + g / 2] >> (4 * (g % 2))) & 15)));
         break;

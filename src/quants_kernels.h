@@ -104,11 +104,19 @@ static inline int gguflm_vbmi_pays(int type) {
            type == GGUFLM_IQ3_S;
 }
 
+/* whether the AVX2 kernels that gather the 3-bit grids' entries (gguflm_iq_kernels_avx2gather) are
+ * the faster ones: on Intel's cores, where the 8 inserts a group wait on the one shuffle port
+ * (single token, cycles a super-block: IQ3_XXS 76 -> 57, IQ3_S 99 -> 58; Xeon with AMX, GGUFLM_ISA=avx2);
+ * AMD's gathers are slow (a vpgatherdq of 4 took twice as long as its loads on Zen 5) */
+static inline int gguflm_avx2_gathers_pay(void) {
+    return gguflm_bound_dispatch && gguflm_bound_dispatch->vendor == GGUFLM_VENDOR_INTEL;
+}
+
 /* isa's kernel of recipe `path` for weight type `type` (NULL: no such recipe); it takes the
  * arithmetic as its last argument. avx512bf16: the AVX-512 kernels, but its own BF16 ones; the
  * AVX-512 ISAs with the dispatch's vbmi on: the VBMI grid i-quant kernels (of the types where they
- * pay). (The AVX-512 batch kernels that have AMX tile functions call them themselves while the
- * dispatch's amx is on.) */
+ * pay); AVX2 on Intel's cores: the 3-bit grids' gathering DOT kernels. (The AVX-512 batch kernels
+ * that have AMX tile functions call them themselves while the dispatch's amx is on.) */
 static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_DPBF16
     if (isa == GGUFLM_ISA_AVX512BF16 && type == GGUFLM_BF16) {
@@ -119,6 +127,8 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 #if GGUFLM_HAVE_SIMD
     if (isa >= GGUFLM_ISA_AVX512 && gguflm_vbmi_on() && gguflm_iq_kernels_avx512vbmi[path][type] && gguflm_vbmi_pays(type))
         return gguflm_iq_kernels_avx512vbmi[path][type];
+    if (isa == GGUFLM_ISA_AVX2 && gguflm_iq_kernels_avx2gather[path][type] && gguflm_avx2_gathers_pay())
+        return gguflm_iq_kernels_avx2gather[path][type];
 #endif
     return gguflm_kernel_table(isa)[path][type];
 }

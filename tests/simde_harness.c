@@ -6,26 +6,28 @@
 #define FP_FAST_FMAF 1
 #include "quants_kernels.h"
 
-/* the dispatch's vbmi as gguflm_kernel reads it: harness isa 3 is avx512 with VBMI on */
+/* the dispatch's vbmi and vendor as gguflm_kernel reads them: harness isa 3 is avx512 with VBMI
+ * on, 4 avx2 on an Intel core (the 3-bit grids' gathering kernels) */
 static gguflm_dispatch gguflm_harness_switch;
 static int gguflm_harness_isa(int isa) {
     gguflm_harness_switch.vbmi = isa == 3;
+    gguflm_harness_switch.vendor = isa == 4 ? GGUFLM_VENDOR_INTEL : GGUFLM_VENDOR_OTHER;
     gguflm_bind_dispatch(&gguflm_harness_switch);
-    return isa == 3 ? GGUFLM_ISA_AVX512 : isa;
+    return isa == 3 ? GGUFLM_ISA_AVX512 : isa == 4 ? GGUFLM_ISA_AVX2 : isa;
 }
 
-/* whether gguflm_kernel gives the VBMI kernel of `path` for `type` on an AVX-512 machine of vendor
- * (GGUFLM_VENDOR_*) with the dispatch's vbmi on */
-int gguflm_emulated_picks_vbmi(int vendor, int path, int type) {
-    gguflm_harness_isa(3);
+/* whether gguflm_kernel gives, on a machine of vendor (GGUFLM_VENDOR_*), the VBMI kernel of `path`
+ * for `type` (avx512 with the dispatch's vbmi on; avx2: the gathering kernel) */
+int gguflm_emulated_picks_special(int avx2, int vendor, int path, int type) {
+    gguflm_harness_isa(avx2 ? 1 : 3);
     gguflm_harness_switch.vendor = vendor;
-    const gguflm_gemm_fn f = gguflm_kernel(GGUFLM_ISA_AVX512, path, type);
+    const gguflm_gemm_fn f = gguflm_kernel(avx2 ? GGUFLM_ISA_AVX2 : GGUFLM_ISA_AVX512, path, type);
     gguflm_harness_switch.vendor = GGUFLM_VENDOR_OTHER;
-    return f != NULL && f == gguflm_iq_kernels_avx512vbmi[path][type];
+    return f != NULL && f == (avx2 ? gguflm_iq_kernels_avx2gather : gguflm_iq_kernels_avx512vbmi)[path][type];
 }
 
 /* *s = dot of n elements with the DOT kernel of isa (0 scalar, 1 avx2, 2 avx512, 3 avx512 with
- * VBMI) in arithmetic arith (GGUFLM_ARITH_*); 0 if none exists */
+ * VBMI, 4 avx2 on Intel) in arithmetic arith (GGUFLM_ARITH_*); 0 if none exists */
 int gguflm_emulated_dot(int isa, int arith, int type, int64_t n, const void *x, const void *y, float *s) {
     isa = gguflm_harness_isa(isa);
     if (type < 0 || type >= GGUFLM_TYPE_COUNT || !gguflm_kernel(isa, GGUFLM_PATH_DOT, type)) return 0;

@@ -31,7 +31,8 @@ import ggml_lanes as lanes
 from quants_oracles import KERNEL_TYPES, LANES_TYPES, check_fp16_conversions
 
 ROOT = Path(__file__).resolve().parent.parent
-ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512vbmi": 3}  # avx512vbmi: avx512, VBMI on
+# avx512vbmi: avx512, VBMI on; avx2intel: avx2 on an Intel core (the 3-bit grids' gathering kernels)
+ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512vbmi": 3, "avx2intel": 4}
 
 
 def _simde_include() -> Path:
@@ -60,8 +61,8 @@ def emulated(tmp_path_factory):
     lib.gguflm_emulated_matmul.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_void_p, ctypes.c_int]
-    lib.gguflm_emulated_picks_vbmi.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.gguflm_emulated_picks_vbmi.restype = ctypes.c_int
+    lib.gguflm_emulated_picks_special.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.gguflm_emulated_picks_special.restype = ctypes.c_int
     for name in ("gguflm_software_fp32_to_fp16", "gguflm_software_fp16_to_fp32"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
@@ -90,8 +91,8 @@ def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
     scalar = emulated_dot("scalar", t, n, w, xq)
     assert scalar.view(np.uint32) == _native("scalar", arith, t, n, w, xq).view(np.uint32)
     # every variant rounds as the scalar kernels; VNNI's vpdpbusd replaces vpmaddubsw+vpmaddwd exactly;
-    # the VBMI grid decoding gives the same bytes
-    for isa in ("avx2", "avx512", "avx512vbmi"):
+    # the VBMI grid decoding and the gathers give the same bytes
+    for isa in ("avx2", "avx512", "avx512vbmi", "avx2intel"):
         assert emulated_dot(isa, t, n, w, xq).view(np.uint32) == scalar.view(np.uint32), isa
     # the CPU's own instructions compute what SIMDe's portable ones do (avx512bf16 has no emulated
     # twin: SIMDe's vdpbf16ps neither reads denormals as zeros nor flushes; it must equal avx512's)
@@ -100,17 +101,20 @@ def test_emulated_simd_kernels_equal_scalar(emulated, t, data):
         assert _native(isa, arith, t, n, w, xq).view(np.uint32) == emulated_dot(twin, t, n, w, xq).view(np.uint32), isa
 
 
-def test_vbmi_kernels_where_they_pay(emulated):
+def test_special_kernels_where_they_pay(emulated):
     # every grid type takes its VBMI kernels with vbmi on, but on Intel's cores only those the VBMI
     # kernels look up with few permutes (quants_kernels.h: gguflm_vbmi_pays); vendors 0-2: other,
     # intel, amd (cpu_features.h)
     grid = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S,
             GGMLType.IQ1_S, GGMLType.IQ1_M]
+    # and AVX2 takes the 3-bit grids' gathering DOT kernels on Intel's only
     for vendor, name in enumerate(("other", "intel", "amd")):
-        picked = {t.name for t in grid if emulated.gguflm_emulated_picks_vbmi(vendor, 0, int(t))}
+        picked = {t.name for t in grid if emulated.gguflm_emulated_picks_special(0, vendor, 0, int(t))}
         expected = {"IQ2_XXS", "IQ3_XXS", "IQ3_S"} if name == "intel" else {t.name for t in grid}
         assert picked == expected, name
-    assert not emulated.gguflm_emulated_picks_vbmi(1, 0, int(GGMLType.Q4_K))   # no VBMI kernel
+        gathering = {t.name for t in grid if emulated.gguflm_emulated_picks_special(1, vendor, 0, int(t))}
+        assert gathering == ({"IQ3_XXS", "IQ3_S"} if name == "intel" else set()), name
+    assert not emulated.gguflm_emulated_picks_special(0, 1, 0, int(GGMLType.Q4_K))   # no VBMI kernel
 
 
 def _native(isa: str, arith: str, t, n: int, w: np.ndarray, xq: np.ndarray) -> np.float32:
@@ -141,7 +145,7 @@ def test_emulated_avx512_matmul(emulated, t, arith, n_in):
     for n_tok in (1, 3, 5, 17, 512 if fmt.block_size > 1 else 67):
         xq = q.quantize_rows_for_dot(t, rng.standard_normal((n_tok, n_in)).astype(np.float32))
         outs = {}
-        for isa in ("avx2", "avx512"):
+        for isa in ("avx2", "avx512", "avx2intel"):
             out = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
             emulated.gguflm_emulated_matmul(ISA_IDS[isa], system.ARITHMETICS.index(arith), int(t), w.ctypes.data,
                                             w.shape[1], n_rows, n_in, xq.ctypes.data, n_tok, out.ctypes.data, 2)
@@ -151,7 +155,7 @@ def test_emulated_avx512_matmul(emulated, t, arith, n_in):
         else:
             with system.using(isa="scalar", arithmetic=arith):
                 expected = q.matmul_quantized(w, t, xq)
-        for isa in ("avx2", "avx512"):
+        for isa in ("avx2", "avx512", "avx2intel"):
             assert np.array_equal(outs[isa].view(np.uint32), expected.view(np.uint32)), (isa, n_tok)
         if "avx2" in system.supported_isas():
             with system.using(isa="avx2", arithmetic=arith):
