@@ -129,7 +129,12 @@ static void gguflm_quantize_w_q45_K(const float *x, int nmax, const float *qw, u
     }
     const float d_block = gguflm_make_qp_quants(QK_K / 32, 63, scales, Ls, sw);
     const float m_block = gguflm_make_qp_quants(QK_K / 32, 63, mins, Lm, sw);
-    for (int j = 0; j < QK_K / 32; ++j) gguflm_put_scale_min_k4(packed, j, GGUFLM_MIN(63, Ls[j]), GGUFLM_MIN(63, Lm[j]));
+    /* ggml's quantize_row_q5_K_impl clamps the levels to 63, its q4_K one packs them as they are: a
+     * wrapped negative one (a sub-block whose one weighted value fits a negative scale) keeps its
+     * low bits there */
+    const bool clamp = nmax == 31;
+    for (int j = 0; j < QK_K / 32; ++j)
+        gguflm_put_scale_min_k4(packed, j, clamp ? GGUFLM_MIN(63, Ls[j]) : Ls[j], clamp ? GGUFLM_MIN(63, Lm[j]) : Lm[j]);
     *dh = gguflm_fp32_to_fp16(d_block);
     *dminh = gguflm_fp32_to_fp16(m_block);
     gguflm_requantize_q45_K(x, nmax, packed, *dh, *dminh, L);

@@ -68,3 +68,18 @@ def test_dequantize_matches_ggml_to_float(t, data):
     nb = data.draw(st.integers(1, 6))
     blob = data.draw(gst.quantized_blocks(fmt, nb))
     assert np.array_equal(_bits(fmt.dequantize(blob)), _bits(_ggml.to_float(t, blob, nb * fmt.block_size)))
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q5_K], ids=lambda t: t.name)
+def test_k_quants_with_one_weight_per_sub_block(t):
+    # an importance matrix with one nonzero weight per 32-element sub-block: the weighted fit of such
+    # a sub-block can come out with a negative scale, whose level make_qp_quants wraps; ggml's
+    # Q4_K packs that level as it is, its Q5_K clamps it to 63 (a hypothesis draw found this)
+    _ggml.require_ggml()
+    fmt = q.get(t)
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((4, 256)).astype(np.float32)
+        imatrix = np.zeros(256, np.float32)
+        imatrix[rng.integers(0, 32, 8) + 32 * np.arange(8)] = rng.uniform(0.5, 8, 8).astype(np.float32)
+        assert np.array_equal(fmt.quantize(x, imatrix=imatrix), _ggml.quantize_chunk(t, x, imatrix)), seed
