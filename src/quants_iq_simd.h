@@ -8,14 +8,6 @@
  * No include guard: this file is meant to be included more than once.
  */
 
-/* 1 in the AVX2 copy that gathers the 3-bit grids' entries (quants_simd.h: GGUFLM_SIMD_GATHER) */
-#undef GGUFLM_IQ_GATHERS
-#if defined(GGUFLM_SIMD_GATHER)
-#define GGUFLM_IQ_GATHERS 1
-#else
-#define GGUFLM_IQ_GATHERS 0
-#endif
-
 #ifndef GGUFLM_IQ_TILED_TOKENS
 #define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
 #endif
@@ -23,8 +15,10 @@
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
  * the grid magnitudes (bytes), the signs (0xff where an element is negative; IQ1: the signed grid
  * values -1, 0, 1 themselves, for vpsignb as ggml's mul_add_epi8), the int16 scale of each element
- * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, const uint8_t *xb, int g,
+ * pair (its 16's scale), and for IQ1 0xff where the element's delta is negative. gather: the
+ * 3-bit grids' 8 entries by one vpgatherdd instead of 8 loads and inserts (the faster way on
+ * Intel's cores, quants_kernels.h: gguflm_avx2_gathers_pay; same bytes). */
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, int gather, const uint8_t *xb, int g,
                                                                        const uint16_t *ix, __m256i *mag, __m256i *neg,
                                                                        __m256i *sc, __m256i *dneg) {
     switch (type) {
@@ -61,7 +55,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     case GGUFLM_IQ3_XXS: {
         const uint8_t *q = xb + 2 + 8 * g;
         const uint32_t a = gguflm_u32_at(xb + 66 + 4 * g);
-        if (GGUFLM_IQ_GATHERS)
+        if (gather)
             *mag = _mm256_i32gather_epi32((const int *)gguflm_iq3xxs_grid, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)), 4);
         else
             *mag = _mm256_set_epi32((int)gguflm_iq3xxs_grid[q[7]], (int)gguflm_iq3xxs_grid[q[6]], (int)gguflm_iq3xxs_grid[q[5]],
@@ -75,7 +69,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     case GGUFLM_IQ3_S: {
         const uint8_t *q = xb + 2 + 8 * g;
         const unsigned h = xb[66 + g];
-        if (GGUFLM_IQ_GATHERS)  /* index j: q[j] | bit j of h at bit 8 */
+        if (gather)  /* index j: q[j] | bit j of h at bit 8 */
             *mag = _mm256_i32gather_epi32((const int *)gguflm_iq3s_grid,
                                           _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q)),
                                                           _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32((int)h), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
@@ -159,7 +153,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_indices)(int t
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
                                                                                  const uint16_t *ix, __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
-    GGUFLM_SIMD(iq_group)(type, xb, g, ix, &mag, &neg, sc, &dneg);
+    GGUFLM_SIMD(iq_group)(type, 0, xb, g, ix, &mag, &neg, sc, &dneg);
     if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
     return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), neg), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
 }
@@ -183,7 +177,7 @@ static inline __attribute__((always_inline)) float GGUFLM_SIMD(iq_d)(int type, c
 }
 
 /* DOT of one weight row with T <= 4 activation rows, the weights decoded once per group for all */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int type, size_t bx, int64_t n,
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int type, int gather, size_t bx, int64_t n,
                                                                           const uint8_t *w, const uint8_t *y,
                                                                           int64_t ys, int T, float *o, int64_t os) {
     __m256 acc[4], acc2[4];
@@ -220,7 +214,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
         if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
-            GGUFLM_SIMD(iq_group)(type, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &mag, &neg, &sc, &dneg);
+            GGUFLM_SIMD(iq_group)(type, gather, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &mag, &neg, &sc, &dneg);
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
@@ -434,25 +428,33 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled)(int type
 
 /* DOT: a single token gets the tile compiled for T = 1 (decode streams the weights: no per-token
  * arrays there) */
-#define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
-    static void GGUFLM_SIMD(DOT_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,    \
-                                       int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                \
+#define GGUFLM_IQ_DOT_KERNEL(name, tag, TYPE, gather)                                                            \
+    static void GGUFLM_SIMD(name)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,         \
+                                  int64_t ys, int64_t nt, float *o, int64_t os, int arith) {                     \
         (void)arith;                                                                                             \
         if (nt == 1) {                                                                                           \
             for (int64_t r = 0; r < nr; ++r)                                                                     \
-                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y, ys, 1, o + r, os);         \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, gather, sizeof(block_##tag), n, w + r * ws, y, ys, 1, o + r, os); \
             return;                                                                                              \
         }                                                                                                        \
         for (int64_t r = 0; r < nr; ++r)                                                                         \
             for (int64_t t = 0; t < nt; t += 4)                                                                  \
-                GGUFLM_SIMD(iq_dot_tile)(TYPE, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,               \
+                GGUFLM_SIMD(iq_dot_tile)(TYPE, gather, sizeof(block_##tag), n, w + r * ws, y + t * ys, ys,       \
                                          (int)(nt - t < 4 ? nt - t : 4), o + t * os + r, os);                   \
-    }                                                                                                            \
+    }
+#define GGUFLM_IQ_SIMD_KERNELS(tag, TYPE)                                                                        \
+    GGUFLM_IQ_DOT_KERNEL(DOT_##tag, tag, TYPE, 0)                                                                \
     static void GGUFLM_SIMD(TILED_##tag)(int64_t n, const uint8_t *w, int64_t ws, int64_t nr, const uint8_t *y,  \
                                          int64_t ys, int64_t nt, float *o, int64_t os, int arith) {              \
         (void)arith;                                                                                             \
         GGUFLM_SIMD(iq_tiled)(TYPE, sizeof(block_##tag), n, w, ws, nr, y, ys, nt, o, os);                        \
     }
 GGUFLM_IQ_TYPES(GGUFLM_IQ_SIMD_KERNELS)
+#if !GGUFLM_SIMD_512   /* AVX2: the 3-bit grids' DOT kernels that gather their entries, for Intel's
+                        * cores (quants_kernels.h: gguflm_avx2_gathers_pay) */
+GGUFLM_IQ_DOT_KERNEL(DOT_GATHER_iq3_xxs, iq3_xxs, GGUFLM_IQ3_XXS, 1)
+GGUFLM_IQ_DOT_KERNEL(DOT_GATHER_iq3_s, iq3_s, GGUFLM_IQ3_S, 1)
+#endif
+#undef GGUFLM_IQ_DOT_KERNEL
 #undef GGUFLM_IQ_SIMD_KERNELS
 #undef GGUFLM_IQ_GEMM_MIN_TOKENS

@@ -119,49 +119,15 @@ GGUFLM_TARGET_AVX2_BEGIN
 #include "quants_simd_body.h"
 #include "quants_iq_simd.h"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_VNNI
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_DPBF16
-#undef GGUFLM_SIMD_VBMI
-#undef GGUFLM_SIMD_AMX
-GGUFLM_TARGET_END
-
-/* the grid i-quants once more for AVX2 with the 3-bit grids' entries gathered (GGUFLM_SIMD_GATHER:
- * quants_iq_simd.h, iq_group), for Intel's cores (gguflm_kernel picks their DOT kernels there) */
-GGUFLM_TARGET_AVX2_BEGIN
-#define GGUFLM_SIMD(name) gguflm_##name##_avx2gather
-#define GGUFLM_SIMD_VNNI 0
-#define GGUFLM_SIMD_512 0
-#define GGUFLM_SIMD_DPBF16 0
-#define GGUFLM_SIMD_VBMI 0
-#define GGUFLM_SIMD_AMX 0
-#define GGUFLM_SIMD_GATHER 1
-/* the AVX2 copy's helpers */
-#define gguflm_ktile_sb_avx2gather gguflm_ktile_sb_avx2
-#define gguflm_bits_32_avx2gather gguflm_bits_32_avx2
-#define gguflm_hsum_i32_avx2gather gguflm_hsum_i32_avx2
-#define gguflm_kt_set_d_avx2gather gguflm_kt_set_d_avx2
-#define gguflm_kt_store_lanes_avx2gather gguflm_kt_store_lanes_avx2
-#define gguflm_ktile_gemm_avx2gather gguflm_ktile_gemm_avx2
-#define gguflm_prefetch_avx2gather gguflm_prefetch_avx2
-#include "quants_iq_simd.h"
+/* the 3-bit grids' DOT kernels that gather their entries (quants_iq_simd.h), for Intel's cores */
 static const gguflm_gemm_fn gguflm_iq_kernels_avx2gather[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
-    [GGUFLM_PATH_DOT][GGUFLM_IQ3_XXS] = gguflm_DOT_iq3_xxs_avx2gather, [GGUFLM_PATH_DOT][GGUFLM_IQ3_S] = gguflm_DOT_iq3_s_avx2gather};
+    [GGUFLM_PATH_DOT][GGUFLM_IQ3_XXS] = gguflm_DOT_GATHER_iq3_xxs_avx2, [GGUFLM_PATH_DOT][GGUFLM_IQ3_S] = gguflm_DOT_GATHER_iq3_s_avx2};
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_VNNI
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
 #undef GGUFLM_SIMD_AMX
-#undef GGUFLM_SIMD_GATHER
-#undef gguflm_ktile_sb_avx2gather
-#undef gguflm_bits_32_avx2gather
-#undef gguflm_hsum_i32_avx2gather
-#undef gguflm_kt_set_d_avx2gather
-#undef gguflm_kt_store_lanes_avx2gather
-#undef gguflm_ktile_gemm_avx2gather
-#undef gguflm_prefetch_avx2gather
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
