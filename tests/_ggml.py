@@ -1,7 +1,7 @@
 """ggml-cpu itself (the libraries llama-cpp-python ships) as a test oracle, when installed.
 
 ``vec_dot`` calls the library's own ``ggml_vec_dot_*`` through its CPU type traits; ``mul_mat``
-builds a one-node ggml graph and computes it on the CPU backend, so the weight goes through the
+builds a one-node ggml graph (gguflm.bench.ggml_peer) and computes it on the CPU backend, so the weight goes through the
 same kernels llama.cpp picks for a model weight of that shape: llamafile's sgemm, the tiled GEMM,
 the vec_dot chunks, or (rows % 8 == 0, Q4_0/Q4_K/IQ4_NL/MXFP4) the CPU_REPACK buffer and its GEMV/GEMM.
 Tests that need it skip when ``llama_cpp`` is not importable: it is a reference peer, not a
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 from typing import Iterator
 
 import numpy as np
@@ -27,70 +26,18 @@ import numpy as np
 from _llama import require_peer
 from gguflm import system
 from gguflm._ext import system as _system
-
-try:
-    import llama_cpp
-except ImportError:  # pragma: no cover - depends on the environment
-    llama_cpp = None
+from gguflm.bench import ggml_peer
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
-class _TraitsCpu(ctypes.Structure):
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
-                ("nrows", ctypes.c_int64)]
-
-
-class _Traits(ctypes.Structure):
-    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
-                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
-                ("from_float_ref", ctypes.c_void_p)]
+def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    require_peer()  # installed, and a build that computes here (one that dies is no oracle)
+    return ggml_peer.libraries()
 
 
 _ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64)
 _FromFloat = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_int64)
 _VecDot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_P = ctypes.c_void_p
-_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-
-
-@functools.cache
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    require_peer()  # installed, and a build that computes here (one that dies is no oracle)
-    folder = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    base = ctypes.CDLL(os.path.join(folder, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(os.path.join(folder, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-    for lib, name, res, args in [
-        (cpu, "ggml_get_type_traits_cpu", ctypes.POINTER(_TraitsCpu), [ctypes.c_int]),
-        (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [_P, _P, ctypes.c_int]),
-        (cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", _P, []),
-        (base, "ggml_backend_cpu_buffer_type", _P, []),
-        (base, "ggml_init", _P, [_InitParams]),
-        (base, "ggml_free", None, [_P]),
-        (base, "ggml_new_tensor_2d", _P, [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
-        (base, "ggml_mul_mat", _P, [_P, _P, _P]),
-        (base, "ggml_new_graph", _P, [_P]),
-        (base, "ggml_build_forward_expand", None, [_P, _P]),
-        (base, "ggml_get_data", _P, [_P]),
-        (base, "ggml_backend_alloc_ctx_tensors_from_buft", _P, [_P, _P]),
-        (base, "ggml_backend_tensor_set", None, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
-        (base, "ggml_backend_buffer_free", None, [_P]),
-        (base, "ggml_log_set", None, [_LogCallback, _P]),
-        (base, "ggml_get_type_traits", ctypes.POINTER(_Traits), [ctypes.c_int]),
-        (base, "ggml_quantize_chunk", ctypes.c_size_t, [ctypes.c_int, _P, _P, ctypes.c_int64, ctypes.c_int64,
-                                                        ctypes.c_int64, _P]),
-        (base, "ggml_quantize_requires_imatrix", ctypes.c_bool, [ctypes.c_int]),
-    ]:
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    cpu.ggml_cpu_init()
-    # the repack buffer logs every tensor it repacks; keep the test output readable
-    _libs.silence = _LogCallback(lambda level, text, user: None)
-    base.ggml_log_set(_libs.silence, None)
-    return base, cpu
 
 
 def require_ggml() -> None:
@@ -170,35 +117,11 @@ def vec_dot(t: int, w: np.ndarray, xq: np.ndarray, n: int) -> np.float32:
 def mul_mat(t: int, w: np.ndarray, n_in: int, x: np.ndarray, n_threads: int = 1, repacked: bool = True) -> np.ndarray:
     """ggml_mul_mat(w, x) on the CPU backend: w uint8 [n_rows, row bytes] of type t, x float32
     [n_tok, n_in] -> [n_tok, n_rows]. ``repacked``: hold w where llama.cpp holds a model weight
-    (the CPU_REPACK buffer for Q4_0/Q4_K/IQ4_NL/MXFP4 with rows % 8 == 0, and Q2_K where the
-    library was built with AVX-512)."""
-    base, cpu = _libs()
-    w = np.ascontiguousarray(w, dtype=np.uint8)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n_rows, n_tok = w.shape[0], x.shape[0]
-    repack = repacked and n_rows % 8 == 0 and (int(t) in (2, 12, 20, 39)   # Q4_0, Q4_K, IQ4_NL, MXFP4
-                                               or (int(t) == 10 and cpu.ggml_cpu_has_avx512()))   # Q2_K
-    ctx_w = base.ggml_init(_InitParams(1 << 16, None, True))
-    ctx = base.ggml_init(_InitParams((16 << 20) + 2 * x.nbytes + 4 * n_rows * n_tok, None, False))
-    buf = None
-    try:
-        tw = base.ggml_new_tensor_2d(ctx_w, int(t), n_in, n_rows)
-        buft = cpu._Z35ggml_backend_cpu_repack_buffer_typev() if repack else base.ggml_backend_cpu_buffer_type()
-        buf = base.ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, buft)
-        base.ggml_backend_tensor_set(tw, w.ctypes.data, 0, w.nbytes)   # repacks into the buffer's layout
-        tx = base.ggml_new_tensor_2d(ctx, 0, n_in, n_tok)
-        ctypes.memmove(base.ggml_get_data(tx), x.ctypes.data, x.nbytes)
-        out = base.ggml_mul_mat(ctx, tw, tx)
-        graph = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(graph, out)
-        assert cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads) == 0
-        data = ctypes.cast(base.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(data, shape=(n_tok, n_rows)).copy()
-    finally:
-        base.ggml_free(ctx)
-        if buf:
-            base.ggml_backend_buffer_free(buf)
-        base.ggml_free(ctx_w)
+    (ggml_peer.holds_repacked)."""
+    _libs()
+    with ggml_peer.mul_mat_graph(t, w, n_in, x, n_threads, repacked) as (compute, result):
+        compute()
+        return result()
 
 
 def requires_imatrix(t: int) -> bool:

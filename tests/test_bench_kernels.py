@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+from _ggml import same_arithmetic
+from _llama import require_peer
+
+import gguflm.quants as q
 from gguflm import system
-from gguflm.bench import kernels
+from gguflm.bench import ggml_peer, kernels
 from gguflm.bench.__main__ import main as bench_main
 
 
@@ -101,3 +107,35 @@ def test_kernels_bench_measures_weights_as_a_model_holds_them():
     assert (tq1["held_as"], tq1["weight_bytes"], tq1["rows16"]) == ("TQ2_0", 32 * 2 * 66, False)
     assert (q4["held_as"], q4["weight_bytes"], q4["rows16"]) == (None, 32 * 16 * 18, True)
     assert any(line.startswith("TQ1_0") and "32x512h" in line for line in lines)
+
+
+def test_kernels_bench_compares_with_llama_cpp_on_the_same_weights(capsys):
+    """--compare llama-cpp times llama.cpp's ggml-cpu on each row's weights (file layout, repacked
+    where llama.cpp repacks), beside gguflm's figures."""
+    require_peer()
+    assert bench_main(["kernels", "--quick", "--types", "Q4_0,IQ2_XXS", "--shapes", "64x256", "--compare",
+                       "llama-cpp"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert any("llama.cpp GB/s" in line for line in printed)
+    rows = [line.split() for line in printed if "64x256" in line]
+    assert [r[0] for r in rows] == ["Q4_0", "IQ2_XXS"] and all(float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)
+    result = kernels.run(types=["Q4_0"], shapes=[(64, 256)], threads=[1], batch=4, membw_bytes=1 << 16, repeat=1,
+                         compare=True, out=lambda line: None)
+    (row,) = result["rows"]
+    assert row["ggml_gbs"] > 0 and row["ggml_gflops"] > 0
+
+
+def test_ggml_peer_graph_refuses_computes_beyond_its_buffers():
+    """ggml aborts the process when a compute's work buffer does not fit its context; the graph
+    raises before that instead."""
+    require_peer()
+    fmt = q.get("Q8_0")
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    w = fmt.quantize(np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)).reshape(8, -1)
+    with ggml_peer.mul_mat_graph(int(fmt.type), w, 64, x, nodes=2, computes=2) as (compute, result):
+        compute()
+        compute()
+        with pytest.raises(RuntimeError, match="made for 2 computes"):
+            compute()
+        with same_arithmetic():
+            assert np.array_equal(result(), q.matmul(w, fmt.type, x))

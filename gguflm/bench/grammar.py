@@ -24,7 +24,6 @@ import argparse
 import ctypes
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -135,17 +134,15 @@ def _gen_rate(run: Any, prompts: Sequence[str], repetitions: int) -> tuple[float
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguflm.bench import llama_cpp_or_none
     from gguflm.grammar import Grammar
     from gguflm.llm import LLM
 
     text = _grammar_text(args)
     compare = args.compare == "llama-cpp"
     if compare:
-        try:
-            import llama_cpp
-        except ImportError:
-            print("gguflm bench grammar: --compare llama-cpp needs llama-cpp-python",
-                  file=sys.stderr)
+        llama_cpp = llama_cpp_or_none("grammar")
+        if llama_cpp is None:
             return 2
         _silence_llama_cpp(llama_cpp)
     progress = False if args.quiet else None

@@ -18,6 +18,13 @@ a multiple of 256 (640 -> 768, 576 -> 768); the label says so. Q4_0, IQ4_NL and 
 whose rows come in whole groups of 16 are measured in the rows-16 layout a loaded model holds them
 in (label ``r``).
 
+With ``--compare llama-cpp`` each row is also computed by llama.cpp's own ggml-cpu, from the
+libraries llama-cpp-python ships (:mod:`gguflm.bench.ggml_peer`): the same weights in the file's
+layout, held where llama.cpp holds a model weight (its CPU_REPACK buffer for the types it
+repacks), ``ggml_mul_mat`` nodes of one graph computed on the same thread counts (8 nodes a
+graph for the single token, so that its one thread start a graph weighs as little as in a model's
+graph): the GB/s of its single-token matvec and the GFLOP/s of its batch, beside gguflm's.
+
 :func:`run` returns the figures as a dict, so the ``gguflm bench`` CLI can reuse it.
 
 On a shared machine the bandwidth and the peak drift (2x within minutes was seen on a 2-core
@@ -42,6 +49,7 @@ import numpy as np
 import gguflm.quants as q
 from gguflm import system
 from gguflm._ext import quants as _k
+from gguflm.bench import llama_cpp_or_none
 from gguflm.testing import random_blocks
 
 TYPES = ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_1", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0",
@@ -122,12 +130,33 @@ def _weights(fmt: q.Format, n_rows: int, n_cols: int, rng: np.random.Generator) 
     return random_blocks(fmt, n_rows * n_cols // fmt.block_size, rng).reshape(n_rows, -1)
 
 
+def _ggml_seconds(fmt: q.Format, w: np.ndarray, x: np.ndarray, n_threads: int, repeat: int, nodes: int,
+                  warm: bool) -> float:
+    """Best seconds of one ggml_mul_mat of llama.cpp's ggml-cpu: w in the file's layout, x float32
+    [n_tok, cols]; ``nodes`` of them in a graph, best of ``repeat`` computes (after one more
+    where ``warm``)."""
+    from gguflm.bench import ggml_peer
+
+    with ggml_peer.mul_mat_graph(int(fmt.type), w, x.shape[1], x, n_threads, nodes=nodes,
+                                 computes=repeat + warm) as (compute, _):
+        if warm:
+            compute()
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            compute()
+            best = min(best, time.perf_counter() - t0)
+    return best / nodes
+
+
 def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, threads: list[int] = [1, 2],
         batch: int = 512, batch_threads: int = 2, membw_bytes: int = 1 << 30, repeat: int = 5,
-        out=print) -> dict:
+        compare: bool = False, out=print) -> dict:
     """Measure and print; returns ``{"isa", "arithmetic", "read_gbs": {threads: GB/s}, "int8_peak_gops",
     "amx_peak_gops", "rows": [...]}`` (a row's ``peak_share``: its batch GFLOP/s over the int8 peak
-    of what its batch ran, the AMX one where its ``amx`` is true; None without one)."""
+    of what its batch ran, the AMX one where its ``amx`` is true; None without one; with
+    ``compare``, its ``ggml_gbs`` and ``ggml_gflops``: llama.cpp's ggml-cpu on the same weights,
+    single token on max(threads) threads, batch on batch_threads)."""
     rng = np.random.default_rng(0)
     results = {"isa": system.current_isa(), "arithmetic": system.current_arithmetic(), "read_gbs": {}, "rows": []}
     out(f"kernels: {system.current_isa()}, arithmetic {system.current_arithmetic()}")
@@ -149,12 +178,13 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
     best_read, best_peak, best_amx = results["read_gbs"][max(threads)], peak, amx_peak
     header = f"{'type':6} {'rows x cols':>14} {'GB/s 1t cpu':>11} " + " ".join(f"{f'GB/s {n}t':>9}" for n in threads)
     batch_label = f"GFLOP/s b{batch} {batch_threads}t" + (" cpu" if batch_threads == 1 else "")
-    out(header + f" {f'%read {max(threads)}t':>9} {batch_label:>18} {'%peak':>6}")
+    out(header + f" {f'%read {max(threads)}t':>9} {batch_label:>18} {'%peak':>6}"
+        + (f" {f'llama.cpp GB/s {max(threads)}t':>18} {'llama.cpp GFLOP/s':>17}" if compare else ""))
     for name in types:
         fmt = q.get(name)
         for n_rows, n_cols in shapes:
             cols = -(-n_cols // fmt.block_size) * fmt.block_size
-            w = _weights(fmt, n_rows, cols, rng)
+            w = w_file = _weights(fmt, n_rows, cols, rng)
             # held as a loaded model holds it: in the rows-16 layout where the type and rows allow,
             # in another type's blocks where the type has one (the bytes streamed are those)
             rows16 = fmt.type in q.ROWS16_TYPES and n_rows % q.ROWS16 == 0
@@ -194,10 +224,17 @@ def run(types: list[str] = TYPES, shapes: list[tuple[int, int]] = SHAPES, thread
                 + ("h" if row["held_as"] else "")
             share = row["gbs"][max(threads)] / row["read_gbs"] * 100
             row["peak_share"] = None if row["int8_peak_gops"] is None else row["gflops"] / row["int8_peak_gops"]
+            peer = ""
+            if compare:
+                secs = _ggml_seconds(fmt, w_file, x1, max(threads), repeat, nodes=8, warm=True)
+                row["ggml_gbs"] = w_file.nbytes / secs / 1e9
+                secs = _ggml_seconds(fmt, w_file, xb, batch_threads, 1 if w.nbytes > 2**26 else repeat, nodes=1, warm=False)
+                row["ggml_gflops"] = 2.0 * n_rows * cols * batch / secs / 1e9
+                peer = f" {row['ggml_gbs']:18.1f} {row['ggml_gflops']:17.1f}"
             out(f"{name:6} {label:>14} {row['gbs_cpu']:11.1f} " + " ".join(f"{row['gbs'][n]:9.1f}" for n in threads)
                 + f" {share:8.0f}% {row['gflops']:18.1f} "
                 + ("     -" if row["peak_share"] is None else f"{100 * row['peak_share']:5.0f}%")
-                + ("a" if row["amx"] else ""))
+                + ("a" if row["amx"] else " ") + peer)
     out("* 256-block columns rounded up to whole blocks; r: the weights in the rows-16 layout a loaded model"
         " holds them in; h: held as another type's blocks, as a loaded model holds them ("
         + ", ".join(f"{a.name} as {b.name}" for a, b in q.HELD_AS.items()) + "); 'cpu': on the thread's CPU clock"
@@ -219,7 +256,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--isa", help=f"force a kernel variant ({', '.join(system.ISAS)})")
     parser.add_argument("--arith", help=f"reproduce another ggml build ({', '.join(system.ARITHMETICS)})")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser.add_argument("--compare", choices=["llama-cpp"],
+                        help="also time llama.cpp's ggml-cpu (llama-cpp-python's libraries) on the same weights")
     args = parser.parse_args(argv)
+    compare = args.compare == "llama-cpp"
+    if compare and llama_cpp_or_none("kernels") is None:
+        return 2
     if args.isa:
         system.set_isa(args.isa)
     if args.arith:
@@ -227,7 +269,7 @@ def main(argv: list[str]) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     kwargs = dict(types=args.types.split(","), shapes=shapes, threads=[int(n) for n in args.threads.split(",")],
                   batch=args.batch, batch_threads=args.batch_threads, membw_bytes=args.membw_mib << 20,
-                  repeat=args.repeat)
+                  repeat=args.repeat, compare=compare)
     if args.quick:
         kwargs.update(shapes=[(64, 256)], batch=4, membw_bytes=1 << 20, repeat=1)
     run(**kwargs)
