@@ -12,6 +12,31 @@
 #define GGUFLM_IQ_TILED_TOKENS 16  /* tokens per decoded weight row in TILED (the matmul's token tile) */
 #endif
 
+/* t[i0], .., t[i3] as a vector's 4 qwords: a load, then broadcasts from memory (load ports only)
+ * blended in (any vector port), where _mm256_set_epi64x's inserts take the shuffle port. IQ1_M's
+ * entries (with its scales and delta signs below also off that port: one thread, 256 x 24576,
+ * TSC cycles a super-block, Intel Xeon with AMX, GGUFLM_ISA=avx2: ~62 -> ~57); the other qword
+ * grids measured 2-5% slower so (their inserts stay). */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_qwords4)(const uint64_t *t, unsigned i0, unsigned i1,
+                                                                            unsigned i2, unsigned i3) {
+    __m256i r = _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(t + i0)));
+    r = _mm256_blend_epi32(r, _mm256_set1_epi64x((long long)t[i1]), 0x0c);
+    r = _mm256_blend_epi32(r, _mm256_set1_epi64x((long long)t[i2]), 0x30);
+    return _mm256_blend_epi32(r, _mm256_set1_epi64x((long long)t[i3]), 0xc0);
+}
+
+/* the int16 scales 2 s + 1 of a group: one scale s for all 32 elements, or lo for the first 16
+ * and hi for the rest; loads from gguflm_iq_pair_scale_rows (no broadcast on the shuffle port;
+ * IQ1_S ~42 -> ~40 cycles as above; the 2-bit grids' 4-bit scales measured level or slower) */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_scale)(unsigned s) {
+    return _mm256_load_si256((const __m256i *)(gguflm_iq_pair_scale_rows + 16 * s));
+}
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_half_scales)(unsigned lo, unsigned hi) {
+    const uint32_t *row = gguflm_iq_pair_scale_rows + 16 * (lo | hi << 4);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_load_si128((const __m128i *)row)),
+                                   _mm_load_si128((const __m128i *)(row + 8)), 1);
+}
+
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
  * the grid magnitudes (bytes), the signs (0xff where an element is negative; IQ1: the signed grid
  * values -1, 0, 1 themselves, for vpsignb as ggml's mul_add_epi8), the int16 scale of each element
@@ -96,28 +121,25 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
                                             (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = _mm256_set1_epi16((int16_t)(2 * ((h >> 12) & 7) + 1));
+        *sc = GGUFLM_SIMD(iq_scale)((h >> 12) & 7);
         *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
         break;
     }
     default: { /* IQ1_M */
         /* h bytes h0 h0 h1 h1 in the 4 words: indices q[j] | ((h << (8, 4, 8, 4)) & 0x700) (scalar
-         * loads, as for IQ1_S); delta signs from bits 3 and 7, widened to the 8 elements of each index */
+         * loads, as for IQ1_S); entry j's delta sign is bit 3 + 4j of h0 | h1 << 8, widened to its
+         * 8 elements by comparing the broadcast bits (no shuffles) */
         const uint8_t *q = xb + 4 * g, h0 = xb[32 + 2 * g], h1 = xb[33 + 2 * g];
         const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
-        const __m128i hv = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)gguflm_u16_at(xb + 32 + 2 * g)),
-                                            _mm_setr_epi8(0, -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1));
-        const __m256i v = ix ? _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[ix[4 * g + 3]], (int64_t)gguflm_iq1s_grid[ix[4 * g + 2]],
-                                                 (int64_t)gguflm_iq1s_grid[ix[4 * g + 1]], (int64_t)gguflm_iq1s_grid[ix[4 * g]])
-                             : _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h1 << 4) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[2] | ((h1 << 8) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h0 << 4) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[0] | ((h0 << 8) & 0x700)]);
-        const __m128i bit = _mm_setr_epi32(0x08, 0x80, 0x08, 0x80);
+        const __m256i v = ix ? GGUFLM_SIMD(iq_qwords4)(gguflm_iq1s_grid, ix[4 * g], ix[4 * g + 1], ix[4 * g + 2], ix[4 * g + 3])
+                             : GGUFLM_SIMD(iq_qwords4)(gguflm_iq1s_grid, q[0] | ((h0 << 8) & 0x700), q[1] | ((h0 << 4) & 0x700),
+                                                       q[2] | ((h1 << 8) & 0x700), q[3] | ((h1 << 4) & 0x700));
+        const __m256i bit = _mm256_setr_epi64x(0x08, 0x80, 0x800, 0x8000);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * ((w >> (sh + 3)) & 7) + 1)), _mm_set1_epi16((int16_t)(2 * ((w >> sh) & 7) + 1)));
-        *dneg = _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_and_si128(hv, bit), bit));
+        *sc = GGUFLM_SIMD(iq_half_scales)((w >> sh) & 7, (w >> (sh + 3)) & 7);
+        /* (the dword at qh byte 2g: 4 bytes, inside the 56-byte block for g = 7 too) */
+        *dneg = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi32((int)gguflm_u32_at(xb + 32 + 2 * g)), bit), bit);
         break;
     }
     }
