@@ -29,28 +29,6 @@ static inline int gguflm_is_iq_grid(int type) {
 
 static inline int gguflm_iq_is_1bit(int type) { return type == GGUFLM_IQ1_S || type == GGUFLM_IQ1_M; }
 
-/* The SIMD decoders' int16 scales of a pair of 4-bit scales lo, hi as a row lo + 16 hi: 8 dwords
- * of 2 lo + 1 (in both halves of each), then 8 of 2 hi + 1. A load (AVX2: the two 128-bit
- * halves of a row's first 4 and last 8 dwords) replaces a broadcast or a permute on the shuffle
- * port, which the decoding waits on (quants_iq_simd.h, quants_iq_vbmi.h). */
-#define GGUFLM_SR1(s) (uint32_t)((2 * (s) + 1) * 0x10001)
-#define GGUFLM_SR8(s) GGUFLM_SR1(s), GGUFLM_SR1(s), GGUFLM_SR1(s), GGUFLM_SR1(s), \
-                      GGUFLM_SR1(s), GGUFLM_SR1(s), GGUFLM_SR1(s), GGUFLM_SR1(s)
-#define GGUFLM_SR_ROW(lo, hi) GGUFLM_SR8(lo), GGUFLM_SR8(hi)
-#define GGUFLM_SR_ROWS(hi)                                                                                       \
-    GGUFLM_SR_ROW(0, hi), GGUFLM_SR_ROW(1, hi), GGUFLM_SR_ROW(2, hi), GGUFLM_SR_ROW(3, hi), GGUFLM_SR_ROW(4, hi), \
-        GGUFLM_SR_ROW(5, hi), GGUFLM_SR_ROW(6, hi), GGUFLM_SR_ROW(7, hi), GGUFLM_SR_ROW(8, hi),                  \
-        GGUFLM_SR_ROW(9, hi), GGUFLM_SR_ROW(10, hi), GGUFLM_SR_ROW(11, hi), GGUFLM_SR_ROW(12, hi),               \
-        GGUFLM_SR_ROW(13, hi), GGUFLM_SR_ROW(14, hi), GGUFLM_SR_ROW(15, hi)
-static const uint32_t gguflm_iq_pair_scale_rows[256 * 16] __attribute__((aligned(64))) = {
-    GGUFLM_SR_ROWS(0),  GGUFLM_SR_ROWS(1),  GGUFLM_SR_ROWS(2),  GGUFLM_SR_ROWS(3),  GGUFLM_SR_ROWS(4),  GGUFLM_SR_ROWS(5),
-    GGUFLM_SR_ROWS(6),  GGUFLM_SR_ROWS(7),  GGUFLM_SR_ROWS(8),  GGUFLM_SR_ROWS(9),  GGUFLM_SR_ROWS(10), GGUFLM_SR_ROWS(11),
-    GGUFLM_SR_ROWS(12), GGUFLM_SR_ROWS(13), GGUFLM_SR_ROWS(14), GGUFLM_SR_ROWS(15)};
-#undef GGUFLM_SR_ROWS
-#undef GGUFLM_SR_ROW
-#undef GGUFLM_SR8
-#undef GGUFLM_SR1
-
 /* the float factor of a super-block's d in both recipes (the IQ1 tiled values are 8x too) */
 static inline float gguflm_iq_factor(int type) {
     if (type == GGUFLM_IQ3_XXS) return 0.25f;
@@ -78,6 +56,12 @@ static inline uint32_t gguflm_u32_at(const uint8_t *p) {
 static inline uint16_t gguflm_u16_at(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint64_t gguflm_u64_at(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
     return v;
 }
 

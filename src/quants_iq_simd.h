@@ -14,9 +14,8 @@
 
 /* t[i0], .., t[i3] as a vector's 4 qwords: a load, then broadcasts from memory (load ports only)
  * blended in (any vector port), where _mm256_set_epi64x's inserts take the shuffle port. IQ1_M's
- * entries (with its scales and delta signs below also off that port: one thread, 256 x 24576,
- * TSC cycles a super-block, Intel Xeon with AMX, GGUFLM_ISA=avx2: ~62 -> ~57); the other qword
- * grids measured 2-5% slower so (their inserts stay). */
+ * entries come so, where it measured faster (one thread, Intel Xeon with AMX, GGUFLM_ISA=avx2); the
+ * other qword grids measured 2-5% slower so and keep their inserts. */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_qwords4)(const uint64_t *t, unsigned i0, unsigned i1,
                                                                             unsigned i2, unsigned i3) {
     __m256i r = _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(t + i0)));
@@ -25,16 +24,67 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_qwords4)(con
     return _mm256_blend_epi32(r, _mm256_set1_epi64x((long long)t[i3]), 0xc0);
 }
 
-/* the int16 scales 2 s + 1 of a group: one scale s for all 32 elements, or lo for the first 16
- * and hi for the rest; loads from gguflm_iq_pair_scale_rows (no broadcast on the shuffle port;
- * IQ1_S ~42 -> ~40 cycles as above; the 2-bit grids' 4-bit scales measured level or slower) */
-static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_scale)(unsigned s) {
-    return _mm256_load_si256((const __m256i *)(gguflm_iq_pair_scale_rows + 16 * s));
+/* What an IQ1_S or IQ1_M super-block's groups share, prepared once for all of them:
+ * - ix: the 32 grid indices, computed in vectors and left in memory for the scalar loads of the
+ *   entries (the index arithmetic entry by entry was most of the work): entry e = qs[e] | a 3-bit
+ *   field of the qh bits at bits 8-10. IQ1_S: field e % 4 (bits 3j) of qh word e / 4; IQ1_M: the
+ *   low or high nibble's 3 bits (e odd) of qh byte e / 2.
+ * - scales: the int16 2 s + 1 of its 3-bit scales, so that one vpshufb gives a group its own
+ *   (iq1_group_scales): IQ1_S's 8 in both lanes; IQ1_M's 16, the even-numbered 16s' in the low
+ *   lane and the odd ones' in the high (its scale arithmetic group by group, with variable shifts,
+ *   took more than the decoding around it: ~58 -> ~45 TSC cycles a super-block, one thread, 256 x
+ *   24576, Intel Xeon with AMX, GGUFLM_ISA=avx2). */
+typedef struct {
+    uint16_t ix[32];
+    __m256i scales;
+} GGUFLM_SIMD(iq1_prep);
+
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_prepare)(int type, const uint8_t *xb, GGUFLM_SIMD(iq1_prep) *p) {
+    const int s = type == GGUFLM_IQ1_S;
+    const uint8_t *qs = xb + (s ? 2 : 0);
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
+    /* each lane's field to bits 13-15 (the rest of its 16 bits shifted out), then down to 8-10 */
+    const __m256i mul = s ? _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16)
+                          : _mm256_setr_epi16(8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512);
+    /* lane e (of 16) of each half takes qh word e / 4 (IQ1_S) or byte e / 2 (IQ1_M, high byte zero) */
+    static const int8_t picks[2][2][32] = {
+        {{0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1},
+         {8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1}},
+        {{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
+         {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}}};
+    for (int half = 0; half < 2; ++half) {
+        const __m256i pick = _mm256_loadu_si256((const __m256i *)picks[s][half]);
+        const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), mul), 13), 8);
+        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * half)));
+        _mm256_storeu_si256((__m256i *)(p->ix + 16 * half), _mm256_or_si256(q, h));
+    }
+    if (type == GGUFLM_IQ1_S) {  /* scale g: bits 12-14 of qh word g, in both lanes */
+        const __m128i ls = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(xb + 34)), 12), _mm_set1_epi16(7));
+        p->scales = _mm256_broadcastsi128_si256(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+    } else {                     /* IQ1_M: scale c: bits 3 (c % 4) .. of scale word c / 4; slot k of the low
+                                  * lane takes c = 2k (word k / 2, shift 0 or 6), of the high c = 2k + 1 */
+        static const int8_t words[32] = {0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                         0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7};
+        /* (w >> shift) & 7 as the top 3 bits of w * 2^(13 - shift) */
+        const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)gguflm_u64_at(xb + 48)),
+                                              _mm256_loadu_si256((const __m256i *)words));
+        const __m256i ls = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
+                                                                                     1024, 16, 1024, 16, 1024, 16, 1024, 16)), 13);
+        p->scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
+    }
 }
-static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_half_scales)(unsigned lo, unsigned hi) {
-    const uint32_t *row = gguflm_iq_pair_scale_rows + 16 * (lo | hi << 4);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_load_si128((const __m128i *)row)),
-                                   _mm_load_si128((const __m128i *)(row + 8)), 1);
+
+/* group g's int16 scales from the prepared ones: word g of each lane (IQ1_S: its scale in both;
+ * IQ1_M: its first and second half's) */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq1_group_scales)(const GGUFLM_SIMD(iq1_prep) *p, int g) {
+#define GGUFLM_IQ1_AT4(g) 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1
+#define GGUFLM_IQ1_AT(g) {GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g)}
+    static const int8_t at[8][32] __attribute__((aligned(32))) = {
+        GGUFLM_IQ1_AT(0), GGUFLM_IQ1_AT(1), GGUFLM_IQ1_AT(2), GGUFLM_IQ1_AT(3),
+        GGUFLM_IQ1_AT(4), GGUFLM_IQ1_AT(5), GGUFLM_IQ1_AT(6), GGUFLM_IQ1_AT(7)};
+#undef GGUFLM_IQ1_AT
+#undef GGUFLM_IQ1_AT4
+    return _mm256_shuffle_epi8(p->scales, _mm256_load_si256((const __m256i *)at[g]));
 }
 
 /* One 32-element group g of a super-block decoded in registers, as ggml's AVX2 vec_dot does it:
@@ -44,8 +94,8 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_half_scales)
  * 3-bit grids' 8 entries by one vpgatherdd instead of 8 loads and inserts (the faster way on
  * Intel's cores, quants_kernels.h: gguflm_avx2_gathers_pay; same bytes). */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, int gather, const uint8_t *xb, int g,
-                                                                       const uint16_t *ix, __m256i *mag, __m256i *neg,
-                                                                       __m256i *sc, __m256i *dneg) {
+                                                                       const GGUFLM_SIMD(iq1_prep) *p, __m256i *mag,
+                                                                       __m256i *neg, __m256i *sc, __m256i *dneg) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {
         const uint8_t *q = xb + 2 + 8 * g;
@@ -108,36 +158,25 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         *sc = _mm256_set1_epi16((int16_t)(1 + 2 * ((xb[106 + g / 2] >> (4 * (g % 2))) & 15)));
         break;
     }
-    case GGUFLM_IQ1_S: {
-        /* the 4 grid indices q[j] | ((h << (8 - 3j)) & 0x700), as scalar loads: a vpgatherdq
-         * of 4 took twice as long on Zen 5 */
-        const uint8_t *q = xb + 2 + 4 * g;
+    case GGUFLM_IQ1_S: {    /* entries by scalar loads: a vpgatherdq of 4 took twice as long on Zen 5 */
+        const uint16_t *ix = p->ix + 4 * g;
         const unsigned h = gguflm_u16_at(xb + 34 + 2 * g);
-        const __m256i v = ix ? _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[ix[4 * g + 3]], (int64_t)gguflm_iq1s_grid[ix[4 * g + 2]],
-                                                 (int64_t)gguflm_iq1s_grid[ix[4 * g + 1]], (int64_t)gguflm_iq1s_grid[ix[4 * g]])
-                             : _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[q[3] | ((h >> 1) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[2] | ((h << 2) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[1] | ((h << 5) & 0x700)],
-                                            (int64_t)gguflm_iq1s_grid[q[0] | ((h << 8) & 0x700)]);
+        const __m256i v = _mm256_set_epi64x((int64_t)gguflm_iq1s_grid[ix[3]], (int64_t)gguflm_iq1s_grid[ix[2]],
+                                            (int64_t)gguflm_iq1s_grid[ix[1]], (int64_t)gguflm_iq1s_grid[ix[0]]);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = GGUFLM_SIMD(iq_scale)((h >> 12) & 7);
+        *sc = GGUFLM_SIMD(iq1_group_scales)(p, g);
         *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
         break;
     }
-    default: { /* IQ1_M */
-        /* h bytes h0 h0 h1 h1 in the 4 words: indices q[j] | ((h << (8, 4, 8, 4)) & 0x700) (scalar
-         * loads, as for IQ1_S); entry j's delta sign is bit 3 + 4j of h0 | h1 << 8, widened to its
-         * 8 elements by comparing the broadcast bits (no shuffles) */
-        const uint8_t *q = xb + 4 * g, h0 = xb[32 + 2 * g], h1 = xb[33 + 2 * g];
-        const unsigned w = gguflm_u16_at(xb + 48 + 2 * (g / 2)), sh = 6 * (g % 2);
-        const __m256i v = ix ? GGUFLM_SIMD(iq_qwords4)(gguflm_iq1s_grid, ix[4 * g], ix[4 * g + 1], ix[4 * g + 2], ix[4 * g + 3])
-                             : GGUFLM_SIMD(iq_qwords4)(gguflm_iq1s_grid, q[0] | ((h0 << 8) & 0x700), q[1] | ((h0 << 4) & 0x700),
-                                                       q[2] | ((h1 << 8) & 0x700), q[3] | ((h1 << 4) & 0x700));
+    default: { /* IQ1_M: entry j's delta sign is bit 3 + 4j of its two qh bytes, widened to its 8
+                * elements by comparing the broadcast bits (no shuffles) */
+        const uint16_t *ix = p->ix + 4 * g;
+        const __m256i v = GGUFLM_SIMD(iq_qwords4)(gguflm_iq1s_grid, ix[0], ix[1], ix[2], ix[3]);
         const __m256i bit = _mm256_setr_epi64x(0x08, 0x80, 0x800, 0x8000);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = GGUFLM_SIMD(iq_half_scales)((w >> sh) & 7, (w >> (sh + 3)) & 7);
+        *sc = GGUFLM_SIMD(iq1_group_scales)(p, g);
         /* (the dword at qh byte 2g: 4 bytes, inside the 56-byte block for g = 7 too) */
         *dneg = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi32((int)gguflm_u32_at(xb + 32 + 2 * g)), bit), bit);
         break;
@@ -145,37 +184,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
     }
 }
 
-/* The 32 grid indices of an IQ1_S or IQ1_M super-block, computed in vectors and left in memory
- * for the scalar loads of the entries (the index arithmetic entry by entry was most of the work):
- * entry e = qs[e] | a 3-bit field of the qh bits at bits 8-10. IQ1_S: field e % 4 (bits 3j) of qh
- * word e / 4; IQ1_M: the low or high nibble's 3 bits (e odd) of qh byte e / 2. */
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_indices)(int type, const uint8_t *xb, uint16_t ix[32]) {
-    const int s = type == GGUFLM_IQ1_S;
-    const uint8_t *qs = xb + (s ? 2 : 0);
-    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
-    /* each lane's field to bits 13-15 (the rest of its 16 bits shifted out), then down to 8-10 */
-    const __m256i mul = s ? _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16)
-                          : _mm256_setr_epi16(8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512);
-    /* lane e (of 16) of each half takes qh word e / 4 (IQ1_S) or byte e / 2 (IQ1_M, high byte zero) */
-    static const int8_t picks[2][2][32] = {
-        {{0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1},
-         {8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1}},
-        {{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
-         {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}}};
-    for (int half = 0; half < 2; ++half) {
-        const __m256i pick = _mm256_loadu_si256((const __m256i *)picks[s][half]);
-        const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), mul), 13), 8);
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * half)));
-        _mm256_storeu_si256((__m256i *)(ix + 16 * half), _mm256_or_si256(q, h));
-    }
-}
-
 /* group g's signed values (IQ1: 8 * grid + delta, grid -1, 0 or 1 and delta -1 where dneg, else 1)
- * and the int16 scale of each element pair; ix: the super-block's iq1_indices (IQ1), else NULL */
+ * and the int16 scale of each element pair; p: the super-block's iq1_prepare (IQ1), else NULL */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
-                                                                                 const uint16_t *ix, __m256i *sc) {
+                                                                                 const GGUFLM_SIMD(iq1_prep) *p, __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
-    GGUFLM_SIMD(iq_group)(type, 0, xb, g, ix, &mag, &neg, sc, &dneg);
+    GGUFLM_SIMD(iq_group)(type, 0, xb, g, p, &mag, &neg, sc, &dneg);
     if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
     return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), neg), _mm256_or_si256(dneg, _mm256_set1_epi8(1)));
 }
@@ -232,11 +246,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             }
         }
 #else
-        uint16_t ix[32];
-        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix);
+        GGUFLM_SIMD(iq1_prep) prep;
+        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
-            GGUFLM_SIMD(iq_group)(type, gather, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &mag, &neg, &sc, &dneg);
+            GGUFLM_SIMD(iq_group)(type, gather, xb, g, gguflm_iq_is_1bit(type) ? &prep : NULL, &mag, &neg, &sc, &dneg);
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
@@ -314,11 +328,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
 #endif
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
-        uint16_t ix[32];
-        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix);
+        GGUFLM_SIMD(iq1_prep) prep;
+        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i sc;
-            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, gguflm_iq_is_1bit(type) ? ix : NULL, &sc);
+            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, gguflm_iq_is_1bit(type) ? &prep : NULL, &sc);
             /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
              * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
             bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
@@ -401,12 +415,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         int32_t scales[QK_K / 16][8] = {{0}};   /* [16-element sub-block][row] */
         float d[8] = {0};
-        uint16_t ix[8][32];   /* IQ1: each row's grid indices, computed once for its 8 groups */
+        GGUFLM_SIMD(iq1_prep) prep[8];   /* IQ1: each row's, made once for its 8 groups */
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
-            if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_indices)(type, xb, ix[r]);
+            if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep[r]);
         }
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i v[8];
@@ -417,7 +431,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                 }
                 __m256i sc;
                 v[r] = _mm256_add_epi8(off, GGUFLM_SIMD(iq_group_values)(type, w + r * ws + (i0 + s) * bx, g,
-                                                                          gguflm_iq_is_1bit(type) ? ix[r] : NULL, &sc));
+                                                                          gguflm_iq_is_1bit(type) ? &prep[r] : NULL, &sc));
                 scales[2 * g][r] = _mm256_extract_epi16(sc, 0);       /* elements 0-15 of the group */
                 scales[2 * g + 1][r] = _mm256_extract_epi16(sc, 8);   /* 16-31 */
             }

@@ -41,12 +41,6 @@ static inline int gguflm_iqv_field_sign_type(int type) {
     return type == GGUFLM_IQ2_XXS || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ3_XXS;
 }
 
-static inline uint64_t gguflm_iqv_u64_at(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 /* one code plane (pieces of 128 bytes) at the 7 low bits of idx; bit[l]: the index bit 7 + l */
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_plane)(const uint8_t *t, int pieces, __m512i idx,
                                                                            const __mmask64 *bit) {
@@ -113,7 +107,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_field_signs)(i
  * in both halves of its dword, for the types other than IQ1's:
  * - one scale per 32 elements (IQ2_XXS: the top nibble of word g of the block after d, at
  *   9 + 8 g; IQ3_XXS: of the word at 66 + 4 g; IQ3_S: nibble g of its 4 scale bytes): the row of
- *   gguflm_iq_pair_scale_rows that the two nibbles of groups 2p, 2p + 1 index, the index made by
+ *   gguflm_iqv_pair_scale_rows that the two nibbles of groups 2p, 2p + 1 index, the index made by
  *   scalar instructions (the vector ports, which the decoding waits on, take none) and one load
  *   (was a vpermd a 64 weights on the shuffle port);
  * - one per 16 elements (IQ2_XS, IQ2_S: nibble k of their 8 scale bytes): a vector of dwords by
@@ -121,14 +115,34 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iqv_field_signs)(i
  *   8 + k), one vpermd a 64 weights (a row per four nibbles would take a 4 MiB table). */
 static inline int gguflm_iqv_scale_type(int type) { return !gguflm_iq_is_1bit(type); }
 
+#define GGUFLM_IQV_S(s) (uint32_t)((2 * (s) + 1) * 0x10001)
+#define GGUFLM_IQV_S8(s) GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), \
+                         GGUFLM_IQV_S(s), GGUFLM_IQV_S(s), GGUFLM_IQV_S(s)
+#define GGUFLM_IQV_PAIR(lo, hi) GGUFLM_IQV_S8(lo), GGUFLM_IQV_S8(hi)
+#define GGUFLM_IQV_PAIRS(hi)                                                                                   \
+    GGUFLM_IQV_PAIR(0, hi), GGUFLM_IQV_PAIR(1, hi), GGUFLM_IQV_PAIR(2, hi), GGUFLM_IQV_PAIR(3, hi),           \
+        GGUFLM_IQV_PAIR(4, hi), GGUFLM_IQV_PAIR(5, hi), GGUFLM_IQV_PAIR(6, hi), GGUFLM_IQV_PAIR(7, hi),       \
+        GGUFLM_IQV_PAIR(8, hi), GGUFLM_IQV_PAIR(9, hi), GGUFLM_IQV_PAIR(10, hi), GGUFLM_IQV_PAIR(11, hi),     \
+        GGUFLM_IQV_PAIR(12, hi), GGUFLM_IQV_PAIR(13, hi), GGUFLM_IQV_PAIR(14, hi), GGUFLM_IQV_PAIR(15, hi)
+/* row lo + 16 hi: 8 dwords of scale lo, 8 of scale hi */
+static const uint32_t gguflm_iqv_pair_scale_rows[256 * 16] __attribute__((aligned(64))) = {
+    GGUFLM_IQV_PAIRS(0),  GGUFLM_IQV_PAIRS(1),  GGUFLM_IQV_PAIRS(2),  GGUFLM_IQV_PAIRS(3),
+    GGUFLM_IQV_PAIRS(4),  GGUFLM_IQV_PAIRS(5),  GGUFLM_IQV_PAIRS(6),  GGUFLM_IQV_PAIRS(7),
+    GGUFLM_IQV_PAIRS(8),  GGUFLM_IQV_PAIRS(9),  GGUFLM_IQV_PAIRS(10), GGUFLM_IQV_PAIRS(11),
+    GGUFLM_IQV_PAIRS(12), GGUFLM_IQV_PAIRS(13), GGUFLM_IQV_PAIRS(14), GGUFLM_IQV_PAIRS(15)};
+#undef GGUFLM_IQV_PAIRS
+#undef GGUFLM_IQV_PAIR
+#undef GGUFLM_IQV_S8
+#undef GGUFLM_IQV_S
+
 static inline __attribute__((always_inline)) __m512i GGUFLM_SIMD(iqv_pair_scales)(int type, const uint8_t *xb, int p) {
     if (type != GGUFLM_IQ2_XS && type != GGUFLM_IQ2_S) {
         const unsigned row = type == GGUFLM_IQ3_S     ? xb[106 + p]
                              : type == GGUFLM_IQ3_XXS ? (unsigned)(xb[69 + 8 * p] >> 4) | (xb[73 + 8 * p] & 0xF0)
                                                       : (unsigned)(xb[9 + 16 * p] >> 4) | (xb[17 + 16 * p] & 0xF0);
-        return _mm512_load_si512((const void *)(gguflm_iq_pair_scale_rows + 16 * row));
+        return _mm512_load_si512((const void *)(gguflm_iqv_pair_scale_rows + 16 * row));
     }
-    const __m512i a = _mm512_srlv_epi32(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))),
+    const __m512i a = _mm512_srlv_epi32(_mm512_set1_epi64((long long)gguflm_u64_at(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))),
                                         _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0));
     const __m512i s = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(a, 1), _mm512_set1_epi32(0x1e)), _mm512_set1_epi32(1));
     const __m512i w = _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
@@ -174,7 +188,7 @@ static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(
         break;
     case GGUFLM_IQ2_S: {    /* bits 8, 9 of entry e: bits 2e, 2e + 1 of the 8 qh bytes */
         const __m512i order2 = _mm512_load_si512((const void *)gguflm_iqv_order2);
-        const __m512i h = _mm512_multishift_epi64_epi8(_mm512_add_epi8(order2, order2), _mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)));
+        const __m512i h = _mm512_multishift_epi64_epi8(_mm512_add_epi8(order2, order2), _mm512_set1_epi64((long long)gguflm_u64_at(xb + 66)));
         idx = _mm512_permutexvar_epi8(order2, v);
         bit[1] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1));
         bit[2] = _mm512_test_epi8_mask(h, _mm512_set1_epi8(2));
@@ -187,7 +201,7 @@ static inline __attribute__((always_inline)) GGUFLM_SIMD(iqv_codes) GGUFLM_SIMD(
         break;
     default:                /* IQ3_S: bit 8 of entry e is bit e of the 8 qh bytes */
         idx = _mm512_permutexvar_epi8(order3, v);
-        bit[1] = _mm512_bitshuffle_epi64_mask(_mm512_set1_epi64((long long)gguflm_iqv_u64_at(xb + 66)), order3);
+        bit[1] = _mm512_bitshuffle_epi64_mask(_mm512_set1_epi64((long long)gguflm_u64_at(xb + 66)), order3);
         codes = gguflm_iq3s_codes, pieces = 4;
         break;
     }
