@@ -29,6 +29,11 @@ static inline int gguflm_is_iq_grid(int type) {
 
 static inline int gguflm_iq_is_1bit(int type) { return type == GGUFLM_IQ1_S || type == GGUFLM_IQ1_M; }
 
+/* the types whose AVX2 groups share what iq_prepare makes once a super-block (quants_iq_simd.h) */
+static inline int gguflm_iq_prepared(int type) {
+    return gguflm_iq_is_1bit(type) || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S;
+}
+
 /* the float factor of a super-block's d in both recipes (the IQ1 tiled values are 8x too) */
 static inline float gguflm_iq_factor(int type) {
     if (type == GGUFLM_IQ3_XXS) return 0.25f;

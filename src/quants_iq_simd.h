@@ -24,22 +24,31 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_qwords4)(con
     return _mm256_blend_epi32(r, _mm256_set1_epi64x((long long)t[i3]), 0xc0);
 }
 
-/* What an IQ1_S or IQ1_M super-block's groups share, prepared once for all of them:
- * - ix: the 32 grid indices, computed in vectors and left in memory for the scalar loads of the
+/* What the groups of an IQ1_S, IQ1_M, IQ2_XS or IQ2_S super-block share, prepared once for all
+ * of them:
+ * - ix (IQ1): the 32 grid indices, computed in vectors and left in memory for the scalar loads of the
  *   entries (the index arithmetic entry by entry was most of the work): entry e = qs[e] | a 3-bit
  *   field of the qh bits at bits 8-10. IQ1_S: field e % 4 (bits 3j) of qh word e / 4; IQ1_M: the
  *   low or high nibble's 3 bits (e odd) of qh byte e / 2.
- * - scales: the int16 2 s + 1 of its 3-bit scales, so that one vpshufb gives a group its own
- *   (iq1_group_scales): IQ1_S's 8 in both lanes; IQ1_M's 16, the even-numbered 16s' in the low
- *   lane and the odd ones' in the high (its scale arithmetic group by group, with variable shifts,
- *   took more than the decoding around it: ~58 -> ~45 TSC cycles a super-block, one thread, 256 x
- *   24576, Intel Xeon with AMX, GGUFLM_ISA=avx2). */
+ * - scales: the int16 2 s + 1 of its scales, so that one vpshufb gives a group its own
+ *   (iq_group_scales): IQ1_S's 8 in both lanes; the 16 of the others, the even-numbered 16s' in
+ *   the low lane and the odd ones' in the high (IQ1_M's scale arithmetic group by group, with
+ *   variable shifts, took more than the decoding around it: ~58 -> ~45 TSC cycles a super-block,
+ *   one thread, 256 x 24576, Intel Xeon with AMX, GGUFLM_ISA=avx2; IQ2_XS/IQ2_S broadcast two
+ *   scales a group). */
 typedef struct {
     uint16_t ix[32];
     __m256i scales;
-} GGUFLM_SIMD(iq1_prep);
+} GGUFLM_SIMD(iq_prep);
 
-static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_prepare)(int type, const uint8_t *xb, GGUFLM_SIMD(iq1_prep) *p) {
+static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_prepare)(int type, const uint8_t *xb, GGUFLM_SIMD(iq_prep) *p) {
+    if (type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S) {   /* nibble 2g, 2g + 1: byte g's low, high */
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))));
+        const __m128i lo = _mm_and_si128(b, _mm_set1_epi16(15)), hi = _mm_srli_epi16(b, 4);
+        const __m256i ls = _mm256_set_m128i(hi, lo);
+        p->scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
+        return;
+    }
     const int s = type == GGUFLM_IQ1_S;
     const uint8_t *qs = xb + (s ? 2 : 0);
     const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
@@ -75,8 +84,8 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq1_prepare)(int t
 }
 
 /* group g's int16 scales from the prepared ones: word g of each lane (IQ1_S: its scale in both;
- * IQ1_M: its first and second half's) */
-static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq1_group_scales)(const GGUFLM_SIMD(iq1_prep) *p, int g) {
+ * the others: its first and second half's) */
+static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_scales)(const GGUFLM_SIMD(iq_prep) *p, int g) {
 #define GGUFLM_IQ1_AT4(g) 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1, 2 * (g), 2 * (g) + 1
 #define GGUFLM_IQ1_AT(g) {GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g), GGUFLM_IQ1_AT4(g)}
     static const int8_t at[8][32] __attribute__((aligned(32))) = {
@@ -94,7 +103,7 @@ static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq1_group_scale
  * 3-bit grids' 8 entries by one vpgatherdd instead of 8 loads and inserts (the faster way on
  * Intel's cores, quants_kernels.h: gguflm_avx2_gathers_pay; same bytes). */
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type, int gather, const uint8_t *xb, int g,
-                                                                       const GGUFLM_SIMD(iq1_prep) *p, __m256i *mag,
+                                                                       const GGUFLM_SIMD(iq_prep) *p, __m256i *mag,
                                                                        __m256i *neg, __m256i *sc, __m256i *dneg) {
     switch (type) {
     case GGUFLM_IQ2_XXS: {
@@ -108,23 +117,23 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         break;
     }
     case GGUFLM_IQ2_XS: {
-        const uint8_t *q = xb + 2 + 8 * g, s = xb[66 + g];
+        const uint8_t *q = xb + 2 + 8 * g;
         uint16_t v[4];
         memcpy(v, q, 8);
         *mag = _mm256_set_epi64x((int64_t)gguflm_iq2xs_grid[v[3] & 511], (int64_t)gguflm_iq2xs_grid[v[2] & 511],
                                  (int64_t)gguflm_iq2xs_grid[v[1] & 511], (int64_t)gguflm_iq2xs_grid[v[0] & 511]);
         *neg = _mm256_set_epi64x((int64_t)gguflm_ksigns64[v[3] >> 9], (int64_t)gguflm_ksigns64[v[2] >> 9],
                                  (int64_t)gguflm_ksigns64[v[1] >> 9], (int64_t)gguflm_ksigns64[v[0] >> 9]);
-        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        *sc = GGUFLM_SIMD(iq_group_scales)(p, g);
         break;
     }
     case GGUFLM_IQ2_S: {
-        const uint8_t *q = xb + 2 + 4 * g, s = xb[74 + g];
+        const uint8_t *q = xb + 2 + 4 * g;
         const unsigned h = xb[66 + g];
         *mag = _mm256_set_epi64x((int64_t)gguflm_iq2s_grid[q[3] | ((h << 2) & 0x300)], (int64_t)gguflm_iq2s_grid[q[2] | ((h << 4) & 0x300)],
                                  (int64_t)gguflm_iq2s_grid[q[1] | ((h << 6) & 0x300)], (int64_t)gguflm_iq2s_grid[q[0] | ((h << 8) & 0x300)]);
         *neg = GGUFLM_SIMD(bits_32)(xb + 34 + 4 * g);
-        *sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * (s >> 4) + 1)), _mm_set1_epi16((int16_t)(2 * (s & 15) + 1)));
+        *sc = GGUFLM_SIMD(iq_group_scales)(p, g);
         break;
     }
     case GGUFLM_IQ3_XXS: {
@@ -165,7 +174,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
                                             (int64_t)gguflm_iq1s_grid[ix[1]], (int64_t)gguflm_iq1s_grid[ix[0]]);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = GGUFLM_SIMD(iq1_group_scales)(p, g);
+        *sc = GGUFLM_SIMD(iq_group_scales)(p, g);
         *dneg = _mm256_set1_epi8(h & 0x8000 ? -1 : 0);
         break;
     }
@@ -176,7 +185,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
         const __m256i bit = _mm256_setr_epi64x(0x08, 0x80, 0x800, 0x8000);
         *mag = _mm256_abs_epi8(v);
         *neg = v;
-        *sc = GGUFLM_SIMD(iq1_group_scales)(p, g);
+        *sc = GGUFLM_SIMD(iq_group_scales)(p, g);
         /* (the dword at qh byte 2g: 4 bytes, inside the 56-byte block for g = 7 too) */
         *dneg = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_set1_epi32((int)gguflm_u32_at(xb + 32 + 2 * g)), bit), bit);
         break;
@@ -185,9 +194,9 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_group)(int type
 }
 
 /* group g's signed values (IQ1: 8 * grid + delta, grid -1, 0 or 1 and delta -1 where dneg, else 1)
- * and the int16 scale of each element pair; p: the super-block's iq1_prepare (IQ1), else NULL */
+ * and the int16 scale of each element pair; p: the super-block's iq_prepare (gguflm_iq_prepared), else NULL */
 static inline __attribute__((always_inline)) __m256i GGUFLM_SIMD(iq_group_values)(int type, const uint8_t *xb, int g,
-                                                                                 const GGUFLM_SIMD(iq1_prep) *p, __m256i *sc) {
+                                                                                 const GGUFLM_SIMD(iq_prep) *p, __m256i *sc) {
     __m256i mag, neg, dneg = _mm256_setzero_si256();
     GGUFLM_SIMD(iq_group)(type, 0, xb, g, p, &mag, &neg, sc, &dneg);
     if (!gguflm_iq_is_1bit(type)) return _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
@@ -246,11 +255,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_dot_tile)(int t
             }
         }
 #else
-        GGUFLM_SIMD(iq1_prep) prep;
-        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep);
+        GGUFLM_SIMD(iq_prep) prep;
+        if (gguflm_iq_prepared(type)) GGUFLM_SIMD(iq_prepare)(type, xb, &prep);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i mag, neg, sc, dneg = _mm256_setzero_si256();
-            GGUFLM_SIMD(iq_group)(type, gather, xb, g, gguflm_iq_is_1bit(type) ? &prep : NULL, &mag, &neg, &sc, &dneg);
+            GGUFLM_SIMD(iq_group)(type, gather, xb, g, gguflm_iq_prepared(type) ? &prep : NULL, &mag, &neg, &sc, &dneg);
             for (int k = 0; k < T; ++k) {
                 const block_q8_K *yb = (const block_q8_K *)(y + k * ys) + i;
                 const __m256i q8 = _mm256_loadu_si256((const __m256i *)(yb->qs + 32 * g));
@@ -328,11 +337,11 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_tiled_tile)(int
 #endif
         __m256i acc[GGUFLM_IQ_TILED_TOKENS], bias = _mm256_setzero_si256();
         for (int k = 0; k < T; ++k) acc[k] = _mm256_setzero_si256();
-        GGUFLM_SIMD(iq1_prep) prep;
-        if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep);
+        GGUFLM_SIMD(iq_prep) prep;
+        if (gguflm_iq_prepared(type)) GGUFLM_SIMD(iq_prepare)(type, xb, &prep);
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i sc;
-            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, gguflm_iq_is_1bit(type) ? &prep : NULL, &sc);
+            const __m256i v = GGUFLM_SIMD(iq_group_values)(type, xb, g, gguflm_iq_prepared(type) ? &prep : NULL, &sc);
             /* exact products through vpmaddubsw with the activations made unsigned (q + 128: pairs
              * of at most 255 * 62 stay in int16), the 128 * scale * value taken off once per block */
             bias = _mm256_add_epi32(bias, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), sc));
@@ -415,12 +424,12 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
         GGUFLM_SIMD(ktile_sb) *o = &dec[s];
         int32_t scales[QK_K / 16][8] = {{0}};   /* [16-element sub-block][row] */
         float d[8] = {0};
-        GGUFLM_SIMD(iq1_prep) prep[8];   /* IQ1: each row's, made once for its 8 groups */
+        GGUFLM_SIMD(iq_prep) prep[8];   /* each row's, made once for its 8 groups */
         for (int r = 0; r < R; ++r) {
             const uint8_t *xb = w + r * ws + (i0 + s) * bx;
             GGUFLM_SIMD(prefetch)(xb + nsb * bx, bx);   /* the row's super-block of the next pass */
             d[r] = GGUFLM_SIMD(iq_d)(type, xb) * factor;
-            if (gguflm_iq_is_1bit(type)) GGUFLM_SIMD(iq1_prepare)(type, xb, &prep[r]);
+            if (gguflm_iq_prepared(type)) GGUFLM_SIMD(iq_prepare)(type, xb, &prep[r]);
         }
         for (int g = 0; g < QK_K / 32; ++g) {
             __m256i v[8];
@@ -431,7 +440,7 @@ static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_ktile_decode)(i
                 }
                 __m256i sc;
                 v[r] = _mm256_add_epi8(off, GGUFLM_SIMD(iq_group_values)(type, w + r * ws + (i0 + s) * bx, g,
-                                                                          gguflm_iq_is_1bit(type) ? &prep[r] : NULL, &sc));
+                                                                          gguflm_iq_prepared(type) ? &prep[r] : NULL, &sc));
                 scales[2 * g][r] = _mm256_extract_epi16(sc, 0);       /* elements 0-15 of the group */
                 scales[2 * g + 1][r] = _mm256_extract_epi16(sc, 8);   /* 16-31 */
             }
