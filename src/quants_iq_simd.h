@@ -42,45 +42,43 @@ typedef struct {
 } GGUFLM_SIMD(iq_prep);
 
 static inline __attribute__((always_inline)) void GGUFLM_SIMD(iq_prepare)(int type, const uint8_t *xb, GGUFLM_SIMD(iq_prep) *p) {
-    if (type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S) {   /* nibble 2g, 2g + 1: byte g's low, high */
-        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))));
-        const __m128i lo = _mm_and_si128(b, _mm_set1_epi16(15)), hi = _mm_srli_epi16(b, 4);
-        const __m256i ls = _mm256_set_m128i(hi, lo);
-        p->scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
-        return;
+    if (gguflm_iq_is_1bit(type)) {
+        const int s = type == GGUFLM_IQ1_S;
+        const uint8_t *qs = xb + (s ? 2 : 0);
+        const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
+        /* each lane's field to bits 13-15 (the rest of its 16 bits shifted out), then down to 8-10 */
+        const __m256i mul = s ? _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16)
+                              : _mm256_setr_epi16(8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512);
+        /* lane e (of 16) of each half takes qh word e / 4 (IQ1_S) or byte e / 2 (IQ1_M, high byte zero) */
+        static const int8_t picks[2][2][32] = {
+            {{0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1},
+             {8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1}},
+            {{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
+             {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}}};
+        for (int half = 0; half < 2; ++half) {
+            const __m256i pick = _mm256_loadu_si256((const __m256i *)picks[s][half]);
+            const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), mul), 13), 8);
+            const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * half)));
+            _mm256_storeu_si256((__m256i *)(p->ix + 16 * half), _mm256_or_si256(q, h));
+        }
     }
-    const int s = type == GGUFLM_IQ1_S;
-    const uint8_t *qs = xb + (s ? 2 : 0);
-    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + (s ? 34 : 32))));
-    /* each lane's field to bits 13-15 (the rest of its 16 bits shifted out), then down to 8-10 */
-    const __m256i mul = s ? _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16, 8192, 1024, 128, 16)
-                          : _mm256_setr_epi16(8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512, 8192, 512);
-    /* lane e (of 16) of each half takes qh word e / 4 (IQ1_S) or byte e / 2 (IQ1_M, high byte zero) */
-    static const int8_t picks[2][2][32] = {
-        {{0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1},
-         {8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1}},
-        {{0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
-         {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}}};
-    for (int half = 0; half < 2; ++half) {
-        const __m256i pick = _mm256_loadu_si256((const __m256i *)picks[s][half]);
-        const __m256i h = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), mul), 13), 8);
-        const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * half)));
-        _mm256_storeu_si256((__m256i *)(p->ix + 16 * half), _mm256_or_si256(q, h));
-    }
-    if (type == GGUFLM_IQ1_S) {  /* scale g: bits 12-14 of qh word g, in both lanes */
-        const __m128i ls = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(xb + 34)), 12), _mm_set1_epi16(7));
-        p->scales = _mm256_broadcastsi128_si256(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
-    } else {                     /* IQ1_M: scale c: bits 3 (c % 4) .. of scale word c / 4; slot k of the low
-                                  * lane takes c = 2k (word k / 2, shift 0 or 6), of the high c = 2k + 1 */
+    __m256i ls;   /* the scale levels s */
+    if (type == GGUFLM_IQ1_S) {         /* scale g: bits 12-14 of qh word g, in both lanes */
+        ls = _mm256_broadcastsi128_si256(_mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(xb + 34)), 12), _mm_set1_epi16(7)));
+    } else if (type == GGUFLM_IQ1_M) {  /* scale c: bits 3 (c % 4) .. of scale word c / 4; slot k of the
+                                         * low lane takes c = 2k (word k / 2, shift 0 or 6), of the high c = 2k + 1 */
         static const int8_t words[32] = {0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
                                          0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7};
         /* (w >> shift) & 7 as the top 3 bits of w * 2^(13 - shift) */
         const __m256i w = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)gguflm_u64_at(xb + 48)),
                                               _mm256_loadu_si256((const __m256i *)words));
-        const __m256i ls = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
-                                                                                     1024, 16, 1024, 16, 1024, 16, 1024, 16)), 13);
-        p->scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
+        ls = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
+                                                                       1024, 16, 1024, 16, 1024, 16, 1024, 16)), 13);
+    } else {                            /* IQ2_XS, IQ2_S: nibble 2g, 2g + 1: byte g's low, high */
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(xb + (type == GGUFLM_IQ2_XS ? 66 : 74))));
+        ls = _mm256_set_m128i(_mm_srli_epi16(b, 4), _mm_and_si128(b, _mm_set1_epi16(15)));
     }
+    p->scales = _mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1));
 }
 
 /* group g's int16 scales from the prepared ones: word g of each lane (IQ1_S: its scale in both;
