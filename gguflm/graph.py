@@ -550,7 +550,7 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
-                            self.n_threads, None if sinks is None else sinks.data)
+                            self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
         if v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out

@@ -2,17 +2,21 @@
 
 A cell holds one token's K and V for every layer of its cache, its position and the set of
 sequences it belongs to (a bit mask, so one prompt can be shared by several sequences). As in
-llama.cpp's ``llama_kv_cache``: a ubatch takes free cells found from a moving head; cells are
-freed by ``seq_rm``; position shifts (``seq_add``/``seq_div``) are recorded per cell and applied
+llama.cpp's ``llama_kv_cache``: a ubatch takes free cells found from a moving head, which stays
+past the last cell taken; freeing cells (``seq_rm``, ``seq_keep``, a ``seq_add`` below position 0)
+moves it back to the first freed cell, so that the next prompt lies where llama.cpp's would (a
+cell's index decides the lane of attention's float sums it joins: the same prompt in other cells
+rounds differently). Position shifts (``seq_add``/``seq_div``) are recorded per cell and applied
 to K (re-rotated with RoPE) before the next decode. Models with sliding-window layers get a
 second, window-sized cache for those layers whose cells are reused once they slide out of every
 window (``Memory`` dispatches to both).
 
 With ``n_stream > 1`` (llama.cpp's non-unified cache, ``kv_unified = false``) the cells are cut
 into one equal region per sequence and a token takes cells only in its sequence's region, from
-that region's own head. A sequence's cells then sit where they would if it were alone, so its
-attention sums run in the same order whatever the other sequences do (a server's parallel slots
-give each request the tokens it would get alone).
+that region's own head, and the sequence operations look at that region only, as llama.cpp's KV
+streams (a copy to another sequence copies the region). A sequence's cells then sit where they
+would if it were alone, so its attention sums run in the same order whatever the other sequences
+do (a server's parallel slots give each request the tokens it would get alone).
 """
 
 from __future__ import annotations
@@ -121,36 +125,80 @@ class KVCache:
         self.seq[sel] = 0
         self.shift[sel] = 0
 
+    def _free(self, sel: np.ndarray) -> None:
+        """Empty the cells ``sel``; a region's head moves back to the first cell freed in it (never
+        forward), so the next ubatch takes the freed cells from there, as llama.cpp's cache does."""
+        self._clear_cells(sel)
+        freed = np.flatnonzero(sel)
+        if len(freed):
+            streams, first = np.unique(freed // self.stream_size, return_index=True)
+            self.heads[streams] = np.minimum(self.heads[streams], freed[first] - streams * self.stream_size)
+
+    def _stream_of(self, seq_id: int) -> int:
+        return seq_id if self.n_stream > 1 else 0
+
+    def _region(self, stream: int) -> slice:
+        return slice(stream * self.stream_size, (stream + 1) * self.stream_size)
+
+    def _in_stream_of(self, seq_id: int) -> np.ndarray:
+        """The cells of ``seq_id``'s region: llama.cpp's sequence operations look at no other."""
+        sel = np.zeros(self.size, bool)
+        sel[self._region(self._stream_of(seq_id))] = True
+        return sel
+
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> None:
         sel = self._in_range(p0, p1)
         if seq_id < 0:
-            self._clear_cells(sel)
+            self._free(sel & (self.pos >= 0))
             return
-        sel &= self._has(seq_id)
+        sel &= self._has(seq_id) & self._in_stream_of(seq_id)
         self.seq[sel] &= ~np.uint64(1 << seq_id)
-        self._clear_cells(sel & (self.seq == 0))
+        self._free(sel & (self.seq == 0))
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        sel = self._in_range(p0, p1) & self._has(src)
-        self.seq[sel] |= np.uint64(1 << dst)
+        """``dst`` also holds ``src``'s positions [p0, p1). In one region the cells gain a bit; across
+        regions (llama.cpp copies whole streams only) ``dst``'s region becomes a copy of ``src``'s
+        region (rows, positions, pending shifts and head) holding ``src``'s cells for ``dst``."""
+        s0, s1 = self._stream_of(src), self._stream_of(dst)
+        if s0 == s1:
+            sel = self._in_range(p0, p1) & self._has(src)
+            self.seq[sel] |= np.uint64(1 << dst)
+            return
+        if (0 < p0 < self.stream_size - 1) or (0 < p1 < self.stream_size - 1):
+            raise ValueError(f"copying sequence {src} to {dst} crosses cache regions, which copies "
+                             f"whole sequences only (p0 and p1 < 0), got [{p0}, {p1})")
+        r0, r1 = self._region(s0), self._region(s1)
+        for store in (*self.k.values(), *self.v.values()):
+            store.data[r1] = store.data[r0]
+        held = self._has(src)[r0]
+        self.pos[r1] = np.where(held, self.pos[r0], -1)
+        self.shift[r1] = np.where(held, self.shift[r0], 0)
+        self.seq[r1] = np.where(held, np.uint64(1 << dst), np.uint64(0))
+        self.heads[s1] = self.heads[s0]
 
     def seq_keep(self, seq_id: int) -> None:
-        keep = self._has(seq_id)
+        region = self._in_stream_of(seq_id)
+        keep = self._has(seq_id) & region
         self.seq[keep] = np.uint64(1 << seq_id)
-        self._clear_cells(~keep & (self.pos >= 0))
+        self._free(~keep & region & (self.pos >= 0))
 
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        if delta == 0:
+        if delta == 0 or max(p0, 0) == (p1 if p1 >= 0 else np.iinfo(np.int32).max):
             return
-        sel = self._in_range(p0, p1) & self._has(seq_id)
+        sel = self._in_range(p0, p1) & self._has(seq_id) & self._in_stream_of(seq_id)
         self.pos[sel] += delta
         self.shift[sel] += delta
-        self._clear_cells(sel & (self.pos < 0))
+        # llama.cpp restarts the search in the sequence's region at its first freed cell, else at 0
+        stream = self._stream_of(seq_id)
+        self.heads[stream] = self.stream_size
+        self._free(sel & (self.pos < 0))
+        if self.heads[stream] == self.stream_size:
+            self.heads[stream] = 0
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        if d == 1:
+        if d == 1 or max(p0, 0) == (p1 if p1 >= 0 else np.iinfo(np.int32).max):
             return
-        sel = self._in_range(p0, p1) & self._has(seq_id)
+        sel = self._in_range(p0, p1) & self._has(seq_id) & self._in_stream_of(seq_id)
         new = self.pos[sel] // d
         self.shift[sel] += new - self.pos[sel]
         self.pos[sel] = new
@@ -224,14 +272,12 @@ class KVCache:
         self.seq[cells] = seq_mask
         self.shift[cells] = 0
         if len(cells) and self.n_stream == 1:
-            head = int(cells[-1]) + 1  # the head moves past the last cell this ubatch took
-            self.heads[0] = 0 if head >= self.stream_size else head
+            self.heads[0] = int(cells[-1]) + 1  # the head moves past the last cell this ubatch took
         elif len(cells):
             # each region's head moves past the last cell this ubatch took there
             last = cells[::-1]
             streams, at = np.unique(last // self.stream_size, return_index=True)
-            heads = last[at] + 1 - streams * self.stream_size
-            self.heads[streams] = np.where(heads >= self.stream_size, 0, heads)
+            self.heads[streams] = last[at] + 1 - streams * self.stream_size
         return slot
 
     def undo(self, slot: Slot) -> None:

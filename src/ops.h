@@ -143,7 +143,19 @@ typedef struct {
     float max_bias;            /* ALiBi's maximum bias, 0 = none */
     const float *sinks;        /* [n_head] attention sinks (gpt-oss): a logit per head that takes
                                   part in the softmax without a value; NULL = none */
+    int per_stream;            /* 1: the cache has one region per sequence (llama.cpp's KV streams), and
+                                  ggml multiplies each sequence's tokens apart */
+    uint64_t batched_seqs;     /* set by gguflm_attention: with per_stream, the sequences that have two
+                                  or more tokens in the ubatch */
 } gguflm_attn_args;
+
+/* Whether ggml computes token t's K·q and P·V products as a batch: llamafile's sgemm takes them
+ * when the product has two or more query columns, which are the ubatch's tokens, or with one
+ * region per sequence those of t's own sequence (its stream). A server's parallel slots, one
+ * token each, then round as each would alone. */
+static inline int gguflm_attn_batched(const gguflm_attn_args *a, int t) {
+    return a->per_stream ? (int)((a->batched_seqs >> (a->tok_seq[t] & 63)) & 1u) : a->n_tok >= 2;
+}
 
 /* ggml-cpu's quantize_row_q8_0 (x86): d = amax/127 stored as fp16, values x * (127/amax)
  * rounded to nearest even */
@@ -487,23 +499,33 @@ static int gguflm_pool_mean(int n_tok, int n, int n_seqs, const float *x, int64_
     return failed ? -1 : 0;
 }
 
-/* the sequences the tokens of a ubatch belong to (first sequence of each; ids < 64) */
-static int gguflm_attn_n_seqs(const gguflm_attn_args *a) {
-    uint64_t seen = 0;
-    for (int t = 0; t < a->n_tok; t++) seen |= 1ull << (a->tok_seq[t] & 63);
-    return __builtin_popcountll(seen);
+/* the sequences the tokens of a ubatch belong to (first sequence of each; ids < 64), as bits;
+ * *twice: those with two or more tokens */
+static uint64_t gguflm_attn_seqs(const gguflm_attn_args *a, uint64_t *twice) {
+    uint64_t seen = 0, more = 0;
+    for (int t = 0; t < a->n_tok; t++) {
+        const uint64_t bit = 1ull << (a->tok_seq[t] & 63);
+        more |= seen & bit;
+        seen |= bit;
+    }
+    *twice = more;
+    return seen;
 }
 
 /* With F16 K and V (the default cache), batches of sequences' runs of tokens (prompts) go through
  * gguflm_attn_block (GGUFLM_ATTN_TBLOCK tokens per item, V transposed once per call over every
  * cell) and single tokens through gguflm_attn_heads one query head per item; other caches, and
  * batches of about one token per sequence (parallel decoding: the tokens share no cells, and each
- * sees only its own), through gguflm_attn_heads one token and KV head per item. All give the same
- * floats. */
+ * sees only its own), through gguflm_attn_heads one token and KV head per item, as do the batches
+ * of a cache with a region per sequence where some sequence has one token (which rounds as a
+ * single token, gguflm_attn_batched). All give the same floats. */
 enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
 static int gguflm_attn_scheme(const gguflm_attn_args *a) {
     if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
-    if (a->n_tok >= 2 && !a->cell_seq_id && a->n_tok < 2 * gguflm_attn_n_seqs(a)) return GGUFLM_ATTN_BY_GROUP;
+    uint64_t twice;
+    const uint64_t seqs = gguflm_attn_seqs(a, &twice);
+    if (a->n_tok >= 2 && !a->cell_seq_id && (a->n_tok < 2 * __builtin_popcountll(seqs) || (a->per_stream && twice != seqs)))
+        return GGUFLM_ATTN_BY_GROUP;
     if (a->n_tok >= 2 && !a->cell_seq_id)
         return a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16 ? GGUFLM_ATTN_BY_BLOCK
                                                                                                 : GGUFLM_ATTN_BY_GROUP;
@@ -596,8 +618,11 @@ static int gguflm_attention_by_sequence(const gguflm_attn_args *a, const gguflm_
 
 /* Every item of the scheme (gguflm_attn_scheme) over n_threads threads. Returns 0, or -1 if
  * scratch allocation failed. */
-static int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads) {
+static int gguflm_attention(const gguflm_attn_args *args, int isa, int n_threads) {
     const gguflm_ops_kernels kernels = gguflm_ops_select(isa >= GGUFLM_ISA_AVX2);
+    gguflm_attn_args run = *args;
+    if (run.per_stream) gguflm_attn_seqs(&run, &run.batched_seqs);
+    const gguflm_attn_args *a = &run;
     if (a->cell_seq_id && a->tok_seq == a->cell_seq_id && a->n_tok == a->n_kv && !a->causal && a->n_swa == 0 &&
         a->cache_type_k == GGUFLM_CACHE_F32 && a->cache_type_v == GGUFLM_CACHE_F32 &&
         a->n_head / a->n_head_kv <= GGUFLM_MAX_GQA)

@@ -222,7 +222,8 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
               const int32_t[::1] tok_pos, const int32_t[::1] tok_seq,
               int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
               float kq_scale, float[:, ::1] out, bint causal=True, int n_swa=0, float softcap=0.0,
-              int n_threads=1, const int32_t[::1] cell_seq_id=None, int n_cols=0, float max_bias=0.0):
+              int n_threads=1, const int32_t[::1] cell_seq_id=None, int n_cols=0, float max_bias=0.0,
+              bint per_stream=False):
     """Attention of ``q`` ([n_tokens, n_head * head_dim_k]) over cache cells ``[0, n_kv)``.
 
     ``k_cache``/``v_cache`` hold one row per cell of n_head_kv * head_dim values: float32 ("f32"),
@@ -233,7 +234,9 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
 
     Without a cache (encoders), ``cell_seq_id`` gives each cell's one sequence instead of
     ``cell_seq`` (which may then be empty), ``n_cols`` the length of ggml's score rows (n_kv,
-    unpadded), and ``max_bias`` > 0 adds ALiBi biases.
+    unpadded), and ``max_bias`` > 0 adds ALiBi biases. ``per_stream``: the cache has one region
+    per sequence (llama.cpp's KV streams), so a token rounds as a batch only when its own sequence
+    has two or more tokens here.
     """
     cdef Py_ssize_t n_tok = q.shape[0]
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
@@ -287,6 +290,8 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.n_cols = n_cols
     a.max_bias = max_bias
     a.sinks = NULL
+    a.per_stream = per_stream
+    a.batched_seqs = 0
     _check_threads(n_threads)
     cdef int rc, isa = _switch.isa
     with nogil:

@@ -412,7 +412,7 @@ GGUFLM_TARGET static void GGUFLM_FN(gguflm_attn_heads)(const gguflm_attn_args *a
     const int64_t q8_blocks = dk / QK8_0;
     /* ggml hands batches of float K/V to llamafile's sgemm, single tokens to vec_dot; an F32 K
      * misses sgemm because the permuted queries are not contiguous and need no conversion */
-    const int batch = a->n_tok >= 2, vec = gguflm_vec_lanes(a->arith), dot = gguflm_dot_lanes(a->arith);
+    const int batch = gguflm_attn_batched(a, t), vec = gguflm_vec_lanes(a->arith), dot = gguflm_dot_lanes(a->arith);
     const int k_lanes = batch && tk == GGUFLM_CACHE_F16 ? vec : dot;
     /* sgemm also needs whole vectors of cells, which a padded cache always has */
     const int v_lanes = batch && tv != GGUFLM_CACHE_Q8_0 && dv % 4 == 0 && a->n_cols % vec == 0 ? vec : dot;

@@ -63,5 +63,7 @@ cdef extern from "ops.h" nogil:
         int n_cols
         float max_bias
         const float *sinks
+        int per_stream
+        uint64_t batched_seqs
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

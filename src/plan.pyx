@@ -199,7 +199,7 @@ def place_one(cnp.ndarray pos, cnp.ndarray seq, cnp.ndarray shift, cnp.ndarray h
                 if Q[i] == 0:
                     P[i], S[i] = -1, 0
     P[cell], Q[cell], S[cell] = p, mask, 0
-    H[0] = 0 if cell + 1 >= n else cell + 1
+    H[0] = cell + 1
     for i in range(n - 1, -1, -1):
         if P[i] >= 0:
             last = i
@@ -540,7 +540,7 @@ cdef class Plan:
     def attention(self, cnp.ndarray q, str type_k, cnp.ndarray k_data, str type_v, cnp.ndarray v_data,
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
-                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None):
+                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None, bint per_stream=False):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
                                                                           sinks))
         nd.attn.sinks = <const float *>_ptr(sinks) if sinks is not None else NULL
@@ -555,6 +555,7 @@ cdef class Plan:
         nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
+        nd.attn.per_stream = per_stream
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
 

@@ -28,11 +28,20 @@ except ImportError:  # pragma: no cover - depends on the environment
     L = None
 
 
+# while a LlamaDecoder with heads=True decodes, llama.cpp's log lines are collected here
+_captured: list[str] | None = None
+
+
+def _keep_log(level: int, text: bytes, user: object) -> None:
+    if _captured is not None:
+        _captured.append(text.decode(errors="replace"))
+
+
 @functools.cache
 def _backend() -> None:
     L.llama_backend_init()
     # llama.cpp logs every load to stderr; keep the test output readable
-    _backend.silence = L.llama_log_callback(lambda level, text, user: None)
+    _backend.silence = L.llama_log_callback(_keep_log)
     L.llama_log_set(_backend.silence, ctypes.c_void_p())
 
 
@@ -258,41 +267,85 @@ def llama_tensors(path: str | Path, token_lists: list[list[int]], names: list[st
 
 class LlamaDecoder:
     """llama.cpp's decode through the C API, for what llama-cpp-python's ``Llama`` does not expose:
-    tokens of sequence 0 at explicit positions, every one an output, and position shifts of the
-    cache (``llama_memory_seq_add``). Cache types are ggml type ids (1: f16, 8: q8_0)."""
+    tokens of any sequences at explicit positions, the memory's sequence operations, and (with
+    ``heads=True``) where each decode started looking for cells: the head of each stream that
+    llama.cpp's KV cache logs under LLAMA_KV_CACHE_DEBUG. Cache types are ggml type ids (0: f32,
+    1: f16, 8: q8_0)."""
 
     def __init__(self, path: str | Path, n_ctx: int = 256, type_k: int = 1, type_v: int = 1,
-                 n_threads: int = 2):
+                 n_threads: int = 2, n_seq_max: int = 1, kv_unified: bool = True, n_batch: int | None = None,
+                 heads: bool = False):
+        import os
+
         require_peer()
         _backend()
         self._model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         params = L.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch or n_ctx
         params.n_threads = params.n_threads_batch = n_threads
         params.type_k, params.type_v = type_k, type_v
+        params.n_seq_max, params.kv_unified = n_seq_max, kv_unified
         params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._ctx = L.llama_init_from_model(self._model, params)
+        previous = os.environ.get("LLAMA_KV_CACHE_DEBUG")
+        os.environ["LLAMA_KV_CACHE_DEBUG"] = "1" if heads else "0"   # read when the cache is made
+        try:
+            self._ctx = L.llama_init_from_model(self._model, params)
+        finally:
+            if previous is None:
+                del os.environ["LLAMA_KV_CACHE_DEBUG"]
+            else:
+                os.environ["LLAMA_KV_CACHE_DEBUG"] = previous
+        self._mem = L.llama_get_memory(self._ctx)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
+        self.heads: list[dict[int, int]] = []   # per decode with heads=True: stream -> head before it
 
     def decode(self, tokens: list[int], start: int):
-        """Logits [len(tokens), n_vocab] of ``tokens`` at positions start, start + 1, ..."""
+        """Logits [len(tokens), n_vocab] of ``tokens`` of sequence 0 at positions start, start + 1, ..."""
+        return self.decode_batch([(tok, start + k, 0, True) for k, tok in enumerate(tokens)])
+
+    def decode_batch(self, entries: list[tuple[int, int, int, bool]]):
+        """Decode one batch of (token, position, sequence, output) entries; the logits of the
+        outputs [n_outputs, n_vocab], in batch order."""
+        import re
+
         import numpy as np
 
-        batch = L.llama_batch_init(len(tokens), 0, 1)
+        global _captured
+        batch = L.llama_batch_init(len(entries), 0, 1)
+        _captured = []
         try:
-            for k, tok in enumerate(tokens):
-                batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = tok, start + k, 1, True
-                batch.seq_id[k][0] = 0
-            batch.n_tokens = len(tokens)
-            if L.llama_decode(self._ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
-            return np.ctypeslib.as_array(L.llama_get_logits(self._ctx),
-                                         shape=(len(tokens) * self.n_vocab,)).reshape(len(tokens), -1).copy()
+            for k, (tok, pos, seq, out) in enumerate(entries):
+                batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = tok, pos, 1, out
+                batch.seq_id[k][0] = seq
+            batch.n_tokens = len(entries)
+            status = L.llama_decode(self._ctx, batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status}")
+            found = re.findall(r"find_slot: stream\[(\d+)\], n = +\d+, used = +\d+, head = +(\d+)", "".join(_captured))
+            if found:
+                self.heads.append({int(s): int(h) for s, h in found})
+            rows = [k for k, e in enumerate(entries) if e[3]]
+            return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, k), shape=(self.n_vocab,))
+                             for k in rows]).copy()
         finally:
+            _captured = None
             L.llama_batch_free(batch)
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        L.llama_memory_seq_add(L.llama_get_memory(self._ctx), seq, p0, p1, delta)
+        L.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        return L.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        L.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_min(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_min(self._mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return L.llama_memory_seq_pos_max(self._mem, seq)
 
     def close(self) -> None:
         L.llama_free(self._ctx)

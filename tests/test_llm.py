@@ -550,6 +550,32 @@ def test_dict_shapes_equal_llama_cpp_python(smol, smollm_path):
         ref.close()
 
 
+def test_unrelated_requests_in_a_row_equal_llama_cpp_python(smollm_path):
+    """One LLM, no reset() between requests: a long prompt after a short unrelated one takes the
+    cells llama.cpp's cache gives it (from cell 0, where seq_rm freed them; placed after the old
+    request's cells its log-probabilities were 0.13 off), so the text, the log-probabilities and
+    the positions the cache holds are llama-cpp-python's."""
+    llama_cpp = require_peer()
+    import llama_cpp.llama_cpp as L
+    ref = llama_cpp.Llama(str(smollm_path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False,
+                          logits_all=True)
+    long = ("Rivers carry water from mountains to the sea, shaping valleys, feeding farms and cities, "
+            "and giving homes to fish, birds and many other creatures along their banks. In short,")
+    kwargs = {"max_tokens": 16, "temperature": 0.0, "repeat_penalty": 1.0, "logprobs": 1}
+    try:
+        with make(smollm_path, n_ctx=1024) as llm:
+            for prompt in ["The capital of France is", long, "Hi", long]:
+                ours, theirs = llm.create_completion(prompt, **kwargs), ref.create_completion(prompt, **kwargs)
+                assert ours["choices"][0]["text"] == theirs["choices"][0]["text"], prompt
+                np.testing.assert_allclose(ours["choices"][0]["logprobs"]["token_logprobs"],
+                                           theirs["choices"][0]["logprobs"]["token_logprobs"], atol=1e-5)
+                memory = L.llama_get_memory(ref._ctx.ctx)
+                assert llm.context.memory.seq_pos_min(0) == L.llama_memory_seq_pos_min(memory, 0)
+                assert llm.context.memory.seq_pos_max(0) == L.llama_memory_seq_pos_max(memory, 0)
+    finally:
+        ref.close()
+
+
 def test_llama_cpp_python_constructor_arguments(tiny_copy):
     with LLM(str(tiny_copy), n_ctx=256, n_threads=1, n_gpu_layers=-1, verbose=False, use_mmap=False,
              chat_format="llama-2", last_n_tokens_size=32, logits_all=False, type_k=8, type_v=0,

@@ -346,8 +346,12 @@ def test_metrics_count_requests_and_tokens(served):
 
 
 def test_four_concurrent_streams_equal_their_sequential_results(smollm_path):
-    """The server's f32 KV cache: each slot's attention runs token by token over its own cells,
-    so its greedy tokens are those it gets alone, whatever shares the batch."""
+    """The server's f32 KV cache, a region per slot: a slot's one token per step attends over its
+    own cells as a lone token does, and its prompt as a lone prompt does, so its greedy tokens are
+    those it gets alone, whatever shares the batch (at any arithmetic: the lane orders of AVX2's
+    and AVX-512's sums differ, and each must be the same alone and together). Each phase runs on
+    a fresh server: a prompt a slot has fully cached re-evaluates its last token alone, as
+    llama-server's cache_prompt does, which may round differently from the first run."""
     prompts = ["The capital of France is", "Once upon a time there was", "def fibonacci(n):",
                "List three colors:"]
     s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, n_threads=THREADS))
@@ -357,6 +361,11 @@ def test_four_concurrent_streams_equal_their_sequential_results(smollm_path):
         alone = [client.completions.create(model="m", prompt=p, max_tokens=48, temperature=0,
                                            extra_body=NO_PENALTY) for p in prompts]
         t_alone = time.perf_counter() - t0
+    finally:
+        s.close()
+    s = Served(create_app(smollm_path, parallel=4, n_ctx=2048, n_threads=THREADS))
+    try:
+        client = s.client()
         results: dict[int, str] = {}
 
         def stream(i: int) -> None:
