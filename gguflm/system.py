@@ -24,7 +24,14 @@ has AMX-INT8, the OS enables the tile state and the kernel grants it to the proc
 at import). ``GGUFLM_VBMI=0`` and ``GGUFLM_AMX=0`` (or :func:`set_vbmi`, :func:`set_amx`) turn
 them off, e.g. to test the other AVX-512 kernels on such a machine.
 
-The environment variables (``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``, ``GGUFLM_AMX``) are read once, when gguflm is first imported; an unknown value, or an ISA
+For tests of what other machines run and report, ``GGUFLM_CPU`` makes this one look like a
+machine of one of :data:`CPU_PROFILES` (``avx2``: AVX2-only; ``avx512``: AVX-512 with VNNI, without
+VBMI or GFNI; ``avx512-vbmi``: with them; ``avx512-bf16``: also AVX512_BF16; ``amx``: everything):
+the features the profile's CPUs lack count as absent everywhere (decisions, defaults, reports,
+error messages). It cannot add a feature this CPU lacks.
+
+The environment variables (``GGUFLM_CPU``, ``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``,
+``GGUFLM_AMX``) are read once, when gguflm is first imported; an unknown value, or an ISA
 this machine cannot run, makes that import fail with a message naming the variable. After that,
 :func:`set_isa` and :func:`set_arithmetic` change what every kernel runs from its next call on: the
 quantized matmuls (:mod:`gguflm.quants`), the forward-pass ops, the sampler scans, and the recorded
@@ -47,6 +54,8 @@ from gguflm.threads import resolve_n_threads, usable_cores
 ISAS: tuple[str, ...] = _system.ISAS
 #: the ggml-cpu x86 builds whose float rounding the kernels reproduce
 ARITHMETICS: tuple[str, ...] = _system.ARITHMETICS
+#: GGUFLM_CPU's machine profiles: name -> the features its CPUs have
+CPU_PROFILES: dict[str, tuple[str, ...]] = _system.CPU_PROFILES
 
 
 def supported_isas() -> list[str]:
@@ -151,8 +160,9 @@ def system_info() -> dict[str, Any]:
     ``cpu_vendor`` (``intel``, ``amd`` or ``other``: GCC tunes native builds by it);
     ``cpu_features`` (feature -> the CPU has it and the OS enables it: what may run),
     ``cpu_advertises`` (feature -> CPUID has it), ``os_enables`` (``avx``, ``avx512``, ``amx``
-    register states in XCR0) and ``amx`` (``cpu``, ``os``, ``permitted``: whether the kernel has
-    granted this process the tile data state; ``on``: whether the kernels use the tiles now).
+    register states in XCR0), ``amx`` (``cpu``, ``os``, ``permitted``: whether the kernel has
+    granted this process the tile data state; ``on``: whether the kernels use the tiles now) and
+    ``cpu_profile`` (the ``GGUFLM_CPU`` machine profile this one is made to look like, or None).
     """
     features = _system.cpu_features()
     info: dict[str, Any] = dict(_system.build_info())
@@ -169,6 +179,7 @@ def system_info() -> dict[str, Any]:
     info["cpu_advertises"] = features["cpu"]
     info["os_enables"] = features["os"]
     info["amx"] = dict(_system.amx_support(), on=amx())
+    info["cpu_profile"] = _system.cpu_profile()
     return info
 
 

@@ -98,36 +98,35 @@ static inline int gguflm_vendor_is(const uint32_t v[3], const char name[12]) {
 
 static inline uint32_t gguflm_bit(uint32_t word, int bit) { return (word >> bit) & 1u; }
 
+/* Where CPUID reports each feature (Intel SDM vol. 2A, CPUID): CPUID.1:ECX (12 FMA, 28 AVX, 29
+ * F16C); CPUID.(7,0):EBX (5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL), ECX (1
+ * AVX512_VBMI, 8 GFNI, 11 AVX512_VNNI, 12 AVX512_BITALG), EDX (22 AMX-BF16, 23 AVX512_FP16, 24
+ * AMX-TILE, 25 AMX-INT8); CPUID.(7,1):EAX (5 AVX512_BF16). Indexed like gguflm_cpu_feature_names. */
+enum { GGUFLM_WORD_ECX1, GGUFLM_WORD_EBX7, GGUFLM_WORD_ECX7, GGUFLM_WORD_EDX7, GGUFLM_WORD_EAX7_1 };
+static const struct { uint8_t word, bit; } gguflm_cpuid_bits[GGUFLM_CPU_FEATURE_COUNT] = {
+    {GGUFLM_WORD_ECX1, 28}, {GGUFLM_WORD_ECX1, 12}, {GGUFLM_WORD_ECX1, 29}, {GGUFLM_WORD_EBX7, 5},
+    {GGUFLM_WORD_EBX7, 16}, {GGUFLM_WORD_EBX7, 17}, {GGUFLM_WORD_EBX7, 30}, {GGUFLM_WORD_EBX7, 31},
+    {GGUFLM_WORD_ECX7, 11}, {GGUFLM_WORD_EDX7, 24}, {GGUFLM_WORD_EDX7, 25}, {GGUFLM_WORD_EDX7, 22},
+    {GGUFLM_WORD_EAX7_1, 5}, {GGUFLM_WORD_EDX7, 23}, {GGUFLM_WORD_ECX7, 1}, {GGUFLM_WORD_ECX7, 8},
+    {GGUFLM_WORD_ECX7, 12}};
+
+static inline uint32_t *gguflm_cpuid_word(gguflm_cpuid_words *w, int word) {
+    uint32_t *words[] = {&w->ecx1, &w->ebx7, &w->ecx7, &w->edx7, &w->eax7_1};
+    return words[word];
+}
+
 static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
     gguflm_cpu_features f = {0, 0, 0, GGUFLM_VENDOR_OTHER};
+    gguflm_cpuid_words c = *w;
     int osxsave = 0;
     if (gguflm_vendor_is(w->vendor, "GenuineIntel")) f.vendor = GGUFLM_VENDOR_INTEL;
     else if (gguflm_vendor_is(w->vendor, "AuthenticAMD")) f.vendor = GGUFLM_VENDOR_AMD;
-    if (w->max_leaf >= 1) {
-        /* CPUID.1:ECX: 12 FMA, 27 OSXSAVE, 28 AVX, 29 F16C */
-        f.cpu |= gguflm_bit(w->ecx1, 12) ? GGUFLM_CPU_FMA : 0;
-        f.cpu |= gguflm_bit(w->ecx1, 28) ? GGUFLM_CPU_AVX : 0;
-        f.cpu |= gguflm_bit(w->ecx1, 29) ? GGUFLM_CPU_F16C : 0;
-        osxsave = (int)gguflm_bit(w->ecx1, 27);
-    }
-    if (w->max_leaf >= 7) {
-        /* EBX: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL; ECX: 1 AVX512_VBMI, 8 GFNI,
-         * 11 AVX512_VNNI, 12 AVX512_BITALG;
-         * EDX: 22 AMX-BF16, 23 AVX512_FP16, 24 AMX-TILE, 25 AMX-INT8; subleaf 1 EAX: 5 AVX512_BF16 */
-        f.cpu |= gguflm_bit(w->ebx7, 5) ? GGUFLM_CPU_AVX2 : 0;
-        f.cpu |= gguflm_bit(w->ebx7, 16) ? GGUFLM_CPU_AVX512F : 0;
-        f.cpu |= gguflm_bit(w->ebx7, 17) ? GGUFLM_CPU_AVX512DQ : 0;
-        f.cpu |= gguflm_bit(w->ebx7, 30) ? GGUFLM_CPU_AVX512BW : 0;
-        f.cpu |= gguflm_bit(w->ebx7, 31) ? GGUFLM_CPU_AVX512VL : 0;
-        f.cpu |= gguflm_bit(w->ecx7, 1) ? GGUFLM_CPU_AVX512_VBMI : 0;
-        f.cpu |= gguflm_bit(w->ecx7, 8) ? GGUFLM_CPU_GFNI : 0;
-        f.cpu |= gguflm_bit(w->ecx7, 12) ? GGUFLM_CPU_AVX512_BITALG : 0;
-        f.cpu |= gguflm_bit(w->ecx7, 11) ? GGUFLM_CPU_AVX512_VNNI : 0;
-        f.cpu |= gguflm_bit(w->edx7, 22) ? GGUFLM_CPU_AMX_BF16 : 0;
-        f.cpu |= gguflm_bit(w->edx7, 23) ? GGUFLM_CPU_AVX512_FP16 : 0;
-        f.cpu |= gguflm_bit(w->eax7_1, 5) ? GGUFLM_CPU_AVX512_BF16 : 0;
-        f.cpu |= gguflm_bit(w->edx7, 24) ? GGUFLM_CPU_AMX_TILE : 0;
-        f.cpu |= gguflm_bit(w->edx7, 25) ? GGUFLM_CPU_AMX_INT8 : 0;
+    if (w->max_leaf >= 1) osxsave = (int)gguflm_bit(w->ecx1, 27);  /* CPUID.1:ECX.OSXSAVE */
+    for (int i = 0; i < GGUFLM_CPU_FEATURE_COUNT; i++) {
+        const int word = gguflm_cpuid_bits[i].word;
+        if (w->max_leaf >= (word == GGUFLM_WORD_ECX1 ? 1u : 7u) &&
+            gguflm_bit(*gguflm_cpuid_word(&c, word), gguflm_cpuid_bits[i].bit))
+            f.cpu |= 1u << i;
     }
     if (osxsave) {
         f.os |= (w->xcr0 & GGUFLM_XCR0_AVX) == GGUFLM_XCR0_AVX ? GGUFLM_OS_AVX : 0;
@@ -140,6 +139,18 @@ static gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w) {
     f.usable |= (f.os & GGUFLM_OS_AVX512) ? f.cpu & GGUFLM_CPU_AVX512_STATE : 0;
     f.usable |= (f.os & GGUFLM_OS_AMX) ? f.cpu & GGUFLM_CPU_AMX_FAMILY : 0;
     return f;
+}
+
+/* w as CPUID and XCR0 would read on a machine with only the features `keep` (GGUFLM_CPU_*) of
+ * w's: the others' bits cleared, and the register states none of the kept features needs off (a
+ * CPU without AVX-512 has no such states for the OS to enable) */
+static gguflm_cpuid_words gguflm_cpu_keep(const gguflm_cpuid_words *w, uint32_t keep) {
+    gguflm_cpuid_words c = *w;
+    for (int i = 0; i < GGUFLM_CPU_FEATURE_COUNT; i++)
+        if (!(keep >> i & 1u)) *gguflm_cpuid_word(&c, gguflm_cpuid_bits[i].word) &= ~(1u << gguflm_cpuid_bits[i].bit);
+    if (!(keep & GGUFLM_CPU_AVX512_STATE)) c.xcr0 &= ~(GGUFLM_XCR0_AVX512 & ~GGUFLM_XCR0_AVX);
+    if (!(keep & GGUFLM_CPU_AMX_FAMILY)) c.xcr0 &= ~GGUFLM_XCR0_AMX;
+    return c;
 }
 
 /* what each kernel variant executes (quants_simd.h's target regions: avx2,fma,f16c; the AVX-512

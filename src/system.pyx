@@ -50,6 +50,7 @@ cdef extern from "cpu_features.h" nogil:
     const uint32_t gguflm_isa_needs[]
     gguflm_cpuid_words gguflm_cpu_read()
     gguflm_cpu_features gguflm_cpu_decide(const gguflm_cpuid_words *w)
+    gguflm_cpuid_words gguflm_cpu_keep(const gguflm_cpuid_words *w, uint32_t keep)
     int gguflm_isa_runs(const gguflm_cpu_features *f, int isa)
     int gguflm_isa_best(const gguflm_cpu_features *f)
     int gguflm_vbmi_runs(const gguflm_cpu_features *f)
@@ -63,16 +64,73 @@ ISAS = tuple(gguflm_isa_names[i].decode() for i in range(GGUFLM_ISA_COUNT))
 #: the ggml x86 builds whose float rounding the kernels can reproduce
 ARITHMETICS = tuple(gguflm_arith_names[i].decode() for i in range(GGUFLM_ARITH_COUNT))
 FEATURES = tuple(gguflm_cpu_feature_names[i].decode() for i in range(GGUFLM_CPU_FEATURE_COUNT))
+#: what each kernel variant executes
+ISA_NEEDS = {name: tuple(f for i, f in enumerate(FEATURES) if gguflm_isa_needs[k] >> i & 1)
+             for k, name in enumerate(ISAS)}
+_VBMI_NEEDS = ISA_NEEDS["avx512"] + tuple(f for i, f in enumerate(FEATURES) if GGUFLM_CPU_VBMI_SET >> i & 1)
+_AMX_NEEDS = ("amx_tile", "amx_int8")
 
-cdef gguflm_cpuid_words _words = gguflm_cpu_read()
-cdef gguflm_cpu_features _machine = gguflm_cpu_decide(&_words)
+#: the machines GGUFLM_CPU makes this one look like, by the features their CPUs have (of those
+#: this CPU has: a feature cannot be added), to test what a machine with fewer runs and reports
+CPU_PROFILES = {
+    "avx2": ("avx", "fma", "f16c", "avx2"),                                     # Haswell to Zen 3
+    "avx512": ("avx", "fma", "f16c", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+               "avx512_vnni"),                                                  # Cascade Lake
+}
+CPU_PROFILES["avx512-vbmi"] = CPU_PROFILES["avx512"] + ("avx512vbmi", "gfni", "avx512_bitalg")  # Ice Lake
+CPU_PROFILES["avx512-bf16"] = CPU_PROFILES["avx512-vbmi"] + ("avx512_bf16",)  # Zen 4
+CPU_PROFILES["amx"] = FEATURES                                                   # Sapphire Rapids
+
+cdef gguflm_cpuid_words _read = gguflm_cpu_read()   # as CPUID and XGETBV read them here
+cdef gguflm_cpuid_words _words = _read               # what the decisions are taken on
+cdef gguflm_cpu_features _machine
 cdef gguflm_dispatch _state
-_state.isa = gguflm_isa_best(&_machine)
-_state.arith = gguflm_arith_native(&_machine)
-_state.vbmi = gguflm_vbmi_runs(&_machine)
-_state.amx = 0  # on once granted (_apply_environment)
-_state.vendor = _machine.vendor
 cdef int _amx_granted = -1  # not asked yet
+_profile = None
+
+
+cdef void _take_machine(const gguflm_cpuid_words *w):
+    """Decide on the words w, and start from the best ISA, llama.cpp's native arithmetic for it and
+    VBMI where it runs (AMX: on once granted, _apply_environment)."""
+    global _words, _machine
+    _words = w[0]
+    _machine = gguflm_cpu_decide(&_words)
+    _state.isa = gguflm_isa_best(&_machine)
+    _state.arith = gguflm_arith_native(&_machine)
+    _state.vbmi = gguflm_vbmi_runs(&_machine)
+    _state.amx = 0
+    _state.vendor = _machine.vendor
+
+
+_take_machine(&_words)
+
+
+cdef uint32_t _bits(features) except? 0:
+    cdef uint32_t bits = 0
+    for name in features:
+        bits |= 1u << FEATURES.index(name)
+    return bits
+
+
+def _use_profile(str name) -> None:
+    """Look like a machine of profile ``name`` (CPU_PROFILES) from now on: its features only."""
+    global _profile
+    if name not in CPU_PROFILES:
+        raise ValueError(f"unknown machine profile {name!r}; expected one of {', '.join(CPU_PROFILES)}")
+    cdef gguflm_cpuid_words w = gguflm_cpu_keep(&_read, _bits(CPU_PROFILES[name]))
+    _take_machine(&w)
+    _profile = name
+
+
+def cpu_profile():
+    """The profile GGUFLM_CPU made this machine look like (see CPU_PROFILES), or None."""
+    return _profile
+
+
+cdef str _missing(needs):
+    """Each of the features ``needs`` that this machine cannot use, and why."""
+    return ", ".join(f"{f} ({'the OS does not enable it' if _machine.cpu >> i & 1 else 'not in this CPU'})"
+                     for i, f in enumerate(FEATURES) if f in needs and not _machine.usable >> i & 1)
 
 
 cdef dict _flags(uint32_t bits):
@@ -122,12 +180,21 @@ def decide_features(dict words) -> dict:
     return _describe(&f)
 
 
+cdef dict _words_dict(const gguflm_cpuid_words *w):
+    vendor = b"".join(int(w.vendor[i]).to_bytes(4, "little") for i in range(3))
+    return {"max_leaf": w.max_leaf, "vendor": vendor.decode("latin-1"), "ecx1": w.ecx1, "ebx7": w.ebx7,
+            "ecx7": w.ecx7, "edx7": w.edx7, "eax7_1": w.eax7_1, "xcr0": w.xcr0}
+
+
 def cpu_words() -> dict:
-    """This machine's CPUID and XCR0 words, as :func:`decide_features` takes them."""
-    vendor = b"".join(int(_words.vendor[i]).to_bytes(4, "little") for i in range(3))
-    return {"max_leaf": _words.max_leaf, "vendor": vendor.decode("latin-1"), "ecx1": _words.ecx1,
-            "ebx7": _words.ebx7, "ecx7": _words.ecx7, "edx7": _words.edx7, "eax7_1": _words.eax7_1,
-            "xcr0": _words.xcr0}
+    """This machine's CPUID and XCR0 words, as :func:`decide_features` takes them (as a GGUFLM_CPU
+    profile makes them look)."""
+    return _words_dict(&_words)
+
+
+def read_cpu_words() -> dict:
+    """The CPUID and XCR0 words as this CPU and OS report them, whatever GGUFLM_CPU says."""
+    return _words_dict(&_read)
 
 
 def cpu_features() -> dict:
@@ -158,10 +225,7 @@ def set_isa(str name) -> str:
         raise ValueError(f"unknown ISA {name!r}; expected one of {', '.join(ISAS)}")
     cdef int isa = ISAS.index(name)
     if not gguflm_isa_runs(&_machine, isa):
-        needs = gguflm_isa_needs[isa]
-        missing = [f"{feature} ({'the OS does not enable it' if _machine.cpu >> i & 1 else 'not in this CPU'})"
-                   for i, feature in enumerate(FEATURES) if needs >> i & 1 and not _machine.usable >> i & 1]
-        raise ValueError(f"this machine cannot run the {name} kernels: {', '.join(missing)}; it runs "
+        raise ValueError(f"this machine cannot run the {name} kernels: {_missing(ISA_NEEDS[name])}; it runs "
                          f"{', '.join(supported_isas())}")
     previous = current_isa()
     _state.isa = isa
@@ -188,10 +252,8 @@ def set_vbmi(on) -> bool:
     or not from their next call on; returns the previous setting. The same bits either way."""
     on = _switch_value("vbmi", on)
     if on and not gguflm_vbmi_runs(&_machine):
-        missing = [FEATURES[i] for i in range(GGUFLM_CPU_FEATURE_COUNT)
-                   if GGUFLM_CPU_VBMI_SET & (1 << i) and not _machine.cpu & (1 << i)]
-        raise ValueError("this machine cannot run the VBMI kernels (avx512vbmi, gfni, avx512_bitalg): "
-                         + (", ".join(missing) + " not in this CPU" if missing else "the OS does not enable AVX-512"))
+        raise ValueError(f"this machine cannot run the VBMI kernels (the avx512 kernels with avx512vbmi, gfni "
+                         f"and avx512_bitalg): {_missing(_VBMI_NEEDS)}")
     previous = vbmi()
     _state.vbmi = 1 if on else 0
     return previous
@@ -245,9 +307,9 @@ def set_amx(on) -> bool:
     on = _switch_value("amx", on)
     if on and not request_amx():
         state = amx_support()
-        why = ("not in this CPU" if not state["cpu"] else "the OS does not enable the tile state" if not state["os"]
-               else "the kernel did not grant the tile data state")
-        raise ValueError(f"this machine cannot run the AMX kernels: amx_int8 ({why})")
+        why = _missing(_AMX_NEEDS) if not (state["cpu"] and state["os"]) else \
+            "the kernel did not grant the tile data state"
+        raise ValueError(f"this machine cannot run the AMX kernels: {why}")
     previous = amx()
     _state.amx = 1 if on else 0
     return previous
@@ -283,8 +345,8 @@ def parallel_sum_squares(const float[::1] x, int n_threads):
 
 
 def _apply_environment() -> None:
-    for variable, setter in (("GGUFLM_ISA", set_isa), ("GGUFLM_ARITH", set_arithmetic), ("GGUFLM_VBMI", set_vbmi),
-                             ("GGUFLM_AMX", set_amx)):
+    for variable, setter in (("GGUFLM_CPU", _use_profile), ("GGUFLM_ISA", set_isa),
+                             ("GGUFLM_ARITH", set_arithmetic), ("GGUFLM_VBMI", set_vbmi), ("GGUFLM_AMX", set_amx)):
         value = os.environ.get(variable, "").strip().lower()
         if value:
             try:

@@ -11,6 +11,7 @@ Machines without VBMI check the same kernels through SIMDe (test_quants_simd_emu
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -84,18 +85,26 @@ def test_set_vbmi_checks_the_machine():
         with pytest.raises(ValueError, match="0, 1, on or off"):
             ext.set_vbmi("maybe")
         words = ext.cpu_words()
-        ext._simulate_machine(dict(words, ecx7=words["ecx7"] & ~2))
-        with pytest.raises(ValueError, match="avx512vbmi not in this CPU"):
-            system.set_vbmi(True)
-        ext._simulate_machine(dict(words, ecx7=words["ecx7"] & ~(1 << 8 | 1 << 12)))
-        with pytest.raises(ValueError, match="gfni, avx512_bitalg not in this CPU"):
-            system.set_vbmi(True)
+        for lacking in (2, 1 << 8 | 1 << 12):   # AVX512_VBMI; GFNI and AVX512_BITALG (CPUID.(7,0):ECX)
+            simulated = dict(words, ecx7=words["ecx7"] & ~lacking)
+            ext._simulate_machine(simulated)
+            with pytest.raises(ValueError, match=re.escape(_vbmi_missing(simulated))):
+                system.set_vbmi(True)
         ext._simulate_machine()
         if HAS_VBMI:
             assert system.set_vbmi(True) is False and system.vbmi() is True
     finally:
         ext._simulate_machine()
         system.set_vbmi(previous)
+
+
+def _vbmi_missing(words: dict) -> str:
+    """What the message of set_vbmi(True) names on a machine with CPUID/XCR0 ``words``: every feature
+    of the AVX-512 kernels and of the VBMI set it cannot use, each with why."""
+    decided = ext.decide_features(words)
+    needs = ext.ISA_NEEDS["avx512"] + ("avx512vbmi", "gfni", "avx512_bitalg")
+    return ", ".join(f"{f} ({'the OS does not enable it' if decided['cpu'][f] else 'not in this CPU'})"
+                     for f in ext.FEATURES if f in needs and not decided["usable"][f])
 
 
 def _vbmi_in_subprocess(value: str) -> subprocess.CompletedProcess:
@@ -115,4 +124,5 @@ def test_environment_turns_vbmi_off():
     if HAS_VBMI:
         assert on.returncode == 0 and on.stdout.strip() == "True", on.stderr
     else:
-        assert on.returncode != 0 and "GGUFLM_VBMI='1'" in on.stderr
+        assert on.returncode != 0 and "GGUFLM_VBMI='1': this machine cannot run the VBMI kernels" in on.stderr
+        assert _vbmi_missing(ext.cpu_words()) in on.stderr

@@ -185,12 +185,13 @@ def test_decision_properties(max_leaf, ecx1, ebx7, ecx7, edx7, eax7_1, xcr0, mas
 
 def test_this_machine_agrees_with_the_kernel():
     """Linux lists in /proc/cpuinfo the features the CPU has and XCR0 enables: exactly what is usable
-    (our feature names are the kernel's flag names)."""
+    (our feature names are the kernel's flag names), of those GGUFLM_CPU's profile keeps."""
     features = ext.cpu_features()
     assert features == ext.decide_features(ext.cpu_words())
     with open("/proc/cpuinfo") as f:
         flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
-    assert features["usable"] == {name: name in flags for name in features["usable"]}
+    kept = set(ext.CPU_PROFILES[ext.cpu_profile()] if ext.cpu_profile() else ext.FEATURES)
+    assert features["usable"] == {name: name in flags and name in kept for name in features["usable"]}
     assert features["isas"] == system.supported_isas()
 
 
@@ -278,6 +279,42 @@ def test_set_isa_names_what_is_missing(simulated, machine, isa, reason):
     assert system.set_isa("scalar") == before
 
 
+_NAMED = r"(\w+) \((?:not in this CPU|the OS does not enable it)\)"
+
+
+@pytest.mark.parametrize("machine", DECISIONS)
+def test_every_switch_names_what_a_machine_lacks(machine):
+    """On each simulated machine (its CPUID and XCR0 words: AVX2-only, AVX-512 without VNNI, VBMI
+    or BF16, with AMX, with the OS holding states back...), each setter refuses exactly what the
+    machine lacks, naming every missing feature and no other; what it has is accepted."""
+    before = (system.current_isa(), system.vbmi(), system.amx())
+    decided = ext.decide_features(DECISIONS[machine][0])
+    usable = decided["usable"]
+    try:
+        ext._simulate_machine(DECISIONS[machine][0])
+        vbmi_needs = ext.ISA_NEEDS["avx512"] + ("avx512vbmi", "gfni", "avx512_bitalg")
+        for name, needs, setter, value in [*((isa, ext.ISA_NEEDS[isa], system.set_isa, isa) for isa in system.ISAS),
+                                           ("vbmi", vbmi_needs, system.set_vbmi, True),
+                                           ("amx", ("amx_tile", "amx_int8"), system.set_amx, True)]:
+            missing = [f for f in needs if not usable[f]]
+            try:
+                setter(value)
+                assert not missing, (name, missing)
+            except ValueError as e:
+                if name == "amx" and not missing:   # the machine has AMX: the kernel's grant decides
+                    assert "did not grant" in str(e)
+                else:
+                    assert re.findall(_NAMED, str(e)) == missing, str(e)
+            finally:   # back to what this machine runs before anything computes
+                ext._simulate_machine(None)
+                system.set_isa(before[0]), system.set_vbmi(before[1]), system.set_amx(before[2])
+                ext._simulate_machine(DECISIONS[machine][0])
+        assert decided["vbmi"] == all(usable[f] for f in vbmi_needs)
+    finally:
+        ext._simulate_machine(None)
+        system.set_isa(before[0]), system.set_vbmi(before[1]), system.set_amx(before[2])
+
+
 def full_batch(tokens) -> Batch:
     b = Batch(len(tokens))
     for i, t in enumerate(tokens):
@@ -344,15 +381,65 @@ print(json.dumps([system.current_isa(), system.current_arithmetic(), ran] + [m.d
     assert all(report == {"isa": isa, "arithmetic": "avx2"} for report in reports)
 
 
+def _lacking(needs) -> str:
+    """The features of ``needs`` this machine cannot use, each with why, as the setters name them."""
+    features = ext.cpu_features()
+    return ", ".join(f"{f} ({'the OS does not enable it' if features['cpu'][f] else 'not in this CPU'})"
+                     for f in ext.FEATURES if f in needs and not features["usable"][f])
+
+
 @pytest.mark.parametrize("variable,value,message", [
     ("GGUFLM_ISA", "bogus", "unknown ISA 'bogus'"),
     ("GGUFLM_ARITH", "sse", "unknown arithmetic 'sse'"),
-    *[("GGUFLM_ISA", isa, f"cannot run the {isa} kernels") for isa in set(system.ISAS) - set(system.supported_isas())],
+    ("GGUFLM_CPU", "z80", "unknown machine profile 'z80'"),
+    *[("GGUFLM_ISA", isa, f"this machine cannot run the {isa} kernels: {_lacking(ext.ISA_NEEDS[isa])}; it runs "
+       f"{', '.join(system.supported_isas())}") for isa in sorted(set(system.ISAS) - set(system.supported_isas()))],
 ])
 def test_environment_errors_name_the_variable(variable, value, message):
     done = _in_child({variable: value}, "import gguflm")
     assert done.returncode != 0
     assert f"{variable}={value!r}: {message}" in done.stderr
+
+
+@pytest.mark.parametrize("profile", ext.CPU_PROFILES)
+def test_a_machine_profile_is_what_every_report_says(profile):
+    """GGUFLM_CPU makes this machine look like one with fewer features (an AVX2-only one, AVX-512
+    without VBMI/GFNI, with them, with AVX512_BF16, with AMX), for a whole run: what the reports say,
+    what runs by default, and the errors of what the profile lacks, naming each lacking feature."""
+    code = """
+import json, gguflm
+from gguflm import system
+errors = {}
+for name, setter in [*((isa, system.set_isa) for isa in system.ISAS), ("vbmi", system.set_vbmi), ("amx", system.set_amx)]:
+    try:
+        setter(name if setter is system.set_isa else True)
+    except ValueError as e:
+        errors[name] = str(e)
+print(json.dumps([gguflm.system_info(), errors]))
+"""
+    done = _in_child({"GGUFLM_CPU": profile, "GGUFLM_ISA": "", "GGUFLM_VBMI": "", "GGUFLM_AMX": ""}, code)
+    assert done.returncode == 0, done.stderr
+    info, errors = json.loads(done.stdout)
+    kept, here = set(ext.CPU_PROFILES[profile]), ext.decide_features(ext.read_cpu_words())
+    usable = info["cpu_features"]
+    assert info["cpu_profile"] == profile
+    assert usable == {f: here["usable"][f] and f in kept for f in ext.FEATURES}
+    assert info["os_enables"]["avx512"] == (here["os"]["avx512"] and any(usable[f] for f in ext.FEATURES
+                                                                           if f.startswith("avx512")))
+    runs = [isa for isa in system.ISAS if all(usable[f] for f in ext.ISA_NEEDS[isa])]
+    assert info["supported_isas"] == runs
+    assert info["native_arithmetic"] == ("avx2" if not usable["avx512f"] else "avx512" if not usable["avx512_bf16"]
+                                         else "zen4" if info["cpu_vendor"] == "amd" else "avx512bf16")
+    vbmi_set = ("avx512vbmi", "gfni", "avx512_bitalg")
+    assert info["vbmi"] == ("avx512" in runs and all(usable[f] for f in vbmi_set))
+    lacking = {name: [f for f in needs if not usable[f]] for name, needs in
+               [*ext.ISA_NEEDS.items(), ("vbmi", ext.ISA_NEEDS["avx512"] + vbmi_set), ("amx", ("amx_tile", "amx_int8"))]}
+    for name, missing in lacking.items():
+        if missing:   # every lacking feature named, and none that is there
+            named = re.findall(r"(\w+) \((?:not in this CPU|the OS does not enable it)\)", errors[name])
+            assert named == missing, errors[name]
+        elif name != "amx":   # (AMX also needs the kernel's grant)
+            assert name not in errors, errors[name]
 
 
 # -- llama.cpp as the peer, on machines where its build cannot compute
