@@ -28,7 +28,9 @@ For tests of what other machines run and report, ``GGUFLM_CPU`` makes this one l
 machine of one of :data:`CPU_PROFILES` (``avx2``: AVX2-only; ``avx512``: AVX-512 with VNNI, without
 VBMI or GFNI; ``avx512-vbmi``: with them; ``avx512-bf16``: also AVX512_BF16; ``amx``: everything):
 the features the profile's CPUs lack count as absent everywhere (decisions, defaults, reports,
-error messages). It cannot add a feature this CPU lacks.
+error messages). It cannot add a feature this CPU lacks, and it leaves the default arithmetic that
+of llama.cpp's native build on the CPU as it is (a profile does not rebuild a local llama.cpp;
+``GGUFLM_ARITH`` reproduces another machine's).
 
 The environment variables (``GGUFLM_CPU``, ``GGUFLM_ISA``, ``GGUFLM_ARITH``, ``GGUFLM_VBMI``,
 ``GGUFLM_AMX``) are read once, when gguflm is first imported; an unknown value, or an ISA
@@ -173,7 +175,7 @@ def system_info() -> dict[str, Any]:
     info["arithmetic"] = current_arithmetic()
     info["vbmi"] = vbmi()
     info["supported_isas"] = features["isas"]
-    info["native_arithmetic"] = features["native_arithmetic"]
+    info["native_arithmetic"] = _system.native_arithmetic()
     info["cpu_vendor"] = features["vendor"]
     info["cpu_features"] = features["usable"]
     info["cpu_advertises"] = features["cpu"]

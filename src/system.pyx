@@ -90,13 +90,15 @@ _profile = None
 
 
 cdef void _take_machine(const gguflm_cpuid_words *w):
-    """Decide on the words w, and start from the best ISA, llama.cpp's native arithmetic for it and
-    VBMI where it runs (AMX: on once granted, _apply_environment)."""
+    """Decide on the words w, and start from the best ISA and VBMI where they run (AMX: on once
+    granted, _apply_environment), and from the arithmetic of llama.cpp's native build for the CPU
+    as it is: a profile does not change how a llama.cpp built here rounds."""
     global _words, _machine
     _words = w[0]
     _machine = gguflm_cpu_decide(&_words)
+    cdef gguflm_cpu_features real = gguflm_cpu_decide(&_read)
     _state.isa = gguflm_isa_best(&_machine)
-    _state.arith = gguflm_arith_native(&_machine)
+    _state.arith = gguflm_arith_native(&real)
     _state.vbmi = gguflm_vbmi_runs(&_machine)
     _state.amx = 0
     _state.vendor = _machine.vendor
@@ -125,6 +127,12 @@ def _use_profile(str name) -> None:
 def cpu_profile():
     """The profile GGUFLM_CPU made this machine look like (see CPU_PROFILES), or None."""
     return _profile
+
+
+def native_arithmetic() -> str:
+    """The arithmetic of llama.cpp's native build for this CPU as it is (whatever GGUFLM_CPU says)."""
+    cdef gguflm_cpu_features real = gguflm_cpu_decide(&_read)
+    return ARITHMETICS[gguflm_arith_native(&real)]
 
 
 cdef str _missing(needs):

@@ -54,9 +54,10 @@ _BUILD_FEATURES = {"ggml_cpu_has_avx512": ("ebx7", 1 << 16), "ggml_cpu_has_avx51
 def arithmetic() -> str:
     """The gguflm arithmetic of the local ggml-cpu: gguflm's native decision for this CPU (whose
     vendor set GCC's tuning, -march=native) without the instruction sets the library says it was
-    not compiled for."""
+    not compiled for. The CPU as it is: a GGUFLM_CPU profile does not change how the library was
+    built."""
     _, cpu = _libs()
-    words = _system.cpu_words()
+    words = _system.read_cpu_words()
     for function, (word, bit) in _BUILD_FEATURES.items():
         if not getattr(cpu, function)():
             words[word] &= ~bit

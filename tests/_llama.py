@@ -8,17 +8,24 @@ Tests that run llama.cpp's kernels (decode, ggml ops) call :func:`require_peer` 
 that cannot compute on this machine (llama-cpp-python built natively where the CPU advertises AMX
 but the OS does not grant it dies with SIGILL on a 512-token prompt) makes them skip, never crash
 the run.
+
+With ``GGUFLM_REQUIRE_PEER=1`` (set by .ci/run) every such test fails instead of skipping: there the
+peer is the oracle, and a failed build must not turn its tests into skips of a green run. Every
+test that needs llama-cpp-python goes through :func:`peer_missing` or :func:`import_peer`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
+import os
 import signal
 import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -45,9 +52,27 @@ def _backend() -> None:
     L.llama_log_set(_backend.silence, ctypes.c_void_p())
 
 
+PEER_REQUIRED = os.environ.get("GGUFLM_REQUIRE_PEER", "") == "1"
+
+
+def peer_missing(reason: str) -> NoReturn:
+    """Skip a test for want of llama-cpp-python, or with GGUFLM_REQUIRE_PEER=1 fail it."""
+    if PEER_REQUIRED:
+        pytest.fail(f"GGUFLM_REQUIRE_PEER=1, but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def import_peer(name: str = "llama_cpp") -> types.ModuleType:
+    """A module of llama-cpp-python (see :func:`peer_missing` when it is not installed)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        peer_missing(f"llama-cpp-python is not installed ({exc})")
+
+
 def require_llama() -> None:
     if L is None:
-        pytest.skip("llama-cpp-python is not installed (reference peer for exactness checks)")
+        peer_missing("llama-cpp-python is not installed (reference peer for exactness checks)")
     _backend()
 
 
@@ -89,9 +114,8 @@ def require_peer() -> types.ModuleType:
     """``llama_cpp``, once it has shown that it computes here; skips the test otherwise."""
     problem = peer_problem()
     if problem is not None:
-        pytest.skip(problem)
-    import llama_cpp
-    return llama_cpp
+        peer_missing(problem)
+    return import_peer()
 
 
 class LlamaVocab:

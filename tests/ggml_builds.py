@@ -26,6 +26,7 @@ import numpy as np
 
 import gguflm.quants as q
 from gguflm import system
+from gguflm._ext import system as _system
 from gguflm.ggml_types import GGMLType as T
 
 # stand-ins for the ggml pieces these two files call: a one-thread pool, the fp16 table, asserts
@@ -52,7 +53,7 @@ void ggml_log_internal(int, const char *, ...) {}
 """
 
 BUILDS = {"haswell": "avx2", "skylake-avx512": "avx512", "cooperlake": "avx512bf16", "sapphirerapids": "avx512bf16",
-          "native": system.system_info()["native_arithmetic"]}
+          "native": _system.native_arithmetic()}
 DOTS = {T.F32: "ggml_vec_dot_f32", T.F16: "ggml_vec_dot_f16", T.BF16: "ggml_vec_dot_bf16"}
 
 

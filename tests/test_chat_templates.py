@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _llama import import_peer
 from gguflm.chat import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -34,7 +35,7 @@ conversations = st.lists(st.fixed_dictionaries({"role": roles, "content": conten
 
 def llama_cpp_format(name: str, messages: list[dict], add_assistant: bool) -> str:
     """llama.cpp's ``llm_chat_apply_template`` for a built-in template name."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = import_peer()
     chat = (llama_cpp.llama_chat_message * len(messages))(*[
         llama_cpp.llama_chat_message(role=m["role"].encode(), content=m["content"].encode())
         for m in messages])
@@ -72,7 +73,7 @@ def test_content_parts_are_flattened_for_builtins():
 
 def test_model_template_matches_llama_cpp_python(smollm_path):
     """SmolLM2's own template, rendered by us and by llama-cpp-python's Jinja2ChatFormatter."""
-    chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
+    chat_format = import_peer("llama_cpp.llama_chat_format")
     model = Model.load(smollm_path, vocab_only=True)
     template = template_for_model(model)
     assert template.name == "tokenizer.chat_template"

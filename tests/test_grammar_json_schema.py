@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
+from _llama import import_peer
 from gguflm.grammar import Grammar, GrammarError, UnsupportedSchemaError
 from gguflm.grammar.json_schema import SchemaError, json_schema_to_gbnf
 from grammar_strategies import derive, json_schemas
@@ -32,11 +33,7 @@ def _trim(text: str) -> str:
 
 
 def _reference():
-    try:
-        from llama_cpp.llama_grammar import json_schema_to_gbnf as theirs
-    except ImportError:
-        pytest.skip("llama-cpp-python is not installed (its converter is the reference)")
-    return theirs
+    return import_peer("llama_cpp.llama_grammar").json_schema_to_gbnf
 
 
 # -- llama.cpp's converter
@@ -112,7 +109,7 @@ def test_default_converter_equals_llama_cpp_python_on_random_schemas(schema):
 
 
 def test_llama_cpp_grammar_shim_matches_llama_cpp_python():
-    theirs = pytest.importorskip("llama_cpp").LlamaGrammar
+    theirs = import_peer().LlamaGrammar
     import gguflm
 
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "string"}}})

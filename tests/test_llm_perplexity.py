@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from _llama import peer_problem
+from _llama import import_peer, peer_missing, peer_problem
 from gguflm.model import Model
 from gguflm.perplexity import chunk_nll, perplexity
 
@@ -26,7 +26,7 @@ def topics_text() -> str:
 
 def llama_cpp_perplexity(path, text: str, n_ctx: int, n_chunks: int) -> float:
     """The same method on llama.cpp's tokens and logits (llama-cpp-python's low-level API)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = import_peer()
     llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1,
                           n_threads_batch=1, verbose=False)
     try:
@@ -78,7 +78,7 @@ def test_perplexity_of_both_real_models_equals_llama_cpp(real_model_path, topics
     if peer_problem() is not None:   # the comparison needs the reference peer
         with capsys.disabled():
             print(f"\n{line}; no comparison: {peer_problem()}")
-        return
+        peer_missing(peer_problem())
     reference = llama_cpp_perplexity(real_model_path, topics_text, N_CTX, N_CHUNKS)
     with capsys.disabled():
         print(f"\n{line}; llama.cpp {reference:.4f} ({100 * (result.ppl / reference - 1):+.2f}%)")

@@ -32,6 +32,8 @@ from gguflm.gguf import GGUFReader
 from gguflm.imatrix import Imatrix, read_imatrix, write_imatrix, write_imatrix_legacy
 from gguflm.quantize import QuantizeResult, parse_ftype
 
+pytestmark = pytest.mark.slow  # minutes: still part of the default run (CI runs it)
+
 NTHREAD = 2
 ALL = os.environ.get("GGUFLM_QUANTIZE_ALL") == "1"
 

@@ -14,6 +14,8 @@ import pytest
 import gguflm.quants as q
 from gguflm import system
 
+pytestmark = pytest.mark.slow  # minutes: still part of the default run (CI runs it)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CONSUMER = r'''

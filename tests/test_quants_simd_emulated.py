@@ -30,6 +30,8 @@ from gguflm.testing import random_blocks
 import ggml_lanes as lanes
 from quants_oracles import KERNEL_TYPES, LANES_TYPES, check_fp16_conversions
 
+pytestmark = pytest.mark.slow  # minutes: still part of the default run (CI runs it)
+
 ROOT = Path(__file__).resolve().parent.parent
 # avx512vbmi: avx512, VBMI on; avx2intel: avx2 on an Intel core (the 3-bit grids' gathering kernels)
 ISA_IDS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512vbmi": 3, "avx2intel": 4}

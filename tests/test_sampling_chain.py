@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import gguflm
+from _llama import import_peer
 from gguflm.sampling import DEFAULT_SAMPLERS, SamplerChain, SamplingParams, common_sampler
 from gguflm.samplers import (
     DRY,
@@ -238,7 +239,7 @@ def test_dry_breakers_from_strings():
 
 def test_dry_breakers_match_llama_cpp_on_a_real_vocab(smollm_path):
     """Our breaker processing through llama.cpp's own tokenizer = llama.cpp's DRY."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = import_peer()
     import ctypes
 
     from gguflm.bench.sampling import LlamaCppSamplers

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("llama_cpp")
+from _llama import import_peer
+
+import_peer()
 
 from gguflm.bench.sampling import LlamaCppSamplers  # noqa: E402
 from gguflm.sampling import SamplingParams, common_sampler  # noqa: E402

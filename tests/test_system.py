@@ -200,7 +200,8 @@ def test_system_info_reports_what_runs():
     assert info["compiler"] and isinstance(info["openmp"], bool) and info["usable_cores"] >= 1
     assert info["isa"] == system.current_isa() and info["arithmetic"] == system.current_arithmetic()
     assert info["supported_isas"] == system.supported_isas() and info["isa"] in info["supported_isas"]
-    assert info["native_arithmetic"] == ext.cpu_features()["native_arithmetic"] in system.ARITHMETICS
+    assert info["native_arithmetic"] == ext.decide_features(ext.read_cpu_words())["native_arithmetic"] in \
+        system.ARITHMETICS
     assert info["cpu_vendor"] == ext.cpu_features()["vendor"] in ("intel", "amd", "other")
     feats = info["cpu_features"]
     assert set(feats) == set(info["cpu_advertises"]) >= {"avx2", "fma", "f16c", "avx512f", "avx512_vnni", "amx_tile",
@@ -428,8 +429,8 @@ print(json.dumps([gguflm.system_info(), errors]))
                                                                            if f.startswith("avx512")))
     runs = [isa for isa in system.ISAS if all(usable[f] for f in ext.ISA_NEEDS[isa])]
     assert info["supported_isas"] == runs
-    assert info["native_arithmetic"] == ("avx2" if not usable["avx512f"] else "avx512" if not usable["avx512_bf16"]
-                                         else "zen4" if info["cpu_vendor"] == "amd" else "avx512bf16")
+    # the arithmetic stays that of a llama.cpp built natively here
+    assert info["native_arithmetic"] == info["arithmetic"] == here["native_arithmetic"]
     vbmi_set = ("avx512vbmi", "gfni", "avx512_bitalg")
     assert info["vbmi"] == ("avx512" in runs and all(usable[f] for f in vbmi_set))
     lacking = {name: [f for f in needs if not usable[f]] for name, needs in
@@ -447,11 +448,20 @@ print(json.dumps([gguflm.system_info(), errors]))
 def test_a_peer_that_dies_is_skipped_with_the_signal_named(monkeypatch):
     monkeypatch.setattr(_llama, "L", object())  # installed, as far as the probe knows
     monkeypatch.setattr(_llama, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    monkeypatch.setattr(_llama, "PEER_REQUIRED", False)
     _llama.peer_problem.cache_clear()
     try:
         assert "dies with SIGILL on a 512-token prompt" in _llama.peer_problem()
         with pytest.raises(pytest.skip.Exception, match="SIGILL"):
             _llama.require_peer()
+        monkeypatch.setattr(_llama, "PEER_REQUIRED", True)   # CI (GGUFLM_REQUIRE_PEER=1): no skip
+        with pytest.raises(pytest.fail.Exception, match="GGUFLM_REQUIRE_PEER=1, but .*SIGILL"):
+            _llama.require_peer()
+        with pytest.raises(pytest.fail.Exception, match="llama-cpp-python is not installed"):
+            _llama.import_peer("llama_cpp_is_not_here")
+        monkeypatch.setattr(_llama, "PEER_REQUIRED", False)
+        with pytest.raises(pytest.skip.Exception, match="llama-cpp-python is not installed"):
+            _llama.import_peer("llama_cpp_is_not_here")
         monkeypatch.setattr(_llama, "_PROBE", "raise SystemExit('no model')")
         _llama.peer_problem.cache_clear()
         assert "fails a 512-token prompt" in _llama.peer_problem() and "no model" in _llama.peer_problem()

@@ -16,6 +16,8 @@ import pytest
 
 from gguflm import Batch, Context, Model
 
+pytestmark = pytest.mark.slow  # minutes: still part of the default run (CI runs it)
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314]
 
