@@ -13,7 +13,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,10 @@ from typing import Any
 import numpy as np
 
 from gguflm import kv_cache
-from gguflm.batch import Batch
+from gguflm.batch import Batch, BatchAllocator, InvalidBatchError, UBatch
 from gguflm.errors import Error, StateError, VocabOnlyError
-from gguflm._ext import ops
-from gguflm._ext.plan import Plan, place_one
-from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, UBatch, apply_rope
+from gguflm._ext.plan import Plan
+from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
@@ -43,23 +41,8 @@ STATE_MAGIC = "gguflm-state-v1"
 _MAX_PLANS = 4
 
 
-class InvalidBatchError(Error):
-    """Why decode returned -1 (logged, not raised, by decode)."""
-
-
 def _pad(n: int, to: int) -> int:
     return (n + to - 1) // to * to
-
-
-@dataclass
-class _PreparedBatch:
-    tokens: np.ndarray | None
-    embd: np.ndarray | None
-    pos: np.ndarray
-    seq_first: np.ndarray
-    seq_mask: np.ndarray    # uint64 bits (caches only)
-    seq_lists: list[list[int]]
-    output: np.ndarray      # bool
 
 
 class Context:
@@ -156,6 +139,9 @@ class Context:
             for cache in self._caches:
                 cache.commit()
         self.memory = Memory(self._caches, n_seq_max)
+        self._balloc = BatchAllocator(hp, model.architecture.max_positions(hp), self.memory, bool(self._caches),
+                                      n_seq_max, self.n_batch, self.n_ubatch, embeddings,
+                                      self.pooling_type if self._pools else None)
 
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
@@ -243,11 +229,11 @@ class Context:
         if status is not None:
             return status
         try:
-            prepared = self._prepare(batch)
+            prepared = self._balloc.init(batch)
         except InvalidBatchError as exc:
             log.error("decode: %s", exc)
             return -1
-        ubatches = self._split(prepared)
+        ubatches = self._balloc.split(prepared)
         self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
         snapshots = self._reserve(ubatches)
         if snapshots is None:
@@ -304,52 +290,39 @@ class Context:
         return self.embeddings and self.pooling_type is not PoolingType.NONE
 
     def _decode_one(self, batch: Batch) -> int | None:
-        """decode of a one-token batch of one sequence (generation's every step) when the
-        context's caches have one region each and the step's plan is recorded: its checks on
-        Python ints and its cells placed by plan.place_one (a sliding window's too), not by
-        _prepare, _split, _reserve and the ubatch loop, whose numpy steps (each run cache-cold
-        after the weights streamed through) cost a small model more than a layer. Same checks,
-        cells and outputs; None for every other batch (and any invalid one: the general path
-        reports it)."""
-        caches = self._caches
-        if batch.n_tokens != 1 or batch.token is None or self.embeddings or not caches:
+        """decode of a one-token batch of one sequence (generation's every step) when the step's
+        plan is recorded: its checks on Python ints (BatchAllocator.one_token) and its cells
+        found and taken by the caches' find_slot and apply as the general path's are, without
+        that path's numpy steps (init, split, _reserve and the ubatch loop), which, each run
+        cache-cold after the weights streamed through, cost a small model more than a layer.
+        Same checks, cells and outputs; None for every other batch (and any invalid one: the
+        general path reports it)."""
+        one = self._balloc.one_token(batch)
+        if one is None:
             return None
-        if any(cache.n_stream != 1 for cache in caches):
-            return None
-        hp = self.model.hparams
-        tok = int(batch.token[0])
-        if batch.seq_id is None:
-            seq = 0
-        elif batch.n_seq_id is not None and int(batch.n_seq_id[0]) == 1:
-            seq = int(batch.seq_id[0, 0])
-        else:
-            return None
-        if not 0 <= tok < hp.n_vocab or not 0 <= seq < self.n_seq_max:
-            return None
-        last = max(cache.seq_pos_max(seq) for cache in caches)
-        pos = last + 1 if batch.pos is None else int(batch.pos[0])
-        limit = self.model.architecture.max_positions(hp)
-        if pos < 0 or (last >= 0 and pos != last + 1) or (limit is not None and pos >= limit):
-            return None
-        output = batch.logits is None or batch.logits[0] != 0
+        output = one.output
         shape = (1, int(output), False, 0)   # UBatch.shape
         plan = self._plans.get(shape)
         if plan is None:
             return None
+        self._apply_shifts()   # as decode does first
+        caches = self._caches
         # what an abort or a cache without room puts back (a window's placing also drops the
         # positions that slid out, so one cell's old values would not do)
         snapshots = [cache.snapshot() for cache in caches]
+        seq_first = np.full(1, one.seq, np.int32)
         for ci, cache in enumerate(caches):
-            placed = place_one(cache.pos, cache.seq, cache.shift, cache.heads, pos, 1 << seq, cache.n_swa)
-            if placed is None:
+            cells = cache.find_slot(1, seq_first)
+            if cells is None:
                 for c, snap in zip(caches, snapshots):
                     c.restore(snap)
                 return None
-            plan.cells[ci][0], plan.n_kv[ci] = placed[0], placed[2]
+            cache.apply(cells, np.full(1, one.pos, np.int32), np.full(1, 1 << one.seq, np.uint64))
+            plan.cells[ci][0], plan.n_kv[ci] = cells[0], cache.used_max_p1
         start = time.perf_counter()
         self._plans.move_to_end(shape)
         self._perf["n_reused"] += 1
-        plan.tokens[0], plan.pos[0], plan.seq_first[0] = tok, pos, seq
+        plan.tokens[0], plan.pos[0], plan.seq_first[0] = one.token, one.pos, one.seq
         self._embd, self._embd_seq = None, {}
         try:
             self._check_abort()
@@ -367,108 +340,6 @@ class Context:
         self._perf["t_eval_ms"] += (time.perf_counter() - start) * 1e3
         self._perf["n_eval"] += 1
         return 0
-
-    def _prepare(self, batch: Batch) -> _PreparedBatch:
-        hp = self.model.hparams
-        n = batch.n_tokens
-        if n <= 0:
-            raise InvalidBatchError("n_tokens == 0")
-        if n > self.n_batch:
-            raise InvalidBatchError(f"n_tokens = {n} > n_batch = {self.n_batch}")
-        tokens = embd = None
-        if batch.token is not None:
-            tokens = np.ascontiguousarray(batch.token[:n], dtype=np.int32)
-            if tokens.min() < 0 or tokens.max() >= hp.n_vocab:
-                bad = np.flatnonzero((tokens < 0) | (tokens >= hp.n_vocab))
-                raise InvalidBatchError(f"invalid token[{bad[0]}] = {tokens[bad[0]]} (n_vocab = {hp.n_vocab})")
-        else:
-            embd = np.ascontiguousarray(batch.embd[:n], dtype=np.float32)
-            if embd.shape[1] != hp.n_embd:
-                raise InvalidBatchError(f"embeddings have {embd.shape[1]} values, the model {hp.n_embd}")
-
-        # sequences: first id (for masks) and the full set (bits for cache cells, lists for pooling)
-        if batch.seq_id is None:
-            seq_first = np.zeros(n, np.int32)
-            seq_mask = np.ones(n, np.uint64)
-            seq_lists = [[0]] * n
-        else:
-            n_seq = batch.n_seq_id[:n]
-            if (n_seq < 1).any() or (n_seq > batch.seq_id.shape[1]).any():
-                raise InvalidBatchError("every token needs at least one sequence id")
-            seq_lists = [[int(s) for s in batch.seq_id[i, : n_seq[i]]] for i in range(n)]
-            for i, seqs in enumerate(seq_lists):
-                for s in seqs:
-                    if not 0 <= s < self.n_seq_max:
-                        raise InvalidBatchError(f"invalid seq_id[{i}] = {s} >= n_seq_max ({self.n_seq_max})")
-            seq_first = np.array([seqs[0] for seqs in seq_lists], np.int32)
-            seq_mask = np.array([sum(1 << s for s in set(seqs)) for seqs in seq_lists], np.uint64) \
-                if self._caches else np.zeros(n, np.uint64)
-
-        # positions: continue each sequence when the batch leaves them out (a batch of sequence
-        # 0 alone, as get_one makes, then continues it by construction and needs no check)
-        if batch.pos is None and batch.seq_id is None:
-            start = self.memory.seq_pos_max(0) + 1
-            pos = np.arange(start, start + n, dtype=np.int32)
-        else:
-            if batch.pos is None:
-                next_pos = {s: self.memory.seq_pos_max(s) + 1 for s in range(self.n_seq_max)}
-                pos = np.empty(n, np.int32)
-                for i, seqs in enumerate(seq_lists):
-                    pos[i] = next_pos[seqs[0]]
-                    for s in seqs:
-                        next_pos[s] = pos[i] + 1
-            else:
-                pos = np.ascontiguousarray(batch.pos[:n], dtype=np.int32)
-            self._check_positions(pos, seq_mask)
-        limit = self.model.architecture.max_positions(hp)
-        if limit is not None and pos.max() >= limit:
-            raise InvalidBatchError(f"position {pos.max()} is past the {limit} positions the model embeds")
-        if not self._caches and n > self.n_ubatch:
-            # llama.cpp's encode: no cache to carry a batch over, so one ubatch holds it all
-            raise InvalidBatchError(f"an encoder needs the whole batch in one ubatch: n_tokens = {n} > "
-                                    f"n_ubatch = {self.n_ubatch}")
-
-        if batch.logits is None or self.embeddings:
-            # embeddings make every token an output, as llama.cpp's output_all
-            output = np.ones(n, bool) if self.embeddings else np.zeros(n, bool)
-            output[-1] = True
-        else:
-            output = batch.logits[:n] != 0
-        return _PreparedBatch(tokens, embd, pos, seq_first, seq_mask, seq_lists, output)
-
-    def _check_positions(self, pos: np.ndarray, seq_mask: np.ndarray) -> None:
-        """Given positions must continue each sequence the cache holds, without gaps or repeats."""
-        if (pos < 0).any():
-            raise InvalidBatchError("positions must be >= 0")
-        if not self._caches:
-            return  # nothing stored to continue: llama.cpp's encode does not check positions
-        for s in range(self.n_seq_max):
-            in_s = (seq_mask >> np.uint64(s)) & np.uint64(1) == 1
-            if not in_s.any():
-                continue
-            p = pos[in_s]
-            last = self.memory.seq_pos_max(s)
-            if last >= 0 and p.min() != last + 1:
-                raise InvalidBatchError(
-                    f"the tokens of sequence {s} in the input batch have inconsistent sequence "
-                    f"positions: the last position stored in the memory is {last}, the first in "
-                    f"the batch is {p.min()}; they must be consecutive")
-            if p.max() - p.min() + 1 > len(p) or len(np.unique(p)) != len(p):
-                raise InvalidBatchError(f"the positions of sequence {s} in the batch are not continuous")
-
-    def _split(self, b: _PreparedBatch) -> list[UBatch]:
-        ubatches = []
-        causal = bool(self._caches) and self.model.hparams.causal_attn
-        for start in range(0, len(b.pos), self.n_ubatch):
-            sl = slice(start, start + self.n_ubatch)
-            pos = b.pos[sl]
-            ubatches.append(UBatch(
-                tokens=None if b.tokens is None else b.tokens[sl],
-                embd=None if b.embd is None else b.embd[sl],
-                pos=pos, seq_first=b.seq_first[sl], seq_mask=b.seq_mask[sl],
-                output_rows=np.flatnonzero(b.output[sl]),
-                pooling=pooling_inputs(self.pooling_type, b.seq_lists[sl], pos, causal) if self._pools else None))
-        return ubatches
 
     def _reserve(self, ubatches: list[UBatch]) -> list | None:
         """Find cells for every ubatch, placing them in turn on the caches. None if one does not
@@ -568,33 +439,14 @@ class Context:
         return plan
 
     def _apply_shifts(self) -> None:
-        """Re-rotate cached K rows whose positions seq_add/seq_div moved (llama.cpp's K-shift)."""
+        """Re-rotate cached K rows whose positions seq_add/seq_div moved (llama.cpp's K-shift),
+        with each layer's RoPE in this context."""
         hp = self.model.hparams
-        for cache in self._caches:
-            cells = np.flatnonzero(cache.shift != 0)
-            if not len(cells):
-                continue
-            delta = np.ascontiguousarray(cache.shift[cells], dtype=np.int32)
-            for il in cache.layers:
-                store = cache.k[il]
-                rows = store.rows(cells).astype(np.float32) if store.cache_type != "q8_0" \
-                    else self._dequantize_rows(store, cells)
-                rows = np.ascontiguousarray(rows)
-                if store.rotation:  # rotated back for RoPE, then forward again (the rotation is its own inverse)
-                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
-                apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
-                if store.rotation:
-                    ops.hadamard(rows, store.rotation, self.n_threads_batch)
-                store.write(cells, rows)
-            cache.shift[cells] = 0
 
-    @staticmethod
-    def _dequantize_rows(store: Any, cells: np.ndarray) -> np.ndarray:
-        from gguflm._ext import quants
+        def rope(rows: np.ndarray, delta: np.ndarray, il: int) -> None:
+            apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
 
-        out = np.empty((len(cells), store.n), np.float32)
-        quants.dequantize(int(store.ggml_type), np.ascontiguousarray(store.rows(cells)), out)
-        return out
+        self.memory.apply_shifts(rope, self.n_threads_batch)
 
     # -- outputs
 

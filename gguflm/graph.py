@@ -14,13 +14,14 @@ same), norms, RoPE, attention and GLUs come from ``src/ops.h``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gguflm._ext import ops, quants
 from gguflm._ext.plan import Plan
+from gguflm.batch import UBatch
 from gguflm.hparams import RopeType
 from gguflm.quants import matmul_storage
 
@@ -37,37 +38,6 @@ GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3
 
 class Aborted(Exception):
     """The context's abort callback asked to stop (caught by decode)."""
-
-
-@dataclass
-class UBatch:
-    """One ubatch, as the context hands it to a plan."""
-
-    tokens: np.ndarray | None            # int32 [n_tokens] (None when embeddings are given)
-    embd: np.ndarray | None              # float32 [n_tokens, n_embd]
-    pos: np.ndarray                      # int32 [n_tokens]
-    seq_first: np.ndarray                # int32 [n_tokens]: the token's first sequence (masks)
-    seq_mask: np.ndarray                 # uint64 [n_tokens]: all its sequences (cache cells)
-    output_rows: np.ndarray              # int64 [n_outputs]: rows that produce output
-    cells: dict[int, np.ndarray] = field(default_factory=dict)  # cache index → cells
-    pooling: Any = None                  # gguflm.pooling.PoolingInputs of a pooling context
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.pos)
-
-    @property
-    def n_outputs(self) -> int:
-        return len(self.output_rows)
-
-    @property
-    def n_seqs(self) -> int:
-        """Sequences pooled in this ubatch (0 without pooling)."""
-        return 0 if self.pooling is None else len(self.pooling.seq_ids)
-
-    @property
-    def shape(self) -> tuple[int, int, bool, int]:
-        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs
 
 
 _ALIGN = 64  # bytes: every buffer starts on a cache line

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gguflm._ext import kv_cells, ops
 from gguflm.errors import StateError
 from gguflm.kv_store import RowStore, rotation
 
@@ -88,8 +89,7 @@ class KVCache:
     @property
     def used_max_p1(self) -> int:
         """One past the highest occupied cell: attention scans cells [0, used_max_p1)."""
-        used = np.flatnonzero(self.pos >= 0)
-        return int(used[-1]) + 1 if len(used) else 0
+        return kv_cells.used_max_p1(self.pos)
 
     @property
     def head(self) -> int:
@@ -211,51 +211,29 @@ class KVCache:
 
     # -- placing ubatches
 
-    def _reusable(self) -> np.ndarray:
-        """Cells a new token may take: empty, or (window caches) slid out of their sequence's window."""
-        free = self.pos < 0
-        if self.n_swa > 0:
-            single = (self.seq != 0) & ((self.seq & (self.seq - np.uint64(1))) == 0)
-            if single.any():
-                seq_of = np.zeros(self.size, np.int64)
-                seq_of[single] = np.log2(self.seq[single].astype(np.float64)).astype(np.int64)
-                pos_max = np.full(self.n_seq_max, -1, np.int64)
-                np.maximum.at(pos_max, seq_of[single], self.pos[single].astype(np.int64))
-                free |= single & (pos_max[seq_of] + 1 - self.pos >= self.n_swa)
-        return free
-
     def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None) -> np.ndarray | None:
-        """Cells for ``n_tokens`` new tokens, searched from the head (wrapping), or None.
+        """Cells for ``n_tokens`` new tokens, or None: the first reusable cells from the head,
+        wrapping (from cell 0 when the head is past the used cells + 2 n_tokens). Reusable: empty,
+        or (window caches) slid out of their sequence's window (``kv_cells.find_cells``).
 
         With regions, ``seq_first`` (each token's first sequence) picks the region of each token.
         """
         if self.n_stream == 1 or seq_first is None:
-            return self._find_in_stream(0, n_tokens, self._reusable())
-        reusable = self._reusable()
+            return self._find_in_stream(0, n_tokens)
         cells = np.empty(n_tokens, np.int64)
         for stream in np.unique(seq_first):
             tokens = np.flatnonzero(seq_first == stream)
-            found = self._find_in_stream(int(stream), len(tokens), reusable)
+            found = self._find_in_stream(int(stream), len(tokens))
             if found is None:
                 return None
             cells[tokens] = found
         return cells
 
-    def _find_in_stream(self, stream: int, n_tokens: int, reusable: np.ndarray) -> np.ndarray | None:
-        first, size = stream * self.stream_size, self.stream_size
-        if n_tokens > size:
-            return None
-        reusable = reusable[first:first + size]
-        head = int(self.heads[stream])
-        n_used = int(np.count_nonzero(self.pos[first:first + size] >= 0))
-        if head > n_used + 2 * n_tokens:  # enough room before the head: refill from 0
-            head = 0
-        free = np.flatnonzero(reusable[head:]) + head
-        if len(free) < n_tokens:
-            free = np.concatenate([free, np.flatnonzero(reusable[:head])])
-            if len(free) < n_tokens:
-                return None
-        return free[:n_tokens] + first
+    def _find_in_stream(self, stream: int, n_tokens: int) -> np.ndarray | None:
+        cells = np.empty(n_tokens, np.int64)
+        found = kv_cells.find_cells(self.pos, self.seq, stream * self.stream_size, self.stream_size,
+                                    int(self.heads[stream]), self.n_swa, cells)
+        return cells if found else None
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> Slot:
         """Occupy ``cells`` with tokens at ``pos`` in sequences ``seq_mask``; returns the undo."""
@@ -279,6 +257,28 @@ class KVCache:
             streams, at = np.unique(last // self.stream_size, return_index=True)
             self.heads[streams] = last[at] + 1 - streams * self.stream_size
         return slot
+
+    # -- position shifts
+
+    def apply_shifts(self, rope: Callable[[np.ndarray, np.ndarray, int], None], n_threads: int) -> None:
+        """Re-rotate the K rows of the cells whose positions ``seq_add``/``seq_div`` moved (llama.cpp's
+        K-shift): ``rope(rows, delta, il)`` rotates layer ``il``'s float32 rows in place by ``delta``
+        (one position difference per row). A rotated cache's rows are turned back for RoPE and
+        forward again after (the Walsh-Hadamard rotation is its own inverse)."""
+        cells = np.flatnonzero(self.shift != 0)
+        if not len(cells):
+            return
+        delta = np.ascontiguousarray(self.shift[cells], dtype=np.int32)
+        for il in self.layers:
+            store = self.k[il]
+            rows = store.rows_f32(cells)                        # [n_cells, n_embd_k_gqa]
+            if store.rotation:
+                ops.hadamard(rows, store.rotation, n_threads)
+            rope(rows, delta, il)
+            if store.rotation:
+                ops.hadamard(rows, store.rotation, n_threads)
+            store.write(cells, rows)
+        self.shift[cells] = 0
 
     def undo(self, slot: Slot) -> None:
         self.pos[slot.cells] = slot.old_pos
@@ -400,6 +400,11 @@ class Memory:
             raise ValueError(f"divisor must be >= 1, got {d}")
         for c in self.caches:
             c.seq_div(seq_id, p0, p1, d)
+
+    def apply_shifts(self, rope: Callable[[np.ndarray, np.ndarray, int], None], n_threads: int) -> None:
+        """Apply the pending position shifts to every cache's K rows (:meth:`KVCache.apply_shifts`)."""
+        for c in self.caches:
+            c.apply_shifts(rope, n_threads)
 
     def clear(self) -> None:
         """Empty every cache (and zero its data)."""

@@ -73,6 +73,16 @@ class RowStore:
     def rows(self, cells: np.ndarray) -> np.ndarray:
         return self.data[cells]
 
+    def rows_f32(self, cells: np.ndarray) -> np.ndarray:
+        """The rows of ``cells`` as float32 ([len(cells), n], contiguous): converted, or dequantized."""
+        if self.ggml_type is not GGMLType.Q8_0:
+            return np.ascontiguousarray(self.data[cells], dtype=np.float32)
+        from gguflm._ext import quants
+
+        out = np.empty((len(cells), self.n), np.float32)
+        quants.dequantize(int(self.ggml_type), np.ascontiguousarray(self.data[cells]), out)
+        return out
+
     def check_rows(self, rows: np.ndarray, n_rows: int) -> None:
         if rows.dtype != self.data.dtype or rows.shape != (n_rows, self.data.shape[1]):
             raise StateError(f"saved cache rows are {rows.dtype}{list(rows.shape)}, this cache "

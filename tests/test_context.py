@@ -405,8 +405,8 @@ def test_window_cache_equals_full_cache(gemma3_model):
 
 
 def test_one_token_steps_through_a_window_equal_the_general_path(gemma3_model):
-    """The one-token path with a sliding-window cache beside the full one (plan.place_one with
-    n_swa): two sequences step past the 256-cell window cache, so its cells slid out of the window
+    """The one-token path with a sliding-window cache beside the full one (KVCache.find_slot
+    with n_swa): two sequences step past the 256-cell window cache, so its cells slid out of the window
     are taken again (and their sequences' older positions dropped), an abort in between puts every
     cache back; cells, heads, outputs and statuses stay the general path's."""
     tokens = [int(t) for t in np.resize(tokens_of("gemma3"), 300)]
@@ -535,8 +535,8 @@ def test_a_full_region_refuses_more_tokens_of_its_sequence(llama_model):
 
 
 def test_one_token_steps_equal_the_general_path(llama_model):
-    """decode's one-token path (generation's steps: checks on ints, the cell placed by
-    plan.place_one) leaves the same cells, heads, outputs and statuses as the general path:
+    """decode's one-token path (generation's steps: checks on ints, the cell placed without the
+    general path's numpy steps) leaves the same cells, heads, outputs and statuses as the general path:
     steps after a hole in the cache, explicit positions, a step without output, an invalid
     token, an abort, a full cache."""
     tokens = [int(t) for t in tokens_of("llama")[:12]]
