@@ -83,7 +83,7 @@ def extensions() -> list[Extension]:
         Extension(
             f"gguflm._ext.{pyx.stem}",
             [str(pyx)],
-            depends=[str(h) for h in sorted(SRC.glob("*.h")) + sorted(SRC.glob("*.pxd"))],
+            depends=[str(h) for pattern in ("*.h", "*.inc", "*.pxd") for h in sorted(SRC.glob(pattern))],
             include_dirs=[str(SRC), numpy.get_include()],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         )

@@ -6,12 +6,12 @@ Every grid element takes one of few values (IQ2: 8, 25, 43; IQ3_XXS: 4, 12, ...,
 3, ..., 15), so an entry is its elements' codes side by side: 2 bits each for the 8-element IQ2
 entries (16-bit codes), 4 bits each for the 4-element IQ3 ones, element j at bits b j .. b j + b - 1.
 A code is the element's value number, except that IQ3_XXS's last value (62, not 60) also sets bit
-3: then every value is affine in its code's bits over GF(2), and quants_iq_vbmi.h maps the codes to
-values with one vgf2p8affineqb (its GGUFLM_IQV_AFFINE_* matrices and constants are repeated here and
-checked on every code). The codes are stored as two byte planes (low byte of each entry, then high
-byte), 128-byte pieces of which vpermi2b looks up. IQ2_XS loads its grid entries (quants_iq_vbmi.h
-says why) and has no codes here. Read from the generated quants_iq_grids.h (ggml's data); the
-script checks that the codes rebuild every grid entry.
+3: then every value is affine in its code's bits over GF(2), and quants_iq_vbmi.inc maps the codes
+to values with one vgf2p8affineqb (its GGUFLM_IQV_AFFINE_* matrices and constants are repeated here
+and checked on every code). The codes are stored as two byte planes (low byte of each entry, then
+high byte), 128-byte pieces of which vpermi2b looks up. IQ2_XS loads its grid entries
+(quants_iq_vbmi.inc says why) and has no codes here. Read from the generated quants_iq_grids.h
+(ggml's data); the script checks that the codes rebuild every grid entry.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 import sys
 
-# (grid, elements per entry, bits per element, the affine map of quants_iq_vbmi.h: matrix, constant)
+# (grid, elements per entry, bits per element, the affine map of quants_iq_vbmi.inc: matrix,
+# constant)
 GRIDS = [("iq2xxs_grid", 8, 2, 0x0302000001020000, 8), ("iq2s_grid", 8, 2, 0x0302000001020000, 8),
          ("iq3xxs_grid", 4, 4, 0x0008000102040000, 4), ("iq3s_grid", 4, 4, 0x0001020400000000, 1)]
-# (IQ1's 2048-entry grid is not coded: its decoders load the entries, see quants_iq_vbmi.h)
+# (IQ1's 2048-entry grid is not coded: its decoders load the entries, see quants_iq_vbmi.inc)
 
 
 def affine(matrix: int, constant: int, byte: int) -> int:
@@ -57,8 +58,8 @@ def rows(name: str, data: list[int]) -> list[str]:
 def main(path: str) -> None:
     text = open(path, encoding="utf-8").read()
     out = ["/* The grids of ggml's grid i-quants as codes (side by side, in two byte planes), for the VBMI",
-           " * decoders (quants_iq_vbmi.h); written by src/gen_iq_codes.py from quants_iq_grids.h; do not",
-           " * edit. */",
+           " * decoders (quants_iq_vbmi.inc); written by src/gen_iq_codes.py from quants_iq_grids.h; do",
+           " * not edit. */",
            "#ifndef GGUFLM_QUANTS_IQ_CODES_H", "#define GGUFLM_QUANTS_IQ_CODES_H", "", "#include <stdint.h>", ""]
     for name, width, bits, matrix, constant in GRIDS:
         entries = grid(text, name)

@@ -22,7 +22,7 @@
  * (gpt-oss) join each head's softmax as ggml_soft_max_add_sinks does: the max is taken over the
  * scores and the sink, and exp(sink - max) (libm) is added to the sum.
  *
- * The row kernels live in ops_body.h, compiled twice: scalar, and AVX2+FMA+F16C.
+ * The row kernels live in ops_rows.inc, compiled twice: scalar, and AVX2+FMA+F16C.
  */
 #ifndef GGUFLM_OPS_H
 #define GGUFLM_OPS_H
@@ -330,7 +330,7 @@ GGUFLM_TARGET_AVX512 static void gguflm_dots16_block_avx512(int n, const void *c
 #define GGUFLM_FN(name) name##_scalar
 #define GGUFLM_TARGET
 #define GGUFLM_VARIANT_AVX2 0
-#include "ops_body.h"
+#include "ops_rows.inc"
 #undef GGUFLM_FN
 #undef GGUFLM_TARGET
 #undef GGUFLM_VARIANT_AVX2
@@ -339,7 +339,7 @@ GGUFLM_TARGET_AVX512 static void gguflm_dots16_block_avx512(int n, const void *c
 #define GGUFLM_FN(name) name##_avx2
 #define GGUFLM_TARGET __attribute__((target("avx2,fma,f16c")))
 #define GGUFLM_VARIANT_AVX2 1
-#include "ops_body.h"
+#include "ops_rows.inc"
 #undef GGUFLM_FN
 #undef GGUFLM_TARGET
 #undef GGUFLM_VARIANT_AVX2

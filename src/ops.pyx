@@ -1,7 +1,7 @@
 """Forward-pass kernels other than matmul: RMS norm, LayerNorm, RoPE, gated linear units, GELU and
 tanh, attention, mean pooling.
 
-Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``ops_body.h``)
+Thin ``def`` wrappers check shapes and dtypes, then run C kernels (``ops.h``, ``ops_rows.inc``)
 with the GIL released, rows spread over ``n_threads`` OpenMP threads. Numerics follow ggml's CPU
 backend (see the headers); results do not depend on the thread count, and the AVX2 and scalar
 variants agree bit for bit.

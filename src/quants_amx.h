@@ -2,8 +2,8 @@
  * CPU has AMX-INT8, the OS enables the tile state and the kernel granted it to the process (the
  * dispatch's amx, set by gguflm._ext.system; never otherwise, so never a SIGILL). Included by
  * quants_simd.h inside an AMX target region before its SIMD regions: the tile helpers here, and the
- * int8 peak loop of the kernels bench. The kernels' tile functions (quants_simd_repack.h,
- * quants_simd_ktile.h) are compiled in their AVX-512 copy under the AMX target too, out of line,
+ * int8 peak loop of the kernels bench. The kernels' tile functions (quants_repack_simd.inc,
+ * quants_ktile_simd.inc) are compiled in their AVX-512 copy under the AMX target too, out of line,
  * and called there while the dispatch's amx is on.
  *
  * A tile holds up to 16 rows of up to 64 bytes. tdpbsud C += A . B (A signed bytes, B unsigned)

@@ -33,7 +33,7 @@
 
 #include "ops_math.h"
 #include "quants_ref.h"
-#include "quants_iq.h"
+#include "quants_iq_dot.h"
 #include "quants_rows16.h"
 
 typedef void (*gguflm_gemm_fn)(int64_t n, const uint8_t *w, int64_t w_stride, int64_t nr, const uint8_t *y,
@@ -192,7 +192,7 @@ static inline float gguflm_tiled_step(int has_min, float d, float dmin, int32_t 
 #include "quants_lut_dot.h"  /* issue 15's value-table and ternary formats */
 
 /* batches of at least this many tokens take the AVX-512 strips of the legacy and ternary types
- * (quants_simd_strips.h), whose decoding of 16 rows at a time pays from there on (one thread,
+ * (quants_strips_avx512.inc), whose decoding of 16 rows at a time pays from there on (one thread,
  * 4096x4096: the legacy blocks 0.75-0.9x the 2-row tiles' speed at 8 tokens, 1.05-1.4x at 16,
  * 1.4-1.6x at 32 and up; at 8 tokens TQ1_0 1.3x its one-row tiles, TQ2_0 1.03-1.05x) */
 static inline int64_t gguflm_strip_tokens(int type) { return gguflm_is_ternary(type) ? 8 : 16; }

@@ -1,6 +1,6 @@
 /* The grids of ggml's grid i-quants as codes (side by side, in two byte planes), for the VBMI
- * decoders (quants_iq_vbmi.h); written by src/gen_iq_codes.py from quants_iq_grids.h; do not
- * edit. */
+ * decoders (quants_iq_vbmi.inc); written by src/gen_iq_codes.py from quants_iq_grids.h; do
+ * not edit. */
 #ifndef GGUFLM_QUANTS_IQ_CODES_H
 #define GGUFLM_QUANTS_IQ_CODES_H
 

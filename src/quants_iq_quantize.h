@@ -14,7 +14,7 @@
 #define GGUFLM_QUANTS_IQ_QUANTIZE_H
 
 #include <stdlib.h>
-#include "quants_iq.h"
+#include "quants_iq_dot.h"
 
 /* the quantizer's view of a grid: levels per point, the map from packed levels to a point (or,
  * negative, to a neighbour list), and the neighbour lists (count, then point indices) */

@@ -46,7 +46,7 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_Q5_K] = {"Q5_K", 256, 176, GGUFLM_Q8_K, gguflm_dequantize_row_q5_K, gguflm_quantize_row_q5_K, gguflm_quantize_row_q5_K},
     [GGUFLM_Q6_K] = {"Q6_K", 256, 210, GGUFLM_Q8_K, gguflm_dequantize_row_q6_K, gguflm_quantize_row_q6_K, gguflm_quantize_row_q6_K},
     [GGUFLM_Q8_K] = {"Q8_K", 256, 292, -1, gguflm_dequantize_row_q8_K, gguflm_quantize_row_q8_K, gguflm_quantize_row_q8_K},
-    /* grid i-quants (quants_iq.h, quants_iq_quantize.h); IQ2_XXS, IQ2_XS, IQ1_S: importance weights needed */
+    /* grid i-quants (quants_iq_dot.h, quants_iq_quantize.h); IQ2_XXS, IQ2_XS, IQ1_S: importance weights needed */
     [GGUFLM_IQ2_XXS] = {"IQ2_XXS", 256, 66, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_xxs, NULL, NULL},
     [GGUFLM_IQ2_XS] = {"IQ2_XS", 256, 74, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_xs, NULL, NULL},
     [GGUFLM_IQ2_S] = {"IQ2_S", 256, 82, GGUFLM_Q8_K, gguflm_dequantize_row_iq2_s, gguflm_quantize_row_iq2_s, gguflm_quantize_row_iq2_s},
@@ -95,7 +95,7 @@ static inline const gguflm_gemm_fn (*gguflm_kernel_table(int isa))[GGUFLM_TYPE_C
 /* whether type's VBMI kernels are the faster ones on this machine's cores. On Intel's, only for the
  * grids they look up with few permutes (IQ2_XXS, IQ3_XXS, IQ3_S: 2-4 vpermi2b a plane): IQ2_S's
  * 1024-entry grid takes 16 (two cycles each of the one shuffle port), and the VBMI kernels load
- * IQ2_XS's and IQ1's entries one by one, where the AVX-512 kernels gather them (quants_iq_simd512.h:
+ * IQ2_XS's and IQ1's entries one by one, where the AVX-512 kernels gather them (quants_iq_avx512.inc:
  * iq512_mag; single token, cycles a super-block, VBMI -> AVX-512 kernels: IQ2_S 59 -> 37-46,
  * IQ1_S 55 -> 47, IQ2_XS and IQ1_M level; Xeon with AMX). On AMD's Zen 4 gathers ran 3x slower
  * than loads and IQ2_S's lookups 1.4x faster than its loads. */
@@ -135,8 +135,8 @@ static inline gguflm_gemm_fn gguflm_kernel(int isa, int path, int type) {
 
 /* whether isa's batch matmul (16+ tokens) of a weight of wtype, n_rows rows, held as `repacked` says,
  * takes its integer dots from the AMX tiles (the bench says which peak a row is measured against):
- * the repacked Q4_0 recipe (quants_simd_repack.h), or TILED's K GEMM for the types of 32-element
- * sub-blocks (quants_simd_ktile.h) */
+ * the repacked Q4_0 recipe (quants_repack_simd.inc), or TILED's K GEMM for the types of 32-element
+ * sub-blocks (quants_ktile_simd.inc) */
 static inline int gguflm_amx_batch(int isa, int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in, int repacked,
                                    int arith) {
 #if GGUFLM_HAVE_AMX
@@ -326,8 +326,8 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
         n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads(), gguflm_job_chunk_step(job));
-        /* the repacked Q4_0 recipe's batch kernel (quants_simd_repack.h) and the AVX-512 strips
-         * (quants_simd_strips.h) transpose each block of their rows once for all the tokens
+        /* the repacked Q4_0 recipe's batch kernel (quants_repack_simd.inc) and the AVX-512 strips
+         * (quants_strips_avx512.inc) transpose each block of their rows once for all the tokens
          * they are given: they take all of them, and up to 64 rows (their tokens' tables shared by 4
          * strips) while every thread still gets 4 chunks */
         if ((n_tok > 1 && gguflm_q4_0_recipe(seg[j][0].path)) ||
@@ -406,7 +406,7 @@ static void gguflm_get_rows(int type, const void *w, int64_t w_stride, int64_t n
 /* ======================= int8 peak probe ======================= */
 
 /* The int8 multiply-add peak of isa's batch kernels on n_threads threads: each runs `iters` rounds
- * of quants_simd_peak.h's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd), or with amx (an
+ * of quants_peak_simd.inc's loop (AVX-512: vpdpbusd; AVX2: vpmaddubsw + vpmaddwd), or with amx (an
  * AVX-512 ISA, the dispatch's amx on) of quants_amx.h's tdpbssd loop. Returns the int8 operations
  * done in all (2 per multiply-add), 0 where there is no such loop (scalar; amx where the tiles are
  * off); the bench times the call. *checksum keeps the loops from being optimised away. */

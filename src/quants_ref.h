@@ -26,7 +26,7 @@ enum {
     GGUFLM_IQ4_NL = 20, GGUFLM_IQ4_XS = 23, GGUFLM_TQ1_0 = 34, GGUFLM_TQ2_0 = 35, GGUFLM_MXFP4 = 39,
     GGUFLM_TYPE_COUNT = 40
 };
-/* the grid i-quants (quants_iq.h) */
+/* the grid i-quants (quants_iq_dot.h) */
 enum {
     GGUFLM_IQ2_XXS = 16, GGUFLM_IQ2_XS = 17, GGUFLM_IQ3_XXS = 18, GGUFLM_IQ1_S = 19, GGUFLM_IQ3_S = 21,
     GGUFLM_IQ2_S = 22, GGUFLM_IQ1_M = 29

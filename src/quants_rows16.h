@@ -2,7 +2,7 @@
  *
  * llama.cpp copies these weights at load into interleaved blocks of 8 rows (its CPU_REPACK buffer,
  * block_q4_0x8 and the like) and computes them with its repacked GEMV/GEMM; our kernels for that
- * recipe (quants_simd_repack.h) put 16 rows in the lanes of a vector. In the file's layout every row
+ * recipe (quants_repack_simd.inc) put 16 rows in the lanes of a vector. In the file's layout every row
  * is its own stream through memory and each block is transposed in registers; in this one a group of
  * 16 rows is one stream whose vectors load as they are used.
  *

@@ -1,9 +1,9 @@
-/* The SIMD dot kernels: quants_simd_body.h compiled once for AVX2 (+FMA, F16C) and once for
+/* The SIMD dot kernels: quants_dot_simd.inc compiled once for AVX2 (+FMA, F16C) and once for
  * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no
  * -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features, and
  * gguflm_kernel maps it to a kernel); the avx512bf16 ISA adds BF16 kernels that run vdpbf16ps
- * (quants_simd_float.h once more) to the AVX-512 ones, and AVX512_VBMI, where the CPU has it,
- * grid i-quant kernels (quants_iq_simd.h once more, see quants_iq_vbmi.h). Off x86, or without GCC's target pragmas,
+ * (quants_float_simd.inc once more) to the AVX-512 ones, and AVX512_VBMI, where the CPU has it,
+ * grid i-quant kernels (quants_iq_simd.inc once more, see quants_iq_vbmi.inc). Off x86, or without GCC's target pragmas,
  * only the scalar kernels exist.
  *
  * Test harnesses may define GGUFLM_SIMDE: the intrinsics then come from SIMDe's portable
@@ -116,10 +116,10 @@ GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 0
 #define GGUFLM_SIMD_AMX 0
-#include "quants_simd_body.h"
-#include "quants_iq_simd.h"
+#include "quants_dot_simd.inc"
+#include "quants_iq_simd.inc"
 static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx2);
-/* the 3-bit grids' DOT kernels that gather their entries (quants_iq_simd.h), for Intel's cores */
+/* the 3-bit grids' DOT kernels that gather their entries (quants_iq_simd.inc), for Intel's cores */
 static const gguflm_gemm_fn gguflm_iq_kernels_avx2gather[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
     [GGUFLM_PATH_DOT][GGUFLM_IQ3_XXS] = gguflm_DOT_GATHER_iq3_xxs_avx2, [GGUFLM_PATH_DOT][GGUFLM_IQ3_S] = gguflm_DOT_GATHER_iq3_s_avx2};
 #undef GGUFLM_SIMD
@@ -137,8 +137,8 @@ GGUFLM_TARGET_AVX512_BEGIN
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 0
 #define GGUFLM_SIMD_AMX GGUFLM_HAVE_AMX
-#include "quants_simd_body.h"
-#include "quants_iq_simd.h"
+#include "quants_dot_simd.inc"
+#include "quants_iq_simd.inc"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_DPBF16
@@ -146,7 +146,7 @@ static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE
 #undef GGUFLM_SIMD_AMX
 GGUFLM_TARGET_END
 
-/* the grid i-quants once more with AVX512_VBMI (quants_iq_vbmi.h), for the CPUs that have it
+/* the grid i-quants once more with AVX512_VBMI (quants_iq_vbmi.inc), for the CPUs that have it
  * (gguflm_kernel picks them while the dispatch's vbmi is on); they call the AVX-512 copy's
  * helpers, which GCC inlines into the wider target */
 GGUFLM_TARGET_AVX512VBMI_BEGIN
@@ -158,7 +158,7 @@ GGUFLM_TARGET_AVX512VBMI_BEGIN
 #define gguflm_reduce8_512_avx512vbmi gguflm_reduce8_512_avx512
 #define gguflm_ktile_gemm_avx512vbmi gguflm_ktile_gemm_avx512
 #define gguflm_pair_scales512_avx512vbmi gguflm_pair_scales512_avx512
-#include "quants_iq_simd.h"
+#include "quants_iq_simd.inc"
 static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
     GGUFLM_IQ_KERNEL_ENTRIES(_avx512vbmi)};
 #undef gguflm_bits_32_avx512vbmi
@@ -178,7 +178,7 @@ GGUFLM_TARGET_AVX512BF16_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512bf16
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 1
-#include "quants_simd_float.h"
+#include "quants_float_simd.inc"
 #undef GGUFLM_SIMD
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16

@@ -4,7 +4,7 @@
  * bits each); both hold a value + 1 in 0..2 per element and one fp16 scale per 256 elements, and
  * ggml-cpu computes both with the same recipe: the same int32 lanes (elements 4l..4l+3 of every
  * 32), less the activation's sums, and the same float step per super-block (our kernels share it:
- * quants_simd_lut.h, quants_simd_strips.h, quants_lut_dot.h). A TQ1_0 weight whose blocks are
+ * quants_lut_simd.inc, quants_strips_avx512.inc, quants_lut_dot.h). A TQ1_0 weight whose blocks are
  * rewritten as TQ2_0 blocks therefore gives TQ1_0's outputs bit for bit on every path, while the
  * 2-bit fields decode with a shift and a mask where the base-3 bytes take a multiply and a rounding
  * per trit: decode streams 66 bytes a super-block where it computed 54 (22% more memory).

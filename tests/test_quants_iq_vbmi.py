@@ -1,4 +1,4 @@
-"""The grid i-quants' VBMI kernels (src/quants_iq_vbmi.h: AVX512_VBMI, GFNI, AVX512_BITALG) and
+"""The grid i-quants' VBMI kernels (src/quants_iq_vbmi.inc: AVX512_VBMI, GFNI, AVX512_BITALG) and
 their switch.
 
 With them the AVX-512 kernels look the grid entries up by byte permutes instead of scalar loads,

@@ -177,7 +177,7 @@ def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
 @pytest.mark.parametrize("t", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
                                GGMLType.IQ4_XS], ids=lambda t: t.name)
 def test_k_batch_gemm_isas_agree_bit_for_bit(t, isa):
-    # the AVX-512 K GEMM (quants_simd_ktile.h): 16 rows per vector (37: a partial group; 48: whole
+    # the AVX-512 K GEMM (quants_ktile_simd.inc): 16 rows per vector (37: a partial group; 48: whole
     # ones, the repacked Q4_K/Q2_K recipe too), 4 super-blocks per pass (1280 elements: one left
     # over), tokens in tiles of 8 within blocks of 256 (leftover tiles of 5, 3, 2, 7 tokens; the
     # repacked recipe's groups of 4 from 32 tokens on, the rest to its GEMV); every ISA and both

@@ -1,4 +1,4 @@
-"""The repacked Q4_0 / IQ4_NL / MXFP4 kernels (src/quants_simd_repack.h) against ggml-cpu's own
+"""The repacked Q4_0 / IQ4_NL / MXFP4 kernels (src/quants_repack_simd.inc) against ggml-cpu's own
 CPU_REPACK GEMV and GEMM (llama-cpp-python's libggml-cpu), bit for bit, on the shapes where the
 kernels' tiling has edges: strips of rows cut short (rows % 16 == 8), passes of more than 64 rows,
 rows longer than a K-chunk and not a whole number of them, token counts past a table block (32)

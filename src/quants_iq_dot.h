@@ -13,7 +13,7 @@
  *   TILED  batches of 8+ tokens (ggml-cpu/tiled): one exact integer per super-block of the
  *          signed values (IQ1: 8 * grid + delta) times scale times activation, then as the
  *          K-quants: res = (fp16 d * factor) * s1, out = fma(res, y.d, out).
- * Both are bit-exact with ggml-cpu; the SIMD variants (quants_iq_simd.h) compute the same integers.
+ * Both are bit-exact with ggml-cpu; the SIMD variants (quants_iq_simd.inc) compute the same integers.
  */
 #ifndef GGUFLM_QUANTS_IQ_H
 #define GGUFLM_QUANTS_IQ_H
@@ -29,7 +29,7 @@ static inline int gguflm_is_iq_grid(int type) {
 
 static inline int gguflm_iq_is_1bit(int type) { return type == GGUFLM_IQ1_S || type == GGUFLM_IQ1_M; }
 
-/* the types whose AVX2 groups share what iq_prepare makes once a super-block (quants_iq_simd.h) */
+/* the types whose AVX2 groups share what iq_prepare makes once a super-block (quants_iq_simd.inc) */
 static inline int gguflm_iq_prepared(int type) {
     return gguflm_iq_is_1bit(type) || type == GGUFLM_IQ2_XS || type == GGUFLM_IQ2_S;
 }
