@@ -22,7 +22,8 @@
  * (gpt-oss) join each head's softmax as ggml_soft_max_add_sinks does: the max is taken over the
  * scores and the sink, and exp(sink - max) (libm) is added to the sum.
  *
- * The row kernels live in ops_rows.inc, compiled twice: scalar, and AVX2+FMA+F16C.
+ * The row kernels live in ops_rows.inc, compiled twice in the idiom of simd_targets.h (as
+ * quants_simd.h compiles its kernels): scalar, and AVX2+FMA+F16C.
  */
 #ifndef GGUFLM_OPS_H
 #define GGUFLM_OPS_H
@@ -33,13 +34,7 @@
 #include <math.h>
 #include "ops_math.h"
 #include "omp_compat.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GGUFLM_OPS_X86 1
-#else
-#define GGUFLM_OPS_X86 0
-#endif
+#include "simd_targets.h"
 
 enum { GGUFLM_CACHE_F32 = 0, GGUFLM_CACHE_F16 = 1, GGUFLM_CACHE_Q8_0 = 8 };
 
@@ -274,13 +269,13 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 
 enum { GGUFLM_UNARY_GELU = 0, GGUFLM_UNARY_TANH = 1 };
 
-#if GGUFLM_OPS_X86
+#if GGUFLM_HAVE_SIMD
 /* gguflm_dots_block's 16-lane chains (llamafile sgemm's AVX-512 vectors) with F16 rows of a, on
  * AVX-512 registers: one zmm accumulator per dot where the AVX2 variant keeps two ymm halves, the
  * same FMAs in the same order, summed as gguflm_hsum16; tiles of 4 rows of a by 6 rows of b keep
  * 24 accumulators in registers. */
-#define GGUFLM_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
-GGUFLM_TARGET_AVX512 static inline __attribute__((always_inline)) void gguflm_dots16_tile_avx512(
+GGUFLM_TARGET_AVX512_BEGIN
+static inline __attribute__((always_inline)) void gguflm_dots16_tile_avx512(
         int n, const void *const *a, int RM, const float *const *b, int RN, float *res, int64_t res_stride) {
     __m512 acc[4][6];
     for (int i = 0; i < RM; i++)
@@ -305,8 +300,8 @@ GGUFLM_TARGET_AVX512 static inline __attribute__((always_inline)) void gguflm_do
 }
 
 /* res[j * res_stride + i] = the 16-lane dot of F16 row a[i] and F32 row b[j] (n a multiple of 16) */
-GGUFLM_TARGET_AVX512 static void gguflm_dots16_block_avx512(int n, const void *const *a, int ma, const float *const *b,
-                                                            int nb, float *res, int64_t res_stride) {
+static void gguflm_dots16_block_avx512(int n, const void *const *a, int ma, const float *const *b, int nb, float *res,
+                                       int64_t res_stride) {
     for (int i = 0; i < ma; i += 4) {
         const int rm = ma - i < 4 ? ma - i : 4;
         for (int j = 0; j < nb; j += 6) {
@@ -324,25 +319,24 @@ GGUFLM_TARGET_AVX512 static void gguflm_dots16_block_avx512(int n, const void *c
         }
     }
 }
+GGUFLM_TARGET_END
 #endif
 
-/* ---- the row kernels, once per ISA ---- */
-#define GGUFLM_FN(name) name##_scalar
-#define GGUFLM_TARGET
-#define GGUFLM_VARIANT_AVX2 0
+/* ---- the row kernels, once per ISA (ops_rows.inc; simd_targets.h) ---- */
+#define GGUFLM_SIMD(name) gguflm_##name##_scalar
+#define GGUFLM_SIMD_AVX2 0
 #include "ops_rows.inc"
-#undef GGUFLM_FN
-#undef GGUFLM_TARGET
-#undef GGUFLM_VARIANT_AVX2
+#undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_AVX2
 
-#if GGUFLM_OPS_X86
-#define GGUFLM_FN(name) name##_avx2
-#define GGUFLM_TARGET __attribute__((target("avx2,fma,f16c")))
-#define GGUFLM_VARIANT_AVX2 1
+#if GGUFLM_HAVE_SIMD
+GGUFLM_TARGET_AVX2_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx2
+#define GGUFLM_SIMD_AVX2 1
 #include "ops_rows.inc"
-#undef GGUFLM_FN
-#undef GGUFLM_TARGET
-#undef GGUFLM_VARIANT_AVX2
+#undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_AVX2
+GGUFLM_TARGET_END
 #endif
 
 typedef void (*gguflm_glu_fn)(int n, const float *gate, const float *up, float *y, int arith);
@@ -370,18 +364,19 @@ typedef struct {
     gguflm_pool_mean_fn pool_mean_row;
 } gguflm_ops_kernels;
 
+/* the kernels of one copy, named gguflm_<name><suffix> (as quants_dot.h's GGUFLM_KERNEL_TABLE) */
+#define GGUFLM_OPS_KERNELS(suffix)                                                                                   \
+    (gguflm_ops_kernels){gguflm_swiglu_row##suffix, gguflm_geglu_row##suffix, gguflm_attn_heads##suffix,             \
+                         gguflm_attn_block##suffix, gguflm_attn_seq##suffix, gguflm_layer_norm_row##suffix,          \
+                         gguflm_unary_row##suffix, gguflm_pool_mean_row##suffix}
+
 static gguflm_ops_kernels gguflm_ops_select(int use_avx2) {
-#if GGUFLM_OPS_X86
-    if (use_avx2)
-        return (gguflm_ops_kernels){gguflm_swiglu_row_avx2, gguflm_geglu_row_avx2, gguflm_attn_heads_avx2,
-                                    gguflm_attn_block_avx2, gguflm_attn_seq_avx2, gguflm_layer_norm_row_avx2, gguflm_unary_row_avx2,
-                                    gguflm_pool_mean_row_avx2};
+#if GGUFLM_HAVE_SIMD
+    if (use_avx2) return GGUFLM_OPS_KERNELS(_avx2);
 #else
     (void)use_avx2;
 #endif
-    return (gguflm_ops_kernels){gguflm_swiglu_row_scalar, gguflm_geglu_row_scalar, gguflm_attn_heads_scalar,
-                                gguflm_attn_block_scalar, gguflm_attn_seq_scalar, gguflm_layer_norm_row_scalar, gguflm_unary_row_scalar,
-                                gguflm_pool_mean_row_scalar};
+    return GGUFLM_OPS_KERNELS(_scalar);
 }
 
 /* ---- row-parallel drivers: what the Python wrappers and the plan executor both call ---- */
@@ -668,7 +663,7 @@ static int gguflm_attention(const gguflm_attn_args *args, int isa, int n_threads
         s.acc = p;                         p += acc_floats;
         s.order = (int32_t *)p;            p += n_kv;
         s.vis = (uint8_t *)p;
-        s.wide = GGUFLM_OPS_X86 && isa >= GGUFLM_ISA_AVX512 && gguflm_vec_lanes(a->arith) == 16;
+        s.wide = GGUFLM_HAVE_SIMD && isa >= GGUFLM_ISA_AVX512 && gguflm_vec_lanes(a->arith) == 16;
         if (blocked) {
             gguflm_transpose_v(a, vt, vt_stride);  /* ends with a barrier */
             #pragma omp for schedule(dynamic, 1)

@@ -1,10 +1,11 @@
 /* Intel AMX (the tile registers and their matrix unit) for the AVX-512 ISAs' batch kernels, where the
  * CPU has AMX-INT8, the OS enables the tile state and the kernel granted it to the process (the
  * dispatch's amx, set by gguflm._ext.system; never otherwise, so never a SIGILL). Included by
- * quants_simd.h inside an AMX target region before its SIMD regions: the tile helpers here, and the
- * int8 peak loop of the kernels bench. The kernels' tile functions (quants_repack_simd.inc,
- * quants_ktile_simd.inc) are compiled in their AVX-512 copy under the AMX target too, out of line,
- * and called there while the dispatch's amx is on.
+ * quants_simd.h before its SIMD copies: the tile helpers here, and the int8 peak loop of the kernels
+ * bench, in an AMX target region of their own (nothing where the compiler has no AMX intrinsics).
+ * The kernels' tile functions (quants_repack_simd.inc, quants_ktile_simd.inc) are compiled in their
+ * AVX-512 copy under the AMX target too, out of line, and called there while the dispatch's amx is
+ * on.
  *
  * A tile holds up to 16 rows of up to 64 bytes. tdpbsud C += A . B (A signed bytes, B unsigned)
  * takes A as M rows of K bytes and B as K/4 rows of N dwords, the 4 consecutive k of column n side
@@ -17,6 +18,13 @@
  */
 #ifndef GGUFLM_QUANTS_AMX_H
 #define GGUFLM_QUANTS_AMX_H
+
+#include <stdint.h>
+#include <string.h>
+#include "simd_targets.h"
+
+#if GGUFLM_HAVE_AMX
+GGUFLM_TARGET_AMX_BEGIN
 
 /* GCC's tile loads and stores are asm statements that name no memory, only a pointer: without
  * this barrier, which hands the compiler buffer p as read and written here, between stores to a
@@ -116,5 +124,8 @@ static int32_t gguflm_int8_peak_amx(int64_t iters) {
     _tile_release();
     return sum;
 }
+
+GGUFLM_TARGET_END
+#endif
 
 #endif

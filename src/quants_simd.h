@@ -1,64 +1,23 @@
-/* The SIMD dot kernels: quants_dot_simd.inc compiled once for AVX2 (+FMA, F16C) and once for
- * AVX-512 with VNNI, each inside a GCC target region, each with its [path][type] kernel table (no
- * -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features, and
- * gguflm_kernel maps it to a kernel); the avx512bf16 ISA adds BF16 kernels that run vdpbf16ps
- * (quants_float_simd.inc once more) to the AVX-512 ones, and AVX512_VBMI, where the CPU has it,
- * grid i-quant kernels (quants_iq_simd.inc once more, see quants_iq_vbmi.inc). Off x86, or without GCC's target pragmas,
- * only the scalar kernels exist.
- *
- * Test harnesses may define GGUFLM_SIMDE: the intrinsics then come from SIMDe's portable
- * implementations (with native aliases) and the target regions expand to nothing, so that both
- * variants, AVX-512 included, run and can be checked on a CPU that lacks the instructions.
+/* The SIMD dot kernels, in the idiom of simd_targets.h: quants_dot_simd.inc and quants_iq_simd.inc
+ * compiled once for AVX2 (+FMA, F16C) and once for AVX-512 with VNNI, each inside its GCC target
+ * region, each with its [path][type] kernel table (gguflm_kernel maps the ISA a caller passes to a
+ * kernel); the avx512bf16 ISA adds BF16 kernels that run vdpbf16ps (quants_float_simd.inc once
+ * more) to the AVX-512 ones, and AVX512_VBMI, where the CPU has it, grid i-quant kernels
+ * (quants_iq_simd.inc once more, see quants_iq_vbmi.inc). Off x86, or without GCC's target
+ * pragmas, only the scalar kernels exist. Every copy defines the same flags, which say what its
+ * fragments may use:
+ *   GGUFLM_SIMD_VNNI    vpdpbusd for the byte dots (else vpmaddubsw + vpmaddwd)
+ *   GGUFLM_SIMD_512     512-bit vectors (AVX-512F/BW/VL/DQ)
+ *   GGUFLM_SIMD_DPBF16  vdpbf16ps itself for BF16 pairs (else its rounding emulated)
+ *   GGUFLM_SIMD_VBMI    AVX512_VBMI, GFNI and AVX512_BITALG for the grid lookups
+ *   GGUFLM_SIMD_AMX     the batch kernels' tile functions, under the AMX target (quants_amx.h)
  */
 #ifndef GGUFLM_QUANTS_SIMD_H
 #define GGUFLM_QUANTS_SIMD_H
 
 #include "quants_dot.h"
 #include "cpu_features.h"
-
-#if defined(GGUFLM_SIMDE)
-#define GGUFLM_HAVE_SIMD 1
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
-#include <simde/x86/f16c.h>
-#include <simde/x86/fma.h>
-#include <simde/x86/gfni.h>
-#define GGUFLM_TARGET_AVX2_BEGIN
-#define GGUFLM_TARGET_AVX512_BEGIN
-#define GGUFLM_TARGET_AVX512VBMI_BEGIN
-#define GGUFLM_TARGET_END
-#define GGUFLM_HAVE_DPBF16 0  /* SIMDe's vdpbf16ps rounds otherwise */
-#define GGUFLM_FP16_TO_FP32_SIMD(h) gguflm_fp16_to_fp32(h)
-#elif GGUFLM_X86 && defined(__GNUC__)
-#define GGUFLM_HAVE_SIMD 1
-#include <immintrin.h>
-#define GGUFLM_TARGET_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
-#define GGUFLM_TARGET_AVX512_BEGIN \
-    _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni\")")
-#define GGUFLM_TARGET_AVX512BF16_BEGIN                                                                    \
-    _Pragma("GCC push_options")                                                                         \
-    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16\")")
-#define GGUFLM_TARGET_AVX512VBMI_BEGIN                                                                    \
-    _Pragma("GCC push_options")                                                                         \
-    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni,avx512bitalg\")")
-/* AMX: GCC 11 and clang 12 have its intrinsics */
-#if defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11
-#define GGUFLM_HAVE_AMX 1
-#define GGUFLM_TARGET_AMX_BEGIN                                                                           \
-    _Pragma("GCC push_options")                                                                         \
-    _Pragma("GCC target(\"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8\")")
-#endif
-#define GGUFLM_TARGET_END _Pragma("GCC pop_options")
-#define GGUFLM_HAVE_DPBF16 1
-/* F16C's scalar conversion; bit-identical with the software one */
-#define GGUFLM_FP16_TO_FP32_SIMD(h) _cvtsh_ss(h)
-#else
-#define GGUFLM_HAVE_SIMD 0
-#define GGUFLM_HAVE_DPBF16 0
-#endif
-#ifndef GGUFLM_HAVE_AMX
-#define GGUFLM_HAVE_AMX 0   /* SIMDe, other compilers, off x86 */
-#endif
+#include "simd_targets.h"
 
 #if GGUFLM_HAVE_SIMD
 /* Every SIMD kernel computes tiles of R weight rows x T tokens, R, T <= GGUFLM_MAX_TILE
@@ -101,13 +60,9 @@
         }                                                                                                        \
     } while (0)
 
-/* the AMX tile helpers and the bench's tile peak loop (quants_amx.h); the AVX-512 copy's batch
+/* the AMX tile helpers and the bench's tile peak loop (in the AMX target); the AVX-512 copy's batch
  * kernels carry their tile functions (GGUFLM_SIMD_AMX), in the same target, out of line */
-#if GGUFLM_HAVE_AMX
-GGUFLM_TARGET_AMX_BEGIN
 #include "quants_amx.h"
-GGUFLM_TARGET_END
-#endif
 
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
@@ -141,6 +96,8 @@ GGUFLM_TARGET_AVX512_BEGIN
 #include "quants_iq_simd.inc"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
 #undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_VNNI
+#undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
 #undef GGUFLM_SIMD_AMX
@@ -151,8 +108,11 @@ GGUFLM_TARGET_END
  * helpers, which GCC inlines into the wider target */
 GGUFLM_TARGET_AVX512VBMI_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512vbmi
+#define GGUFLM_SIMD_VNNI 1
+#define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 0
 #define GGUFLM_SIMD_VBMI 1
+#define GGUFLM_SIMD_AMX 0
 #define gguflm_bits_32_avx512vbmi gguflm_bits_32_avx512
 #define gguflm_hsum_i32_avx512vbmi gguflm_hsum_i32_avx512
 #define gguflm_reduce8_512_avx512vbmi gguflm_reduce8_512_avx512
@@ -171,17 +131,25 @@ static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUF
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
 #undef GGUFLM_SIMD_VBMI
+#undef GGUFLM_SIMD_AMX
 GGUFLM_TARGET_END
 
+/* the float formats once more with AVX512_BF16 (only its BF16 kernels: quants_float_simd.inc) */
 #if GGUFLM_HAVE_DPBF16
 GGUFLM_TARGET_AVX512BF16_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx512bf16
+#define GGUFLM_SIMD_VNNI 1
 #define GGUFLM_SIMD_512 1
 #define GGUFLM_SIMD_DPBF16 1
+#define GGUFLM_SIMD_VBMI 0
+#define GGUFLM_SIMD_AMX 0
 #include "quants_float_simd.inc"
 #undef GGUFLM_SIMD
+#undef GGUFLM_SIMD_VNNI
 #undef GGUFLM_SIMD_512
 #undef GGUFLM_SIMD_DPBF16
+#undef GGUFLM_SIMD_VBMI
+#undef GGUFLM_SIMD_AMX
 GGUFLM_TARGET_END
 #endif
 #undef GGUFLM_TILE_LOOP
