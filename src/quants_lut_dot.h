@@ -24,6 +24,7 @@
 #ifndef GGUFLM_QUANTS_LUT_DOT_H
 #define GGUFLM_QUANTS_LUT_DOT_H
 
+#include "quants_recipe.h"
 #include "quants_lut_ref.h"
 
 static inline int gguflm_is_lut32(int type) { return type == GGUFLM_IQ4_NL || type == GGUFLM_MXFP4; }

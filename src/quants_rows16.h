@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 #include <string.h>
-#include "ggml_blocks.h"
+#include "quants_ref.h"  /* the block types, and the type ids (GGUFLM_Q4_0, ...) */
 
 #define GGUFLM_ROWS16 16
 
