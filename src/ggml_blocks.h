@@ -115,7 +115,7 @@ static inline uint16_t gguflm_fp32_to_bf16(float f) {
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
-/* ---- issue 15, value-table and ternary formats: IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0 ----
+/* ---- the value-table and ternary formats: IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0 ----
  * Layouts and tables from ggml-common.h (llama.cpp, vendored in llama-cpp-python 0.3.36). */
 #define QK4_NL 32
 #define QK_MXFP4 32

@@ -269,7 +269,7 @@ GGUFLM_SCALAR_KERNEL(DOT, bf16, GGUFLM_BF16, 2)
 GGUFLM_SCALAR_KERNEL(SGEMM, f32, GGUFLM_F32, 4)
 GGUFLM_SCALAR_KERNEL(SGEMM, f16, GGUFLM_F16, 2)
 GGUFLM_SCALAR_KERNEL(SGEMM, bf16, GGUFLM_BF16, 2)
-/* issue 15's value-table and ternary formats */
+/* the value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0) */
 GGUFLM_SCALAR_KERNEL(DOT, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
 GGUFLM_SCALAR_KERNEL(SGEMM, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
 GGUFLM_SCALAR_KERNEL(Q4_0_REPACK, iq4_nl, GGUFLM_IQ4_NL, sizeof(block_iq4_nl))
@@ -322,7 +322,8 @@ GGUFLM_SCALAR_KERNEL(DOT, tq2_0, GGUFLM_TQ2_0, sizeof(block_tq2_0))
         GGUFLM_LUT_KERNEL_ENTRIES(suffix)                                                                        \
     }
 
-/* issue 15's value-table and ternary formats (nested designators: they add to the rows above) */
+/* the value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0; nested designators: they
+ * add to the rows above) */
 #define GGUFLM_LUT_KERNEL_ENTRIES(suffix)                                                                        \
     [GGUFLM_PATH_DOT][GGUFLM_IQ4_NL] = gguflm_DOT_iq4_nl##suffix, [GGUFLM_PATH_DOT][GGUFLM_MXFP4] = gguflm_DOT_mxfp4##suffix, \
     [GGUFLM_PATH_DOT][GGUFLM_IQ4_XS] = gguflm_DOT_iq4_xs##suffix, [GGUFLM_PATH_DOT][GGUFLM_TQ1_0] = gguflm_DOT_tq1_0##suffix, \

@@ -54,7 +54,7 @@ static const gguflm_type_traits gguflm_traits[GGUFLM_TYPE_COUNT] = {
     [GGUFLM_IQ3_S] = {"IQ3_S", 256, 110, GGUFLM_Q8_K, gguflm_dequantize_row_iq3_s, gguflm_quantize_row_iq3_s, gguflm_quantize_row_iq3_s},
     [GGUFLM_IQ1_S] = {"IQ1_S", 256, 50, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_s, NULL, NULL},
     [GGUFLM_IQ1_M] = {"IQ1_M", 256, 56, GGUFLM_Q8_K, gguflm_dequantize_row_iq1_m, gguflm_quantize_row_iq1_m, gguflm_quantize_row_iq1_m},
-    /* issue 15's value-table and ternary formats */
+    /* the value-table and ternary formats */
     [GGUFLM_IQ4_NL] = {"IQ4_NL", 32, 18, GGUFLM_Q8_0, gguflm_dequantize_row_iq4_nl, gguflm_quantize_row_iq4_nl, gguflm_quantize_row_iq4_nl},
     [GGUFLM_IQ4_XS] = {"IQ4_XS", 256, 136, GGUFLM_Q8_K, gguflm_dequantize_row_iq4_xs, gguflm_quantize_row_iq4_xs, gguflm_quantize_row_iq4_xs},
     [GGUFLM_TQ1_0] = {"TQ1_0", 256, 54, GGUFLM_Q8_K, gguflm_dequantize_row_tq1_0, gguflm_quantize_row_tq1_0, gguflm_quantize_row_tq1_0},

@@ -1,7 +1,7 @@
-/* Issue 15's value-table and ternary formats in the matmul recipes: the portable scalar reference
- * of each way ggml-cpu (x86, llama-cpp-python 0.3.36's AVX2 and AVX-512 builds; the float steps
- * read off its disassembly and checked against its vec_dot by tests/test_quants_lut.py) computes
- * a weight row . activation row:
+/* The value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0) in the matmul recipes
+ * (quants_recipe.h): the portable scalar reference of each way ggml-cpu (x86, llama-cpp-python
+ * 0.3.36's AVX2 and AVX-512 builds; the float steps read off its disassembly and checked against
+ * its vec_dot by tests/test_quants_lut.py) computes a weight row . activation row:
  *
  *   DOT  IQ4_NL, MXFP4 (ggml_vec_dot_{iq4_nl,mxfp4}_q8_0): blocks in pairs, two chains of 8
  *        lanes (even blocks, odd blocks), lane l the integer sum of elements 4l..4l+3,

@@ -1,4 +1,4 @@
-/* Issue 15's value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0): quantizers
+/* The value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0): quantizers
  * byte-identical with ggml_quantize_chunk (ggml-quants.c quantize_iq4_nl / quantize_iq4_xs with
  * ntry 7, with or without importance weights; quantize_row_mxfp4_ref, quantize_row_tq1_0_ref,
  * quantize_row_tq2_0_ref, which ignore weights), dequantizers equal to ggml's to_float, and the

@@ -22,7 +22,7 @@ enum {
     GGUFLM_F32 = 0, GGUFLM_F16 = 1, GGUFLM_Q4_0 = 2, GGUFLM_Q4_1 = 3, GGUFLM_Q5_0 = 6, GGUFLM_Q5_1 = 7,
     GGUFLM_Q8_0 = 8, GGUFLM_Q8_1 = 9, GGUFLM_Q2_K = 10, GGUFLM_Q3_K = 11, GGUFLM_Q4_K = 12,
     GGUFLM_Q5_K = 13, GGUFLM_Q6_K = 14, GGUFLM_Q8_K = 15, GGUFLM_BF16 = 30,
-    /* issue 15, value-table and ternary formats */
+    /* the value-table and ternary formats */
     GGUFLM_IQ4_NL = 20, GGUFLM_IQ4_XS = 23, GGUFLM_TQ1_0 = 34, GGUFLM_TQ2_0 = 35, GGUFLM_MXFP4 = 39,
     GGUFLM_TYPE_COUNT = 40
 };
