@@ -9,8 +9,9 @@ application reads it the way its UI toolkit likes:
 - ``for chunk in generation``: from any other thread;
 - ``generation.result()``: wait for the :class:`~gguflm.generate.Completion`.
 
-``cancel()`` stops the request within one decode step: the context's abort callback is checked
-between the ubatches of a long prompt and between the layers of every step, and the request
+``cancel()`` sets the request's own cancel token (:attr:`gguflm.generate.Request.cancel`), which
+stops it within one decode step once it runs (the context's abort callback is checked between
+the ubatches of a long prompt and between the layers of every step), or before it starts; it
 ends with finish_reason ``"cancelled"``. The LLM still serialises requests: a second one waits
 for the first on its worker thread, never on the caller's.
 """
@@ -18,40 +19,30 @@ for the first on its worker thread, never on the caller's.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from gguflm.generate import Chunk, Completion
 
-if TYPE_CHECKING:
-    from gguflm.llm import LLM
-
 log = logging.getLogger(__name__)
-
-# the Generation whose request the current worker thread runs: the LLM tells it when the request
-# holds the LLM and when it lets go, so that cancel() reaches its own request and no other
-current: contextvars.ContextVar[Generation | None] = contextvars.ContextVar("gguflm_generation", default=None)
 
 
 class Generation:
-    """A request running on its own thread. Create with :meth:`LLM.generate_async` or
+    """A request running on its own thread: ``stream`` (its chunks) is read there, and ``cancel``
+    is the request's own cancel token. Create with :meth:`LLM.generate_async` or
     :meth:`LLM.chat_async`."""
 
-    def __init__(self, llm: LLM, stream: Iterator[Chunk],
+    def __init__(self, stream: Iterator[Chunk], cancel: threading.Event,
                  on_chunk: Callable[[Chunk], object] | None = None,
                  on_done: Callable[[Generation], object] | None = None) -> None:
-        self._llm = llm
         self._stream = stream
         self._on_chunk = on_chunk
         self._on_done = on_done
-        self._cancelled = threading.Event()
+        self._cancelled = cancel
         self._cond = threading.Condition()
         self._chunks: list[Chunk] = []
         self._finished = False
-        self._running = False           # the request holds the LLM (cancel() reaches it)
         self._result: Completion | None = None
         self._error: BaseException | None = None
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -61,7 +52,6 @@ class Generation:
     # -- the worker
 
     def _work(self) -> None:
-        current.set(self)
         try:
             for chunk in self._stream:
                 with self._cond:
@@ -83,18 +73,6 @@ class Generation:
             if self._on_done is not None:
                 self._call(self._on_done, self)
 
-    def _started(self, llm_cancel: threading.Event) -> None:
-        """The request holds the LLM now (called by it, its cancel flag freshly cleared)."""
-        with self._cond:
-            self._running = True
-            if self._cancelled.is_set():
-                llm_cancel.set()
-
-    def _ended(self) -> None:
-        """The request is about to let go of the LLM."""
-        with self._cond:
-            self._running = False
-
     def _call(self, callback: Callable[..., object], arg: object) -> None:
         try:
             callback(arg)
@@ -115,9 +93,6 @@ class Generation:
     def cancel(self) -> None:
         """Stop the request (from any thread): within one decode step, also in a long prompt."""
         self._cancelled.set()
-        with self._cond:
-            if self._running:
-                self._llm.cancel()
 
     @property
     def cancelled(self) -> bool:
@@ -190,14 +165,3 @@ class Generation:
         state = "done" if self._finished else "cancelling" if self.cancelled else "running"
         return f"<Generation {state}, {len(self._chunks)} chunks>"
 
-
-def start(llm: LLM, kind: str, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]],
-          options: dict[str, Any], on_chunk: Callable[[Chunk], object] | None,
-          on_done: Callable[[Generation], object] | None) -> Generation:
-    """A :class:`Generation` streaming ``llm.complete`` (kind "complete") or ``llm.chat``."""
-    if "stream" in options:
-        raise TypeError("generate_async and chat_async always stream")
-    method = llm.complete if kind == "complete" else llm.chat
-    # on the caller's thread: bad arguments raise here; the stream starts on the worker
-    stream = method(prompt, stream=True, **options)
-    return Generation(llm, stream, on_chunk, on_done)

@@ -21,7 +21,6 @@ from gguflm.kv_store import CACHE_TYPES
 from gguflm.progress import ProgressBar, _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
-LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -173,6 +172,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         from gguflm.apps.chat_gui import main as gui_main
 
         return gui_main(args.model)
+    from gguflm.generate import FINISH_CANCELLED
+
     template = args.chat_template
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
@@ -202,7 +203,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                 completion = _stream(llm.chat(messages, max_tokens=_max_tokens(args.n_predict),
                                               stream=True, **_sampling(args)))
             sys.stdout.write("\n")
-            if completion.finish_reason == "cancelled":
+            if completion.finish_reason == FINISH_CANCELLED:
                 sys.stdout.write("[reply stopped]\n")
             sys.stdout.flush()
             messages.append({"role": "assistant", "content": completion.text})
@@ -424,6 +425,8 @@ def _cmd_imatrix(args: argparse.Namespace) -> int:
 # -- the parser
 
 def _model_args(p: argparse.ArgumentParser) -> None:
+    from gguflm.loader import LOAD_MODES
+
     p.add_argument("-m", "--model", help="GGUF file (default: the default model, Gemma 3 270M)")
     p.add_argument("--load-mode", default="auto", choices=LOAD_MODES,
                    help="how weights are bound: mmap, read (none), pinned (mlock)")

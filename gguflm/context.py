@@ -13,6 +13,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ from gguflm import kv_cache
 from gguflm.batch import Batch, BatchAllocator, InvalidBatchError, UBatch
 from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext.plan import Plan
-from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, RopeConfig, apply_rope
+from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.model import Model
-from gguflm.pooling import PoolingType, build_pooling, pooling_inputs, resolve
-from gguflm.rope import rope_params
+from gguflm.pooling import PoolingType, pooling_inputs, resolve
+from gguflm.rope import RopeParams, rope_params
 from gguflm.system import guard_mode
 from gguflm.threads import resolve_n_threads
 
@@ -114,7 +115,7 @@ class Context:
         self.rope_freq_base = rope_freq_base or hp.rope_freq_base_train
         self.rope_freq_scale = rope_freq_scale or hp.rope_freq_scale_train
         self.rope = rope_params(hp, rope_scaling_type, self.rope_freq_scale, yarn_ext_factor, yarn_attn_factor,
-                                yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx)
+                                yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx, self.rope_freq_base)
         self.rope_scaling_type = self.rope.scaling_type
         self.rope_freq_scale = self.rope.freq_scale
 
@@ -163,10 +164,11 @@ class Context:
 
     # -- configuration facts
 
-    def rope_config(self, il: int) -> RopeConfig:
+    def rope_config(self, il: int) -> RopeParams:
+        """The RoPE parameters of layer ``il`` in this context."""
         return self._rope_configs[il]
 
-    def _make_rope_config(self, il: int) -> RopeConfig:
+    def _make_rope_config(self, il: int) -> RopeParams:
         hp = self.model.hparams
         swa = hp.is_swa(il)
         # frequency factors: Llama 3.1's, or Phi 3's long/short set chosen by the context size
@@ -174,14 +176,10 @@ class Context:
         factors = tensors.get("rope_freqs.weight") or (
             tensors.get("rope_factors_long.weight") if self.n_ctx // self.n_seq_max > hp.n_ctx_orig_yarn
             else tensors.get("rope_factors_short.weight"))
-        return RopeConfig(
-            freq_base=hp.rope_freq_base_train_swa if swa else self.rope_freq_base,
-            freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope_freq_scale,
-            ext_factor=self.rope.ext_factor,
-            attn_factor=self.rope.attn_factor,
-            beta_fast=self.rope.beta_fast,
-            beta_slow=self.rope.beta_slow,
-            n_ctx_orig=self.rope.n_ctx_orig,
+        return replace(
+            self.rope,
+            freq_base=hp.rope_freq_base_train_swa if swa else self.rope.freq_base,
+            freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope.freq_scale,
             freq_factors=None if factors is None else factors.data,
         )
 
@@ -374,7 +372,7 @@ class Context:
                     ub.n_seqs)
         g = Graph(self, ub, plan, arena)
         embd, logits = self.model.architecture.forward(g)
-        pooled = build_pooling(g, embd, self.pooling_type) if self._pools else None
+        pooled = g.pooling(embd, self.pooling_type) if self._pools else None
         plan.results = (embd, logits, pooled)
         if observations is not None:
             observations.update(g.observation_segments())

@@ -22,9 +22,11 @@ from gguflm.context import Context
 from gguflm.errors import Error
 from gguflm.sampling import SamplerChain
 
-FINISH_STOP = "stop"            # an end-of-generation token or a stop string
-FINISH_LENGTH = "length"        # max_tokens or the context is full
-FINISH_CANCELLED = "cancelled"  # cancel() from another thread, or close()
+# a completion's finish_reason
+FINISH_STOP = "stop"              # an end-of-generation token or a stop string
+FINISH_LENGTH = "length"          # max_tokens or the context is full
+FINISH_CANCELLED = "cancelled"    # cancel() from another thread, or close()
+FINISH_TOOL_CALLS = "tool_calls"  # the reply is the tool calls a tool_choice grammar asked for (OpenAI)
 
 DECODE_ABORTED = 2
 
@@ -79,7 +81,7 @@ class Completion:
     text : str
         The generated text (stop strings and end-of-generation tokens not included).
     finish_reason : str
-        ``"stop"``, ``"length"`` or ``"cancelled"``.
+        :data:`FINISH_STOP`, :data:`FINISH_LENGTH` or :data:`FINISH_CANCELLED`.
     prompt_tokens : list[int]
         The prompt as decoded.
     token_ids : list[int]
@@ -173,17 +175,15 @@ class Session:
     Parameters
     ----------
     ctx
-        The context; its abort callback must report ``cancel``.
-    cancel
-        Set from any thread to stop the running request.
+        The context; its abort callback must report the running request's ``cancel`` token
+        (:attr:`Request.cancel`).
     seq_id
         The sequence. :meth:`ingest` and :meth:`step` decode sequence 0 alone; a scheduler that
         batches several sequences uses :meth:`keep_prefix` and decodes itself.
     """
 
-    def __init__(self, ctx: Context, cancel: threading.Event, seq_id: int = 0) -> None:
+    def __init__(self, ctx: Context, seq_id: int = 0) -> None:
         self.ctx = ctx
-        self.cancel = cancel
         self.seq_id = seq_id
         self.tokens: list[int] = []
         self._one = Batch.get_one([0])   # reused for every generated token
@@ -281,7 +281,8 @@ def token_logprobs(row: np.ndarray, token: int, n_top: int, piece: Callable[[int
 
 @dataclass
 class Request:
-    """What to generate after a prompt (see :func:`run`)."""
+    """What to generate after a prompt (see :func:`run`), and the request's own cancel token:
+    set ``cancel`` from any thread to stop it (it then ends with :data:`FINISH_CANCELLED`)."""
 
     max_tokens: int
     stop: Sequence[str] = ()
@@ -291,9 +292,10 @@ class Request:
         field(default_factory=list)
     stopping_criteria: Sequence[Callable[[np.ndarray, np.ndarray], bool]] = \
         field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
-class Generation:
+class TokenLoop:
     """One request's token loop, one sampled token at a time: the state :func:`run` keeps for a
     single sequence and a server's scheduler keeps per slot (sampling from the slot's row of a
     shared batch).
@@ -393,7 +395,7 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
     ``is_open()`` returning False (the owner was closed while a stream was suspended) ends the
     loop as cancelled without touching the context again.
     """
-    gen = Generation(session.ctx.model.vocab, prompt, chain, request)
+    gen = TokenLoop(session.ctx.model.vocab, prompt, chain, request)
     n_cached = 0
     try:
         n_cached = session.ingest(prompt)
@@ -401,7 +403,7 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
         gen.cancel()
     gen.prompt_done(n_cached)
     while gen.finish is None:
-        if session.cancel.is_set() or not is_open():
+        if request.cancel.is_set() or not is_open():
             gen.cancel()
             break
         chunk, token = gen.next(session.ctx, -1, session.tokens)

@@ -7,6 +7,8 @@ A type being listed here means the container can hold it; which types the kernel
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -180,3 +182,44 @@ _FILE_TYPE_NAMES: dict[FileType, str] = {
     FileType.MOSTLY_TQ2_0: "TQ2_0 - 2.06 bpw ternary",
     FileType.MOSTLY_MXFP4_MOE: "MXFP4 MoE",
 }
+
+FILE_TYPE_GUESSED = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED: a file type inferred from the tensors, not stored
+
+# the file type llama_model_loader guesses from a tensor type; a type it has none for (MXFP4 among
+# them) guesses ALL_F32, as llama.cpp's does
+_GUESSED_FILE_TYPES: dict[GGMLType, FileType] = {
+    GGMLType.F32: FileType.ALL_F32, GGMLType.F16: FileType.MOSTLY_F16, GGMLType.BF16: FileType.MOSTLY_BF16,
+    GGMLType.Q4_0: FileType.MOSTLY_Q4_0, GGMLType.Q4_1: FileType.MOSTLY_Q4_1, GGMLType.Q5_0: FileType.MOSTLY_Q5_0,
+    GGMLType.Q5_1: FileType.MOSTLY_Q5_1, GGMLType.Q8_0: FileType.MOSTLY_Q8_0, GGMLType.Q2_K: FileType.MOSTLY_Q2_K,
+    GGMLType.Q3_K: FileType.MOSTLY_Q3_K_M, GGMLType.Q4_K: FileType.MOSTLY_Q4_K_M,
+    GGMLType.Q5_K: FileType.MOSTLY_Q5_K_M, GGMLType.Q6_K: FileType.MOSTLY_Q6_K,
+    GGMLType.TQ1_0: FileType.MOSTLY_TQ1_0, GGMLType.TQ2_0: FileType.MOSTLY_TQ2_0,
+    GGMLType.IQ2_XXS: FileType.MOSTLY_IQ2_XXS, GGMLType.IQ2_XS: FileType.MOSTLY_IQ2_XS,
+    GGMLType.IQ2_S: FileType.MOSTLY_IQ2_S, GGMLType.IQ3_XXS: FileType.MOSTLY_IQ3_XXS,
+    GGMLType.IQ1_S: FileType.MOSTLY_IQ1_S, GGMLType.IQ1_M: FileType.MOSTLY_IQ1_M,
+    GGMLType.IQ4_NL: FileType.MOSTLY_IQ4_NL, GGMLType.IQ4_XS: FileType.MOSTLY_IQ4_XS,
+    GGMLType.IQ3_S: FileType.MOSTLY_IQ3_S,
+}
+
+# the block number in a tensor name, as llama.cpp reads it (sscanf "blk.%d.")
+BLOCK_NUMBER = re.compile(r"blk\.\s*([+-]?\d+)")
+
+
+def weights_map_key(name: str) -> tuple[int, bytes]:
+    """llama_model_loader's order of a file's tensors (its weights map): by block number (tensors
+    of no block first), then by the name's bytes."""
+    match = BLOCK_NUMBER.match(name)
+    return int(match[1]) if match else -1, name.encode("utf-8", "surrogateescape")
+
+
+def guess_file_type(tensors: Iterable[tuple[str, GGMLType]]) -> FileType:
+    """The file type llama_model_loader guesses for a file without ``general.file_type`` from its
+    tensors (name, type): that of the type most tensors have, the first to reach that count in
+    the weights map's order winning a tie (a bare type, without :data:`FILE_TYPE_GUESSED`)."""
+    counts: dict[GGMLType, int] = {}
+    best, best_n = GGMLType.F32, 0
+    for _, t in sorted(tensors, key=lambda nt: weights_map_key(nt[0])):
+        counts[t] = counts.get(t, 0) + 1
+        if counts[t] > best_n:
+            best, best_n = t, counts[t]
+    return _GUESSED_FILE_TYPES.get(best, FileType.ALL_F32)

@@ -23,7 +23,9 @@ from gguflm._ext import ops, quants
 from gguflm._ext.plan import Plan
 from gguflm.batch import UBatch
 from gguflm.hparams import RopeType
+from gguflm.pooling import PoolingType
 from gguflm.quants import matmul_storage
+from gguflm.rope import RopeParams
 
 if TYPE_CHECKING:
     from gguflm.loader import Weight
@@ -152,21 +154,7 @@ def _arrays_in(value: Any) -> Iterator[np.ndarray]:
             yield from _arrays_in(v)
 
 
-@dataclass(frozen=True)
-class RopeConfig:
-    """The effective RoPE parameters of one layer in this context."""
-
-    freq_base: float
-    freq_scale: float
-    ext_factor: float
-    attn_factor: float
-    beta_fast: float
-    beta_slow: float
-    n_ctx_orig: int
-    freq_factors: np.ndarray | None    # per-pair divisors of theta (Llama 3.1, Phi 3 long/short)
-
-
-def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeConfig,
+def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeParams,
                n_threads: int) -> None:
     """Rotate the heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row)."""
     ops.rope(x, pos, n_head, hp.n_embd_head_k, hp.n_rot, hp.rope_type is RopeType.NEOX,
@@ -382,28 +370,32 @@ class Graph:
     # -- mixture of experts
 
     def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
-                w_scale: float = 0.0, swiglu_limit: float = 0.0) -> np.ndarray:
+                w_scale: float = 0.0, swiglu_limit: float = 0.0, biases: bool = False,
+                selection_bias: Weight | None = None) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
-        over the rows routed to it, and sum the expert outputs by their routing weights. Biases
-        of the router and of the experts are added where the layer has them, and its selection
-        bias ``exp_probs_b`` to the probabilities that rank the experts; ``swiglu_limit``
-        selects gpt-oss's clamped SwiGLU (alpha 1.702) instead of the plain one."""
+        over the rows routed to it, and sum the expert outputs by their routing weights. With
+        ``biases`` (an architecture that declares them) the biases of the router and of the
+        experts are added where the layer has them; ``selection_bias`` (``exp_probs_b``) is added
+        to the probabilities that rank the experts; ``swiglu_limit`` selects gpt-oss's clamped
+        SwiGLU (alpha 1.702) instead of the plain one."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
-        bias = None if L.exp_probs_b_bias is None else L.exp_probs_b_bias.data  # ranks only
+        bias = None if selection_bias is None else selection_bias.data  # ranks only
         weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
+        router_b, gate_b, up_b, down_b = (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias,
+                                          L.ffn_down_exps_bias) if biases else (None,) * 4
         partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
         if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
-                b is None for b in (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias, L.ffn_down_exps_bias)):
+                b is None for b in (router_b, gate_b, up_b, down_b)):
             return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
         (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
-        self.add_bias(logits, L.ffn_gate_inp_bias)
+        self.add_bias(logits, router_b)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
         self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias)
         gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
-        for t, b in ((up, L.ffn_up_exps_bias), (gate, L.ffn_gate_exps_bias)):
+        for t, b in ((up, up_b), (gate, gate_b)):
             if b is not None:
                 self.plan.moe_add_id(t, b.data, route)
         if swiglu_limit:
@@ -412,8 +404,8 @@ class Graph:
         else:
             act = self.swiglu(gate, up)
         (down,) = self.project_experts(act, route, L.ffn_down_exps, by_expert=True)
-        if L.ffn_down_exps_bias is not None:
-            self.plan.moe_add_id(down, L.ffn_down_exps_bias.data, route)
+        if down_b is not None:
+            self.plan.moe_add_id(down, down_b.data, route)
         out = self.new(n, hp.n_embd)
         self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
         return out
@@ -495,6 +487,13 @@ class Graph:
                            rc.n_ctx_orig, rc.freq_factors, self.n_threads)
         return x
 
+    def rope_qk(self, q: np.ndarray, k: np.ndarray, il: int, q_norm: Weight | None = None,
+                k_norm: Weight | None = None) -> None:
+        """Rotate Q then K of layer ``il`` in place, each first RMS-normed per head where its
+        norm is given (Qwen 3, Gemma 3; OLMoE's span the row), in llama.cpp's graphs' order."""
+        self.rope(self.rms_norm_heads(q, q_norm), il, self.hparams.n_head[il])
+        self.rope(self.rms_norm_heads(k, k_norm), il, self.hparams.n_head_kv[il])
+
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                   kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
@@ -549,6 +548,26 @@ class Graph:
         out = self.new(self.ub.n_seqs, x.shape[1])
         self.plan.take_pool_rows(x, out)
         return out
+
+    def pooling(self, embd: np.ndarray, pooling: PoolingType) -> np.ndarray | None:
+        """The pooling stage of the forward pass (llama.cpp's build_pooling) over the final hidden
+        states ``embd`` ([n_tokens, n_embd]): one row per sequence of the ubatch ([n_seqs, n_embd],
+        or [n_seqs, n_cls_out] for rank), or None for ``none``."""
+        if pooling is PoolingType.NONE:
+            return None
+        if pooling is PoolingType.MEAN:
+            return self.pool_mean(embd)
+        cur = self.pool_rows(embd)
+        if pooling is PoolingType.RANK:
+            # the classification head (RoBERTa's): dense + tanh, then the projection to the labels
+            tensors = self.model.tensors
+            cls = tensors.get("cls.weight")
+            if cls is not None:
+                cur = self.tanh(self.linear(cur, cls, tensors.get("cls.bias")))
+            out = tensors.get("cls.output.weight")
+            if out is not None:
+                cur = self.linear(cur, out, tensors.get("cls.output.bias"))
+        return cur
 
     def logits(self, x: np.ndarray, w: Weight) -> np.ndarray | None:
         """The output projection of x (None when the context asks for no logits)."""

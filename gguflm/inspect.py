@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from gguflm.ggml_types import FileType, GGMLType
+from gguflm.ggml_types import FILE_TYPE_GUESSED, FileType, GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType
 from gguflm.gguf.constants import KEY_FILE_TYPE, value_type_of_dtype
 
-_FILE_TYPE_GUESSED = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED flag
 _MAX_STRING_CHARS = 72
 
 
@@ -28,9 +27,9 @@ def file_type_name(reader: GGUFReader) -> str:
     """
     if KEY_FILE_TYPE in reader.metadata:
         value = reader.get_int(KEY_FILE_TYPE)
-        guessed = " (guessed)" if value & _FILE_TYPE_GUESSED else ""
+        guessed = " (guessed)" if value & FILE_TYPE_GUESSED else ""
         try:
-            return FileType(value & ~_FILE_TYPE_GUESSED).display_name + guessed
+            return FileType(value & ~FILE_TYPE_GUESSED).display_name + guessed
         except ValueError:
             return f"unknown file type {value}"
     bytes_by_type = _bytes_by_type(reader)

@@ -7,8 +7,21 @@ import numpy as np
 from gguflm.errors import StateError
 from gguflm.ggml_types import GGMLType
 
-# the KV cache types a context accepts, by name, and the ggml type of their rows
+# the KV cache types a context accepts, by name, and the ggml type of their rows: the one list
+# (the CLI's choices, llama-cpp-python's ggml type ids, the benchmarks' peer all derive from it;
+# src/plan.pyx's _CACHE_TYPE_IDS repeats the ids for the C side)
 CACHE_TYPES: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
+
+
+def cache_type_name(value: str | int) -> str:
+    """A KV cache type by name, or by its ggml type id (llama-cpp-python's ``type_k``/``type_v``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        names = {int(t): name for name, t in CACHE_TYPES.items()}
+        if value not in names:
+            ids = ", ".join(f"{name} {int(t)}" for name, t in CACHE_TYPES.items())
+            raise ValueError(f"unsupported KV cache ggml type id {value} ({ids})")
+        return names[value]
+    return value
 
 
 def check_cache_type(which: str, cache_type: str, head_dim: int) -> None:

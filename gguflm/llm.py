@@ -11,8 +11,10 @@ llama-cpp-python's arguments and return its OpenAI-style dicts, so code written 
 embeddings instead: ``embed``, ``create_embedding`` and, for reranking models, ``rerank``.
 
 Threads: one LLM serialises its requests (a second thread waits for the first request to end); two
-LLM objects run at the same time. :meth:`LLM.cancel` stops the running request from any thread,
-also in the middle of a long prompt; it ends with finish_reason ``"cancelled"``.
+LLM objects run at the same time. Every request has its own cancel token (``cancel=`` of
+:meth:`LLM.complete` and :meth:`LLM.chat`, made for it when not given); :meth:`LLM.cancel` sets
+the running request's, from any thread, also in the middle of a long prompt; it ends with
+finish_reason ``"cancelled"``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gguflm.default_model import load_model
 from gguflm import openai_compat as compat
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion, Request, Session
-from gguflm.kv_store import CACHE_TYPES
+from gguflm.kv_store import cache_type_name
 from gguflm.model import Model
 from gguflm.openai_compat import PreparedRequest, ResponseMeta
 from gguflm.pooling import PoolingType
@@ -66,7 +68,6 @@ _CONTEXT_LLAMA_ARGS = frozenset({
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
     "lora_path", "lora_adapters", "vocab_only", "draft_model", "chat_handler", "tokenizer",
 })
-_GGML_CACHE_TYPES = {int(t): name for name, t in CACHE_TYPES.items()}  # llama-cpp-python passes ggml type ids
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
                         "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",
@@ -164,7 +165,7 @@ class LLM:
         self._model: Model | None = None
         self._ctx: Context | None = None
         options = _llama_options(llama_kwargs)
-        type_k, type_v = _cache_type(type_k), _cache_type(type_v)
+        type_k, type_v = cache_type_name(type_k), cache_type_name(type_v)
         load_mode = options.pop("load_mode", load_mode)
         self.chat_template = options.pop("chat_template", chat_template)
         self.penalty_last_n = options.pop("penalty_last_n", PENALTY_LAST_N)
@@ -176,6 +177,7 @@ class LLM:
         self._model = load_model(model_path, progress, load_mode=load_mode,
                                  kv_overrides=kv_overrides)
         self.model_path = str(self._model.path)
+        # the running request's cancel token (a fresh one while none runs)
         self._cancel = threading.Event()
         self.embedding = bool(embedding)
         # llama-cpp-python's batch size: n_batch, at most n_ctx
@@ -195,13 +197,13 @@ class LLM:
                             f"embeddings, not text; create the LLM with embedding=True")
             self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                 n_threads=n_threads, n_threads_batch=n_threads_batch,
-                                type_k=type_k, type_v=type_v, abort_callback=self._cancel.is_set,
+                                type_k=type_k, type_v=type_v, abort_callback=self._aborting,
                                 **options)
         except BaseException:
             self._model.close()
             self._model = None
             raise
-        self._session = Session(self._ctx, self._cancel)
+        self._session = Session(self._ctx)
         self._lock = _RequestLock()
         self._template: ChatTemplate | None = None
         self._closed = False
@@ -278,8 +280,8 @@ class LLM:
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, stream: bool = False,
-                 logprobs: int | None = None, grammar: Grammar | str | None = None
-                 ) -> Completion | Iterator[Chunk]:
+                 logprobs: int | None = None, grammar: Grammar | str | None = None,
+                 cancel: threading.Event | None = None) -> Completion | Iterator[Chunk]:
         """Continue ``prompt`` (text, or token ids used as given).
 
         Parameters
@@ -303,6 +305,9 @@ class LLM:
             Constrain the reply to a :class:`gguflm.Grammar` (or GBNF text), sampled as
             llama.cpp's common sampler does: the chain samples, and only a token the grammar
             rejects makes the whole vocabulary be masked and the token be sampled again.
+        cancel
+            This request's cancel token: setting it (from any thread) stops the request, running
+            or still waiting for the LLM; one is made for it when not given.
 
         Returns
         -------
@@ -313,14 +318,14 @@ class LLM:
         chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, seed=seed, grammar=grammar)
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop), _n_logprobs(logprobs))
-        return self._submit(tokens, chain, request, stream)
+        return self._submit(tokens, chain, request, stream, cancel)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = 512,
              temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
              repeat_penalty: float = 1.0, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
-             logprobs: int | None = None, grammar: Grammar | str | None = None
-             ) -> Completion | Iterator[Chunk]:
+             logprobs: int | None = None, grammar: Grammar | str | None = None,
+             cancel: threading.Event | None = None) -> Completion | Iterator[Chunk]:
         """Reply to ``messages`` (``[{"role": "user", "content": "..."}, ...]``) through the chat
         template; options as :meth:`complete`. The KV cache of the previous turn is reused for
         the shared prefix of the conversation.
@@ -336,7 +341,7 @@ class LLM:
                               repeat_penalty=repeat_penalty, seed=seed, grammar=grammar)
         request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
                           _n_logprobs(logprobs))
-        return self._submit(tokens, chain, request, stream)
+        return self._submit(tokens, chain, request, stream, cancel)
 
     def generate_async(self, prompt: str | Sequence[int], *,
                        on_chunk: Callable[[Chunk], object] | None = None,
@@ -349,19 +354,35 @@ class LLM:
         ``on_done(generation)`` once at the end; ``options`` are :meth:`complete`'s. Bad
         arguments raise here, on the caller's thread.
         """
-        return background.start(self, "complete", prompt, options, on_chunk, on_done)
+        return self._in_background(self.complete, prompt, options, on_chunk, on_done)
 
     def chat_async(self, messages: Sequence[Mapping[str, Any]], *,
                    on_chunk: Callable[[Chunk], object] | None = None,
                    on_done: Callable[[background.Generation], object] | None = None,
                    **options: Any) -> background.Generation:
         """:meth:`chat` on a worker thread; as :meth:`generate_async`."""
-        return background.start(self, "chat", messages, options, on_chunk, on_done)
+        return self._in_background(self.chat, messages, options, on_chunk, on_done)
+
+    @staticmethod
+    def _in_background(method: Callable[..., Iterator[Chunk]], prompt: Any, options: dict[str, Any],
+                       on_chunk: Callable[[Chunk], object] | None,
+                       on_done: Callable[[background.Generation], object] | None) -> background.Generation:
+        """A :class:`gguflm.background.Generation` streaming ``method(prompt, **options)``."""
+        if "stream" in options:
+            raise TypeError("generate_async and chat_async always stream")
+        cancel = options.pop("cancel", None) or threading.Event()
+        # on the caller's thread: bad arguments raise here; the stream starts on the worker
+        stream = method(prompt, stream=True, cancel=cancel, **options)
+        return background.Generation(stream, cancel, on_chunk, on_done)
 
     def cancel(self) -> None:
-        """Stop the request running now (from any thread); it ends with finish_reason
-        ``"cancelled"``. Requests started afterwards are not affected."""
+        """Stop the request running now (from any thread): set its cancel token; it ends with
+        finish_reason ``"cancelled"``. Requests started afterwards are not affected."""
         self._cancel.set()
+
+    def _aborting(self) -> bool:
+        """The context's abort callback: the running request's cancel token is set."""
+        return self._cancel.is_set()
 
     def reset(self) -> None:
         """Forget the cached prompt (the next request decodes its whole prompt)."""
@@ -424,8 +445,10 @@ class LLM:
             params.samplers = ("penalties",)   # llama-cpp-python: the raw distribution
         return common_sampler(params, vocab=self.model.vocab)
 
-    def _submit(self, tokens: list[int], chain: SamplerChain, request: Request,
-                stream: bool) -> Completion | Iterator[Chunk]:
+    def _submit(self, tokens: list[int], chain: SamplerChain, request: Request, stream: bool,
+                cancel: threading.Event | None = None) -> Completion | Iterator[Chunk]:
+        if cancel is not None:
+            request.cancel = cancel
         self._open()
         if self.embedding:
             raise Error("this LLM computes embeddings (embedding=True): create one without it to generate text")
@@ -440,18 +463,14 @@ class LLM:
 
     def _locked_run(self, tokens: list[int], chain: SamplerChain, request: Request
                     ) -> Iterator[Chunk]:
-        handle = background.current.get()   # a generate_async/chat_async request's handle
         self._lock.acquire()
         try:
             self._open()
-            self._cancel.clear()
-            if handle is not None:
-                handle._started(self._cancel)
+            self._cancel = request.cancel   # what cancel() and the context's abort callback read
             yield from generate.run(self._session, tokens, chain, request,
                                     is_open=lambda: not self._closed)
         finally:
-            if handle is not None:
-                handle._ended()
+            self._cancel = threading.Event()
             self._release_lock()
 
     def _with_lock(self, action: Callable[[], Any]) -> Any:
@@ -728,15 +747,6 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"LLM() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     return options
-
-
-def _cache_type(value: str | int) -> str:
-    """A KV cache type name; llama-cpp-python's ggml type ids are accepted."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value not in _GGML_CACHE_TYPES:
-            raise ValueError(f"unsupported KV cache ggml type id {value} (f32 0, f16 1, q8_0 8)")
-        return _GGML_CACHE_TYPES[value]
-    return value
 
 
 def _arguments(method: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:

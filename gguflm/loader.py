@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from gguflm import quants
 from gguflm.errors import GGUFError, LoadCancelled, ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.gguf import GGUFReader, GGUFValueType, TensorInfo
+from gguflm.gguf.reader import ReaderMode
 from gguflm.hparams import HParamReader, HParams
 from gguflm.models import Architecture, get_architecture
 
@@ -34,8 +35,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gguflm")
 
+# how a model's weights are held (Model.load's load_mode, the CLI's --load-mode): the reader's
+# mode (None: "mmap" where the file can be mapped, else "read") and whether the pages are pinned
 LoadMode = Literal["auto", "mmap", "none", "mlock", "mmap+mlock"]
-LOAD_MODES = ("auto", "mmap", "none", "mlock", "mmap+mlock")
+_LOAD_MODES: dict[str, tuple[ReaderMode | None, bool]] = {
+    "auto": (None, False), "mmap": ("mmap", False), "none": ("read", False), "mlock": ("read", True),
+    "mmap+mlock": ("mmap", True)}
+LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
+assert LOAD_MODES == tuple(_LOAD_MODES)
 
 # weight types the kernels compute with: every format with a dot kernel
 SUPPORTED_TYPES = frozenset(f.type for f in quants.formats() if f.vec_dot_type is not None)
@@ -202,7 +209,8 @@ class LoadedModel:
 
 
 def _open_reader(path: Path, load_mode: str) -> GGUFReader:
-    if load_mode == "auto":
+    mode = _LOAD_MODES[load_mode][0]
+    if mode is None:
         try:
             return GGUFReader(path, mode="mmap")
         except GGUFError:
@@ -210,7 +218,7 @@ def _open_reader(path: Path, load_mode: str) -> GGUFReader:
         except (OSError, ValueError) as exc:  # mmap refused: read instead
             log.info("%s: mmap failed (%s), reading into memory", path, exc)
             return GGUFReader(path, mode="read")
-    return GGUFReader(path, mode="read" if load_mode in ("none", "mlock") else "mmap")
+    return GGUFReader(path, mode=mode)
 
 
 def load(path: str | PathLike[str], *, load_mode: LoadMode = "auto", vocab_only: bool = False,
@@ -257,7 +265,7 @@ def _load_from_reader(reader: GGUFReader, path: Path, source: str, load_mode: st
              hparams.n_embd, hparams.n_vocab)
     weights = _bind_tensors(reader, arch, hparams, source, progress_callback, check_tensors)
     _hold_for_kernels(weights, reader)
-    if load_mode in ("mlock", "mmap+mlock"):
+    if _LOAD_MODES[load_mode][1]:
         _mlock([w.data for w in weights.values()], source)
     return LoadedModel(path, reader, metadata, arch_name, n_vocab, vocab,
                        LoadedNetwork(arch, hparams, weights), load_mode)

@@ -7,59 +7,53 @@ A vocab-only model (any architecture) has the vocabulary and metadata but no for
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gguflm.errors import VocabOnlyError
-from gguflm.ggml_types import FileType, GGMLType
+from gguflm.ggml_types import FileType, guess_file_type
 from gguflm.gguf import GGUFReader
 from gguflm.hparams import HParams
 from gguflm.loader import LoadedModel, LoadMode, Weight, load
-from gguflm.models import Architecture
+from gguflm.models import Architecture, TensorSpec
 
 if TYPE_CHECKING:
     from gguflm.vocab import Vocab
 
 log = logging.getLogger("gguflm")
 
-# dominant tensor type → the file type llama.cpp would guess
-_GUESSED_FILE_TYPES = {
-    GGMLType.F32: FileType.ALL_F32, GGMLType.F16: FileType.MOSTLY_F16,
-    GGMLType.BF16: FileType.MOSTLY_BF16, GGMLType.Q4_0: FileType.MOSTLY_Q4_0,
-    GGMLType.Q4_1: FileType.MOSTLY_Q4_1, GGMLType.Q5_0: FileType.MOSTLY_Q5_0,
-    GGMLType.Q5_1: FileType.MOSTLY_Q5_1, GGMLType.Q8_0: FileType.MOSTLY_Q8_0,
-    GGMLType.Q2_K: FileType.MOSTLY_Q2_K, GGMLType.Q3_K: FileType.MOSTLY_Q3_K_M,
-    GGMLType.Q4_K: FileType.MOSTLY_Q4_K_M, GGMLType.Q5_K: FileType.MOSTLY_Q5_K_M,
-    GGMLType.Q6_K: FileType.MOSTLY_Q6_K, GGMLType.IQ4_NL: FileType.MOSTLY_IQ4_NL,
-    GGMLType.IQ4_XS: FileType.MOSTLY_IQ4_XS, GGMLType.TQ1_0: FileType.MOSTLY_TQ1_0,
-    GGMLType.TQ2_0: FileType.MOSTLY_TQ2_0, GGMLType.MXFP4: FileType.MOSTLY_MXFP4_MOE,
-    GGMLType.IQ2_XXS: FileType.MOSTLY_IQ2_XXS, GGMLType.IQ2_XS: FileType.MOSTLY_IQ2_XS,
-    GGMLType.IQ2_S: FileType.MOSTLY_IQ2_S, GGMLType.IQ3_XXS: FileType.MOSTLY_IQ3_XXS,
-    GGMLType.IQ3_S: FileType.MOSTLY_IQ3_S, GGMLType.IQ1_S: FileType.MOSTLY_IQ1_S,
-    GGMLType.IQ1_M: FileType.MOSTLY_IQ1_M,
-}
-
-
 class Layer:
-    """The weights of one transformer block: ``layer.attn_q`` is ``blk.N.attn_q.weight``,
-    ``layer.attn_q_bias`` its bias; absent optional tensors are ``None``."""
+    """The weights of one transformer block: an attribute for every tensor the architecture
+    declares for the model's blocks (``layer.attn_q`` is ``blk.N.attn_q.weight``,
+    ``layer.attn_q_bias`` its bias), None where this block has none (optional and absent, or
+    declared for other blocks only); any other name raises AttributeError."""
 
-    def __init__(self, index: int, weights: Mapping[str, Weight]):
+    def __init__(self, index: int, weights: Mapping[str, Weight], fields: Mapping[str, str]):
         self.index = index
-        prefix = f"blk.{index}."
-        for name, w in weights.items():
-            if name.startswith(prefix):
-                base, _, kind = name[len(prefix):].rpartition(".")
-                setattr(self, base if kind == "weight" else f"{base}_{kind}", w)
+        self._fields = tuple(fields)
+        for field, name in fields.items():
+            setattr(self, field, weights.get(f"blk.{index}.{name}"))
 
-    def __getattr__(self, name: str) -> None:
-        # only reached for tensors the file does not have
-        if name.startswith("__"):
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names that are no declared tensor of the blocks
+        if name.startswith("_"):
             raise AttributeError(name)
-        return None
+        raise AttributeError(f"block {self.index} has no tensor {name!r}; the architecture declares "
+                             f"{', '.join(self._fields)}")
+
+
+def block_fields(specs: Iterable[TensorSpec]) -> dict[str, str]:
+    """The Layer attribute of every block tensor ``specs`` declare (``attn_q`` for
+    ``blk.N.attn_q.weight``, ``attn_q_bias`` for ``blk.N.attn_q.bias``) → its name within the block."""
+    fields: dict[str, str] = {}
+    for spec in specs:
+        if spec.name.startswith("blk."):
+            name = spec.name.split(".", 2)[2]
+            base, _, kind = name.rpartition(".")
+            fields.setdefault(base if kind == "weight" else f"{base}_{kind}", name)
+    return fields
 
 
 class Model:
@@ -96,8 +90,11 @@ class Model:
         self._architecture: Architecture | None = None if net is None else net.arch()
         self._hparams: HParams | None = None if net is None else net.hparams
         self.tensors: dict[str, Weight] = {} if net is None else net.weights
-        self.layers = [] if net is None else [Layer(il, self.tensors) for il in range(net.hparams.n_layer)]
+        fields = {} if net is None else block_fields(net.arch.tensor_specs(net.hparams))
+        self.layers = [] if net is None else [Layer(il, self.tensors, fields) for il in range(net.hparams.n_layer)]
         self.meta = {k: _meta_str(v) for k, v in self.metadata.items() if _meta_str(v) is not None}
+        # llama_model_loader's guess, for a file without general.file_type
+        self._guessed_file_type = guess_file_type((t.name, t.type) for t in loaded.reader.tensors)
 
     @classmethod
     def load(cls, path: str | PathLike[str], *, load_mode: LoadMode = "auto", vocab_only: bool = False,
@@ -179,18 +176,12 @@ class Model:
 
     @property
     def file_type(self) -> str:
-        """``general.file_type``'s name ("Q4_K - Medium"), else guessed from the dominant type."""
+        """``general.file_type``'s name ("Q4_K - Medium"), else the one llama.cpp guesses from the
+        type most tensors have (:func:`gguflm.ggml_types.guess_file_type`)."""
         value = self.metadata.get("general.file_type")
         if isinstance(value, int) and value in FileType._value2member_map_:
             return FileType(value).display_name
-        by_bytes: Counter[GGMLType] = Counter()
-        for w in self._unique_weights():
-            if len(w.shape) >= 2:
-                by_bytes[w.type] += w.nbytes
-        if not by_bytes:
-            return "unknown"
-        guessed = _GUESSED_FILE_TYPES.get(by_bytes.most_common(1)[0][0])
-        return f"{guessed.display_name} (guessed)" if guessed else "unknown"
+        return f"{self._guessed_file_type.display_name} (guessed)"
 
     def _unique_weights(self) -> list[Weight]:
         seen: dict[int, Weight] = {}

@@ -1,5 +1,6 @@
 """Pooling: how a context turns the hidden states of a ubatch into one vector (or score) per
-sequence, as llama.cpp's ``build_pooling`` does it inside the forward pass.
+sequence, as llama.cpp's ``build_pooling`` does it inside the forward pass (its stage there:
+:meth:`gguflm.graph.Graph.pooling`).
 
 ``none`` keeps every token's row; ``mean`` averages a sequence's rows (through ggml's F32 mul_mat
 by a [n_seqs, n_tokens] matrix of 1/n weights, whose lane order the result keeps); ``cls`` takes a
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from gguflm.graph import Graph
     from gguflm.hparams import HParams
 
 
@@ -107,23 +107,3 @@ def pooling_inputs(pooling: PoolingType, seq_lists: Sequence[Sequence[int]], pos
                     target_pos[i], rows[i] = p, t
     return PoolingInputs(seq_ids, mean, rows)
 
-
-def build_pooling(g: Graph, embd: np.ndarray, pooling: PoolingType) -> np.ndarray | None:
-    """The pooling stage of the forward pass over the final hidden states ``embd`` ([n_tokens,
-    n_embd]): one row per sequence of the ubatch ([n_seqs, n_embd], or [n_seqs, n_cls_out] for
-    rank), or None for ``none``."""
-    if pooling is PoolingType.NONE:
-        return None
-    if pooling is PoolingType.MEAN:
-        return g.pool_mean(embd)
-    cur = g.pool_rows(embd)
-    if pooling is PoolingType.RANK:
-        # the classification head (RoBERTa's): dense + tanh, then the projection to the labels
-        tensors = g.model.tensors
-        cls = tensors.get("cls.weight")
-        if cls is not None:
-            cur = g.tanh(g.linear(cur, cls, tensors.get("cls.bias")))
-        out = tensors.get("cls.output.weight")
-        if out is not None:
-            cur = g.linear(cur, out, tensors.get("cls.output.bias"))
-    return cur

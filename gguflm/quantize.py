@@ -29,7 +29,8 @@ from typing import Any, Union
 import numpy as np
 
 from gguflm.errors import QuantizeError
-from gguflm.ggml_types import FileType, GGMLType
+from gguflm.ggml_types import (BLOCK_NUMBER, FILE_TYPE_GUESSED, FileType, GGMLType, guess_file_type,
+                               weights_map_key)
 
 _log = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ PathArg = Union[str, "PathLike[str]"]
 TypeArg = Union[str, GGMLType, None]
 
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION
-_FTYPE_GUESSED = 1024  # LLAMA_FTYPE_GUESSED: file_type inferred from the tensors, not stored
 _ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: what llama.cpp's quantizer lays its output out with
 _CHUNK_ELEMENTS = 32 * 512  # rows handed to one thread at a time, at least this many values
 
@@ -82,18 +82,6 @@ _DEFAULT_TYPE: dict[FileType, GGMLType] = {
     _F.MOSTLY_IQ4_XS: _T.IQ4_XS, _F.MOSTLY_IQ3_S: _T.IQ3_S, _F.MOSTLY_IQ3_M: _T.IQ3_S,
 }
 
-# the file type llama.cpp's loader guesses from the most common tensor type (for COPY)
-_GUESSED_FTYPE: dict[GGMLType, FileType] = {
-    _T.F32: _F.ALL_F32, _T.F16: _F.MOSTLY_F16, _T.BF16: _F.MOSTLY_BF16, _T.Q4_0: _F.MOSTLY_Q4_0,
-    _T.Q4_1: _F.MOSTLY_Q4_1, _T.Q5_0: _F.MOSTLY_Q5_0, _T.Q5_1: _F.MOSTLY_Q5_1,
-    _T.Q8_0: _F.MOSTLY_Q8_0, _T.Q2_K: _F.MOSTLY_Q2_K, _T.Q3_K: _F.MOSTLY_Q3_K_M,
-    _T.Q4_K: _F.MOSTLY_Q4_K_M, _T.Q5_K: _F.MOSTLY_Q5_K_M, _T.Q6_K: _F.MOSTLY_Q6_K,
-    _T.TQ1_0: _F.MOSTLY_TQ1_0, _T.TQ2_0: _F.MOSTLY_TQ2_0, _T.IQ2_XXS: _F.MOSTLY_IQ2_XXS,
-    _T.IQ2_XS: _F.MOSTLY_IQ2_XS, _T.IQ2_S: _F.MOSTLY_IQ2_S, _T.IQ3_XXS: _F.MOSTLY_IQ3_XXS,
-    _T.IQ1_S: _F.MOSTLY_IQ1_S, _T.IQ1_M: _F.MOSTLY_IQ1_M, _T.IQ4_NL: _F.MOSTLY_IQ4_NL,
-    _T.IQ4_XS: _F.MOSTLY_IQ4_XS, _T.IQ3_S: _F.MOSTLY_IQ3_S,
-}
-
 _PLAIN_TYPES = (_T.F32, _T.F16, _T.BF16, _T.F64, _T.I8, _T.I16, _T.I32, _T.I64)
 
 # (architecture, block count) that llama.cpp calls a 70B model (its attn_v gets more bits);
@@ -120,7 +108,6 @@ _KEEP_GLM5_NEXT = (
     "attn_v_b.weight",
 )
 
-_LAYER = re.compile(r"blk\.\s*([+-]?\d+)")  # sscanf("blk.%d.")
 
 
 class _Cat(Enum):
@@ -338,7 +325,7 @@ class _TypeRules:
 
     def _layer(self, counter: int, name: str) -> int:
         if max(1, self.hp.n_expert) > 1:  # experts are not consecutive: read the layer off the name
-            match = _LAYER.match(name)
+            match = BLOCK_NUMBER.match(name)
             if not match:
                 raise QuantizeError(f"Failed to determine layer for tensor {name}")
             i_layer = int(match[1])
@@ -583,12 +570,7 @@ def _ordered(tensors: list[Any], keep_split: bool) -> list[Any]:
     if keep_split:
         return sorted(tensors, key=lambda t: (t.part, t.offset))
 
-    def key(t: Any) -> tuple[int, bytes]:
-        match = _LAYER.match(t.name)
-        layer = int(match[1]) if match else -1
-        return layer, t.name.encode("utf-8", "surrogateescape")
-
-    return sorted(tensors, key=key)
+    return sorted(tensors, key=lambda t: weights_map_key(t.name))
 
 
 _BLK = re.compile(r"blk\.(\d+)\.")
@@ -624,13 +606,7 @@ def _guessed_ftype(tensors: list[Any], metadata: Mapping[str, Any]) -> int:
     """llama_model_loader's ftype: general.file_type, else guessed from the commonest type."""
     if "general.file_type" in metadata:
         return int(metadata["general.file_type"])
-    counts: dict[GGMLType, int] = {}
-    best, best_n = _T.F32, 0
-    for t in tensors:
-        counts[t.type] = counts.get(t.type, 0) + 1
-        if counts[t.type] > best_n:
-            best, best_n = t.type, counts[t.type]
-    return int(_GUESSED_FTYPE.get(best, _F.ALL_F32)) | _FTYPE_GUESSED
+    return int(guess_file_type((t.name, t.type) for t in tensors)) | FILE_TYPE_GUESSED
 
 
 def _override_entry(key: str, value: Any) -> tuple[Any, Any]:

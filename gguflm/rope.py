@@ -46,15 +46,19 @@ def scaling_type_name(value: int | str | None, default: str) -> str:
 
 @dataclass(frozen=True)
 class RopeParams:
-    """A context's RoPE parameters (the global layers'; sliding-window layers may differ)."""
+    """RoPE parameters: a context's (those of its global layers, without frequency factors), or
+    one layer's in a context (``Context.rope_config``: sliding-window layers may have their own
+    base and scale, and the model's frequency factors are added)."""
 
     scaling_type: str
+    freq_base: float
     freq_scale: float
     ext_factor: float
     attn_factor: float
     beta_fast: float
     beta_slow: float
     n_ctx_orig: int
+    freq_factors: np.ndarray | None = None   # per-pair divisors of theta (Llama 3.1, Phi 3 long/short)
 
 
 def _mscale(scale: np.float32, mscale: np.float32) -> np.float32:
@@ -66,7 +70,7 @@ def _mscale(scale: np.float32, mscale: np.float32) -> np.float32:
 
 def rope_params(hp: HParams, scaling_type: int | str | None, freq_scale: float, yarn_ext_factor: float = -1.0,
                 yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
-                yarn_orig_ctx: int = 0) -> RopeParams:
+                yarn_orig_ctx: int = 0, freq_base: float = 0.0) -> RopeParams:
     """The context's RoPE parameters from the file's and the context's (negative or 0: unset)."""
     f32 = np.float32
     scaling = scaling_type_name(scaling_type, hp.rope_scaling_type)
@@ -86,7 +90,7 @@ def rope_params(hp: HParams, scaling_type: int | str | None, freq_scale: float, 
         attn = f32(attn * (f32(1) / (f32(1) + f32(f32(0.1) * logf(factor)))))
     attn = f32(attn * f32(hp.yarn_attn_factor))   # the file's rope.scaling.attn_factor
     return RopeParams(
-        scaling_type=scaling, freq_scale=float(freq_scale), ext_factor=float(ext), attn_factor=float(attn),
+        scaling_type=scaling, freq_base=freq_base or hp.rope_freq_base_train, freq_scale=float(freq_scale), ext_factor=float(ext), attn_factor=float(attn),
         beta_fast=yarn_beta_fast if yarn_beta_fast >= 0 else hp.yarn_beta_fast,
         beta_slow=yarn_beta_slow if yarn_beta_slow >= 0 else hp.yarn_beta_slow,
         n_ctx_orig=yarn_orig_ctx or hp.n_ctx_orig_yarn or hp.n_ctx_train)

@@ -10,7 +10,7 @@ from gguflm.ggml_types import GGMLType
 # formats ggml quantizes only with an importance matrix (ggml_quantize_requires_imatrix):
 # tests/test_quants_iq.py checks them with imatrices and generated blocks
 GRID_IQ_TYPES = frozenset({GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S})
-# issue 15's value-table and ternary formats: tests/ggml_lanes.py does not re-implement them, they
+# the value-table and ternary formats: tests/ggml_lanes.py does not re-implement them, they
 # are checked against ggml's own functions instead (tests/test_quants_lut.py)
 LUT_TYPES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0})
 

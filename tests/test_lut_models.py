@@ -1,4 +1,5 @@
-"""Models whose matrices are IQ4_NL, IQ4_XS, MXFP4, TQ1_0 or TQ2_0 (issue 15) load and compute
+"""Models whose matrices are of the value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0,
+TQ2_0) load and compute
 llama.cpp's logits: tiny random models of each type (alone, and mixed with the legacy and K-quant
 types), compared with the llama.cpp of llama-cpp-python at every prompt position, decoded as one
 batch (repacked GEMM, tiled GEMM, llamafile's sgemm) and a token at a time (GEMV, vec_dot).

@@ -1,5 +1,5 @@
 """SmolLM2 quantized by llama.cpp itself to IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, Q2_K and TQ2_0
-(issue 15): gguflm's logits against llama.cpp's at every position of the reference prompts.
+(the value-table, grid and ternary formats): gguflm's logits against llama.cpp's at every position of the reference prompts.
 
 The files are made here: the F16 GGUF of SmolLM2 (conftest's ``smollm_f16``), quantized with
 ``llama_model_quantize`` through llama-cpp-python. They go to a folder beside pytest's temporary

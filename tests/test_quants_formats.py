@@ -24,7 +24,7 @@ GGUF_DEQUANTIZES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"
 
 def test_registry_lists_every_brief_format():
     names = {f.name for f in q.formats()}
-    value_table_and_ternary = {"IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"}   # issue 15
+    value_table_and_ternary = {"IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"}
     assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
                      "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"} | value_table_and_ternary

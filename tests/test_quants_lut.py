@@ -1,4 +1,5 @@
-"""IQ4_NL, IQ4_XS, MXFP4, TQ1_0 and TQ2_0 (issue 15) against ggml itself, through the libraries
+"""The value-table and ternary formats (IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0) against ggml itself,
+through the libraries
 llama-cpp-python ships: dot against ggml-cpu's vec_dot, and matmul against ggml_mul_mat on the CPU
 backend (which picks the repacked GEMV/GEMM, llamafile's sgemm, the tiled GEMM or vec_dot as
 llama.cpp does), on every ISA this machine runs: all bit-exact. Their quantize and dequantize

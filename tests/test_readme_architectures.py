@@ -1,4 +1,4 @@
-"""README's list of architectures and weight types is the registry's (``python -m gguflm.models
+"""README's list of architectures and weight types is the registry's (``python -m gguflm.readme
 --write README.md`` regenerates it)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from gguflm.loader import SUPPORTED_TYPES
-from gguflm.models import README_BEGIN, README_END, architectures, readme_section
+from gguflm.models import architectures
+from gguflm.readme import README_BEGIN, README_END, readme_section
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -16,7 +17,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_readme_lists_the_registry():
     text = README.read_text(encoding="utf-8")
     start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
-    assert text[start:end] == readme_section(), "run: python -m gguflm.models --write README.md"
+    assert text[start:end] == readme_section(), "run: python -m gguflm.readme --write README.md"
     # every registered architecture and supported type is named there, nothing else
     listed = [line.split("`")[1] for line in text[start:end].splitlines() if line.startswith("| `")]
     assert listed[1:] == architectures()
@@ -27,5 +28,5 @@ def test_readme_lists_the_registry():
 def test_write_replaces_only_the_list(tmp_path):
     doc = tmp_path / "README.md"
     doc.write_text(f"before\n{README_BEGIN}\nstale\n{README_END}\nafter\n", encoding="utf-8")
-    subprocess.run([sys.executable, "-m", "gguflm.models", "--write", str(doc)], check=True)
+    subprocess.run([sys.executable, "-m", "gguflm.readme", "--write", str(doc)], check=True)
     assert doc.read_text(encoding="utf-8") == f"before\n{readme_section()}\nafter\n"

@@ -52,7 +52,7 @@ PARALLEL_ARCHS = ("phi2", "command-r")
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                 GGMLType.Q6_K,
-                # issue 15's value-table and ternary formats
+                # the value-table and ternary formats
                 GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4, GGMLType.TQ1_0, GGMLType.TQ2_0)
 
 # the matrices of a layer by kind; "attn_qkv" and a double-width "ffn_up" replace Q, K, V and the

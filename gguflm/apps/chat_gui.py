@@ -28,6 +28,7 @@ from typing import Any
 
 import gguflm
 from gguflm.default_model import DEFAULT_MODEL_FILE, models_dir
+from gguflm.generate import FINISH_CANCELLED
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +377,7 @@ class ChatWindow:
         self.stop_button.configure(state="disabled")
         self._append("\n")
         if completion is not None:
-            self.status.configure(text=("Stopped. " if completion.finish_reason == "cancelled" else "")
+            self.status.configure(text=("Stopped. " if completion.finish_reason == FINISH_CANCELLED else "")
                                   + completion.timings.line())
 
     def on_error(self, message: str) -> None:

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gguflm.kv_store import CACHE_TYPES
+from gguflm.loader import LOAD_MODES
 from gguflm.progress import ProgressBar
 
 
@@ -116,16 +118,13 @@ def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: i
     return Runner(lambda: ctx.memory.seq_rm(0, -1, -1), prompt, generate, ctx.close)
 
 
-_LLAMA_CACHE_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
-
-
 def llama_cpp_runner(path: str, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
     import llama_cpp
 
     llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                           n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
-                          type_k=_LLAMA_CACHE_TYPES[args.cache_type_k],
-                          type_v=_LLAMA_CACHE_TYPES[args.cache_type_v])
+                          type_k=int(CACHE_TYPES[args.cache_type_k]),
+                          type_v=int(CACHE_TYPES[args.cache_type_v]))
     ctx = llm.ctx
 
     def decode(tokens: list[int]) -> None:
@@ -262,14 +261,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="thread counts, comma-separated (default: usable cores)")
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="prompt chunk size")
     parser.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size")
-    parser.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f32", "f16", "q8_0"))
-    parser.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f32", "f16", "q8_0"))
+    parser.add_argument("-ctk", "--cache-type-k", default="f16", choices=tuple(CACHE_TYPES))
+    parser.add_argument("-ctv", "--cache-type-v", default="f16", choices=tuple(CACHE_TYPES))
     parser.add_argument("-o", "--output", default="md", choices=("md", "json"))
     parser.add_argument("--compare", choices=tuple(PEERS), action="append", default=[],
                         help="also run a peer on the same file and print the ratio: llama-cpp "
                              "(llama-cpp-python) or hf (transformers + torch, fp32); may repeat")
-    parser.add_argument("--load-mode", default="auto",
-                        choices=("auto", "mmap", "none", "mlock", "mmap+mlock"))
+    parser.add_argument("--load-mode", default="auto", choices=LOAD_MODES)
     parser.add_argument("--seed", type=int, default=1, help="seed of the random tokens")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -333,6 +333,11 @@ def _detached(value: Any) -> Any:
     return value
 
 
+# how a reader holds the file: "mmap" maps it read-only, "read" copies it into private memory
+ReaderMode = Literal["mmap", "read"]
+READER_MODES: tuple[str, ...] = get_args(ReaderMode)
+
+
 class GGUFReader:
     """A GGUF file (or all parts of a split one): metadata, tensor index, zero-copy tensor views.
 
@@ -369,9 +374,9 @@ class GGUFReader:
     Strings that are not valid UTF-8 decode with ``surrogateescape`` and write back unchanged.
     """
 
-    def __init__(self, path: str | PathLike[str], *, mode: Literal["mmap", "read"] = "mmap"):
-        if mode not in ("mmap", "read"):
-            raise ValueError(f"mode must be 'mmap' or 'read', got {mode!r}")
+    def __init__(self, path: str | PathLike[str], *, mode: ReaderMode = "mmap"):
+        if mode not in READER_MODES:
+            raise ValueError(f"mode must be one of {READER_MODES}, got {mode!r}")
         self.path = Path(path)
         self.mode = mode
         self._buffers: list[mmap.mmap | bytes] = []

@@ -214,10 +214,6 @@ class CompiledGrammar:
         """The state before any token (llama.cpp's stacks right after init)."""
         return self._start
 
-    def n_stacks(self, state: GrammarState) -> int:
-        """How many parse stacks ``state`` holds (llama.cpp's ``stacks.size()``)."""
-        return self._engine.set_size(state.stacks)
-
     def can_end(self, state: GrammarState) -> bool:
         """Whether the text so far is a complete match (an end-of-generation token is allowed)."""
         return self._engine.has_empty_stack(state.stacks)

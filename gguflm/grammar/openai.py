@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from gguflm.generate import FINISH_TOOL_CALLS
 from gguflm.grammar.builtin import JSON_GBNF
 from gguflm.grammar.grammar import Grammar
 
@@ -119,7 +120,7 @@ def tool_call_dict(tool_name: str, completion_id: str, created: int, model: str,
                                 "function": {"name": tool_name, "arguments": arguments}}],
             },
             "logprobs": logprobs,
-            "finish_reason": "tool_calls",
+            "finish_reason": FINISH_TOOL_CALLS,
         }],
         "usage": dict(usage),
     }
@@ -159,7 +160,7 @@ def tool_call_chunks(tool_name: str, chunks: Iterator[Mapping[str, Any]]
         }, text_logprobs_to_chat(choice["logprobs"]), None)
     if head is not None:
         yield _chunk(head, {"role": None, "content": None, "function_call": None,
-                            "tool_calls": None}, None, "tool_calls")
+                            "tool_calls": None}, None, FINISH_TOOL_CALLS)
 
 
 def _chunk(head: Mapping[str, Any], delta: dict[str, Any], logprobs: Any,

@@ -18,7 +18,7 @@ from typing import Any
 
 from gguflm.grammar.gbnf import GrammarError
 from gguflm.grammar.grammar import CompiledGrammar, Grammar, GrammarState, GrammarVocab
-from gguflm.samplers import LogitsSource, Sampler, TokenDataArray
+from gguflm.candidates import LogitsSource, Sampler, TokenDataArray
 
 __all__ = ["GrammarSampler", "GrammarChain", "GrammarTrigger", "TriggerPattern", "as_grammar",
            "grammar_sampler"]

@@ -27,6 +27,8 @@ class Bert(Architecture):
     # whether it must say how many types there are
     token_types_optional: ClassVar[bool] = True
     requires_token_type_count: ClassVar[bool] = True
+    # whether the block declares jina-bert-v2's optional Q/K LayerNorms and second attention norm
+    extra_norms: ClassVar[bool] = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -121,9 +123,9 @@ class Bert(Architecture):
         for il, L in g.layers():
             # self-attention over the ubatch
             q, k, v = self.qkv(g, L, il, x)                                   # [n_tokens, n_head * head]
-            if L.attn_q_norm is not None:
+            if self.extra_norms and L.attn_q_norm is not None:
                 q = g.layer_norm(q, L.attn_q_norm, L.attn_q_norm_bias)
-            if L.attn_k_norm is not None:
+            if self.extra_norms and L.attn_k_norm is not None:
                 k = g.layer_norm(k, L.attn_k_norm, L.attn_k_norm_bias)
             if self.rotary:
                 g.rope(q, il, hp.n_head[il])
@@ -134,7 +136,7 @@ class Bert(Architecture):
                 cur, x = g.output_rows(cur, x)                                # [n_outputs, n_embd]
             # residual, then LayerNorm (post-norm)
             cur = g.layer_norm(g.add(cur, x), L.attn_output_norm, L.attn_output_norm_bias)
-            if L.attn_norm_2 is not None:
+            if self.extra_norms and L.attn_norm_2 is not None:
                 cur = g.layer_norm(g.add(cur, x), L.attn_norm_2, L.attn_norm_2_bias)
             ffn_inp = cur
             # feed-forward, residual, LayerNorm

@@ -48,8 +48,9 @@ class CommandR(Architecture):
             q, k, v = g.project(normed, L.attn_q, L.attn_k, L.attn_v)         # [n_tokens, n_head(_kv) * head_dim]
             for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
                 g.add_bias(t, bias)
-            dk = hp.n_embd_head_k
-            q, k = g.layer_norm_heads(q, L.attn_q_norm, dk), g.layer_norm_heads(k, L.attn_k_norm, dk)
+            if hp.n_layer >= QK_NORM_LAYERS:
+                dk = hp.n_embd_head_k
+                q, k = g.layer_norm_heads(q, L.attn_q_norm, dk), g.layer_norm_heads(k, L.attn_k_norm, dk)
             g.rope(q, il, hp.n_head[il])
             g.rope(k, il, hp.n_head_kv[il])
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_embd]

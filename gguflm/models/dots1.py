@@ -7,10 +7,15 @@ also runs ``expert_shared_count`` shared experts, one feed-forward without a gat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gguflm.graph import GATING_SIGMOID, GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT
 from gguflm.hparams import HParamError, HParamReader, HParams, read_expert_hparams
 from gguflm.models.base import TensorSpec
 from gguflm.models.qwen3 import Qwen3
+
+if TYPE_CHECKING:
+    from gguflm.model import Layer
 
 # llama_expert_gating_func_type values build_moe_ffn runs (llama.cpp aborts on any other)
 _GATING = {GATING_SOFTMAX: "softmax", GATING_SIGMOID: "sigmoid", GATING_SOFTMAX_WEIGHT: "softmax_weight"}
@@ -51,13 +56,17 @@ class Dots1(Qwen3):
             expert_weights_norm=kv.get_bool("{arch}.expert_weights_norm", False),
             expert_weights_scale=kv.get_float("{arch}.expert_weights_scale", 0.0))
 
-    def routing(self, hp: HParams) -> dict:
+    def routing(self, hp: HParams, L: Layer) -> dict:
         return {"gating": hp.expert_gating_func, "norm_w": hp.expert_weights_norm,
-                "w_scale": hp.expert_weights_scale}
+                "w_scale": hp.expert_weights_scale, "selection_bias": L.exp_probs_b_bias}
+
+    @classmethod
+    def has_experts(cls, hp: HParams, il: int) -> bool:
+        return il >= hp.n_layer_dense_lead
 
     @classmethod
     def ffn_or_expert_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
-        if il < hp.n_layer_dense_lead:
+        if not cls.has_experts(hp, il):
             return cls.ffn_specs(hp, il)
         return super().ffn_or_expert_specs(hp, il) + [TensorSpec(f"blk.{il}.exp_probs_b.bias", (hp.n_expert,),
                                                                  optional=True)]

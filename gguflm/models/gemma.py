@@ -11,6 +11,7 @@ from gguflm.models.gemma2 import Gemma2
 
 class Gemma(Gemma2):
     name = "gemma"
+    post_norms = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:

@@ -1,12 +1,11 @@
 """Gemma 2: scaled embeddings, post-attention and post-FFN norms, GELU-gated FFN, soft-capped
 attention and final logits, every other layer on a sliding window.
 
-Its forward pass also serves Gemma 3 (per-head Q/K norms run when their tensors are present) and
-Gemma 1 (no post-norms)."""
+Its forward pass also serves Gemma 3 (per-head Q/K norms) and Gemma 1 (no post-norms)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import numpy as np
 
@@ -14,14 +13,15 @@ from gguflm.graph import Graph
 from gguflm.hparams import HParamReader, HParams, RopeType, rsqrt_f32, sqrt_f32, swa_pattern
 from gguflm.models.base import Architecture, TensorSpec
 
-if TYPE_CHECKING:
-    from gguflm.loader import Weight
-
 
 class Gemma2(Architecture):
     name = "gemma2"
     rope_type = RopeType.NEOX
     untied_output = False
+    # the optional parts of the block this graph runs, as the architecture declares their tensors:
+    # per-head Q/K RMS norms (Gemma 3), branch outputs normed before the residual add (not Gemma 1)
+    qk_norm: ClassVar[bool] = False
+    post_norms: ClassVar[bool] = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -59,23 +59,22 @@ class Gemma2(Architecture):
             # self-attention (Gemma 2 soft-caps the scores, Gemma 3 norms queries and keys)
             cur = g.rms_norm(x, L.attn_norm)
             q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
-            g.rope(g.rms_norm_heads(q, L.attn_q_norm), il, hp.n_head[il])
-            g.rope(g.rms_norm_heads(k, L.attn_k_norm), il, hp.n_head_kv[il])
+            g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             g.scale(q, hp.f_attention_scale)
             cur = g.attention(il, q, k, v, 1.0)                               # [n_tokens, n_head * head_dim]
             (cur,) = g.project(cur, L.attn_output)                            # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
-            x = g.add(self.post_norm(g, cur, L.post_attention_norm), x)
+            if self.post_norms:                                               # not in Gemma 1
+                cur = g.rms_norm(cur, L.post_attention_norm)
+            x = g.add(cur, x)
             # feed-forward, GELU-gated, normed after as well as before
             cur = g.rms_norm(x, L.ffn_norm)
             gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                   # [n, n_ff]
             (cur,) = g.project(g.geglu(gate, up), L.ffn_down)                 # [n, n_embd]
-            x = g.add(self.post_norm(g, cur, L.post_ffw_norm), x)
+            if self.post_norms:
+                cur = g.rms_norm(cur, L.post_ffw_norm)
+            x = g.add(cur, x)
         x = g.rms_norm(x, m.tensors["output_norm.weight"])
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
 
-    @staticmethod
-    def post_norm(g: Graph, cur: np.ndarray, w: Weight | None) -> np.ndarray:
-        """A branch's output normed before the residual add (not in Gemma 1)."""
-        return cur if w is None else g.rms_norm(cur, w)

@@ -11,6 +11,7 @@ from gguflm.models.gemma2 import Gemma2
 class Gemma3(Gemma2):
     name = "gemma3"
     untied_output = True
+    qk_norm = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:

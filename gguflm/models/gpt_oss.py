@@ -72,7 +72,8 @@ class GptOss(Architecture):
             g.add(x, cur)
             # experts (every token: llama.cpp keeps only the output rows after the last layer)
             cur = g.rms_norm(x, L.post_attention_norm)
-            cur = g.moe_ffn(cur, L, norm_w=False, gating=GATING_SOFTMAX_WEIGHT, swiglu_limit=SWIGLU_LIMIT)
+            cur = g.moe_ffn(cur, L, norm_w=False, gating=GATING_SOFTMAX_WEIGHT, swiglu_limit=SWIGLU_LIMIT,
+                            biases=True)
             g.add(x, cur)
         (x,) = g.output_rows(x)                                               # [n_outputs, n_embd]
         x = g.rms_norm(x, m.tensors["output_norm.weight"])

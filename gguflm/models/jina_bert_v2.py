@@ -19,6 +19,7 @@ class JinaBertV2(Bert):
     rotary = False
     token_types_optional = False
     requires_token_type_count = False
+    extra_norms = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:

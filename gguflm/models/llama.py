@@ -2,7 +2,7 @@
 pairs), GQA, SwiGLU, or a mixture of SwiGLU experts where the file has ``expert_count``.
 
 Its forward pass also serves the architectures built on the same block (Qwen 2's Q/K/V biases,
-Qwen 3's per-head Q/K norms and OLMoE's full-width ones run when their tensors are present; the
+Qwen 3's per-head Q/K norms and OLMoE's full-width ones, where the architecture declares them; the
 mixture-of-experts variants, with a shared expert where there is one; Granite's scales)."""
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ class Llama(Architecture):
     # mixture of experts: routing as build_moe_ffn's arguments in llama.cpp's graph of the arch
     expert_gating: ClassVar[int] = GATING_SOFTMAX
     norm_expert_weights: ClassVar[bool] = True
+    # the optional parts of the block this graph runs, as the architecture declares their tensors:
+    # attention biases (attention_specs' bias: None optional, True required, False none), Q/K
+    # RMS norms before RoPE, a sigmoid gate on the shared expert
+    attention_bias: ClassVar[bool | None] = None
+    qk_norm: ClassVar[bool] = False
+    shared_expert_gate: ClassVar[bool] = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -36,9 +42,14 @@ class Llama(Architecture):
         return read_expert_hparams(kv, hp, required=False, n_ff_exp_key=False)
 
     @classmethod
+    def has_experts(cls, hp: HParams, il: int) -> bool:
+        """Whether block ``il`` routes to experts (else its feed-forward is dense)."""
+        return bool(hp.n_expert)
+
+    @classmethod
     def ffn_or_expert_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
         """The dense feed-forward, or the experts (and the shared expert, if any)."""
-        if not hp.n_expert:
+        if not cls.has_experts(hp, il):
             return cls.ffn_specs(hp, il)
         specs = cls.expert_specs(hp, il)
         if hp.n_ff_shexp:
@@ -52,7 +63,7 @@ class Llama(Architecture):
         specs.append(TensorSpec("rope_freqs.weight", (hp.n_rot // 2,), optional=True))
         for il in range(hp.n_layer):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il, bias=None)
+            specs += cls.attention_specs(hp, il, bias=cls.attention_bias)
             specs.append(TensorSpec(f"blk.{il}.ffn_norm.weight", (hp.n_embd,)))
             specs += cls.ffn_or_expert_specs(hp, il)
         return specs
@@ -64,18 +75,19 @@ class Llama(Architecture):
             # self-attention
             cur = g.rms_norm(x, L.attn_norm)
             q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
-            for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
-                g.add_bias(t, bias)
-            g.rope(g.rms_norm_heads(q, L.attn_q_norm), il, hp.n_head[il])
-            g.rope(g.rms_norm_heads(k, L.attn_k_norm), il, hp.n_head_kv[il])
+            biased = self.attention_bias is not False
+            if biased:
+                for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
+                    g.add_bias(t, bias)
+            g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
-            cur = g.linear(cur, L.attn_output, L.attn_output_bias)            # [n_tokens, n_embd]
+            cur = g.linear(cur, L.attn_output, L.attn_output_bias if biased else None)  # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
             g.add(x, self.residual(g, cur))
             # feed-forward: dense, or experts
             cur = g.rms_norm(x, L.ffn_norm)
-            if L.ffn_gate_inp is not None:
+            if self.has_experts(hp, il):
                 cur = self.experts(g, cur, L)                                 # [n, n_embd]
             else:
                 gate, up = g.project(cur, L.ffn_gate, L.ffn_up)               # [n, n_ff]
@@ -91,18 +103,19 @@ class Llama(Architecture):
             g.scale(cur, g.hparams.f_residual_scale)
         return cur
 
-    def routing(self, hp: HParams) -> dict:
-        """build_moe_ffn's gating, weight normalisation and scale for this architecture."""
+    def routing(self, hp: HParams, L: Layer) -> dict:
+        """build_moe_ffn's gating, weight normalisation, scale and selection bias for this
+        architecture."""
         return {"gating": self.expert_gating, "norm_w": self.norm_expert_weights}
 
     def experts(self, g: Graph, cur: np.ndarray, L: Layer) -> np.ndarray:
         """The routed experts, plus the shared expert where the layer has one (its output
         scaled by a sigmoid gate where it has ``ffn_gate_inp_shexp``)."""
-        out = g.moe_ffn(cur, L, **self.routing(g.hparams))
-        if L.ffn_up_shexp is not None:
+        out = g.moe_ffn(cur, L, **self.routing(g.hparams, L))
+        if g.hparams.n_ff_shexp:
             gate, up = g.project(cur, L.ffn_gate_shexp, L.ffn_up_shexp)      # [n, n_ff_shexp]
             (shared,) = g.project(g.swiglu(gate, up), L.ffn_down_shexp)      # [n, n_embd]
-            if L.ffn_gate_inp_shexp is not None:
+            if self.shared_expert_gate:
                 g.shared_expert_gate(cur, shared, L.ffn_gate_inp_shexp)
             g.add(out, shared)
         return out

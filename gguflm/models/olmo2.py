@@ -36,7 +36,7 @@ class Olmo2(Architecture):
         specs = cls.output_specs(hp)
         for il in range(hp.n_layer):
             blk = f"blk.{il}"
-            specs += cls.attention_specs(hp, il, bias=None)[:4]   # llama.cpp declares no output bias
+            specs += cls.attention_specs(hp, il)                  # llama.cpp declares no biases
             specs += [TensorSpec(f"{blk}.attn_q_norm.weight", (hp.n_embd,)),
                       TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd_k_gqa(il),)),
                       TensorSpec(f"{blk}.post_attention_norm.weight", (hp.n_embd,))]
@@ -50,8 +50,6 @@ class Olmo2(Architecture):
         for il, L in g.layers():
             # self-attention on the residual stream itself, normed after
             q, k, v = g.project(x, L.attn_q, L.attn_k, L.attn_v)              # [n_tokens, n_head(_kv) * head_dim]
-            for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
-                g.add_bias(t, bias)
             q, k = g.rms_norm(q, L.attn_q_norm), g.rms_norm(k, L.attn_k_norm)
             g.rope(q, il, hp.n_head[il])
             g.rope(k, il, hp.n_head_kv[il])

@@ -13,6 +13,7 @@ class Olmoe(Llama):
     rope_type = RopeType.NEOX
     norm_expert_weights = False
     required_output = True
+    qk_norm = True   # full width (n_embd)
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -34,7 +35,7 @@ class Olmoe(Llama):
         for il in range(hp.n_layer):
             blk = f"blk.{il}"
             specs.append(TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il, bias=None)
+            specs += cls.attention_specs(hp, il, bias=cls.attention_bias)
             specs += [TensorSpec(f"{blk}.attn_q_norm.weight", (hp.n_embd,)),
                       TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd,)),
                       TensorSpec(f"{blk}.ffn_norm.weight", (hp.n_embd,))]

@@ -10,6 +10,7 @@ from gguflm.models.llama import Llama
 class Qwen2(Llama):
     name = "qwen2"
     rope_type = RopeType.NEOX
+    attention_bias = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -18,11 +19,15 @@ class Qwen2(Llama):
         return hp
 
     @classmethod
+    def has_experts(cls, hp: HParams, il: int) -> bool:
+        return False
+
+    @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         specs = cls.output_specs(hp)
         for il in range(hp.n_layer):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il, bias=True)
+            specs += cls.attention_specs(hp, il, bias=cls.attention_bias)
             specs.append(TensorSpec(f"blk.{il}.ffn_norm.weight", (hp.n_embd,)))
             specs += cls.ffn_specs(hp, il)
         return specs

@@ -10,6 +10,8 @@ from gguflm.models.llama import Llama
 class Qwen3(Llama):
     name = "qwen3"
     rope_type = RopeType.NEOX
+    attention_bias = False
+    qk_norm = True
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -17,7 +19,7 @@ class Qwen3(Llama):
         for il in range(hp.n_layer):
             blk = f"blk.{il}"
             specs.append(TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)))
-            specs += cls.attention_specs(hp, il)
+            specs += cls.attention_specs(hp, il, bias=cls.attention_bias)
             specs += [
                 TensorSpec(f"{blk}.attn_q_norm.weight", (hp.n_embd_head_k,)),
                 TensorSpec(f"{blk}.attn_k_norm.weight", (hp.n_embd_head_k,)),

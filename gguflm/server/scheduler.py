@@ -34,7 +34,7 @@ from typing import Any
 
 from gguflm.batch import Batch
 from gguflm.errors import Error
-from gguflm.generate import Chunk, Generation, Session
+from gguflm.generate import FINISH_CANCELLED, FINISH_LENGTH, Chunk, Session, TokenLoop
 from gguflm.openai_compat import PreparedRequest
 
 log = logging.getLogger("gguflm.server")
@@ -83,7 +83,7 @@ class _Slot:
         self.index = index
         self.session = session          # the sequence's cached tokens
         self.task: Task | None = None
-        self.gen: Generation | None = None
+        self.gen: TokenLoop | None = None
         self.n_cached = 0               # prompt tokens reused from the cache
         self.next_token: int | None = None
         self.i_batch = -1               # the batch row of this slot's logits in this step
@@ -110,9 +110,7 @@ class Scheduler:
         self.n_slots = self.ctx.n_seq_max
         self.n_ctx_slot = self.ctx.n_ctx // self.n_slots
         self.n_batch = self.ctx.n_batch
-        self._cancel_all = threading.Event()
-        self._slots = [_Slot(i, Session(self.ctx, self._cancel_all, seq_id=i))
-                       for i in range(self.n_slots)]
+        self._slots = [_Slot(i, Session(self.ctx, seq_id=i)) for i in range(self.n_slots)]
         self._queue: deque[Task] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -159,7 +157,6 @@ class Scheduler:
         """Stop: cancel running and queued tasks and end the thread."""
         with self._cond:
             self._stopping = True
-            self._cancel_all.set()
             self._cond.notify()
         self._thread.join(timeout)
 
@@ -199,7 +196,7 @@ class Scheduler:
             slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
             slot.task, task.slot = task, slot.index
             slot.n_cached = slot.session.keep_prefix(prompt)
-            slot.gen = Generation(self.vocab, prompt, task.prepared.chain, task.prepared.request)
+            slot.gen = TokenLoop(self.vocab, prompt, task.prepared.chain, task.prepared.request)
             slot.next_token = None
 
     def _drop_cancelled(self) -> None:
@@ -279,7 +276,7 @@ class Scheduler:
             if token is None:
                 self._end(slot)
             elif len(slot.session.tokens) + 1 > self.n_ctx_slot:
-                slot.gen.finish = "length"    # the slot's share of the context is full
+                slot.gen.finish = FINISH_LENGTH    # the slot's share of the context is full
                 self._end(slot)
             else:
                 slot.next_token = token
@@ -290,7 +287,7 @@ class Scheduler:
     def _end(self, slot: _Slot) -> None:
         task, gen = slot.task, slot.gen
         self._release(slot)
-        if gen.finish == "cancelled":
+        if gen.finish == FINISH_CANCELLED:
             self.stats.requests_cancelled += 1
         task.freed_step = self.stats.steps
         task.emit(gen.end())
@@ -308,7 +305,7 @@ class Scheduler:
         slot.t_last = time.perf_counter()
 
     def _finish_unstarted(self, task: Task) -> None:
-        gen = Generation(self.vocab, task.prepared.tokens, task.prepared.chain,
+        gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
                          task.prepared.request)
         gen.cancel()
         self.stats.requests_cancelled += 1
