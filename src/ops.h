@@ -326,16 +326,14 @@ GGUFLM_TARGET_END
 #define GGUFLM_SIMD(name) gguflm_##name##_scalar
 #define GGUFLM_SIMD_AVX2 0
 #include "ops_rows.inc"
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_AVX2
+#include "simd_copy_end.inc"
 
 #if GGUFLM_HAVE_SIMD
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_AVX2 1
 #include "ops_rows.inc"
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_AVX2
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 #endif
 

@@ -77,12 +77,7 @@ static const gguflm_gemm_fn gguflm_kernels_avx2[GGUFLM_PATH_COUNT][GGUFLM_TYPE_C
 /* the 3-bit grids' DOT kernels that gather their entries (quants_iq_simd.inc), for Intel's cores */
 static const gguflm_gemm_fn gguflm_iq_kernels_avx2gather[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = {
     [GGUFLM_PATH_DOT][GGUFLM_IQ3_XXS] = gguflm_DOT_GATHER_iq3_xxs_avx2, [GGUFLM_PATH_DOT][GGUFLM_IQ3_S] = gguflm_DOT_GATHER_iq3_s_avx2};
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_VNNI
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_DPBF16
-#undef GGUFLM_SIMD_VBMI
-#undef GGUFLM_SIMD_AMX
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 
 GGUFLM_TARGET_AVX512_BEGIN
@@ -95,12 +90,7 @@ GGUFLM_TARGET_AVX512_BEGIN
 #include "quants_dot_simd.inc"
 #include "quants_iq_simd.inc"
 static const gguflm_gemm_fn gguflm_kernels_avx512[GGUFLM_PATH_COUNT][GGUFLM_TYPE_COUNT] = GGUFLM_KERNEL_TABLE(_avx512);
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_VNNI
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_DPBF16
-#undef GGUFLM_SIMD_VBMI
-#undef GGUFLM_SIMD_AMX
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 
 /* the grid i-quants once more with AVX512_VBMI (quants_iq_vbmi.inc), for the CPUs that have it
@@ -126,12 +116,7 @@ static const gguflm_gemm_fn gguflm_iq_kernels_avx512vbmi[GGUFLM_PATH_COUNT][GGUF
 #undef gguflm_reduce8_512_avx512vbmi
 #undef gguflm_ktile_gemm_avx512vbmi
 #undef gguflm_pair_scales512_avx512vbmi
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_VNNI
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_DPBF16
-#undef GGUFLM_SIMD_VBMI
-#undef GGUFLM_SIMD_AMX
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 
 /* the float formats once more with AVX512_BF16 (only its BF16 kernels: quants_float_simd.inc) */
@@ -144,12 +129,7 @@ GGUFLM_TARGET_AVX512BF16_BEGIN
 #define GGUFLM_SIMD_VBMI 0
 #define GGUFLM_SIMD_AMX 0
 #include "quants_float_simd.inc"
-#undef GGUFLM_SIMD
-#undef GGUFLM_SIMD_VNNI
-#undef GGUFLM_SIMD_512
-#undef GGUFLM_SIMD_DPBF16
-#undef GGUFLM_SIMD_VBMI
-#undef GGUFLM_SIMD_AMX
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 #endif
 #undef GGUFLM_TILE_LOOP

@@ -9,7 +9,7 @@
  *     #define GGUFLM_SIMD_<FEATURE> 0 or 1             what the fragment may use beyond the base
  *     #include "<fragment>.inc"
  *     ... the copy's kernel table ...
- *     #undef GGUFLM_SIMD, GGUFLM_SIMD_<FEATURE>
+ *     #include "simd_copy_end.inc"                  #undef GGUFLM_SIMD and every flag
  *     GGUFLM_TARGET_END
  *
  * No -march flag: callers pass the ISA that gguflm._ext.system selected from the CPU's features.
