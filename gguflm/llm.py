@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,13 +67,23 @@ _CONTEXT_LLAMA_ARGS = frozenset({
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
-    "lora_path", "lora_adapters", "vocab_only", "draft_model", "chat_handler", "tokenizer",
+    "lora_path", "lora_adapters", "draft_model", "chat_handler", "tokenizer",
 })
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
                         "typical_p", "frequency_penalty", "presence_penalty", "mirostat_mode",
                         "mirostat_tau", "mirostat_eta", "logit_bias", "grammar")
 PENALTY_LAST_N = 64                                    # llama.cpp's and llama-cpp-python's default
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request's prompt: its tokens, the texts that end the reply and the stopping
+    criteria (f(input_ids, logits) -> bool) the chat format adds."""
+
+    tokens: list[int]
+    stop: tuple[str, ...] = ()
+    stopping_criteria: Sequence[Callable[[np.ndarray, np.ndarray], bool]] = ()
 
 
 class _RequestLock:
@@ -137,6 +148,9 @@ class LLM:
         ``n_ctx / n_seq_max`` cells, as llama.cpp's KV streams); for schedulers that run
         several requests in one context (:mod:`gguflm.server`). The LLM's own requests use
         sequence 0.
+    vocab_only
+        Load the vocabulary and metadata only, of any architecture: ``tokenize``,
+        ``detokenize``, ``metadata`` and the token ids work; what needs a context raises.
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
         ``chat_format``, ``last_n_tokens_size``, ``swa_full`` and the RoPE ones
@@ -160,10 +174,11 @@ class LLM:
                  progress: bool | Callable[[float], object] | None = None,
                  chat_template: str | None = None, embedding: bool = False,
                  pooling_type: str | int | None = None, n_seq_max: int = 1,
-                 kv_unified: bool = True, **llama_kwargs: Any) -> None:
+                 kv_unified: bool = True, vocab_only: bool = False, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
-        self._ctx: Context | None = None
+        self._context: Context | None = None
+        self.vocab_only = bool(vocab_only)
         options = _llama_options(llama_kwargs)
         type_k, type_v = cache_type_name(type_k), cache_type_name(type_v)
         load_mode = options.pop("load_mode", load_mode)
@@ -175,11 +190,18 @@ class LLM:
         self.seed = seed
 
         self._model = load_model(model_path, progress, load_mode=load_mode,
-                                 kv_overrides=kv_overrides)
+                                 kv_overrides=kv_overrides, vocab_only=self.vocab_only)
         self.model_path = str(self._model.path)
+        self._lock = _RequestLock()
+        self._template: ChatTemplate | None = None
         # the running request's cancel token (a fresh one while none runs)
         self._cancel = threading.Event()
-        self.embedding = bool(embedding)
+        self.embedding = bool(embedding) and not self.vocab_only
+        if self.vocab_only:   # tokenize, detokenize and metadata only: no context
+            self.n_batch = n_batch
+            self._session = None
+            self._closed = False
+            return
         # llama-cpp-python's batch size: n_batch, at most n_ctx
         self.n_batch = min(n_ctx or self._model.hparams.n_ctx_train, n_batch)
         try:
@@ -195,7 +217,7 @@ class LLM:
             if not self.embedding and not self._model.architecture.kv_cache:
                 raise Error(f"{Path(self.model_path).name} is an encoder ({self._model.arch}): it computes "
                             f"embeddings, not text; create the LLM with embedding=True")
-            self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+            self._context = Context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                 n_threads=n_threads, n_threads_batch=n_threads_batch,
                                 type_k=type_k, type_v=type_v, abort_callback=self._aborting,
                                 **options)
@@ -203,9 +225,7 @@ class LLM:
             self._model.close()
             self._model = None
             raise
-        self._session = Session(self._ctx)
-        self._lock = _RequestLock()
-        self._template: ChatTemplate | None = None
+        self._session = Session(self._context)
         self._closed = False
 
     # -- facts
@@ -213,7 +233,9 @@ class LLM:
     @property
     def model(self) -> Model:
         """The loaded :class:`gguflm.Model`."""
-        return self._open()[0]
+        if self._closed or self._model is None:
+            raise Error("this LLM is closed")
+        return self._model
 
     @property
     def context(self) -> Context:
@@ -247,9 +269,12 @@ class LLM:
         return -1 if eos is None else eos
 
     def _open(self) -> tuple[Model, Context]:
-        if self._closed or self._model is None or self._ctx is None:
+        if self._closed or self._model is None:
             raise Error("this LLM is closed")
-        return self._model, self._ctx
+        if self._context is None:
+            raise Error(f"this LLM loaded {Path(self.model_path).name} with vocab_only=True: it tokenizes, "
+                        f"detokenizes and reads metadata, nothing that needs a context")
+        return self._model, self._context
 
     # -- text <-> tokens
 
@@ -259,9 +284,14 @@ class LLM:
         return self.model.vocab.tokenize(text, add_special=add_bos, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
-        """The bytes of ``tokens`` (concatenated pieces, as llama-cpp-python returns them)."""
+        """The bytes of ``tokens`` as llama-cpp-python returns them: the pieces concatenated, less
+        the leading space of the first word when the tokens start with BOS (the space an SPM
+        vocabulary puts in front of a prompt)."""
         vocab = self.model.vocab
-        return b"".join(vocab.token_to_piece(t, 0, special) for t in tokens)
+        text = b"".join(vocab.token_to_piece(t, 0, special) for t in tokens)
+        if tokens and vocab.bos is not None and tokens[0] == vocab.bos and text[:1] == b" ":
+            return text[1:]
+        return text
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, **variables: Any) -> str:
@@ -335,13 +365,12 @@ class LLM:
         gguflm.chat.ChatTemplateError
             The model has no template and none was given, or the template failed.
         """
-        template = self._chat_template()
-        tokens = self._chat_prompt(messages)
+        prompt = self._chat_prompt(messages)
         chain = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, seed=seed, grammar=grammar)
-        request = Request(self._max_tokens(tokens, max_tokens), _stops(stop) + template.stop,
-                          _n_logprobs(logprobs))
-        return self._submit(tokens, chain, request, stream, cancel)
+        request = Request(self._max_tokens(prompt.tokens, max_tokens), _stops(stop) + prompt.stop,
+                          _n_logprobs(logprobs), stopping_criteria=prompt.stopping_criteria)
+        return self._submit(prompt.tokens, chain, request, stream, cancel)
 
     def generate_async(self, prompt: str | Sequence[int], *,
                        on_chunk: Callable[[Chunk], object] | None = None,
@@ -388,9 +417,11 @@ class LLM:
         """Forget the cached prompt (the next request decodes its whole prompt)."""
         self._with_lock(lambda: self._session.reset())
 
-    def _chat_prompt(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> list[int]:
-        text = self._chat_template().render(messages, add_generation_prompt=True, **variables)
-        return prompt_tokens(self.model.vocab, text)
+    def _chat_prompt(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> ChatPrompt:
+        """The prompt of a chat request, through the chat template."""
+        template = self._chat_template()
+        text = template.render(messages, add_generation_prompt=True, **variables)
+        return ChatPrompt(prompt_tokens(self.model.vocab, text), template.stop)
 
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         vocab = self.model.vocab
@@ -587,12 +618,12 @@ class LLM:
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
         variables = {} if tools is None else {"tools": tools}
-        template = self._chat_template()
-        tokens = self._chat_prompt(messages, **variables)
+        prompt = self._chat_prompt(messages, **variables)
+        tokens = prompt.tokens
         chain = self._sampler(**{name: a[name] for name in _LLAMA_SAMPLING_ARGS})
         n_logprobs = (a["top_logprobs"] or 0) if a["logprobs"] else None
-        request = Request(self._max_tokens(tokens, a["max_tokens"]), _stops(a["stop"]) + template.stop,
-                          n_logprobs, list(a["logits_processor"] or ()))
+        request = Request(self._max_tokens(tokens, a["max_tokens"]), _stops(a["stop"]) + prompt.stop,
+                          n_logprobs, list(a["logits_processor"] or ()), list(prompt.stopping_criteria))
         meta = ResponseMeta(f"chatcmpl-{uuid.uuid4()}", int(time.time()), a["model"] or self.model_path)
 
         def respond(result: Any, stream: bool) -> Any:
@@ -689,8 +720,8 @@ class LLM:
             self._release_lock()
 
     def _free(self) -> None:
-        ctx, model = self._ctx, self._model
-        self._ctx = self._model = None
+        ctx, model = self._context, self._model
+        self._context = self._model = None
         self._session = None
         self._template = None
         if ctx is not None:
@@ -711,7 +742,7 @@ class LLM:
             pass
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"n_ctx={self._ctx.n_ctx}"
+        state = "closed" if self._closed else "vocab_only" if self._context is None else f"n_ctx={self._context.n_ctx}"
         return f"LLM({Path(self.model_path).name!r}, {state})"
 
 

@@ -96,3 +96,7 @@ def vocab_dir() -> Path:
 def load_reference(model_file: str) -> dict:
     """llama.cpp's tokens, top-20 logits and greedy continuations for one real model."""
     return json.loads((_shared(REFERENCE_DIR) / (Path(model_file).stem + ".json")).read_text())
+
+
+# llama-cpp-python's own suite runs in child processes under each backend (test_llama_cpp_python_suite.py)
+collect_ignore = ["llama_cpp_python"]

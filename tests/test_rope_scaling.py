@@ -134,8 +134,8 @@ def test_cli_flags_and_llm_arguments(tmp_path):
                        "yarn_beta_slow": -1.0, "yarn_beta_fast": 16.0}
     llm = LLM(str(model_file(tmp_path, {})), n_ctx=256, **options)
     try:
-        rope = llm._ctx.rope
+        rope = llm.context.rope
         assert (rope.scaling_type, rope.freq_scale, rope.n_ctx_orig, rope.beta_fast) == ("yarn", 0.25, 12, 16.0)
-        assert llm._ctx.rope_freq_base == 5000.0
+        assert llm.context.rope_freq_base == 5000.0
     finally:
         llm.close()

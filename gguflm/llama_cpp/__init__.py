@@ -11,11 +11,28 @@ TypedDicts (:mod:`.llama_types`) and llama.cpp's enum values that ``Llama`` take
 
 from __future__ import annotations
 
-from gguflm.grammar import LlamaGrammar
-from gguflm.llama_cpp import llama_cache, llama_chat_format, llama_speculative, llama_types, stopping
+from gguflm.llama_cpp import llama_cache, llama_chat_format, llama_grammar, llama_speculative, llama_types, stopping
+from gguflm.llama_cpp.llama_grammar import LlamaGrammar
 from gguflm.llama_cpp.llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
 from gguflm.llama_cpp.llama_types import *  # noqa: F401,F403 - llama_cpp re-exports its types
 from gguflm.llama_cpp.stopping import (LogitsProcessor, LogitsProcessorList, MinTokensLogitsProcessor,
                                        StoppingCriteria, StoppingCriteriaList)
+from gguflm.llama_cpp import llama, llama_tokenizer
+from gguflm.llama_cpp.llama import LLAMA_DEFAULT_SEED, Llama, LlamaState
+from gguflm.llama_cpp.llama_tokenizer import BaseLlamaTokenizer, LlamaTokenizer
+
+# llama.cpp's enum values that Llama's arguments take (llama.h)
+LLAMA_POOLING_TYPE_UNSPECIFIED = -1
+LLAMA_POOLING_TYPE_NONE = 0
+LLAMA_POOLING_TYPE_MEAN = 1
+LLAMA_POOLING_TYPE_CLS = 2
+LLAMA_POOLING_TYPE_LAST = 3
+LLAMA_POOLING_TYPE_RANK = 4
+LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED = -1
+LLAMA_ROPE_SCALING_TYPE_NONE = 0
+LLAMA_ROPE_SCALING_TYPE_LINEAR = 1
+LLAMA_ROPE_SCALING_TYPE_YARN = 2
+LLAMA_ROPE_SCALING_TYPE_LONGROPE = 3
+LLAMA_ROPE_SCALING_TYPE_MAX_VALUE = LLAMA_ROPE_SCALING_TYPE_LONGROPE
 
 __version__ = "0.3.36"   # the llama-cpp-python release whose API this follows

@@ -44,6 +44,10 @@ class Architecture:
     # decoders keep K and V in a cache; encoders (llama.cpp gives them no memory) attend within
     # each ubatch, which must then hold the whole batch
     kv_cache: ClassVar[bool] = True
+    # the memory a context keeps, as llama.cpp's llama_model_is_recurrent/_is_hybrid tell it:
+    # "attention" (a KV cache, or none for an encoder), "recurrent" (a state per sequence) or
+    # "hybrid" (both)
+    memory: ClassVar[str] = "attention"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
