@@ -191,6 +191,7 @@ PLAIN = GGUFLM_PLAIN                    # llama.cpp's plain CPU buffer (a tied t
 REPACKED = GGUFLM_REPACKED              # where llama.cpp repacks it; here the file's layout
 REPACKED_ROWS16 = GGUFLM_REPACKED_ROWS16  # the same, held in the rows-16 layout (rows16_convert)
 ROWS16 = GGUFLM_ROWS16                  # rows per group of that layout
+STREAM_BYTES = GGUFLM_STREAM_BYTES      # a single token's legacy-block matrix this large streams row by row
 
 
 cdef int _check_repacked(int wtype, int64_t n_rows, int repacked) except -1:

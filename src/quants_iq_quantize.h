@@ -742,10 +742,4 @@ static inline gguflm_iq_quantize_fn gguflm_iq_quantize_weighted(int type) {
     }
 }
 
-/* build type's grid tables now (0; -1: out of memory; types without any: 0) */
-static inline int gguflm_iq_prepare(int type) {
-    const int q = gguflm_iq_qgrid_of(type);
-    return q < 0 ? 0 : gguflm_iq_qgrid_init(q);
-}
-
 #endif

@@ -29,6 +29,9 @@ cdef extern from "quants_kernels.h" nogil:
         GGUFLM_REPACKED
         GGUFLM_REPACKED_ROWS16
         GGUFLM_ROWS16
+        # a single token's matrix of legacy blocks this large (bytes) is streamed row by row
+        # (quants_recipe.h: DOT_STREAM)
+        GGUFLM_STREAM_BYTES
         GGUFLM_TQ1_0
         GGUFLM_TQ2_0
 

@@ -26,12 +26,12 @@
  * arithmetic per output is the recipe of quants_dot.h and does not depend on the tile shape. */
 #define GGUFLM_MAX_TILE 4
 
-/* one token: R1 rows per tile (a constant); several tokens: 4 tokens per tile, row by row */
-#define GGUFLM_TILE_LOOP_R(R1, TILE, ...)                                                                        \
+/* one token: 4 rows per tile; several tokens: 4 tokens per tile, row by row */
+#define GGUFLM_TILE_LOOP(TILE, ...)                                                                              \
     do {                                                                                                         \
         if (nt == 1) {                                                                                           \
             int64_t r = 0;                                                                                       \
-            for (; r + (R1) <= nr; r += (R1)) TILE(__VA_ARGS__ w + r * ws, ws, (R1), y, ys, 1, o + r, os);       \
+            for (; r + 4 <= nr; r += 4) TILE(__VA_ARGS__ w + r * ws, ws, 4, y, ys, 1, o + r, os);                \
             for (; r < nr; ++r) TILE(__VA_ARGS__ w + r * ws, ws, 1, y, ys, 1, o + r, os);                        \
         } else {                                                                                                 \
             for (int64_t r = 0; r < nr; ++r) {                                                                   \
@@ -41,7 +41,6 @@
             }                                                                                                    \
         }                                                                                                        \
     } while (0)
-#define GGUFLM_TILE_LOOP(TILE, ...) GGUFLM_TILE_LOOP_R(4, TILE, __VA_ARGS__)
 
 /* rows in fours and tokens in fours (the leftovers one by one): for kernels whose registers hold
  * 16 accumulators */
@@ -133,7 +132,6 @@ GGUFLM_TARGET_AVX512BF16_BEGIN
 GGUFLM_TARGET_END
 #endif
 #undef GGUFLM_TILE_LOOP
-#undef GGUFLM_TILE_LOOP_R
 #undef GGUFLM_TILE_LOOP_4X4
 #endif
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import gguflm.quants as q
 from gguflm import system
+from gguflm._ext import quants as _kernels
 from gguflm.ggml_types import GGMLType
 from gguflm.testing import random_blocks
 from gguflm.testing import strategies as gst
@@ -158,11 +159,12 @@ def test_batch_strips_isas_agree_bit_for_bit(t, n_threads, isa):
 
 @pytest.mark.parametrize("t", [GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
 def test_large_single_token_matmul_streams_with_the_same_floats(t, isa):
-    # a single token against a matrix of 16 MiB or more is streamed row by row; its halves, below
-    # that size, take the 4-row tiles: the floats must not change
+    # a single token against a matrix of STREAM_BYTES or more (16 MiB) is streamed row by row; its
+    # halves, below that size, take the 4-row tiles: the floats must not change
     rng = np.random.default_rng(11)
     n_in = 1024
-    n_rows = (16 << 20) // q.get(t).row_bytes(n_in) + 8
+    n_rows = _kernels.STREAM_BYTES // q.get(t).row_bytes(n_in) + 8
+    assert (n_rows - n_rows // 2) * q.get(t).row_bytes(n_in) < _kernels.STREAM_BYTES  # both halves below it
     w = q.get(t).quantize(rng.standard_normal((n_rows, n_in)).astype(np.float32))
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     half = n_rows // 2
