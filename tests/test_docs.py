@@ -34,7 +34,7 @@ def _sources() -> dict[str, list[Path]]:
     examples would count)."""
     python = sorted((ROOT / "gguflm").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")) + [ROOT / "setup.py"]
     python = [p for p in python if p.resolve() != Path(__file__).resolve()]
-    cython_c = sorted((ROOT / "src").glob("*.pyx")) + sorted((ROOT / "src").glob("*.h"))
+    cython_c = [p for pattern in ("*.pyx", "*.h", "*.inc") for p in sorted((ROOT / "src").glob(pattern))]
     shell = [ROOT / ".ci" / "run", ROOT / "tox.ini"]
     return {"code": python + cython_c, "shell": [p for p in shell if p.exists()]}
 
@@ -97,7 +97,7 @@ def test_variables_read_are_environment_variables():
     assert {"GGUFLM_MODELS", "GGUFLM_ISA", "GGUFLM_CPU", "GGUFLM_NO_OPENMP", "GGUFLM_REQUIRE_MODELS"} <= set(read)
     macros = set()
     for path in _sources()["code"]:
-        if path.suffix in (".h", ".pyx"):
+        if path.suffix in (".h", ".inc", ".pyx"):
             macros |= set(re.findall(rf"#\s*(?:define|ifdef|ifndef|if)\s+({NAME})", path.read_text(encoding="utf-8")))
     assert macros, "no C macro found: the check below would prove nothing"
     assert not (set(read) & macros), f"C macros taken for environment variables: {sorted(set(read) & macros)}"
