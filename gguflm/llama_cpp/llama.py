@@ -13,6 +13,7 @@ a seed takes ``random.Random(previous seed).randint(0, 2**32)``.
 
 from __future__ import annotations
 
+import abc
 import inspect
 import random
 from collections import deque
@@ -28,7 +29,6 @@ from gguflm.errors import Error
 from gguflm.llama_cpp import llama_chat_format
 from gguflm.llama_cpp.llama_cache import BaseLlamaCache, common_prefix
 from gguflm.llama_cpp.llama_speculative import LlamaDraftModel
-from gguflm.llama_cpp.llama_tokenizer import LlamaTokenizer
 from gguflm.llama_cpp.state import LlamaState
 from gguflm.llama_cpp.stopping import LogitsProcessorList, StoppingCriteriaList
 from gguflm.llm import LLM, ChatPrompt
@@ -393,3 +393,40 @@ class Llama(LLM):
             raise Error("Llama.from_pretrained needs huggingface_hub (pip install huggingface_hub)") from None
         path = hf_hub_download(repo_id, filename, local_dir=local_dir, cache_dir=cache_dir)
         return cls(path, **kwargs)
+
+
+# -- llama-cpp-python's tokenizer wrappers (gguflm.llama_cpp.llama_tokenizer re-exports them), beside
+# the Llama they wrap and make: that module importing this one is then no import cycle
+
+
+class BaseLlamaTokenizer(abc.ABC):
+    @abc.abstractmethod
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]: ...
+
+    @abc.abstractmethod
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes: ...
+
+
+class LlamaTokenizer(BaseLlamaTokenizer):
+    """The vocabulary of ``llama``."""
+
+    def __init__(self, llama: Llama):
+        self._llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self._llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        return self._llama.detokenize(tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+    @classmethod
+    def from_ggml_file(cls, path: str) -> LlamaTokenizer:
+        return cls(Llama(path, vocab_only=True))
