@@ -154,6 +154,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     prompt = _read_text(args, "prompt")
     with _llm(args) as llm:
+        cache = Path(args.prompt_cache) if args.prompt_cache else None
+        if cache is not None and cache.exists():
+            n = llm.session_load(cache)
+            print(f"prompt cache {cache}: {n} tokens", file=sys.stderr)
         if args.display_prompt:
             sys.stdout.write(prompt)
             sys.stdout.flush()
@@ -164,6 +168,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(f"[{completion.finish_reason}] {completion.timings.line()}", file=sys.stderr)
+        if cache is not None and not args.prompt_cache_ro:
+            # llama-cli keeps the prompt, or with --prompt-cache-all the reply too
+            llm.session_save(cache, None if args.prompt_cache_all else len(completion.prompt_tokens))
     return 0
 
 
@@ -504,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when this text is generated (repeatable)")
     p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="print only the generated text")
+    p.add_argument("--prompt-cache", metavar="FILE",
+                   help="a session file: its cached prompt is reused, and the prompt saved to it")
+    p.add_argument("--prompt-cache-all", action="store_true",
+                   help="save the generated text to the prompt cache too")
+    p.add_argument("--prompt-cache-ro", action="store_true",
+                   help="read the prompt cache but do not update it")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat through the model's chat template")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from os import PathLike
 from pathlib import Path
@@ -38,7 +38,8 @@ log = logging.getLogger("gguflm")
 CTX_PAD = 256           # n_ctx and window caches are padded to this, as llama.cpp's KV cache
 MAX_SEQ = 64            # sequence ids are bits of a uint64 per cell
 MAX_SEQ_NO_CACHE = 256  # llama.cpp's LLAMA_MAX_SEQ, for encoders (no cache cells to mark)
-STATE_MAGIC = "gguflm-state-v1"
+STATE_MAGIC = "gguflm-state-v2"
+SEQ_STATE_MAGIC = "gguflm-seq-state-v2"
 _MAX_PLANS = 4
 
 
@@ -483,14 +484,47 @@ class Context:
 
     # -- state
 
-    def state_save(self, path: str | PathLike[str] | None = None) -> bytes:
-        """The cache and the last outputs as bytes (also written to ``path`` if given)."""
-        self._apply_shifts()
+    def _model_id(self) -> list[str]:
         hp = self.model.hparams
+        return [hp.arch, str(hp.n_layer), str(hp.n_embd), str(hp.n_vocab)]
+
+    def _state_bytes(self, kind: str, arrays: dict[str, np.ndarray], path: str | PathLike[str] | None,
+                     tokens: Sequence[int] | None) -> bytes:
+        arrays = {"magic": np.array(kind), "model": np.array(self._model_id()),
+                  "n_caches": np.array([len(self._caches)]),
+                  "tokens": np.asarray(list(tokens or ()), dtype=np.int32), **arrays}
+        data = kv_cache.save_arrays(arrays)
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
+
+    def _state_arrays(self, kind: str, source: bytes | str | PathLike[str]) -> dict[str, np.ndarray]:
+        """A saved state's arrays, checked to be ``kind`` for this model and cache layout."""
+        try:
+            data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+        except OSError as exc:
+            raise StateError(f"cannot read the state file: {exc}") from None
+        arrays = kv_cache.load_arrays(bytes(data))
+        try:
+            if str(arrays["magic"]) != kind:
+                raise StateError(f"not a gguflm {kind.split('-v')[0].replace('-', ' ')} "
+                                 f"(magic {str(arrays['magic'])!r})")
+            if list(arrays["model"]) != self._model_id():
+                raise StateError(f"the state was saved for model {list(arrays['model'])}, this is "
+                                 f"{self._model_id()}")
+            if int(arrays["n_caches"][0]) != len(self._caches):
+                raise StateError("the state has a different cache layout")
+            if arrays["tokens"].dtype != np.int32 or arrays["tokens"].ndim != 1:
+                raise StateError("the state's token list is malformed")
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise StateError(f"the state lacks {exc}") from None
+        return arrays
+
+    def state_save(self, path: str | PathLike[str] | None = None, tokens: Sequence[int] | None = None) -> bytes:
+        """The whole memory and the last outputs as bytes, and ``tokens`` with them (llama.cpp's
+        ``llama_state_get_data``, or ``llama_state_save_file`` with ``path``: also written there)."""
+        self._apply_shifts()
         arrays: dict[str, np.ndarray] = {
-            "magic": np.array(STATE_MAGIC),
-            "model": np.array([hp.arch, str(hp.n_layer), str(hp.n_embd), str(hp.n_vocab)]),
-            "n_caches": np.array([len(self._caches)]),
             "output_ids": self._output_ids,
             "n_outputs": np.array([self._n_outputs]),
             "logits": self._logits[: self._n_outputs] if self._logits is not None else np.zeros((0, 0), np.float32),
@@ -499,38 +533,59 @@ class Context:
             arrays["embd"] = self._embd[: self._n_outputs]
         for ci, cache in enumerate(self._caches):
             arrays.update(cache.state_arrays(f"c{ci}_"))
-        data = kv_cache.save_arrays(arrays)
-        if path is not None:
-            Path(path).write_bytes(data)
-        return data
+        return self._state_bytes(STATE_MAGIC, arrays, path, tokens)
 
-    def state_load(self, source: bytes | str | PathLike[str]) -> None:
-        """Restore what :meth:`state_save` produced; raises StateError if it does not fit."""
-        data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
-        arrays = kv_cache.load_arrays(bytes(data))
-        hp = self.model.hparams
+    def state_load(self, source: bytes | str | PathLike[str]) -> list[int]:
+        """Restore what :meth:`state_save` wrote (bytes or a file); returns the tokens saved with
+        it. A state of another model or cache layout, or a truncated or corrupt one, raises
+        :class:`gguflm.errors.StateError` and leaves the context as it was. As llama.cpp's, the
+        cells come back from each region's first cell on."""
+        arrays = self._state_arrays(STATE_MAGIC, source)
         try:
-            if str(arrays["magic"]) != STATE_MAGIC:
-                raise StateError("not a gguflm state")
-            if list(arrays["model"]) != [hp.arch, str(hp.n_layer), str(hp.n_embd), str(hp.n_vocab)]:
-                raise StateError(f"state was saved for model {list(arrays['model'])}")
-            if int(arrays["n_caches"][0]) != len(self._caches):
-                raise StateError("state has a different cache layout")
-            snapshots = [c.snapshot() for c in self._caches]
-            try:
-                for ci, cache in enumerate(self._caches):
-                    cache.load_state_arrays(f"c{ci}_", arrays)
-            except StateError:
-                for cache, snap in zip(self._caches, snapshots):
-                    cache.restore(snap)
-                raise
-            self._output_ids = arrays["output_ids"].astype(np.int32)
-            self._n_outputs = int(arrays["n_outputs"][0])
-            logits = arrays["logits"]
-            self._logits = logits.astype(np.float32) if logits.size else None
-            self._embd = arrays["embd"].astype(np.float32) if "embd" in arrays else None
-        except KeyError as exc:
-            raise StateError(f"state lacks {exc}") from None
+            saved = [cache.saved_cells(f"c{ci}_", arrays) for ci, cache in enumerate(self._caches)]
+            output_ids = arrays["output_ids"].astype(np.int32)
+            n_outputs = int(arrays["n_outputs"][0])
+            logits = arrays["logits"].astype(np.float32)
+            embd = arrays["embd"].astype(np.float32) if "embd" in arrays else None
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise StateError(f"the state lacks {exc}") from None
+        if n_outputs < 0 or (logits.size and logits.shape[0] < n_outputs):
+            raise StateError("the state's outputs are malformed")
+        for cache, cells in zip(self._caches, saved):
+            cache.restore_cells(cells)
+        self._output_ids, self._n_outputs = output_ids, n_outputs
+        self._logits = logits if logits.size else None
+        self._embd = embd
+        return arrays["tokens"].tolist()
+
+    def state_seq_save(self, seq_id: int, path: str | PathLike[str] | None = None,
+                       tokens: Sequence[int] | None = None) -> bytes:
+        """Sequence ``seq_id``'s memory as bytes, and ``tokens`` with it (llama.cpp's
+        ``llama_state_seq_get_data``, or ``llama_state_seq_save_file`` with ``path``)."""
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"sequence id {seq_id} out of range [0, {self.n_seq_max})")
+        self._apply_shifts()
+        arrays: dict[str, np.ndarray] = {}
+        for ci, cache in enumerate(self._caches):
+            arrays.update(cache.state_arrays(f"c{ci}_", seq_id))
+        return self._state_bytes(SEQ_STATE_MAGIC, arrays, path, tokens)
+
+    def state_seq_load(self, source: bytes | str | PathLike[str], dest_seq_id: int) -> list[int]:
+        """Put what :meth:`state_seq_save` wrote into sequence ``dest_seq_id`` (its old cells
+        freed first, the new ones found as for a batch); returns the tokens saved with it. A bad
+        state, or no room, raises :class:`gguflm.errors.StateError` and leaves the context as it
+        was."""
+        if not 0 <= dest_seq_id < self.n_seq_max:
+            raise ValueError(f"sequence id {dest_seq_id} out of range [0, {self.n_seq_max})")
+        arrays = self._state_arrays(SEQ_STATE_MAGIC, source)
+        saved = [cache.saved_cells(f"c{ci}_", arrays) for ci, cache in enumerate(self._caches)]
+        snapshots = [cache.snapshot() for cache in self._caches]
+        for ci, (cache, cells) in enumerate(zip(self._caches, saved)):
+            if not cache.restore_sequence(cells, dest_seq_id):
+                for done, snap in zip(self._caches[:ci], snapshots):
+                    done.restore(snap)
+                raise StateError(f"no room in the KV cache for the {len(cells.pos)} cells of the saved sequence")
+        return arrays["tokens"].tolist()
 
     # -- performance
 

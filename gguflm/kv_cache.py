@@ -292,37 +292,90 @@ class KVCache:
 
     # -- state
 
-    def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        used = np.flatnonzero(self.pos >= 0)
-        arrays = {f"{prefix}cells": used, f"{prefix}pos": self.pos[used], f"{prefix}seq": self.seq[used],
-                  f"{prefix}shift": self.shift[used], f"{prefix}head": self.heads.copy()}
+    def state_arrays(self, prefix: str, seq_id: int | None = None) -> dict[str, np.ndarray]:
+        """The occupied cells (only ``seq_id``'s, in its region, when given) in cell order: their
+        positions, sequences, region, K and V rows; pending shifts must have been applied."""
+        held = self.pos >= 0
+        if seq_id is not None:
+            held &= self._has(seq_id) & self._in_stream_of(seq_id)
+        used = np.flatnonzero(held)
+        arrays = {f"{prefix}pos": self.pos[used], f"{prefix}seq": self.seq[used],
+                  f"{prefix}stream": (used // self.stream_size).astype(np.int64),
+                  f"{prefix}n_stream": np.array([self.n_stream])}
         for il in self.layers:
             arrays[f"{prefix}k{il}"] = self.k[il].rows(used)
             arrays[f"{prefix}v{il}"] = self.v[il].rows(used)
         return arrays
 
-    def load_state_arrays(self, prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    def saved_cells(self, prefix: str, arrays: dict[str, np.ndarray]) -> SavedCells:
+        """The cells of a saved state, checked against this cache without changing it."""
         try:
-            used = arrays[f"{prefix}cells"]
-            if len(used) and (used.min() < 0 or used.max() >= self.size):
-                raise StateError(f"saved state uses cells beyond this cache's {self.size}")
+            pos = np.asarray(arrays[f"{prefix}pos"])
+            seq = np.asarray(arrays[f"{prefix}seq"])
+            stream = np.asarray(arrays[f"{prefix}stream"])
+            n_stream = int(np.asarray(arrays[f"{prefix}n_stream"]).reshape(-1)[0])
             rows = {il: (arrays[f"{prefix}k{il}"], arrays[f"{prefix}v{il}"]) for il in self.layers}
-            for il, (k, v) in rows.items():
-                self.k[il].check_rows(k, len(used))
-                self.v[il].check_rows(v, len(used))
-            self.clear()
-            self.pos[used] = arrays[f"{prefix}pos"]
-            self.seq[used] = arrays[f"{prefix}seq"]
-            self.shift[used] = arrays[f"{prefix}shift"]
-            heads = arrays[f"{prefix}head"]
-            if len(heads) != self.n_stream:
-                raise StateError(f"saved state has {len(heads)} cache regions, this cache {self.n_stream}")
-            self.heads[:] = heads
-            for il, (k, v) in rows.items():
-                self.k[il].set_rows(used, k)
-                self.v[il].set_rows(used, v)
-        except KeyError as exc:
+        except (KeyError, IndexError, ValueError) as exc:
             raise StateError(f"saved state lacks {exc}") from None
+        n = len(pos)
+        if n_stream != self.n_stream:
+            raise StateError(f"saved state has {n_stream} cache regions, this cache {self.n_stream}")
+        if pos.shape != (n,) or seq.shape != (n,) or stream.shape != (n,) or pos.dtype != np.int32 or \
+                seq.dtype != np.uint64 or not np.issubdtype(stream.dtype, np.integer):
+            raise StateError("saved state's cell lists are malformed")
+        if n and (pos.min() < 0 or stream.min() < 0 or stream.max() >= self.n_stream or
+                  (seq == 0).any() or (seq >> np.uint64(self.n_seq_max)).any()):
+            raise StateError(f"saved state's cells lie outside this cache ({self.n_stream} regions, "
+                             f"{self.n_seq_max} sequences)")
+        if n and np.bincount(stream, minlength=self.n_stream).max() > self.stream_size:
+            raise StateError(f"saved state holds more cells than this cache's {self.stream_size} per region")
+        for il, (k, v) in rows.items():
+            self.k[il].check_rows(k, n)
+            self.v[il].check_rows(v, n)
+        return SavedCells(pos, seq, stream.astype(np.int64), rows)
+
+    def restore_cells(self, saved: SavedCells) -> None:
+        """The whole cache becomes ``saved``, as llama.cpp restores a state: each region's cells
+        from its first one on, in their saved order, and every head at its region's start."""
+        self.clear()
+        cells = np.empty(len(saved.pos), np.int64)
+        for stream in range(self.n_stream):
+            mine = np.flatnonzero(saved.stream == stream)
+            cells[mine] = stream * self.stream_size + np.arange(len(mine))
+        self._write_cells(cells, saved)
+
+    def restore_sequence(self, saved: SavedCells, seq_id: int) -> bool:
+        """``seq_id`` becomes the one sequence of ``saved``, in cells found as for a ubatch at its
+        positions (after ``seq_id``'s old cells are freed), as llama.cpp restores a sequence's
+        state. False, nothing changed, when there is no room."""
+        snap = self.snapshot()
+        self.seq_rm(seq_id, -1, -1)
+        cells = self.find_slot(len(saved.pos), np.full(len(saved.pos), seq_id, np.int32))
+        if cells is None:
+            self.restore(snap)
+            return False
+        self.apply(cells, saved.pos, np.full(len(cells), 1 << seq_id, np.uint64))
+        self._write_cells(cells, SavedCells(saved.pos, np.full(len(cells), 1 << seq_id, np.uint64),
+                                            saved.stream, saved.rows))
+        return True
+
+    def _write_cells(self, cells: np.ndarray, saved: SavedCells) -> None:
+        self.pos[cells] = saved.pos
+        self.seq[cells] = saved.seq
+        self.shift[cells] = 0
+        for il, (k, v) in saved.rows.items():
+            self.k[il].set_rows(cells, k)
+            self.v[il].set_rows(cells, v)
+
+
+@dataclass
+class SavedCells:
+    """A cache's cells read from a saved state (:meth:`KVCache.saved_cells`)."""
+
+    pos: np.ndarray                                  # int32 [n]
+    seq: np.ndarray                                  # uint64 [n] sequence bits
+    stream: np.ndarray                               # int64 [n] region each cell was in
+    rows: dict[int, tuple[np.ndarray, np.ndarray]]   # layer -> K, V rows [n, ...]
 
 
 def save_arrays(arrays: dict[str, np.ndarray]) -> bytes:

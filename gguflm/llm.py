@@ -417,6 +417,30 @@ class LLM:
         """Forget the cached prompt (the next request decodes its whole prompt)."""
         self._with_lock(lambda: self._session.reset())
 
+    def session_save(self, path: str | PathLike[str], n_tokens: int | None = None) -> int:
+        """Write the KV cache and the tokens it holds to ``path`` (llama.cpp's session file,
+        ``llama_state_save_file``), keeping only the first ``n_tokens`` of them when given (the
+        prompt of the last request, say). Another process continues from it with
+        :meth:`session_load`. Returns how many tokens the file holds."""
+        def save() -> int:
+            session = self._session
+            if n_tokens is not None and n_tokens < len(session.tokens):
+                self._context.memory.seq_rm(session.seq_id, n_tokens, -1)
+                del session.tokens[n_tokens:]
+            self._context.state_save(path, tokens=session.tokens)
+            return len(session.tokens)
+        return self._with_lock(save)
+
+    def session_load(self, path: str | PathLike[str]) -> int:
+        """Continue from a file :meth:`session_save` wrote: the next request reuses whatever
+        prefix of its prompt the file holds. A file of another model, truncated or corrupt raises
+        :class:`gguflm.errors.StateError` and changes nothing. Returns the tokens restored."""
+        def load() -> int:
+            tokens = self._context.state_load(path)
+            self._session.tokens = tokens
+            return len(tokens)
+        return self._with_lock(load)
+
     def _chat_prompt(self, messages: Sequence[Mapping[str, Any]], **variables: Any) -> ChatPrompt:
         """The prompt of a chat request, through the chat template."""
         template = self._chat_template()
