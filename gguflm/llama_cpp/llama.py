@@ -64,17 +64,19 @@ class Llama(LLM):
                  embedding: bool = False, pooling_type: int = -1, type_k: int | str | None = None,
                  type_v: int | str | None = None, last_n_tokens_size: int = 64, chat_format: str | None = None,
                  chat_handler: Any = None, draft_model: LlamaDraftModel | None = None, tokenizer: Any = None,
-                 verbose: bool = True, **kwargs: Any) -> None:
+                 attention_type: int = -1, verbose: bool = True, **kwargs: Any) -> None:
         for name, value in (("chat_handler", chat_handler), ("tokenizer", tokenizer)):
             if value is not None:
                 raise ValueError(f"{name} is not supported by gguflm.llama_cpp.Llama")
+        if attention_type != -1:   # LLAMA_ATTENTION_TYPE_UNSPECIFIED: the model's own
+            raise ValueError("attention_type other than LLAMA_ATTENTION_TYPE_UNSPECIFIED is not supported")
         super().__init__(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                          type_k="f16" if type_k is None else type_k, type_v="f16" if type_v is None else type_v,
                          embedding=embedding, pooling_type=None if pooling_type == -1 else pooling_type,
                          vocab_only=vocab_only, last_n_tokens_size=last_n_tokens_size, **kwargs)
         self.verbose = verbose
         self._seed = seed
-        self._logits_all = logits_all
+        self._logits_all = logits_all or draft_model is not None   # drafted tokens are sampled row by row
         self.draft_model = draft_model
         self.cache: BaseLlamaCache | None = None
         self._requires_eval = True
@@ -88,8 +90,13 @@ class Llama(LLM):
     # -- what llama-cpp-python exposes
 
     @property
-    def _ctx(self) -> _ContextHandle:  # type: ignore[override]
+    def _ctx(self) -> _ContextHandle:
         return self._ctx_handle
+
+    @property
+    def ctx(self) -> Any:
+        """llama-cpp-python's context handle: here the gguflm Context (the Model when vocab_only)."""
+        return self._ctx_handle.ctx
 
     @property
     def n_tokens(self) -> int:
