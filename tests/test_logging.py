@@ -14,8 +14,9 @@ from pathlib import Path
 import gguflm
 
 PACKAGE = Path(gguflm.__file__).resolve().parent
-# the command line, its benchmarks and the progress bar it draws (only when asked) own a stream
-STREAM_OWNERS = {"cli.py", "progress.py", "bench"}
+# the command line, its benchmarks, the README generator (a command) and the progress bar the
+# command line draws (only when asked) own a stream
+STREAM_OWNERS = {"cli.py", "progress.py", "readme.py", "bench"}
 
 
 def _is_main_guard(node: ast.AST) -> bool:
