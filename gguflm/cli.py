@@ -55,13 +55,17 @@ class _StderrHandler(logging.StreamHandler):
 def _configure_logging() -> None:
     """The command's handler for the library's records: warnings and errors on stderr
     (``GGUFLM_LOG_LEVEL=INFO`` shows more). The library itself only logs."""
+    value = os.environ.get("GGUFLM_LOG_LEVEL", "")
+    level = value.strip().upper() or "WARNING"  # empty means unset, as for the other switches
+    if not isinstance(logging.getLevelName(level), int):
+        raise ValueError(f"GGUFLM_LOG_LEVEL={value!r}: not a logging level (DEBUG, INFO, WARNING, ERROR)")
     logger = logging.getLogger("gguflm")
     if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
         return
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("gguflm: %(levelname)s: %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get("GGUFLM_LOG_LEVEL", "WARNING").upper())
+    logger.setLevel(level)
 
 
 def _read_text(args: argparse.Namespace, what: str) -> str:
@@ -657,9 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
-    _configure_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        _configure_logging()
         return func(args)
     except (Error, ValueError, OSError) as exc:
         print(f"gguflm {args.command}: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from hypothesis import settings
 from gguflm.default_model import DEFAULT_MODEL_FILE, models_dir
 
 # copies of llama.cpp's outputs and tokenizer suite (see tests/data/README.md)
-SHARED = Path(os.environ.get("GGUFLM_SHARED", Path(__file__).resolve().parent / "data"))
+SHARED = Path(os.environ.get("GGUFLM_SHARED") or Path(__file__).resolve().parent / "data")
 REFERENCE_DIR = SHARED / "reference"
 VOCAB_DIR = SHARED / "vocab"
 

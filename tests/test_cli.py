@@ -193,6 +193,14 @@ def test_bad_arguments_fail_cleanly(smollm_path, tmp_path):
     assert done.returncode == 1 and "-p TEXT" in done.stderr
 
 
+
+def test_log_level_switch_empty_is_unset_and_a_bad_one_is_named(smollm_path):
+    done = gguflm("inspect", str(smollm_path), env={"GGUFLM_LOG_LEVEL": ""})
+    assert done.returncode == 0, done.stderr
+    done = gguflm("inspect", str(smollm_path), env={"GGUFLM_LOG_LEVEL": "loud"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "GGUFLM_LOG_LEVEL='loud': not a logging level" in done.stderr
+
 # -- gguflm chat in a pseudo-terminal
 
 class Terminal:
