@@ -93,7 +93,8 @@ EXTRA_EXAMPLES = [
               metadata={"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5}),
 ] + [TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=4 if arch == "smollm3" else 2,
                tied_output=arch in ("gemma", "command-r"), parallel=arch == "stablelm")
-     for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm")]
+     for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
+                  "ernie4_5", "seed_oss", "glm4")]
 
 
 def _example(spec: TinyModel):

@@ -24,7 +24,7 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-         "dots1")
+         "dots1", "ernie4_5", "seed_oss", "glm4")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
@@ -181,7 +181,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    if arch in ("phi2", "stablelm"):   # partial rotary, as Phi 2's 32 of 80
+    if arch in ("phi2", "stablelm", "glm4"):   # partial rotary, as Phi 2's 32 of 80
         w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
     if arch == "command-r":
         w.add(f"{arch}.logit_scale", 0.0625)
@@ -242,7 +242,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             matrix(f"{b}.attn_k.weight", "attn_k", e, nkv * hd)
             matrix(f"{b}.attn_v.weight", "attn_v", e, nkv * hd)
         matrix(f"{b}.attn_output.weight", "attn_output", nh * hd, e)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe", "ernie4_5", "seed_oss", "glm4"):
             for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
                 vector(f"{b}.{proj}.bias", n, bias=True)
         if arch == "stablelm":
@@ -264,7 +264,9 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch == "olmo2":
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
-        if arch in ("gemma2", "gemma3"):
+        if arch == "ernie4_5":   # read by llama.cpp, never added
+            vector(f"{b}.attn_output.bias", e, bias=True)
+        if arch in ("gemma2", "gemma3", "glm4"):
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
         if arch == "gpt-oss":   # attention biases, sinks, the norm before the experts
@@ -272,7 +274,9 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                 vector(f"{b}.{proj}.bias", n, bias=True)
             w.add_tensor(f"{b}.attn_sinks.weight", rng.standard_normal(nh).astype(np.float32), GGMLType.F32)
             vector(f"{b}.post_attention_norm.weight", e)
-        if arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
+        if arch == "seed_oss":   # its norm before the feed-forward
+            vector(f"{b}.post_attention_norm.weight", e)
+        elif arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
             if arch == "stablelm":
                 vector(f"{b}.ffn_norm.bias", e, bias=True)
@@ -287,7 +291,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
             vector(f"{b}.ffn_down.bias", e, bias=True)
             continue
-        if arch == "phi3":
+        if arch in ("phi3", "glm4"):
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, 2 * ff)
         else:
             matrix(f"{b}.ffn_gate.weight", "ffn_gate", e, ff)

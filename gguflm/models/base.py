@@ -25,7 +25,9 @@ class TensorSpec:
     False is never read from the file: its name always means ``fallback`` (Gemma 2's output is its
     token embedding, and llama.cpp refuses a file that has an ``output.weight`` of its own).
     ``alt_shapes`` are other shapes the file may give it (llama.cpp reads some widths from the
-    file: jina-bert-v2's up projection may carry the gate).
+    file: jina-bert-v2's up projection may carry the gate). ``field`` is the block attribute the
+    tensor fills when an architecture stores it under another role's name (Seed-OSS keeps its FFN
+    norm as ``post_attention_norm``, and its graph uses it where Llama's uses ``ffn_norm``).
     """
 
     name: str
@@ -34,6 +36,7 @@ class TensorSpec:
     fallback: str | None = None
     in_file: bool = True
     alt_shapes: tuple[tuple[int, ...], ...] = ()
+    field: str | None = None
 
 
 class Architecture:

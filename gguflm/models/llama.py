@@ -29,6 +29,9 @@ class Llama(Architecture):
     # attention biases (attention_specs' bias: None optional, True required, False none), Q/K
     # RMS norms before RoPE, a sigmoid gate on the shared expert
     attention_bias: ClassVar[bool | None] = None
+    # whether the graph adds attn_output.bias where the file has one (ERNIE 4.5's graph reads it
+    # but never adds it)
+    attention_output_bias: ClassVar[bool] = True
     qk_norm: ClassVar[bool] = False
     shared_expert_gate: ClassVar[bool] = False
 
@@ -81,7 +84,8 @@ class Llama(Architecture):
                     g.add_bias(t, bias)
             g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
-            cur = g.linear(cur, L.attn_output, L.attn_output_bias if biased else None)  # [n_tokens, n_embd]
+            out_bias = L.attn_output_bias if biased and self.attention_output_bias else None
+            cur = g.linear(cur, L.attn_output, out_bias)                      # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
             g.add(x, self.residual(g, cur))
