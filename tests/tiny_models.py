@@ -24,7 +24,7 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-         "dots1", "ernie4_5", "seed_oss", "glm4")
+         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
@@ -37,11 +37,11 @@ GRANITE_ARCHS = ("granite", "granitemoe")
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
 FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2")
-SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss")
+SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
+SQUARE_ATTENTION_ARCHS = ("qwen2", "exaone4", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
                           "stablelm")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2")
@@ -225,7 +225,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         vector("output.bias", N_VOCAB, bias=True)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        if arch != "olmo2":   # OLMo 2 norms after attention and FFN only
+        if arch not in ("olmo2", "exaone4"):   # they norm after attention and FFN only
             vector(f"{b}.attn_norm.weight", e)
         if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V (phi2: fused), attention output
             vector(f"{b}.attn_norm.bias", e, bias=True)
@@ -255,7 +255,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch == "command-r" and s.n_layer >= 64:   # Command R+: per-head Q/K LayerNorm weights
             w.add_tensor(f"{b}.attn_q_norm.weight", (1 + 0.1 * rng.standard_normal((nh, hd))).astype(np.float32), GGMLType.F32)
             w.add_tensor(f"{b}.attn_k_norm.weight", (1 + 0.1 * rng.standard_normal((nkv, hd))).astype(np.float32), GGMLType.F32)
-        if arch in ("qwen3", "gemma3", "qwen3moe", "dots1"):
+        if arch in ("qwen3", "gemma3", "qwen3moe", "dots1", "exaone4"):
             vector(f"{b}.attn_q_norm.weight", hd)
             vector(f"{b}.attn_k_norm.weight", hd)
         if arch in ("olmoe", "olmo2"):
@@ -266,7 +266,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.post_ffw_norm.weight", e)
         if arch == "ernie4_5":   # read by llama.cpp, never added
             vector(f"{b}.attn_output.bias", e, bias=True)
-        if arch in ("gemma2", "gemma3", "glm4"):
+        if arch in ("gemma2", "gemma3", "glm4", "exaone4"):
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
         if arch == "gpt-oss":   # attention biases, sinks, the norm before the experts
@@ -276,7 +276,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.post_attention_norm.weight", e)
         if arch == "seed_oss":   # its norm before the feed-forward
             vector(f"{b}.post_attention_norm.weight", e)
-        elif arch not in ("gpt-oss", "olmo2") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
+        elif arch not in ("gpt-oss", "olmo2", "exaone4") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
             if arch == "stablelm":
                 vector(f"{b}.ffn_norm.bias", e, bias=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguflm.graph import GATING_SOFTMAX_WEIGHT, Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_expert_hparams, rsqrt_f32, swa_pattern
+from gguflm.hparams import HParamReader, HParams, RopeType, read_expert_hparams, read_swa_layers, rsqrt_f32
 from gguflm.models.base import Architecture, TensorSpec
 
 SWIGLU_LIMIT = 7.0   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants (alpha is the graph's)
@@ -23,11 +23,7 @@ class GptOss(Architecture):
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = read_expert_hparams(kv, super().read_hparams(kv, n_vocab))
         kv.get_int("{arch}.expert_feed_forward_length")   # required, as llama.cpp reads it
-        pattern = kv.metadata.get(kv.key("{arch}.attention.sliding_window_pattern"))
-        swa = (tuple(bool(v) for v in pattern) if isinstance(pattern, (list, tuple, np.ndarray))
-               else swa_pattern(hp.n_layer, 2))
-        if len(swa) != hp.n_layer:
-            raise HParamError(f"{kv.source}: sliding_window_pattern has {len(swa)} values for {hp.n_layer} layers")
+        swa = read_swa_layers(kv, hp.n_layer, 2)
         return hp.with_changes(
             n_swa=kv.positive("attention.sliding_window", kv.get_int("{arch}.attention.sliding_window")),
             swa_layers=swa,

@@ -4,6 +4,8 @@ three of every four layers slide."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from gguflm.graph import Graph
@@ -16,6 +18,8 @@ class Olmo2(Architecture):
     rope_type = RopeType.NEOX
     required_output = True
     heads_span_embd = True
+    # Q and K RMS-normed over each head (EXAONE 4) rather than over the whole row
+    qk_norm_per_head: ClassVar[bool] = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -50,9 +54,12 @@ class Olmo2(Architecture):
         for il, L in g.layers():
             # self-attention on the residual stream itself, normed after
             q, k, v = g.project(x, L.attn_q, L.attn_k, L.attn_v)              # [n_tokens, n_head(_kv) * head_dim]
-            q, k = g.rms_norm(q, L.attn_q_norm), g.rms_norm(k, L.attn_k_norm)
-            g.rope(q, il, hp.n_head[il])
-            g.rope(k, il, hp.n_head_kv[il])
+            if self.qk_norm_per_head:
+                g.rope_qk(q, k, il, L.attn_q_norm, L.attn_k_norm)
+            else:
+                q, k = g.rms_norm(q, L.attn_q_norm), g.rms_norm(k, L.attn_k_norm)
+                g.rope(q, il, hp.n_head[il])
+                g.rope(k, il, hp.n_head_kv[il])
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_embd]
             (cur,) = g.project(cur, L.attn_output)
             if il == hp.n_layer - 1:
