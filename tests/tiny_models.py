@@ -24,27 +24,28 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4")
+         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder",
+         "internlm2")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
+UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "exaone4", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
+SQUARE_ATTENTION_ARCHS = ("qwen2", "exaone4", "gpt2", "starcoder", "internlm2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
                           "stablelm")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
-LAYER_NORM_ARCHS = ("starcoder2", "phi2")
+LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
 PARALLEL_ARCHS = ("phi2", "command-r")
 
@@ -212,6 +213,8 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     add_vocab(w)
 
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    if arch in ("gpt2", "starcoder"):   # learned positions, one row per position of the context
+        w.add_tensor("position_embd.weight", (0.1 * rng.standard_normal((256, e))).astype(np.float32), GGMLType.F32)
     vector("output_norm.weight", e)
     if s.rope_factors:   # per-pair divisors of theta, growing with the dimension as Phi 3's
         for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
@@ -233,9 +236,9 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             if arch == "starcoder2":
                 for proj, n in (("attn_q", nh * hd), ("attn_k", nkv * hd), ("attn_v", nkv * hd)):
                     vector(f"{b}.{proj}.bias", n, bias=True)
-        if arch in ("phi3", "phi2"):
+        if arch in FUSED_QKV_ARCHS:
             matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
-            if arch == "phi2":
+            if arch != "phi3":
                 vector(f"{b}.attn_qkv.bias", nh * hd + 2 * nkv * hd, bias=True)
         else:
             matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
@@ -414,7 +417,7 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
         out["output.weight"] = ("output", s.n_embd)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        if s.arch in ("phi3", "phi2"):
+        if s.arch in FUSED_QKV_ARCHS:
             kinds = ("attn_qkv", "ffn_up")
             out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
         elif s.has_experts(il):
@@ -424,7 +427,7 @@ def matrix_inputs(spec: TinyModel) -> dict[str, tuple[str, int]]:
                 kinds += ("ffn_gate_shexp", "ffn_up_shexp")
                 out[f"{b}.ffn_down_shexp.weight"] = ("ffn_down_shexp", s.shared_ff)
         else:
-            kinds = ("attn_q", "attn_k", "attn_v", "ffn_up") + (() if s.arch in LAYER_NORM_ARCHS else ("ffn_gate",))
+            kinds = ("attn_q", "attn_k", "attn_v", "ffn_up") + (() if s.arch in LAYER_NORM_ARCHS + ("glm4",) else ("ffn_gate",))
             out[f"{b}.ffn_down.weight"] = ("ffn_down", s.n_ff)
         out.update({f"{b}.{kind}.weight": (kind, s.n_embd) for kind in kinds})
         out[f"{b}.attn_output.weight"] = ("attn_output", s.n_head * s.head_dim)
