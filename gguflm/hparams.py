@@ -359,3 +359,15 @@ def read_swa_layers(kv: HParamReader, n_layer: int, period: int) -> tuple[bool, 
     if len(swa) != n_layer:
         raise HParamError(f"{kv.source}: sliding_window_pattern has {len(swa)} values for {n_layer} layers")
     return swa
+
+
+def read_interleaved_swa(kv: HParamReader, hp: HParams, period: int, n_swa: int | None = None) -> HParams:
+    """Sliding-window layers interleaved with global ones that take no RoPE (EXAONE 4's 32B,
+    Cohere 2): the window (``n_swa`` where the key is absent), :func:`read_swa_layers`, and the
+    sliding layers' RoPE base (``rope.freq_base_swa``, else the model's) and scale (the model's)."""
+    swa = read_swa_layers(kv, hp.n_layer, period)
+    return hp.with_changes(
+        n_swa=kv.positive("attention.sliding_window", kv.get_int("{arch}.attention.sliding_window", n_swa)),
+        swa_layers=swa, no_rope_layers=tuple(not s for s in swa),
+        rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", hp.rope_freq_base_train),
+        rope_freq_scale_train_swa=hp.rope_freq_scale_train)

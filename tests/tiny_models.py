@@ -24,8 +24,7 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder",
-         "internlm2")
+         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
@@ -38,16 +37,16 @@ GRANITE_ARCHS = ("granite", "granitemoe")
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
 FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder")
-SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4")   # exaone4's slides at 64 layers only
+SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
-TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r")
+TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
-SQUARE_ATTENTION_ARCHS = ("qwen2", "exaone4", "gpt2", "starcoder", "internlm2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm")
+SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
-PARALLEL_ARCHS = ("phi2", "command-r")
+PARALLEL_ARCHS = ("phi2", "command-r", "cohere2")
 
 # every weight type with a dot kernel, as a matrix of a model may hold it
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -184,9 +183,9 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         return
     if arch in ("phi2", "stablelm", "glm4"):   # partial rotary, as Phi 2's 32 of 80
         w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
-    if arch == "command-r":
+    if arch in ("command-r", "cohere2"):
         w.add(f"{arch}.logit_scale", 0.0625)
-    if arch in LAYER_NORM_ARCHS + ("command-r", "stablelm"):
+    if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm"):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
         w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)

@@ -26,6 +26,11 @@ class CommandR(Architecture):
         hp = super().read_hparams(kv, n_vocab)
         return hp.with_changes(f_logit_scale=kv.get_float("{arch}.logit_scale", 0.0))
 
+    @staticmethod
+    def qk_norm(hp: HParams) -> bool:
+        """Whether Q and K are LayerNormed per head (Command R+)."""
+        return hp.n_layer >= QK_NORM_LAYERS
+
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         specs = cls.output_specs(hp)
@@ -33,7 +38,7 @@ class CommandR(Architecture):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
             specs += cls.qkv_specs(hp, il)
             specs.append(TensorSpec(f"blk.{il}.attn_output.weight", (hp.n_embd, hp.n_embd)))
-            if hp.n_layer >= QK_NORM_LAYERS:  # one row of weights per head
+            if cls.qk_norm(hp):  # one row of weights per head
                 specs += [TensorSpec(f"blk.{il}.attn_q_norm.weight", (hp.n_embd_head_k, hp.n_head[il])),
                           TensorSpec(f"blk.{il}.attn_k_norm.weight", (hp.n_embd_head_k, hp.n_head_kv[il]))]
             specs += cls.ffn_specs(hp, il)
@@ -48,7 +53,7 @@ class CommandR(Architecture):
             q, k, v = g.project(normed, L.attn_q, L.attn_k, L.attn_v)         # [n_tokens, n_head(_kv) * head_dim]
             for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
                 g.add_bias(t, bias)
-            if hp.n_layer >= QK_NORM_LAYERS:
+            if self.qk_norm(hp):
                 dk = hp.n_embd_head_k
                 q, k = g.layer_norm_heads(q, L.attn_q_norm, dk), g.layer_norm_heads(k, L.attn_k_norm, dk)
             g.rope(q, il, hp.n_head[il])

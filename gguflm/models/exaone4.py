@@ -4,7 +4,7 @@ ones no RoPE."""
 
 from __future__ import annotations
 
-from gguflm.hparams import HParamReader, HParams, read_swa_layers
+from gguflm.hparams import HParamReader, HParams, read_interleaved_swa
 from gguflm.models.base import TensorSpec
 from gguflm.models.olmo2 import Olmo2
 
@@ -22,12 +22,7 @@ class Exaone4(Olmo2):
         hp = cls.read_common(kv, n_vocab)
         if hp.n_layer != SWA_LAYER_COUNT:
             return hp
-        swa = read_swa_layers(kv, hp.n_layer, 4)
-        return hp.with_changes(
-            n_swa=kv.get_int("{arch}.attention.sliding_window", 4096), swa_layers=swa,
-            no_rope_layers=tuple(not s for s in swa),
-            rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", hp.rope_freq_base_train),
-            rope_freq_scale_train_swa=hp.rope_freq_scale_train)
+        return read_interleaved_swa(kv, hp, 4, n_swa=4096)
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
