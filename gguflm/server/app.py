@@ -10,11 +10,9 @@ time.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
-import queue
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,27 +22,27 @@ from typing import Any
 
 import numpy as np
 
-import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
-from gguflm.generate import Chunk
+from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import metrics, protocol
+from gguflm.server import metrics, protocol, running
 from gguflm.server.protocol import RequestError
-from gguflm.server.scheduler import Scheduler, Task
+from gguflm.server.scheduler import Scheduler
 
 log = logging.getLogger("gguflm.server")
 
 __all__ = ["create_app"]
 
+_DEFAULT_SEED = 0xFFFFFFFF   # llama.cpp's LLAMA_DEFAULT_SEED: draw a random one
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API key
 
 
@@ -81,6 +79,16 @@ class _Server:
             raise self._too_long(kind, n_prompt, None)
         prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt)
         return prepared
+
+    def prepare_choices(self, kind: str, args: dict[str, Any], n: int) -> list[PreparedRequest]:
+        """``n`` choices of one request; with a seed, choice ``i`` samples with seed + i (as
+        llama.cpp's server seeds its ``n_cmpl`` children), else each draws its own."""
+        seed = args.get("seed")
+        if seed is None:
+            seed = self.llm.seed
+        if seed is None or seed in (-1, _DEFAULT_SEED):
+            return [self.prepare(kind, dict(args)) for _ in range(n)]
+        return [self.prepare(kind, {**args, "seed": (seed + i) & _DEFAULT_SEED}) for i in range(n)]
 
     def _too_long(self, kind: str, n_prompt: int | None, detail: str | None) -> RequestError:
         n_ctx_slot = self.scheduler.n_ctx_slot
@@ -123,99 +131,86 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     server = _server(request)
     scheduler = _need_generation(server)
     args, stream, fields = parsed
-    prepared = await run_in_threadpool(server.prepare, kind, args)
+    n, best_of = fields["n"], fields.get("best_of") or fields["n"]
+    if best_of > scheduler.n_slots:
+        param = "best_of" if best_of > n else "n"
+        raise RequestError(f"'{param}' is {best_of}; the server runs at most {scheduler.n_slots} "
+                           f"choices at once (--parallel)", param=param)
+    if stream and best_of > n:
+        raise RequestError("'best_of' larger than 'n' cannot be streamed", param="best_of")
+    prepared = await run_in_threadpool(server.prepare_choices, kind, args, best_of)
     if stream:
-        return _stream(scheduler, prepared, protocol.stream_include_usage(fields))
-
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
-    def emit(item: Chunk | BaseException) -> None:
-        if isinstance(item, BaseException) or item.finish_reason is not None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(item))
-
-    task = Task(prepared, emit)
-    _submit(scheduler, task)
-    watcher = asyncio.ensure_future(_disconnected(request))
+        return running.stream(scheduler, prepared, lambda sources: _sse_lines(
+            prepared, sources, protocol.stream_include_usage(fields)))
+    logprobs = [p.request.n_logprobs is not None for p in prepared]
+    if best_of > n:     # ranked by their tokens' mean log-probability
+        for p in prepared:
+            p.request.n_logprobs = p.request.n_logprobs or 0
     try:
-        await asyncio.wait({done, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not done.done():        # the client went away (or we are being cancelled)
-            scheduler.cancel(task)
-    if not done.done():
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
         return Response(status_code=499)
-    item = done.result()
-    if isinstance(item, BaseException):
-        raise item
-    return JSONResponse(prepared.respond(item.completion, False))
+    order = list(range(best_of))
+    if best_of > n:
+        order = sorted(order, key=lambda i: -_mean_logprob(completions[i]))[:n]
+        for c, asked in zip(completions, logprobs):
+            c.logprobs = c.logprobs if asked else None
+    return JSONResponse(_merge([prepared[i].respond(completions[i], False) for i in order],
+                               [completions[i] for i in order]))
 
 
-def _submit(scheduler: Scheduler, task: Task) -> None:
-    try:
-        scheduler.submit(task)
-    except Error as exc:       # shutting down
-        raise RequestError(str(exc), status=503, type="server_error") from None
+def _mean_logprob(completion: Completion) -> float:
+    items = completion.logprobs or []
+    return sum(i.logprob for i in items) / len(items) if items else 0.0
 
 
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def _merge(bodies: list[dict[str, Any]], completions: list[Completion]) -> dict[str, Any]:
+    """One response of several choices: the first's fields, each choice at its index, the prompt
+    counted once in the usage."""
+    body = bodies[0]
+    if len(bodies) > 1:
+        body["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+        body["usage"] = _usage(completions)
+    return body
 
 
-def _stream(scheduler: Scheduler, prepared: PreparedRequest, include_usage: bool) -> Response:
-    chunks: queue.SimpleQueue = queue.SimpleQueue()
-    task = Task(prepared, chunks.put)
-    _submit(scheduler, task)
-    lines = _sse_lines(prepared, chunks, include_usage)
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            while True:
-                # the wait for the scheduler happens in a worker thread; a cancel (the client went
-                # away, or the shutdown deadline passed) abandons it at once, and the task's end
-                # then releases that thread
-                line = await anyio.to_thread.run_sync(next, lines, None, abandon_on_cancel=True)
-                if line is None:
-                    return
-                yield f"data: {line}\n\n"
-        finally:
-            scheduler.cancel(task)
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+def _usage(completions: list[Completion]) -> dict[str, int]:
+    n_prompt = len(completions[0].prompt_tokens)
+    n_generated = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_generated,
+            "total_tokens": n_prompt + n_generated}
 
 
-def _sse_lines(prepared: PreparedRequest, chunks: queue.SimpleQueue, include_usage: bool
+def _sse_lines(prepared: list[PreparedRequest], sources: list[Iterator[Chunk]], include_usage: bool
                ) -> Iterator[str]:
-    """The data lines of a stream (run in a worker thread: it waits for the scheduler)."""
-    last: list[Chunk] = []
+    """The events of an OpenAI stream: the choices one after another (each chunk naming its
+    choice), then the usage if asked, then ``[DONE]``."""
+    completions: list[Completion] = []
 
-    def source() -> Iterator[Chunk]:
-        while True:
-            item = chunks.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finish_reason is not None:
-                last.append(item)
-                return
+    def kept(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        for chunk in chunks:
+            if chunk.completion is not None:
+                completions.append(chunk.completion)
+            yield chunk
 
+    first = None
     try:
-        first = None
-        for shaped in prepared.respond(source(), True):
-            first = first or shaped
-            yield json.dumps(shaped)
-        if include_usage and last and first is not None:
-            usage = {key: first[key] for key in ("id", "object", "created", "model") if key in first}
-            yield json.dumps({**usage, "choices": [], "usage": last[0].completion.usage})
+        for i, (p, chunks) in enumerate(zip(prepared, sources)):
+            for shaped in p.respond(kept(chunks), True):
+                if first is None:
+                    first = shaped
+                shaped["id"] = first["id"]
+                for choice in shaped["choices"]:
+                    choice["index"] = i
+                yield running.sse(json.dumps(shaped))
+        if include_usage and len(completions) == len(prepared) and first is not None:
+            head = {key: first[key] for key in ("id", "object", "created", "model") if key in first}
+            yield running.sse(json.dumps({**head, "choices": [], "usage": _usage(completions)}))
     except Exception as exc:    # the request failed after the stream began: say so, then end
-        log.warning("stream %s failed: %s", prepared.id, exc)
-        yield json.dumps(protocol.error_body(str(exc), "server_error"))
+        log.warning("stream %s failed: %s", prepared[0].id, exc)
+        yield running.sse(json.dumps(protocol.error_body(str(exc), "server_error")))
         return
-    yield "[DONE]"
+    yield running.sse("[DONE]")
 
 
 # -- routes

@@ -78,7 +78,8 @@ _SAMPLING = {
     "user": ("str", None), "n_probs": ("int", None),
 }
 _COMPLETION = {**_SAMPLING, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
-               "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None)}
+               "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None),
+               "best_of": ("int", None)}
 _CHAT = {**_SAMPLING, "messages": ("list", None), "max_tokens": ("int", None),
          "max_completion_tokens": ("int", None), "logprobs": ("bool", False),
          "top_logprobs": ("int", None), "tools": ("list", None), "tool_choice": ("tool_choice", None),
@@ -109,8 +110,8 @@ def _read(body: Any, fields: Mapping[str, tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _common(v: dict[str, Any]) -> dict[str, Any]:
-    if v["n"] != 1:
-        raise RequestError("only n = 1 is supported", param="n")
+    if v["n"] < 1:
+        raise RequestError("'n' must be at least 1", param="n")
     for name in ("temperature", "top_p", "min_p", "typical_p"):
         if v[name] < 0:
             raise RequestError(f"'{name}' must be >= 0", param=name)
@@ -142,6 +143,8 @@ def completion_arguments(body: Any) -> tuple[dict[str, Any], bool, dict[str, Any
         prompt = prompt[0]
     if v["suffix"]:
         raise RequestError("'suffix' (fill-in-the-middle) is not supported", param="suffix")
+    if v["best_of"] is not None and v["best_of"] < v["n"]:
+        raise RequestError("'best_of' must be at least 'n'", param="best_of")
     logprobs = v["logprobs"] if v["logprobs"] is not None else v["n_probs"]
     if logprobs is not None and logprobs < 0:
         raise RequestError("'logprobs' must be >= 0", param="logprobs")

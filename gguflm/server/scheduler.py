@@ -19,6 +19,11 @@ A slot keeps its cache after its request ends: a new task goes to the free slot 
 tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
 only the rest of the prompt is decoded. A cancelled task (its client went away) is dropped before
 the next batch is built, so its slot is free within one decode step.
+
+A request for ``n`` choices is one task with ``n - 1`` children (llama.cpp's server's ``n_cmpl``):
+it waits for ``n`` free slots, the parent reads the prompt, and once its last prompt token is
+decoded each child's slot gets a copy of the parent's cells (``seq_cp``) and samples its first
+token from the parent's logits row, then generates on its own.
 """
 
 from __future__ import annotations
@@ -51,11 +56,13 @@ class Task:
     ``finish_reason`` and the completion) or, if the request fails, with the exception.
     """
 
-    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None]
-                 ) -> None:
+    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None],
+                 children: list[Task] | None = None) -> None:
         self.id = next(_task_ids)
         self.prepared = prepared
         self.emit = emit
+        # more choices of the same prompt: they run in their own slots on a copy of this one's cells
+        self.children = children or []
         self.cancelled = False
         self.t_queued = time.perf_counter()
         self.slot: int | None = None
@@ -88,10 +95,12 @@ class _Slot:
         self.next_token: int | None = None
         self.i_batch = -1               # the batch row of this slot's logits in this step
         self.t_last = 0.0
+        self.waiting_for: _Slot | None = None   # a child's parent, until the prompt is copied
 
     @property
     def reading_prompt(self) -> bool:
-        return self.task is not None and len(self.session.tokens) < len(self.task.prepared.tokens)
+        return (self.task is not None and self.waiting_for is None
+                and len(self.session.tokens) < len(self.task.prepared.tokens))
 
 
 class Scheduler:
@@ -123,20 +132,25 @@ class Scheduler:
     # -- requests
 
     def submit(self, task: Task) -> None:
-        """Queue ``task``; it starts as soon as a slot is free."""
+        """Queue ``task`` (and its children); it starts as soon as enough slots are free."""
+        if 1 + len(task.children) > self.n_slots:
+            raise Error(f"{1 + len(task.children)} choices need as many slots; the server has "
+                        f"{self.n_slots}")
         with self._cond:
             if self._stopping:
                 raise Error("the server is shutting down")
             self._queue.append(task)
-            self.stats.requests += 1
+            self.stats.requests += 1 + len(task.children)
             self._cond.notify()
 
     def cancel(self, task: Task) -> None:
-        """Stop ``task`` (from any thread): its slot is freed before the next batch is built."""
+        """Stop ``task`` and its children (from any thread): their slots are freed before the
+        next batch is built."""
         with self._cond:
-            if not task.cancelled:
-                task.cancelled = True
-                task.cancel_step = self.stats.steps
+            for t in (task, *task.children):
+                if not t.cancelled:
+                    t.cancelled = True
+                    t.cancel_step = self.stats.steps
             self._cond.notify()
 
     @property
@@ -189,15 +203,26 @@ class Scheduler:
                 self._finish_unstarted(task)
                 continue
             free = [s for s in self._slots if s.task is None]
-            if not free:
+            if len(free) < 1 + len(task.children):
                 return
             self._queue.popleft()
             prompt = task.prepared.tokens
             slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
-            slot.task, task.slot = task, slot.index
             slot.n_cached = slot.session.keep_prefix(prompt)
-            slot.gen = TokenLoop(self.vocab, prompt, task.prepared.chain, task.prepared.request)
-            slot.next_token = None
+            self._start(slot, task)
+            free.remove(slot)
+            for child in task.children:     # the slots idle longest
+                child_slot = min(free, key=lambda s: s.t_last)
+                free.remove(child_slot)
+                child_slot.session.reset()
+                child_slot.waiting_for = slot
+                self._start(child_slot, child)
+
+    def _start(self, slot: _Slot, task: Task) -> None:
+        slot.task, task.slot = task, slot.index
+        slot.gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
+                             task.prepared.request)
+        slot.next_token = None
 
     def _drop_cancelled(self) -> None:
         for slot in self._slots:
@@ -264,7 +289,9 @@ class Scheduler:
                 slot.session.tokens.extend(chunks[slot.index])
                 if not slot.reading_prompt:
                     slot.gen.prompt_done(slot.n_cached)
-            if slot.i_batch < 0:
+                    self._copy_to_children(slot)
+        for slot in busy:
+            if slot.i_batch < 0 or slot.task is None:
                 continue
             try:
                 chunk, token = slot.gen.next(self.ctx, slot.i_batch, slot.session.tokens)
@@ -282,11 +309,26 @@ class Scheduler:
                 slot.next_token = token
         return True
 
+    def _copy_to_children(self, parent: _Slot) -> None:
+        """The parent's prompt is in: its children's slots get its cells and its logits row."""
+        for slot in self._slots:
+            if slot.waiting_for is parent:
+                self.ctx.memory.seq_rm(slot.index, -1, -1)
+                self.ctx.memory.seq_cp(parent.index, slot.index, -1, -1)
+                slot.session.tokens = list(parent.session.tokens)
+                slot.n_cached = parent.n_cached
+                slot.gen.prompt_done(parent.n_cached)
+                slot.i_batch = parent.i_batch
+                slot.waiting_for = None
+
     # -- endings
 
     def _end(self, slot: _Slot) -> None:
         task, gen = slot.task, slot.gen
         self._release(slot)
+        for child in self._waiting_on(slot):     # the prompt never finished: nor do they
+            child.gen.cancel()
+            self._end(child)
         if gen.finish == FINISH_CANCELLED:
             self.stats.requests_cancelled += 1
         task.freed_step = self.stats.steps
@@ -296,20 +338,26 @@ class Scheduler:
         task = slot.task
         slot.session.reset()     # what the cache holds for it is unknown
         self._release(slot)
+        for child in self._waiting_on(slot):
+            self._fail(child, exc)
         task.emit(exc)
+
+    def _waiting_on(self, parent: _Slot) -> list[_Slot]:
+        return [s for s in self._slots if s.waiting_for is parent]
 
     def _release(self, slot: _Slot) -> None:
         slot.task = slot.gen = None
+        slot.waiting_for = None
         slot.next_token = None
         slot.i_batch = -1
         slot.t_last = time.perf_counter()
 
     def _finish_unstarted(self, task: Task) -> None:
-        gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
-                         task.prepared.request)
-        gen.cancel()
-        self.stats.requests_cancelled += 1
-        task.emit(gen.end())
+        for t in (task, *task.children):
+            gen = TokenLoop(self.vocab, t.prepared.tokens, t.prepared.chain, t.prepared.request)
+            gen.cancel()
+            self.stats.requests_cancelled += 1
+            t.emit(gen.end())
 
     def _fail_all(self, exc: BaseException | None) -> None:
         for slot in self._slots:

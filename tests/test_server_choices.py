@@ -1,0 +1,106 @@
+"""`n > 1` and `best_of` on `gguflm serve`, through the official `openai` client.
+
+The choices of one request share its prompt's cells (the parent slot reads the prompt, the
+others get a copy, as llama-server's `n_cmpl`): each choice must be what a single request with
+its seed (the request's seed + its index, llama-server's) gives, streamed or not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("starlette", reason='the server extra: pip install "gguflm[server]"')
+openai = pytest.importorskip("openai")
+
+from gguflm.server import create_app  # noqa: E402
+from test_server import KEY, MESSAGES, NO_PENALTY, THREADS, Served, sse_events  # noqa: E402
+
+SAMPLED = {"temperature": 0.9, "max_tokens": 12, "seed": 1234}
+
+
+@pytest.fixture(scope="module")
+def served(smollm_path) -> Iterator[Served]:
+    s = Served(create_app(smollm_path, parallel=3, n_ctx=1536, api_key=KEY, n_threads=THREADS))
+    yield s
+    s.close()
+
+
+def test_n3_chat_choices_equal_single_seeded_requests(served):
+    client = served.client()
+    steps = served.scheduler.stats.prompt_tokens
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, n=3, extra_body=NO_PENALTY,
+                                           **SAMPLED)
+    # the prompt was decoded once for the three choices
+    assert served.scheduler.stats.prompt_tokens - steps <= reply.usage.prompt_tokens
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    texts = [c.message.content for c in reply.choices]
+    singles = [client.chat.completions.create(
+        model="m", messages=MESSAGES, extra_body=NO_PENALTY, **{**SAMPLED, "seed": SAMPLED["seed"] + i})
+        for i in range(3)]
+    assert texts == [s.choices[0].message.content for s in singles]
+    assert len(set(texts)) > 1                       # the seeds differ, so do the choices
+    assert reply.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens
+
+    greedy = client.chat.completions.create(model="m", messages=MESSAGES, n=3, temperature=0,
+                                            max_tokens=12)
+    alone = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=12)
+    assert [c.message.content for c in greedy.choices] == [alone.choices[0].message.content] * 3
+
+
+def test_n2_completion_streamed_equals_unstreamed(served):
+    client = served.client()
+    whole = client.completions.create(model="m", prompt="Once upon a time", n=2, **SAMPLED)
+    texts = ["", ""]
+    usage = None
+    for chunk in client.completions.create(model="m", prompt="Once upon a time", n=2, stream=True,
+                                           stream_options={"include_usage": True}, **SAMPLED):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+        usage = chunk.usage or usage
+    assert texts == [c.text for c in whole.choices]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_best_of_returns_the_choice_with_the_best_mean_logprob(served):
+    client = served.client()
+    args = {"model": "m", "prompt": "My favourite animal is", "temperature": 1.0, "max_tokens": 8,
+            "seed": 77}
+    candidates = [client.completions.create(**{**args, "seed": 77 + i}, logprobs=0) for i in range(3)]
+    means = [sum(c.choices[0].logprobs.token_logprobs) / len(c.choices[0].logprobs.token_logprobs)
+             for c in candidates]
+    best = client.completions.create(**args, best_of=3)
+    assert best.choices[0].text == candidates[means.index(max(means))].choices[0].text
+    assert best.choices[0].logprobs is None
+    two = client.completions.create(**args, n=2, best_of=3, logprobs=0)
+    ranked = sorted(range(3), key=lambda i: -means[i])[:2]
+    assert [c.text for c in two.choices] == [candidates[i].choices[0].text for i in ranked]
+    assert two.choices[0].logprobs is not None
+
+
+@pytest.mark.parametrize("body,param", [({"n": 4}, "n"), ({"n": 0}, "n"),
+                                        ({"best_of": 2, "stream": True}, "best_of")])
+def test_too_many_choices_get_400(served, body, param):
+    status, error = served.json("POST", "/v1/completions", {"prompt": "Hi", **body})
+    assert status == 400 and error["error"]["param"] == param
+
+
+def test_a_cancelled_n3_stream_frees_every_slot(served):
+    import http.client
+    import time
+
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": "Count: 1, 2, 3,", "max_tokens": 300, "n": 3, "stream": True, "temperature": 0}),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert sse_events(response.fp.readline() + response.fp.readline())   # generating
+    assert served.scheduler.slots_busy == 3
+    conn.close()
+    deadline = time.time() + 30
+    while served.scheduler.slots_busy:
+        assert time.time() < deadline, "the slots of the dropped stream were never freed"
+        time.sleep(0.02)
