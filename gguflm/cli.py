@@ -235,8 +235,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      chat_template=_chat_template_arg(args), embedding=args.embedding,
                      alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
-                     shutdown_timeout=args.shutdown_timeout,
-                     **({"pooling_type": args.pooling} if args.embedding else {}))
+                     shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
@@ -541,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /metrics (and /v1/embeddings with --embedding); "
+                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings; "
                                    "needs the server extra: pip install \"gguflm[server]\"")
     _model_args(p)
     _context_args(p, 4096, 512)
@@ -556,8 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
     p.add_argument("--embedding", "--embeddings", action="store_true",
-                   help="serve /v1/embeddings instead of generation")
-    p.add_argument("--pooling", choices=POOLING_NAMES, help="pooling with --embedding (default: the model's)")
+                   help="serve /v1/embeddings only (else a second context computes them)")
+    p.add_argument("--pooling", choices=POOLING_NAMES,
+                   help="pooling of /v1/embeddings (default: the model's)")
     p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,

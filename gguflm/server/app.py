@@ -4,8 +4,8 @@ Generation requests are prepared by :class:`gguflm.LLM` (the same tokens, sample
 shapes as ``create_completion``/``create_chat_completion``; see :mod:`gguflm.openai_compat`) in
 a worker thread, then run by the scheduler in its shared batches. Streams are server-sent events
 (one ``data:`` line per chunk, then ``data: [DONE]``); a client that goes away cancels its task.
-Embeddings (``--embedding``) run through :meth:`gguflm.LLM.create_embedding`, one request at a
-time.
+Embeddings run through :meth:`gguflm.LLM.create_embedding` (of the served LLM with
+``--embedding``, else of a second context on the same file), one request at a time.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -34,7 +35,7 @@ from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import metrics, protocol, running
+from gguflm.server import metrics, native, protocol, running
 from gguflm.server.protocol import RequestError
 from gguflm.server.scheduler import Scheduler
 
@@ -49,8 +50,14 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API
 class _Server:
     """What the routes share: the LLM, its scheduler (None with embeddings) and the settings."""
 
-    def __init__(self, llm: Any, alias: str, api_key: str | None, shutdown_timeout: float) -> None:
+    def __init__(self, llm: Any, alias: str, api_key: str | None, shutdown_timeout: float,
+                 embedding_options: dict[str, Any] | None = None) -> None:
         self.llm = llm
+        # a generation server computes embeddings with a second context on the same file, made
+        # on the first /v1/embeddings request
+        self._embedding_options = embedding_options or {}
+        self._embedder: Any = llm if llm.embedding else None
+        self._embedder_lock = threading.Lock()
         self.shutdown_timeout = shutdown_timeout
         self.alias = alias
         self.api_key = api_key
@@ -61,7 +68,25 @@ class _Server:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
+        if self._embedder is not None and self._embedder is not self.llm:
+            self._embedder.close()
         self.llm.close()
+
+    def embedder(self) -> Any:
+        """The LLM that computes embeddings (run in a worker thread: the first call loads it)."""
+        from gguflm.llm import LLM
+        from gguflm.pooling import PoolingType
+
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = LLM(self.llm.model_path, embedding=True, progress=False,
+                                     **self._embedding_options)
+        if self._embedder.pooling_type() == PoolingType.NONE:
+            raise RequestError(f"{self.alias} pools no embeddings (its pooling type is 'none', "
+                               f"one vector per token, which OpenAI's embeddings do not have): "
+                               f"start the server with --pooling mean, cls or last",
+                               status=501, type="not_supported_error")
+        return self._embedder
 
     def prepare(self, kind: str, args: dict[str, Any]) -> PreparedRequest:
         """Run in a worker thread: tokenize, render the template, build the sampler chain."""
@@ -117,12 +142,6 @@ def _need_generation(server: _Server) -> Scheduler:
         raise RequestError("this server computes embeddings (--embedding): start it without "
                            "--embedding to generate text", status=501, type="not_supported_error")
     return server.scheduler
-
-
-def _need_embedding(server: _Server) -> None:
-    if not server.llm.embedding:
-        raise RequestError("this server generates text: start it with --embedding for embeddings",
-                           status=501, type="not_supported_error")
 
 
 # -- generation
@@ -225,10 +244,10 @@ async def chat_completions(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     server = _server(request)
-    _need_embedding(server)
     texts, single, model, encoding = protocol.embedding_input(await _json_body(request))
+    embedder = await run_in_threadpool(server.embedder)
     try:
-        result = await run_in_threadpool(server.llm.create_embedding, texts[0] if single else texts,
+        result = await run_in_threadpool(embedder.create_embedding, texts[0] if single else texts,
                                          model or server.alias)
     except ValueError as exc:
         raise RequestError(str(exc), param="input") from None
@@ -255,32 +274,26 @@ async def health(request: Request) -> Response:
 
 
 async def tokenize(request: Request) -> Response:
-    body = await _json_body(request)
-    v = protocol._read(body, {"content": ("str", None), "add_special": ("bool", False),
-                              "parse_special": ("bool", True), "with_pieces": ("bool", False)})
-    if v["content"] is None:
-        raise RequestError("'content' is required", param="content")
-    vocab = _server(request).llm.model.vocab
-    tokens = vocab.tokenize(v["content"], add_special=v["add_special"], parse_special=v["parse_special"])
-    if v["with_pieces"]:
-        pieces = [vocab.token_to_piece(t, 0, True) for t in tokens]
-        return JSONResponse({"tokens": [{"id": t, "piece": p.decode("utf-8", "replace")}
-                                        for t, p in zip(tokens, pieces)]})
-    return JSONResponse({"tokens": tokens})
+    return JSONResponse(native.tokenize(await _json_body(request), _server(request).llm))
 
 
 async def detokenize(request: Request) -> Response:
+    return JSONResponse(native.detokenize(await _json_body(request), _server(request).llm))
+
+
+async def apply_template(request: Request) -> Response:
+    server = _server(request)
+    _need_generation(server)
     body = await _json_body(request)
-    v = protocol._read(body, {"tokens": ("list", None)})
-    tokens = v["tokens"]
-    llm = _server(request).llm
-    if tokens is None or not protocol._is_int_list(tokens):
-        raise RequestError("'tokens' must be an array of token ids", param="tokens")
-    bad = [t for t in tokens if not 0 <= t < llm.n_vocab()]
-    if bad:
-        raise RequestError(f"token {bad[0]} is outside the vocabulary (0..{llm.n_vocab() - 1})",
-                           param="tokens")
-    return JSONResponse({"content": llm.detokenize(tokens).decode("utf-8", "replace")})
+    return JSONResponse(await run_in_threadpool(native.apply_template, body, server.llm))
+
+
+async def props(request: Request) -> Response:
+    server = _server(request)
+    scheduler = server.scheduler
+    n_slots, n_ctx_slot = ((scheduler.n_slots, scheduler.n_ctx_slot) if scheduler is not None
+                           else (1, server.llm.n_ctx()))
+    return JSONResponse(native.props(server.llm, server.alias, n_slots, n_ctx_slot))
 
 
 async def metrics_text(request: Request) -> Response:
@@ -358,7 +371,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                chat_template: str | None = None, embedding: bool = False,
                alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
                kv_unified: bool = False, shutdown_timeout: float = 10.0,
-               **llm_kwargs: Any) -> Starlette:
+               pooling_type: str | int | None = None, **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -374,7 +387,12 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     api_key
         Required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``.
     embedding
-        Serve ``/v1/embeddings`` (the model loaded for embeddings) instead of generation.
+        Serve ``/v1/embeddings`` only (the model loaded for embeddings, as an encoder needs).
+        Without it a generation server also answers ``/v1/embeddings``, from a second context
+        on the same file loaded on first use, when the model pools (its own pooling type or
+        ``pooling_type`` is not ``"none"``).
+    pooling_type
+        The embeddings' pooling (``"mean"``, ``"cls"``, ``"last"``, ...; None: the model's).
     type_k, type_v
         KV cache types. f32 by default (llama.cpp's server: f16): with f32 (or q8_0) a token's
         attention rounds the same whether it shares a step with other slots' tokens or not, so
@@ -400,12 +418,16 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     else:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
-        extra = ({"embedding": True} if embedding
+        extra = ({"embedding": True, "pooling_type": pooling_type} if embedding
                  else {"n_seq_max": parallel, "kv_unified": kv_unified})
         llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                   n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
                   type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
-    server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout)
+    embedding_options = None if llm.embedding else {
+        "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
+        "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
+    server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout,
+                     embedding_options)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -422,6 +444,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/props", props),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics_text),
     ]

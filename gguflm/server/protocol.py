@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["RequestError", "error_body", "completion_arguments", "chat_arguments",
+__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "completion_arguments", "chat_arguments",
            "embedding_input", "stream_include_usage"]
 
 
@@ -67,7 +67,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 # fields both generation endpoints take: name -> (kind, default); defaults as llama-cpp-python's server
-_SAMPLING = {
+SAMPLING_FIELDS: dict[str, tuple[str, Any]] = {
     "model": ("str", None), "temperature": ("number", 0.8), "top_p": ("number", 0.95),
     "top_k": ("int", 40), "min_p": ("number", 0.05), "typical_p": ("number", 1.0),
     "repeat_penalty": ("number", 1.1), "presence_penalty": ("number", 0.0),
@@ -77,10 +77,10 @@ _SAMPLING = {
     "stream": ("bool", False), "stream_options": ("object", None), "n": ("int", 1),
     "user": ("str", None), "n_probs": ("int", None),
 }
-_COMPLETION = {**_SAMPLING, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
+_COMPLETION = {**SAMPLING_FIELDS, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
                "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None),
                "best_of": ("int", None)}
-_CHAT = {**_SAMPLING, "messages": ("list", None), "max_tokens": ("int", None),
+_CHAT = {**SAMPLING_FIELDS, "messages": ("list", None), "max_tokens": ("int", None),
          "max_completion_tokens": ("int", None), "logprobs": ("bool", False),
          "top_logprobs": ("int", None), "tools": ("list", None), "tool_choice": ("tool_choice", None),
          "functions": ("list", None), "function_call": ("function_call", None),
