@@ -35,8 +35,9 @@ from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import metrics, native, protocol, running
+from gguflm.server import anthropic, metrics, native, protocol, responses, running
 from gguflm.server.protocol import RequestError
+from gguflm.server.responses import ResponseStore
 from gguflm.server.scheduler import Scheduler
 
 log = logging.getLogger("gguflm.server")
@@ -63,6 +64,7 @@ class _Server:
         self.api_key = api_key
         self.scheduler = None if llm.embedding else Scheduler(llm)
         self.created = int(time.time())
+        self.responses = ResponseStore()        # for previous_response_id
         self.http_requests: dict[tuple[str, int], int] = {}
 
     def close(self) -> None:
@@ -240,6 +242,48 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat", protocol.chat_arguments(await _json_body(request)))
+
+
+async def responses_create(request: Request) -> Response:
+    server = _server(request)
+    scheduler = _need_generation(server)
+    call = responses.ResponseRequest(await _json_body(request), server.responses, server.alias)
+    args, stream, _ = protocol.chat_arguments(call.chat)
+    prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
+    if stream:
+        return running.stream(scheduler, prepared, lambda sources: call.events(sources[0]))
+    try:
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
+        return Response(status_code=499)
+    return JSONResponse(call.respond(completions[0]))
+
+
+async def responses_get(request: Request) -> Response:
+    return JSONResponse(_server(request).responses.get(request.path_params["response_id"])[1])
+
+
+async def messages(request: Request) -> Response:
+    server = _server(request)
+    try:
+        scheduler = _need_generation(server)
+        call = anthropic.MessageRequest(await _json_body(request), server.alias,
+                                        server.llm.model.vocab)
+        args, stream, _ = protocol.chat_arguments(call.chat)
+        prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
+    except RequestError as exc:
+        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+    if stream:
+        n_prompt = len(prepared[0].tokens)
+        return running.stream(scheduler, prepared,
+                              lambda sources: call.events(sources[0], n_prompt))
+    try:
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
+        return Response(status_code=499)
+    except RequestError as exc:
+        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+    return JSONResponse(call.respond(completions[0]))
 
 
 async def embeddings(request: Request) -> Response:
@@ -441,6 +485,10 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses_create, methods=["POST"]),
+        Route("/responses", responses_create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_get),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),

@@ -52,6 +52,7 @@ def _is_int_list(v: Any) -> bool:
 
 
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "any": (lambda v: True, "anything"),
     "int": (_is_int, "an integer"),
     "number": (_is_number, "a number"),
     "bool": (lambda v: isinstance(v, bool), "a boolean"),
@@ -186,7 +187,9 @@ def _message(message: Any, i: int) -> dict[str, Any]:
                 raise RequestError(f"{param}.content: only text parts are supported", param=param)
             texts.append(part["text"])
         message = {**message, "content": "".join(texts)}
-    elif content is not None and not isinstance(content, str):
+    elif content is None:     # an assistant turn of tool calls: templates join strings
+        message = {**message, "content": ""}
+    elif not isinstance(content, str):
         raise RequestError(f"{param}.content must be a string, an array of text parts or null",
                            param=param)
     return message
