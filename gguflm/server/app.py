@@ -11,11 +11,12 @@ Embeddings run through :meth:`gguflm.LLM.create_embedding` (of the served LLM wi
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from os import PathLike
 from pathlib import Path
@@ -44,6 +45,7 @@ log = logging.getLogger("gguflm.server")
 
 __all__ = ["create_app"]
 
+MAX_BODY_BYTES = 16 << 20   # a request body above this gets 413
 _DEFAULT_SEED = 0xFFFFFFFF   # llama.cpp's LLAMA_DEFAULT_SEED: draw a random one
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API key
 
@@ -51,9 +53,12 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API
 class _Server:
     """What the routes share: the LLM, its scheduler (None with embeddings) and the settings."""
 
-    def __init__(self, llm: Any, alias: str, api_key: str | None, shutdown_timeout: float,
-                 embedding_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, llm: Any, alias: str, api_keys: frozenset[str], shutdown_timeout: float,
+                 embedding_options: dict[str, Any] | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None) -> None:
         self.llm = llm
+        self.max_body_bytes = max_body_bytes
+        self.max_tokens = max_tokens
         # a generation server computes embeddings with a second context on the same file, made
         # on the first /v1/embeddings request
         self._embedding_options = embedding_options or {}
@@ -61,7 +66,7 @@ class _Server:
         self._embedder_lock = threading.Lock()
         self.shutdown_timeout = shutdown_timeout
         self.alias = alias
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.scheduler = None if llm.embedding else Scheduler(llm)
         self.created = int(time.time())
         self.responses = ResponseStore()        # for previous_response_id
@@ -94,6 +99,10 @@ class _Server:
         """Run in a worker thread: tokenize, render the template, build the sampler chain."""
         llm, scheduler = self.llm, self.scheduler
         args["model"] = args["model"] or self.alias
+        asked = args.get("max_tokens")
+        if self.max_tokens is not None and asked is not None and asked > self.max_tokens:
+            raise RequestError(f"'max_tokens' is {asked}; this server generates at most "
+                               f"{self.max_tokens} tokens per request", param="max_tokens")
         try:
             prepared = (llm.prepare_completion(**args) if kind == "completion"
                         else llm.prepare_chat_completion(**args))
@@ -104,7 +113,8 @@ class _Server:
         n_prompt, n_ctx_slot = len(prepared.tokens), scheduler.n_ctx_slot
         if n_prompt >= n_ctx_slot:
             raise self._too_long(kind, n_prompt, None)
-        prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt)
+        prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt,
+                                          self.max_tokens or n_ctx_slot)
         return prepared
 
     def prepare_choices(self, kind: str, args: dict[str, Any], n: int) -> list[PreparedRequest]:
@@ -128,11 +138,23 @@ class _Server:
 # -- helpers
 
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+    limit = _server(request).max_body_bytes
+    parts, size = [], 0
+    async for part in request.stream():     # counted as it arrives: no unbounded buffer
+        size += len(part)
+        if size > limit:
+            raise _body_too_large(limit)
+        parts.append(part)
+    raw = b"".join(parts)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"could not parse the JSON body: {exc}") from None
+
+
+def _body_too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than this server takes ({limit} bytes)",
+                        status=413, code="request_too_large")
 
 
 def _server(request: Request) -> _Server:
@@ -367,8 +389,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class _Gate:
-    """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``) and the
-    per-endpoint request counts of ``/metrics``."""
+    """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``), the body
+    size a ``Content-Length`` announces, and the per-endpoint request counts of ``/metrics``."""
 
     def __init__(self, app: ASGIApp, server: _Server, paths: frozenset[str]) -> None:
         self.app = app
@@ -388,12 +410,16 @@ class _Gate:
             await send(message)
 
         try:
-            key = self.server.api_key
-            if key is not None and path not in PUBLIC_PATHS and not self._authorized(scope, key):
-                response = JSONResponse(protocol.error_body(
-                    "Incorrect API key provided", "invalid_request_error", None, "invalid_api_key"),
-                    status_code=401)
-                await response(scope, receive, counted_send)
+            keys = self.server.api_keys
+            error = None
+            if keys and path not in PUBLIC_PATHS and not self._authorized(scope, keys):
+                error = RequestError("Incorrect API key provided", status=401,
+                                     code="invalid_api_key")
+            elif int(dict(scope["headers"]).get(b"content-length", b"0") or 0) > \
+                    self.server.max_body_bytes:     # refused before it is read
+                error = _body_too_large(self.server.max_body_bytes)
+            if error is not None:
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, counted_send)
             else:
                 await self.app(scope, receive, counted_send)
         finally:   # unknown paths share one label, so that scans cannot grow the table
@@ -402,20 +428,21 @@ class _Gate:
             counts[label, status[0]] = counts.get((label, status[0]), 0) + 1
 
     @staticmethod
-    def _authorized(scope: Scope, key: str) -> bool:
+    def _authorized(scope: Scope, keys: frozenset[str]) -> bool:
         headers = dict(scope["headers"])
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        given = auth[7:] if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode("latin-1")
-        return given == key
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        return any(hmac.compare_digest(given, key.encode()) for key in keys)
 
 
 def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_ctx: int = 4096,
                n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
-               n_threads_batch: int | None = None, api_key: str | None = None,
+               n_threads_batch: int | None = None, api_key: str | Sequence[str] | None = None,
                chat_template: str | None = None, embedding: bool = False,
                alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
                kv_unified: bool = False, shutdown_timeout: float = 10.0,
-               pooling_type: str | int | None = None, **llm_kwargs: Any) -> Starlette:
+               pooling_type: str | int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               max_tokens: int | None = None, **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -429,7 +456,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         The whole context, shared equally by the slots (each holds ``n_ctx / parallel`` tokens
         of prompt and reply), as llama.cpp's server.
     api_key
-        Required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``.
+        Required as ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``, Anthropic's) on every
+        endpoint but ``/health``; several keys: any of them.
     embedding
         Serve ``/v1/embeddings`` only (the model loaded for embeddings, as an encoder needs).
         Without it a generation server also answers ``/v1/embeddings``, from a second context
@@ -449,6 +477,12 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         the other slots hold. True: one cache shared by all slots.
     alias
         The model id shown by ``/v1/models`` and in responses (default: the file name).
+    max_body_bytes
+        Larger request bodies are refused with 413 (by their Content-Length before they are
+        read, else as they arrive).
+    max_tokens
+        The most tokens a request may generate: a request asking for more gets 400, one asking
+        for nothing stops there (None: the slot's context is the limit).
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -470,8 +504,11 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     embedding_options = None if llm.embedding else {
         "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
         "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
-    server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout,
-                     embedding_options)
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+    keys = frozenset([api_key] if isinstance(api_key, str) else api_key or ())
+    server = _Server(llm, alias or Path(llm.model_path).name, keys, shutdown_timeout,
+                     embedding_options, max_body_bytes, max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -77,12 +77,25 @@ class SchedulerStats:
     requests: int = 0
     requests_cancelled: int = 0
     prompt_tokens: int = 0          # prompt tokens decoded (cached ones not counted)
+    prompt_tokens_cached: int = 0   # prompt tokens whose cells a slot kept
     prompt_seconds: float = 0.0     # decode time of steps that carried prompt tokens
     generated_tokens: int = 0
     generation_seconds: float = 0.0  # decode time of steps that carried only generated tokens
     steps: int = 0
     busy_seconds: float = 0.0
+    busy_slot_steps: int = 0        # busy slots summed over the steps
+    n_tokens_max: int = 0           # the longest sequence a slot held (prompt and reply)
     batch_tokens: list[int] = field(default_factory=list)
+    # the same since the last scrape of /metrics (its throughput gauges), as llama.cpp's buckets
+    window: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_WINDOW, 0))
+
+    def take_window(self) -> dict[str, float]:
+        """The window's counts, and a new window."""
+        window, self.window = self.window, dict.fromkeys(_WINDOW, 0)
+        return window
+
+
+_WINDOW = ("prompt_tokens", "prompt_seconds", "generated_tokens", "generation_seconds")
 
 
 class _Slot:
@@ -266,14 +279,17 @@ class Scheduler:
         stats = self.stats
         stats.steps += 1
         stats.busy_seconds += elapsed
+        stats.busy_slot_steps += len(busy)
         stats.batch_tokens.append(batch.n_tokens)
         del stats.batch_tokens[:-64]
+        counts = {"generated_tokens": n_generated}
         if chunks:
-            stats.prompt_tokens += sum(len(c) for c in chunks.values())
-            stats.prompt_seconds += elapsed
+            counts.update(prompt_tokens=sum(len(c) for c in chunks.values()), prompt_seconds=elapsed)
         else:
-            stats.generation_seconds += elapsed
-        stats.generated_tokens += n_generated
+            counts["generation_seconds"] = elapsed
+        for name, value in counts.items():
+            setattr(stats, name, getattr(stats, name) + value)
+            stats.window[name] += value
         if status != 0:
             error = Error(f"decode failed (status {status}) for a batch of {batch.n_tokens} tokens")
             for slot in busy:
@@ -289,7 +305,9 @@ class Scheduler:
                 slot.session.tokens.extend(chunks[slot.index])
                 if not slot.reading_prompt:
                     slot.gen.prompt_done(slot.n_cached)
+                    stats.prompt_tokens_cached += slot.n_cached
                     self._copy_to_children(slot)
+            stats.n_tokens_max = max(stats.n_tokens_max, len(slot.session.tokens))
         for slot in busy:
             if slot.i_batch < 0 or slot.task is None:
                 continue
