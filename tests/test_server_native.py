@@ -5,6 +5,7 @@ generation server when the model pools."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +124,30 @@ def test_embeddings_need_a_pooling_model(smollm_path):
         assert status == 501 and "pooling" in error["error"]["message"]
     finally:
         s.close()
+
+
+def test_rerank_as_llama_server():
+    reranker = Path(__file__).resolve().parent / "data" / "arch" / "jina-bert-v2.gguf"
+    query, docs = "query text", ["alpha beta", "gamma", "delta epsilon zeta"]
+    with LLM(reranker, embedding=True, pooling_type="rank", n_ctx=256, progress=False) as llm:
+        scores = llm.rerank(query, docs)
+        from gguflm.embedding import rerank_tokens
+
+        n_tokens = sum(len(rerank_tokens(llm.model, query, d)) for d in docs)
+    best = sorted(range(3), key=lambda i: -scores[i])
+    s = Served(create_app(reranker, embedding=True, pooling_type="rank", n_ctx=256, n_threads=THREADS))
+    try:
+        status, body = s.json("POST", "/v1/rerank", {"query": query, "documents": docs, "top_n": 2}, key=None)
+        assert status == 200 and body["usage"]["prompt_tokens"] == n_tokens
+        assert body["results"] == [{"index": i, "relevance_score": scores[i]} for i in best[:2]]
+        status, body = s.json("POST", "/rerank", {"query": query, "texts": docs, "return_text": True}, key=None)
+        assert body == [{"index": i, "score": scores[i], "text": docs[i]} for i in best]
+        status, error = s.json("POST", "/v1/rerank", {"query": query, "documents": []}, key=None)
+        assert status == 400 and error["error"]["param"] == "documents"
+    finally:
+        s.close()
+
+
+def test_rerank_needs_a_reranker(served):
+    status, error = served.json("POST", "/v1/rerank", {"query": "q", "documents": ["d"]})
+    assert status == 501 and "--pooling rank" in error["error"]["message"]

@@ -166,6 +166,13 @@ def test_messages_greedy_equals_chat_streamed_or_not(served):
     assert final.stop_reason == reply.stop_reason and final.usage.output_tokens == usage.completion_tokens
 
 
+def test_messages_count_tokens(served):
+    _, usage = chat(served, conversation(), max_tokens=1)
+    count = claude(served).messages.count_tokens(model="m", system=SYSTEM,
+                                                 messages=[{"role": "user", "content": QUESTION}])
+    assert count.input_tokens == usage.prompt_tokens
+
+
 def test_messages_stop_sequences(served):
     choice, _ = chat(served, conversation())
     words = choice.message.content.split()

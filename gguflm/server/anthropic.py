@@ -4,7 +4,8 @@ A request becomes a chat completion request, as llama-server converts it: ``syst
 text blocks) a system message first, ``messages`` with text, ``tool_use`` and ``tool_result``
 blocks the chat messages (tool uses an assistant message's ``tool_calls``, tool results ``tool``
 messages), ``tools`` (``input_schema``) OpenAI's function tools, ``stop_sequences`` the ``stop``
-strings, ``max_tokens`` (4096 when absent, as llama-server) the limit; ``temperature``,
+strings, ``max_tokens`` the limit (when absent, the slot's context or the server's
+``--max-tokens``, where llama-server takes 4096); ``temperature``,
 ``top_p``, ``top_k`` and llama.cpp's other sampling fields pass through. So a greedy reply is the
 chat completion's for the same conversation.
 
@@ -27,9 +28,7 @@ from gguflm.server import protocol
 from gguflm.server.protocol import RequestError
 from gguflm.server.running import sse
 
-__all__ = ["MessageRequest", "error_body", "DEFAULT_MAX_TOKENS"]
-
-DEFAULT_MAX_TOKENS = 4096    # llama-server's, when a request gives none
+__all__ = ["MessageRequest", "error_body"]
 
 # OpenAI's error types -> Anthropic's
 _ERROR_TYPES = {"invalid_request_error": "invalid_request_error",
@@ -132,12 +131,12 @@ class MessageRequest:
 
     def __init__(self, body: Any, model: str, vocab: Any) -> None:
         v = protocol._read(body, {"messages": ("list", None), "system": ("any", None),
-                                  "max_tokens": ("int", DEFAULT_MAX_TOKENS),
+                                  "max_tokens": ("int", None),
                                   "stop_sequences": ("stop", None), "tools": ("list", None),
                                   "tool_choice": ("object", None), "stream": ("bool", False)})
         if v["messages"] is None:
             raise RequestError("'messages' is required", param="messages")
-        if v["max_tokens"] < 1:
+        if v["max_tokens"] is not None and v["max_tokens"] < 1:
             raise RequestError("'max_tokens' must be at least 1", param="max_tokens")
         self.vocab = vocab
         self.model = body.get("model") or model

@@ -79,8 +79,9 @@ class _Server:
             self._embedder.close()
         self.llm.close()
 
-    def embedder(self) -> Any:
-        """The LLM that computes embeddings (run in a worker thread: the first call loads it)."""
+    def embedder(self, rank: bool = False) -> Any:
+        """The LLM that computes embeddings, or with ``rank`` rerank scores (run in a worker
+        thread: the first call loads it)."""
         from gguflm.llm import LLM
         from gguflm.pooling import PoolingType
 
@@ -88,7 +89,11 @@ class _Server:
             if self._embedder is None:
                 self._embedder = LLM(self.llm.model_path, embedding=True, progress=False,
                                      **self._embedding_options)
-        if self._embedder.pooling_type() == PoolingType.NONE:
+        pooling = self._embedder.pooling_type()
+        if rank and pooling != PoolingType.RANK:
+            raise RequestError(f"{self.alias} does not rerank: that needs a reranking model "
+                               f"served with --pooling rank", status=501, type="not_supported_error")
+        if pooling == PoolingType.NONE:
             raise RequestError(f"{self.alias} pools no embeddings (its pooling type is 'none', "
                                f"one vector per token, which OpenAI's embeddings do not have): "
                                f"start the server with --pooling mean, cls or last",
@@ -285,13 +290,19 @@ async def responses_get(request: Request) -> Response:
     return JSONResponse(_server(request).responses.get(request.path_params["response_id"])[1])
 
 
+async def _message_request(request: Request) -> tuple[anthropic.MessageRequest, dict, bool]:
+    server = _server(request)
+    _need_generation(server)
+    call = anthropic.MessageRequest(await _json_body(request), server.alias, server.llm.model.vocab)
+    args, stream, _ = protocol.chat_arguments(call.chat)
+    return call, args, stream
+
+
 async def messages(request: Request) -> Response:
     server = _server(request)
+    scheduler = server.scheduler
     try:
-        scheduler = _need_generation(server)
-        call = anthropic.MessageRequest(await _json_body(request), server.alias,
-                                        server.llm.model.vocab)
-        args, stream, _ = protocol.chat_arguments(call.chat)
+        call, args, stream = await _message_request(request)
         prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
     except RequestError as exc:
         return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
@@ -308,6 +319,15 @@ async def messages(request: Request) -> Response:
     return JSONResponse(call.respond(completions[0]))
 
 
+async def messages_count_tokens(request: Request) -> Response:
+    try:
+        _, args, _ = await _message_request(request)
+        prepared = await run_in_threadpool(_server(request).prepare, "chat", args)
+    except RequestError as exc:
+        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+    return JSONResponse({"input_tokens": len(prepared.tokens)})
+
+
 async def embeddings(request: Request) -> Response:
     server = _server(request)
     texts, single, model, encoding = protocol.embedding_input(await _json_body(request))
@@ -322,6 +342,13 @@ async def embeddings(request: Request) -> Response:
             item["embedding"] = base64.b64encode(
                 np.asarray(item["embedding"], dtype="<f4").tobytes()).decode("ascii")
     return JSONResponse(result)
+
+
+async def rerank(request: Request) -> Response:
+    server = _server(request)
+    body = await _json_body(request)
+    embedder = await run_in_threadpool(server.embedder, True)
+    return JSONResponse(await run_in_threadpool(native.rerank, body, embedder, server.alias))
 
 
 async def models(request: Request) -> Response:
@@ -526,8 +553,11 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/responses", responses_create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_get),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
+        *(Route(path, rerank, methods=["POST"])
+          for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/props", props),

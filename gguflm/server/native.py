@@ -1,5 +1,6 @@
 """llama-server's own endpoints, with its request and response shapes: ``/tokenize``,
-``/detokenize``, ``/apply-template`` and ``/props`` (``/health`` is in :mod:`gguflm.server.app`).
+``/detokenize``, ``/apply-template``, ``/props`` and ``/v1/rerank`` (``/health`` is in
+:mod:`gguflm.server.app`).
 
 Each function takes the checked request body and the server's :class:`gguflm.LLM` and returns
 the response's JSON; bad fields raise :class:`~gguflm.server.protocol.RequestError`.
@@ -13,7 +14,7 @@ import gguflm
 from gguflm.server import protocol
 from gguflm.server.protocol import RequestError
 
-__all__ = ["tokenize", "detokenize", "apply_template", "props"]
+__all__ = ["tokenize", "detokenize", "apply_template", "props", "rerank"]
 
 
 def _mixed_tokens(llm: Any, content: Any, add_special: bool, parse_special: bool) -> list[int]:
@@ -120,3 +121,33 @@ def props(llm: Any, alias: str, n_slots: int, n_ctx_slot: int) -> dict[str, Any]
         "build_info": f"gguflm {gguflm.__version__}",
         "is_sleeping": False,
     }
+
+
+def rerank(body: Any, llm: Any, alias: str) -> dict[str, Any] | list[dict[str, Any]]:
+    """``POST /v1/rerank``: each document's relevance to ``query``, best first, ``top_n`` of them
+    (Jina's shape; with ``texts`` instead of ``documents``, TEI's bare list, with the texts if
+    ``return_text``). Runs in a worker thread. ``llm`` pools with rank."""
+    from gguflm.embedding import rerank_tokens
+
+    v = protocol._read(body, {"query": ("str", None), "documents": ("list", None),
+                              "texts": ("list", None), "top_n": ("int", None),
+                              "return_text": ("bool", False), "model": ("str", None)})
+    tei = v["texts"] is not None
+    documents = v["texts"] if tei else v["documents"]
+    if v["query"] is None:
+        raise RequestError("'query' must be provided", param="query")
+    if not documents or not protocol._is_str_list(documents):
+        raise RequestError("'documents' must be a non-empty string array", param="documents")
+    scores = llm.rerank(v["query"], documents)
+    n_tokens = sum(min(len(rerank_tokens(llm.model, v["query"], d)), llm.n_batch) for d in documents)
+    label = "score" if tei else "relevance_score"
+    results = [{"index": i, label: score} for i, score in enumerate(scores)]
+    if tei and v["return_text"]:
+        for item in results:
+            item["text"] = documents[item["index"]]
+    results.sort(key=lambda item: -item[label])
+    results = results[:v["top_n"] if v["top_n"] is not None else len(results)]
+    if tei:
+        return results
+    return {"model": v["model"] or alias, "object": "list",
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}, "results": results}
