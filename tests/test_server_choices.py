@@ -53,16 +53,21 @@ def test_n3_chat_choices_equal_single_seeded_requests(served):
 
 def test_n2_completion_streamed_equals_unstreamed(served):
     client = served.client()
-    whole = client.completions.create(model="m", prompt="Once upon a time", n=2, **SAMPLED)
-    texts = ["", ""]
+    no_end = {"logit_bias": {str(served.app.state.server.llm.token_eos()): -100}}
+    whole = client.completions.create(model="m", prompt="Once upon a time", n=2, extra_body=no_end,
+                                      **SAMPLED)
+    texts, order = ["", ""], []
     usage = None
     for chunk in client.completions.create(model="m", prompt="Once upon a time", n=2, stream=True,
-                                           stream_options={"include_usage": True}, **SAMPLED):
+                                           stream_options={"include_usage": True}, extra_body=no_end,
+                                           **SAMPLED):
         for choice in chunk.choices:
             texts[choice.index] += choice.text
+            order.append(choice.index)
         usage = chunk.usage or usage
     assert texts == [c.text for c in whole.choices]
-    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.completion_tokens == whole.usage.completion_tokens == 2 * SAMPLED["max_tokens"]
+    assert order != sorted(order)       # the choices stream side by side
 
 
 def test_best_of_returns_the_choice_with_the_best_mean_logprob(served):

@@ -231,7 +231,7 @@ def _usage(completions: list[Completion]) -> dict[str, int]:
 
 def _sse_lines(prepared: list[PreparedRequest], sources: list[Iterator[Chunk]], include_usage: bool
                ) -> Iterator[str]:
-    """The events of an OpenAI stream: the choices one after another (each chunk naming its
+    """The events of an OpenAI stream: the choices' chunks as they come (each naming its
     choice), then the usage if asked, then ``[DONE]``."""
     completions: list[Completion] = []
 
@@ -243,14 +243,14 @@ def _sse_lines(prepared: list[PreparedRequest], sources: list[Iterator[Chunk]], 
 
     first = None
     try:
-        for i, (p, chunks) in enumerate(zip(prepared, sources)):
-            for shaped in p.respond(kept(chunks), True):
-                if first is None:
-                    first = shaped
-                shaped["id"] = first["id"]
-                for choice in shaped["choices"]:
-                    choice["index"] = i
-                yield running.sse(json.dumps(shaped))
+        shaped_streams = [p.respond(kept(chunks), True) for p, chunks in zip(prepared, sources)]
+        for i, shaped in running.interleave(shaped_streams):
+            if first is None:
+                first = shaped
+            shaped["id"] = first["id"]
+            for choice in shaped["choices"]:
+                choice["index"] = i
+            yield running.sse(json.dumps(shaped))
         if include_usage and len(completions) == len(prepared) and first is not None:
             head = {key: first[key] for key in ("id", "object", "created", "model") if key in first}
             yield running.sse(json.dumps({**head, "choices": [], "usage": _usage(completions)}))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -24,7 +25,9 @@ from gguflm.server.scheduler import Scheduler, Task
 
 log = logging.getLogger("gguflm.server")
 
-__all__ = ["Disconnected", "complete", "stream", "sse"]
+T = TypeVar("T")
+
+__all__ = ["Disconnected", "complete", "stream", "sse", "interleave"]
 
 
 class Disconnected(Exception):
@@ -86,6 +89,38 @@ async def complete(request: Request, scheduler: Scheduler, prepared: list[Prepar
             raise item
         completions.append(item.completion)
     return completions
+
+
+def interleave(iterators: list[Iterator[T]]) -> Iterator[tuple[int, T]]:
+    """The items of several blocking iterators (the choices' streams) as each arrives, with the
+    index of its iterator; each iterator runs in its own thread (one runs in the caller's). The
+    first exception raised by any of them is raised here."""
+    if len(iterators) == 1:
+        for item in iterators[0]:
+            yield 0, item
+        return
+    items: queue.SimpleQueue = queue.SimpleQueue()
+    done = object()
+
+    def drain(i: int, iterator: Iterator[T]) -> None:
+        try:
+            for item in iterator:
+                items.put((i, item))
+            items.put((i, done))
+        except BaseException as exc:     # handed to the consumer
+            items.put((i, exc))
+
+    for i, iterator in enumerate(iterators):
+        threading.Thread(target=drain, args=(i, iterator), name="gguflm-choice", daemon=True).start()
+    running = len(iterators)
+    while running:
+        i, item = items.get()
+        if item is done:
+            running -= 1
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            yield i, item
 
 
 def sse(data: str, event: str | None = None) -> str:
