@@ -80,6 +80,7 @@ def test_best_of_returns_the_choice_with_the_best_mean_logprob(served):
     best = client.completions.create(**args, best_of=3)
     assert best.choices[0].text == candidates[means.index(max(means))].choices[0].text
     assert best.choices[0].logprobs is None
+    assert best.usage.completion_tokens == sum(c.usage.completion_tokens for c in candidates)
     two = client.completions.create(**args, n=2, best_of=3, logprobs=0)
     ranked = sorted(range(3), key=lambda i: -means[i])[:2]
     assert [c.text for c in two.choices] == [candidates[i].choices[0].text for i in ranked]

@@ -106,6 +106,13 @@ def test_max_tokens_limit(cli):
     status, reply = cli.request("POST", "/v1/chat/completions", body, bearer(KEYS[0]))
     assert status == 200 and reply["usage"]["completion_tokens"] == MAX_TOKENS
     assert reply["choices"][0]["finish_reason"] == "length"
+    # a completion's default (16 tokens, llama-cpp-python's) is capped, not refused
+    status, reply = cli.request("POST", "/v1/completions", {"prompt": "Count: 1, 2, 3,", "temperature": 0},
+                                bearer(KEYS[0]))
+    assert status == 200 and reply["usage"]["completion_tokens"] == MAX_TOKENS
+    status, error = cli.request("POST", "/v1/chat/completions", {**body, "max_completion_tokens": 99},
+                                bearer(KEYS[0]))
+    assert status == 400 and error["error"]["param"] == "max_completion_tokens"
     status, error = cli.request("POST", "/v1/responses", {"input": "Hi", "max_output_tokens": 100},
                                 bearer(KEYS[0]))
     assert status == 400 and error["error"]["param"] == "max_tokens"

@@ -104,10 +104,6 @@ class _Server:
         """Run in a worker thread: tokenize, render the template, build the sampler chain."""
         llm, scheduler = self.llm, self.scheduler
         args["model"] = args["model"] or self.alias
-        asked = args.get("max_tokens")
-        if self.max_tokens is not None and asked is not None and asked > self.max_tokens:
-            raise RequestError(f"'max_tokens' is {asked}; this server generates at most "
-                               f"{self.max_tokens} tokens per request", param="max_tokens")
         try:
             prepared = (llm.prepare_completion(**args) if kind == "completion"
                         else llm.prepare_chat_completion(**args))
@@ -121,6 +117,13 @@ class _Server:
         prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt,
                                           self.max_tokens or n_ctx_slot)
         return prepared
+
+    def check_limits(self, fields: dict[str, Any]) -> None:
+        """Refuse a request asking for more tokens than ``--max-tokens``."""
+        asked = protocol.asked_max_tokens(fields)
+        if self.max_tokens is not None and asked is not None and asked[1] > self.max_tokens:
+            raise RequestError(f"'{asked[0]}' is {asked[1]}; this server generates at most "
+                               f"{self.max_tokens} tokens per request", param=asked[0])
 
     def prepare_choices(self, kind: str, args: dict[str, Any], n: int) -> list[PreparedRequest]:
         """``n`` choices of one request; with a seed, choice ``i`` samples with seed + i (as
@@ -179,6 +182,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     server = _server(request)
     scheduler = _need_generation(server)
     args, stream, fields = parsed
+    server.check_limits(fields)
     n, best_of = fields["n"], fields.get("best_of") or fields["n"]
     if best_of > scheduler.n_slots:
         param = "best_of" if best_of > n else "n"
@@ -204,7 +208,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
         for c, asked in zip(completions, logprobs):
             c.logprobs = c.logprobs if asked else None
     return JSONResponse(_merge([prepared[i].respond(completions[i], False) for i in order],
-                               [completions[i] for i in order]))
+                               completions))
 
 
 def _mean_logprob(completion: Completion) -> float:
@@ -213,11 +217,11 @@ def _mean_logprob(completion: Completion) -> float:
 
 
 def _merge(bodies: list[dict[str, Any]], completions: list[Completion]) -> dict[str, Any]:
-    """One response of several choices: the first's fields, each choice at its index, the prompt
-    counted once in the usage."""
+    """One response of several choices: the first's fields, each choice at its index, and the
+    usage of every choice generated (``best_of``'s too), the prompt counted once."""
     body = bodies[0]
-    if len(bodies) > 1:
-        body["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    body["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    if len(completions) > 1:
         body["usage"] = _usage(completions)
     return body
 
@@ -275,7 +279,8 @@ async def responses_create(request: Request) -> Response:
     server = _server(request)
     scheduler = _need_generation(server)
     call = responses.ResponseRequest(await _json_body(request), server.responses, server.alias)
-    args, stream, _ = protocol.chat_arguments(call.chat)
+    args, stream, fields = protocol.chat_arguments(call.chat)
+    server.check_limits(fields)
     prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
     if stream:
         return running.stream(scheduler, prepared, lambda sources: call.events(sources[0]))
@@ -294,7 +299,8 @@ async def _message_request(request: Request) -> tuple[anthropic.MessageRequest, 
     server = _server(request)
     _need_generation(server)
     call = anthropic.MessageRequest(await _json_body(request), server.alias, server.llm.model.vocab)
-    args, stream, _ = protocol.chat_arguments(call.chat)
+    args, stream, fields = protocol.chat_arguments(call.chat)
+    server.check_limits(fields)
     return call, args, stream
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "completion_arguments", "chat_arguments",
+__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "asked_max_tokens", "completion_arguments", "chat_arguments",
            "embedding_input", "stream_include_usage"]
 
 
@@ -78,7 +78,8 @@ SAMPLING_FIELDS: dict[str, tuple[str, Any]] = {
     "stream": ("bool", False), "stream_options": ("object", None), "n": ("int", 1),
     "user": ("str", None), "n_probs": ("int", None),
 }
-_COMPLETION = {**SAMPLING_FIELDS, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
+COMPLETION_MAX_TOKENS = 16     # llama-cpp-python's, when a completion request gives none
+_COMPLETION = {**SAMPLING_FIELDS, "prompt": ("prompt", ""), "max_tokens": ("int", None),
                "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None),
                "best_of": ("int", None)}
 _CHAT = {**SAMPLING_FIELDS, "messages": ("list", None), "max_tokens": ("int", None),
@@ -149,7 +150,8 @@ def completion_arguments(body: Any) -> tuple[dict[str, Any], bool, dict[str, Any
     logprobs = v["logprobs"] if v["logprobs"] is not None else v["n_probs"]
     if logprobs is not None and logprobs < 0:
         raise RequestError("'logprobs' must be >= 0", param="logprobs")
-    args.update(prompt=prompt, max_tokens=_max_tokens(v["max_tokens"], "max_tokens"),
+    max_tokens = _max_tokens(v["max_tokens"], "max_tokens")
+    args.update(prompt=prompt, max_tokens=COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
                 logprobs=logprobs, echo=v["echo"])
     return args, v["stream"], v
 
@@ -193,6 +195,14 @@ def _message(message: Any, i: int) -> dict[str, Any]:
         raise RequestError(f"{param}.content must be a string, an array of text parts or null",
                            param=param)
     return message
+
+
+def asked_max_tokens(fields: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The field and value of the generation limit a request gave, if it gave one."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        if fields.get(name) is not None:
+            return name, fields[name]
+    return None
 
 
 def stream_include_usage(fields: Mapping[str, Any]) -> bool:
