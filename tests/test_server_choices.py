@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("starlette", reason='the server extra: pip install "gguflm[server]"')
 openai = pytest.importorskip("openai")
 
+from gguflm import LLM  # noqa: E402
 from gguflm.server import create_app  # noqa: E402
 from test_server import KEY, MESSAGES, NO_PENALTY, THREADS, Served, sse_events  # noqa: E402
 
@@ -28,23 +29,35 @@ def served(smollm_path) -> Iterator[Served]:
     s.close()
 
 
-def test_n3_chat_choices_equal_single_seeded_requests(served):
-    client = served.client()
-    steps = served.scheduler.stats.prompt_tokens
-    reply = client.chat.completions.create(model="m", messages=MESSAGES, n=3, extra_body=NO_PENALTY,
-                                           **SAMPLED)
-    # the prompt was decoded once for the three choices
-    assert served.scheduler.stats.prompt_tokens - steps <= reply.usage.prompt_tokens
+@pytest.mark.parametrize("model", ["smollm_path", "gemma_path"])
+def test_n3_chat_choices_equal_single_seeded_requests(model, request):
+    """Each choice against a single request with its seed on an idle engine: LLM with a slot's
+    context and the server's f32 cache, reset before each (its prompt decoded alone, as the
+    choices' parent decodes it)."""
+    path = request.getfixturevalue(model)
+    s = Served(create_app(path, parallel=3, n_ctx=1536, api_key=KEY, n_threads=THREADS))
+    try:
+        reply = s.client().chat.completions.create(model="m", messages=MESSAGES, n=3,
+                                                   extra_body=NO_PENALTY, **SAMPLED)
+        # the prompt was decoded once for the three choices
+        assert s.scheduler.stats.prompt_tokens == reply.usage.prompt_tokens
+    finally:
+        s.close()
     assert [c.index for c in reply.choices] == [0, 1, 2]
     texts = [c.message.content for c in reply.choices]
-    singles = [client.chat.completions.create(
-        model="m", messages=MESSAGES, extra_body=NO_PENALTY, **{**SAMPLED, "seed": SAMPLED["seed"] + i})
-        for i in range(3)]
-    assert texts == [s.choices[0].message.content for s in singles]
     assert len(set(texts)) > 1                       # the seeds differ, so do the choices
-    assert reply.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
-    assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    with LLM(path, n_ctx=512, n_threads=THREADS, type_k="f32", type_v="f32", progress=False) as llm:
+        singles = []
+        for i in range(3):
+            llm.reset()
+            singles.append(llm.create_chat_completion(MESSAGES, **{**SAMPLED, "seed": SAMPLED["seed"] + i}))
+    assert texts == [single["choices"][0]["message"]["content"] for single in singles]
+    assert reply.usage.completion_tokens == sum(single["usage"]["completion_tokens"] for single in singles)
+    assert reply.usage.prompt_tokens == singles[0]["usage"]["prompt_tokens"]
 
+
+def test_n3_greedy_choices_equal_the_greedy_reply(served):
+    client = served.client()
     greedy = client.chat.completions.create(model="m", messages=MESSAGES, n=3, temperature=0,
                                             max_tokens=12)
     alone = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0, max_tokens=12)
@@ -70,21 +83,24 @@ def test_n2_completion_streamed_equals_unstreamed(served):
     assert order != sorted(order)       # the choices stream side by side
 
 
-def test_best_of_returns_the_choice_with_the_best_mean_logprob(served):
+def test_best_of_returns_the_choice_with_the_best_mean_logprob(served, smollm_path):
     client = served.client()
-    args = {"model": "m", "prompt": "My favourite animal is", "temperature": 1.0, "max_tokens": 8,
-            "seed": 77}
-    candidates = [client.completions.create(**{**args, "seed": 77 + i}, logprobs=0) for i in range(3)]
-    means = [sum(c.choices[0].logprobs.token_logprobs) / len(c.choices[0].logprobs.token_logprobs)
-             for c in candidates]
-    best = client.completions.create(**args, best_of=3)
-    assert best.choices[0].text == candidates[means.index(max(means))].choices[0].text
+    prompt, args = "My favourite animal is", {"temperature": 1.0, "max_tokens": 8, "seed": 77}
+    with LLM(smollm_path, n_ctx=512, n_threads=THREADS, type_k="f32", type_v="f32", progress=False) as llm:
+        candidates = []
+        for i in range(3):       # each alone, as the choices' parent reads the prompt
+            llm.reset()
+            candidates.append(llm.create_completion(prompt, logprobs=0, **{**args, "seed": 77 + i})["choices"][0])
+    means = [sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]) for c in candidates]
+    ranked = sorted(range(3), key=lambda i: -means[i])
+    best = client.completions.create(model="m", prompt=prompt, best_of=3, extra_body=NO_PENALTY, **args)
+    assert best.choices[0].text == candidates[ranked[0]]["text"]
     assert best.choices[0].logprobs is None
-    assert best.usage.completion_tokens == sum(c.usage.completion_tokens for c in candidates)
-    two = client.completions.create(**args, n=2, best_of=3, logprobs=0)
-    ranked = sorted(range(3), key=lambda i: -means[i])[:2]
-    assert [c.text for c in two.choices] == [candidates[i].choices[0].text for i in ranked]
-    assert two.choices[0].logprobs is not None
+    assert best.usage.completion_tokens == sum(len(c["logprobs"]["tokens"]) for c in candidates)
+    two = client.completions.create(model="m", prompt=prompt, n=2, best_of=3, logprobs=0,
+                                    extra_body=NO_PENALTY, **args)
+    assert [c.text for c in two.choices] == [candidates[i]["text"] for i in ranked[:2]]
+    assert two.choices[0].logprobs.token_logprobs == candidates[ranked[0]]["logprobs"]["token_logprobs"]
 
 
 @pytest.mark.parametrize("body,param", [({"n": 4}, "n"), ({"n": 0}, "n"),
