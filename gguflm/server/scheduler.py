@@ -13,7 +13,10 @@ requests (attention then runs one token at a time over that token's cells, and t
 each token the same floats at any batch width). With an f16 cache a batch of several tokens
 takes ggml's batched rounding of the scores (llamafile's sgemm) where a lone token takes its dot
 product's, so a greedy reply may differ from the one it gets alone once two candidates are within
-rounding of each other, as with llama.cpp's server.
+rounding of each other, as with llama.cpp's server. Nor does the independence hold for every
+model: gemma-3-270m (Q4_K_M) gives a prompt's last token logits up to 0.70 apart when another
+sequence shares its batch (llama.cpp's are the same floats as ours, alone and shared), so a
+sampled reply there may depend on what shares its steps.
 
 A slot keeps its cache after its request ends: a new task goes to the free slot whose cached
 tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
