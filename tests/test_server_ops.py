@@ -8,10 +8,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 
 pytest.importorskip("starlette", reason='the server extra: pip install "gguflm[server]"')
 
+from gguflm.bench.server import free_port, wait_healthy  # noqa: E402
 from test_server import THREADS  # noqa: E402
 
 KEYS = ("first-key", "second-key")
@@ -55,9 +54,7 @@ class Cli:
 def cli(smollm_path, tmp_path_factory) -> Iterator[Cli]:
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text(f"{KEYS[1]}\n\n")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", "-m", str(smollm_path),
                              "--port", str(port), "-c", "1024", "-np", "2", "-t", str(THREADS),
@@ -66,22 +63,11 @@ def cli(smollm_path, tmp_path_factory) -> Iterator[Cli]:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server = Cli(port)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if server.request("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
-                time.sleep(0.2)
+        wait_healthy(port, proc, "/health", timeout=60)
         yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    finally:     # graceful stops are test_server.py's
+        proc.kill()
+        proc.wait()
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -112,10 +112,7 @@ def _forced(tool_choice: Any, tools: list[dict] | None) -> str | None:
     if kind in ("auto", "none"):
         return None
     if kind == "any":
-        if not tools or len(tools) != 1:
-            raise RequestError("tool_choice 'any' needs exactly one tool here: name the tool "
-                               "({'type': 'tool', 'name': ...})", param="tool_choice")
-        return tools[0]["function"]["name"]
+        return protocol.only_tool(tools, "any", "{'type': 'tool', 'name': ...}")
     if kind == "tool" and isinstance(tool_choice.get("name"), str):
         if not any(t["function"]["name"] == tool_choice["name"] for t in tools or ()):
             raise RequestError(f"tool_choice names {tool_choice['name']!r}, which is not among "

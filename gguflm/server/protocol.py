@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "asked_max_tokens", "completion_arguments", "chat_arguments",
+__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "asked_max_tokens", "only_tool", "completion_arguments", "chat_arguments",
            "embedding_input", "stream_include_usage"]
 
 
@@ -195,6 +195,15 @@ def _message(message: Any, i: int) -> dict[str, Any]:
         raise RequestError(f"{param}.content must be a string, an array of text parts or null",
                            param=param)
     return message
+
+
+def only_tool(tools: list[dict[str, Any]] | None, choice: str, named: str) -> str:
+    """The tool a "call any tool" choice (Responses' ``required``, Anthropic's ``any``) forces:
+    the grammar machinery forces one named function, so there must be exactly one."""
+    if not tools or len(tools) != 1:
+        raise RequestError(f"tool_choice {choice!r} needs exactly one tool here: name it ({named})",
+                           param="tool_choice")
+    return tools[0]["function"]["name"]
 
 
 def asked_max_tokens(fields: Mapping[str, Any]) -> tuple[str, int] | None:

@@ -143,10 +143,7 @@ def _forced(tool_choice: Any, tools: list[dict] | None) -> str | None:
     if tool_choice is None or tool_choice in ("auto", "none"):
         return None
     if tool_choice == "required":
-        if not tools or len(tools) != 1:
-            raise RequestError("tool_choice 'required' needs exactly one tool here: name the "
-                               "function ({'type': 'function', 'name': ...})", param="tool_choice")
-        return tools[0]["function"]["name"]
+        return protocol.only_tool(tools, "required", "{'type': 'function', 'name': ...}")
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(
             tool_choice.get("name"), str):
         return tool_choice["name"]
