@@ -62,6 +62,7 @@ def test_responses_greedy_equals_chat_streamed_or_not(served):
     assert reply.status == ("incomplete" if choice.finish_reason == "length" else "completed")
     assert reply.usage.input_tokens == usage.prompt_tokens
     assert reply.usage.output_tokens == usage.completion_tokens
+    assert (reply.instructions, reply.max_output_tokens, reply.text.format.type) == (SYSTEM, 20, "text")
     # the same conversation as input items
     items = client.responses.create(model="m", input=[
         {"role": "developer", "content": SYSTEM},

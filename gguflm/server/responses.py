@@ -36,6 +36,8 @@ STORE_SIZE = 512     # responses kept for previous_response_id and GET /v1/respo
 # the Responses fields a response echoes
 _ECHOED = ("instructions", "max_output_tokens", "previous_response_id", "temperature", "top_p",
            "tool_choice", "tools", "text", "metadata", "parallel_tool_calls", "store", "user")
+_ECHO_DEFAULTS = {"tools": [], "tool_choice": "auto", "text": {"format": {"type": "text"}},
+                  "metadata": {}, "parallel_tool_calls": True}
 
 
 class ResponseStore:
@@ -221,10 +223,9 @@ class ResponseRequest:
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "usage": None if completion is None else _usage(completion),
                 **self.fields}
-        if body["tools"] is None:
-            body["tools"] = []
-        if body["tool_choice"] is None:
-            body["tool_choice"] = "auto"
+        for name, default in _ECHO_DEFAULTS.items():
+            if body[name] is None:
+                body[name] = default
         return body
 
     def _remember(self, completion: Completion, response: dict[str, Any]) -> None:
