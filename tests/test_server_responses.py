@@ -87,6 +87,14 @@ def test_responses_greedy_equals_chat_streamed_or_not(served):
     assert final.output_text == choice.message.content
 
 
+def test_input_tokens_counts(served):
+    _, usage = chat(served, conversation(), max_tokens=1)
+    count = served.client().responses.input_tokens.count(model="m", instructions=SYSTEM, input=QUESTION)
+    assert (count.object, count.input_tokens) == ("response.input_tokens", usage.prompt_tokens)
+    status, body = served.json("POST", "/v1/chat/completions/input_tokens", {"messages": conversation()})
+    assert (status, body) == (200, {"object": "response.input_tokens", "input_tokens": usage.prompt_tokens})
+
+
 def test_responses_json_schema_format(served):
     class City(pydantic.BaseModel):
         city: str

@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from os import PathLike
 from pathlib import Path
@@ -325,13 +325,32 @@ async def messages(request: Request) -> Response:
     return JSONResponse(call.respond(completions[0]))
 
 
-async def messages_count_tokens(request: Request) -> Response:
-    try:
-        _, args, _ = await _message_request(request)
-        prepared = await run_in_threadpool(_server(request).prepare, "chat", args)
-    except RequestError as exc:
-        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
-    return JSONResponse({"input_tokens": len(prepared.tokens)})
+# each API's request body -> the chat completion body it runs as
+_AS_CHAT: dict[str, Callable[[Any, _Server], Any]] = {
+    "chat": lambda body, server: body,
+    "responses": lambda body, server: responses.ResponseRequest(body, server.responses, server.alias).chat,
+    "anthropic": lambda body, server: anthropic.MessageRequest(body, server.alias,
+                                                               server.llm.model.vocab).chat,
+}
+
+
+def _input_tokens(api: str) -> Callable[[Request], Any]:
+    """The route counting the prompt tokens of ``api``'s request (llama-server's
+    ``/input_tokens`` and ``count_tokens``)."""
+    async def count(request: Request) -> Response:
+        server = _server(request)
+        try:
+            _need_generation(server)
+            args, _, _ = protocol.chat_arguments(_AS_CHAT[api](await _json_body(request), server))
+            prepared = await run_in_threadpool(server.prepare, "chat", args)
+        except RequestError as exc:
+            if api != "anthropic":
+                raise
+            return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+        counted = {"input_tokens": len(prepared.tokens)}
+        return JSONResponse(counted if api == "anthropic"
+                            else {"object": "response.input_tokens", **counted})
+    return count
 
 
 async def embeddings(request: Request) -> Response:
@@ -559,7 +578,10 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/responses", responses_create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_get),
         Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
+        Route("/v1/messages/count_tokens", _input_tokens("anthropic"), methods=["POST"]),
+        *(Route(f"{prefix}/{api_path}/input_tokens", _input_tokens(api), methods=["POST"])
+          for prefix in ("/v1", "") for api, api_path in (("chat", "chat/completions"),
+                                                          ("responses", "responses"))),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
         *(Route(path, rerank, methods=["POST"])
