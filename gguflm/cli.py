@@ -230,19 +230,28 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from gguflm.server import create_app, serve
+        from gguflm.server.app import MAX_BODY_BYTES
     except ImportError as exc:
         raise ValueError(str(exc)) from None
 
     app = create_app(args.model, parallel=args.parallel, n_ctx=args.ctx_size,
                      n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
-                     n_threads_batch=args.threads_batch, api_key=args.api_key,
+                     n_threads_batch=args.threads_batch, api_key=_api_keys(args),
                      chat_template=_chat_template_arg(args), embedding=args.embedding,
                      alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
-                     shutdown_timeout=args.shutdown_timeout,
-                     **({"pooling_type": args.pooling} if args.embedding else {}))
+                     shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
+                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
+
+
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """--api-key (comma-separated) and --api-key-file (one per line), as llama-server reads them."""
+    keys = [k for k in (args.api_key or "").split(",") if k]
+    if args.api_key_file:
+        keys += [line.strip() for line in Path(args.api_key_file).read_text().splitlines() if line.strip()]
+    return keys
 
 
 def _chat_template_arg(args: argparse.Namespace) -> str | None:
@@ -545,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /metrics (and /v1/embeddings with --embedding); "
+                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings; "
                                    "needs the server extra: pip install \"gguflm[server]\"")
     _model_args(p)
     _context_args(p, 4096, 512)
@@ -556,12 +565,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(cache_type_k="f32", cache_type_v="f32")   # see create_app's type_k
     p.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by the slots (default: a region per slot)")
-    p.add_argument("--api-key", help="require Authorization: Bearer KEY")
+    p.add_argument("--api-key", help="require Authorization: Bearer KEY (several: comma-separated)")
+    p.add_argument("--api-key-file", help="accept the API keys of this file (one per line)")
+    p.add_argument("--max-body-bytes", type=int,
+                   help="larger request bodies get 413 (default: 16 MiB)")
+    p.add_argument("--max-tokens", type=int,
+                   help="most tokens one request may generate (more asked: 400)")
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
     p.add_argument("--embedding", "--embeddings", action="store_true",
-                   help="serve /v1/embeddings instead of generation")
-    p.add_argument("--pooling", choices=POOLING_NAMES, help="pooling with --embedding (default: the model's)")
+                   help="serve /v1/embeddings only (else a second context computes them)")
+    p.add_argument("--pooling", choices=POOLING_NAMES,
+                   help="pooling of /v1/embeddings (default: the model's)")
     p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,

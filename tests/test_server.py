@@ -243,7 +243,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "Hi", "max_tokens": -1}, "max_tokens"),
     ("/v1/completions", {"prompt": {"a": 1}}, "prompt"),
     ("/v1/completions", {"prompt": "Hi", "stop": [1, 2]}, "stop"),
-    ("/v1/completions", {"prompt": "Hi", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "Hi", "n": 3}, "n"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 1}, "best_of"),
     ("/v1/completions", {"prompt": "Hi", "logit_bias": {"x": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": [10**9]}, None),
     ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, None),
@@ -327,7 +328,7 @@ def test_dropped_stream_frees_its_slot_within_one_step(served):
     assert task.cancel_step is not None and task.freed_step - task.cancel_step <= 1
     assert scheduler.slots_busy == 0
     status, text = served.request("GET", "/metrics")
-    assert b"gguflm:slots_busy 0" in text and b"gguflm:requests_cancelled_total" in text
+    assert b"llamacpp:requests_processing 0" in text and b"gguflm:requests_cancelled_total" in text
 
 
 def test_metrics_count_requests_and_tokens(served):
@@ -340,8 +341,8 @@ def test_metrics_count_requests_and_tokens(served):
     after = after.decode()
     assert status == 200 and "# TYPE gguflm:kv_cache_tokens gauge" in after
     assert value(after, "gguflm:requests_total") == value(before, "gguflm:requests_total") + 1
-    assert value(after, "gguflm:tokens_predicted_total") >= \
-        value(before, "gguflm:tokens_predicted_total") + reply.usage.completion_tokens - 1
+    assert value(after, "llamacpp:tokens_predicted_total") >= \
+        value(before, "llamacpp:tokens_predicted_total") + reply.usage.completion_tokens - 1
     assert value(after, "gguflm:slots_total") == 2 and value(after, "gguflm:kv_cache_tokens") > 0
 
 

@@ -4,19 +4,19 @@ Generation requests are prepared by :class:`gguflm.LLM` (the same tokens, sample
 shapes as ``create_completion``/``create_chat_completion``; see :mod:`gguflm.openai_compat`) in
 a worker thread, then run by the scheduler in its shared batches. Streams are server-sent events
 (one ``data:`` line per chunk, then ``data: [DONE]``); a client that goes away cancels its task.
-Embeddings (``--embedding``) run through :meth:`gguflm.LLM.create_embedding`, one request at a
-time.
+Embeddings run through :meth:`gguflm.LLM.create_embedding` (of the served LLM with
+``--embedding``, else of a second context on the same file), one request at a time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import hmac
 import json
 import logging
-import queue
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from os import PathLike
 from pathlib import Path
@@ -24,46 +24,81 @@ from typing import Any
 
 import numpy as np
 
-import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
-from gguflm.generate import Chunk
+from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import metrics, protocol
+from gguflm.server import anthropic, metrics, native, protocol, responses, running
 from gguflm.server.protocol import RequestError
-from gguflm.server.scheduler import Scheduler, Task
+from gguflm.server.responses import ResponseStore
+from gguflm.server.scheduler import Scheduler
 
 log = logging.getLogger("gguflm.server")
 
 __all__ = ["create_app"]
 
+MAX_BODY_BYTES = 16 << 20   # a request body above this gets 413
+_DEFAULT_SEED = 0xFFFFFFFF   # llama.cpp's LLAMA_DEFAULT_SEED: draw a random one
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API key
 
 
 class _Server:
     """What the routes share: the LLM, its scheduler (None with embeddings) and the settings."""
 
-    def __init__(self, llm: Any, alias: str, api_key: str | None, shutdown_timeout: float) -> None:
+    def __init__(self, llm: Any, alias: str, api_keys: frozenset[str], shutdown_timeout: float,
+                 embedding_options: dict[str, Any] | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None) -> None:
         self.llm = llm
+        self.max_body_bytes = max_body_bytes
+        self.max_tokens = max_tokens
+        # a generation server computes embeddings with a second context on the same file, made
+        # on the first /v1/embeddings request
+        self._embedding_options = embedding_options or {}
+        self._embedder: Any = llm if llm.embedding else None
+        self._embedder_lock = threading.Lock()
         self.shutdown_timeout = shutdown_timeout
         self.alias = alias
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.scheduler = None if llm.embedding else Scheduler(llm)
         self.created = int(time.time())
+        self.responses = ResponseStore()        # for previous_response_id
         self.http_requests: dict[tuple[str, int], int] = {}
 
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
+        if self._embedder is not None and self._embedder is not self.llm:
+            self._embedder.close()
         self.llm.close()
+
+    def embedder(self, rank: bool = False) -> Any:
+        """The LLM that computes embeddings, or with ``rank`` rerank scores (run in a worker
+        thread: the first call loads it)."""
+        from gguflm.llm import LLM
+        from gguflm.pooling import PoolingType
+
+        with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = LLM(self.llm.model_path, embedding=True, progress=False,
+                                     **self._embedding_options)
+        pooling = self._embedder.pooling_type()
+        if rank and pooling != PoolingType.RANK:
+            raise RequestError(f"{self.alias} does not rerank: that needs a reranking model "
+                               f"served with --pooling rank", status=501, type="not_supported_error")
+        if pooling == PoolingType.NONE:
+            raise RequestError(f"{self.alias} pools no embeddings (its pooling type is 'none', "
+                               f"one vector per token, which OpenAI's embeddings do not have): "
+                               f"start the server with --pooling mean, cls or last",
+                               status=501, type="not_supported_error")
+        return self._embedder
 
     def prepare(self, kind: str, args: dict[str, Any]) -> PreparedRequest:
         """Run in a worker thread: tokenize, render the template, build the sampler chain."""
@@ -79,8 +114,26 @@ class _Server:
         n_prompt, n_ctx_slot = len(prepared.tokens), scheduler.n_ctx_slot
         if n_prompt >= n_ctx_slot:
             raise self._too_long(kind, n_prompt, None)
-        prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt)
+        prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt,
+                                          self.max_tokens or n_ctx_slot)
         return prepared
+
+    def check_limits(self, fields: dict[str, Any]) -> None:
+        """Refuse a request asking for more tokens than ``--max-tokens``."""
+        asked = protocol.asked_max_tokens(fields)
+        if self.max_tokens is not None and asked is not None and asked[1] > self.max_tokens:
+            raise RequestError(f"'{asked[0]}' is {asked[1]}; this server generates at most "
+                               f"{self.max_tokens} tokens per request", param=asked[0])
+
+    def prepare_choices(self, kind: str, args: dict[str, Any], n: int) -> list[PreparedRequest]:
+        """``n`` choices of one request; with a seed, choice ``i`` samples with seed + i (as
+        llama.cpp's server seeds its ``n_cmpl`` children), else each draws its own."""
+        seed = args.get("seed")
+        if seed is None:
+            seed = self.llm.seed
+        if seed is None or seed in (-1, _DEFAULT_SEED):
+            return [self.prepare(kind, dict(args)) for _ in range(n)]
+        return [self.prepare(kind, {**args, "seed": (seed + i) & _DEFAULT_SEED}) for i in range(n)]
 
     def _too_long(self, kind: str, n_prompt: int | None, detail: str | None) -> RequestError:
         n_ctx_slot = self.scheduler.n_ctx_slot
@@ -93,11 +146,23 @@ class _Server:
 # -- helpers
 
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+    limit = _server(request).max_body_bytes
+    parts, size = [], 0
+    async for part in request.stream():     # counted as it arrives: no unbounded buffer
+        size += len(part)
+        if size > limit:
+            raise _body_too_large(limit)
+        parts.append(part)
+    raw = b"".join(parts)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"could not parse the JSON body: {exc}") from None
+
+
+def _body_too_large(limit: int) -> RequestError:
+    return RequestError(f"the request body is larger than this server takes ({limit} bytes)",
+                        status=413, code="request_too_large")
 
 
 def _server(request: Request) -> _Server:
@@ -111,111 +176,93 @@ def _need_generation(server: _Server) -> Scheduler:
     return server.scheduler
 
 
-def _need_embedding(server: _Server) -> None:
-    if not server.llm.embedding:
-        raise RequestError("this server generates text: start it with --embedding for embeddings",
-                           status=501, type="not_supported_error")
-
-
 # -- generation
 
 async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]) -> Response:
     server = _server(request)
     scheduler = _need_generation(server)
     args, stream, fields = parsed
-    prepared = await run_in_threadpool(server.prepare, kind, args)
+    server.check_limits(fields)
+    n, best_of = fields["n"], fields.get("best_of") or fields["n"]
+    if best_of > scheduler.n_slots:
+        param = "best_of" if best_of > n else "n"
+        raise RequestError(f"'{param}' is {best_of}; the server runs at most {scheduler.n_slots} "
+                           f"choices at once (--parallel)", param=param)
+    if stream and best_of > n:
+        raise RequestError("'best_of' larger than 'n' cannot be streamed", param="best_of")
+    prepared = await run_in_threadpool(server.prepare_choices, kind, args, best_of)
     if stream:
-        return _stream(scheduler, prepared, protocol.stream_include_usage(fields))
-
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
-    def emit(item: Chunk | BaseException) -> None:
-        if isinstance(item, BaseException) or item.finish_reason is not None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(item))
-
-    task = Task(prepared, emit)
-    _submit(scheduler, task)
-    watcher = asyncio.ensure_future(_disconnected(request))
+        return running.stream(scheduler, prepared, lambda sources: _sse_lines(
+            prepared, sources, protocol.stream_include_usage(fields)))
+    logprobs = [p.request.n_logprobs is not None for p in prepared]
+    if best_of > n:     # ranked by their tokens' mean log-probability
+        for p in prepared:
+            p.request.n_logprobs = p.request.n_logprobs or 0
     try:
-        await asyncio.wait({done, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not done.done():        # the client went away (or we are being cancelled)
-            scheduler.cancel(task)
-    if not done.done():
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
         return Response(status_code=499)
-    item = done.result()
-    if isinstance(item, BaseException):
-        raise item
-    return JSONResponse(prepared.respond(item.completion, False))
+    order = list(range(best_of))
+    if best_of > n:
+        order = sorted(order, key=lambda i: -_mean_logprob(completions[i]))[:n]
+        for c, asked in zip(completions, logprobs):
+            c.logprobs = c.logprobs if asked else None
+    return JSONResponse(_merge([prepared[i].respond(completions[i], False) for i in order],
+                               completions))
 
 
-def _submit(scheduler: Scheduler, task: Task) -> None:
-    try:
-        scheduler.submit(task)
-    except Error as exc:       # shutting down
-        raise RequestError(str(exc), status=503, type="server_error") from None
+def _mean_logprob(completion: Completion) -> float:
+    items = completion.logprobs or []
+    return sum(i.logprob for i in items) / len(items) if items else 0.0
 
 
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def _merge(bodies: list[dict[str, Any]], completions: list[Completion]) -> dict[str, Any]:
+    """One response of several choices: the first's fields, each choice at its index, and the
+    usage of every choice generated (``best_of``'s too), the prompt counted once."""
+    body = bodies[0]
+    body["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+    if len(completions) > 1:
+        body["usage"] = _usage(completions)
+    return body
 
 
-def _stream(scheduler: Scheduler, prepared: PreparedRequest, include_usage: bool) -> Response:
-    chunks: queue.SimpleQueue = queue.SimpleQueue()
-    task = Task(prepared, chunks.put)
-    _submit(scheduler, task)
-    lines = _sse_lines(prepared, chunks, include_usage)
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            while True:
-                # the wait for the scheduler happens in a worker thread; a cancel (the client went
-                # away, or the shutdown deadline passed) abandons it at once, and the task's end
-                # then releases that thread
-                line = await anyio.to_thread.run_sync(next, lines, None, abandon_on_cancel=True)
-                if line is None:
-                    return
-                yield f"data: {line}\n\n"
-        finally:
-            scheduler.cancel(task)
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+def _usage(completions: list[Completion]) -> dict[str, int]:
+    n_prompt = len(completions[0].prompt_tokens)
+    n_generated = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_generated,
+            "total_tokens": n_prompt + n_generated}
 
 
-def _sse_lines(prepared: PreparedRequest, chunks: queue.SimpleQueue, include_usage: bool
+def _sse_lines(prepared: list[PreparedRequest], sources: list[Iterator[Chunk]], include_usage: bool
                ) -> Iterator[str]:
-    """The data lines of a stream (run in a worker thread: it waits for the scheduler)."""
-    last: list[Chunk] = []
+    """The events of an OpenAI stream: the choices' chunks as they come (each naming its
+    choice), then the usage if asked, then ``[DONE]``."""
+    completions: list[Completion] = []
 
-    def source() -> Iterator[Chunk]:
-        while True:
-            item = chunks.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finish_reason is not None:
-                last.append(item)
-                return
+    def kept(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        for chunk in chunks:
+            if chunk.completion is not None:
+                completions.append(chunk.completion)
+            yield chunk
 
+    first = None
     try:
-        first = None
-        for shaped in prepared.respond(source(), True):
-            first = first or shaped
-            yield json.dumps(shaped)
-        if include_usage and last and first is not None:
-            usage = {key: first[key] for key in ("id", "object", "created", "model") if key in first}
-            yield json.dumps({**usage, "choices": [], "usage": last[0].completion.usage})
+        shaped_streams = [p.respond(kept(chunks), True) for p, chunks in zip(prepared, sources)]
+        for i, shaped in running.interleave(shaped_streams):
+            if first is None:
+                first = shaped
+            shaped["id"] = first["id"]
+            for choice in shaped["choices"]:
+                choice["index"] = i
+            yield running.sse(json.dumps(shaped))
+        if include_usage and len(completions) == len(prepared) and first is not None:
+            head = {key: first[key] for key in ("id", "object", "created", "model") if key in first}
+            yield running.sse(json.dumps({**head, "choices": [], "usage": _usage(completions)}))
     except Exception as exc:    # the request failed after the stream began: say so, then end
-        log.warning("stream %s failed: %s", prepared.id, exc)
-        yield json.dumps(protocol.error_body(str(exc), "server_error"))
+        log.warning("stream %s failed: %s", prepared[0].id, exc)
+        yield running.sse(json.dumps(protocol.error_body(str(exc), "server_error")))
         return
-    yield "[DONE]"
+    yield running.sse("[DONE]")
 
 
 # -- routes
@@ -228,12 +275,90 @@ async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat", protocol.chat_arguments(await _json_body(request)))
 
 
+async def responses_create(request: Request) -> Response:
+    server = _server(request)
+    scheduler = _need_generation(server)
+    call = responses.ResponseRequest(await _json_body(request), server.responses, server.alias)
+    args, stream, fields = protocol.chat_arguments(call.chat)
+    server.check_limits(fields)
+    prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
+    if stream:
+        return running.stream(scheduler, prepared, lambda sources: call.events(sources[0]))
+    try:
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
+        return Response(status_code=499)
+    return JSONResponse(call.respond(completions[0]))
+
+
+async def responses_get(request: Request) -> Response:
+    return JSONResponse(_server(request).responses.get(request.path_params["response_id"])[1])
+
+
+async def _message_request(request: Request) -> tuple[anthropic.MessageRequest, dict, bool]:
+    server = _server(request)
+    _need_generation(server)
+    call = anthropic.MessageRequest(await _json_body(request), server.alias, server.llm.model.vocab)
+    args, stream, fields = protocol.chat_arguments(call.chat)
+    server.check_limits(fields)
+    return call, args, stream
+
+
+async def messages(request: Request) -> Response:
+    server = _server(request)
+    scheduler = server.scheduler
+    try:
+        call, args, stream = await _message_request(request)
+        prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
+    except RequestError as exc:
+        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+    if stream:
+        n_prompt = len(prepared[0].tokens)
+        return running.stream(scheduler, prepared,
+                              lambda sources: call.events(sources[0], n_prompt))
+    try:
+        completions = await running.complete(request, scheduler, prepared)
+    except running.Disconnected:
+        return Response(status_code=499)
+    except RequestError as exc:
+        return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+    return JSONResponse(call.respond(completions[0]))
+
+
+# each API's request body -> the chat completion body it runs as
+_AS_CHAT: dict[str, Callable[[Any, _Server], Any]] = {
+    "chat": lambda body, server: body,
+    "responses": lambda body, server: responses.ResponseRequest(body, server.responses, server.alias).chat,
+    "anthropic": lambda body, server: anthropic.MessageRequest(body, server.alias,
+                                                               server.llm.model.vocab).chat,
+}
+
+
+def _input_tokens(api: str) -> Callable[[Request], Any]:
+    """The route counting the prompt tokens of ``api``'s request (llama-server's
+    ``/input_tokens`` and ``count_tokens``)."""
+    async def count(request: Request) -> Response:
+        server = _server(request)
+        try:
+            _need_generation(server)
+            args, _, _ = protocol.chat_arguments(_AS_CHAT[api](await _json_body(request), server))
+            prepared = await run_in_threadpool(server.prepare, "chat", args)
+        except RequestError as exc:
+            if api != "anthropic":
+                raise
+            return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+        counted = {"input_tokens": len(prepared.tokens)}
+        return JSONResponse(counted if api == "anthropic"
+                            else {"object": "response.input_tokens", **counted})
+    return count
+
+
 async def embeddings(request: Request) -> Response:
     server = _server(request)
-    _need_embedding(server)
     texts, single, model, encoding = protocol.embedding_input(await _json_body(request))
+    embedder = await run_in_threadpool(server.embedder)
     try:
-        result = await run_in_threadpool(server.llm.create_embedding, texts[0] if single else texts,
+        result = await run_in_threadpool(embedder.create_embedding, texts[0] if single else texts,
                                          model or server.alias)
     except ValueError as exc:
         raise RequestError(str(exc), param="input") from None
@@ -242,6 +367,13 @@ async def embeddings(request: Request) -> Response:
             item["embedding"] = base64.b64encode(
                 np.asarray(item["embedding"], dtype="<f4").tobytes()).decode("ascii")
     return JSONResponse(result)
+
+
+async def rerank(request: Request) -> Response:
+    server = _server(request)
+    body = await _json_body(request)
+    embedder = await run_in_threadpool(server.embedder, True)
+    return JSONResponse(await run_in_threadpool(native.rerank, body, embedder, server.alias))
 
 
 async def models(request: Request) -> Response:
@@ -260,32 +392,26 @@ async def health(request: Request) -> Response:
 
 
 async def tokenize(request: Request) -> Response:
-    body = await _json_body(request)
-    v = protocol._read(body, {"content": ("str", None), "add_special": ("bool", False),
-                              "parse_special": ("bool", True), "with_pieces": ("bool", False)})
-    if v["content"] is None:
-        raise RequestError("'content' is required", param="content")
-    vocab = _server(request).llm.model.vocab
-    tokens = vocab.tokenize(v["content"], add_special=v["add_special"], parse_special=v["parse_special"])
-    if v["with_pieces"]:
-        pieces = [vocab.token_to_piece(t, 0, True) for t in tokens]
-        return JSONResponse({"tokens": [{"id": t, "piece": p.decode("utf-8", "replace")}
-                                        for t, p in zip(tokens, pieces)]})
-    return JSONResponse({"tokens": tokens})
+    return JSONResponse(native.tokenize(await _json_body(request), _server(request).llm))
 
 
 async def detokenize(request: Request) -> Response:
+    return JSONResponse(native.detokenize(await _json_body(request), _server(request).llm))
+
+
+async def apply_template(request: Request) -> Response:
+    server = _server(request)
+    _need_generation(server)
     body = await _json_body(request)
-    v = protocol._read(body, {"tokens": ("list", None)})
-    tokens = v["tokens"]
-    llm = _server(request).llm
-    if tokens is None or not protocol._is_int_list(tokens):
-        raise RequestError("'tokens' must be an array of token ids", param="tokens")
-    bad = [t for t in tokens if not 0 <= t < llm.n_vocab()]
-    if bad:
-        raise RequestError(f"token {bad[0]} is outside the vocabulary (0..{llm.n_vocab() - 1})",
-                           param="tokens")
-    return JSONResponse({"content": llm.detokenize(tokens).decode("utf-8", "replace")})
+    return JSONResponse(await run_in_threadpool(native.apply_template, body, server.llm))
+
+
+async def props(request: Request) -> Response:
+    server = _server(request)
+    scheduler = server.scheduler
+    n_slots, n_ctx_slot = ((scheduler.n_slots, scheduler.n_ctx_slot) if scheduler is not None
+                           else (1, server.llm.n_ctx()))
+    return JSONResponse(native.props(server.llm, server.alias, n_slots, n_ctx_slot))
 
 
 async def metrics_text(request: Request) -> Response:
@@ -315,8 +441,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class _Gate:
-    """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``) and the
-    per-endpoint request counts of ``/metrics``."""
+    """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``), the body
+    size a ``Content-Length`` announces, and the per-endpoint request counts of ``/metrics``."""
 
     def __init__(self, app: ASGIApp, server: _Server, paths: frozenset[str]) -> None:
         self.app = app
@@ -336,12 +462,16 @@ class _Gate:
             await send(message)
 
         try:
-            key = self.server.api_key
-            if key is not None and path not in PUBLIC_PATHS and not self._authorized(scope, key):
-                response = JSONResponse(protocol.error_body(
-                    "Incorrect API key provided", "invalid_request_error", None, "invalid_api_key"),
-                    status_code=401)
-                await response(scope, receive, counted_send)
+            keys = self.server.api_keys
+            error = None
+            if keys and path not in PUBLIC_PATHS and not self._authorized(scope, keys):
+                error = RequestError("Incorrect API key provided", status=401,
+                                     code="invalid_api_key")
+            elif int(dict(scope["headers"]).get(b"content-length", b"0") or 0) > \
+                    self.server.max_body_bytes:     # refused before it is read
+                error = _body_too_large(self.server.max_body_bytes)
+            if error is not None:
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, counted_send)
             else:
                 await self.app(scope, receive, counted_send)
         finally:   # unknown paths share one label, so that scans cannot grow the table
@@ -350,20 +480,21 @@ class _Gate:
             counts[label, status[0]] = counts.get((label, status[0]), 0) + 1
 
     @staticmethod
-    def _authorized(scope: Scope, key: str) -> bool:
+    def _authorized(scope: Scope, keys: frozenset[str]) -> bool:
         headers = dict(scope["headers"])
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        given = auth[7:] if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode("latin-1")
-        return given == key
+        auth = headers.get(b"authorization", b"")
+        given = auth[7:] if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        return any(hmac.compare_digest(given, key.encode()) for key in keys)
 
 
 def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_ctx: int = 4096,
                n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
-               n_threads_batch: int | None = None, api_key: str | None = None,
+               n_threads_batch: int | None = None, api_key: str | Sequence[str] | None = None,
                chat_template: str | None = None, embedding: bool = False,
                alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
                kv_unified: bool = False, shutdown_timeout: float = 10.0,
-               **llm_kwargs: Any) -> Starlette:
+               pooling_type: str | int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               max_tokens: int | None = None, **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -377,9 +508,15 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         The whole context, shared equally by the slots (each holds ``n_ctx / parallel`` tokens
         of prompt and reply), as llama.cpp's server.
     api_key
-        Required as ``Authorization: Bearer KEY`` on every endpoint but ``/health``.
+        Required as ``Authorization: Bearer KEY`` (or ``X-Api-Key: KEY``, Anthropic's) on every
+        endpoint but ``/health``; several keys: any of them.
     embedding
-        Serve ``/v1/embeddings`` (the model loaded for embeddings) instead of generation.
+        Serve ``/v1/embeddings`` only (the model loaded for embeddings, as an encoder needs).
+        Without it a generation server also answers ``/v1/embeddings``, from a second context
+        on the same file loaded on first use, when the model pools (its own pooling type or
+        ``pooling_type`` is not ``"none"``).
+    pooling_type
+        The embeddings' pooling (``"mean"``, ``"cls"``, ``"last"``, ...; None: the model's).
     type_k, type_v
         KV cache types. f32 by default (llama.cpp's server: f16): with f32 (or q8_0) a token's
         attention rounds the same whether it shares a step with other slots' tokens or not, so
@@ -392,6 +529,12 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         the other slots hold. True: one cache shared by all slots.
     alias
         The model id shown by ``/v1/models`` and in responses (default: the file name).
+    max_body_bytes
+        Larger request bodies are refused with 413 (by their Content-Length before they are
+        read, else as they arrive).
+    max_tokens
+        The most tokens a request may generate: a request asking for more gets 400, one asking
+        for nothing stops there (None: the slot's context is the limit).
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -405,12 +548,19 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     else:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
-        extra = ({"embedding": True} if embedding
+        extra = ({"embedding": True, "pooling_type": pooling_type} if embedding
                  else {"n_seq_max": parallel, "kv_unified": kv_unified})
         llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                   n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
                   type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
-    server = _Server(llm, alias or Path(llm.model_path).name, api_key, shutdown_timeout)
+    embedding_options = None if llm.embedding else {
+        "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
+        "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+    keys = frozenset([api_key] if isinstance(api_key, str) else api_key or ())
+    server = _Server(llm, alias or Path(llm.model_path).name, keys, shutdown_timeout,
+                     embedding_options, max_body_bytes, max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -424,9 +574,21 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses_create, methods=["POST"]),
+        Route("/responses", responses_create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_get),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", _input_tokens("anthropic"), methods=["POST"]),
+        *(Route(f"{prefix}/{api_path}/input_tokens", _input_tokens(api), methods=["POST"])
+          for prefix in ("/v1", "") for api, api_path in (("chat", "chat/completions"),
+                                                          ("responses", "responses"))),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/embeddings", embeddings, methods=["POST"]),
+        *(Route(path, rerank, methods=["POST"])
+          for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
         Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/props", props),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics_text),
     ]

@@ -1,5 +1,10 @@
-"""``GET /metrics``: Prometheus text (exposition format 0.0.4), named like llama.cpp's server's
-metrics under a ``gguflm:`` prefix."""
+"""``GET /metrics``: Prometheus text (exposition format 0.0.4).
+
+llama-server's metrics under its names (``llamacpp:prompt_tokens_total``, ...), so dashboards
+made for it read gguflm's; the throughput gauges cover the window since the previous scrape, as
+llama-server's do. What llama-server does not report (HTTP requests by path and status, requests
+and cancels, slots, KV cells) is under ``gguflm:``.
+"""
 
 from __future__ import annotations
 
@@ -10,39 +15,60 @@ __all__ = ["render"]
 
 
 def render(scheduler: Any, http_requests: Mapping[tuple[str, int], int]) -> str:
-    """The metrics of ``scheduler`` (None when the server only embeds) and the HTTP counts."""
+    """The metrics of ``scheduler`` (None when the server only embeds) and the HTTP counts;
+    starts a new window of the throughput gauges."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, help: str, value: float, labels: str = "") -> None:
-        if not lines or not lines[-1].startswith(f"gguflm:{name}"):
-            lines.append(f"# HELP gguflm:{name} {help}")
-            lines.append(f"# TYPE gguflm:{name} {kind}")
-        lines.append(f"gguflm:{name}{labels} {value:g}" if isinstance(value, float)
-                     else f"gguflm:{name}{labels} {value}")
+        if not lines or not lines[-1].startswith(f"{name}{{") and not lines[-1].startswith(f"{name} "):
+            lines.append(f"# HELP {name} {help}")
+            lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
 
-    for (path, status), n in sorted(http_requests.items()):
-        metric("http_requests_total", "counter", "HTTP requests answered, by path and status", n,
-               f'{{path="{path}",status="{status}"}}')
     if scheduler is not None:
         s = scheduler.stats
-        metric("requests_total", "counter", "Generation requests submitted.", s.requests)
-        metric("requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown).",
-               s.requests_cancelled)
-        metric("prompt_tokens_total", "counter", "Prompt tokens decoded (cached ones not counted).",
-               s.prompt_tokens)
-        metric("prompt_seconds_total", "counter", "Decode time of steps carrying prompt tokens.",
-               float(s.prompt_seconds))
-        metric("tokens_predicted_total", "counter", "Generated tokens decoded.", s.generated_tokens)
-        metric("tokens_predicted_seconds_total", "counter",
-               "Decode time of steps carrying only generated tokens.", float(s.generation_seconds))
-        metric("predicted_tokens_seconds", "gauge", "Generated tokens per second of decode time.",
-               float(s.generated_tokens / s.busy_seconds) if s.busy_seconds else 0.0)
-        metric("decode_steps_total", "counter", "Batches decoded.", s.steps)
-        metric("slots_total", "gauge", "Parallel slots.", scheduler.n_slots)
-        metric("slots_busy", "gauge", "Slots running a request.", scheduler.slots_busy)
-        metric("requests_deferred", "gauge", "Requests waiting for a free slot.", scheduler.queued)
+        window = s.take_window()
+
+        def per_second(tokens: str, seconds: str) -> float:
+            return float(window[tokens] / window[seconds]) if window[seconds] else 0.0
+
+        # llama-server's
+        for name, help, value in (
+                ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens.",
+                 s.prompt_tokens),
+                ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.",
+                 s.prompt_tokens_cached),
+                ("prompt_seconds_total", "Total time spent processing prompts.", float(s.prompt_seconds)),
+                ("tokens_predicted_total", "Number of generation tokens processed.", s.generated_tokens),
+                ("tokens_predicted_seconds_total", "Total time spent generating tokens.",
+                 float(s.generation_seconds)),
+                ("n_decode_total", "Total number of decode calls.", s.steps),
+                ("n_tokens_max", "Largest observed sequence length (prompt + generation).",
+                 s.n_tokens_max)):
+            metric(f"llamacpp:{name}", "counter", help, value)
+        for name, help, value in (
+                ("prompt_tokens_seconds", "Average prompt throughput in tokens/s since the last scrape.",
+                 per_second("prompt_tokens", "prompt_seconds")),
+                ("predicted_tokens_seconds",
+                 "Average generation throughput in tokens/s since the last scrape.",
+                 per_second("generated_tokens", "generation_seconds")),
+                ("requests_processing", "Number of requests processing.", scheduler.slots_busy),
+                ("requests_deferred", "Number of requests deferred.", scheduler.queued),
+                ("n_busy_slots_per_decode", "Average number of busy slots per decode call.",
+                 float(s.busy_slot_steps / max(s.steps, 1)))):
+            metric(f"llamacpp:{name}", "gauge", help, value)
+    # gguflm's own
+    for (path, status), n in sorted(http_requests.items()):
+        metric("gguflm:http_requests_total", "counter", "HTTP requests answered, by path and status", n,
+               f'{{path="{path}",status="{status}"}}')
+    if scheduler is not None:
+        metric("gguflm:requests_total", "counter", "Generation requests (choices) submitted.",
+               s.requests)
+        metric("gguflm:requests_cancelled_total", "counter",
+               "Requests cancelled (client gone, shutdown).", s.requests_cancelled)
+        metric("gguflm:slots_total", "gauge", "Parallel slots.", scheduler.n_slots)
         used, total = scheduler.kv_cells_used(), scheduler.kv_cells_total()
-        metric("kv_cache_tokens", "gauge", "KV cache cells in use.", used)
-        metric("kv_cache_usage_ratio", "gauge", "KV cache cells in use / all cells.",
+        metric("gguflm:kv_cache_tokens", "gauge", "KV cache cells in use.", used)
+        metric("gguflm:kv_cache_usage_ratio", "gauge", "KV cache cells in use / all cells.",
                float(used / total) if total else 0.0)
     return "\n".join(lines) + "\n"

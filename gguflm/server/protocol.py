@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["RequestError", "error_body", "completion_arguments", "chat_arguments",
+__all__ = ["RequestError", "error_body", "SAMPLING_FIELDS", "asked_max_tokens", "only_tool", "completion_arguments", "chat_arguments",
            "embedding_input", "stream_include_usage"]
 
 
@@ -52,6 +52,7 @@ def _is_int_list(v: Any) -> bool:
 
 
 _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "any": (lambda v: True, "anything"),
     "int": (_is_int, "an integer"),
     "number": (_is_number, "a number"),
     "bool": (lambda v: isinstance(v, bool), "a boolean"),
@@ -67,7 +68,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 # fields both generation endpoints take: name -> (kind, default); defaults as llama-cpp-python's server
-_SAMPLING = {
+SAMPLING_FIELDS: dict[str, tuple[str, Any]] = {
     "model": ("str", None), "temperature": ("number", 0.8), "top_p": ("number", 0.95),
     "top_k": ("int", 40), "min_p": ("number", 0.05), "typical_p": ("number", 1.0),
     "repeat_penalty": ("number", 1.1), "presence_penalty": ("number", 0.0),
@@ -77,9 +78,11 @@ _SAMPLING = {
     "stream": ("bool", False), "stream_options": ("object", None), "n": ("int", 1),
     "user": ("str", None), "n_probs": ("int", None),
 }
-_COMPLETION = {**_SAMPLING, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
-               "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None)}
-_CHAT = {**_SAMPLING, "messages": ("list", None), "max_tokens": ("int", None),
+COMPLETION_MAX_TOKENS = 16     # llama-cpp-python's, when a completion request gives none
+_COMPLETION = {**SAMPLING_FIELDS, "prompt": ("prompt", ""), "max_tokens": ("int", None),
+               "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None),
+               "best_of": ("int", None)}
+_CHAT = {**SAMPLING_FIELDS, "messages": ("list", None), "max_tokens": ("int", None),
          "max_completion_tokens": ("int", None), "logprobs": ("bool", False),
          "top_logprobs": ("int", None), "tools": ("list", None), "tool_choice": ("tool_choice", None),
          "functions": ("list", None), "function_call": ("function_call", None),
@@ -109,8 +112,8 @@ def _read(body: Any, fields: Mapping[str, tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _common(v: dict[str, Any]) -> dict[str, Any]:
-    if v["n"] != 1:
-        raise RequestError("only n = 1 is supported", param="n")
+    if v["n"] < 1:
+        raise RequestError("'n' must be at least 1", param="n")
     for name in ("temperature", "top_p", "min_p", "typical_p"):
         if v[name] < 0:
             raise RequestError(f"'{name}' must be >= 0", param=name)
@@ -142,10 +145,13 @@ def completion_arguments(body: Any) -> tuple[dict[str, Any], bool, dict[str, Any
         prompt = prompt[0]
     if v["suffix"]:
         raise RequestError("'suffix' (fill-in-the-middle) is not supported", param="suffix")
+    if v["best_of"] is not None and v["best_of"] < v["n"]:
+        raise RequestError("'best_of' must be at least 'n'", param="best_of")
     logprobs = v["logprobs"] if v["logprobs"] is not None else v["n_probs"]
     if logprobs is not None and logprobs < 0:
         raise RequestError("'logprobs' must be >= 0", param="logprobs")
-    args.update(prompt=prompt, max_tokens=_max_tokens(v["max_tokens"], "max_tokens"),
+    max_tokens = _max_tokens(v["max_tokens"], "max_tokens")
+    args.update(prompt=prompt, max_tokens=COMPLETION_MAX_TOKENS if max_tokens is None else max_tokens,
                 logprobs=logprobs, echo=v["echo"])
     return args, v["stream"], v
 
@@ -183,10 +189,29 @@ def _message(message: Any, i: int) -> dict[str, Any]:
                 raise RequestError(f"{param}.content: only text parts are supported", param=param)
             texts.append(part["text"])
         message = {**message, "content": "".join(texts)}
-    elif content is not None and not isinstance(content, str):
+    elif content is None:     # an assistant turn of tool calls: templates join strings
+        message = {**message, "content": ""}
+    elif not isinstance(content, str):
         raise RequestError(f"{param}.content must be a string, an array of text parts or null",
                            param=param)
     return message
+
+
+def only_tool(tools: list[dict[str, Any]] | None, choice: str, named: str) -> str:
+    """The tool a "call any tool" choice (Responses' ``required``, Anthropic's ``any``) forces:
+    the grammar machinery forces one named function, so there must be exactly one."""
+    if not tools or len(tools) != 1:
+        raise RequestError(f"tool_choice {choice!r} needs exactly one tool here: name it ({named})",
+                           param="tool_choice")
+    return tools[0]["function"]["name"]
+
+
+def asked_max_tokens(fields: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The field and value of the generation limit a request gave, if it gave one."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        if fields.get(name) is not None:
+            return name, fields[name]
+    return None
 
 
 def stream_include_usage(fields: Mapping[str, Any]) -> bool:

@@ -13,12 +13,20 @@ requests (attention then runs one token at a time over that token's cells, and t
 each token the same floats at any batch width). With an f16 cache a batch of several tokens
 takes ggml's batched rounding of the scores (llamafile's sgemm) where a lone token takes its dot
 product's, so a greedy reply may differ from the one it gets alone once two candidates are within
-rounding of each other, as with llama.cpp's server.
+rounding of each other, as with llama.cpp's server. Nor does the independence hold for every
+model: gemma-3-270m (Q4_K_M) gives a prompt's last token logits up to 0.70 apart when another
+sequence shares its batch (llama.cpp's are the same floats as ours, alone and shared), so a
+sampled reply there may depend on what shares its steps.
 
 A slot keeps its cache after its request ends: a new task goes to the free slot whose cached
 tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
 only the rest of the prompt is decoded. A cancelled task (its client went away) is dropped before
 the next batch is built, so its slot is free within one decode step.
+
+A request for ``n`` choices is one task with ``n - 1`` children (llama.cpp's server's ``n_cmpl``):
+it waits for ``n`` free slots, the parent reads the prompt, and once its last prompt token is
+decoded each child's slot gets a copy of the parent's cells (``seq_cp``) and samples its first
+token from the parent's logits row, then generates on its own.
 """
 
 from __future__ import annotations
@@ -51,11 +59,13 @@ class Task:
     ``finish_reason`` and the completion) or, if the request fails, with the exception.
     """
 
-    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None]
-                 ) -> None:
+    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None],
+                 children: list[Task] | None = None) -> None:
         self.id = next(_task_ids)
         self.prepared = prepared
         self.emit = emit
+        # more choices of the same prompt: they run in their own slots on a copy of this one's cells
+        self.children = children or []
         self.cancelled = False
         self.t_queued = time.perf_counter()
         self.slot: int | None = None
@@ -70,12 +80,25 @@ class SchedulerStats:
     requests: int = 0
     requests_cancelled: int = 0
     prompt_tokens: int = 0          # prompt tokens decoded (cached ones not counted)
+    prompt_tokens_cached: int = 0   # prompt tokens whose cells a slot kept
     prompt_seconds: float = 0.0     # decode time of steps that carried prompt tokens
     generated_tokens: int = 0
     generation_seconds: float = 0.0  # decode time of steps that carried only generated tokens
     steps: int = 0
     busy_seconds: float = 0.0
+    busy_slot_steps: int = 0        # busy slots summed over the steps
+    n_tokens_max: int = 0           # the longest sequence a slot held (prompt and reply)
     batch_tokens: list[int] = field(default_factory=list)
+    # the same since the last scrape of /metrics (its throughput gauges), as llama.cpp's buckets
+    window: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_WINDOW, 0))
+
+    def take_window(self) -> dict[str, float]:
+        """The window's counts, and a new window."""
+        window, self.window = self.window, dict.fromkeys(_WINDOW, 0)
+        return window
+
+
+_WINDOW = ("prompt_tokens", "prompt_seconds", "generated_tokens", "generation_seconds")
 
 
 class _Slot:
@@ -88,10 +111,12 @@ class _Slot:
         self.next_token: int | None = None
         self.i_batch = -1               # the batch row of this slot's logits in this step
         self.t_last = 0.0
+        self.waiting_for: _Slot | None = None   # a child's parent, until the prompt is copied
 
     @property
     def reading_prompt(self) -> bool:
-        return self.task is not None and len(self.session.tokens) < len(self.task.prepared.tokens)
+        return (self.task is not None and self.waiting_for is None
+                and len(self.session.tokens) < len(self.task.prepared.tokens))
 
 
 class Scheduler:
@@ -123,20 +148,25 @@ class Scheduler:
     # -- requests
 
     def submit(self, task: Task) -> None:
-        """Queue ``task``; it starts as soon as a slot is free."""
+        """Queue ``task`` (and its children); it starts as soon as enough slots are free."""
+        if 1 + len(task.children) > self.n_slots:
+            raise Error(f"{1 + len(task.children)} choices need as many slots; the server has "
+                        f"{self.n_slots}")
         with self._cond:
             if self._stopping:
                 raise Error("the server is shutting down")
             self._queue.append(task)
-            self.stats.requests += 1
+            self.stats.requests += 1 + len(task.children)
             self._cond.notify()
 
     def cancel(self, task: Task) -> None:
-        """Stop ``task`` (from any thread): its slot is freed before the next batch is built."""
+        """Stop ``task`` and its children (from any thread): their slots are freed before the
+        next batch is built."""
         with self._cond:
-            if not task.cancelled:
-                task.cancelled = True
-                task.cancel_step = self.stats.steps
+            for t in (task, *task.children):
+                if not t.cancelled:
+                    t.cancelled = True
+                    t.cancel_step = self.stats.steps
             self._cond.notify()
 
     @property
@@ -189,15 +219,26 @@ class Scheduler:
                 self._finish_unstarted(task)
                 continue
             free = [s for s in self._slots if s.task is None]
-            if not free:
+            if len(free) < 1 + len(task.children):
                 return
             self._queue.popleft()
             prompt = task.prepared.tokens
             slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
-            slot.task, task.slot = task, slot.index
             slot.n_cached = slot.session.keep_prefix(prompt)
-            slot.gen = TokenLoop(self.vocab, prompt, task.prepared.chain, task.prepared.request)
-            slot.next_token = None
+            self._start(slot, task)
+            free.remove(slot)
+            for child in task.children:     # the slots idle longest
+                child_slot = min(free, key=lambda s: s.t_last)
+                free.remove(child_slot)
+                child_slot.session.reset()
+                child_slot.waiting_for = slot
+                self._start(child_slot, child)
+
+    def _start(self, slot: _Slot, task: Task) -> None:
+        slot.task, task.slot = task, slot.index
+        slot.gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
+                             task.prepared.request)
+        slot.next_token = None
 
     def _drop_cancelled(self) -> None:
         for slot in self._slots:
@@ -241,14 +282,17 @@ class Scheduler:
         stats = self.stats
         stats.steps += 1
         stats.busy_seconds += elapsed
+        stats.busy_slot_steps += len(busy)
         stats.batch_tokens.append(batch.n_tokens)
         del stats.batch_tokens[:-64]
+        counts = {"generated_tokens": n_generated}
         if chunks:
-            stats.prompt_tokens += sum(len(c) for c in chunks.values())
-            stats.prompt_seconds += elapsed
+            counts.update(prompt_tokens=sum(len(c) for c in chunks.values()), prompt_seconds=elapsed)
         else:
-            stats.generation_seconds += elapsed
-        stats.generated_tokens += n_generated
+            counts["generation_seconds"] = elapsed
+        for name, value in counts.items():
+            setattr(stats, name, getattr(stats, name) + value)
+            stats.window[name] += value
         if status != 0:
             error = Error(f"decode failed (status {status}) for a batch of {batch.n_tokens} tokens")
             for slot in busy:
@@ -264,7 +308,11 @@ class Scheduler:
                 slot.session.tokens.extend(chunks[slot.index])
                 if not slot.reading_prompt:
                     slot.gen.prompt_done(slot.n_cached)
-            if slot.i_batch < 0:
+                    stats.prompt_tokens_cached += slot.n_cached
+                    self._copy_to_children(slot)
+            stats.n_tokens_max = max(stats.n_tokens_max, len(slot.session.tokens))
+        for slot in busy:
+            if slot.i_batch < 0 or slot.task is None:
                 continue
             try:
                 chunk, token = slot.gen.next(self.ctx, slot.i_batch, slot.session.tokens)
@@ -282,11 +330,26 @@ class Scheduler:
                 slot.next_token = token
         return True
 
+    def _copy_to_children(self, parent: _Slot) -> None:
+        """The parent's prompt is in: its children's slots get its cells and its logits row."""
+        for slot in self._slots:
+            if slot.waiting_for is parent:
+                self.ctx.memory.seq_rm(slot.index, -1, -1)
+                self.ctx.memory.seq_cp(parent.index, slot.index, -1, -1)
+                slot.session.tokens = list(parent.session.tokens)
+                slot.n_cached = parent.n_cached
+                slot.gen.prompt_done(parent.n_cached)
+                slot.i_batch = parent.i_batch
+                slot.waiting_for = None
+
     # -- endings
 
     def _end(self, slot: _Slot) -> None:
         task, gen = slot.task, slot.gen
         self._release(slot)
+        for child in self._waiting_on(slot):     # the prompt never finished: nor do they
+            child.gen.cancel()
+            self._end(child)
         if gen.finish == FINISH_CANCELLED:
             self.stats.requests_cancelled += 1
         task.freed_step = self.stats.steps
@@ -296,20 +359,26 @@ class Scheduler:
         task = slot.task
         slot.session.reset()     # what the cache holds for it is unknown
         self._release(slot)
+        for child in self._waiting_on(slot):
+            self._fail(child, exc)
         task.emit(exc)
+
+    def _waiting_on(self, parent: _Slot) -> list[_Slot]:
+        return [s for s in self._slots if s.waiting_for is parent]
 
     def _release(self, slot: _Slot) -> None:
         slot.task = slot.gen = None
+        slot.waiting_for = None
         slot.next_token = None
         slot.i_batch = -1
         slot.t_last = time.perf_counter()
 
     def _finish_unstarted(self, task: Task) -> None:
-        gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
-                         task.prepared.request)
-        gen.cancel()
-        self.stats.requests_cancelled += 1
-        task.emit(gen.end())
+        for t in (task, *task.children):
+            gen = TokenLoop(self.vocab, t.prepared.tokens, t.prepared.chain, t.prepared.request)
+            gen.cancel()
+            self.stats.requests_cancelled += 1
+            t.emit(gen.end())
 
     def _fail_all(self, exc: BaseException | None) -> None:
         for slot in self._slots:
