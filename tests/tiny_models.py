@@ -24,25 +24,26 @@ from gguflm.gguf import GGUFValueType, GGUFWriter
 N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2")
+         "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2",
+         "qwen")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
+UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder", "qwen")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
 SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2")
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
@@ -170,7 +171,8 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     w.add("general.name", f"tiny-{arch}")
     e, hd, nh, nkv, ff = s.n_embd, s.head_dim, s.n_head, s.n_head_kv, s.n_ff
     for key, value in {"context_length": 256, "embedding_length": e, "block_count": s.n_layer,
-                       "feed_forward_length": ff, "attention.head_count": nh,
+                       # Qwen (1) halves the file's width
+                       "feed_forward_length": 2 * ff if arch == "qwen" else ff, "attention.head_count": nh,
                        "attention.head_count_kv": nkv, "attention.key_length": hd,
                        "attention.value_length": hd, "rope.freq_base": 10000.0}.items():
         # llama.cpp insists on UINT32 for integer hyper-parameters
@@ -450,7 +452,7 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
         n_head = draw(st.sampled_from([h for h in range(1, 17) if 32 <= h * head_dim <= 512
                                        and (h <= 8 or (h % 2 == 0 and h // 2 <= 8))]))
         n_head_kv = draw(st.sampled_from([k for k in (1, 2) if n_head % k == 0 and n_head // k <= 8]))
-        if arch == "olmoe":  # its K norm spans n_embd: no GQA
+        if arch in ("olmoe", "qwen"):  # OLMoE's K norm spans n_embd, Qwen's QKV is 3 x n_embd: no GQA
             n_head = n_head_kv = draw(st.sampled_from([h for h in range(1, 9) if 32 <= h * head_dim <= 512]))
         n_embd = n_head * head_dim
     else:

@@ -77,11 +77,8 @@ class Llama(Architecture):
         for il, L in g.layers():
             # self-attention
             cur = g.rms_norm(x, L.attn_norm)
-            q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
+            q, k, v = self.qkv(g, cur, L)                                     # [n_tokens, n_head(_kv) * head_dim]
             biased = self.attention_bias is not False
-            if biased:
-                for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
-                    g.add_bias(t, bias)
             g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
             out_bias = L.attn_output_bias if biased and self.attention_output_bias else None
@@ -99,6 +96,14 @@ class Llama(Architecture):
             g.add(x, self.residual(g, cur))
         x = g.rms_norm(x, m.tensors["output_norm.weight"])
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    def qkv(self, g: Graph, cur: np.ndarray, L: Layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q, K and V of the normed input, with their biases where the architecture has them."""
+        q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)
+        if self.attention_bias is not False:
+            for t, bias in ((q, L.attn_q_bias), (k, L.attn_k_bias), (v, L.attn_v_bias)):
+                g.add_bias(t, bias)
+        return q, k, v
 
     @staticmethod
     def residual(g: Graph, cur: np.ndarray) -> np.ndarray:
