@@ -386,3 +386,18 @@ def test_a_corrupt_file_is_a_model_load_error(tmp_path):
         Model.load(tmp_path / "cut.gguf")
     with pytest.raises(ModelLoadError):
         Model.load(tmp_path / "does-not-exist.gguf")
+
+
+@pytest.mark.parametrize("arch, key, value, message", [
+    ("olmo", "olmo.attention.clamp_kqv", 8.0, "olmo with attention.clamp_kqv is not supported"),
+    ("glm4", "glm4.nextn_predict_layers", 1, "glm4 with nextn_predict_layers is not supported"),
+])
+def test_architecture_variants_not_run_here_are_named(tmp_path, arch, key, value, message):
+    from tiny_models import TinyModel, write_tiny_model
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=4, n_ff=64, n_layer=1),
+                     path, np.random.default_rng(0))
+    bad = rewrite(path, tmp_path / "bad.gguf", set_keys={key: value})
+    with pytest.raises(HParamError, match=message):
+        Model.load(bad)

@@ -25,7 +25,7 @@ N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
          "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2",
-         "qwen")
+         "qwen", "olmo")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
@@ -43,7 +43,7 @@ SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's 
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
 SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen")
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
@@ -187,7 +187,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
     if arch in ("command-r", "cohere2"):
         w.add(f"{arch}.logit_scale", 0.0625)
-    if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm"):
+    if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm", "olmo"):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
         w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
@@ -216,7 +216,8 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     if arch in ("gpt2", "starcoder"):   # learned positions, one row per position of the context
         w.add_tensor("position_embd.weight", (0.1 * rng.standard_normal((256, e))).astype(np.float32), GGMLType.F32)
-    vector("output_norm.weight", e)
+    if arch != "olmo":   # its LayerNorms have no weights
+        vector("output_norm.weight", e)
     if s.rope_factors:   # per-pair divisors of theta, growing with the dimension as Phi 3's
         for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
             factors = 1.0 + np.sort(rng.uniform(0.0, 8.0 if "long" in name else 1.5, hd // 2))
@@ -229,7 +230,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         vector("output.bias", N_VOCAB, bias=True)
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        if arch not in ("olmo2", "exaone4"):   # they norm after attention and FFN only
+        if arch not in ("olmo2", "exaone4", "olmo"):   # norms after attention and FFN only, or weightless
             vector(f"{b}.attn_norm.weight", e)
         if arch in LAYER_NORM_ARCHS:   # biases on the norms, Q, K, V (phi2: fused), attention output
             vector(f"{b}.attn_norm.bias", e, bias=True)
@@ -280,7 +281,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.post_attention_norm.weight", e)
         if arch == "seed_oss":   # its norm before the feed-forward
             vector(f"{b}.post_attention_norm.weight", e)
-        elif arch not in ("gpt-oss", "olmo2", "exaone4") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
+        elif arch not in ("gpt-oss", "olmo2", "exaone4", "olmo") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
             if arch == "stablelm":
                 vector(f"{b}.ffn_norm.bias", e, bias=True)
