@@ -82,6 +82,7 @@ class HParams:
     expert_weights_scale: float = 0.0                # selected weights multiplied by it, 0 = none
     f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
     f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
+    use_par_res: bool = False                        # attention and feed-forward side by side on the residual (GPT-NeoX)
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:

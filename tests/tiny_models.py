@@ -25,27 +25,27 @@ N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
          "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2",
-         "qwen", "olmo")
+         "qwen", "olmo", "gptneox")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
+UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen", "gptneox", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder", "qwen")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder", "qwen", "gptneox")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
 SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo")
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo", "gptneox")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
-LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder")
+LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder", "gptneox")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
 PARALLEL_ARCHS = ("phi2", "command-r", "cohere2")
 
@@ -183,10 +183,12 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
     if arch in ENCODER_ARCHS:
         _write_encoder(spec, w, rng, vector, matrix)
         return
-    if arch in ("phi2", "stablelm", "glm4"):   # partial rotary, as Phi 2's 32 of 80
+    if arch in ("phi2", "stablelm", "glm4", "gptneox"):   # partial rotary, as Phi 2's 32 of 80
         w.add(f"{arch}.rope.dimension_count", hd // 2 + hd // 2 % 2, GGUFValueType.UINT32)
     if arch in ("command-r", "cohere2"):
         w.add(f"{arch}.logit_scale", 0.0625)
+    if arch == "gptneox":
+        w.add(f"{arch}.use_parallel_residual", s.parallel)
     if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm", "olmo"):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
@@ -281,7 +283,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.post_attention_norm.weight", e)
         if arch == "seed_oss":   # its norm before the feed-forward
             vector(f"{b}.post_attention_norm.weight", e)
-        elif arch not in ("gpt-oss", "olmo2", "exaone4", "olmo") + PARALLEL_ARCHS and not s.parallel:   # gpt-oss's experts take the post-attention norm
+        elif arch not in ("gpt-oss", "olmo2", "exaone4", "olmo") + PARALLEL_ARCHS and not (s.parallel and arch == "stablelm"):   # gpt-oss's experts take the post-attention norm
             vector(f"{b}.ffn_norm.weight", e)
             if arch == "stablelm":
                 vector(f"{b}.ffn_norm.bias", e, bias=True)
@@ -466,7 +468,7 @@ def tiny_models(draw: st.DrawFn, archs: tuple[str, ...] = ARCHS) -> TinyModel:
                  # SmolLM 3's fourth layer is the one without RoPE
                  n_layer=4 if arch == "smollm3" else draw(st.integers(1, 3)),
                  tied_output=arch in TIED_OUTPUT_ARCHS or (arch not in UNTIED_OUTPUT_ARCHS and draw(st.booleans())),
-                 n_swa=draw(st.integers(2, 24)), parallel=arch == "stablelm" and draw(st.booleans()))
+                 n_swa=draw(st.integers(2, 24)), parallel=arch in ("stablelm", "gptneox") and draw(st.booleans()))
     spec = TinyModel(**{**shape, **draw(experts(arch))})
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, (_, n_in) in matrix_inputs(spec).items()}
