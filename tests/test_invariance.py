@@ -94,7 +94,8 @@ EXTRA_EXAMPLES = [
 ] + [TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_layer=4 if arch in ("smollm3", "cohere2") else 2,
                tied_output=arch in ("gemma", "command-r", "cohere2"), parallel=arch in ("stablelm", "gptneox"))
      for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
-                  "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "olmo", "gptneox")] + [
+                  "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "olmo", "gptneox",
+                  "falcon")] + [
     # EXAONE 4 slides (and drops RoPE on its global layers) only with 64 layers
     TinyModel("exaone4", n_embd=32, head_dim=8, n_head=4, n_head_kv=2, n_ff=32, n_layer=64, n_swa=3),
     TinyModel("qwen", n_embd=64, head_dim=16, n_head=4, n_head_kv=4, n_ff=64, n_layer=2, tied_output=False)]

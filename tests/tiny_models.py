@@ -25,7 +25,7 @@ N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
          "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2",
-         "qwen", "olmo", "gptneox")
+         "qwen", "olmo", "gptneox", "falcon")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
@@ -37,17 +37,17 @@ GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
 ENCODER_ARCHS = ("bert", "nomic-bert", "jina-bert-v2")
-FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder", "qwen", "gptneox")
+FUSED_QKV_ARCHS = ("phi3", "nomic-bert", "phi2", "gpt2", "starcoder", "qwen", "gptneox", "falcon")
 SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's slides at 64 layers only
 # llama.cpp reads no output.weight for them: the output projection is the token embedding
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
 SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo", "gptneox")
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo", "gptneox", "falcon")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder", "gptneox")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
-PARALLEL_ARCHS = ("phi2", "command-r", "cohere2")
+PARALLEL_ARCHS = ("phi2", "command-r", "cohere2", "falcon")
 
 # every weight type with a dot kernel, as a matrix of a model may hold it
 WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
@@ -189,7 +189,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         w.add(f"{arch}.logit_scale", 0.0625)
     if arch == "gptneox":
         w.add(f"{arch}.use_parallel_residual", s.parallel)
-    if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm", "olmo"):
+    if arch in LAYER_NORM_ARCHS + ("command-r", "cohere2", "stablelm", "olmo", "falcon"):
         w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
     else:
         w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
@@ -224,7 +224,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
             factors = 1.0 + np.sort(rng.uniform(0.0, 8.0 if "long" in name else 1.5, hd // 2))
             w.add_tensor(name, factors.astype(np.float32), GGMLType.F32)
-    if arch in LAYER_NORM_ARCHS + ("stablelm",):
+    if arch in LAYER_NORM_ARCHS + ("stablelm", "falcon"):
         vector("output_norm.bias", e, bias=True)
     if not s.tied_output:
         matrix("output.weight", "output", e, N_VOCAB)
@@ -242,7 +242,7 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
                     vector(f"{b}.{proj}.bias", n, bias=True)
         if arch in FUSED_QKV_ARCHS:
             matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, nh * hd + 2 * nkv * hd)
-            if arch != "phi3":
+            if arch not in ("phi3", "falcon"):
                 vector(f"{b}.attn_qkv.bias", nh * hd + 2 * nkv * hd, bias=True)
         else:
             matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
@@ -271,6 +271,11 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
         if arch == "olmo2":
             vector(f"{b}.post_attention_norm.weight", e)
             vector(f"{b}.post_ffw_norm.weight", e)
+        if arch == "falcon":   # a biased attention norm; with GQA (Falcon-40B) a second one
+            vector(f"{b}.attn_norm.bias", e, bias=True)
+            if nkv > 1:
+                vector(f"{b}.attn_norm_2.weight", e)
+                vector(f"{b}.attn_norm_2.bias", e, bias=True)
         if arch == "ernie4_5":   # read by llama.cpp, never added
             vector(f"{b}.attn_output.bias", e, bias=True)
         if arch in ("gemma2", "gemma3", "glm4", "exaone4"):
@@ -297,6 +302,10 @@ def write_tiny_model(spec: TinyModel, path: Path, rng: np.random.Generator) -> N
             vector(f"{b}.ffn_up.bias", ff, bias=True)
             matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
             vector(f"{b}.ffn_down.bias", e, bias=True)
+            continue
+        if arch == "falcon":   # up, GELU, down; no biases
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, ff)
+            matrix(f"{b}.ffn_down.weight", "ffn_down", ff, e)
             continue
         if arch in ("phi3", "glm4"):
             matrix(f"{b}.ffn_up.weight", "ffn_up", e, 2 * ff)
