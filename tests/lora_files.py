@@ -21,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_output")
+ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output")
 FFN = ("ffn_gate", "ffn_up", "ffn_down")
 
 
