@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gguflm._ext import ops, quants
-from gguflm._ext.plan import Plan
+from gguflm._ext.plan import MAX_GROUP, Plan
 from gguflm.batch import UBatch
 from gguflm.hparams import RopeType
 from gguflm.pooling import PoolingType
@@ -256,7 +256,7 @@ class Graph:
             for pair, s in self.loras(w):  # B · (rows of A), A looked up by token as the embedding
                 rows = self.new(self.ub.n_tokens, pair.rank)
                 self.plan.get_rows(int(pair.a.kernel_type), pair.a.data.view(np.uint8), pair.rank, rows)
-                self._add_scaled(x, self._lora_matmul(pair.b, rows, {}), s)
+                self._add_scaled(x, self._lora_matmuls([pair.b], rows, {})[0], s)
         if scale:
             self.plan.scale(x, scale)
         return x
@@ -370,9 +370,11 @@ class Graph:
             outs.append(out)
         if len(weights) > 1:  # one parallel region: no barrier between the projections
             self.plan.group_matmuls(len(weights))
-        for w, out in zip(weights, outs):
-            for pair, s in self.loras(w):
-                self._add_scaled(out, self._lora_matmul(pair.b, self._lora_matmul(pair.a, x, quantized), {}), s)
+        loras = [(out, pair, s) for w, out in zip(weights, outs) for pair, s in self.loras(w)]
+        if loras:  # the A·x of every correction in one parallel region, then each B·(A·x)
+            a_xs = self._lora_matmuls([pair.a for _, pair, _ in loras], x, quantized)
+            for (out, pair, s), a_x in zip(loras, a_xs):
+                self._add_scaled(out, self._lora_matmuls([pair.b], a_x, {})[0], s)
         return tuple(outs)
 
     def _quantized(self, x: np.ndarray, w: Weight, quantized: dict[int, np.ndarray]) -> np.ndarray:
@@ -390,12 +392,18 @@ class Graph:
         return [(pair, pair.scale(adapter.alpha, scale)) for adapter, scale in self.ctx.lora_order
                 if (pair := adapter.pairs.get(w.name)) is not None]
 
-    def _lora_matmul(self, w: Weight, x: np.ndarray, quantized: dict[int, np.ndarray]) -> np.ndarray:
-        """x @ w.T for a LoRA half: held as loaded, in the CPU buffer (llama.cpp never repacks them)."""
-        out = self.new(x.shape[0], w.data.shape[0])
-        self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], self._quantized(x, w, quantized),
-                         out, matmul_storage(w.kernel_type, repacked=False), self.n_threads)
-        return out
+    def _lora_matmuls(self, halves: list[Weight], x: np.ndarray, quantized: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """x @ w.T for LoRA halves, in one parallel region: held as loaded, in the CPU buffer
+        (llama.cpp never repacks them)."""
+        xqs = [self._quantized(x, w, quantized) for w in halves]
+        outs = []
+        for w, xq in zip(halves, xqs):
+            outs.append(self.new(x.shape[0], w.data.shape[0]))
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq, outs[-1],
+                             matmul_storage(w.kernel_type, repacked=False), self.n_threads)
+        if 1 < len(halves) <= MAX_GROUP:
+            self.plan.group_matmuls(len(halves))
+        return outs
 
     def _add_scaled(self, x: np.ndarray, delta: np.ndarray, s: float) -> None:
         """x += s * delta, as ggml_scale then ggml_add."""

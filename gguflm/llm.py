@@ -836,7 +836,8 @@ def _set_control_vectors(context: Context, vectors: Mapping[str | PathLike[str],
     data, n_embd = load_control_vectors(vectors)
     hp = context.model.hparams
     if n_embd != hp.n_embd:
-        raise ControlVectorError(f"the control vectors have {n_embd} values per layer, the model's n_embd is {hp.n_embd}")
+        raise ControlVectorError(f"the control vectors have {n_embd} values per layer, the model's n_embd is "
+                                 f"{hp.n_embd}")
     start, end = layer_range or (-1, -1)
     context.set_adapter_cvec(data, n_embd, start if start > 0 else 1, end if end > 0 else hp.n_layer)
 

@@ -111,7 +111,8 @@ class LoraAdapter:
             return cls(path, model, *_read(reader, model, path.name))
 
 
-def _read(reader: GGUFReader, model: Model, source: str) -> tuple[float, dict[str, LoraPair], dict[str, str], list[int]]:
+def _read(reader: GGUFReader, model: Model,
+          source: str) -> tuple[float, dict[str, LoraPair], dict[str, str], list[int]]:
     def fail(message: str) -> LoraAdapterError:
         return LoraAdapterError(f"{source}: {message}")
 

@@ -203,6 +203,32 @@ def test_embedding_and_output_corrections_equal_llama_cpp(tmp_path):
         model.close()
 
 
+def test_mixture_of_experts_router_and_shared_expert_equal_llama_cpp(tmp_path):
+    """Qwen 2 MoE: pairs on the router (build_moe_ffn's build_lora_mm, which keeps a generation
+    step off the fused single-token path) and the shared expert; expert tensors are refused."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(TinyModel("qwen2moe", n_embd=128, head_dim=32, n_head=4, n_head_kv=2, n_expert=4,
+                               n_expert_used=2, n_ff_exp=64, n_ff_shexp=96, tied_output=False),
+                     path, np.random.default_rng(5))
+    rng = np.random.default_rng(6)
+    lora = write_lora(tmp_path / "moe-lora.gguf", path, rng, rank=32, qtype=Q8_0, strength=4.0,
+                      kinds=ATTENTION + ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+    model = gguflm.Model.load(path)
+    peer = LlamaRun(path, 2)
+    try:
+        tokens = [1, 40, 77, 300, 5, 9]
+        theirs = peer.run([(lora, 0.9)], None, tokens)
+        assert not np.array_equal(theirs, peer.run([], None, tokens))
+        mine = ours(model, [(LoraAdapter.load(model, lora), 0.9)], None, tokens, 2)
+        np.testing.assert_array_equal(mine.view(np.uint32), theirs.view(np.uint32))
+        experts = write_lora(tmp_path / "experts.gguf", path, rng, kinds=("ffn_up_exps",))
+        with pytest.raises(LoraAdapterError, match="expert tensors"):
+            LoraAdapter.load(model, experts)
+    finally:
+        peer.close()
+        model.close()
+
+
 # -- the API
 
 
@@ -257,7 +283,8 @@ def test_bad_adapters_raise(tmp_path):
                                      shapes={"blk.1.ffn_up.weight.lora_b": (tensors["blk.1.ffn_up.weight"][1], 8)}),
         "not in the base model": write_lora(tmp_path / "missing.gguf", path, rng, layers=[0],
                                             extra=["blk.7.attn_q.weight.lora_a", "blk.7.attn_q.weight.lora_b"]),
-        "lacks its lora_b": write_lora(tmp_path / "half.gguf", path, rng, kinds=(), extra=["blk.0.attn_q.weight.lora_a"]),
+        "lacks its lora_b": write_lora(tmp_path / "half.gguf", path, rng, kinds=(),
+                                       extra=["blk.0.attn_q.weight.lora_a"]),
         "unexpected suffix": write_lora(tmp_path / "suffix.gguf", path, rng, extra=["blk.0.attn_q.weight"]),
         "general.type": write_control_vector(tmp_path / "cv.gguf", n_embd, [1], rng),
         "cannot read": _truncated(good, tmp_path / "truncated.gguf"),

@@ -111,7 +111,8 @@ def test_llm_bad_adapters_raise(files, tmp_path):
 
 def test_cli_flags(files):
     """llama.cpp's flags, each repeatable (comma-separated files too), into LLM's arguments."""
-    args = build_parser().parse_args(["serve", "--lora", f"{files['a']},{files['b']}", "--lora-scaled", "c.gguf", "0.25",
+    args = build_parser().parse_args(["serve", "--lora", f"{files['a']},{files['b']}", "--lora-scaled", "c.gguf",
+                                      "0.25",
                                       "--control-vector-scaled", "cv.gguf", "-2", "--control-vector",
                                       str(files["cv1"]), "--control-vector-layer-range", "3", "5"])
     assert adapter_options(args) == {
@@ -126,7 +127,8 @@ def test_cli_run_with_adapters(files):
     """gguflm run --lora-scaled ... --control-vector ...: the text LLM gives with them."""
     flags = ["--lora-scaled", str(files["a"]), "0.7", "--control-vector", str(files["cv1"]),
              "--control-vector-layer-range", "1", "1"]
-    done = subprocess.run([*CLI, "run", "-m", str(TINY), "-p", "p1 p2", "-n", "6", "--temp", "0", "-t", "1", "-c", "256",
+    done = subprocess.run([*CLI, "run", "-m", str(TINY), "-p", "p1 p2", "-n", "6", "--temp", "0", "-t", "1", "-c",
+                           "256",
                            "--no-display-prompt", *flags], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     with LLM(str(TINY), n_ctx=256, n_threads=1, progress=False, lora_adapters={files["a"]: 0.7},
