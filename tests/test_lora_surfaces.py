@@ -140,3 +140,15 @@ def test_cli_run_with_adapters(files):
     bad = subprocess.run([*CLI, "run", "-m", str(TINY), "-p", "p1", "-n", "1", "--lora", "absent.gguf"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "absent.gguf" in bad.stderr
+
+
+def test_memory_estimate_counts_adapters(files):
+    """The adapter's matrices as weights, its products in the compute buffers (which the
+    planner may fit into gaps below the peak: no smaller, maybe not larger)."""
+    base = gguflm.estimate_memory(TINY, n_ctx=256)
+    both = gguflm.estimate_memory(TINY, n_ctx=256, lora_adapters=[files["a"], files["b"]])
+    with gguflm.Model.load(TINY) as model:
+        nbytes = sum(LoraAdapter.load(model, files[k]).nbytes for k in ("a", "b"))
+    assert both.weights == base.weights + nbytes
+    assert both.compute >= base.compute
+    assert (both.kv_cache, both.vocab) == (base.kv_cache, base.vocab)
