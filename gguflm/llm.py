@@ -216,6 +216,7 @@ class LLM:
         self._cancel = threading.Event()
         self.embedding = bool(embedding) and not self.vocab_only
         self.lora_adapters: list[LoraAdapter] = []
+        self.lora_scales: list[float] = []   # each adapter's scale, as given
         if self.vocab_only:   # tokenize, detokenize and metadata only: no context
             self.n_batch = n_batch
             self._session = None
@@ -242,7 +243,8 @@ class LLM:
                                 **options)
             # loaded once, for every request of this LLM
             self.lora_adapters = [LoraAdapter.load(self._model, path) for path in loras]
-            self._context.set_adapters_lora(self.lora_adapters, [float(s) for s in loras.values()])
+            self.lora_scales = [float(s) for s in loras.values()]
+            self._context.set_adapters_lora(self.lora_adapters, self.lora_scales)
             if control_vectors:
                 _set_control_vectors(self._context, control_vectors, control_vector_layer_range)
         except BaseException:

@@ -57,6 +57,8 @@ class _Server:
         self.alias = alias
         self.api_key = api_key
         self.scheduler = None if llm.embedding else Scheduler(llm)
+        # the LoRA scales of requests that give none (POST /lora-adapters sets them)
+        self.lora_scales = list(llm.lora_scales)
         self.created = int(time.time())
         self.http_requests: dict[tuple[str, int], int] = {}
 
@@ -81,6 +83,20 @@ class _Server:
             raise self._too_long(kind, n_prompt, None)
         prepared.request.max_tokens = min(prepared.request.max_tokens, n_ctx_slot - n_prompt)
         return prepared
+
+    def lora(self, entries: Any, param: str) -> tuple[float, ...]:
+        """A request's ``lora`` ([{"id", "scale"}], llama.cpp's server's): each adapter's scale,
+        0 for those it does not name; the server's scales when None."""
+        if entries is None:
+            return tuple(self.lora_scales)
+        scales = [0.0] * len(self.lora_scales)
+        for entry in entries:
+            ok = isinstance(entry, dict) and isinstance(entry.get("id"), int) and not isinstance(entry["id"], bool)
+            if not ok or not 0 <= entry["id"] < len(scales) or not isinstance(entry.get("scale", 0.0), (int, float)):
+                raise RequestError(f"{param}: each entry must be {{\"id\": an adapter id below {len(scales)}, "
+                                   f"\"scale\": a number}}", param=param)
+            scales[entry["id"]] = float(entry.get("scale", 0.0))
+        return tuple(scales)
 
     def _too_long(self, kind: str, n_prompt: int | None, detail: str | None) -> RequestError:
         n_ctx_slot = self.scheduler.n_ctx_slot
@@ -123,9 +139,10 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     server = _server(request)
     scheduler = _need_generation(server)
     args, stream, fields = parsed
+    lora = server.lora(fields["lora"], "lora")
     prepared = await run_in_threadpool(server.prepare, kind, args)
     if stream:
-        return _stream(scheduler, prepared, protocol.stream_include_usage(fields))
+        return _stream(scheduler, prepared, protocol.stream_include_usage(fields), lora)
 
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
@@ -134,7 +151,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
         if isinstance(item, BaseException) or item.finish_reason is not None:
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result(item))
 
-    task = Task(prepared, emit)
+    task = Task(prepared, emit, lora)
     _submit(scheduler, task)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
@@ -165,9 +182,9 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _stream(scheduler: Scheduler, prepared: PreparedRequest, include_usage: bool) -> Response:
+def _stream(scheduler: Scheduler, prepared: PreparedRequest, include_usage: bool, lora: tuple[float, ...]) -> Response:
     chunks: queue.SimpleQueue = queue.SimpleQueue()
-    task = Task(prepared, chunks.put)
+    task = Task(prepared, chunks.put, lora)
     _submit(scheduler, task)
     lines = _sse_lines(prepared, chunks, include_usage)
 
@@ -253,6 +270,21 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [
         {"id": server.alias, "object": "model", "created": server.created, "owned_by": "gguflm",
          "meta": meta}]})
+
+
+async def lora_adapters(request: Request) -> Response:
+    """GET: the LoRA adapters loaded at start, with the scales of requests that give none;
+    POST [{"id", "scale"}]: set those scales (the adapters it does not name: 0), as llama.cpp's
+    server."""
+    server = _server(request)
+    if request.method == "POST":
+        body = await _json_body(request)
+        if not isinstance(body, list):
+            raise RequestError("the request body must be an array of {\"id\", \"scale\"}")
+        server.lora_scales = list(server.lora(body, "body"))
+        return JSONResponse({"success": True})
+    return JSONResponse([{"id": i, "path": str(a.path), "scale": s}
+                         for i, (a, s) in enumerate(zip(server.llm.lora_adapters, server.lora_scales))])
 
 
 async def health(request: Request) -> Response:
@@ -420,6 +452,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     routes = [
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models),
+        Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

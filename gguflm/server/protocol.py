@@ -75,7 +75,7 @@ _SAMPLING = {
     "mirostat_tau": ("number", 5.0), "mirostat_eta": ("number", 0.1), "seed": ("int", None),
     "stop": ("stop", None), "logit_bias": ("object", None), "grammar": ("str", None),
     "stream": ("bool", False), "stream_options": ("object", None), "n": ("int", 1),
-    "user": ("str", None), "n_probs": ("int", None),
+    "user": ("str", None), "n_probs": ("int", None), "lora": ("list", None),
 }
 _COMPLETION = {**_SAMPLING, "prompt": ("prompt", ""), "max_tokens": ("int", 16),
                "logprobs": ("int", None), "echo": ("bool", False), "suffix": ("str", None)}

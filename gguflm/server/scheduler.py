@@ -6,7 +6,10 @@ the other slots do. One scheduler thread loops: it hands queued tasks to free sl
 busy slot (first the single tokens of the slots that are generating, then prompt chunks of the
 slots still reading their prompt, up to ``n_batch`` tokens), decodes it, and samples each slot's
 next token from its row of the outputs. A request that arrives while others generate starts at
-the next step; its prompt shares the batch with their tokens.
+the next step; its prompt shares the batch with their tokens. Requests with other LoRA adapter
+scales (a request's ``lora``, or the server's scales when it came) never share a batch, as in
+llama.cpp's server: each step serves the scales of the slot that waited longest for a step, and
+the context takes them (which drops its recorded passes when they change).
 
 With separate regions and an f32 or q8_0 KV cache a request's tokens do not depend on the other
 requests (attention then runs one token at a time over that token's cells, and the matmuls give
@@ -51,10 +54,11 @@ class Task:
     ``finish_reason`` and the completion) or, if the request fails, with the exception.
     """
 
-    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None]
-                 ) -> None:
+    def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None],
+                 lora: tuple[float, ...] = ()) -> None:
         self.id = next(_task_ids)
         self.prepared = prepared
+        self.lora = lora     # the scale of each of the LLM's LoRA adapters
         self.emit = emit
         self.cancelled = False
         self.t_queued = time.perf_counter()
@@ -88,6 +92,8 @@ class _Slot:
         self.next_token: int | None = None
         self.i_batch = -1               # the batch row of this slot's logits in this step
         self.t_last = 0.0
+        self.last_step = -1             # the decode step that last served it (whose LoRA scales go next)
+        self.lora: tuple[float, ...] = ()   # the LoRA scales its cached tokens were computed with
 
     @property
     def reading_prompt(self) -> bool:
@@ -111,6 +117,7 @@ class Scheduler:
         self.n_ctx_slot = self.ctx.n_ctx // self.n_slots
         self.n_batch = self.ctx.n_batch
         self._slots = [_Slot(i, Session(self.ctx, seq_id=i)) for i in range(self.n_slots)]
+        self.adapters = llm.lora_adapters
         self._queue: deque[Task] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -193,9 +200,14 @@ class Scheduler:
                 return
             self._queue.popleft()
             prompt = task.prepared.tokens
-            slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
+            # a cache computed with other LoRA scales is no prefix of this prompt's (llama.cpp's
+            # server clears it too)
+            slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt) if s.lora == task.lora else 0,
+                                            -s.t_last))
             slot.task, task.slot = task, slot.index
-            slot.n_cached = slot.session.keep_prefix(prompt)
+            slot.last_step = self.stats.steps
+            slot.n_cached = slot.session.keep_prefix(prompt if slot.lora == task.lora else ())
+            slot.lora = task.lora
             slot.gen = TokenLoop(self.vocab, prompt, task.prepared.chain, task.prepared.request)
             slot.next_token = None
 
@@ -209,7 +221,7 @@ class Scheduler:
         """Build one batch from every busy slot, decode it, sample; False if there was nothing."""
         batch = self._batch
         batch.clear()
-        busy = [s for s in self._slots if s.task is not None]
+        busy = self._same_adapters([s for s in self._slots if s.task is not None])
         for slot in busy:
             slot.i_batch = -1
             if slot.next_token is not None:
@@ -235,6 +247,8 @@ class Scheduler:
         if batch.n_tokens == 0:
             return False
 
+        for slot in busy:
+            slot.last_step = self.stats.steps
         t0 = time.perf_counter()
         status = self.ctx.decode(batch)
         elapsed = time.perf_counter() - t0
@@ -281,6 +295,15 @@ class Scheduler:
             else:
                 slot.next_token = token
         return True
+
+    def _same_adapters(self, busy: list[_Slot]) -> list[_Slot]:
+        """The busy slots whose requests use the LoRA scales of the one that waited longest for
+        a step; the context takes those scales."""
+        if not busy or not self.adapters:
+            return busy
+        lora = min(busy, key=lambda s: (s.last_step, s.index)).task.lora
+        self.ctx.set_adapters_lora(self.adapters, list(lora))
+        return [s for s in busy if s.task.lora == lora]
 
     # -- endings
 
