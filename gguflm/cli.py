@@ -576,7 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /metrics, /lora-adapters (and /v1/embeddings with --embedding); "
+                                   "/tokenize, /detokenize, /metrics, /lora-adapters (and /v1/embeddings with "
+                                   "--embedding); "
                                    "needs the server extra: pip install \"gguflm[server]\"")
     _model_args(p)
     _context_args(p, 4096, 512)
