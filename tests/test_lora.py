@@ -123,6 +123,7 @@ def cases(model_path: Path, out: Path, n_layer: int, n_embd: int) -> dict[str, t
         "stacked-reversed": ([(attn64, -0.8), (ffn8, 1.0)], None),
         "cvec": ([], {cv1: 1.0}),
         "cvec+lora": ([(q8, 1.0)], {cv1: 0.8, cv2: -0.5}),
+        "stacked+cvec": ([(ffn8, 1.0), (attn64, -0.8)], {cv1: 0.8, cv2: -0.5}),
     }
 
 
@@ -167,8 +168,8 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 2]
 @pytest.mark.parametrize("threads", [(2,), (1,)], ids=["2-threads", "1-thread"])
 def test_real_models_equal_llama_cpp(real_model_path, tmp_path, threads):
     """Both real models, every case at 2 threads (both orders of a stack on the tiny models);
-    at 1 thread the stack and cvec + adapter."""
-    names = ["one", "scaled", "stacked", "cvec", "cvec+lora"] if threads == (2,) else ["stacked", "cvec+lora"]
+    at 1 thread all at once: an F16 and a Q8_0 adapter stacked with two control vectors."""
+    names = ["one", "scaled", "stacked", "cvec", "cvec+lora"] if threads == (2,) else ["stacked+cvec"]
     compare(real_model_path, tmp_path, names, threads, PROMPT)
 
 
