@@ -82,7 +82,8 @@ def _llm(args: argparse.Namespace, **extra: Any):
     return LLM(args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch,
                type_k=args.cache_type_k, type_v=args.cache_type_v, seed=_seed(args),
-               load_mode=args.load_mode, progress=_progress(args), **rope_options(args), **extra)
+               load_mode=args.load_mode, progress=_progress(args), **rope_options(args),
+               **adapter_options(args), **extra)
 
 
 def _seed(args: argparse.Namespace) -> int | None:
@@ -241,7 +242,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
                      shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
-                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens)
+                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
+                     **adapter_options(args))
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
@@ -484,6 +486,38 @@ def rope_options(args: argparse.Namespace) -> dict[str, Any]:
             "yarn_beta_slow": args.yarn_beta_slow, "yarn_beta_fast": args.yarn_beta_fast}
 
 
+def _adapter_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's LoRA and control-vector flags (a file flag also takes comma-separated files)."""
+    p.add_argument("--lora", action="append", default=[], metavar="FILE", help="LoRA adapter at scale 1 (repeatable)")
+    p.add_argument("--lora-scaled", action="append", nargs=2, default=[], metavar=("FILE", "SCALE"),
+                   help="LoRA adapter at this scale (repeatable)")
+    p.add_argument("--control-vector", action="append", default=[], metavar="FILE",
+                   help="control vector of strength 1 (repeatable; several add up)")
+    p.add_argument("--control-vector-scaled", action="append", nargs=2, default=[], metavar=("FILE", "S"),
+                   help="control vector of strength S (repeatable)")
+    p.add_argument("--control-vector-layer-range", nargs=2, type=int, metavar=("A", "B"),
+                   help="layers the control vectors join, A to B inclusive (default: 1 to the last)")
+
+
+def adapter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLM adapter arguments of the flags (:func:`_adapter_args`)."""
+    def scaled(files: list[str], pairs: list[list[str]], flag: str) -> dict[str, float]:
+        out = {path: 1.0 for item in files for path in item.split(",") if path}
+        for path, value in pairs:
+            try:
+                out[path] = float(value)
+            except ValueError:
+                raise ValueError(f"{flag} {path} {value}: the scale must be a number") from None
+        return out
+
+    options: dict[str, Any] = {"lora_adapters": scaled(args.lora, args.lora_scaled, "--lora-scaled")}
+    vectors = scaled(args.control_vector, args.control_vector_scaled, "--control-vector-scaled")
+    if vectors:
+        options["control_vectors"] = vectors
+        options["control_vector_layer_range"] = args.control_vector_layer_range
+    return options
+
+
 def _sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=n_predict,
                    help="tokens to generate (-1: until end of text or a full context)")
@@ -517,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="generate text after a prompt, streamed")
     _model_args(p)
     _context_args(p, 4096, 512)
+    _adapter_args(p)
     _sampling_args(p, 128)
     p.add_argument("-p", "--prompt", help="the prompt")
     p.add_argument("-f", "--file", help="read the prompt from a file")
@@ -535,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="interactive chat through the model's chat template")
     _model_args(p)
     _context_args(p, 4096, 512)
+    _adapter_args(p)
     _sampling_args(p, 512)
     p.add_argument("--chat-template", help="built-in template name or Jinja source")
     p.add_argument("--chat-template-file", help="read a Jinja chat template from a file")
@@ -554,10 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings; "
+                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings, "
+                                   "/lora-adapters; "
                                    "needs the server extra: pip install \"gguflm[server]\"")
     _model_args(p)
     _context_args(p, 4096, 512)
+    _adapter_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("-np", "--parallel", type=int, default=4,

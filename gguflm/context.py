@@ -22,11 +22,13 @@ import numpy as np
 
 from gguflm import kv_cache
 from gguflm.batch import Batch, BatchAllocator, InvalidBatchError, UBatch
+from gguflm.control_vector import ControlVectors
 from gguflm.errors import Error, StateError, VocabOnlyError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
+from gguflm.lora import LoraAdapter
 from gguflm.model import Model
 from gguflm.pooling import PoolingType, pooling_inputs, resolve
 from gguflm.rope import RopeParams, rope_params
@@ -153,6 +155,10 @@ class Context:
         # array is valid only during the call): what an importance matrix is collected from
         self.matmul_observer: Callable[[MatmulObservation], None] | None = None
         self._rope_configs = [self._make_rope_config(il) for il in range(hp.n_layer)]
+        # adapters: the LoRA adapters and scales in the order the forward pass adds them, and the
+        # control vector
+        self.lora_order: list[tuple[LoraAdapter, float]] = []
+        self.cvec = ControlVectors(hp.n_layer, hp.n_embd)
         self._logits: np.ndarray | None = None      # [n_outputs, n_vocab] (None: the model has no head)
         self._embd: np.ndarray | None = None        # [n_outputs, n_embd]
         self._embd_seq: dict[int, np.ndarray] = {}
@@ -203,6 +209,46 @@ class Context:
         }
         log.info("context: %s", ", ".join(f"{k} = {v}" for k, v in info.items()))
         return info
+
+    # -- adapters
+
+    def set_adapters_lora(self, adapters: Sequence[LoraAdapter], scales: Sequence[float]) -> None:
+        """Use these LoRA adapters of this context's model at these scales from the next decode
+        on (llama.cpp's ``llama_set_adapters_lora``); an empty list clears them. Cheap: the model
+        is untouched, only the recorded forward passes are dropped.
+
+        As in llama.cpp, an adapter of scale 0 is left out and an adapter listed twice keeps its
+        first scale. The corrections of one matrix add up in llama.cpp's order, that of its hash
+        map of adapters: the reverse of the list for up to two adapters (for more, llama.cpp's
+        order depends on where its adapters lie in memory)."""
+        if len(adapters) != len(scales):
+            raise ValueError(f"{len(adapters)} adapters but {len(scales)} scales")
+        order: dict[int, tuple[LoraAdapter, float]] = {}
+        for adapter, scale in zip(adapters, scales):
+            if not isinstance(adapter, LoraAdapter):
+                raise TypeError(f"expected a gguflm.lora.LoraAdapter, got {type(adapter).__name__}")
+            if adapter.model is not self.model:
+                raise ValueError(f"{adapter.path.name} was loaded for another model than this context's")
+            if scale != 0.0:
+                order.setdefault(id(adapter), (adapter, float(np.float32(scale))))
+        lora_order = list(order.values())[::-1]
+        if [(id(a), s) for a, s in lora_order] != [(id(a), s) for a, s in self.lora_order]:
+            self.lora_order = lora_order
+            self._drop_plans()
+
+    def set_adapter_cvec(self, data: np.ndarray | None, n_embd: int, il_start: int, il_end: int) -> None:
+        """Add a control vector to the output of layers ``il_start`` to ``il_end`` (inclusive)
+        from the next decode on (llama.cpp's ``llama_set_adapter_cvec``): ``data`` float32 laid
+        out as :func:`gguflm.control_vector.load_control_vectors` returns it (layer 1's
+        ``n_embd`` values first; layers past its end keep what an earlier call gave them, zero at
+        first); None turns it off. ``n_embd`` other than the model's raises ValueError."""
+        self.cvec.apply(data, n_embd, il_start, il_end)
+        self._drop_plans()
+
+    def _drop_plans(self) -> None:
+        """Forget the recorded forward passes: the next decode records them with what changed."""
+        self._plans.clear()
+        self._observations.clear()
 
     # -- decode
 

@@ -9,6 +9,10 @@ cache cells (llama.cpp's graph reuse). Buffers come from an :class:`Arena` owned
 Numerics are ggml's: every matmul quantizes its input to the weight type's dot partner
 (activations shared between matmuls of the same input and partner type, as the result is the
 same), norms, RoPE, attention and GLUs come from ``src/ops.h``.
+
+The context's LoRA adapters (:mod:`gguflm.lora`) join every matmul of a weight they adapt and the
+token embedding's lookup, and its control vector (:mod:`gguflm.control_vector`) the output of
+every layer, here, as llama.cpp's ``build_lora_mm``, ``build_inp_embd`` and ``build_cvec`` do.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gguflm._ext import ops, quants
-from gguflm._ext.plan import Plan
+from gguflm._ext.plan import MAX_GROUP, Plan
 from gguflm.batch import UBatch
 from gguflm.hparams import RopeType
 from gguflm.pooling import PoolingType
@@ -29,6 +33,7 @@ from gguflm.rope import RopeParams
 
 if TYPE_CHECKING:
     from gguflm.loader import Weight
+    from gguflm.lora import LoraPair
     from gguflm.model import Layer
 
 GLU_SWIGLU, GLU_GEGLU = 0, 1
@@ -191,6 +196,8 @@ class Graph:
         # a multi-token ubatch, its input: what Context.observe_matmuls hands to an observer
         self.boundaries: list[int] = []
         self.observations: list[MatmulObservation] = []
+        # the result of the last residual add: a layer's output, where its control vector goes
+        self._last_add: np.ndarray | None = None
 
     # -- buffers
 
@@ -200,9 +207,17 @@ class Graph:
     # -- layers, with a segment boundary (abort check) before each
 
     def layers(self) -> Iterator[tuple[int, Layer]]:
+        """The blocks in order; after each, its control vector joins its output (the result of
+        the block's last residual add, llama.cpp's ``l_out``), where the architecture has one."""
         for il, layer in enumerate(self.model.layers):
             self.boundary()
+            self._last_add = None
             yield il, layer
+            direction = self.ctx.cvec.direction(il)
+            if direction is not None and self.model.architecture.control_vector:
+                if self._last_add is None:
+                    raise RuntimeError(f"block {il} ended without a residual add to add its control vector to")
+                self.plan.add_row(self._last_add, direction)
 
     def boundary(self) -> None:
         """End the running segment: decode may stop here (abort) and observers look here."""
@@ -238,6 +253,10 @@ class Graph:
             self.plan.copy(self.plan.embd, 0, x)
         else:
             self.plan.get_rows(int(w.kernel_type), w.data.view(np.uint8), w.shape[0], x)
+            for pair, s in self.loras(w):  # B · (rows of A), A looked up by token as the embedding
+                rows = self.new(self.ub.n_tokens, pair.rank)
+                self.plan.get_rows(int(pair.a.kernel_type), pair.a.data.view(np.uint8), pair.rank, rows)
+                self._add_scaled(x, self._lora_matmuls([pair.b], rows, {})[0], s)
         if scale:
             self.plan.scale(x, scale)
         return x
@@ -288,6 +307,7 @@ class Graph:
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """x += y (residual), in place."""
         self.plan.add(x, y)
+        self._last_add = x
         return x
 
     def add_matrix_row(self, x: np.ndarray, w: Weight, row: int) -> np.ndarray:
@@ -331,29 +351,64 @@ class Graph:
     # -- matmul
 
     def project(self, x: np.ndarray, *weights: Weight) -> tuple[np.ndarray, ...]:
-        """x @ W.T for each weight; x is quantized once per partner type among them (the result
-        equals ggml's, which quantizes again for every matmul)."""
+        """x @ W.T for each weight, plus the context's LoRA corrections of it; x is quantized
+        once per partner type among them (the result equals ggml's, which quantizes again for
+        every matmul)."""
         if self.ub.n_tokens > 1:  # long prompts: let a cancel land between matmuls, not only layers
             self.boundary()
             self.observe(x, weights)
         quantized: dict[int, np.ndarray] = {}
-        partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
-        for partner in partners:
-            if partner not in quantized:
-                quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
-                self.plan.quantize(partner, x, quantized[partner], self.n_threads)
+        xqs = [self._quantized(x, w, quantized) for w in weights]
         outs = []
-        for w, partner in zip(weights, partners):
+        for w, xq in zip(weights, xqs):
             out = self.new(x.shape[0], w.data.shape[0])
             # llama.cpp repacks every matmul weight, a tied output projection too: it loads the
             # token embedding a second time as the output layer's tensor (TENSOR_DUPLICATED, in
             # the output layer's buffer type), which the repack buffer holds like any matmul weight
-            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], quantized[partner], out,
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq, out,
                              matmul_storage(w.kernel_type, rows16=w.rows16), self.n_threads)
             outs.append(out)
         if len(weights) > 1:  # one parallel region: no barrier between the projections
             self.plan.group_matmuls(len(weights))
+        loras = [(out, pair, s) for w, out in zip(weights, outs) for pair, s in self.loras(w)]
+        if loras:  # the A·x of every correction in one parallel region, then each B·(A·x)
+            a_xs = self._lora_matmuls([pair.a for _, pair, _ in loras], x, quantized)
+            for (out, pair, s), a_x in zip(loras, a_xs):
+                self._add_scaled(out, self._lora_matmuls([pair.b], a_x, {})[0], s)
         return tuple(outs)
+
+    def _quantized(self, x: np.ndarray, w: Weight, quantized: dict[int, np.ndarray]) -> np.ndarray:
+        """x in w's dot partner type, quantized once per partner (``quantized`` holds those made)."""
+        partner = quants.type_traits(int(w.kernel_type))["vec_dot_type"]
+        if partner not in quantized:
+            quantized[partner] = self.new(x.shape[0], quants.row_bytes(partner, x.shape[1]), dtype=np.uint8)
+            self.plan.quantize(partner, x, quantized[partner], self.n_threads)
+        return quantized[partner]
+
+    # -- adapters
+
+    def loras(self, w: Weight) -> list[tuple[LoraPair, float]]:
+        """The context's LoRA pairs of ``w`` and their scales, in llama.cpp's order."""
+        return [(pair, pair.scale(adapter.alpha, scale)) for adapter, scale in self.ctx.lora_order
+                if (pair := adapter.pairs.get(w.name)) is not None]
+
+    def _lora_matmuls(self, halves: list[Weight], x: np.ndarray, quantized: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """x @ w.T for LoRA halves, in one parallel region: held as loaded, in the CPU buffer
+        (llama.cpp never repacks them)."""
+        xqs = [self._quantized(x, w, quantized) for w in halves]
+        outs = []
+        for w, xq in zip(halves, xqs):
+            outs.append(self.new(x.shape[0], w.data.shape[0]))
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq, outs[-1],
+                             matmul_storage(w.kernel_type, repacked=False), self.n_threads)
+        if 1 < len(halves) <= MAX_GROUP:
+            self.plan.group_matmuls(len(halves))
+        return outs
+
+    def _add_scaled(self, x: np.ndarray, delta: np.ndarray, s: float) -> None:
+        """x += s * delta, as ggml_scale then ggml_add."""
+        self.plan.scale(delta, s)
+        self.plan.add(x, delta)
 
     def split(self, x: np.ndarray, *widths: int) -> tuple[np.ndarray, ...]:
         """Cut the columns of x into contiguous pieces of the given widths (fused projections)."""
@@ -387,7 +442,7 @@ class Graph:
                                           L.ffn_down_exps_bias) if biases else (None,) * 4
         partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
         if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
-                b is None for b in (router_b, gate_b, up_b, down_b)):
+                b is None for b in (router_b, gate_b, up_b, down_b)) and not self.loras(L.ffn_gate_inp):
             return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
         (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
         self.add_bias(logits, router_b)

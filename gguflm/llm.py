@@ -37,11 +37,13 @@ from gguflm import embedding as embeddings
 from gguflm import generate
 from gguflm.chat import ChatTemplate, prompt_tokens, template_for_model
 from gguflm.context import Context
+from gguflm.control_vector import ControlVectorError, load_control_vectors
 from gguflm.default_model import load_model
 from gguflm import openai_compat as compat
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion, Request, Session
 from gguflm.kv_store import cache_type_name
+from gguflm.lora import LoraAdapter
 from gguflm.model import Model
 from gguflm.openai_compat import PreparedRequest, ResponseMeta
 from gguflm.pooling import PoolingType
@@ -57,9 +59,10 @@ __all__ = ["LLM", "Completion", "Chunk"]
 # llama-cpp-python constructor arguments that mean nothing on this CPU-only engine
 _IGNORED_LLAMA_ARGS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv", "flash_attn",
-    "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base",
-    "lora_scale", "spm_infill",
+    "op_offload", "numa", "logits_all", "no_perf", "verbose", "rpc_servers", "lora_base", "spm_infill",
 })
+# ... and llama-cpp-python's one adapter: lora_path at lora_scale (LLM's lora_adapters in gguflm's words)
+_LORA_LLAMA_ARGS = frozenset({"lora_path", "lora_scale"})
 # ... and those passed to the Context as they are
 _CONTEXT_LLAMA_ARGS = frozenset({
     "kv_overrides", "swa_full", "rope_freq_base", "rope_freq_scale", "rope_scaling_type", "yarn_ext_factor",
@@ -67,7 +70,7 @@ _CONTEXT_LLAMA_ARGS = frozenset({
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
-    "lora_path", "lora_adapters", "draft_model", "chat_handler", "tokenizer",
+    "draft_model", "chat_handler", "tokenizer",
 })
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
@@ -151,13 +154,22 @@ class LLM:
     vocab_only
         Load the vocabulary and metadata only, of any architecture: ``tokenize``,
         ``detokenize``, ``metadata`` and the token ids work; what needs a context raises.
+    lora_adapters
+        LoRA adapter files (:mod:`gguflm.lora`) → their scales, applied to every request
+        (llama.cpp's ``--lora-scaled``); llama-cpp-python's ``lora_path`` and ``lora_scale``
+        (default 1.0) name one more, first.
+    control_vectors, control_vector_layer_range
+        Control-vector files → their strengths, summed and added to the output of the layers
+        in the range (inclusive; default: from layer 1 to the last), as llama.cpp's
+        ``--control-vector-scaled`` and ``--control-vector-layer-range``
+        (:mod:`gguflm.control_vector`).
     **llama_kwargs
         llama-cpp-python's ``Llama`` arguments: ``use_mmap``, ``use_mlock``, ``kv_overrides``,
         ``chat_format``, ``last_n_tokens_size``, ``swa_full`` and the RoPE ones
         (``rope_scaling_type``, ``rope_freq_base``, ``rope_freq_scale``, ``yarn_ext_factor``,
         ``yarn_attn_factor``, ``yarn_beta_fast``, ``yarn_beta_slow``, ``yarn_orig_ctx``) are
-        honoured; GPU and logging switches (``n_gpu_layers``, ``verbose``, ...) are accepted and
-        ignored; LoRA, draft models and
+        honoured, and ``lora_path``/``lora_scale``; GPU and logging switches (``n_gpu_layers``,
+        ``verbose``, ...) are accepted and ignored; draft models and
         custom chat handlers raise ValueError when set; anything else is a TypeError.
 
     Raises
@@ -174,7 +186,10 @@ class LLM:
                  progress: bool | Callable[[float], object] | None = None,
                  chat_template: str | None = None, embedding: bool = False,
                  pooling_type: str | int | None = None, n_seq_max: int = 1,
-                 kv_unified: bool = True, vocab_only: bool = False, **llama_kwargs: Any) -> None:
+                 kv_unified: bool = True, vocab_only: bool = False,
+                 lora_adapters: Mapping[str | PathLike[str], float] | None = None,
+                 control_vectors: Mapping[str | PathLike[str], float] | None = None,
+                 control_vector_layer_range: tuple[int, int] | None = None, **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._context: Context | None = None
@@ -185,6 +200,9 @@ class LLM:
         self.chat_template = options.pop("chat_template", chat_template)
         self.penalty_last_n = options.pop("penalty_last_n", PENALTY_LAST_N)
         kv_overrides = options.pop("kv_overrides", None)
+        loras = {options.pop("lora_path"): options.pop("lora_scale", 1.0)} if "lora_path" in options else {}
+        options.pop("lora_scale", None)
+        loras.update(lora_adapters or {})
         if seed is not None and not isinstance(seed, int):
             raise TypeError(f"seed must be an int or None, not {type(seed).__name__}")
         self.seed = seed
@@ -197,6 +215,8 @@ class LLM:
         # the running request's cancel token (a fresh one while none runs)
         self._cancel = threading.Event()
         self.embedding = bool(embedding) and not self.vocab_only
+        self.lora_adapters: list[LoraAdapter] = []
+        self.lora_scales: list[float] = []   # each adapter's scale, as given
         if self.vocab_only:   # tokenize, detokenize and metadata only: no context
             self.n_batch = n_batch
             self._session = None
@@ -221,6 +241,12 @@ class LLM:
                                 n_threads=n_threads, n_threads_batch=n_threads_batch,
                                 type_k=type_k, type_v=type_v, abort_callback=self._aborting,
                                 **options)
+            # loaded once, for every request of this LLM
+            self.lora_adapters = [LoraAdapter.load(self._model, path) for path in loras]
+            self.lora_scales = [float(s) for s in loras.values()]
+            self._context.set_adapters_lora(self.lora_adapters, self.lora_scales)
+            if control_vectors:
+                _set_control_vectors(self._context, control_vectors, control_vector_layer_range)
         except BaseException:
             self._model.close()
             self._model = None
@@ -789,7 +815,7 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
                 options["chat_template"] = value
         elif key == "last_n_tokens_size":
             options["penalty_last_n"] = int(value)
-        elif key in _CONTEXT_LLAMA_ARGS:
+        elif key in _CONTEXT_LLAMA_ARGS or key in _LORA_LLAMA_ARGS:
             if value is not None:
                 options[key] = value
         elif key in _UNSUPPORTED_LLAMA_ARGS:
@@ -802,6 +828,20 @@ def _llama_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"LLM() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     return options
+
+
+def _set_control_vectors(context: Context, vectors: Mapping[str | PathLike[str], float],
+                        layer_range: tuple[int, int] | None = None) -> None:
+    """Read control-vector files (path → strength) and add their sum to ``context``'s layers in
+    ``layer_range`` (inclusive; unset or a bound <= 0: from layer 1, to the last), as llama.cpp's
+    ``--control-vector(-scaled)`` and ``--control-vector-layer-range`` do."""
+    data, n_embd = load_control_vectors(vectors)
+    hp = context.model.hparams
+    if n_embd != hp.n_embd:
+        raise ControlVectorError(f"the control vectors have {n_embd} values per layer, the model's n_embd is "
+                                 f"{hp.n_embd}")
+    start, end = layer_range or (-1, -1)
+    context.set_adapter_cvec(data, n_embd, start if start > 0 else 1, end if end > 0 else hp.n_layer)
 
 
 def _arguments(method: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ context and running a prompt and a generation (measured in ``tests/test_memory.p
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -24,6 +25,7 @@ from gguflm.errors import GGUFError, ModelLoadError
 from gguflm.gguf import GGUFReader
 from gguflm.hparams import HParamReader
 from gguflm.loader import LoadedModel, LoadedNetwork, _bind_tensors, held_types
+from gguflm.lora import LoraAdapter
 from gguflm.model import Model
 from gguflm.models import get_architecture
 
@@ -128,9 +130,10 @@ def _weight_bytes(model: Model) -> int:
 
 
 def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int, n_ubatch: int,
-              n_batch: int, kv_unified: bool) -> MemoryEstimate:
+              n_batch: int, kv_unified: bool, adapters: Sequence[LoraAdapter] = ()) -> MemoryEstimate:
     ctx = _SizingContext(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                          n_threads=1, type_k=type_k, type_v=type_v, kv_unified=kv_unified)
+    ctx.set_adapters_lora(adapters, [1.0] * len(adapters))
     try:
         caches = ctx._caches
         kv = sum(c.nbytes + c.size * _KV_CELL_BOOKKEEPING for c in caches)
@@ -138,7 +141,8 @@ def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int
         compute = ctx.compute_buffer_size(ctx.n_ubatch) + logits_row
         if ctx.n_ubatch > 1:
             compute += ctx.compute_buffer_size(1) + logits_row
-        return MemoryEstimate(weights=_weight_bytes(model), kv_cache=kv, compute=compute,
+        return MemoryEstimate(weights=_weight_bytes(model) + sum(a.nbytes for a in adapters), kv_cache=kv,
+                              compute=compute,
                               vocab=_vocab_bytes(model), runtime=_RUNTIME, n_ctx=ctx.n_ctx,
                               kv_cells=tuple(c.size for c in caches))
     finally:
@@ -147,12 +151,13 @@ def _estimate(model: Model, n_ctx: int, type_k: str, type_v: str, n_seq_max: int
 
 def estimate_memory(path: str | PathLike[str], n_ctx: int = 0, type_k: str = "f16", type_v: str = "f16",
                     n_seq_max: int = 1, n_ubatch: int = 512, n_batch: int = 2048,
-                    kv_unified: bool = True) -> MemoryEstimate:
+                    kv_unified: bool = True, lora_adapters: Iterable[str | PathLike[str]] = ()) -> MemoryEstimate:
     """The resident memory of loading ``path`` and running one context with these parameters.
 
     Parameters are :class:`gguflm.Context`'s (``n_ctx`` 0 takes the model's training context;
     ``kv_unified=False`` with ``n_seq_max`` > 1 lays the cache out in one region per sequence, as
-    the context does). Only the GGUF header is read.
+    the context does). Only the GGUF header is read, and the LoRA adapter files given (their
+    matrices count as weights, their products in the compute buffers).
 
     Raises
     ------
@@ -168,7 +173,8 @@ def estimate_memory(path: str | PathLike[str], n_ctx: int = 0, type_k: str = "f1
     except GGUFError as exc:
         raise ModelLoadError(str(exc)) from exc
     with model:
-        return _estimate(model, n_ctx, type_k, type_v, n_seq_max, n_ubatch, n_batch, kv_unified)
+        adapters = [LoraAdapter.load(model, p) for p in lora_adapters]
+        return _estimate(model, n_ctx, type_k, type_v, n_seq_max, n_ubatch, n_batch, kv_unified, adapters)
 
 
 def fit_context(path: str | PathLike[str], budget_bytes: int, type_k: str = "f16", type_v: str = "f16",

@@ -132,6 +132,8 @@ def dispatch() -> dict:
 
 # ggml type ids of the KV cache formats
 _CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
+# the most matmuls group_matmuls (and group_matmul_ids) puts in one parallel region
+MAX_GROUP = GGUFLM_MAX_JOBS
 
 
 cdef inline void *_ptr(cnp.ndarray a):

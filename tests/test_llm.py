@@ -590,7 +590,8 @@ def test_llama_cpp_python_constructor_arguments(tiny_copy):
             llm.create_completion("a", suffix="b")
     with pytest.raises(TypeError, match="n_gpus"):
         LLM(str(tiny_copy), n_gpus=3, progress=False)
-    with pytest.raises(ValueError, match="lora_path"):
+    from gguflm.lora import LoraAdapterError   # LoRA itself: tests/test_lora_surfaces.py
+    with pytest.raises(LoraAdapterError, match="adapter.gguf"):
         LLM(str(tiny_copy), lora_path="adapter.gguf", progress=False)
 
 

@@ -51,6 +51,8 @@ class Architecture:
     # "attention" (a KV cache, or none for an encoder), "recurrent" (a state per sequence) or
     # "hybrid" (both)
     memory: ClassVar[str] = "attention"
+    # whether a control vector joins each block's output (llama.cpp's graphs that call build_cvec)
+    control_vector: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

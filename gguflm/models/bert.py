@@ -23,6 +23,7 @@ class Bert(Architecture):
     kv_cache = False
     # whether Q and K are rotated by their positions (nomic-bert) instead of absolute embeddings
     rotary: ClassVar[bool] = False
+    control_vector = False   # llama.cpp's encoder graphs add none
     # whether the file may hold no token-type embedding (llama.cpp: BERT's is optional), and
     # whether it must say how many types there are
     token_types_optional: ClassVar[bool] = True

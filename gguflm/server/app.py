@@ -68,6 +68,8 @@ class _Server:
         self.alias = alias
         self.api_keys = api_keys
         self.scheduler = None if llm.embedding else Scheduler(llm)
+        # the LoRA scales of requests that give none (POST /lora-adapters sets them)
+        self.lora_scales = list(llm.lora_scales)
         self.created = int(time.time())
         self.responses = ResponseStore()        # for previous_response_id
         self.http_requests: dict[tuple[str, int], int] = {}
@@ -135,6 +137,20 @@ class _Server:
             return [self.prepare(kind, dict(args)) for _ in range(n)]
         return [self.prepare(kind, {**args, "seed": (seed + i) & _DEFAULT_SEED}) for i in range(n)]
 
+    def lora(self, entries: Any, param: str) -> tuple[float, ...]:
+        """A request's ``lora`` ([{"id", "scale"}], llama.cpp's server's): each adapter's scale,
+        0 for those it does not name; the server's scales when None."""
+        if entries is None:
+            return tuple(self.lora_scales)
+        scales = [0.0] * len(self.lora_scales)
+        for entry in entries:
+            ok = isinstance(entry, dict) and isinstance(entry.get("id"), int) and not isinstance(entry["id"], bool)
+            if not ok or not 0 <= entry["id"] < len(scales) or not isinstance(entry.get("scale", 0.0), (int, float)):
+                raise RequestError(f"{param}: each entry must be {{\"id\": an adapter id below {len(scales)}, "
+                                   f"\"scale\": a number}}", param=param)
+            scales[entry["id"]] = float(entry.get("scale", 0.0))
+        return tuple(scales)
+
     def _too_long(self, kind: str, n_prompt: int | None, detail: str | None) -> RequestError:
         n_ctx_slot = self.scheduler.n_ctx_slot
         message = detail or (f"the prompt has {n_prompt} tokens; a slot's context holds "
@@ -183,6 +199,7 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
     scheduler = _need_generation(server)
     args, stream, fields = parsed
     server.check_limits(fields)
+    lora = server.lora(fields["lora"], "lora")
     n, best_of = fields["n"], fields.get("best_of") or fields["n"]
     if best_of > scheduler.n_slots:
         param = "best_of" if best_of > n else "n"
@@ -192,14 +209,14 @@ async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]
         raise RequestError("'best_of' larger than 'n' cannot be streamed", param="best_of")
     prepared = await run_in_threadpool(server.prepare_choices, kind, args, best_of)
     if stream:
-        return running.stream(scheduler, prepared, lambda sources: _sse_lines(
+        return running.stream(scheduler, prepared, lora, lambda sources: _sse_lines(
             prepared, sources, protocol.stream_include_usage(fields)))
     logprobs = [p.request.n_logprobs is not None for p in prepared]
     if best_of > n:     # ranked by their tokens' mean log-probability
         for p in prepared:
             p.request.n_logprobs = p.request.n_logprobs or 0
     try:
-        completions = await running.complete(request, scheduler, prepared)
+        completions = await running.complete(request, scheduler, prepared, lora)
     except running.Disconnected:
         return Response(status_code=499)
     order = list(range(best_of))
@@ -283,9 +300,10 @@ async def responses_create(request: Request) -> Response:
     server.check_limits(fields)
     prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
     if stream:
-        return running.stream(scheduler, prepared, lambda sources: call.events(sources[0]))
+        return running.stream(scheduler, prepared, server.lora(None, "lora"),
+                              lambda sources: call.events(sources[0]))
     try:
-        completions = await running.complete(request, scheduler, prepared)
+        completions = await running.complete(request, scheduler, prepared, server.lora(None, "lora"))
     except running.Disconnected:
         return Response(status_code=499)
     return JSONResponse(call.respond(completions[0]))
@@ -314,10 +332,10 @@ async def messages(request: Request) -> Response:
         return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
     if stream:
         n_prompt = len(prepared[0].tokens)
-        return running.stream(scheduler, prepared,
+        return running.stream(scheduler, prepared, server.lora(None, "lora"),
                               lambda sources: call.events(sources[0], n_prompt))
     try:
-        completions = await running.complete(request, scheduler, prepared)
+        completions = await running.complete(request, scheduler, prepared, server.lora(None, "lora"))
     except running.Disconnected:
         return Response(status_code=499)
     except RequestError as exc:
@@ -385,6 +403,21 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [
         {"id": server.alias, "object": "model", "created": server.created, "owned_by": "gguflm",
          "meta": meta}]})
+
+
+async def lora_adapters(request: Request) -> Response:
+    """GET: the LoRA adapters loaded at start, with the scales of requests that give none;
+    POST [{"id", "scale"}]: set those scales (the adapters it does not name: 0), as llama.cpp's
+    server."""
+    server = _server(request)
+    if request.method == "POST":
+        body = await _json_body(request)
+        if not isinstance(body, list):
+            raise RequestError("the request body must be an array of {\"id\", \"scale\"}")
+        server.lora_scales = list(server.lora(body, "body"))
+        return JSONResponse({"success": True})
+    return JSONResponse([{"id": i, "path": str(a.path), "scale": s}
+                         for i, (a, s) in enumerate(zip(server.llm.lora_adapters, server.lora_scales))])
 
 
 async def health(request: Request) -> Response:
@@ -570,6 +603,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     routes = [
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models),
+        Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

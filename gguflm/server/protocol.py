@@ -76,7 +76,7 @@ SAMPLING_FIELDS: dict[str, tuple[str, Any]] = {
     "mirostat_tau": ("number", 5.0), "mirostat_eta": ("number", 0.1), "seed": ("int", None),
     "stop": ("stop", None), "logit_bias": ("object", None), "grammar": ("str", None),
     "stream": ("bool", False), "stream_options": ("object", None), "n": ("int", 1),
-    "user": ("str", None), "n_probs": ("int", None),
+    "user": ("str", None), "n_probs": ("int", None), "lora": ("list", None),
 }
 COMPLETION_MAX_TOKENS = 16     # llama-cpp-python's, when a completion request gives none
 _COMPLETION = {**SAMPLING_FIELDS, "prompt": ("prompt", ""), "max_tokens": ("int", None),

@@ -34,9 +34,9 @@ class Disconnected(Exception):
     """The client went away before the reply was ready."""
 
 
-def _group(prepared: list[PreparedRequest], emits: list[Callable[[Any], None]]) -> Task:
-    children = [Task(p, emit) for p, emit in zip(prepared[1:], emits[1:])]
-    return Task(prepared[0], emits[0], children)
+def _group(prepared: list[PreparedRequest], emits: list[Callable[[Any], None]], lora: tuple[float, ...]) -> Task:
+    children = [Task(p, emit, lora=lora) for p, emit in zip(prepared[1:], emits[1:])]
+    return Task(prepared[0], emits[0], children, lora)
 
 
 def _submit(scheduler: Scheduler, task: Task) -> None:
@@ -53,9 +53,10 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def complete(request: Request, scheduler: Scheduler, prepared: list[PreparedRequest]
-                   ) -> list[Completion]:
-    """Run the choices ``prepared`` (sharing the first one's prompt) to their ends.
+async def complete(request: Request, scheduler: Scheduler, prepared: list[PreparedRequest],
+                   lora: tuple[float, ...]) -> list[Completion]:
+    """Run the choices ``prepared`` (sharing the first one's prompt) to their ends, with the LoRA
+    adapters at the scales ``lora``.
 
     Raises :class:`Disconnected` (the tasks cancelled) if the client goes away first, and the
     exception of a choice that failed.
@@ -69,7 +70,7 @@ async def complete(request: Request, scheduler: Scheduler, prepared: list[Prepar
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(item))
         return emit
 
-    task = _group(prepared, [emitter(f) for f in results])
+    task = _group(prepared, [emitter(f) for f in results], lora)
     _submit(scheduler, task)
     everything = asyncio.ensure_future(asyncio.wait(results))
     watcher = asyncio.ensure_future(_disconnected(request))
@@ -128,14 +129,14 @@ def sse(data: str, event: str | None = None) -> str:
     return (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
 
 
-def stream(scheduler: Scheduler, prepared: list[PreparedRequest],
+def stream(scheduler: Scheduler, prepared: list[PreparedRequest], lora: tuple[float, ...],
            events: Callable[[list[Iterator[Chunk]]], Iterator[str]]) -> Response:
-    """Stream the choices ``prepared``: ``events`` turns their chunk streams (one per choice,
+    """Stream the choices ``prepared`` (LoRA scales ``lora``): ``events`` turns their chunk streams (one per choice,
     each ending with the chunk that holds the completion) into server-sent events (see
     :func:`sse`). It runs in a worker thread, as reading a chunk waits for the scheduler; a choice
     that fails raises from its stream."""
     queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in prepared]
-    task = _group(prepared, [q.put for q in queues])
+    task = _group(prepared, [q.put for q in queues], lora)
     _submit(scheduler, task)
 
     def source(chunks: queue.SimpleQueue) -> Iterator[Chunk]:

@@ -6,7 +6,10 @@ the other slots do. One scheduler thread loops: it hands queued tasks to free sl
 busy slot (first the single tokens of the slots that are generating, then prompt chunks of the
 slots still reading their prompt, up to ``n_batch`` tokens), decodes it, and samples each slot's
 next token from its row of the outputs. A request that arrives while others generate starts at
-the next step; its prompt shares the batch with their tokens.
+the next step; its prompt shares the batch with their tokens. Requests with other LoRA adapter
+scales (a request's ``lora``, or the server's scales when it came) never share a batch, as in
+llama.cpp's server: each step serves the scales of the slot that waited longest for a step, and
+the context takes them (which drops its recorded passes when they change).
 
 With separate regions and an f32 or q8_0 KV cache a request's tokens do not depend on the other
 requests (attention then runs one token at a time over that token's cells, and the matmuls give
@@ -60,9 +63,10 @@ class Task:
     """
 
     def __init__(self, prepared: PreparedRequest, emit: Callable[[Chunk | BaseException], None],
-                 children: list[Task] | None = None) -> None:
+                 children: list[Task] | None = None, lora: tuple[float, ...] = ()) -> None:
         self.id = next(_task_ids)
         self.prepared = prepared
+        self.lora = lora     # the scale of each of the LLM's LoRA adapters
         self.emit = emit
         # more choices of the same prompt: they run in their own slots on a copy of this one's cells
         self.children = children or []
@@ -112,6 +116,8 @@ class _Slot:
         self.i_batch = -1               # the batch row of this slot's logits in this step
         self.t_last = 0.0
         self.waiting_for: _Slot | None = None   # a child's parent, until the prompt is copied
+        self.last_step = -1             # the decode step that last served it (whose LoRA scales go next)
+        self.lora: tuple[float, ...] = ()   # the LoRA scales its cached tokens were computed with
 
     @property
     def reading_prompt(self) -> bool:
@@ -136,6 +142,7 @@ class Scheduler:
         self.n_ctx_slot = self.ctx.n_ctx // self.n_slots
         self.n_batch = self.ctx.n_batch
         self._slots = [_Slot(i, Session(self.ctx, seq_id=i)) for i in range(self.n_slots)]
+        self.adapters = llm.lora_adapters
         self._queue: deque[Task] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -223,8 +230,11 @@ class Scheduler:
                 return
             self._queue.popleft()
             prompt = task.prepared.tokens
-            slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt), -s.t_last))
-            slot.n_cached = slot.session.keep_prefix(prompt)
+            # a cache computed with other LoRA scales is no prefix of this prompt's (llama.cpp's
+            # server clears it too)
+            slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt) if s.lora == task.lora else 0,
+                                            -s.t_last))
+            slot.n_cached = slot.session.keep_prefix(prompt if slot.lora == task.lora else ())
             self._start(slot, task)
             free.remove(slot)
             for child in task.children:     # the slots idle longest
@@ -236,6 +246,8 @@ class Scheduler:
 
     def _start(self, slot: _Slot, task: Task) -> None:
         slot.task, task.slot = task, slot.index
+        slot.last_step = self.stats.steps
+        slot.lora = task.lora
         slot.gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
                              task.prepared.request)
         slot.next_token = None
@@ -250,7 +262,7 @@ class Scheduler:
         """Build one batch from every busy slot, decode it, sample; False if there was nothing."""
         batch = self._batch
         batch.clear()
-        busy = [s for s in self._slots if s.task is not None]
+        busy = self._same_adapters([s for s in self._slots if s.task is not None])
         for slot in busy:
             slot.i_batch = -1
             if slot.next_token is not None:
@@ -276,6 +288,8 @@ class Scheduler:
         if batch.n_tokens == 0:
             return False
 
+        for slot in busy:
+            slot.last_step = self.stats.steps
         t0 = time.perf_counter()
         status = self.ctx.decode(batch)
         elapsed = time.perf_counter() - t0
@@ -341,6 +355,15 @@ class Scheduler:
                 slot.gen.prompt_done(parent.n_cached)
                 slot.i_batch = parent.i_batch
                 slot.waiting_for = None
+
+    def _same_adapters(self, busy: list[_Slot]) -> list[_Slot]:
+        """The busy slots whose requests use the LoRA scales of the one that waited longest for
+        a step; the context takes those scales."""
+        if not busy or not self.adapters:
+            return busy
+        lora = min(busy, key=lambda s: (s.last_step, s.index)).task.lora
+        self.ctx.set_adapters_lora(self.adapters, list(lora))
+        return [s for s in busy if s.task.lora == lora]
 
     # -- endings
 
