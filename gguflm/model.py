@@ -52,7 +52,8 @@ def block_fields(specs: Iterable[TensorSpec]) -> dict[str, str]:
         if spec.name.startswith("blk."):
             name = spec.name.split(".", 2)[2]
             base, _, kind = name.rpartition(".")
-            fields.setdefault(base if kind == "weight" else f"{base}_{kind}", name)
+            # a name without a suffix (Mamba's ssm_a, ssm_d) is its own field
+            fields.setdefault(name if not base else base if kind == "weight" else f"{base}_{kind}", name)
     return fields
 
 
