@@ -266,6 +266,15 @@ class Graph:
                            self.hparams.f_norm_rms_eps if eps is None else eps, out, self.n_threads)
         return out
 
+    def rms_norm_groups(self, x: np.ndarray, w: Weight, group: int) -> np.ndarray:
+        """RMS norm of every ``group`` values of each row, then times w (the whole row's weights),
+        as ggml_rms_norm of the reshaped rows then ggml_mul (Mamba-2's grouped norm)."""
+        out = self.new(*x.shape)
+        rows = out.reshape(-1, group)
+        self.plan.rms_norm(x.reshape(-1, group), None, self.hparams.f_norm_rms_eps, rows, self.n_threads)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        return out
+
     def rms_norm_heads(self, x: np.ndarray, w: Weight | None) -> np.ndarray:
         """RMS norm of every head's slice of every row, in place (Gemma 3 / Qwen 3 QK-norm);
         nothing when the model has no such norm (``w`` is None)."""
@@ -579,6 +588,18 @@ class Graph:
         ci, cache = self.ctx.cache_for_layer(il)
         out = self.new(*x.shape)
         self.plan.ssm_scan(cache.s[il], ci, x, dt, A.data, B, C, D.data, out, self.n_threads)
+        return out
+
+    def ssm_scan_grouped(self, il: int, x: np.ndarray, dt: np.ndarray, dt_b: Weight, A: Weight, B: np.ndarray,
+                         C: np.ndarray, D: Weight, n_group: int) -> np.ndarray:
+        """Mamba-2's selective scan of layer ``il`` (ggml_ssm_scan with a decay per head, then
+        + x * D), its SSM states moved on: x [n_tokens, d_inner], dt [n_tokens, n_head] (+ dt_b),
+        B, C [n_tokens, n_group * d_state] -> [n_tokens, d_inner]."""
+        _f32(dt_b, A, D)
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.ssm_scan_grouped(cache.s[il], ci, x, dt, dt_b.data, A.data.reshape(-1), B, C, D.data.reshape(-1),
+                                   n_group, out, self.n_threads)
         return out
 
     # -- outputs

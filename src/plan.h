@@ -49,6 +49,7 @@ typedef enum {
     GGUFLM_OP_RS_MOVES,      /* the recurrent memory's staged state moves (i32: moves; out, w: the state blocks) */
     GGUFLM_OP_SSM_CONV,      /* Mamba's causal convolution, bias and SiLU (ssm) */
     GGUFLM_OP_SSM_SCAN,      /* Mamba-1's selective scan, + x * D (ssm) */
+    GGUFLM_OP_SSM_SCAN_GROUPED, /* Mamba-2's selective scan, + x * D (ssm) */
 } gguflm_op;
 
 typedef struct {
@@ -260,6 +261,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_SSM_SCAN:
             gguflm_ssm_scan(&nd->ssm, nd->n_threads);
+            break;
+        case GGUFLM_OP_SSM_SCAN_GROUPED:
+            gguflm_ssm_scan_grouped(&nd->ssm, arith, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

@@ -51,6 +51,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_RS_MOVES
         GGUFLM_OP_SSM_CONV
         GGUFLM_OP_SSM_SCAN
+        GGUFLM_OP_SSM_SCAN_GROUPED
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -121,7 +122,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
              GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE", GGUFLM_OP_RS_MOVES: "RS_MOVES",
-             GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN"}
+             GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
+             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -542,6 +544,20 @@ cdef class Plan:
         self._set_ssm(nd, cache_index, x, out)
         nd.ssm.s, nd.ssm.d_state = <float *>_ptr(s), A.shape[1]
         nd.ssm.dt, nd.ssm.dt_stride = <const float *>_ptr(dt), _stride(dt)
+        nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
+        nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
+
+    def ssm_scan_grouped(self, cnp.ndarray s, int cache_index, cnp.ndarray x, cnp.ndarray dt, cnp.ndarray dt_b,
+                         cnp.ndarray A, cnp.ndarray B, cnp.ndarray C, cnp.ndarray D, int n_group, cnp.ndarray out,
+                         int n_threads):
+        """Mamba-2's selective scan over the SSM states ``s`` ([size, d_inner * d_state]) of the
+        tokens' cells: out = y + x * D[head]; dt [n, n_head] (+ dt_b), A and D [n_head], B and C
+        [n, n_group * d_state] (one row stride)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SSM_SCAN_GROUPED, n_threads, (s, x, dt, dt_b, A, B, C, D, out))
+        self._set_ssm(nd, cache_index, x, out)
+        nd.ssm.s, nd.ssm.n_head, nd.ssm.n_group = <float *>_ptr(s), A.shape[0], n_group
+        nd.ssm.d_state = B.shape[1] // n_group
+        nd.ssm.dt, nd.ssm.dt_stride, nd.ssm.dt_b = <const float *>_ptr(dt), _stride(dt), <const float *>_ptr(dt_b)
         nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
         nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
 

@@ -30,8 +30,10 @@ typedef struct {
     const float *conv_w, *conv_b;  /* [d_inner][d_conv], [d_inner] */
     const float *dt;               /* scan: [n_tokens][dt_stride], before softplus */
     int64_t dt_stride;
-    const float *A, *D;            /* [d_inner][d_state], [d_inner] */
-    const float *B, *C;            /* [n_tokens][bc_stride], d_state values each */
+    const float *dt_b;             /* grouped scan: [n_head], added to dt first */
+    const float *A, *D;            /* [d_inner][d_state], [d_inner]; grouped scan: [n_head] each */
+    const float *B, *C;            /* [n_tokens][bc_stride], d_state values each (grouped: n_group * d_state) */
+    int64_t n_head, n_group;       /* grouped scan (Mamba-2): heads of d_inner / n_head channels */
     int64_t bc_stride;
     float *out;                    /* [n_tokens][out_stride] */
     int64_t out_stride;
@@ -106,6 +108,54 @@ static void gguflm_ssm_scan(const gguflm_ssm_args *a, int n_threads) {
                     s[i] = state;
                 }
                 a->out[t * a->out_stride + h] = sum + xv * a->D[h];
+            }
+        }
+    }
+}
+
+/* Mamba-2's selective scan: a scalar decay per head, B and C per group of heads; per channel i of
+ * head h, state = state * exp(softplus(dt + dt_b) * A[h]) + B * x * softplus(.), y = state . C;
+ * out = y + x * D[h]. ggml runs the first d_state - d_state % (4 vectors) states of a channel in
+ * vectors (GCC's vector operators: the state's first product fused as in the scalar loop; the dot
+ * with C by FMAs into 4 vectors of lanes, reduced as GGML_F32_VEC_REDUCE), the rest as Mamba-1's
+ * scalar loop. */
+static void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int arith, int n_threads) {
+    const int64_t ds = a->d_state, n_inner = a->d_inner, nh = a->n_head, hd = n_inner / nh;
+    const int64_t heads_per_group = nh / a->n_group;
+    const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
+    const int epr = gguflm_vec_lanes(arith), step = 4 * epr;
+    const int64_t np = ds & ~(int64_t)(step - 1);
+    const int nth = nh < n_threads ? (int)(nh > 0 ? nh : 1) : n_threads;
+    #pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t h = 0; h < nh; h++) {
+        const int64_t grp = h / heads_per_group;
+        for (int64_t q = 0; q < n_seqs; q++) {
+            float *states = a->s + a->cells[q * nst] * n_inner * ds;
+            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
+                const float dt_sp = gguflm_softplus(a->dt[t * a->dt_stride + h] + a->dt_b[h]);
+                const float dA = expf(dt_sp * a->A[h]);
+                const float *B = a->B + t * a->bc_stride + grp * ds, *C = a->C + t * a->bc_stride + grp * ds;
+                for (int64_t i1 = 0; i1 < hd; i1++) {
+                    const int64_t ii = h * hd + i1;
+                    const float xv = a->x[t * a->x_stride + ii];
+                    const float x_dt = xv * dt_sp;
+                    float *s = states + ii * ds;
+                    float acc[GGUFLM_MAX_LANES] = {0};   /* 4 vectors of lanes: state i in lane i % step */
+                    for (int64_t i = 0; i < np; i++) {
+                        const float state = fmaf(s[i], dA, B[i] * x_dt);
+                        acc[i % step] = fmaf(state, C[i], acc[i % step]);
+                        s[i] = state;
+                    }
+                    float v[16];
+                    for (int l = 0; l < epr; l++) v[l] = (acc[l] + acc[2 * epr + l]) + (acc[epr + l] + acc[3 * epr + l]);
+                    float sum = epr == 16 ? gguflm_hsum16(v) : gguflm_hsum8_hadd(v);
+                    for (int64_t i = np; i < ds; i++) {
+                        const float state = fmaf(s[i], dA, B[i] * x_dt);
+                        sum = fmaf(state, C[i], sum);
+                        s[i] = state;
+                    }
+                    a->out[t * a->out_stride + ii] = sum + xv * a->D[h];
+                }
             }
         }
     }

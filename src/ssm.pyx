@@ -1,5 +1,6 @@
 """The state-space kernels of recurrent models (``ssm.h``): Mamba's causal convolution and selective
-scan over states held in rows, as ggml-cpu's ``ssm_conv`` and ``ssm_scan`` compute them.
+scans (Mamba-1's, Mamba-2's grouped one) over states held in rows, as ggml-cpu's ``ssm_conv`` and
+``ssm_scan`` compute them.
 
 The recorded forward pass calls the C kernels directly (``plan.h``); these ``def`` wrappers check
 shapes and run them with the GIL released, for tests and benchmarks. A ubatch's tokens come
@@ -12,7 +13,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.string cimport memset
 from dispatch cimport bind_dispatch, gguflm_dispatch
-from ssm_kernels cimport gguflm_ssm_args, gguflm_ssm_conv, gguflm_ssm_scan
+from ssm_kernels cimport gguflm_ssm_args, gguflm_ssm_conv, gguflm_ssm_scan, gguflm_ssm_scan_grouped
 
 cnp.import_array()
 
@@ -86,3 +87,37 @@ def ssm_scan(float[:, ::1] s, const int64_t[::1] cells, const float[:, ::1] x, c
     a.out, a.out_stride = &out[0, 0], d_inner
     with nogil:
         gguflm_ssm_scan(&a, n_threads)
+
+
+def ssm_scan_grouped(float[:, ::1] s, const int64_t[::1] cells, const float[:, :] x, const float[:, :] dt,
+                     const float[::1] dt_b, const float[::1] A, const float[:, :] B, const float[:, :] C,
+                     const float[::1] D, int n_group, float[:, ::1] out, int n_threads=1):
+    """Mamba-2's selective scan (ggml_ssm_scan with one decay per head, then + x * D): n_head =
+    len(A) heads of d_inner / n_head channels, B and C [n_tokens, n_group * d_state] for groups of
+    heads; dt [n_tokens, n_head] before its bias dt_b. The SSM states ``s`` ([n_rows, d_inner *
+    d_state]) move on in place. Rows of x, dt, B and C may be strided."""
+    cdef Py_ssize_t n_tokens = x.shape[0], d_inner = x.shape[1], n_head = A.shape[0]
+    if n_head < 1 or n_group < 1 or d_inner % n_head or n_head % n_group:
+        raise ValueError("d_inner must be a multiple of n_head, n_head of n_group")
+    if B.shape[1] % n_group:
+        raise ValueError("B's rows must hold n_group * d_state values")
+    cdef Py_ssize_t d_state = B.shape[1] // n_group
+    if dt.shape[0] != n_tokens or dt.shape[1] != n_head or dt_b.shape[0] != n_head or D.shape[0] != n_head:
+        raise ValueError("dt must be [n_tokens, n_head], dt_b and D [n_head]")
+    if B.shape[0] != n_tokens or C.shape[0] != n_tokens or C.shape[1] != B.shape[1] or B.strides[1] != 4 \
+            or C.strides[1] != 4 or B.strides[0] != C.strides[0] or x.strides[1] != 4 or dt.strides[1] != 4:
+        raise ValueError("B and C must be [n_tokens, n_group * d_state] with contiguous rows, one stride")
+    if d_state < 1 or s.shape[1] != d_inner * d_state or out.shape[0] != n_tokens or out.shape[1] != d_inner:
+        raise ValueError("s must be [n_rows, d_inner * d_state] and out [n_tokens, d_inner]")
+    if n_threads < 1:
+        raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+    _check_cells(cells, n_tokens, s.shape[0])
+    cdef gguflm_ssm_args a
+    memset(&a, 0, sizeof(a))
+    a.s, a.cells, a.n_tokens, a.d_inner, a.d_state = &s[0, 0], &cells[0], n_tokens, d_inner, d_state
+    a.x, a.x_stride, a.dt, a.dt_stride, a.dt_b = &x[0, 0], x.strides[0] // 4, &dt[0, 0], dt.strides[0] // 4, &dt_b[0]
+    a.A, a.D, a.B, a.C, a.bc_stride = &A[0], &D[0], &B[0, 0], &C[0, 0], B.strides[0] // 4
+    a.n_head, a.n_group, a.out, a.out_stride = n_head, n_group, &out[0, 0], d_inner
+    cdef int arith = _switch.arith
+    with nogil:
+        gguflm_ssm_scan_grouped(&a, arith, n_threads)

@@ -15,14 +15,17 @@ cdef extern from "ssm.h" nogil:
         const float *conv_b
         const float *dt
         int64_t dt_stride
+        const float *dt_b
         const float *A
         const float *D
         const float *B
         const float *C
         int64_t bc_stride
+        int64_t n_head, n_group
         float *out
         int64_t out_stride
     void gguflm_ssm_conv(const gguflm_ssm_args *a, int arith, int n_threads)
     void gguflm_ssm_scan(const gguflm_ssm_args *a, int n_threads)
+    void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int arith, int n_threads)
     int gguflm_rs_moves(int32_t *moves, float *r_all, int64_t r_width, float *s_all, int64_t s_width,
                         int64_t n_layer, int64_t size)

@@ -1,4 +1,4 @@
-"""Mamba and the recurrent memory against llama.cpp (through llama-cpp-python) on tiny random models.
+"""Mamba, Mamba-2 and the recurrent memory against llama.cpp (through llama-cpp-python) on tiny random models.
 
 Every comparison is bit for bit, as the transformer architectures' (tests/test_invariance.py):
 the logits of every position, the whole prompt at once and one token at a time, at 1 and 2
@@ -24,7 +24,13 @@ MIXED = {"token_embd": GGMLType.Q8_0, "ssm_in": GGMLType.Q4_0, "ssm_x": GGMLType
          "ssm_out": GGMLType.Q6_K, "output": GGMLType.Q5_1}
 SPECS = {"f16": TinyMamba(),
          "mixed": TinyMamba(n_embd=128, n_layer=3, d_state=8, d_conv=3, dt_rank=8, tied_output=False, types=MIXED),
-         "dt_b_c_rms": TinyMamba(n_embd=32, d_state=4, dt_b_c_rms=True)}
+         "dt_b_c_rms": TinyMamba(n_embd=32, d_state=4, dt_b_c_rms=True),
+         # Mamba-2: 8 heads of 16 channels in 2 groups, states of 64 (whole vectors in ggml's scan)
+         # and of 40 (vectors and a scalar rest)
+         "mamba2": TinyMamba(arch="mamba2", n_embd=64, d_state=64, dt_rank=8, n_group=2,
+                             types={"ssm_in": GGMLType.Q8_0, "ssm_out": GGMLType.Q4_0}),
+         "mamba2_rest": TinyMamba(arch="mamba2", n_embd=32, n_layer=3, d_state=40, d_conv=3, dt_rank=4,
+                                  tied_output=False, types={"output": GGMLType.Q5_0})}
 
 
 @pytest.fixture(scope="module", params=list(SPECS))

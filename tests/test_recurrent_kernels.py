@@ -71,15 +71,18 @@ def ggml_conv(state: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, n_
 
 
 def ggml_scan(states: np.ndarray, ids: np.ndarray, x, dt, A, B, C, n_threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """ggml_ssm_scan over states [n_rows, d_inner, d_state] gathered by ids; x, dt [n_s, n_t, d_inner],
-    B, C [n_s, n_t, d_state] -> y [n_s, n_t, d_inner], the sequences' new states [n_s, d_inner, d_state]."""
+    """ggml_ssm_scan over states [n_rows, d_inner, d_state] gathered by ids; x [n_s, n_t, d_inner];
+    Mamba-1: dt [n_s, n_t, d_inner], A [d_inner, d_state], B, C [n_s, n_t, d_state]; Mamba-2: dt
+    [n_s, n_t, n_head], A [n_head, 1], B, C [n_s, n_t, n_group, d_state] -> y [n_s, n_t, d_inner],
+    the sequences' new states [n_s, d_inner, d_state]."""
     n_s, n_t, d_inner = x.shape
-    d_state = A.shape[1]
+    n_head, d_state = dt.shape[2], states.shape[2]
     g = _Graph(4 * (states.size + 4 * x.size + 2 * B.size + A.size + n_s * d_inner * d_state))
     try:
-        out = g.base.ggml_ssm_scan(g.ctx, g.tensor(states[:, :, None, :]), g.tensor(x[..., None]), g.tensor(dt),
-                                   g.tensor(A), g.tensor(B[:, :, None, :]), g.tensor(C[:, :, None, :]),
-                                   g.tensor(ids.astype(np.int32)), 1)
+        out = g.base.ggml_ssm_scan(g.ctx, g.tensor(states.reshape(-1, n_head, d_inner // n_head, d_state)),
+                                   g.tensor(x.reshape(n_s, n_t, n_head, d_inner // n_head)), g.tensor(dt),
+                                   g.tensor(A), g.tensor(B.reshape(n_s, n_t, -1, d_state)),
+                                   g.tensor(C.reshape(n_s, n_t, -1, d_state)), g.tensor(ids.astype(np.int32)), 1)
         flat = g.compute(out, n_threads, x.size + n_s * d_inner * d_state)
         return flat[:x.size].reshape(x.shape), flat[x.size:].reshape(n_s, d_inner, d_state)
     finally:
@@ -144,3 +147,43 @@ def test_kernels_refuse_bad_cells() -> None:
     for cells in ([0, 1, 1, 1], [0, 0, 0, 0, 0], [0, 0, 0, 2], [0, 1, 0, 1]):
         with pytest.raises(ValueError):
             ssm.ssm_conv(r, np.array(cells, np.int64), x, w, b, out)
+
+
+@st.composite
+def _grouped_shapes(draw: st.DrawFn) -> dict:
+    n_group = draw(st.sampled_from([1, 2]))
+    return {"n_s": draw(st.integers(1, 3)), "n_t": draw(st.integers(1, 4)), "n_group": n_group,
+            "n_head": n_group * draw(st.sampled_from([1, 2, 4])), "head_dim": draw(st.sampled_from([1, 4, 8])),
+            # whole vectors (4 x 8 or 4 x 16 lanes) and a scalar rest
+            "d_state": draw(st.sampled_from([16, 32, 40, 64, 128, 136])),
+            "n_threads": draw(st.integers(1, 2)), "seed": draw(st.integers(0, 2**16))}
+
+
+@settings(max_examples=20, deadline=None)
+@given(_grouped_shapes())
+def test_grouped_scan_equals_ggml(shape: dict) -> None:
+    """Mamba-2's scan: one decay per head, B and C per group, dt with its bias added first."""
+    _ggml.require_ggml()
+    n_s, n_t, n_group, n_head, head_dim, d_state = (shape[k] for k in ("n_s", "n_t", "n_group", "n_head", "head_dim",
+                                                                       "d_state"))
+    d_inner = n_head * head_dim
+    rng = np.random.default_rng(shape["seed"])
+    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    n_rows = n_s + 1
+    rows = rng.permutation(n_rows)[:n_s]
+    cells = np.repeat(rows, n_t).astype(np.int64)
+    s = f32(n_rows, d_inner * d_state, scale=0.5)
+    # the projection's columns: x, B, C, dt side by side (strided rows, as the graph hands them)
+    cols = f32(n_s * n_t, d_inner + 2 * n_group * d_state + n_head)
+    x = cols[:, :d_inner]
+    B, C = cols[:, d_inner:d_inner + n_group * d_state], cols[:, d_inner + n_group * d_state:-n_head]
+    dt, dt_b = cols[:, -n_head:], f32(n_head, scale=2.0)
+    dt_b[0] = 24.0                                              # softplus's linear side
+    A, D = -np.exp(f32(n_head, scale=0.5)), f32(n_head)
+    with _ggml.same_arithmetic():
+        y, states = ggml_scan(s.reshape(n_rows, d_inner, d_state), rows, x.reshape(n_s, n_t, d_inner),
+                              (dt + dt_b).reshape(n_s, n_t, n_head), A.reshape(n_head, 1), B, C, shape["n_threads"])
+        out = np.empty((n_s * n_t, d_inner), np.float32)
+        ssm.ssm_scan_grouped(s, cells, x, dt, dt_b, A, B, C, D, n_group, out, shape["n_threads"])
+    np.testing.assert_array_equal(out, y.reshape(-1, d_inner) + x * np.repeat(D, head_dim))
+    np.testing.assert_array_equal(s[rows].reshape(n_s, d_inner, d_state), states)

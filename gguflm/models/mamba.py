@@ -21,6 +21,15 @@ class Mamba(Architecture):
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        hp = cls.read_ssm_hparams(kv, n_vocab)
+        if hp.extras["d_inner"] != 2 * hp.n_embd:   # as llama.cpp, which supports no other expansion
+            raise ModelLoadError(f"{kv.source}: ssm.inner_size {hp.extras['d_inner']} is not 2 * embedding_length "
+                                 f"({hp.n_embd}): only an expansion factor of 2 is supported")
+        return hp
+
+    @classmethod
+    def read_ssm_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        """The keys of every Mamba: the common ones (no attention, no feed-forward) and ``ssm.*``."""
         n_layer = kv.positive("block_count", kv.get_int("{arch}.block_count"))
         n_embd = kv.positive("embedding_length", kv.get_int("{arch}.embedding_length"))
         ssm = {"d_conv": kv.positive("ssm.conv_kernel", kv.get_int("{arch}.ssm.conv_kernel")),
@@ -28,9 +37,6 @@ class Mamba(Architecture):
                "d_state": kv.positive("ssm.state_size", kv.get_int("{arch}.ssm.state_size")),
                "dt_rank": kv.positive("ssm.time_step_rank", kv.get_int("{arch}.ssm.time_step_rank")),
                "dt_b_c_rms": kv.get_bool("{arch}.ssm.dt_b_c_rms", False)}
-        if ssm["d_inner"] != 2 * n_embd:   # as llama.cpp, which supports no other expansion
-            raise ModelLoadError(f"{kv.source}: ssm.inner_size {ssm['d_inner']} is not 2 * embedding_length "
-                                 f"({n_embd}): only an expansion factor of 2 is supported")
         zeros = (0,) * n_layer   # no attention heads, no feed-forward
         return HParams(arch=kv.arch, n_vocab=n_vocab, n_ctx_train=kv.get_int("{arch}.context_length"),
                        n_embd=n_embd, n_layer=n_layer, n_ff=zeros, n_head=zeros, n_head_kv=zeros,
