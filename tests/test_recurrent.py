@@ -228,3 +228,32 @@ def test_llm_greedy_text_and_prefix_reuse(mamba_f16) -> None:
     finally:
         theirs.close()
         ours.close()
+
+
+def test_llm_session_file_and_memory_estimate(mamba_f16, tmp_path) -> None:
+    """gguflm.LLM on a Mamba: a session file continues where it was saved (llama.cpp's greedy
+    text either way); a state cannot be cut back to a shorter prefix; the memory estimate counts
+    the states."""
+    import gguflm
+    from gguflm.errors import Error
+
+    with gguflm.LLM(str(mamba_f16), n_ctx=256, n_threads=2) as llm:
+        text = llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text
+        with pytest.raises(Error, match="recurrent state"):
+            llm.session_save(tmp_path / "cut.bin", n_tokens=2)
+        n = llm.session_save(tmp_path / "session.bin")
+    with gguflm.LLM(str(mamba_f16), n_ctx=256, n_threads=2) as llm:
+        assert llm.session_load(tmp_path / "session.bin") == n
+        assert llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text == text
+    theirs = L.Llama(str(mamba_f16), n_ctx=256, n_threads=2, verbose=False)
+    try:
+        assert theirs.create_completion("p1 p2 p3", max_tokens=5, temperature=0.0)["choices"][0]["text"] == text
+    finally:
+        theirs.close()
+    hp = Model.load(mamba_f16, vocab_only=False)
+    try:
+        r, s = hp.architecture.state_sizes(hp.hparams)
+        est = gguflm.estimate_memory(mamba_f16, n_ctx=256, n_seq_max=3)
+        assert est.kv_cells == (3,) and est.kv_cache >= 3 * hp.hparams.n_layer * 4 * (r + s)
+    finally:
+        hp.close()
