@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _llama import LlamaDecoder, import_peer
+from _llama import LlamaDecoder, import_peer, llama_embeddings
 from gguflm import Batch, Context, Model
 from gguflm.ggml_types import GGMLType
 from tiny_models import N_VOCAB, TinyMamba, write_tiny_mamba
@@ -257,3 +257,20 @@ def test_llm_session_file_and_memory_estimate(mamba_f16, tmp_path) -> None:
         assert est.kv_cells == (3,) and est.kv_cache >= 3 * hp.hparams.n_layer * 4 * (r + s)
     finally:
         hp.close()
+
+
+@pytest.mark.parametrize(("pooling", "name"), [(0, "none"), (1, "mean"), (3, "last")])
+def test_embeddings_equal_llama(mamba_f16, pooling: int, name: str) -> None:
+    """Every token an output: llama.cpp's split_seq (one sequence per ubatch), pooled or not."""
+    lists = [_tokens(4, 10), _tokens(3, 11), _tokens(6, 12)]
+    want = llama_embeddings(mamba_f16, lists, pooling)
+    with Model.load(mamba_f16) as model, Context(model, n_ctx=256, n_seq_max=3, embeddings=True, pooling=name,
+                                                 n_threads=2) as ctx:
+        batch = Batch(sum(map(len, lists)), n_seq_max=1)
+        for s, tokens in enumerate(lists):
+            for pos, tok in enumerate(tokens):
+                batch.add(tok, pos, [s], True)
+        assert ctx.decode(batch) == 0
+        rows = np.split(ctx.get_embeddings(), np.cumsum([len(t) for t in lists])[:-1])
+        for s in range(len(lists)):
+            np.testing.assert_array_equal(rows[s] if pooling == 0 else ctx.get_embeddings_seq(s), want[s])
