@@ -40,7 +40,8 @@ class _Cells:
     src0: list[int]          # the row the next forward pass copies into this cell
     tail: list[int]          # as a sequence id: the cell holding that sequence, or -1
     seq: list[set[int]]
-    head: int = 0
+    head: int = 0            # the first cell of the last ubatch placed
+    n: int = 0               # and how many cells from there its states moved in
     used: int = 0
     rs_z: int = -1           # a row no cell reads: zeroed for the new states
 
@@ -102,7 +103,8 @@ class RecurrentCache:
 
     @property
     def used_max_p1(self) -> int:
-        return self.cells.head + len(self.cells.seq)
+        """The cells a forward pass may touch (the context hands every cache's to its plan)."""
+        return self.size
 
     # -- sequences
 
