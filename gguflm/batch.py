@@ -135,6 +135,8 @@ class UBatch:
     output_rows: np.ndarray              # int64 [n_outputs]: rows that produce output
     cells: dict[int, np.ndarray] = field(default_factory=dict)  # cache index → cells
     pooling: Any = None                  # gguflm.pooling.PoolingInputs of a pooling context
+    batch_rows: np.ndarray | None = None  # int64 [n_tokens]: each token's index in the batch (None: in order from ``first``)
+    n_rs_seqs: int = 0                   # an equal split's sequences (as many tokens each), else 0
 
     @property
     def n_tokens(self) -> int:
@@ -150,8 +152,8 @@ class UBatch:
         return 0 if self.pooling is None else len(self.pooling.seq_ids)
 
     @property
-    def shape(self) -> tuple[int, int, bool, int]:
-        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs
+    def shape(self) -> tuple[int, int, bool, int, int]:
+        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs, self.n_rs_seqs
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,14 @@ class BatchAllocator:
     pooling
         The context's pooling type, where it pools (else None): each ubatch then carries the
         pooling inputs of its sequences.
+    equal_split
+        Cut batches as a recurrent memory needs them (:meth:`split_equal`): every sequence of a
+        ubatch has as many tokens.
     """
 
     def __init__(self, hparams: HParams, max_positions: int | None, memory: Memory, has_cache: bool,
                  n_seq_max: int, n_batch: int, n_ubatch: int, output_all: bool,
-                 pooling: PoolingType | None) -> None:
+                 pooling: PoolingType | None, equal_split: bool = False) -> None:
         self.hparams = hparams
         self.max_positions = max_positions
         self.memory = memory
@@ -197,6 +202,7 @@ class BatchAllocator:
         self.n_ubatch = n_ubatch
         self.output_all = output_all
         self.pooling = pooling
+        self.equal_split = equal_split
 
     def init(self, batch: Batch) -> PreparedBatch:
         """The batch checked and completed; raises :class:`InvalidBatchError` (decode's -1)."""
@@ -311,7 +317,11 @@ class BatchAllocator:
 
     def split(self, b: PreparedBatch) -> list[UBatch]:
         """``b`` cut into ubatches of at most ``n_ubatch`` tokens, in order (llama.cpp's
-        ``split_simple``)."""
+        ``split_simple``), or as a recurrent memory needs (``equal_split``: :meth:`split_equal`,
+        :meth:`split_seq` when every token is an output). An empty list: the batch cannot be cut
+        so (decode's 1, as llama.cpp's failed memory slot)."""
+        if self.equal_split:
+            return self.split_seq(b) if self.output_all else self.split_equal(b)
         ubatches = []
         causal = self.has_cache and self.hparams.causal_attn
         for start in range(0, len(b.pos), self.n_ubatch):
@@ -323,4 +333,76 @@ class BatchAllocator:
                 pos=pos, seq_first=b.seq_first[sl], seq_mask=b.seq_mask[sl],
                 output_rows=np.flatnonzero(b.output[sl]),
                 pooling=None if self.pooling is None else pooling_inputs(self.pooling, b.seq_lists[sl], pos, causal)))
+        return ubatches
+
+    def _ubatch(self, b: PreparedBatch, rows: list[int], n_seqs: int) -> UBatch:
+        """The tokens ``rows`` of ``b`` (batch indices, in ubatch order: ``n_seqs`` sequences
+        of as many tokens each) as one ubatch."""
+        idx = np.asarray(rows, np.int64)
+        causal = self.has_cache and self.hparams.causal_attn
+        pos = b.pos[idx]
+        return UBatch(tokens=None if b.tokens is None else b.tokens[idx], embd=None if b.embd is None else b.embd[idx],
+                      pos=pos, seq_first=b.seq_first[idx], seq_mask=b.seq_mask[idx],
+                      output_rows=np.flatnonzero(b.output[idx]), batch_rows=idx, n_rs_seqs=n_seqs,
+                      pooling=None if self.pooling is None else
+                      pooling_inputs(self.pooling, [b.seq_lists[i] for i in rows], pos, causal))
+
+    def split_equal(self, b: PreparedBatch) -> list[UBatch]:
+        """llama.cpp's ``split_equal`` in its sequential form (a recurrent memory's): each ubatch
+        takes the sequences of consecutive ids starting with the first unused token's (found in
+        batch order, at most n_ubatch + 1 of them), and from each the same number of its next
+        tokens, as many as n_ubatch allows. A token of several sequences cannot be split so:
+        then no ubatch (llama.cpp refuses coupled sequences here)."""
+        if any(len(set(seqs)) > 1 for seqs in b.seq_lists):
+            return []
+        n = len(b.pos)
+        by_seq: dict[int, list[int]] = {}
+        for i, s in enumerate(b.seq_first.tolist()):
+            by_seq.setdefault(s, []).append(i)
+        taken = dict.fromkeys(by_seq, 0)   # tokens of each sequence already in a ubatch
+        used = np.zeros(n, bool)
+        ubatches = []
+        while True:
+            seqs: list[int] = []
+            for i in np.flatnonzero(~used).tolist():
+                s = int(b.seq_first[i])
+                if s not in seqs and (not seqs or s == seqs[-1] + 1):
+                    seqs.append(s)
+                    if len(seqs) > self.n_ubatch:
+                        break
+            if not seqs:
+                return ubatches
+            per_seq: list[list[int]] = [[] for _ in seqs]
+            while all(taken[s] < len(by_seq[s]) for s in seqs):
+                for k, s in enumerate(seqs):
+                    per_seq[k].append(by_seq[s][taken[s]])
+                    taken[s] += 1
+                if (len(per_seq[0]) + 1) * len(seqs) > self.n_ubatch:
+                    break
+            rows = [i for part in per_seq for i in part]
+            used[rows] = True
+            ubatches.append(self._ubatch(b, rows, len(seqs)))
+
+    def split_seq(self, b: PreparedBatch) -> list[UBatch]:
+        """llama.cpp's ``split_seq``: ubatches of one sequence set each, the first unused token's,
+        then the following tokens whose sequences are within it, up to n_ubatch."""
+        n = len(b.pos)
+        masks = b.seq_mask.tolist()
+        used = np.zeros(n, bool)
+        ubatches = []
+        while not used.all():
+            i = int(np.argmin(used))
+            cur, rows = masks[i], []
+            while True:
+                rows.append(i)
+                used[i] = True
+                if len(rows) >= self.n_ubatch:
+                    break
+                i += 1
+                while i < n and (used[i] or cur & masks[i] != masks[i]):
+                    i += 1
+                if i == n:
+                    break
+                cur = masks[i]
+            ubatches.append(self._ubatch(b, rows, 1))
         return ubatches

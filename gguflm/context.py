@@ -29,6 +29,7 @@ from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.lora import LoraAdapter
+from gguflm.memory_recurrent import RecurrentCache, RecurrentMemory
 from gguflm.model import Model
 from gguflm.pooling import PoolingType, pooling_inputs, resolve
 from gguflm.rope import RopeParams, rope_params
@@ -132,8 +133,13 @@ class Context:
             swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
         self._caches: list[KVCache] = []
         self._cache_of_layer: dict[int, int] = {}
+        recurrent = model.architecture.memory == "recurrent"
+        if recurrent:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
+            self._caches.append(RecurrentCache(n_seq_max, list(range(hp.n_layer)), hp.n_layer,
+                                               *model.architecture.state_sizes(hp), n_seq_max))
+            self._cache_of_layer = dict.fromkeys(range(hp.n_layer), 0)
         for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
-            if layers and kv_cache:
+            if layers and kv_cache and not recurrent:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
@@ -142,10 +148,10 @@ class Context:
         if self._commit_kv:
             for cache in self._caches:
                 cache.commit()
-        self.memory = Memory(self._caches, n_seq_max)
+        self.memory = RecurrentMemory(self._caches[0], n_seq_max) if recurrent else Memory(self._caches, n_seq_max)
         self._balloc = BatchAllocator(hp, model.architecture.max_positions(hp), self.memory, bool(self._caches),
                                       n_seq_max, self.n_batch, self.n_ubatch, embeddings,
-                                      self.pooling_type if self._pools else None)
+                                      self.pooling_type if self._pools else None, equal_split=recurrent)
 
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
@@ -280,7 +286,7 @@ class Context:
             return -1
         ubatches = self._balloc.split(prepared)
         self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
-        snapshots = self._reserve(ubatches)
+        snapshots = self._reserve(ubatches) if ubatches else None
         if snapshots is None:
             log.warning("decode: failed to find a memory slot for a batch of %d tokens "
                         "(n_ctx = %d)", len(prepared.pos), self.n_ctx)
@@ -294,6 +300,7 @@ class Context:
         self._embd = np.empty((n_out_total, hp.n_embd), np.float32) if self.embeddings else None
         self._embd_seq = {}
         first = 0
+        out_row = np.cumsum(prepared.output) - 1   # each output's row, in batch order
         for i, ub in enumerate(ubatches):
             start = time.perf_counter()
             try:
@@ -311,18 +318,21 @@ class Context:
                 log.info("decode: aborted")
                 return 2
             n_out = ub.n_outputs
+            # an equal split takes tokens out of batch order: outputs go back to it, as llama.cpp's
+            rows = first + ub.output_rows if ub.batch_rows is None else ub.batch_rows[ub.output_rows]
+            dst = out_row[rows]
             if logits is not None:
                 if self._logits is None:
                     self._logits = np.empty((n_out_total, hp.n_vocab), np.float32)
-                self._logits[self._n_outputs:self._n_outputs + n_out] = logits
+                self._logits[dst] = logits
             if self._embd is not None:
-                self._embd[self._n_outputs:self._n_outputs + n_out] = embd
+                self._embd[dst] = embd
             if pooled is not None:
                 # a sequence pooled again in a later ubatch keeps the later result, as in llama.cpp
                 width = hp.n_cls_out if self.pooling_type is PoolingType.RANK else pooled.shape[1]
                 for i, s in enumerate(ub.pooling.seq_ids):
                     self._embd_seq[int(s)] = pooled[i, :width].copy()
-            self._output_ids[first + ub.output_rows] = np.arange(self._n_outputs, self._n_outputs + n_out)
+            self._output_ids[rows] = dst
             self._n_outputs += n_out
             first += ub.n_tokens
             key = "p_eval" if ub.n_tokens > 1 else "eval"
@@ -346,7 +356,7 @@ class Context:
         if one is None:
             return None
         output = one.output
-        shape = (1, int(output), False, 0)   # UBatch.shape
+        shape = (1, int(output), False, 0, int(self._balloc.equal_split))   # UBatch.shape
         plan = self._plans.get(shape)
         if plan is None:
             return None

@@ -207,7 +207,11 @@ class Session:
     def keep_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cache entries past the reusable prefix of ``prompt``; returns its length."""
         n_keep = self.reusable_prefix(prompt)
-        self.ctx.memory.seq_rm(self.seq_id, n_keep, -1)
+        if not self.ctx.memory.seq_rm(self.seq_id, n_keep, -1):
+            # a recurrent state holds no earlier positions: only a prompt extending all of it
+            # reuses it, any other starts afresh (as llama-cpp-python)
+            self.reset()
+            return 0
         self.tokens = list(prompt[:n_keep])
         return n_keep
 

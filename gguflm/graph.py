@@ -26,6 +26,8 @@ import numpy as np
 from gguflm._ext import ops, quants
 from gguflm._ext.plan import MAX_GROUP, Plan
 from gguflm.batch import UBatch
+from gguflm.errors import ModelLoadError
+from gguflm.ggml_types import GGMLType
 from gguflm.hparams import RopeType
 from gguflm.pooling import PoolingType
 from gguflm.quants import matmul_storage
@@ -151,6 +153,13 @@ def _file_layout(w: Weight) -> None:
         raise ValueError(f"tensor '{w.name}' is held in the rows-16 layout, which only matmuls read")
 
 
+def _f32(*weights: Weight) -> None:
+    """The state-space kernels read F32 parameters only, as ggml's do."""
+    for w in weights:
+        if w.type != GGMLType.F32:
+            raise ModelLoadError(f"tensor '{w.name}' is {w.type.name}; the state-space kernels take F32 only")
+
+
 def _arrays_in(value: Any) -> Iterator[np.ndarray]:
     if isinstance(value, np.ndarray):
         yield value
@@ -274,6 +283,15 @@ class Graph:
         out = self.new(*x.shape)
         self.plan.rms_norm(x, None if w is None else w.data,
                            self.hparams.f_norm_rms_eps if eps is None else eps, out, self.n_threads)
+        return out
+
+    def rms_norm_groups(self, x: np.ndarray, w: Weight, group: int) -> np.ndarray:
+        """RMS norm of every ``group`` values of each row, then times w (the whole row's weights),
+        as ggml_rms_norm of the reshaped rows then ggml_mul (Mamba-2's grouped norm)."""
+        out = self.new(*x.shape)
+        rows = out.reshape(-1, group)
+        self.plan.rms_norm(x.reshape(-1, group), None, self.hparams.f_norm_rms_eps, rows, self.n_threads)
+        self.plan.mul_row(out, w.data.reshape(-1))
         return out
 
     def rms_norm_heads(self, x: np.ndarray, w: Weight | None) -> np.ndarray:
@@ -409,6 +427,25 @@ class Graph:
         """x += s * delta, as ggml_scale then ggml_add."""
         self.plan.scale(delta, s)
         self.plan.add(x, delta)
+
+    def project_by_seq(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        """x @ W.T as ggml multiplies a 3-D input ({n_embd, n_seq_tokens, n_seqs}, a recurrent
+        model's equal-split ubatch): one matmul per sequence's rows, whose count decides ggml's
+        kernel path; x quantized once (row by row, as each matmul would)."""
+        n_seqs = self.ub.n_rs_seqs
+        if n_seqs <= 1:
+            return self.project(x, w)[0]
+        if self.ub.n_tokens > 1:
+            self.boundary()
+            self.observe(x, (w,))
+        xq = self._quantized(x, w, {})
+        out = self.new(x.shape[0], w.data.shape[0])
+        nst = x.shape[0] // n_seqs
+        for q in range(n_seqs):
+            rows = slice(q * nst, (q + 1) * nst)
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq[rows], out[rows],
+                             matmul_storage(w.kernel_type, rows16=w.rows16), self.n_threads)
+        return out
 
     def split(self, x: np.ndarray, *widths: int) -> tuple[np.ndarray, ...]:
         """Cut the columns of x into contiguous pieces of the given widths (fused projections)."""
@@ -577,6 +614,45 @@ class Graph:
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
         if v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
+        return out
+
+    # -- recurrent states (src/ssm.h; the states are the recurrent memory's rows)
+
+    def recurrent_moves(self) -> None:
+        """First in a recurrent model's pass: the state moves its memory staged for this ubatch
+        (cells that changed place, copies of shared states, zeroed new ones)."""
+        _, cache = self.ctx.cache_for_layer(0)
+        self.plan.rs_moves(cache.moves, cache.r_all, cache.s_all)
+
+    def ssm_conv(self, il: int, x: np.ndarray, w: Weight, b: Weight) -> np.ndarray:
+        """silu(conv1d(state ++ x) + b) of layer ``il``'s conv (ggml_ssm_conv, add, silu), its conv
+        states moved on: x [n_tokens, d_inner] -> [n_tokens, d_inner]."""
+        _f32(w, b)
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.ssm_conv(cache.r[il], ci, x, w.data, b.data, out, self.n_threads)
+        return out
+
+    def ssm_scan(self, il: int, x: np.ndarray, dt: np.ndarray, A: Weight, B: np.ndarray, C: np.ndarray,
+                 D: Weight) -> np.ndarray:
+        """Mamba-1's selective scan of layer ``il`` (ggml_ssm_scan, then + x * D), its SSM states
+        moved on: x, dt [n_tokens, d_inner], B, C [n_tokens, d_state] -> [n_tokens, d_inner]."""
+        _f32(A, D)
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.ssm_scan(cache.s[il], ci, x, dt, A.data, B, C, D.data, out, self.n_threads)
+        return out
+
+    def ssm_scan_grouped(self, il: int, x: np.ndarray, dt: np.ndarray, dt_b: Weight, A: Weight, B: np.ndarray,
+                         C: np.ndarray, D: Weight, n_group: int) -> np.ndarray:
+        """Mamba-2's selective scan of layer ``il`` (ggml_ssm_scan with a decay per head, then
+        + x * D), its SSM states moved on: x [n_tokens, d_inner], dt [n_tokens, n_head] (+ dt_b),
+        B, C [n_tokens, n_group * d_state] -> [n_tokens, d_inner]."""
+        _f32(dt_b, A, D)
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.ssm_scan_grouped(cache.s[il], ci, x, dt, dt_b.data, A.data.reshape(-1), B, C, D.data.reshape(-1),
+                                   n_group, out, self.n_threads)
         return out
 
     # -- outputs

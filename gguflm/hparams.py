@@ -86,7 +86,7 @@ class HParams:
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:
-        return self.n_head[il] // self.n_head_kv[il]
+        return self.n_head[il] // self.n_head_kv[il] if self.n_head_kv[il] else 0   # 0: no attention (Mamba)
 
     def n_embd_k_gqa(self, il: int = 0) -> int:
         return self.n_embd_head_k * self.n_head_kv[il]

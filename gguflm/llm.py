@@ -447,11 +447,14 @@ class LLM:
         """Write the KV cache and the tokens it holds to ``path`` (llama.cpp's session file,
         ``llama_state_save_file``), keeping only the first ``n_tokens`` of them when given (the
         prompt of the last request, say). Another process continues from it with
-        :meth:`session_load`. Returns how many tokens the file holds."""
+        :meth:`session_load`. Returns how many tokens the file holds. A recurrent model's state
+        holds all its tokens or none: fewer ``n_tokens`` raise :class:`gguflm.errors.Error`."""
         def save() -> int:
             session = self._session
             if n_tokens is not None and n_tokens < len(session.tokens):
-                self._context.memory.seq_rm(session.seq_id, n_tokens, -1)
+                if not self._context.memory.seq_rm(session.seq_id, n_tokens, -1):
+                    raise Error(f"the model's recurrent state cannot be cut back to {n_tokens} of the "
+                                f"{len(session.tokens)} tokens it holds")
                 del session.tokens[n_tokens:]
             self._context.state_save(path, tokens=session.tokens)
             return len(session.tokens)

@@ -52,7 +52,8 @@ def block_fields(specs: Iterable[TensorSpec]) -> dict[str, str]:
         if spec.name.startswith("blk."):
             name = spec.name.split(".", 2)[2]
             base, _, kind = name.rpartition(".")
-            field = spec.field or (base if kind == "weight" else f"{base}_{kind}")
+            # a name without a suffix (Mamba's ssm_a, ssm_d) is its own field
+            field = spec.field or (name if not base else base if kind == "weight" else f"{base}_{kind}")
             fields.setdefault(field, name)
     return fields
 

@@ -15,6 +15,7 @@
 #include "ops.h"
 #include "quants_kernels.h"
 #include "moe.h"
+#include "ssm.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -45,6 +46,10 @@ typedef enum {
     GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
     GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
     GGUFLM_OP_MOE_ONE,       /* one token's routed experts (moe; w: gguflm_moe_one_args) */
+    GGUFLM_OP_RS_MOVES,      /* the recurrent memory's staged state moves (i32: moves; out, w: the state blocks) */
+    GGUFLM_OP_SSM_CONV,      /* Mamba's causal convolution, bias and SiLU (ssm) */
+    GGUFLM_OP_SSM_SCAN,      /* Mamba-1's selective scan, + x * D (ssm) */
+    GGUFLM_OP_SSM_SCAN_GROUPED, /* Mamba-2's selective scan, + x * D (ssm) */
 } gguflm_op;
 
 typedef struct {
@@ -65,6 +70,7 @@ typedef struct {
     gguflm_rope_params rope;
     gguflm_attn_args attn;
     gguflm_moe_args moe;
+    gguflm_ssm_args ssm;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -245,6 +251,19 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_MOE_SHARED_GATE:
             gguflm_moe_shared_gate(nd->y, nd->y_stride, nd->n_rows, nd->n, out, nd->out_stride);
+            break;
+        case GGUFLM_OP_RS_MOVES:
+            if (gguflm_rs_moves((int32_t *)nd->i32, out, nd->n, (float *)nd->w, nd->aux64, nd->n_rows, nd->x_stride))
+                return -1;
+            break;
+        case GGUFLM_OP_SSM_CONV:
+            gguflm_ssm_conv(&nd->ssm, arith, nd->n_threads);
+            break;
+        case GGUFLM_OP_SSM_SCAN:
+            gguflm_ssm_scan(&nd->ssm, nd->n_threads);
+            break;
+        case GGUFLM_OP_SSM_SCAN_GROUPED:
+            gguflm_ssm_scan_grouped(&nd->ssm, arith, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

@@ -14,6 +14,7 @@ from libc.stdlib cimport free, realloc
 from libc.string cimport memset
 from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
+from ssm_kernels cimport gguflm_ssm_args
 
 cnp.import_array()
 
@@ -47,6 +48,10 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_MOE_ADD_ID
         GGUFLM_OP_MUL_ROW
         GGUFLM_OP_MOE_ONE
+        GGUFLM_OP_RS_MOVES
+        GGUFLM_OP_SSM_CONV
+        GGUFLM_OP_SSM_SCAN
+        GGUFLM_OP_SSM_SCAN_GROUPED
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -95,6 +100,7 @@ cdef extern from "plan.h" nogil:
         gguflm_rope_params rope
         gguflm_attn_args attn
         gguflm_moe_args moe
+        gguflm_ssm_args ssm
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -115,7 +121,9 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_MOE_ROUTE: "MOE_ROUTE", GGUFLM_OP_MOE_GATHER: "MOE_GATHER", GGUFLM_OP_MATMUL_ID: "MATMUL_ID",
              GGUFLM_OP_MOE_COMBINE: "MOE_COMBINE", GGUFLM_OP_MOE_SHARED_GATE: "MOE_SHARED_GATE",
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
-             GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE"}
+             GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE", GGUFLM_OP_RS_MOVES: "RS_MOVES",
+             GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
+             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -504,6 +512,56 @@ cdef class Plan:
         nd.aux, nd.x, nd.x_stride, nd.y, nd.y_stride = kind, <const float *>_ptr(gate), _stride(gate), \
             <const float *>_ptr(up), _stride(up)
         nd.n_rows, nd.n, nd.out, nd.out_stride = out.shape[0], out.shape[1], _ptr(out), _stride(out)
+
+    # -- recurrent states (ssm.h)
+
+    def rs_moves(self, cnp.ndarray moves, cnp.ndarray r_all, cnp.ndarray s_all):
+        """Make the recurrent memory's staged state moves (``moves``: int32 count, then (dst, src)
+        pairs; r_all, s_all: [n_layer, size, width] states), once: the count is cleared."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_RS_MOVES, 1, (moves, r_all, s_all))
+        nd.i32, nd.out, nd.w = <const int32_t *>_ptr(moves), _ptr(r_all), _ptr(s_all)
+        nd.n, nd.aux64, nd.n_rows, nd.x_stride = r_all.shape[2], s_all.shape[2], r_all.shape[0], r_all.shape[1]
+
+    cdef void _set_ssm(self, gguflm_node *nd, int cache_index, cnp.ndarray x, cnp.ndarray out):
+        nd.ssm.cells = <const int64_t *>_ptr(self.cells[cache_index])
+        nd.ssm.n_tokens, nd.ssm.d_inner = x.shape[0], x.shape[1]
+        nd.ssm.x, nd.ssm.x_stride = <const float *>_ptr(x), _stride(x)
+        nd.ssm.out, nd.ssm.out_stride = <float *>_ptr(out), _stride(out)
+
+    def ssm_conv(self, cnp.ndarray r, int cache_index, cnp.ndarray x, cnp.ndarray conv_w, cnp.ndarray conv_b,
+                 cnp.ndarray out, int n_threads):
+        """out = silu(conv(state ++ x) + conv_b) per sequence, the conv states ``r`` ([size,
+        d_inner * (d_conv - 1)]) of the tokens' cells moved on; conv_w: [d_inner, d_conv]."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SSM_CONV, n_threads, (r, x, conv_w, conv_b, out))
+        self._set_ssm(nd, cache_index, x, out)
+        nd.ssm.r, nd.ssm.d_conv = <float *>_ptr(r), conv_w.shape[1]
+        nd.ssm.conv_w, nd.ssm.conv_b = <const float *>_ptr(conv_w), <const float *>_ptr(conv_b)
+
+    def ssm_scan(self, cnp.ndarray s, int cache_index, cnp.ndarray x, cnp.ndarray dt, cnp.ndarray A,
+                 cnp.ndarray B, cnp.ndarray C, cnp.ndarray D, cnp.ndarray out, int n_threads):
+        """Mamba-1's selective scan over the SSM states ``s`` ([size, d_inner * d_state]) of the
+        tokens' cells: out = y + x * D; dt [n, d_inner], A [d_inner, d_state], B and C [n, d_state]
+        (one row stride)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SSM_SCAN, n_threads, (s, x, dt, A, B, C, D, out))
+        self._set_ssm(nd, cache_index, x, out)
+        nd.ssm.s, nd.ssm.d_state = <float *>_ptr(s), A.shape[1]
+        nd.ssm.dt, nd.ssm.dt_stride = <const float *>_ptr(dt), _stride(dt)
+        nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
+        nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
+
+    def ssm_scan_grouped(self, cnp.ndarray s, int cache_index, cnp.ndarray x, cnp.ndarray dt, cnp.ndarray dt_b,
+                         cnp.ndarray A, cnp.ndarray B, cnp.ndarray C, cnp.ndarray D, int n_group, cnp.ndarray out,
+                         int n_threads):
+        """Mamba-2's selective scan over the SSM states ``s`` ([size, d_inner * d_state]) of the
+        tokens' cells: out = y + x * D[head]; dt [n, n_head] (+ dt_b), A and D [n_head], B and C
+        [n, n_group * d_state] (one row stride)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SSM_SCAN_GROUPED, n_threads, (s, x, dt, dt_b, A, B, C, D, out))
+        self._set_ssm(nd, cache_index, x, out)
+        nd.ssm.s, nd.ssm.n_head, nd.ssm.n_group = <float *>_ptr(s), A.shape[0], n_group
+        nd.ssm.d_state = B.shape[1] // n_group
+        nd.ssm.dt, nd.ssm.dt_stride, nd.ssm.dt_b = <const float *>_ptr(dt), _stride(dt), <const float *>_ptr(dt_b)
+        nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
+        nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
 
     # -- guard mode
 

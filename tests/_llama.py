@@ -298,7 +298,7 @@ class LlamaDecoder:
 
     def __init__(self, path: str | Path, n_ctx: int = 256, type_k: int = 1, type_v: int = 1,
                  n_threads: int = 2, n_seq_max: int = 1, kv_unified: bool = True, n_batch: int | None = None,
-                 heads: bool = False):
+                 heads: bool = False, n_ubatch: int | None = None):
         import os
 
         require_peer()
@@ -306,7 +306,8 @@ class LlamaDecoder:
         self._model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         params = L.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch or n_ctx
+        params.n_batch = n_batch or n_ctx
+        params.n_ubatch = n_ubatch or params.n_batch
         params.n_threads = params.n_threads_batch = n_threads
         params.type_k, params.type_v = type_k, type_v
         params.n_seq_max, params.kv_unified = n_seq_max, kv_unified

@@ -554,6 +554,91 @@ def type_bench_model(t: GGMLType) -> TinyModel:
                      tied_output=False, types=types)
 
 
+@dataclass(frozen=True)
+class TinyMamba:
+    """A Mamba model to write (:func:`write_tiny_mamba`): ``mamba`` (Mamba-1: d_inner is 2 *
+    n_embd, as llama.cpp requires) or ``mamba2`` (``dt_rank`` heads of d_inner / dt_rank channels,
+    ``n_group`` groups of them sharing B and C); ``types`` maps the matrices (``token_embd``,
+    ``output``, ``ssm_in``, ``ssm_x``, ``ssm_dt``, ``ssm_out``) to their types (default F16),
+    ``tensor_types`` single tensors."""
+
+    arch: str = "mamba"
+    n_embd: int = 64
+    n_layer: int = 2
+    d_state: int = 16
+    d_conv: int = 4
+    dt_rank: int = 4
+    tied_output: bool = True
+    dt_b_c_rms: bool = False
+    n_group: int = 1
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_mamba(spec: TinyMamba, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights shaped as a trained Mamba's: A = -exp(.) (decaying
+    states), dt biases putting softplus(dt) around 0.01-0.1, D near 1."""
+    s, e, arch = spec, spec.n_embd, spec.arch
+    d_inner = 2 * e
+    conv_dim = d_inner + 2 * s.n_group * s.d_state if arch == "mamba2" else d_inner
+    w = GGUFWriter(path, arch=arch)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32), GGMLType.F32)
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.08) -> None:
+        t = s.tensor_types.get(name, s.types.get(kind, GGMLType.F16))
+        x = (scale * rng.standard_normal((n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.astype(np.float16), GGMLType.F16)
+        elif t is GGMLType.F32:
+            w.add_tensor(name, x, GGMLType.F32)
+        else:
+            w.add_tensor(name, quantize_weight(t, x), t, shape=(n_in, n_out))
+
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": 0,
+            "attention.head_count": 0, "ssm.conv_kernel": s.d_conv, "ssm.inner_size": d_inner,
+            "ssm.state_size": s.d_state, "ssm.time_step_rank": s.dt_rank}
+    if arch == "mamba2":
+        keys["ssm.group_count"] = s.n_group
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if s.dt_b_c_rms:
+        w.add(f"{arch}.ssm.dt_b_c_rms", True)
+    add_vocab(w)
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    f32("output_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
+    if not s.tied_output:
+        matrix("output.weight", "output", e, N_VOCAB)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        f32(f"{b}.attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
+        if arch == "mamba2":   # one projection to z, x B C, dt; a decay and a skip per head
+            n_head = s.dt_rank
+            matrix(f"{b}.ssm_in.weight", "ssm_in", e, d_inner + conv_dim + n_head)
+            f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((conv_dim, s.d_conv)))
+            f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(conv_dim))
+            f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, n_head))
+            f32(f"{b}.ssm_a", -np.exp(rng.uniform(0.0, 2.5, (n_head, 1))))
+            f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal((n_head, 1)))
+            f32(f"{b}.ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((s.n_group, d_inner // s.n_group)))
+            matrix(f"{b}.ssm_out.weight", "ssm_out", d_inner, e)
+            continue
+        matrix(f"{b}.ssm_in.weight", "ssm_in", e, 2 * d_inner)
+        f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((d_inner, s.d_conv)))
+        f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(d_inner))
+        matrix(f"{b}.ssm_x.weight", "ssm_x", d_inner, s.dt_rank + 2 * s.d_state, scale=0.2)
+        matrix(f"{b}.ssm_dt.weight", "ssm_dt", s.dt_rank, d_inner, scale=0.3)
+        f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, d_inner))
+        f32(f"{b}.ssm_a", -np.tile(np.arange(1, s.d_state + 1, dtype=np.float32), (d_inner, 1))
+            * np.exp(0.2 * rng.standard_normal((d_inner, s.d_state))))
+        f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal(d_inner))
+        matrix(f"{b}.ssm_out.weight", "ssm_out", d_inner, e)
+    w.write()
+
+
 def prompt_logits(path, tokens, n_ubatch: int, load_mode: str = "auto") -> np.ndarray:
     """Logits of every position of a tiny model, the prompt decoded in ubatches of n_ubatch tokens."""
     with Model.load(path, load_mode=load_mode) as model, Context(model, n_ctx=256, n_batch=256, n_ubatch=n_ubatch, n_threads=2,

@@ -256,8 +256,9 @@ class Llama(LLM):
                 reset, tokens, keep = False, [], 0      # the whole prompt's logits are live: sample at once
             else:
                 keep = held - 1 if consumed else held   # decode at least the last prompt token again
-            if keep > 0:
-                self.context.memory.seq_rm(0, keep, -1)
+            # as llama-cpp-python, every sequence's tail at once: a recurrent memory refuses it,
+            # and the prompt is evaluated afresh
+            if keep > 0 and self.context.memory.seq_rm(-1, keep, -1):
                 reset, tokens = False, tokens[keep:]
                 self.n_tokens = keep
                 self._requires_eval = True

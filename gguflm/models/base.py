@@ -82,6 +82,12 @@ class Architecture:
         return hp
 
     @classmethod
+    def state_sizes(cls, hp: HParams) -> tuple[int, int]:
+        """A recurrent model's floats per sequence and layer: its conv state and its SSM state
+        (llama.cpp's n_embd_r and n_embd_s)."""
+        raise NotImplementedError
+
+    @classmethod
     def max_positions(cls, hp: HParams) -> int | None:
         """How many positions the model has embeddings for (absolute positions), or None."""
         return None
