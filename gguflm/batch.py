@@ -135,6 +135,7 @@ class UBatch:
     output_rows: np.ndarray              # int64 [n_outputs]: rows that produce output
     cells: dict[int, np.ndarray] = field(default_factory=dict)  # cache index → cells
     pooling: Any = None                  # gguflm.pooling.PoolingInputs of a pooling context
+    per_token: bool = False              # each token rounds as in a one-token ubatch (drafts checked)
 
     @property
     def n_tokens(self) -> int:
@@ -150,8 +151,8 @@ class UBatch:
         return 0 if self.pooling is None else len(self.pooling.seq_ids)
 
     @property
-    def shape(self) -> tuple[int, int, bool, int]:
-        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs
+    def shape(self) -> tuple[int, int, bool, int, bool]:
+        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs, self.per_token
 
 
 @dataclass(frozen=True)
