@@ -235,7 +235,8 @@ class Session:
 
     def step(self, token: int, draft: Sequence[int] = ()) -> None:
         """Decode one generated token (its logits become the next row to sample), and after it
-        the ``draft`` tokens to check, each with its logits, in the same batch."""
+        the ``draft`` tokens to check, each with its logits, in the same batch, every row
+        rounded as a one-token decode's (``Context.decode``'s ``per_token``)."""
         if not draft:
             self._one.token[0] = token
             self._decode(self._one, (token,))
@@ -244,7 +245,7 @@ class Session:
         batch = Batch(len(tokens))
         for pos, tok in enumerate(tokens, len(self.tokens)):
             batch.add(tok, pos, (self.seq_id,), True)
-        self._decode(batch, tokens)
+        self._decode(batch, tokens, per_token=True)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens in the cache (drop rejected drafts)."""
@@ -252,10 +253,10 @@ class Session:
             self.ctx.memory.seq_rm(self.seq_id, n, -1)
             del self.tokens[n:]
 
-    def _decode(self, batch: Batch, tokens: Sequence[int]) -> None:
+    def _decode(self, batch: Batch, tokens: Sequence[int], per_token: bool = False) -> None:
         """Decode ``batch`` (holding ``tokens``) after the cached tokens."""
         try:
-            status = self.ctx.decode(batch)
+            status = self.ctx.decode(batch, per_token)
         except BaseException:   # e.g. KeyboardInterrupt between layers: the cache is unknown
             self.reset()
             raise
@@ -417,9 +418,9 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
     With ``speculation``, each generated token is decoded with a draft after it in one batch;
     the rows are sampled in order while the sampled token is the drafted one (llama.cpp's
     ``common_sampler_sample_and_accept_n``), and the cache drops the drafted tokens after the
-    first that differs. The chain samples the rows it would without a draft, one per token, so
-    the tokens are the same when the batch's logits equal one-token decodes' (see
-    docs/speculative.md).
+    first that differs. The batch rounds every row as a one-token decode would, and the chain
+    samples the rows it would without a draft, one per token, in order: the tokens, logprobs and
+    random draws are those of generation without speculation.
     """
     gen = TokenLoop(session.ctx.model.vocab, prompt, chain, request)
     n_cached = 0

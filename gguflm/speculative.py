@@ -34,10 +34,8 @@ if TYPE_CHECKING:
     from gguflm.model import Model
 
 __all__ = ["prompt_lookup", "PromptLookup", "DraftModel", "CallableProposer", "Proposer",
-           "Speculation", "SpeculationError", "check_compatible", "speculation_for", "SPEC_TYPES"]
+           "Speculation", "SpeculationError", "check_compatible", "speculation_for"]
 
-#: ``--spec-type`` names (llama.cpp's) and what they select
-SPEC_TYPES = ("ngram", "draft")
 # llama.cpp's common_speculative_are_compatible: vocabulary sizes may differ by this much, and
 # token texts are compared from this id on
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -260,8 +258,11 @@ class Speculation:
     """A proposer and llama.cpp's draft limits (``--draft-max``, ``--draft-min``), with the draft
     length adapting to how much of the drafts the model takes.
 
-    The length starts at ``n_max``, doubles (up to ``n_max``) after a draft taken whole and
-    drops to one more than the accepted part (at least ``n_min``) after one that was not. A draft that gained nothing
+    Drafts are 1, 2, 4, 8, ... tokens long (a shorter proposal is cut to one of those): each
+    length is a batch shape whose recorded forward pass the context keeps, where every new length
+    would record another. The length starts at ``n_max``, doubles (up to ``n_max``) after a draft
+    taken whole and drops to one more than the accepted part (at least ``n_min``) after one that
+    was not. A draft that gained nothing
     makes the next proposals be skipped, 1, 3, 7, ... (at most 32) of them while that repeats: a
     proposer that keeps missing (prompt lookup on text that copies nothing) then costs next to
     nothing, and one that starts hitting again is back within a few tokens.
@@ -300,10 +301,11 @@ class Speculation:
         if self._skip:
             self._skip -= 1
             return []
-        n = min(self._n_draft, room)
+        n = _pow2_floor(min(self._n_draft, room))
         if n < max(1, self.n_min):
             return []
         tokens = self.proposer.propose(history, n)[:n]
+        tokens = tokens[:_pow2_floor(len(tokens))]
         return tokens if len(tokens) >= max(1, self.n_min) else []
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
@@ -331,9 +333,15 @@ class Speculation:
         return f"Speculation({type(self.proposer).__name__}, n_max={self.n_max}, n_min={self.n_min})"
 
 
+def _pow2_floor(n: int) -> int:
+    """The largest power of two <= n (0 for n < 1)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
+
+
 def speculation_for(draft: Any, target_vocab: Any, n_max: int = 16, n_min: int = 0,
                     p_min: float = 0.75, **context: Any) -> Speculation:
     """The :class:`Speculation` that ``draft`` names: a :class:`Speculation` as it is; a
+    :class:`Proposer` (:class:`PromptLookup`, ...) with these limits; a
     ``LlamaPromptLookupDecoding`` (gguflm's or llama-cpp-python's, recognised by its name and
     ``max_ngram_size``/``num_pred_tokens``) as a :class:`PromptLookup`; a path or a
     :class:`gguflm.Model` as a :class:`DraftModel` (``context``: its ``n_ctx`` and threads); any
@@ -342,9 +350,11 @@ def speculation_for(draft: Any, target_vocab: Any, n_max: int = 16, n_min: int =
 
     if isinstance(draft, Speculation):
         return draft
-    if type(draft).__name__ == "LlamaPromptLookupDecoding" and hasattr(draft, "max_ngram_size") \
+    if hasattr(draft, "propose") and hasattr(draft, "begin"):
+        proposer: Any = draft
+    elif type(draft).__name__ == "LlamaPromptLookupDecoding" and hasattr(draft, "max_ngram_size") \
             and hasattr(draft, "num_pred_tokens"):
-        proposer: Any = PromptLookup(draft.max_ngram_size, draft.num_pred_tokens)
+        proposer = PromptLookup(draft.max_ngram_size, draft.num_pred_tokens)
     elif isinstance(draft, (str, PathLike, Model)):
         proposer = DraftModel(draft, target_vocab, p_min=p_min, **context)
     elif callable(draft):

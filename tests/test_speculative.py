@@ -6,12 +6,23 @@ refused."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gguflm
 from _derived import derived_dir
 from _llama import import_peer
+from gguflm import Batch, Context, Model
+from tiny_models import ARCHS, MOE_ARCHS, N_VOCAB, tiny_models, write_tiny_model
 from gguflm.cli import main as cli_main
 from gguflm.llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 from gguflm.speculative import PromptLookup, Speculation, SpeculationError, prompt_lookup
@@ -30,24 +41,27 @@ N_TOKENS = 40
 REQUANT = {"smollm": "Q4_0", "gemma": "Q2_K"}
 
 
-@pytest.fixture(scope="module", params=["smollm", "gemma"])
-def model(request, tmp_path_factory):
-    """(name, target path, draft path): the draft is the target requantized (gguflm quantize
-    --allow-requantize), made once per machine."""
-    name = request.param
-    path = request.getfixturevalue(f"{name}_path")
-    draft = derived_dir(tmp_path_factory) / f"{path.stem}.requant-{REQUANT[name]}.gguf"
+def _requantized(path, ftype: str, tmp_path_factory):
+    """``path`` requantized to ``ftype`` (gguflm quantize --allow-requantize), made once per machine."""
+    draft = derived_dir(tmp_path_factory) / f"{path.stem}.requant-{ftype}.gguf"
     if not draft.exists():
         part = draft.with_suffix(".part.gguf")
-        assert cli_main(["quantize", "--allow-requantize", str(path), str(part), REQUANT[name]]) == 0
+        assert cli_main(["quantize", "--allow-requantize", str(path), str(part), ftype]) == 0
         part.rename(draft)
-    return name, path, draft
+    return draft
+
+
+@pytest.fixture(scope="module", params=["smollm", "gemma"])
+def model(request, tmp_path_factory):
+    """(target path, draft path): the draft is the target requantized."""
+    path = request.getfixturevalue(f"{request.param}_path")
+    return path, _requantized(path, REQUANT[request.param], tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def llms(model):
     """The target without speculation, with prompt lookup and with the draft model."""
-    _, path, draft = model
+    path, draft = model
     made = {"plain": gguflm.LLM(path, n_ctx=512),
             "lookup": gguflm.LLM(path, n_ctx=512, draft_model=LlamaPromptLookupDecoding()),
             "draft": gguflm.LLM(path, n_ctx=512, draft_model=str(draft), draft_max=6, draft_p_min=0.3)}
@@ -86,6 +100,53 @@ def test_grammar_stop_strings_logprobs_and_streaming_unchanged(llms, proposer):
         JSON_PROMPT, max_tokens=N_TOKENS, stop=stop, stream=True, **options)] for llm in (llms["plain"], llms[proposer])]
     assert chunks[1] == chunks[0]
     assert chunks[0][-1][2] == "stop"
+
+
+def _one_token_and_per_token_logits(model: Model, tokens: list[int], n_prompt: int, type_k: str,
+                                    n_threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The logits of tokens[n_prompt:] decoded one at a time, and in one per_token batch."""
+    ctx = Context(model, n_ctx=256, n_threads=n_threads, type_k=type_k, type_v=type_k)
+    try:
+        assert ctx.decode(Batch.get_one(tokens[:n_prompt])) == 0
+        single = []
+        for tok in tokens[n_prompt:]:
+            assert ctx.decode(Batch.get_one([tok])) == 0
+            single.append(ctx.get_logits_ith(-1).copy())
+        ctx.memory.seq_rm(0, n_prompt, -1)
+        batch = Batch(len(tokens) - n_prompt)
+        for pos, tok in enumerate(tokens[n_prompt:], n_prompt):
+            batch.add(tok, pos, [0], True)
+        assert ctx.decode(batch, per_token=True) == 0
+        return np.stack(single), ctx.get_logits().copy()
+    finally:
+        ctx.close()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=tiny_models(tuple(a for a in ARCHS if a not in MOE_ARCHS)).filter(lambda s: not s.n_expert),
+       n_draft=st.integers(2, 17), type_k=st.sampled_from(("f16", "f32", "q8_0")), seed=st.integers(0, 99))
+def test_a_per_token_batch_gives_one_token_logits_for_any_weight_type(spec, n_draft, type_k, seed):
+    """Every weight type, cache type and draft size: the batch that checks drafts gives the bits
+    of one-token decodes (the default batch takes other recipes: llama.cpp's)."""
+    if type_k == "q8_0" and spec.head_dim % 32:
+        type_k = "f16"   # Q8_0 blocks must tile a head
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, N_VOCAB, size=7 + n_draft).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{spec.arch}.gguf"
+        write_tiny_model(spec, path, rng)
+        with Model.load(path) as model:
+            single, batched = _one_token_and_per_token_logits(model, tokens, 7, type_k, 2)
+    assert np.array_equal(batched.view(np.uint32), single.view(np.uint32))
+
+
+@pytest.mark.parametrize("n_draft", [2, 5, 9, 17])
+def test_a_per_token_batch_gives_one_token_logits_on_the_real_models(model, n_draft):
+    path, _ = model
+    with Model.load(path) as target:
+        tokens = target.vocab.tokenize(TYPO_PROMPT)[:12 + n_draft]
+        single, batched = _one_token_and_per_token_logits(target, tokens, 12, "f16", 2)
+    assert np.array_equal(batched.view(np.uint32), single.view(np.uint32))
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused(smollm_path, gemma_path):
@@ -131,7 +192,7 @@ def test_draft_length_adapts_and_misses_back_off():
     assert len(spec.draft([1], 100)) == 4
     spec.update(4, 4)                       # taken whole: doubles
     assert len(spec.draft([1], 100)) == 8
-    assert len(spec.draft([1], 5)) == 5     # never past the room
+    assert len(spec.draft([1], 7)) == 4     # never past the room, and a power of two
     assert spec.draft([1], 1) == []         # shorter than draft_min: not checked
     spec.update(8, 0)                       # gained nothing: the next proposal is skipped
     assert spec.draft([1], 100) == []
@@ -140,5 +201,42 @@ def test_draft_length_adapts_and_misses_back_off():
     assert [spec.draft([1], 100) for _ in range(3)] == [[], [], []]
     assert spec.draft([1], 100) != []
     assert spec.stats.n_drafted == 22 and spec.stats.n_accepted == 7
+    short = Speculation(_Fixed(list(range(6))), n_max=8)
+    short.begin([1])
+    assert short.draft([1], 100) == [0, 1, 2, 3]   # a proposal cut to a power of two
     with pytest.raises(SpeculationError):
         Speculation(_Fixed([]), n_max=2, n_min=3)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gguflm.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_run_with_prompt_lookup_and_a_draft_model(smollm_path, tmp_path_factory):
+    path, draft = smollm_path, _requantized(smollm_path, REQUANT["smollm"], tmp_path_factory)
+    common = ("run", "-m", str(path), "-p", TYPO_PROMPT, "-n", "24", "--temp", "0", "-t", "1", "-c", "512")
+    plain = _cli(*common)
+    assert plain.returncode == 0, plain.stderr
+    for extra in (("--spec-type", "ngram", "--draft-max", "8"), ("--model-draft", str(draft), "--draft-p-min", "0.2")):
+        done = _cli(*common, *extra)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == plain.stdout
+        accepted, drafted = map(int, re.search(r"draft: (\d+)/(\d+) accepted", done.stderr).groups())
+        assert 0 < accepted <= drafted
+    both = _cli(*common, "--spec-type", "ngram", "--model-draft", str(draft))
+    assert both.returncode != 0 and "not both" in both.stderr
+
+
+def test_bench_speculative_prints_speeds_acceptance_and_same_tokens(smollm_path):
+    done = _cli("bench", "--speculative", "-m", str(smollm_path), "-n", "12", "-r", "1", "-t", "1",
+                "--tasks", "json,function")
+    assert done.returncode == 0, done.stderr
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith(("| task", "| ---"))]
+    assert [(r[0], r[1]) for r in rows] == [(t, e) for t in ("json", "function")
+                                           for e in ("gguflm", "gguflm + lookup")]
+    for task, engine, speed, ratio, accepted, same in rows:
+        assert float(speed) > 0 and ratio.endswith("x")
+        if engine == "gguflm + lookup":
+            assert same == "yes" and accepted.endswith(tuple("0123456789"))
