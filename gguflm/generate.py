@@ -449,7 +449,8 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
             if token is None or i == n_rows - 1 or token != draft[i]:
                 break
         if draft:
-            session.truncate(n_before + i)
+            if is_open():   # a closed owner's context is not touched again
+                session.truncate(n_before + i)
             speculation.update(len(draft), i)
             gen.timings.draft_n += len(draft)
             gen.timings.draft_accepted += i
