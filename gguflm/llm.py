@@ -240,7 +240,11 @@ class LLM:
             self._model = None
             raise
         self._session = Session(self._context)
-        if draft_model is not None and not self.embedding:
+        if draft_model is not None and self._model.architecture.memory != "attention":
+            # a recurrent state cannot drop a rejected draft's tail: llama.cpp does without too
+            log.warning("LLM: %s keeps a recurrent state; generating without draft_model",
+                        Path(self.model_path).name)
+        elif draft_model is not None and not self.embedding:
             try:
                 self._speculation = speculation_for(
                     draft_model, self._model.vocab, draft_max, draft_min, draft_p_min,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gguflm.errors import Error
+from gguflm.errors import SpeculationError
 
 if TYPE_CHECKING:
     from gguflm.context import Context
@@ -42,11 +42,6 @@ VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
 # the most proposals skipped after drafts that gained nothing (see Speculation.update)
 MAX_BACKOFF = 32
-
-
-class SpeculationError(Error):
-    """A draft model that cannot draft for the target (its vocabulary differs), or bad
-    speculative-decoding settings."""
 
 
 def prompt_lookup(ids: npt.ArrayLike, max_ngram_size: int, n_predict: int) -> np.ndarray:
@@ -222,12 +217,14 @@ class DraftModel:
         session.ingest(history)
         while True:
             row = self.context.get_logits_ith(-1)
-            k = min(self.TOP_K, row.shape[0])
-            top = np.argpartition(row, row.shape[0] - k)[row.shape[0] - k:]
-            best = int(top[np.argmax(row[top])])
+            best = int(np.argmax(row))
             if self.p_min > 0.0:
-                # softmax among the top k: p(best) = 1 / sum(exp(l - l_best))
-                p = 1.0 / float(np.exp(row[top] - row[best], dtype=np.float32).sum(dtype=np.float64))
+                # softmax among the top k: p(best) = 1 / sum(exp(l - l_best)); logits more than
+                # 20 below the best change it by less than 1e-7 and need no sorting
+                near = row[row > row[best] - 20.0]
+                if near.shape[0] > self.TOP_K:
+                    near = np.partition(near, near.shape[0] - self.TOP_K)[near.shape[0] - self.TOP_K:]
+                p = 1.0 / float(np.exp(near - row[best], dtype=np.float32).sum(dtype=np.float64))
                 if p < self.p_min:
                     return out
             out.append(best)
