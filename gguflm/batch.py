@@ -137,6 +137,7 @@ class UBatch:
     pooling: Any = None                  # gguflm.pooling.PoolingInputs of a pooling context
     batch_rows: np.ndarray | None = None  # int64 [n_tokens]: each token's index in the batch (None: in order from ``first``)
     n_rs_seqs: int = 0                   # an equal split's sequences (as many tokens each), else 0
+    per_token: bool = False              # each token rounds as in a one-token ubatch (drafts checked)
 
     @property
     def n_tokens(self) -> int:
@@ -152,8 +153,8 @@ class UBatch:
         return 0 if self.pooling is None else len(self.pooling.seq_ids)
 
     @property
-    def shape(self) -> tuple[int, int, bool, int, int]:
-        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs, self.n_rs_seqs
+    def shape(self) -> tuple[int, int, bool, int, int, bool]:
+        return self.n_tokens, self.n_outputs, self.tokens is None, self.n_seqs, self.n_rs_seqs, self.per_token
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     prompt = _read_text(args, "prompt")
-    with _llm(args) as llm:
+    with _llm(args, **_speculative(args)) as llm:
         cache = Path(args.prompt_cache) if args.prompt_cache else None
         if cache is not None and cache.exists():
             n = llm.session_load(cache)
@@ -455,6 +455,35 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
+def _speculative_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (the same tokens, faster)")
+    g.add_argument("-md", "--model-draft", metavar="FILE",
+                   help="a draft model: a smaller GGUF of the same vocabulary")
+    g.add_argument("--spec-type", choices=("none", "ngram"), default="none",
+                   help="ngram: draft by prompt lookup (the tokens that followed the last n-gram before)")
+    g.add_argument("--spec-ngram-size", type=int, default=2, metavar="N",
+                   help="the longest n-gram prompt lookup matches (default: 2)")
+    g.add_argument("--draft-max", type=int, default=16, metavar="N", help="most tokens drafted at once")
+    g.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest drafted tokens worth checking")
+    g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
+                   help="a draft model stops drafting below this probability")
+
+
+def _speculative(args: argparse.Namespace) -> dict[str, Any]:
+    """LLM's speculative-decoding arguments from --model-draft / --spec-type and the draft limits."""
+    from gguflm.speculative import PromptLookup
+
+    if args.model_draft and args.spec_type != "none":
+        raise SystemExit("gguflm: give --model-draft or --spec-type ngram, not both")
+    draft: Any = args.model_draft
+    if args.spec_type == "ngram":
+        draft = PromptLookup(args.spec_ngram_size, args.draft_max)
+    if draft is None:
+        return {}
+    return {"draft_model": draft, "draft_max": args.draft_max, "draft_min": args.draft_min,
+            "draft_p_min": args.draft_p_min}
+
+
 def _context_args(p: argparse.ArgumentParser, ctx_size: int, batch_size: int) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=ctx_size, help="context size in tokens")
     p.add_argument("-b", "--batch-size", type=int, default=batch_size, help="prompt chunk size")
@@ -565,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the generated text to the prompt cache too")
     p.add_argument("--prompt-cache-ro", action="store_true",
                    help="read the prompt cache but do not update it")
+    _speculative_args(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat through the model's chat template")
@@ -586,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="gguflm bench NAME [args] runs python -m gguflm.bench NAME [args]: "
                               + ", ".join(n for n in bench_modules() if n != "model"))
     bench_arguments(p)
+    p.add_argument("--speculative", action="store_true",
+                   help="speculative decoding on input-grounded tasks instead (gguflm bench speculative -h)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
@@ -713,6 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in bench_modules():
         return bench_main(argv[1:])
+    if argv[:1] == ["bench"] and "--speculative" in argv:
+        return bench_main(["speculative"] + [a for a in argv[1:] if a != "--speculative"])
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

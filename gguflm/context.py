@@ -43,7 +43,7 @@ MAX_SEQ = 64            # sequence ids are bits of a uint64 per cell
 MAX_SEQ_NO_CACHE = 256  # llama.cpp's LLAMA_MAX_SEQ, for encoders (no cache cells to mark)
 STATE_MAGIC = "gguflm-state-v2"
 SEQ_STATE_MAGIC = "gguflm-seq-state-v2"
-_MAX_PLANS = 4
+_MAX_PLANS = 8   # a prompt's shapes, generation's one token and speculative drafts' 1, 2, 4, 8, 16
 
 
 def _pad(n: int, to: int) -> int:
@@ -274,8 +274,14 @@ class Context:
             count[0] += 1
         return before_segment
 
-    def decode(self, batch: Batch) -> int:
-        """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid)."""
+    def decode(self, batch: Batch, per_token: bool = False) -> int:
+        """Run the model over ``batch``; returns 0, 1 (no cache room), 2 (aborted), -1 (invalid).
+
+        ``per_token``: every token's logits round as a one-token ubatch's would (gguflm's own:
+        llama.cpp's, like the default here, change with the ubatch's size, as its matmuls and
+        attention take other recipes for batches), at about a batch's cost. Speculative decoding
+        checks drafts so, for the tokens generation without it gives. Mixture-of-experts layers
+        keep their batch rounding."""
         status = self._decode_one(batch)
         if status is not None:
             return status
@@ -285,6 +291,8 @@ class Context:
             log.error("decode: %s", exc)
             return -1
         ubatches = self._balloc.split(prepared)
+        for ub in ubatches:
+            ub.per_token = per_token and ub.n_tokens > 1
         self._apply_shifts()  # first, as llama.cpp's memory update: the snapshots below come after it
         snapshots = self._reserve(ubatches) if ubatches else None
         if snapshots is None:
@@ -356,7 +364,7 @@ class Context:
         if one is None:
             return None
         output = one.output
-        shape = (1, int(output), False, 0, int(self._balloc.equal_split))   # UBatch.shape
+        shape = (1, int(output), False, 0, int(self._balloc.equal_split), False)   # UBatch.shape
         plan = self._plans.get(shape)
         if plan is None:
             return None
@@ -426,7 +434,7 @@ class Context:
         (and its matmul inputs by segment into ``observations``)."""
         hp = self.model.hparams
         plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
-                    ub.n_seqs)
+                    ub.n_seqs, ub.per_token)
         g = Graph(self, ub, plan, arena)
         embd, logits = self.model.architecture.forward(g)
         pooled = g.pooling(embd, self.pooling_type) if self._pools else None

@@ -30,6 +30,11 @@ class StateError(Error):
     """A saved context state is malformed or does not fit this context."""
 
 
+class SpeculationError(Error):
+    """A draft model that cannot draft for the target (its vocabulary differs), or bad
+    speculative-decoding settings."""
+
+
 class VocabOnlyError(Error):
     """What was asked needs the forward pass (architecture, hyper-parameters, tensors, a Context),
     and the model was loaded with ``vocab_only=True``."""

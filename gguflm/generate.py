@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class Timings:
     prompt_ms: float = 0.0
     gen_n: int = 0              # tokens generated
     gen_ms: float = 0.0         # from the first sample to the end
+    draft_n: int = 0            # drafted tokens checked (speculative decoding)
+    draft_accepted: int = 0     # ... of which the model took
 
     @property
     def prompt_per_second(self) -> float:
@@ -69,7 +71,8 @@ class Timings:
         return (f"prompt: {self.prompt_n} tokens in {self.prompt_ms:.1f} ms "
                 f"({self.prompt_per_second:.2f} tokens/s, {self.prompt_cached} cached) | "
                 f"generation: {self.gen_n} tokens in {self.gen_ms:.1f} ms "
-                f"({self.gen_per_second:.2f} tokens/s)")
+                f"({self.gen_per_second:.2f} tokens/s)"
+                + (f" | draft: {self.draft_accepted}/{self.draft_n} accepted" if self.draft_n else ""))
 
 
 @dataclass
@@ -233,15 +236,30 @@ class Session:
             self._decode(Batch.get_one(chunk), chunk)
         return n_keep
 
-    def step(self, token: int) -> None:
-        """Decode one generated token (its logits become the next row to sample)."""
-        self._one.token[0] = token
-        self._decode(self._one, (token,))
+    def step(self, token: int, draft: Sequence[int] = ()) -> None:
+        """Decode one generated token (its logits become the next row to sample), and after it
+        the ``draft`` tokens to check, each with its logits, in the same batch, every row
+        rounded as a one-token decode's (``Context.decode``'s ``per_token``)."""
+        if not draft:
+            self._one.token[0] = token
+            self._decode(self._one, (token,))
+            return
+        tokens = (token, *draft)
+        batch = Batch(len(tokens))
+        for pos, tok in enumerate(tokens, len(self.tokens)):
+            batch.add(tok, pos, (self.seq_id,), True)
+        self._decode(batch, tokens, per_token=True)
 
-    def _decode(self, batch: Batch, tokens: Sequence[int]) -> None:
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens in the cache (drop rejected drafts)."""
+        if n < len(self.tokens):
+            self.ctx.memory.seq_rm(self.seq_id, n, -1)
+            del self.tokens[n:]
+
+    def _decode(self, batch: Batch, tokens: Sequence[int], per_token: bool = False) -> None:
         """Decode ``batch`` (holding ``tokens``) after the cached tokens."""
         try:
-            status = self.ctx.decode(batch)
+            status = self.ctx.decode(batch, per_token)
         except BaseException:   # e.g. KeyboardInterrupt between layers: the cache is unknown
             self.reset()
             raise
@@ -392,12 +410,28 @@ class TokenLoop:
                      self.finish, completion)
 
 
+class Drafter(Protocol):
+    """What the token loop asks of speculative decoding (:class:`gguflm.speculative.Speculation`)."""
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+    def draft(self, history: Sequence[int], room: int) -> list[int]: ...
+    def update(self, n_drafted: int, n_accepted: int) -> None: ...
+
+
 def run(session: Session, prompt: list[int], chain: SamplerChain, request: Request,
-        is_open: Callable[[], bool] = lambda: True) -> Iterator[Chunk]:
+        is_open: Callable[[], bool] = lambda: True,
+        speculation: Drafter | None = None) -> Iterator[Chunk]:
     """Generate after ``prompt``; yields :class:`Chunk` objects, the last with the result.
 
     ``is_open()`` returning False (the owner was closed while a stream was suspended) ends the
     loop as cancelled without touching the context again.
+
+    With ``speculation``, each generated token is decoded with a draft after it in one batch;
+    the rows are sampled in order while the sampled token is the drafted one (llama.cpp's
+    ``common_sampler_sample_and_accept_n``), and the cache drops the drafted tokens after the
+    first that differs. The batch rounds every row as a one-token decode would, and the chain
+    samples the rows it would without a draft, one per token, in order: the tokens, logprobs and
+    random draws are those of generation without speculation.
     """
     gen = TokenLoop(session.ctx.model.vocab, prompt, chain, request)
     n_cached = 0
@@ -406,19 +440,43 @@ def run(session: Session, prompt: list[int], chain: SamplerChain, request: Reque
     except Cancelled:
         gen.cancel()
     gen.prompt_done(n_cached)
+    if speculation is not None:
+        speculation.begin(prompt)
+    draft: list[int] = []   # the drafted tokens decoded after the last generated one
     while gen.finish is None:
-        if request.cancel.is_set() or not is_open():
-            gen.cancel()
+        # row i: the logits after the token before draft[i] (the last row: after the whole draft)
+        n_rows = len(draft) + 1
+        n_before = len(session.tokens) - len(draft)
+        token = None
+        i = 0
+        for i in range(n_rows):
+            if request.cancel.is_set() or not is_open():
+                gen.cancel()
+                break
+            history = session.tokens if i == n_rows - 1 else session.tokens[:n_before + i]
+            chunk, token = gen.next(session.ctx, i - n_rows, history)
+            if chunk is not None:
+                yield chunk
+            if token is None or i == n_rows - 1 or token != draft[i]:
+                break
+        if draft:
+            if is_open():   # a closed owner's context is not touched again
+                session.truncate(n_before + i)
+            speculation.update(len(draft), i)
+            gen.timings.draft_n += len(draft)
+            gen.timings.draft_accepted += i
+        if gen.finish is not None or token is None:
             break
-        chunk, token = gen.next(session.ctx, -1, session.tokens)
-        if chunk is not None:
-            yield chunk
-        if token is None:
-            break
+        draft = []
+        if speculation is not None:
+            room = request.max_tokens - len(gen.generated) - 1
+            draft = speculation.draft(session.tokens + [token], room)
+        n_decoded = len(session.tokens)
         try:
-            session.step(token)
+            session.step(token, draft)
         except Cancelled:
             gen.cancel()
+            session.truncate(n_decoded + 1)   # the drafted tokens its finished ubatches held
     yield gen.end()
 
 

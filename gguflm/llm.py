@@ -48,6 +48,7 @@ from gguflm.model import Model
 from gguflm.openai_compat import PreparedRequest, ResponseMeta
 from gguflm.pooling import PoolingType
 from gguflm.sampling import SamplerChain, SamplingParams, common_sampler
+from gguflm.speculative import Speculation, speculation_for
 
 if TYPE_CHECKING:
     from gguflm.grammar import Grammar
@@ -70,7 +71,7 @@ _CONTEXT_LLAMA_ARGS = frozenset({
 })
 # ... and those that ask for something gguflm's LLM does not do (an error when set)
 _UNSUPPORTED_LLAMA_ARGS = frozenset({
-    "draft_model", "chat_handler", "tokenizer",
+    "chat_handler", "tokenizer",
 })
 # the sampling arguments create_completion and create_chat_completion pass on to _sampler
 _LLAMA_SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
@@ -169,8 +170,18 @@ class LLM:
         (``rope_scaling_type``, ``rope_freq_base``, ``rope_freq_scale``, ``yarn_ext_factor``,
         ``yarn_attn_factor``, ``yarn_beta_fast``, ``yarn_beta_slow``, ``yarn_orig_ctx``) are
         honoured, and ``lora_path``/``lora_scale``; GPU and logging switches (``n_gpu_layers``,
-        ``verbose``, ...) are accepted and ignored; draft models and
-        custom chat handlers raise ValueError when set; anything else is a TypeError.
+        ``verbose``, ...) are accepted and ignored; custom chat handlers raise ValueError when
+        set; anything else is a TypeError.
+    draft_model
+        Speculative decoding (:mod:`gguflm.speculative`): a ``LlamaPromptLookupDecoding``
+        (gguflm's or llama-cpp-python's; prompt lookup), a draft model (a ``.gguf`` path or a
+        :class:`gguflm.Model` whose vocabulary matches, else :class:`SpeculationError`), any
+        other ``f(input_ids) -> token ids`` (llama-cpp-python's ``LlamaDraftModel``), or a
+        :class:`gguflm.speculative.Speculation`. The tokens generated do not change, only
+        the speed.
+    draft_max, draft_min, draft_p_min
+        llama.cpp's draft limits: the most tokens drafted at once, the fewest worth checking,
+        and (draft models) the probability below which drafting stops.
 
     Raises
     ------
@@ -189,10 +200,13 @@ class LLM:
                  kv_unified: bool = True, vocab_only: bool = False,
                  lora_adapters: Mapping[str | PathLike[str], float] | None = None,
                  control_vectors: Mapping[str | PathLike[str], float] | None = None,
-                 control_vector_layer_range: tuple[int, int] | None = None, **llama_kwargs: Any) -> None:
+                 control_vector_layer_range: tuple[int, int] | None = None, draft_model: Any = None,
+                 draft_max: int = 16, draft_min: int = 0, draft_p_min: float = 0.75,
+                 **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._context: Context | None = None
+        self._speculation: Speculation | None = None
         self.vocab_only = bool(vocab_only)
         options = _llama_options(llama_kwargs)
         type_k, type_v = cache_type_name(type_k), cache_type_name(type_v)
@@ -252,6 +266,19 @@ class LLM:
             self._model = None
             raise
         self._session = Session(self._context)
+        if draft_model is not None and self._model.architecture.memory != "attention":
+            # a recurrent state cannot drop a rejected draft's tail: llama.cpp does without too
+            log.warning("LLM: %s keeps a recurrent state; generating without draft_model",
+                        Path(self.model_path).name)
+        elif draft_model is not None and not self.embedding:
+            try:
+                self._speculation = speculation_for(
+                    draft_model, self._model.vocab, draft_max, draft_min, draft_p_min,
+                    n_ctx=self._context.n_ctx, n_threads=self._context.n_threads,
+                    n_threads_batch=self._context.n_threads_batch)
+            except BaseException:
+                self._free()
+                raise
         self._closed = False
 
     # -- facts
@@ -552,7 +579,7 @@ class LLM:
             self._open()
             self._cancel = request.cancel   # what cancel() and the context's abort callback read
             yield from generate.run(self._session, tokens, chain, request,
-                                    is_open=lambda: not self._closed)
+                                    is_open=lambda: not self._closed, speculation=self._speculation)
         finally:
             self._cancel = threading.Event()
             self._release_lock()
@@ -773,8 +800,10 @@ class LLM:
             self._release_lock()
 
     def _free(self) -> None:
-        ctx, model = self._context, self._model
-        self._context = self._model = None
+        ctx, model, speculation = self._context, self._model, self._speculation
+        self._context = self._model = self._speculation = None
+        if speculation is not None:
+            speculation.close()
         self._session = None
         self._template = None
         if ctx is not None:

@@ -290,7 +290,7 @@ static int gguflm_moe_one(const gguflm_moe_args *m, const gguflm_moe_one_args *a
         gguflm_quantize_act_part(r_type, a->x, a->n_embd, 1, a->n_embd, a->xr, isa, ith, nth);
         gguflm_quantize_act_part(x_type, a->x, 0, k, a->n_embd, a->xq, isa, ith, nth);
         #pragma omp barrier
-        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, &router_queue);
+        gguflm_matmul_worker(&a->router, 1, a->n_embd, 1, isa, arith, 0, &router_queue);
         #pragma omp barrier
         if (ith == 0) {
             failed = gguflm_moe_route(m, a->router.out, ne, 1, a->bias, arith);

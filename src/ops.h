@@ -140,6 +140,7 @@ typedef struct {
                                   part in the softmax without a value; NULL = none */
     int per_stream;            /* 1: the cache has one region per sequence (llama.cpp's KV streams), and
                                   ggml multiplies each sequence's tokens apart */
+    int per_token;             /* 1: every token rounds as a single token would (checking drafts) */
     uint64_t batched_seqs;     /* set by gguflm_attention: with per_stream, the sequences that have two
                                   or more tokens in the ubatch */
 } gguflm_attn_args;
@@ -149,6 +150,7 @@ typedef struct {
  * region per sequence those of t's own sequence (its stream). A server's parallel slots, one
  * token each, then round as each would alone. */
 static inline int gguflm_attn_batched(const gguflm_attn_args *a, int t) {
+    if (a->per_token) return 0;
     return a->per_stream ? (int)((a->batched_seqs >> (a->tok_seq[t] & 63)) & 1u) : a->n_tok >= 2;
 }
 
@@ -511,13 +513,15 @@ static uint64_t gguflm_attn_seqs(const gguflm_attn_args *a, uint64_t *twice) {
  * batches of about one token per sequence (parallel decoding: the tokens share no cells, and each
  * sees only its own), through gguflm_attn_heads one token and KV head per item, as do the batches
  * of a cache with a region per sequence where some sequence has one token (which rounds as a
- * single token, gguflm_attn_batched). All give the same floats. */
+ * single token, gguflm_attn_batched), and batches whose every token rounds as a single token
+ * (per_token: drafted tokens checked). All give the same floats. */
 enum { GGUFLM_ATTN_BY_GROUP = 0, GGUFLM_ATTN_BY_HEAD, GGUFLM_ATTN_BY_BLOCK };
 static int gguflm_attn_scheme(const gguflm_attn_args *a) {
     if (a->cache_type_k != GGUFLM_CACHE_F16 || a->cache_type_v != GGUFLM_CACHE_F16) return GGUFLM_ATTN_BY_GROUP;
     uint64_t twice;
     const uint64_t seqs = gguflm_attn_seqs(a, &twice);
-    if (a->n_tok >= 2 && !a->cell_seq_id && (a->n_tok < 2 * __builtin_popcountll(seqs) || (a->per_stream && twice != seqs)))
+    if (a->n_tok >= 2 && !a->cell_seq_id &&
+        (a->per_token || a->n_tok < 2 * __builtin_popcountll(seqs) || (a->per_stream && twice != seqs)))
         return GGUFLM_ATTN_BY_GROUP;
     if (a->n_tok >= 2 && !a->cell_seq_id)
         return a->head_dim_k % gguflm_vec_lanes(a->arith) == 0 && a->n_head / a->n_head_kv <= 16 ? GGUFLM_ATTN_BY_BLOCK

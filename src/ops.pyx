@@ -291,6 +291,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.max_bias = max_bias
     a.sinks = NULL
     a.per_stream = per_stream
+    a.per_token = 0
     a.batched_seqs = 0
     _check_threads(n_threads)
     cdef int rc, isa = _switch.isa

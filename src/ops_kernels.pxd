@@ -64,6 +64,7 @@ cdef extern from "ops.h" nogil:
         float max_bias
         const float *sinks
         int per_stream
+        int per_token
         uint64_t batched_seqs
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

@@ -59,6 +59,7 @@ typedef struct {
     int64_t x_stride, y_stride, out_stride;
     int32_t type, aux;                   /* ggml type / cache type; GLU kind, n_in, col0, repacked, ... */
     int32_t group;                       /* on the first MATMUL of matmuls run together: how many */
+    int32_t per_token;                   /* MATMUL: each token rounds as in a one-token matmul */
     int64_t aux64;
     float f, f2;                         /* eps, scale, cap; SwiGLU-OAI's alpha and limit */
     const void *w;                       /* weights, bias, norm weight, cache data */
@@ -177,7 +178,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 jobs[j] = (gguflm_matmul_job){m->type, m->aux, (const uint8_t *)m->w, m->w_stride, m->aux64,
                                               (const uint8_t *)m->x, (float *)m->out, m->out_stride};
             }
-            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, arith, nd->n_threads);
+            gguflm_matmul_jobs(jobs, n_jobs, nd->n, nd->n_rows, isa, arith, nd->per_token, nd->n_threads);
             k += n_jobs - 1;
             break;
         }

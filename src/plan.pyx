@@ -88,6 +88,7 @@ cdef extern from "plan.h" nogil:
         int64_t x_stride, y_stride, out_stride
         int32_t type, aux
         int32_t group
+        int32_t per_token
         int64_t aux64
         float f, f2
         const void *w
@@ -167,13 +168,16 @@ cdef class Plan:
     cdef public object tokens, pos, seq_first, output_rows, n_kv, cells, embd, results
     cdef public object pool_mean_weights, pool_rows   # pooling inputs: [n_seqs, n_tokens] weights, [n_seqs] rows
     cdef object n_self          # [1] int32: n_tokens, the cells of attention without a cache
+    cdef readonly bint per_token   # matmuls and attention round each token as a one-token pass does
 
     def __cinit__(self):
         self.nodes = NULL
         self.n_nodes = self.capacity = 0
         self.ran.isa = -1
 
-    def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0, int n_seqs=0):
+    def __init__(self, int n_tokens, int n_outputs, int n_caches, int n_embd_input=0, int n_seqs=0,
+                 bint per_token=False):
+        self.per_token = per_token
         self.keep = []
         self.step_nodes = []
         self.guarded = False
@@ -313,7 +317,7 @@ cdef class Plan:
         """out = w . xq; ``repacked``: how w is held (gguflm.quants.matmul_storage)."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL, n_threads, (w, xq, out,))
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n = wtype, _ptr(w), w.strides[0], w.shape[0], n_in
-        nd.aux = repacked
+        nd.aux, nd.per_token = repacked, self.per_token
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
@@ -485,7 +489,7 @@ cdef class Plan:
         nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
-        nd.attn.per_stream = per_stream
+        nd.attn.per_stream, nd.attn.per_token = per_stream, self.per_token
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
 

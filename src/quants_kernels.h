@@ -316,14 +316,15 @@ static inline int64_t gguflm_chunk_take(gguflm_chunk_queue *q, int64_t n_chunks)
  * before the region) until none are left, so any team size covers every chunk; each chunk runs the
  * recipes llama.cpp would use for its matmul (gguflm_matmul_plan) */
 static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
-                                 int arith, gguflm_chunk_queue *queue) {
+                                 int arith, int per_token, gguflm_chunk_queue *queue) {
     gguflm_segment seg[GGUFLM_MAX_JOBS][2];
     int n_seg[GGUFLM_MAX_JOBS];
     int64_t rows[GGUFLM_MAX_JOBS], xq_stride[GGUFLM_MAX_JOBS], first_chunk[GGUFLM_MAX_JOBS + 1], n_chunks = 0;
     first_chunk[0] = 0;
     for (int j = 0; j < n_jobs; ++j) {
         const gguflm_matmul_job *job = &jobs[j];
-        n_seg[j] = gguflm_matmul_plan(job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
+        n_seg[j] = (per_token ? gguflm_matmul_plan_per_token : gguflm_matmul_plan)(
+            job->wtype, job->n_rows, job->w_stride, n_in, n_tok, job->repacked, arith, seg[j]);
         xq_stride[j] = gguflm_row_bytes(gguflm_traits[job->wtype].vec_dot_type, n_in);
         rows[j] = gguflm_chunk_rows(job->n_rows, n_tok, omp_get_num_threads(), gguflm_job_chunk_step(job));
         /* the repacked Q4_0 recipe's batch kernel (quants_repack_simd.inc) and the AVX-512 strips
@@ -358,13 +359,13 @@ static void gguflm_matmul_worker(const gguflm_matmul_job *jobs, int n_jobs, int6
 }
 
 /* the jobs (n_jobs <= GGUFLM_MAX_JOBS) of one input of n_tok rows in one parallel region, with isa's
- * kernels and arith's rounding: a thread done with its share of one matrix goes on with the next
- * instead of waiting at a barrier */
+ * kernels and arith's rounding (per_token: each token's as in a one-token matmul): a thread done
+ * with its share of one matrix goes on with the next instead of waiting at a barrier */
 static void gguflm_matmul_jobs(const gguflm_matmul_job *jobs, int n_jobs, int64_t n_in, int64_t n_tok, int isa,
-                               int arith, int n_threads) {
+                               int arith, int per_token, int n_threads) {
     gguflm_chunk_queue queue = {{0}};
     #pragma omp parallel num_threads(gguflm_matmul_threads(jobs, n_jobs, n_tok, n_threads))
-    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, arith, &queue);
+    gguflm_matmul_worker(jobs, n_jobs, n_in, n_tok, isa, arith, per_token, &queue);
 }
 
 /* out [n_tok, n_rows] (row stride out_stride floats) = W [n_rows, n_in] (row stride w_stride
@@ -374,7 +375,7 @@ static void gguflm_matmul_q(int wtype, const void *w, int64_t w_stride, int64_t 
                             int n_threads) {
     const gguflm_matmul_job job = {wtype, repacked, (const uint8_t *)w, w_stride, n_rows, (const uint8_t *)xq, out,
                                    out_stride};
-    gguflm_matmul_jobs(&job, 1, n_in, n_tok, isa, arith, n_threads);
+    gguflm_matmul_jobs(&job, 1, n_in, n_tok, isa, arith, 0, n_threads);
 }
 
 /* the same from float activations x [n_tok, n_in] (row stride x_stride floats): they are quantized
@@ -392,7 +393,7 @@ static void gguflm_matmul_f32(int wtype, const void *w, int64_t w_stride, int64_
         gguflm_quantize_act_part(vdt, x, x_stride, n_tok, n_in, scratch, isa, omp_get_thread_num(),
                                  omp_get_num_threads());
         #pragma omp barrier
-        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, arith, &queue);
+        gguflm_matmul_worker(&job, 1, n_in, n_tok, isa, arith, 0, &queue);
     }
 }
 

@@ -143,6 +143,17 @@ static inline int gguflm_matmul_plan(int wtype, int64_t n_rows, int64_t w_stride
     return 1;
 }
 
+/* The recipes of a one-token matmul for each of n_tok tokens (gguflm's own, for checking drafted
+ * tokens: llama.cpp's batches take the batch recipes above): each token's products round as its
+ * one-token decode's. DOT_STREAM is DOT's arithmetic in another row order. */
+static inline int gguflm_matmul_plan_per_token(int wtype, int64_t n_rows, int64_t w_stride, int64_t n_in,
+                                               int64_t n_tok, int repacked, int arith, gguflm_segment seg[2]) {
+    const int n_seg = gguflm_matmul_plan(wtype, n_rows, w_stride, n_in, 1, repacked, arith, seg);
+    if (seg[0].path == GGUFLM_PATH_DOT_STREAM && n_tok > 1) seg[0].path = GGUFLM_PATH_DOT;
+    seg[0].t1 = n_tok;
+    return n_seg;
+}
+
 /* ======================= integer parts ======================= */
 
 /* types whose partner is Q8_1 (they carry a min, applied through Q8_1's s = d*sum(qs)) */

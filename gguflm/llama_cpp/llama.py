@@ -54,7 +54,8 @@ class Llama(LLM):
     ``vocab_only=True`` loads the vocabulary and metadata only (tokenize, detokenize, metadata).
     ``chat_format`` names one of llama-cpp-python's formats (:mod:`.llama_chat_format`); without
     one, as llama-cpp-python: a model template it recognises by name, else the model's own
-    template, else ``llama-2``. ``draft_model`` proposes tokens ``generate`` checks in one batch.
+    template, else ``llama-2``. ``draft_model`` proposes tokens ``generate`` and the completions
+    check in one batch (:mod:`gguflm.speculative`).
     ``chat_handler`` and ``tokenizer`` (custom handlers and Hugging Face tokenizers) are not
     supported (ValueError).
     """
@@ -73,7 +74,8 @@ class Llama(LLM):
         super().__init__(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                          type_k="f16" if type_k is None else type_k, type_v="f16" if type_v is None else type_v,
                          embedding=embedding, pooling_type=None if pooling_type == -1 else pooling_type,
-                         vocab_only=vocab_only, last_n_tokens_size=last_n_tokens_size, **kwargs)
+                         vocab_only=vocab_only, last_n_tokens_size=last_n_tokens_size, draft_model=draft_model,
+                         **kwargs)
         self.verbose = verbose
         self._seed = seed
         self._logits_all = logits_all or draft_model is not None   # drafted tokens are sampled row by row
