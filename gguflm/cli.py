@@ -241,7 +241,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
                      shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
-                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens)
+                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
+                     slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
@@ -554,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings; "
+                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /slots, /v1/embeddings; "
                                    "needs the server extra: pip install \"gguflm[server]\"")
     _model_args(p)
     _context_args(p, 4096, 512)
@@ -579,6 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pooling of /v1/embeddings (default: the model's)")
     p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="directory of POST /slots/{id}?action=save|restore (else refused)")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="reuse cached chunks of at least N tokens by shifting their KV cells (0: off)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
     p.set_defaults(func=_cmd_serve)

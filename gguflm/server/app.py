@@ -10,6 +10,7 @@ Embeddings run through :meth:`gguflm.LLM.create_embedding` (of the served LLM wi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -36,7 +37,7 @@ from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import anthropic, metrics, native, protocol, responses, running
+from gguflm.server import anthropic, metrics, native, protocol, responses, running, slots
 from gguflm.server.protocol import RequestError
 from gguflm.server.responses import ResponseStore
 from gguflm.server.scheduler import Scheduler
@@ -55,8 +56,10 @@ class _Server:
 
     def __init__(self, llm: Any, alias: str, api_keys: frozenset[str], shutdown_timeout: float,
                  embedding_options: dict[str, Any] | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None,
+                 slot_save_path: Path | None = None, cache_reuse: int = 0) -> None:
         self.llm = llm
+        self.slot_save_path = slot_save_path
         self.max_body_bytes = max_body_bytes
         self.max_tokens = max_tokens
         # a generation server computes embeddings with a second context on the same file, made
@@ -67,7 +70,7 @@ class _Server:
         self.shutdown_timeout = shutdown_timeout
         self.alias = alias
         self.api_keys = api_keys
-        self.scheduler = None if llm.embedding else Scheduler(llm)
+        self.scheduler = None if llm.embedding else Scheduler(llm, cache_reuse)
         self.created = int(time.time())
         self.responses = ResponseStore()        # for previous_response_id
         self.http_requests: dict[tuple[str, int], int] = {}
@@ -414,6 +417,49 @@ async def props(request: Request) -> Response:
     return JSONResponse(native.props(server.llm, server.alias, n_slots, n_ctx_slot))
 
 
+async def slots_list(request: Request) -> Response:
+    server = _server(request)
+    scheduler = _need_generation(server)
+    vocab = server.llm.model.vocab
+
+    def states(_: Any) -> list[dict[str, Any]]:
+        return [slots.slot_json(s, scheduler.n_ctx_slot, vocab) for s in scheduler.slot_states()]
+
+    listed = await _scheduled(scheduler, states)
+    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in listed):
+        raise RequestError("no slot available", status=503, type="unavailable_error")
+    return JSONResponse(listed)
+
+
+async def slot_action(request: Request) -> Response:
+    server = _server(request)
+    scheduler = _need_generation(server)
+    if server.slot_save_path is None:
+        raise RequestError("This server does not support slots action. Start it with "
+                           "--slot-save-path", status=501, type="not_supported_error")
+    try:
+        index = int(request.path_params["id_slot"])
+    except ValueError:
+        index = -1
+    if not 0 <= index < scheduler.n_slots:
+        raise RequestError("Invalid slot ID", param="id_slot")
+    action = slots.ACTIONS.get(request.query_params.get("action", ""))
+    if action is None:
+        raise RequestError("Invalid action: give action=save, restore or erase", param="action")
+    body = await _json_body(request) if action is not slots.erase else None
+    return JSONResponse(await _scheduled(
+        scheduler, lambda slot: action(scheduler, slot, server.slot_save_path, body), index))
+
+
+async def _scheduled(scheduler: Scheduler, fn: Callable[[Any], Any], slot: int | None = None) -> Any:
+    """``fn`` run by the scheduler between two steps (see :meth:`Scheduler.call`)."""
+    try:
+        future = scheduler.call(fn, slot)
+    except Error as exc:       # shutting down
+        raise RequestError(str(exc), status=503, type="server_error") from None
+    return await asyncio.wrap_future(future)
+
+
 async def metrics_text(request: Request) -> Response:
     server = _server(request)
     return PlainTextResponse(metrics.render(server.scheduler, server.http_requests),
@@ -494,7 +540,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
                kv_unified: bool = False, shutdown_timeout: float = 10.0,
                pooling_type: str | int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               max_tokens: int | None = None, **llm_kwargs: Any) -> Starlette:
+               max_tokens: int | None = None, slot_save_path: str | PathLike[str] | None = None,
+               cache_reuse: int = 0, **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -535,6 +582,14 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     max_tokens
         The most tokens a request may generate: a request asking for more gets 400, one asking
         for nothing stops there (None: the slot's context is the limit).
+    slot_save_path
+        The directory ``POST /slots/{id}?action=save|restore`` writes and reads (created if
+        missing; None: slot actions are refused with 501), as llama-server's
+        ``--slot-save-path``.
+    cache_reuse
+        Reuse cached chunks of at least this many tokens that a new prompt repeats after a
+        change, by shifting their KV cells (llama-server's ``--cache-reuse``; 0: only the common
+        prefix is reused).
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -558,9 +613,15 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+    if cache_reuse < 0:
+        raise ValueError(f"cache_reuse must be >= 0, got {cache_reuse}")
+    save_dir = None
+    if slot_save_path is not None:
+        save_dir = Path(slot_save_path)
+        save_dir.mkdir(parents=True, exist_ok=True)
     keys = frozenset([api_key] if isinstance(api_key, str) else api_key or ())
     server = _Server(llm, alias or Path(llm.model_path).name, keys, shutdown_timeout,
-                     embedding_options, max_body_bytes, max_tokens)
+                     embedding_options, max_body_bytes, max_tokens, save_dir, cache_reuse)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -591,6 +652,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Route("/props", props),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics_text),
+        Route("/slots", slots_list),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         RequestError: _request_error, HTTPException: _http_error, Exception: _server_error})
