@@ -30,4 +30,4 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8080, log_level: str = 
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=app.state.server.shutdown_timeout)
+                timeout_graceful_shutdown=app.state.shared.shutdown_timeout)

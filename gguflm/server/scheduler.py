@@ -203,6 +203,11 @@ class Scheduler:
     def slots_busy(self) -> int:
         return sum(s.task is not None for s in self._slots)
 
+    def idle(self) -> bool:
+        """Nothing running, queued or waiting to run (a model may be unloaded)."""
+        with self._cond:
+            return not self._queue and not self._calls and self.slots_busy == 0
+
     @property
     def queued(self) -> int:
         return len(self._queue)
