@@ -246,7 +246,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
                      shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
                      max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
-                     slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse)
+                     slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse,
+                     cors_origins=[o for o in (args.cors_origins or "").split(",") if o] or None)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
@@ -608,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pooling of /v1/embeddings (default: the model's)")
     p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
+    p.add_argument("--cors-origins", metavar="ORIGINS",
+                   help="browser origins allowed to call the server, comma-separated (*: any; default: no CORS)")
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="directory of POST /slots/{id}?action=save|restore (else refused)")
     p.add_argument("--cache-reuse", type=int, default=0, metavar="N",

@@ -28,6 +28,7 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -44,6 +45,7 @@ from gguflm.server.router import Router, scan_models_dir
 from gguflm.server.scheduler import Scheduler
 
 log = logging.getLogger("gguflm.server")
+access_log = logging.getLogger("gguflm.server.access")
 
 __all__ = ["create_app"]
 
@@ -523,7 +525,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 class _Gate:
     """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``), the body
-    size a ``Content-Length`` announces, and the per-endpoint request counts of ``/metrics``."""
+    size a ``Content-Length`` announces, the per-endpoint request counts of ``/metrics``, and one
+    access log line per request (``gguflm.server.access`` at INFO, when the response ends: its
+    fields as ``key=value`` in the message and as the record's ``access`` dict)."""
 
     def __init__(self, app: ASGIApp, shared: _Shared, paths: frozenset[str]) -> None:
         self.app = app
@@ -536,10 +540,14 @@ class _Gate:
             return
         path = scope["path"]
         status = [500]
+        sent = [0]
+        t0 = time.perf_counter()
 
         async def counted_send(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                sent[0] += len(message.get("body", b""))
             await send(message)
 
         try:
@@ -559,6 +567,13 @@ class _Gate:
             label = path if path in self.paths else "(other)"
             counts = self.shared.http_requests
             counts[label, status[0]] = counts.get((label, status[0]), 0) + 1
+            if access_log.isEnabledFor(logging.INFO):
+                client = scope.get("client")
+                fields = {"method": scope["method"], "path": path, "status": status[0],
+                          "ms": round((time.perf_counter() - t0) * 1e3, 1), "bytes": sent[0],
+                          "client": f"{client[0]}:{client[1]}" if client else "-"}
+                access_log.info(" ".join(f"{k}={v}" for k, v in fields.items()),
+                                extra={"access": fields})
 
     @staticmethod
     def _authorized(scope: Scope, keys: frozenset[str]) -> bool:
@@ -578,7 +593,8 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                max_tokens: int | None = None, slot_save_path: str | PathLike[str] | None = None,
                cache_reuse: int = 0, models: Sequence[str | PathLike[str]] | None = None,
                models_dir: str | PathLike[str] | None = None, models_max: int | None = None,
-               memory_budget: int | None = None, **llm_kwargs: Any) -> Starlette:
+               memory_budget: int | None = None, cors_origins: Sequence[str] | None = None,
+               **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -634,6 +650,9 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         Reuse cached chunks of at least this many tokens that a new prompt repeats after a
         change, by shifting their KV cells (llama-server's ``--cache-reuse``; 0: only the common
         prefix is reused).
+    cors_origins
+        Browser origins allowed to call the server (CORS, ``["*"]``: any; None: no CORS
+        headers, as by default). Preflight ``OPTIONS`` requests are answered without the API key.
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -725,4 +744,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     app.state.shared = shared
     app.state.server = single       # the one model's (None with several)
     app.add_middleware(_Gate, shared=shared, paths=frozenset(r.path for r in routes))
+    if cors_origins:    # outside the gate: a preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], max_age=600)
     return app

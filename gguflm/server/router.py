@@ -216,6 +216,12 @@ class Router:
                             "source": "local", "can_remove": False, "path": str(e.path)})
             return out
 
+    def cancel_all(self) -> None:
+        """Cancel what every loaded model runs or queues."""
+        for server in self.servers():
+            if server.scheduler is not None:
+                server.scheduler.cancel_all()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -203,6 +203,14 @@ class Scheduler:
     def slots_busy(self) -> int:
         return sum(s.task is not None for s in self._slots)
 
+    def cancel_all(self) -> None:
+        """Cancel every running and queued task (a shutdown's deadline is near): each ends as
+        cancelled, its stream with its last event."""
+        with self._cond:
+            tasks = [s.task for s in self._slots if s.task is not None] + list(self._queue)
+        for task in tasks:
+            self.cancel(task)
+
     def idle(self) -> bool:
         """Nothing running, queued or waiting to run (a model may be unloaded)."""
         with self._cond:
