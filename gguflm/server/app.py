@@ -197,7 +197,7 @@ def _routed(handler: Callable[[Request, _Server, Any], Any], body: bool | None =
             data = await _json_body(request, optional=body is None) if body is not False else None
             name = data.get("model") if isinstance(data, dict) else None
             router = _shared(request).router
-            server = await run_in_threadpool(router.acquire, name or request.query_params.get("model"))
+            server = await router.acquire(name or request.query_params.get("model"))
         except RequestError as exc:
             if not anthropic_errors:
                 raise
@@ -493,7 +493,7 @@ async def metrics_text(request: Request) -> Response:
     shared = _shared(request)
     name = request.query_params.get("model")
     if shared.single is not None or name:
-        server = await run_in_threadpool(shared.router.acquire, name)
+        server = await shared.router.acquire(name)
         shared.router.release(server)
     else:
         loaded = shared.router.servers()

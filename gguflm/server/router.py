@@ -12,6 +12,7 @@ models wait too, so the models take turns instead of one starving the other.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from gguflm.server.protocol import RequestError
 
 log = logging.getLogger("gguflm.server")
@@ -27,7 +30,8 @@ log = logging.getLogger("gguflm.server")
 __all__ = ["Router", "scan_models_dir"]
 
 UNLOADED, LOADING, LOADED = "unloaded", "loading", "loaded"
-WAIT_SECONDS = 600.0     # the longest a request waits for room to load its model
+WAIT_SECONDS = 600.0
+_LOAD = object()         # Router._try's answer to the caller that is to load the model     # the longest a request waits for room to load its model
 
 
 def scan_models_dir(directory: str | Path) -> dict[str, Path]:
@@ -88,7 +92,7 @@ class Router:
                     raise ValueError(f"model {e.name} needs {e.bytes_needed >> 20} MiB, more than "
                                      f"the memory budget of {memory_budget >> 20} MiB")
         self._any_name = False
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._pending: list[_Entry] = []     # loads waiting for room, first come first served
         self._closed = False
 
@@ -117,58 +121,66 @@ class Router:
                                type="not_found_error", code="model_not_found")
         return found
 
-    def acquire(self, name: Any) -> Any:
-        """The loaded server of model ``name``, held until :meth:`release` (blocks while it loads
-        or waits for room; run it in a worker thread)."""
+    async def acquire(self, name: Any) -> Any:
+        """The loaded server of model ``name``, held until :meth:`release`; waits (without
+        holding a worker thread: a waiting request must not starve the streams it waits for)
+        while it loads or there is no room for it."""
         e = self.entry(name)
         deadline = time.monotonic() + WAIT_SECONDS
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RequestError("the server is shutting down", status=503, type="server_error")
-                if e.state == LOADED and not (self._pending and not self._room_for(self._pending[0])):
-                    e.users += 1
-                    e.last_used = time.monotonic()
-                    return e.server
-                if e.state == UNLOADED:
-                    if e not in self._pending:
-                        self._pending.append(e)
-                    if self._pending[0] is e and self._make_room(e):
-                        self._pending.remove(e)
-                        e.state, e.error = LOADING, None
-                        break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if e in self._pending:
-                        self._pending.remove(e)
-                    self._cond.notify_all()
-                    raise RequestError(f"model {e.name} could not be loaded: the loaded models "
-                                       f"stayed busy for {WAIT_SECONDS:.0f} s", status=503,
-                                       type="unavailable_error")
-                self._cond.wait(min(remaining, 0.25))   # idleness is polled: a stream ends unannounced
+        while True:
+            with self._lock:
+                ready = self._try(e, deadline)
+            if ready is _LOAD:
+                return await anyio.to_thread.run_sync(self._load_entry, e)
+            if ready is not None:
+                return ready
+            await asyncio.sleep(0.05)      # idleness is polled: a stream ends unannounced
+
+    def _try(self, e: _Entry, deadline: float) -> Any:
+        """Under the lock: ``e``'s server (now held) if it is loaded and its turn; :data:`_LOAD`
+        (``e`` now LOADING) if the caller is to load it; else None: wait and try again."""
+        if self._closed:
+            raise RequestError("the server is shutting down", status=503, type="server_error")
+        if e.state == LOADED and not (self._pending and not self._room_for(self._pending[0])):
+            e.users += 1
+            e.last_used = time.monotonic()
+            return e.server
+        if e.state == UNLOADED:
+            if e not in self._pending:
+                self._pending.append(e)
+            if self._pending[0] is e and self._make_room(e):
+                self._pending.remove(e)
+                e.state, e.error = LOADING, None
+                return _LOAD
+        if time.monotonic() > deadline:
+            if e in self._pending:
+                self._pending.remove(e)
+            raise RequestError(f"model {e.name} could not be loaded: the loaded models "
+                               f"stayed busy for {WAIT_SECONDS:.0f} s", status=503,
+                               type="unavailable_error")
+        return None
+
+    def _load_entry(self, e: _Entry) -> Any:
         try:
             log.info("loading model %s from %s", e.name, e.path)
             server = self._load(e.name, e.path)
         except Exception as exc:
-            with self._cond:
+            with self._lock:
                 e.state, e.error = UNLOADED, str(exc)
-                self._cond.notify_all()
             raise RequestError(f"model {e.name} failed to load: {exc}", status=500,
                                type="server_error") from None
-        with self._cond:
+        with self._lock:
             e.server, e.state = server, LOADED
             e.users += 1
             e.last_used = time.monotonic()
-            self._cond.notify_all()
         return server
 
     def release(self, server: Any) -> None:
         """A request that :meth:`acquire` gave ``server`` is done with it."""
-        with self._cond:
+        with self._lock:
             for e in self._entries.values():
                 if e.server is server:
                     e.users -= 1
-            self._cond.notify_all()
 
     def _held(self) -> list[_Entry]:
         return [e for e in self._entries.values() if e.state != UNLOADED]
@@ -196,13 +208,13 @@ class Router:
 
     def servers(self) -> list[Any]:
         """The loaded models' servers, most recently used first."""
-        with self._cond:
+        with self._lock:
             loaded = [e for e in self._entries.values() if e.state == LOADED]
             return [e.server for e in sorted(loaded, key=lambda e: -e.last_used)]
 
     def listing(self) -> list[dict[str, Any]]:
         """``/v1/models`` in router mode: every model with its state, in llama-server's fields."""
-        with self._cond:
+        with self._lock:
             entries = list(self._entries.values())
             out = []
             for e in entries:
@@ -223,10 +235,9 @@ class Router:
                 server.scheduler.cancel_all()
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             for e in self._entries.values():
                 if e.server is not None:
                     e.server.close()
                     e.server, e.state = None, UNLOADED
-            self._cond.notify_all()
