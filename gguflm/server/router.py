@@ -53,6 +53,8 @@ class _Entry:
     users: int = 0
     last_used: float = 0.0
     error: str | None = None
+    waiters: list[float] = field(default_factory=list)   # arrival times of requests waiting for it
+    since: float = 0.0            # while a load waits for room: when its first request arrived
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -126,33 +128,45 @@ class Router:
         holding a worker thread: a waiting request must not starve the streams it waits for)
         while it loads or there is no room for it."""
         e = self.entry(name)
-        deadline = time.monotonic() + WAIT_SECONDS
-        while True:
+        arrived = time.monotonic()
+        with self._lock:
+            e.waiters.append(arrived)
+        try:
+            while True:
+                with self._lock:
+                    ready = self._try(e, arrived)
+                if ready is _LOAD:
+                    # then taken by the next try: a request cancelled during the load holds nothing
+                    await anyio.to_thread.run_sync(self._load_entry, e)
+                elif ready is not None:
+                    return ready
+                else:
+                    await asyncio.sleep(0.05)      # idleness is polled: a stream ends unannounced
+        finally:
             with self._lock:
-                ready = self._try(e, deadline)
-            if ready is _LOAD:
-                return await anyio.to_thread.run_sync(self._load_entry, e)
-            if ready is not None:
-                return ready
-            await asyncio.sleep(0.05)      # idleness is polled: a stream ends unannounced
+                e.waiters.remove(arrived)
 
-    def _try(self, e: _Entry, deadline: float) -> Any:
-        """Under the lock: ``e``'s server (now held) if it is loaded and its turn; :data:`_LOAD`
-        (``e`` now LOADING) if the caller is to load it; else None: wait and try again."""
+    def _try(self, e: _Entry, arrived: float) -> Any:
+        """Under the lock, for a request that ``arrived`` then: ``e``'s server (now held) if it
+        is loaded and the request's turn (requests come in arrival order: one that arrived after
+        a load began waiting for room waits for that load); :data:`_LOAD` (``e`` now LOADING) if
+        the caller is to load it; else None: wait and try again."""
         if self._closed:
             raise RequestError("the server is shutting down", status=503, type="server_error")
-        if e.state == LOADED and not (self._pending and not self._room_for(self._pending[0])):
+        head = self._pending[0] if self._pending else None
+        if e.state == LOADED and (head is None or arrived < head.since or self._room_for(head)):
             e.users += 1
             e.last_used = time.monotonic()
             return e.server
         if e.state == UNLOADED:
             if e not in self._pending:
+                e.since = arrived
                 self._pending.append(e)
             if self._pending[0] is e and self._make_room(e):
                 self._pending.remove(e)
                 e.state, e.error = LOADING, None
                 return _LOAD
-        if time.monotonic() > deadline:
+        if time.monotonic() > arrived + WAIT_SECONDS:
             if e in self._pending:
                 self._pending.remove(e)
             raise RequestError(f"model {e.name} could not be loaded: the loaded models "
@@ -160,7 +174,7 @@ class Router:
                                type="unavailable_error")
         return None
 
-    def _load_entry(self, e: _Entry) -> Any:
+    def _load_entry(self, e: _Entry) -> None:
         try:
             log.info("loading model %s from %s", e.name, e.path)
             server = self._load(e.name, e.path)
@@ -171,9 +185,7 @@ class Router:
                                type="server_error") from None
         with self._lock:
             e.server, e.state = server, LOADED
-            e.users += 1
             e.last_used = time.monotonic()
-        return server
 
     def release(self, server: Any) -> None:
         """A request that :meth:`acquire` gave ``server`` is done with it."""
@@ -197,6 +209,7 @@ class Router:
         yet (the others are busy)."""
         while not self._room_for(e):
             idle = [h for h in self._held() if h.state == LOADED and h.users == 0
+                    and not any(w < e.since for w in h.waiters)   # earlier requests go first
                     and (h.server.scheduler is None or h.server.scheduler.idle())]
             if not idle:
                 return False
