@@ -13,6 +13,8 @@ models wait too, so the models take turns instead of one starving the other.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import logging
 import threading
 import time
@@ -32,6 +34,17 @@ __all__ = ["Router", "scan_models_dir"]
 UNLOADED, LOADING, LOADED = "unloaded", "loading", "loaded"
 WAIT_SECONDS = 600.0
 _LOAD = object()         # Router._try's answer to the caller that is to load the model     # the longest a request waits for room to load its model
+
+
+def _give_back_memory() -> None:
+    """Return an unloaded model's freed memory to the system: its arrays are collected, and
+    glibc's malloc (which serves most of them from heaps it keeps once its mmap threshold has
+    risen) trims its heaps; without it the resident size grows with every load."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):    # not glibc
+        pass
 
 
 def scan_models_dir(directory: str | Path) -> dict[str, Path]:
@@ -217,6 +230,7 @@ class Router:
             log.info("unloading model %s (least recently used)", victim.name)
             victim.server.close()
             victim.server, victim.state = None, UNLOADED
+            _give_back_memory()
         return True
 
     def servers(self) -> list[Any]:
