@@ -233,6 +233,9 @@ def run(models: Sequence[str | os.PathLike[str]], seconds: float, clients: int =
                 status, data = client.post("/v1/completions", {"model": model, "prompt": prompt, **GREEDY})
                 assert status == 200, data
                 expected["stream", model, prompt] = json.loads(data)["choices"][0]["text"]
+        for model in names:     # every kind of request once on each model, before the clock starts
+            for kind in ("tool", "schema", "stream", "chat"):
+                _one(client, kind, model, PROMPTS[0], expected, exact=False)
         return _soak(client, proc.pid, names, expected, seconds, clients, seed)
     finally:
         proc.terminate()
