@@ -235,7 +235,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ValueError(str(exc)) from None
 
-    app = create_app(args.model, parallel=args.parallel, n_ctx=args.ctx_size,
+    several = bool(args.models_dir) or len(args.model or ()) > 1
+    model = None if several or not args.model else args.model[0]
+    app = create_app(model, models=args.model if several else None, models_dir=args.models_dir,
+                     models_max=args.models_max, memory_budget=_size(args.memory_budget),
+                     parallel=args.parallel, n_ctx=args.ctx_size,
                      n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                      n_threads_batch=args.threads_batch, api_key=_api_keys(args),
                      chat_template=_chat_template_arg(args), embedding=args.embedding,
@@ -243,9 +247,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
                      shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
                      max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
-                     **adapter_options(args))
+                     **adapter_options(args),
+                     slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse,
+                     cors_origins=[o for o in (args.cors_origins or "").split(",") if o] or None)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
+
+
+def _size(text: str | None) -> int | None:
+    """Bytes of ``512M``, ``2G``, ``1.5GiB`` or a plain number."""
+    if text is None:
+        return None
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * units[unit])
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (give bytes, or a number with K, M, G or T)") from None
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
@@ -446,10 +465,15 @@ def _cmd_imatrix(args: argparse.Namespace) -> int:
 
 # -- the parser
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     from gguflm.loader import LOAD_MODES
 
-    p.add_argument("-m", "--model", help="GGUF file (default: the default model, Gemma 3 270M)")
+    if several:
+        p.add_argument("-m", "--model", action="append",
+                       help="GGUF file (default: the default model, Gemma 3 270M); repeated: "
+                            "serve each, by its file name without .gguf")
+    else:
+        p.add_argument("-m", "--model", help="GGUF file (default: the default model, Gemma 3 270M)")
     p.add_argument("--load-mode", default="auto", choices=LOAD_MODES,
                    help="how weights are bound: mmap, read (none), pinned (mlock)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -622,10 +646,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with parallel slots, llama-server style",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /v1/embeddings, "
+                                   "/tokenize, /detokenize, /apply-template, /props, /metrics, /slots, /v1/embeddings, "
                                    "/lora-adapters; "
                                    "needs the server extra: pip install \"gguflm[server]\"")
-    _model_args(p)
+    _model_args(p, several=True)
+    p.add_argument("--models-dir", metavar="DIR",
+                   help="serve each .gguf file of DIR by the request's model (its name without .gguf)")
+    p.add_argument("--models-max", type=int, metavar="N",
+                   help="with several models: most loaded at once (least recently used unloaded)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="with several models: most memory the loaded ones may take (estimated; e.g. 2G)")
     _context_args(p, 4096, 512)
     _adapter_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -649,6 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pooling of /v1/embeddings (default: the model's)")
     p.add_argument("-a", "--alias", help="model id shown by /v1/models (default: the file name)")
     p.add_argument("-s", "--seed", type=int, default=-1, help="seed of requests that give none (-1: random)")
+    p.add_argument("--cors-origins", metavar="ORIGINS",
+                   help="browser origins allowed to call the server, comma-separated (*: any; default: no CORS)")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="directory of POST /slots/{id}?action=save|restore (else refused)")
+    p.add_argument("--cache-reuse", type=int, default=0, metavar="N",
+                   help="reuse cached chunks of at least N tokens by shifting their KV cells (0: off)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
     p.set_defaults(func=_cmd_serve)

@@ -26,8 +26,34 @@ except ImportError as exc:  # the server extra is missing
 
 def serve(app: Any, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
     """Run ``app`` (from :func:`create_app`) with uvicorn until SIGINT/SIGTERM; requests in flight
-    get the app's ``shutdown_timeout`` to finish, then are cancelled (their slots freed)."""
+    get the app's ``shutdown_timeout`` to finish, then are cancelled (their slots freed). The
+    server's log (``gguflm.server``, its access lines included) goes to stderr at ``log_level``,
+    in place of uvicorn's access log."""
+    import asyncio
+    import logging
+
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=app.state.server.shutdown_timeout)
+    server_log = logging.getLogger("gguflm.server")
+    if not server_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        server_log.addHandler(handler)
+        server_log.setLevel(log_level.upper())
+        server_log.propagate = False     # not twice through gguflm's own handler
+    timeout = app.state.shared.shutdown_timeout
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # shortly before uvicorn's deadline cuts the connections, the requests still running
+            # are cancelled: each stream then ends with its last event and [DONE]
+            handle = asyncio.get_running_loop().call_later(
+                max(0.0, timeout - min(1.0, timeout / 2)), app.state.shared.router.cancel_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                handle.cancel()
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=timeout)
+    Server(config).run()

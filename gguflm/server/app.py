@@ -10,6 +10,7 @@ Embeddings run through :meth:`gguflm.LLM.create_embedding` (of the served LLM wi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -27,6 +28,7 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -36,12 +38,14 @@ from gguflm.chat import ChatTemplateError
 from gguflm.errors import Error
 from gguflm.generate import Chunk, Completion
 from gguflm.openai_compat import PreparedRequest
-from gguflm.server import anthropic, metrics, native, protocol, responses, running
+from gguflm.server import anthropic, metrics, native, protocol, responses, running, slots
 from gguflm.server.protocol import RequestError
 from gguflm.server.responses import ResponseStore
+from gguflm.server.router import Router, scan_models_dir
 from gguflm.server.scheduler import Scheduler
 
 log = logging.getLogger("gguflm.server")
+access_log = logging.getLogger("gguflm.server.access")
 
 __all__ = ["create_app"]
 
@@ -50,29 +54,40 @@ _DEFAULT_SEED = 0xFFFFFFFF   # llama.cpp's LLAMA_DEFAULT_SEED: draw a random one
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})   # answered without the API key
 
 
-class _Server:
-    """What the routes share: the LLM, its scheduler (None with embeddings) and the settings."""
+class _Shared:
+    """What every request shares: the models (one, or a :class:`Router`'s), the API keys, the
+    limits and the request counts."""
 
-    def __init__(self, llm: Any, alias: str, api_keys: frozenset[str], shutdown_timeout: float,
-                 embedding_options: dict[str, Any] | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None) -> None:
-        self.llm = llm
+    def __init__(self, router: Router, single: _Server | None, api_keys: frozenset[str],
+                 shutdown_timeout: float, max_body_bytes: int) -> None:
+        self.router = router
+        self.single = single
+        self.api_keys = api_keys
+        self.shutdown_timeout = shutdown_timeout
         self.max_body_bytes = max_body_bytes
+        self.http_requests: dict[tuple[str, int], int] = {}
+
+
+class _Server:
+    """One model's LLM, its scheduler (None with embeddings) and its settings."""
+
+    def __init__(self, llm: Any, alias: str, embedding_options: dict[str, Any] | None = None,
+                 max_tokens: int | None = None, slot_save_path: Path | None = None,
+                 cache_reuse: int = 0) -> None:
+        self.llm = llm
+        self.slot_save_path = slot_save_path
         self.max_tokens = max_tokens
         # a generation server computes embeddings with a second context on the same file, made
         # on the first /v1/embeddings request
         self._embedding_options = embedding_options or {}
         self._embedder: Any = llm if llm.embedding else None
         self._embedder_lock = threading.Lock()
-        self.shutdown_timeout = shutdown_timeout
         self.alias = alias
-        self.api_keys = api_keys
-        self.scheduler = None if llm.embedding else Scheduler(llm)
+        self.scheduler = None if llm.embedding else Scheduler(llm, cache_reuse)
         # the LoRA scales of requests that give none (POST /lora-adapters sets them)
         self.lora_scales = list(llm.lora_scales)
         self.created = int(time.time())
         self.responses = ResponseStore()        # for previous_response_id
-        self.http_requests: dict[tuple[str, int], int] = {}
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -161,8 +176,9 @@ class _Server:
 
 # -- helpers
 
-async def _json_body(request: Request) -> Any:
-    limit = _server(request).max_body_bytes
+async def _json_body(request: Request, optional: bool = False) -> Any:
+    """The request's JSON body (None for an empty one when ``optional``)."""
+    limit = _shared(request).max_body_bytes
     parts, size = [], 0
     async for part in request.stream():     # counted as it arrives: no unbounded buffer
         size += len(part)
@@ -170,6 +186,8 @@ async def _json_body(request: Request) -> Any:
             raise _body_too_large(limit)
         parts.append(part)
     raw = b"".join(parts)
+    if optional and not raw.strip():
+        return None
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -181,8 +199,30 @@ def _body_too_large(limit: int) -> RequestError:
                         status=413, code="request_too_large")
 
 
-def _server(request: Request) -> _Server:
-    return request.app.state.server
+def _shared(request: Request) -> _Shared:
+    return request.app.state.shared
+
+
+def _routed(handler: Callable[[Request, _Server, Any], Any], body: bool | None = True,
+            anthropic_errors: bool = False) -> Callable[[Request], Any]:
+    """The route running ``handler(request, server, body)`` on the model the request names (its
+    body's ``model``, else ``?model=``; any name with a single model), held for the handler's
+    run. ``body`` None: the body is optional; False: not read."""
+    async def route(request: Request) -> Response:
+        try:
+            data = await _json_body(request, optional=body is None) if body is not False else None
+            name = data.get("model") if isinstance(data, dict) else None
+            router = _shared(request).router
+            server = await router.acquire(name or request.query_params.get("model"))
+        except RequestError as exc:
+            if not anthropic_errors:
+                raise
+            return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
+        try:
+            return await handler(request, server, data)
+        finally:
+            router.release(server)
+    return route
 
 
 def _need_generation(server: _Server) -> Scheduler:
@@ -194,8 +234,8 @@ def _need_generation(server: _Server) -> Scheduler:
 
 # -- generation
 
-async def _generate(request: Request, kind: str, parsed: tuple[dict, bool, dict]) -> Response:
-    server = _server(request)
+async def _generate(request: Request, server: _Server, kind: str, parsed: tuple[dict, bool, dict]
+                    ) -> Response:
     scheduler = _need_generation(server)
     args, stream, fields = parsed
     server.check_limits(fields)
@@ -284,18 +324,17 @@ def _sse_lines(prepared: list[PreparedRequest], sources: list[Iterator[Chunk]], 
 
 # -- routes
 
-async def completions(request: Request) -> Response:
-    return await _generate(request, "completion", protocol.completion_arguments(await _json_body(request)))
+async def completions(request: Request, server: _Server, body: Any) -> Response:
+    return await _generate(request, server, "completion", protocol.completion_arguments(body))
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _generate(request, "chat", protocol.chat_arguments(await _json_body(request)))
+async def chat_completions(request: Request, server: _Server, body: Any) -> Response:
+    return await _generate(request, server, "chat", protocol.chat_arguments(body))
 
 
-async def responses_create(request: Request) -> Response:
-    server = _server(request)
+async def responses_create(request: Request, server: _Server, body: Any) -> Response:
     scheduler = _need_generation(server)
-    call = responses.ResponseRequest(await _json_body(request), server.responses, server.alias)
+    call = responses.ResponseRequest(body, server.responses, server.alias)
     args, stream, fields = protocol.chat_arguments(call.chat)
     server.check_limits(fields)
     prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
@@ -309,24 +348,22 @@ async def responses_create(request: Request) -> Response:
     return JSONResponse(call.respond(completions[0]))
 
 
-async def responses_get(request: Request) -> Response:
-    return JSONResponse(_server(request).responses.get(request.path_params["response_id"])[1])
+async def responses_get(request: Request, server: _Server, body: Any) -> Response:
+    return JSONResponse(server.responses.get(request.path_params["response_id"])[1])
 
 
-async def _message_request(request: Request) -> tuple[anthropic.MessageRequest, dict, bool]:
-    server = _server(request)
+def _message_request(server: _Server, body: Any) -> tuple[anthropic.MessageRequest, dict, bool]:
     _need_generation(server)
-    call = anthropic.MessageRequest(await _json_body(request), server.alias, server.llm.model.vocab)
+    call = anthropic.MessageRequest(body, server.alias, server.llm.model.vocab)
     args, stream, fields = protocol.chat_arguments(call.chat)
     server.check_limits(fields)
     return call, args, stream
 
 
-async def messages(request: Request) -> Response:
-    server = _server(request)
+async def messages(request: Request, server: _Server, body: Any) -> Response:
     scheduler = server.scheduler
     try:
-        call, args, stream = await _message_request(request)
+        call, args, stream = _message_request(server, body)
         prepared = await run_in_threadpool(server.prepare_choices, "chat", args, 1)
     except RequestError as exc:
         return JSONResponse(anthropic.error_body(exc), status_code=exc.status)
@@ -355,11 +392,10 @@ _AS_CHAT: dict[str, Callable[[Any, _Server], Any]] = {
 def _input_tokens(api: str) -> Callable[[Request], Any]:
     """The route counting the prompt tokens of ``api``'s request (llama-server's
     ``/input_tokens`` and ``count_tokens``)."""
-    async def count(request: Request) -> Response:
-        server = _server(request)
+    async def count(request: Request, server: _Server, body: Any) -> Response:
         try:
             _need_generation(server)
-            args, _, _ = protocol.chat_arguments(_AS_CHAT[api](await _json_body(request), server))
+            args, _, _ = protocol.chat_arguments(_AS_CHAT[api](body, server))
             prepared = await run_in_threadpool(server.prepare, "chat", args)
         except RequestError as exc:
             if api != "anthropic":
@@ -368,12 +404,11 @@ def _input_tokens(api: str) -> Callable[[Request], Any]:
         counted = {"input_tokens": len(prepared.tokens)}
         return JSONResponse(counted if api == "anthropic"
                             else {"object": "response.input_tokens", **counted})
-    return count
+    return _routed(count, anthropic_errors=api == "anthropic")
 
 
-async def embeddings(request: Request) -> Response:
-    server = _server(request)
-    texts, single, model, encoding = protocol.embedding_input(await _json_body(request))
+async def embeddings(request: Request, server: _Server, body: Any) -> Response:
+    texts, single, model, encoding = protocol.embedding_input(body)
     embedder = await run_in_threadpool(server.embedder)
     try:
         result = await run_in_threadpool(embedder.create_embedding, texts[0] if single else texts,
@@ -387,15 +422,16 @@ async def embeddings(request: Request) -> Response:
     return JSONResponse(result)
 
 
-async def rerank(request: Request) -> Response:
-    server = _server(request)
-    body = await _json_body(request)
+async def rerank(request: Request, server: _Server, body: Any) -> Response:
     embedder = await run_in_threadpool(server.embedder, True)
     return JSONResponse(await run_in_threadpool(native.rerank, body, embedder, server.alias))
 
 
-async def models(request: Request) -> Response:
-    server = _server(request)
+async def models_list(request: Request) -> Response:
+    shared = _shared(request)
+    if shared.single is None:
+        return JSONResponse({"object": "list", "data": shared.router.listing()})
+    server = shared.single
     llm = server.llm
     meta = {"n_vocab": llm.n_vocab(), "n_ctx_train": llm.model.hparams.n_ctx_train,
             "n_embd": llm.n_embd(), "n_params": llm.model.n_params if hasattr(llm.model, "n_params") else None,
@@ -405,13 +441,11 @@ async def models(request: Request) -> Response:
          "meta": meta}]})
 
 
-async def lora_adapters(request: Request) -> Response:
+async def lora_adapters(request: Request, server: _Server, body: Any) -> Response:
     """GET: the LoRA adapters loaded at start, with the scales of requests that give none;
     POST [{"id", "scale"}]: set those scales (the adapters it does not name: 0), as llama.cpp's
     server."""
-    server = _server(request)
     if request.method == "POST":
-        body = await _json_body(request)
         if not isinstance(body, list):
             raise RequestError("the request body must be an array of {\"id\", \"scale\"}")
         server.lora_scales = list(server.lora(body, "body"))
@@ -424,32 +458,79 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-async def tokenize(request: Request) -> Response:
-    return JSONResponse(native.tokenize(await _json_body(request), _server(request).llm))
+async def tokenize(request: Request, server: _Server, body: Any) -> Response:
+    return JSONResponse(native.tokenize(body, server.llm))
 
 
-async def detokenize(request: Request) -> Response:
-    return JSONResponse(native.detokenize(await _json_body(request), _server(request).llm))
+async def detokenize(request: Request, server: _Server, body: Any) -> Response:
+    return JSONResponse(native.detokenize(body, server.llm))
 
 
-async def apply_template(request: Request) -> Response:
-    server = _server(request)
+async def apply_template(request: Request, server: _Server, body: Any) -> Response:
     _need_generation(server)
-    body = await _json_body(request)
     return JSONResponse(await run_in_threadpool(native.apply_template, body, server.llm))
 
 
-async def props(request: Request) -> Response:
-    server = _server(request)
+async def props(request: Request, server: _Server, body: Any) -> Response:
     scheduler = server.scheduler
     n_slots, n_ctx_slot = ((scheduler.n_slots, scheduler.n_ctx_slot) if scheduler is not None
                            else (1, server.llm.n_ctx()))
     return JSONResponse(native.props(server.llm, server.alias, n_slots, n_ctx_slot))
 
 
+async def slots_list(request: Request, server: _Server, body: Any) -> Response:
+    scheduler = _need_generation(server)
+    vocab = server.llm.model.vocab
+
+    def states(_: Any) -> list[dict[str, Any]]:
+        return [slots.slot_json(s, scheduler.n_ctx_slot, vocab) for s in scheduler.slot_states()]
+
+    listed = await _scheduled(scheduler, states)
+    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in listed):
+        raise RequestError("no slot available", status=503, type="unavailable_error")
+    return JSONResponse(listed)
+
+
+async def slot_action(request: Request, server: _Server, body: Any) -> Response:
+    scheduler = _need_generation(server)
+    if server.slot_save_path is None:
+        raise RequestError("This server does not support slots action. Start it with "
+                           "--slot-save-path", status=501, type="not_supported_error")
+    try:
+        index = int(request.path_params["id_slot"])
+    except ValueError:
+        index = -1
+    if not 0 <= index < scheduler.n_slots:
+        raise RequestError("Invalid slot ID", param="id_slot")
+    action = slots.ACTIONS.get(request.query_params.get("action", ""))
+    if action is None:
+        raise RequestError("Invalid action: give action=save, restore or erase", param="action")
+    return JSONResponse(await _scheduled(
+        scheduler, lambda slot: action(scheduler, slot, server.slot_save_path, body), index))
+
+
+async def _scheduled(scheduler: Scheduler, fn: Callable[[Any], Any], slot: int | None = None) -> Any:
+    """``fn`` run by the scheduler between two steps (see :meth:`Scheduler.call`)."""
+    try:
+        future = scheduler.call(fn, slot)
+    except Error as exc:       # shutting down
+        raise RequestError(str(exc), status=503, type="server_error") from None
+    return await asyncio.wrap_future(future)
+
+
 async def metrics_text(request: Request) -> Response:
-    server = _server(request)
-    return PlainTextResponse(metrics.render(server.scheduler, server.http_requests),
+    """llama-server's metrics of the model named by ``?model=`` (else the one used last) and the
+    HTTP counts of the whole server."""
+    shared = _shared(request)
+    name = request.query_params.get("model")
+    if shared.single is not None or name:
+        server = await shared.router.acquire(name)
+        shared.router.release(server)
+    else:
+        loaded = shared.router.servers()
+        server = loaded[0] if loaded else None
+    scheduler = server.scheduler if server is not None else None
+    return PlainTextResponse(metrics.render(scheduler, shared.http_requests),
                              media_type="text/plain; version=0.0.4")
 
 
@@ -475,11 +556,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 class _Gate:
     """ASGI middleware: the API key (``Authorization: Bearer KEY`` or ``X-Api-Key``), the body
-    size a ``Content-Length`` announces, and the per-endpoint request counts of ``/metrics``."""
+    size a ``Content-Length`` announces, the per-endpoint request counts of ``/metrics``, and one
+    access log line per request (``gguflm.server.access`` at INFO, when the response ends: its
+    fields as ``key=value`` in the message and as the record's ``access`` dict)."""
 
-    def __init__(self, app: ASGIApp, server: _Server, paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, shared: _Shared, paths: frozenset[str]) -> None:
         self.app = app
-        self.server = server
+        self.shared = shared
         self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -488,29 +571,40 @@ class _Gate:
             return
         path = scope["path"]
         status = [500]
+        sent = [0]
+        t0 = time.perf_counter()
 
         async def counted_send(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                sent[0] += len(message.get("body", b""))
             await send(message)
 
         try:
-            keys = self.server.api_keys
+            keys = self.shared.api_keys
             error = None
             if keys and path not in PUBLIC_PATHS and not self._authorized(scope, keys):
                 error = RequestError("Incorrect API key provided", status=401,
                                      code="invalid_api_key")
             elif int(dict(scope["headers"]).get(b"content-length", b"0") or 0) > \
-                    self.server.max_body_bytes:     # refused before it is read
-                error = _body_too_large(self.server.max_body_bytes)
+                    self.shared.max_body_bytes:     # refused before it is read
+                error = _body_too_large(self.shared.max_body_bytes)
             if error is not None:
                 await JSONResponse(error.body(), status_code=error.status)(scope, receive, counted_send)
             else:
                 await self.app(scope, receive, counted_send)
         finally:   # unknown paths share one label, so that scans cannot grow the table
             label = path if path in self.paths else "(other)"
-            counts = self.server.http_requests
+            counts = self.shared.http_requests
             counts[label, status[0]] = counts.get((label, status[0]), 0) + 1
+            if access_log.isEnabledFor(logging.INFO):
+                client = scope.get("client")
+                fields = {"method": scope["method"], "path": path, "status": status[0],
+                          "ms": round((time.perf_counter() - t0) * 1e3, 1), "bytes": sent[0],
+                          "client": f"{client[0]}:{client[1]}" if client else "-"}
+                access_log.info(" ".join(f"{k}={v}" for k, v in fields.items()),
+                                extra={"access": fields})
 
     @staticmethod
     def _authorized(scope: Scope, keys: frozenset[str]) -> bool:
@@ -527,7 +621,11 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                alias: str | None = None, type_k: str = "f32", type_v: str = "f32",
                kv_unified: bool = False, shutdown_timeout: float = 10.0,
                pooling_type: str | int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               max_tokens: int | None = None, **llm_kwargs: Any) -> Starlette:
+               max_tokens: int | None = None, slot_save_path: str | PathLike[str] | None = None,
+               cache_reuse: int = 0, models: Sequence[str | PathLike[str]] | None = None,
+               models_dir: str | PathLike[str] | None = None, models_max: int | None = None,
+               memory_budget: int | None = None, cors_origins: Sequence[str] | None = None,
+               **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
     Parameters
@@ -568,6 +666,24 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     max_tokens
         The most tokens a request may generate: a request asking for more gets 400, one asking
         for nothing stops there (None: the slot's context is the limit).
+    models, models_dir
+        Serve several models instead of ``model`` (llama-server's router mode): these files and
+        each ``.gguf`` file of ``models_dir``, named by their file names without ``.gguf``; a
+        request's ``model`` picks one (an unknown name gets 404), loaded on first use, and the
+        least recently used idle one is unloaded to stay within ``models_max`` models and
+        ``memory_budget`` bytes (by :func:`gguflm.memory.estimate_memory` for this context).
+        ``GET`` endpoints take ``?model=``. See :mod:`gguflm.server.router`.
+    slot_save_path
+        The directory ``POST /slots/{id}?action=save|restore`` writes and reads (created if
+        missing; None: slot actions are refused with 501), as llama-server's
+        ``--slot-save-path``.
+    cache_reuse
+        Reuse cached chunks of at least this many tokens that a new prompt repeats after a
+        change, by shifting their KV cells (llama-server's ``--cache-reuse``; 0: only the common
+        prefix is reused).
+    cors_origins
+        Browser origins allowed to call the server (CORS, ``["*"]``: any; None: no CORS
+        headers, as by default). Preflight ``OPTIONS`` requests are answered without the API key.
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -575,59 +691,92 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         More :class:`gguflm.LLM` arguments (``type_k``, ``seed``, ``pooling_type``, ...).
     """
     from gguflm.llm import LLM
+    from gguflm.memory import estimate_memory
 
-    if isinstance(model, LLM):
-        llm = model
-    else:
-        if parallel < 1:
-            raise ValueError(f"parallel must be >= 1, got {parallel}")
-        extra = ({"embedding": True, "pooling_type": pooling_type} if embedding
-                 else {"n_seq_max": parallel, "kv_unified": kv_unified})
-        llm = LLM(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                  n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
-                  type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
-    embedding_options = None if llm.embedding else {
-        "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
-        "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
+    if cache_reuse < 0:
+        raise ValueError(f"cache_reuse must be >= 0, got {cache_reuse}")
+    save_dir = None
+    if slot_save_path is not None:
+        save_dir = Path(slot_save_path)
+        save_dir.mkdir(parents=True, exist_ok=True)
+
+    def serving(llm: Any, name: str) -> _Server:
+        embedding_options = None if llm.embedding else {
+            "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
+            "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
+        return _Server(llm, name, embedding_options, max_tokens, save_dir, cache_reuse)
+
+    def load(path: str | PathLike[str] | None) -> Any:
+        extra = ({"embedding": True, "pooling_type": pooling_type} if embedding
+                 else {"n_seq_max": parallel, "kv_unified": kv_unified})
+        return LLM(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                   n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
+                   type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
+
+    routed: dict[str, Path] = dict(scan_models_dir(models_dir)) if models_dir is not None else {}
+    for path in models or ():
+        routed[Path(path).name.removesuffix(".gguf")] = Path(path)
+    if routed:
+        if model is not None:
+            raise ValueError("give either one model or models / models_dir")
+
+        def estimate(path: Path) -> int:
+            return estimate_memory(path, n_ctx, type_k, type_v, n_seq_max=parallel, n_ubatch=n_ubatch,
+                                   n_batch=n_batch, kv_unified=kv_unified).total
+
+        router = Router(routed, lambda name, path: serving(load(path), name), models_max,
+                        memory_budget, estimate)
+        single = None
+    else:
+        llm = model if isinstance(model, LLM) else load(model)
+        single = serving(llm, alias or Path(llm.model_path).name)
+        router = Router.serving(single)
     keys = frozenset([api_key] if isinstance(api_key, str) else api_key or ())
-    server = _Server(llm, alias or Path(llm.model_path).name, keys, shutdown_timeout,
-                     embedding_options, max_body_bytes, max_tokens)
+    shared = _Shared(router, single, keys, shutdown_timeout, max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        server.close()
+        router.close()
 
     routes = [
         Route("/health", health), Route("/v1/health", health),
-        Route("/v1/models", models), Route("/models", models),
-        Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses_create, methods=["POST"]),
-        Route("/responses", responses_create, methods=["POST"]),
-        Route("/v1/responses/{response_id}", responses_get),
-        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/models", models_list), Route("/models", models_list),
+        Route("/lora-adapters", _routed(lora_adapters, body=None), methods=["GET", "POST"]),
+        Route("/v1/completions", _routed(completions), methods=["POST"]),
+        Route("/completions", _routed(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _routed(chat_completions), methods=["POST"]),
+        Route("/chat/completions", _routed(chat_completions), methods=["POST"]),
+        Route("/v1/responses", _routed(responses_create), methods=["POST"]),
+        Route("/responses", _routed(responses_create), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _routed(responses_get, body=False)),
+        Route("/v1/messages", _routed(messages, anthropic_errors=True), methods=["POST"]),
         Route("/v1/messages/count_tokens", _input_tokens("anthropic"), methods=["POST"]),
         *(Route(f"{prefix}/{api_path}/input_tokens", _input_tokens(api), methods=["POST"])
           for prefix in ("/v1", "") for api, api_path in (("chat", "chat/completions"),
                                                           ("responses", "responses"))),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embeddings", embeddings, methods=["POST"]),
-        *(Route(path, rerank, methods=["POST"])
+        Route("/v1/embeddings", _routed(embeddings), methods=["POST"]),
+        Route("/embeddings", _routed(embeddings), methods=["POST"]),
+        *(Route(path, _routed(rerank), methods=["POST"])
           for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/apply-template", apply_template, methods=["POST"]),
-        Route("/props", props),
-        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/tokenize", _routed(tokenize), methods=["POST"]),
+        Route("/apply-template", _routed(apply_template), methods=["POST"]),
+        Route("/props", _routed(props, body=False)),
+        Route("/detokenize", _routed(detokenize), methods=["POST"]),
         Route("/metrics", metrics_text),
+        Route("/slots", _routed(slots_list, body=False)),
+        Route("/slots/{id_slot}", _routed(slot_action, body=None), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         RequestError: _request_error, HTTPException: _http_error, Exception: _server_error})
-    app.state.server = server
-    app.add_middleware(_Gate, server=server, paths=frozenset(r.path for r in routes))
+    app.state.shared = shared
+    app.state.server = single       # the one model's (None with several)
+    app.add_middleware(_Gate, shared=shared, paths=frozenset(r.path for r in routes))
+    if cors_origins:    # outside the gate: a preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], max_age=600)
     return app

@@ -114,7 +114,7 @@ def props(llm: Any, alias: str, n_slots: int, n_ctx_slot: int) -> dict[str, Any]
         "model_alias": alias,
         "model_path": llm.model_path,
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
         "chat_template": template,
         "bos_token": token_text(vocab.bos),
         "eos_token": token_text(vocab.eos),

@@ -24,7 +24,12 @@ sampled reply there may depend on what shares its steps.
 A slot keeps its cache after its request ends: a new task goes to the free slot whose cached
 tokens share the longest prefix with its prompt (a follow-up chat turn finds its conversation), and
 only the rest of the prompt is decoded. A cancelled task (its client went away) is dropped before
-the next batch is built, so its slot is free within one decode step.
+the next batch is built, so its slot is free within one decode step. With ``cache_reuse`` (the
+server's ``--cache-reuse N``) the slot also keeps cached chunks of at least N tokens that the
+prompt repeats further on, moved into place (:mod:`gguflm.server.cache_reuse`).
+
+Other work on the context (``/slots`` and its save, restore and erase) is handed to the loop with
+:meth:`Scheduler.call` and runs between two steps, once the slot it names is free.
 
 A request for ``n`` choices is one task with ``n - 1`` children (llama.cpp's server's ``n_cmpl``):
 it waits for ``n`` free slots, the parent reads the prompt, and once its last prompt token is
@@ -40,6 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +53,7 @@ from gguflm.batch import Batch
 from gguflm.errors import Error
 from gguflm.generate import FINISH_CANCELLED, FINISH_LENGTH, Chunk, Session, TokenLoop
 from gguflm.openai_compat import PreparedRequest
+from gguflm.server.cache_reuse import keep_cached
 
 log = logging.getLogger("gguflm.server")
 
@@ -118,6 +125,7 @@ class _Slot:
         self.waiting_for: _Slot | None = None   # a child's parent, until the prompt is copied
         self.last_step = -1             # the decode step that last served it (whose LoRA scales go next)
         self.lora: tuple[float, ...] = ()   # the LoRA scales its cached tokens were computed with
+        self.last: tuple[Task | None, TokenLoop | None] = (None, None)   # what it ran last (/slots)
 
     @property
     def reading_prompt(self) -> bool:
@@ -132,10 +140,13 @@ class Scheduler:
     ----------
     llm
         A :class:`gguflm.LLM` made with ``n_seq_max=n_slots``. The scheduler owns its context.
+    cache_reuse
+        The shortest cached chunk moved to reuse it after the common prefix (0: none).
     """
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, cache_reuse: int = 0) -> None:
         self.llm = llm
+        self.cache_reuse = cache_reuse
         self.ctx = llm.context
         self.vocab = llm.model.vocab
         self.n_slots = self.ctx.n_seq_max
@@ -144,6 +155,7 @@ class Scheduler:
         self._slots = [_Slot(i, Session(self.ctx, seq_id=i)) for i in range(self.n_slots)]
         self.adapters = llm.lora_adapters
         self._queue: deque[Task] = deque()
+        self._calls: list[tuple[int | None, Callable[[_Slot | None], Any], Future]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._batch = Batch(self.n_batch)
@@ -166,6 +178,24 @@ class Scheduler:
             self.stats.requests += 1 + len(task.children)
             self._cond.notify()
 
+    def call(self, fn: Callable[[Any], Any], slot: int | None = None) -> Future:
+        """Run ``fn`` in the scheduler's thread between two steps: ``fn(slot)`` once slot ``slot``
+        is free (it gets the slot's state: ``index``, ``session``, ``task``, ``last``), else
+        ``fn(None)``. The future holds its result or exception."""
+        if slot is not None and not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.n_slots})")
+        future: Future = Future()
+        with self._cond:
+            if self._stopping:
+                raise Error("the server is shutting down")
+            self._calls.append((slot, fn, future))
+            self._cond.notify()
+        return future
+
+    def slot_states(self) -> list[Any]:
+        """The slots (for :meth:`call`'s functions, in the scheduler's thread)."""
+        return list(self._slots)
+
     def cancel(self, task: Task) -> None:
         """Stop ``task`` and its children (from any thread): their slots are freed before the
         next batch is built."""
@@ -179,6 +209,19 @@ class Scheduler:
     @property
     def slots_busy(self) -> int:
         return sum(s.task is not None for s in self._slots)
+
+    def cancel_all(self) -> None:
+        """Cancel every running and queued task (a shutdown's deadline is near): each ends as
+        cancelled, its stream with its last event."""
+        with self._cond:
+            tasks = [s.task for s in self._slots if s.task is not None] + list(self._queue)
+        for task in tasks:
+            self.cancel(task)
+
+    def idle(self) -> bool:
+        """Nothing running, queued or waiting to run (a model may be unloaded)."""
+        with self._cond:
+            return not self._queue and not self._calls and self.slots_busy == 0
 
     @property
     def queued(self) -> int:
@@ -203,10 +246,16 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._queue and self.slots_busy == 0:
+                    while (not self._stopping and not self._queue and not self._calls
+                           and self.slots_busy == 0):
                         self._cond.wait()
                     if self._stopping:
                         break
+                    calls = [c for c in self._calls
+                             if c[0] is None or self._slots[c[0]].task is None]
+                    self._calls = [c for c in self._calls if c not in calls]
+                self._run(calls)
+                with self._cond:
                     self._assign()
                 self._drop_cancelled()
                 self._step()
@@ -215,6 +264,14 @@ class Scheduler:
             self._fail_all(exc)
             raise
         self._fail_all(None)
+
+    def _run(self, calls: list[tuple[int | None, Callable[[Any], Any], Future]]) -> None:
+        for slot, fn, future in calls:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(None if slot is None else self._slots[slot]))
+                except Exception as exc:     # the caller's to report
+                    future.set_exception(exc)
 
     def _assign(self) -> None:
         """Queued tasks to free slots: the one caching the longest prefix of the prompt, else
@@ -234,7 +291,7 @@ class Scheduler:
             # server clears it too)
             slot = max(free, key=lambda s: (s.session.reusable_prefix(prompt) if s.lora == task.lora else 0,
                                             -s.t_last))
-            slot.n_cached = slot.session.keep_prefix(prompt if slot.lora == task.lora else ())
+            slot.n_cached = keep_cached(slot.session, prompt if slot.lora == task.lora else (), self.cache_reuse)
             self._start(slot, task)
             free.remove(slot)
             for child in task.children:     # the slots idle longest
@@ -390,6 +447,7 @@ class Scheduler:
         return [s for s in self._slots if s.waiting_for is parent]
 
     def _release(self, slot: _Slot) -> None:
+        slot.last = (slot.task, slot.gen)
         slot.task = slot.gen = None
         slot.waiting_for = None
         slot.next_token = None
@@ -413,5 +471,9 @@ class Scheduler:
                     self._fail(slot, exc)
         with self._cond:
             queued, self._queue = list(self._queue), deque()
+            calls, self._calls = self._calls, []
         for task in queued:
             self._finish_unstarted(task)
+        for _, _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(Error("the server is shutting down"))
