@@ -392,7 +392,19 @@ def load_arrays(data: bytes) -> dict[str, np.ndarray]:
         raise StateError(f"not a gguflm state: {exc}") from None
 
 
-class Memory:
+class SequenceIds:
+    """The sequence ids a context's memory takes: 0 .. n_seq_max - 1, and (``allow_all``) a
+    negative id for every sequence; others raise ValueError. Shared by :class:`Memory` and
+    :class:`gguflm.memory_recurrent.RecurrentMemory`."""
+
+    n_seq_max: int
+
+    def _check_seq(self, seq_id: int, allow_all: bool = False) -> None:
+        if not (allow_all and seq_id < 0) and not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"sequence id {seq_id} out of range [0, {self.n_seq_max})")
+
+
+class Memory(SequenceIds):
     """``ctx.memory``: the sequence operations of llama.cpp's memory API over the context's caches.
 
     Positions and sequence ids follow llama.cpp: ``p0 < 0`` means from the start, ``p1 < 0`` to
@@ -402,10 +414,6 @@ class Memory:
     def __init__(self, caches: Sequence[KVCache], n_seq_max: int):
         self.caches = list(caches)
         self.n_seq_max = n_seq_max
-
-    def _check_seq(self, seq_id: int, allow_all: bool = False) -> None:
-        if not (allow_all and seq_id < 0) and not 0 <= seq_id < self.n_seq_max:
-            raise ValueError(f"sequence id {seq_id} out of range [0, {self.n_seq_max})")
 
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""

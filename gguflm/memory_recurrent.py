@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gguflm.errors import StateError
+from gguflm.kv_cache import SequenceIds
 
 _POS_MAX = np.iinfo(np.int32).max
 
@@ -402,7 +403,7 @@ class SavedStates:
     rows: dict[int, tuple[np.ndarray, np.ndarray]]   # layer -> conv, SSM states [n, ...]
 
 
-class RecurrentMemory:
+class RecurrentMemory(SequenceIds):
     """``ctx.memory`` of a recurrent model: llama.cpp's memory API over its recurrent cache.
 
     As llama.cpp's: ``p0 < 0`` means from the start, ``p1 < 0`` to the end; ``seq_rm`` with
@@ -414,10 +415,6 @@ class RecurrentMemory:
         self.cache = cache
         self.caches = [cache]
         self.n_seq_max = n_seq_max
-
-    def _check_seq(self, seq_id: int, allow_all: bool = False) -> None:
-        if not (allow_all and seq_id < 0) and not 0 <= seq_id < self.n_seq_max:
-            raise ValueError(f"sequence id {seq_id} out of range [0, {self.n_seq_max})")
 
     def seq_pos_min(self, seq_id: int) -> int:
         """The sequence's position (a state holds only its last one), -1 if it has none."""
