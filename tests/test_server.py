@@ -409,15 +409,20 @@ def test_embeddings_endpoint():
         s.close()
 
 
-def test_serve_command_stops_gracefully_on_sigterm(smollm_path, tmp_path):
+def serve_process(*args: str) -> tuple[subprocess.Popen, int]:
+    """``gguflm serve *args`` in a child process on a free loopback port: (process, port)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", "-m", str(smollm_path),
-                             "--port", str(port), "-c", "1024", "-np", "2", "-t", str(THREADS),
-                             "--shutdown-timeout", "20"],
+    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", *args, "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def test_serve_command_stops_gracefully_on_sigterm(smollm_path, tmp_path):
+    proc, port = serve_process("-m", str(smollm_path), "-c", "1024", "-np", "2", "-t", str(THREADS),
+                               "--shutdown-timeout", "20")
     try:
         deadline = time.time() + 60
         while True:

@@ -7,20 +7,15 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("starlette", reason='the server extra: pip install "gguflm[server]"')
 
 from gguflm.server import create_app  # noqa: E402
-from test_server import KEY, THREADS, Served, sse_events  # noqa: E402
+from test_server import KEY, THREADS, Served, serve_process, sse_events  # noqa: E402
 
 ORIGIN = "http://app.example"
 
@@ -79,14 +74,8 @@ def test_cors_only_with_cors_origins_and_access_log(smollm_path, caplog):
 
 
 def test_sigterm_cancels_a_long_stream_cleanly_after_the_timeout(smollm_path, gemma_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "gguflm.cli", "serve", "-m", str(smollm_path),
-                             "-m", str(gemma_path), "--models-max", "1", "--port", str(port),
-                             "-c", "512", "-np", "2", "-t", str(THREADS), "--shutdown-timeout", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, port = serve_process("-m", str(smollm_path), "-m", str(gemma_path), "--models-max", "1",
+                               "-c", "512", "-np", "2", "-t", str(THREADS), "--shutdown-timeout", "1")
     try:
         deadline = time.time() + 60
         while True:
