@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gguflm.bench import model as bench
@@ -77,3 +78,27 @@ def test_compare_hf_runs_transformers_on_the_same_file():
         if r["engine"] == "gguflm":
             peer = next(p for p in records if p["engine"] == "hf" and p["test"] == r["test"])
             assert math.isclose(r["ratio_vs_hf"], r["avg_ts"] / peer["avg_ts"])
+
+
+def test_lora_adds_an_engine_and_its_ratio_to_the_base(tmp_path):
+    from lora_files import write_lora
+
+    adapter = write_lora(tmp_path / "a.gguf", TINY, np.random.default_rng(0), rank=8)
+    records = bench_json("-p", "0", "-n", "4", "--lora", str(adapter))
+    assert [(r["engine"], r["test"]) for r in records] == [("gguflm", "tg4"), ("gguflm+lora", "tg4")]
+    base, lora = records
+    assert lora["ratio_vs_gguflm"] == pytest.approx(lora["avg_ts"] / base["avg_ts"])
+    done = subprocess.run([sys.executable, "-m", "gguflm.bench", "model", "-m", str(TINY), "-r", "1", "-t", "1",
+                           "-q", "-p", "0", "-n", "2", "--lora-scaled", str(adapter), "0.5"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "tg2 t=1: gguflm+lora / gguflm = " in done.stdout
+
+
+def test_lora_of_another_model_is_refused(tmp_path):
+    from lora_files import write_lora
+
+    adapter = write_lora(tmp_path / "a.gguf", TINY, np.random.default_rng(0), rank=8, arch="gemma3")
+    done = subprocess.run([sys.executable, "-m", "gguflm.bench", "model", "-m", str(TINY), "-q", "-n", "2",
+                           "-p", "0", "--lora", str(adapter)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "gguflm bench:" in done.stderr and "Traceback" not in done.stderr

@@ -13,6 +13,9 @@ CPU, ``torch.set_num_threads`` = the test's threads), the model loaded from the 
 (``from_pretrained(dir, gguf_file=...)``, which dequantizes it to fp32; ``pip install
 gguflm[bench-hf]``), each step computing only the last position's logits as the others do. The
 engines' repetitions take turns, and gguflm's speed is printed as a ratio of each peer's.
+
+``--lora FILE`` / ``--lora-scaled FILE SCALE`` (llama.cpp's flags) add a ``gguflm+lora`` engine:
+the same context with those adapters set, its speed printed as a ratio of gguflm's without them.
 """
 
 from __future__ import annotations
@@ -92,13 +95,19 @@ class Runner:
     close: Callable[[], None]
 
 
-def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int) -> Runner:
+LORA_ENGINE = "gguflm+lora"
+
+
+def gguflm_runner(model: Any, args: argparse.Namespace, n_threads: int, n_ctx: int,
+                  adapters: Sequence[tuple[Any, float]] = ()) -> Runner:
     from gguflm.batch import Batch
     from gguflm.context import Context
 
     ctx = Context(model, n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                   n_threads=n_threads, n_threads_batch=n_threads, type_k=args.cache_type_k,
                   type_v=args.cache_type_v)
+    if adapters:
+        ctx.set_adapters_lora([a for a, _ in adapters], [s for _, s in adapters])
 
     def decode(batch: Batch) -> None:
         status = ctx.decode(batch)
@@ -268,6 +277,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run a peer on the same file and print the ratio: llama-cpp "
                              "(llama-cpp-python) or hf (transformers + torch, fp32); may repeat")
     parser.add_argument("--load-mode", default="auto", choices=LOAD_MODES)
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE",
+                        help=f"also time gguflm with this LoRA adapter at scale 1 (repeatable): {LORA_ENGINE}")
+    parser.add_argument("--lora-scaled", action="append", nargs=2, default=[], metavar=("FILE", "SCALE"),
+                        help="the same at this scale (repeatable)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the random tokens")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -275,6 +288,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args`` (see :func:`add_arguments`); prints the table."""
     from gguflm.default_model import load_model
+    from gguflm.errors import Error
+    from gguflm.lora import LoraAdapter
     from gguflm.threads import resolve_n_threads
 
     if args.repetitions < 1:
@@ -286,8 +301,19 @@ def run(args: argparse.Namespace) -> int:
         if importlib.util.find_spec(module) is None:
             print(f"gguflm bench: --compare {peer} needs {module} ({install})", file=sys.stderr)
             return 2
+    try:
+        scaled = [(path, 1.0) for path in args.lora] + [(path, float(scale)) for path, scale in args.lora_scaled]
+    except ValueError:
+        print("gguflm bench: --lora-scaled FILE SCALE: the scale must be a number", file=sys.stderr)
+        return 2
     enabled = False if args.quiet else None
     model = load_model(args.model, enabled, load_mode=args.load_mode)
+    try:
+        adapters = [(LoraAdapter.load(model, path), scale) for path, scale in scaled]
+    except (Error, OSError) as e:
+        model.close()
+        print(f"gguflm bench: {e}", file=sys.stderr)
+        return 2
     path = model.path
     threads = [resolve_n_threads(t or None) for t in (args.threads or [0])]
     tests = [(p, 0, d) for d in args.n_depth for p in args.n_prompt if p] + \
@@ -295,6 +321,8 @@ def run(args: argparse.Namespace) -> int:
     n_ctx = max([d + p + n for p, n, d in tests] + [256])
     engines: list[tuple[str, Callable[[int], Runner]]] = [
         ("gguflm", lambda t: gguflm_runner(model, args, t, n_ctx))]
+    if adapters:
+        engines.append((LORA_ENGINE, lambda t: gguflm_runner(model, args, t, n_ctx, adapters)))
     for peer in compare:
         engine, make_runner, _, _ = PEERS[peer]
         engines.append((engine, lambda t, make_runner=make_runner: make_runner(str(path), args, t, n_ctx)))
@@ -349,8 +377,15 @@ def _ratios(results: Sequence[BenchResult]) -> dict[tuple[str, str, int], float]
             if (other := by_key.get((peer, r.test, r.n_threads))) is not None}
 
 
+def _lora_ratios(results: Sequence[BenchResult]) -> dict[tuple[str, int], float]:
+    """(test, threads) -> gguflm+lora's t/s over gguflm's."""
+    base = {(r.test, r.n_threads): r for r in results if r.engine == "gguflm"}
+    return {(r.test, r.n_threads): r.avg_ts / other.avg_ts for r in results
+            if r.engine == LORA_ENGINE and (other := base.get((r.test, r.n_threads))) is not None}
+
+
 def _records(results: Sequence[BenchResult]) -> list[dict[str, Any]]:
-    ratios = _ratios(results)
+    ratios, lora_ratios = _ratios(results), _lora_ratios(results)
     keys = {engine: "ratio_vs_" + engine.replace(".", "_") for engine, *_ in PEERS.values()}
     records = []
     for r in results:
@@ -359,6 +394,8 @@ def _records(results: Sequence[BenchResult]) -> list[dict[str, Any]]:
             for (peer, test, threads), ratio in ratios.items():
                 if (test, threads) == (r.test, r.n_threads):
                     record[keys[peer]] = ratio
+        elif r.engine == LORA_ENGINE and (r.test, r.n_threads) in lora_ratios:
+            record["ratio_vs_gguflm"] = lora_ratios[r.test, r.n_threads]
         records.append(record)
     return records
 
@@ -385,7 +422,9 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
 def ratio_lines(results: Sequence[BenchResult]) -> list[str]:
     """``test t=N: gguflm / llama.cpp = 0.85x`` for every test gguflm and a peer both ran."""
     return [f"{test} t={threads}: gguflm / {peer} = {ratio:.2f}x"
-            for (peer, test, threads), ratio in _ratios(results).items()]
+            for (peer, test, threads), ratio in _ratios(results).items()] + \
+        [f"{test} t={threads}: {LORA_ENGINE} / gguflm = {ratio:.2f}x"
+         for (test, threads), ratio in _lora_ratios(results).items()]
 
 
 def main(argv: Sequence[str]) -> int:
