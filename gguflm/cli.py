@@ -247,7 +247,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
                      shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
                      max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
-                     **adapter_options(args),
+                     **adapter_options(args), **_speculative(args),
                      slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse,
                      cors_origins=[o for o in (args.cors_origins or "").split(",") if o] or None)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
@@ -687,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reuse cached chunks of at least N tokens by shifting their KV cells (0: off)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
+    _speculative_args(p)
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gguflm.model import Model
 
 __all__ = ["prompt_lookup", "PromptLookup", "DraftModel", "CallableProposer", "Proposer",
-           "Speculation", "SpeculationError", "check_compatible", "speculation_for"]
+           "Speculation", "SpeculationError", "SlotSpeculation", "check_compatible", "speculation_for"]
 
 # llama.cpp's common_speculative_are_compatible: vocabulary sizes may differ by this much, and
 # token texts are compared from this id on
@@ -364,3 +364,47 @@ def speculation_for(draft: Any, target_vocab: Any, n_max: int = 16, n_min: int =
     except BaseException:
         proposer.close()
         raise
+
+
+class SlotSpeculation:
+    """A :class:`Speculation` for each slot of a server (llama-server's per-slot drafts), each
+    proposer with state of its own: a :class:`PromptLookup` index per slot, or a draft model's
+    context per slot on one loaded draft model.
+
+    Parameters
+    ----------
+    draft
+        A :class:`PromptLookup` (its sizes are copied), a draft model (a ``.gguf`` path, loaded
+        once and closed here, or a :class:`gguflm.Model`), a ``LlamaPromptLookupDecoding`` or a
+        stateless callable; see :func:`speculation_for`.
+    n_slots
+        The slots.
+    n_max, n_min, p_min, **context
+        As :func:`speculation_for` (``context``: each draft context's ``n_ctx`` and threads).
+    """
+
+    def __init__(self, draft: Any, target_vocab: Any, n_slots: int, n_max: int = 16, n_min: int = 0,
+                 p_min: float = 0.75, **context: Any) -> None:
+        from gguflm.model import Model
+
+        if isinstance(draft, Speculation) or (hasattr(draft, "propose") and not isinstance(draft, PromptLookup)):
+            raise SpeculationError("each slot drafts on its own: give a draft model, a PromptLookup or a "
+                                   f"callable, not a {type(draft).__name__} (one proposer's state)")
+        self._model = Model.load(draft) if isinstance(draft, (str, PathLike)) else None
+        self.slots: list[Speculation] = []
+        try:
+            for _ in range(n_slots):
+                proposer = (PromptLookup(draft.max_ngram_size, draft.num_pred_tokens)
+                            if isinstance(draft, PromptLookup) else self._model or draft)
+                self.slots.append(speculation_for(proposer, target_vocab, n_max, n_min, p_min, **context))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for speculation in self.slots:
+            speculation.close()
+        self.slots = []
+        if self._model is not None:
+            self._model.close()
+            self._model = None

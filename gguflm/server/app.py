@@ -43,6 +43,7 @@ from gguflm.server.protocol import RequestError
 from gguflm.server.responses import ResponseStore
 from gguflm.server.router import Router, scan_models_dir
 from gguflm.server.scheduler import Scheduler
+from gguflm.speculative import SlotSpeculation
 
 log = logging.getLogger("gguflm.server")
 access_log = logging.getLogger("gguflm.server.access")
@@ -68,12 +69,26 @@ class _Shared:
         self.http_requests: dict[tuple[str, int], int] = {}
 
 
+def _slot_speculation(llm: Any, draft: dict[str, Any] | None) -> SlotSpeculation | None:
+    """A proposer per slot from create_app's draft arguments (None: none asked, or a model whose
+    recurrent state cannot drop a rejected draft, as llama.cpp's server does without)."""
+    if not draft or draft.get("draft_model") is None:
+        return None
+    if llm.model.architecture.memory != "attention":
+        log.warning("server: %s keeps a recurrent state; generating without a draft", Path(llm.model_path).name)
+        return None
+    ctx = llm.context
+    return SlotSpeculation(draft["draft_model"], llm.model.vocab, ctx.n_seq_max, draft["draft_max"],
+                           draft["draft_min"], draft["draft_p_min"], n_ctx=ctx.n_ctx // ctx.n_seq_max,
+                           n_threads=ctx.n_threads, n_threads_batch=ctx.n_threads_batch)
+
+
 class _Server:
     """One model's LLM, its scheduler (None with embeddings) and its settings."""
 
     def __init__(self, llm: Any, alias: str, embedding_options: dict[str, Any] | None = None,
                  max_tokens: int | None = None, slot_save_path: Path | None = None,
-                 cache_reuse: int = 0) -> None:
+                 cache_reuse: int = 0, draft: dict[str, Any] | None = None) -> None:
         self.llm = llm
         self.slot_save_path = slot_save_path
         self.max_tokens = max_tokens
@@ -83,7 +98,13 @@ class _Server:
         self._embedder: Any = llm if llm.embedding else None
         self._embedder_lock = threading.Lock()
         self.alias = alias
-        self.scheduler = None if llm.embedding else Scheduler(llm, cache_reuse)
+        self.speculation = None if llm.embedding else _slot_speculation(llm, draft)
+        try:
+            self.scheduler = None if llm.embedding else Scheduler(llm, cache_reuse, self.speculation)
+        except BaseException:
+            if self.speculation is not None:
+                self.speculation.close()
+            raise
         # the LoRA scales of requests that give none (POST /lora-adapters sets them)
         self.lora_scales = list(llm.lora_scales)
         self.created = int(time.time())
@@ -92,6 +113,8 @@ class _Server:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
+        if self.speculation is not None:
+            self.speculation.close()
         if self._embedder is not None and self._embedder is not self.llm:
             self._embedder.close()
         self.llm.close()
@@ -625,6 +648,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                cache_reuse: int = 0, models: Sequence[str | PathLike[str]] | None = None,
                models_dir: str | PathLike[str] | None = None, models_max: int | None = None,
                memory_budget: int | None = None, cors_origins: Sequence[str] | None = None,
+               draft_model: Any = None, draft_max: int = 16, draft_min: int = 0, draft_p_min: float = 0.75,
                **llm_kwargs: Any) -> Starlette:
     """The OpenAI-compatible ASGI app, ready for any ASGI server (``uvicorn.run(app)``).
 
@@ -684,6 +708,12 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
     cors_origins
         Browser origins allowed to call the server (CORS, ``["*"]``: any; None: no CORS
         headers, as by default). Preflight ``OPTIONS`` requests are answered without the API key.
+    draft_model, draft_max, draft_min, draft_p_min
+        Speculative decoding in every slot (llama-server's ``--model-draft``, ``--spec-type
+        ngram``, ``--draft-max``, ``--draft-min``, ``--draft-p-min``): a draft model (a ``.gguf``
+        path, loaded once, a context of its own per slot) or a
+        :class:`gguflm.speculative.PromptLookup` (an index of its own per slot); see
+        :class:`gguflm.speculative.SlotSpeculation`. One model only.
     shutdown_timeout
         On shutdown (SIGTERM, SIGINT), requests in flight get this long to finish, then are
         cancelled (:func:`gguflm.server.serve` gives it to uvicorn).
@@ -708,7 +738,7 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
         embedding_options = None if llm.embedding else {
             "n_ctx": llm.n_ctx() // llm.context.n_seq_max, "n_batch": n_batch, "n_ubatch": n_ubatch,
             "n_threads": n_threads, "n_threads_batch": n_threads_batch, "pooling_type": pooling_type}
-        return _Server(llm, name, embedding_options, max_tokens, save_dir, cache_reuse)
+        return _Server(llm, name, embedding_options, max_tokens, save_dir, cache_reuse, draft)
 
     def load(path: str | PathLike[str] | None) -> Any:
         extra = ({"embedding": True, "pooling_type": pooling_type} if embedding
@@ -717,12 +747,15 @@ def create_app(model: str | PathLike[str] | Any = None, *, parallel: int = 4, n_
                    n_threads_batch=n_threads_batch, chat_template=chat_template, progress=False,
                    type_k=type_k, type_v=type_v, **extra, **llm_kwargs)
 
+    draft = {"draft_model": draft_model, "draft_max": draft_max, "draft_min": draft_min, "draft_p_min": draft_p_min}
     routed: dict[str, Path] = dict(scan_models_dir(models_dir)) if models_dir is not None else {}
     for path in models or ():
         routed[Path(path).name.removesuffix(".gguf")] = Path(path)
     if routed:
         if model is not None:
             raise ValueError("give either one model or models / models_dir")
+        if draft_model is not None:
+            raise ValueError("a draft model (speculative decoding) serves one model, not models / models_dir")
 
         def estimate(path: Path) -> int:
             return estimate_memory(path, n_ctx, type_k, type_v, n_seq_max=parallel, n_ubatch=n_ubatch,

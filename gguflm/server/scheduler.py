@@ -31,6 +31,14 @@ prompt repeats further on, moved into place (:mod:`gguflm.server.cache_reuse`).
 Other work on the context (``/slots`` and its save, restore and erase) is handed to the loop with
 :meth:`Scheduler.call` and runs between two steps, once the slot it names is free.
 
+With speculative decoding (``speculation``, llama-server's ``--model-draft`` / ``--spec-type``)
+each slot has its own proposer: a generating slot's token goes into the batch with a draft after
+it, every row with logits, and the slot samples its rows in order while the sampled token is
+the drafted one (as :func:`gguflm.generate.run` does alone); the cache then drops the rejected
+tail. Drafts of several slots are checked in one batch, in steps that read no prompt, each row
+rounded as a one-token pass (``Context.decode``'s ``per_token``): with the f32 cache a slot's
+tokens, greedy or seeded, are the same with and without drafts.
+
 A request for ``n`` choices is one task with ``n - 1`` children (llama.cpp's server's ``n_cmpl``):
 it waits for ``n`` free slots, the parent reads the prompt, and once its last prompt token is
 decoded each child's slot gets a copy of the parent's cells (``seq_cp``) and samples its first
@@ -54,6 +62,7 @@ from gguflm.errors import Error
 from gguflm.generate import FINISH_CANCELLED, FINISH_LENGTH, Chunk, Session, TokenLoop
 from gguflm.openai_compat import PreparedRequest
 from gguflm.server.cache_reuse import keep_cached
+from gguflm.speculative import SlotSpeculation, Speculation
 
 log = logging.getLogger("gguflm.server")
 
@@ -99,6 +108,8 @@ class SchedulerStats:
     busy_seconds: float = 0.0
     busy_slot_steps: int = 0        # busy slots summed over the steps
     n_tokens_max: int = 0           # the longest sequence a slot held (prompt and reply)
+    drafted_tokens: int = 0         # drafted tokens checked (speculative decoding)
+    drafted_accepted: int = 0       # ... of which the model took
     batch_tokens: list[int] = field(default_factory=list)
     # the same since the last scrape of /metrics (its throughput gauges), as llama.cpp's buckets
     window: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_WINDOW, 0))
@@ -113,9 +124,12 @@ _WINDOW = ("prompt_tokens", "prompt_seconds", "generated_tokens", "generation_se
 
 
 class _Slot:
-    def __init__(self, index: int, session: Session) -> None:
+    def __init__(self, index: int, session: Session, speculation: Speculation | None) -> None:
         self.index = index
         self.session = session          # the sequence's cached tokens
+        self.speculation = speculation  # its own drafts (None: no speculative decoding)
+        self.draft: list[int] = []      # drafted tokens in this step's batch, after next_token
+        self.i_draft = -1               # the batch row of the first of them
         self.task: Task | None = None
         self.gen: TokenLoop | None = None
         self.n_cached = 0               # prompt tokens reused from the cache
@@ -142,9 +156,11 @@ class Scheduler:
         A :class:`gguflm.LLM` made with ``n_seq_max=n_slots``. The scheduler owns its context.
     cache_reuse
         The shortest cached chunk moved to reuse it after the common prefix (0: none).
+    speculation
+        A draft proposer per slot (None: no speculative decoding); the scheduler does not close it.
     """
 
-    def __init__(self, llm: Any, cache_reuse: int = 0) -> None:
+    def __init__(self, llm: Any, cache_reuse: int = 0, speculation: SlotSpeculation | None = None) -> None:
         self.llm = llm
         self.cache_reuse = cache_reuse
         self.ctx = llm.context
@@ -152,7 +168,8 @@ class Scheduler:
         self.n_slots = self.ctx.n_seq_max
         self.n_ctx_slot = self.ctx.n_ctx // self.n_slots
         self.n_batch = self.ctx.n_batch
-        self._slots = [_Slot(i, Session(self.ctx, seq_id=i)) for i in range(self.n_slots)]
+        drafts = speculation.slots if speculation is not None else [None] * self.n_slots
+        self._slots = [_Slot(i, Session(self.ctx, seq_id=i), drafts[i]) for i in range(self.n_slots)]
         self.adapters = llm.lora_adapters
         self._queue: deque[Task] = deque()
         self._calls: list[tuple[int | None, Callable[[_Slot | None], Any], Future]] = []
@@ -308,6 +325,8 @@ class Scheduler:
         slot.gen = TokenLoop(self.vocab, task.prepared.tokens, task.prepared.chain,
                              task.prepared.request)
         slot.next_token = None
+        if slot.speculation is not None:
+            slot.speculation.begin(task.prepared.tokens)
 
     def _drop_cancelled(self) -> None:
         for slot in self._slots:
@@ -322,10 +341,19 @@ class Scheduler:
         busy = self._same_adapters([s for s in self._slots if s.task is not None])
         for slot in busy:
             slot.i_batch = -1
+            slot.draft = []
             if slot.next_token is not None:
                 slot.i_batch = batch.n_tokens
                 batch.add(slot.next_token, len(slot.session.tokens), [slot.index], True)
         n_generated = batch.n_tokens
+        # drafts after every slot's own token (so each slot has its row), in steps that read no
+        # prompt: such a step rounds each row as a one-token pass (the replies are those without
+        # drafts), where a prompt must round as a batch
+        if not any(slot.reading_prompt for slot in busy):
+            for slot in busy:
+                if slot.next_token is not None and slot.speculation is not None:
+                    self._add_draft(slot, batch)
+        drafted = any(slot.draft for slot in busy)
         chunks: dict[int, list[int]] = {}
         for slot in busy:
             if not slot.reading_prompt:
@@ -348,7 +376,7 @@ class Scheduler:
         for slot in busy:
             slot.last_step = self.stats.steps
         t0 = time.perf_counter()
-        status = self.ctx.decode(batch)
+        status = self.ctx.decode(batch, per_token=drafted)
         elapsed = time.perf_counter() - t0
         stats = self.stats
         stats.steps += 1
@@ -374,6 +402,7 @@ class Scheduler:
         for slot in busy:
             if slot.next_token is not None:
                 slot.session.tokens.append(slot.next_token)
+                slot.session.tokens.extend(slot.draft)
                 slot.next_token = None
             if slot.index in chunks:
                 slot.session.tokens.extend(chunks[slot.index])
@@ -386,12 +415,10 @@ class Scheduler:
             if slot.i_batch < 0 or slot.task is None:
                 continue
             try:
-                chunk, token = slot.gen.next(self.ctx, slot.i_batch, slot.session.tokens)
+                token = self._sample(slot)
             except Exception as exc:      # a sampler or grammar failure ends this request only
                 self._fail(slot, exc)
                 continue
-            if chunk is not None:
-                slot.task.emit(chunk)
             if token is None:
                 self._end(slot)
             elif len(slot.session.tokens) + 1 > self.n_ctx_slot:
@@ -400,6 +427,44 @@ class Scheduler:
             else:
                 slot.next_token = token
         return True
+
+    def _add_draft(self, slot: _Slot, batch: Batch) -> None:
+        """Draft after the slot's next token, as far as the batch, the request and the slot's
+        share of the context leave room; the drafted tokens go into the batch with logits."""
+        n_tokens = len(slot.session.tokens)
+        room = min(self.n_batch - batch.n_tokens, self.n_ctx_slot - n_tokens - 2,
+                   slot.gen.request.max_tokens - len(slot.gen.generated) - 1)
+        if room < 1:
+            return
+        slot.draft = slot.speculation.draft(slot.session.tokens + [slot.next_token], room)
+        slot.i_draft = batch.n_tokens
+        for pos, token in enumerate(slot.draft, n_tokens + 1):
+            batch.add(token, pos, [slot.index], True)
+
+    def _sample(self, slot: _Slot) -> int | None:
+        """Sample the slot's rows: its token's (i_batch), then each drafted token's while the
+        sampled token is the drafted one. Emits what the samples make; the cache drops the
+        drafted tokens after the first that differs. The next token, or None when the request
+        is done."""
+        draft, tokens = slot.draft, slot.session.tokens
+        rows = [slot.i_batch, *range(slot.i_draft, slot.i_draft + len(draft))]
+        n_before = len(tokens) - len(draft)    # through the token whose row is i_batch
+        token, i = None, 0
+        for i, row in enumerate(rows):
+            history = tokens if i == len(draft) else tokens[:n_before + i]
+            chunk, token = slot.gen.next(self.ctx, row, history)
+            if chunk is not None:
+                slot.task.emit(chunk)
+            if token is None or i == len(draft) or token != draft[i]:
+                break
+        if draft:
+            slot.session.truncate(n_before + i)
+            slot.speculation.update(len(draft), i)
+            slot.gen.timings.draft_n += len(draft)
+            slot.gen.timings.draft_accepted += i
+            self.stats.drafted_tokens += len(draft)
+            self.stats.drafted_accepted += i
+        return token
 
     def _copy_to_children(self, parent: _Slot) -> None:
         """The parent's prompt is in: its children's slots get its cells and its logits row."""
@@ -451,6 +516,7 @@ class Scheduler:
         slot.task = slot.gen = None
         slot.waiting_for = None
         slot.next_token = None
+        slot.draft = []
         slot.i_batch = -1
         slot.t_last = time.perf_counter()
 

@@ -41,7 +41,7 @@ def valid_filename(name: Any) -> bool:
 def slot_json(slot: Any, n_ctx_slot: int, vocab: Any) -> dict[str, Any]:
     """One slot of ``GET /slots`` in llama-server's fields: about its running task, or else the
     last one it ran."""
-    out: dict[str, Any] = {"id": slot.index, "n_ctx": n_ctx_slot, "speculative": False,
+    out: dict[str, Any] = {"id": slot.index, "n_ctx": n_ctx_slot, "speculative": slot.speculation is not None,
                            "is_processing": slot.task is not None}
     task, gen = (slot.task, slot.gen) if slot.task is not None else slot.last
     if task is None:
