@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from gguflm.model import Layer
 
 GLU_SWIGLU, GLU_GEGLU = 0, 1
-UNARY_GELU, UNARY_TANH = 0, 1
+UNARY_GELU, UNARY_TANH, UNARY_RELU_SQR = 0, 1, 2
 # llama.cpp's llama_expert_gating_func_type: probabilities before top-k (softmax, sigmoid) or a
 # softmax over the selected experts' logits after it (gpt-oss)
 GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3
@@ -654,6 +654,22 @@ class Graph:
         self.plan.ssm_scan_grouped(cache.s[il], ci, x, dt, dt_b.data, A.data.reshape(-1), B, C, D.data.reshape(-1),
                                    n_group, out, self.n_threads)
         return out
+
+    # -- hybrid models (Mamba + attention)
+
+    def relu_sqr(self, x: np.ndarray) -> np.ndarray:
+        """relu(x)², as ggml_relu then ggml_sqr (Nemotron-H's feed-forward)."""
+        out = self.new(*x.shape)
+        self.plan.unary(UNARY_RELU_SQR, x, out, self.n_threads)
+        return out
+
+    def control_vector_branch(self, x: np.ndarray, il: int) -> np.ndarray:
+        """x += layer ``il``'s control vector, in place, where the context has one: for graphs
+        that add it to a branch before its residual add (Nemotron-H's feed-forward layers)."""
+        direction = self.ctx.cvec.direction(il)
+        if direction is not None:
+            self.plan.add_row(x, direction)
+        return x
 
     # -- outputs
 

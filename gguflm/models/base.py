@@ -122,6 +122,13 @@ class Architecture:
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         raise NotImplementedError
 
+    @classmethod
+    def required_together(cls, hp: HParams, present: set[str]) -> list[str]:
+        """Tensors declared optional that the file must have given the ones it has (``present``,
+        by name): an architecture whose layers take one of two sets of tensors, as the file
+        has them (Jamba's experts or dense feed-forward). The loader names the first missing."""
+        return []
+
     # whether the output projection may have a tensor of its own (else it is the token embedding)
     untied_output: ClassVar[bool] = True
     # whether it must (llama.cpp then refuses a file without one)
