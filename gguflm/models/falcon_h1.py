@@ -1,4 +1,4 @@
-"""Falcon-H1 (``falcon-h1``): in every layer, attention (split-half RoPE) and a Mamba-2 block side
+"""Falcon-H1: in every layer, attention (split-half RoPE) and a Mamba-2 block side
 by side on the same normed input, their outputs summed into the residual stream, then a SwiGLU
 feed-forward (llama.cpp's ``src/models/falcon-h1.cpp``). Falcon-H1's multipliers (embedding,
 attention in/out, key, SSM in/out and per-part, MLP, LM head) are folded into the weights by

@@ -1,4 +1,4 @@
-"""Granite 4 (``granitehybrid``): Mamba-2 layers (``head_count_kv`` 0) interleaved with attention
+"""Granite 4 hybrid (Granite-4.0-H): Mamba-2 layers (``head_count_kv`` 0) interleaved with attention
 layers, each followed by Granite's feed-forward (llama.cpp's ``src/models/granite-hybrid.cpp``).
 Granite's scales, each optional here: the token embeddings, every mixer and feed-forward output
 before it joins the residual stream, the attention scores, and the logits (divided by

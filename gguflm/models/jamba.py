@@ -1,4 +1,4 @@
-"""Jamba (``jamba``): Mamba-1 layers (``head_count_kv`` 0; dt, B and C RMS-normed with weights)
+"""Jamba: Mamba-1 layers (``head_count_kv`` 0; dt, B and C RMS-normed with weights)
 interleaved with attention layers without RoPE, each followed by a SwiGLU feed-forward, dense or
 a mixture of experts (softmax routing, weights not renormalised) where the file has the layer's
 router (llama.cpp's ``src/models/jamba.cpp``). The memory is hybrid: the attention layers in the

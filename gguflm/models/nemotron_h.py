@@ -1,4 +1,4 @@
-"""Nemotron-H (``nemotron_h``): three kinds of layers, each an RMSNorm and one block on the
+"""Nemotron-H: three kinds of layers, each an RMSNorm and one block on the
 residual stream (llama.cpp's ``src/models/nemotron-h.cpp``): Mamba-2 (``head_count_kv`` 0 and
 ``feed_forward_length`` 0), attention without RoPE (``feed_forward_length`` 0), or an ungated
 feed-forward with relu² (``feed_forward_length`` > 0). The control vector joins the feed-forward
