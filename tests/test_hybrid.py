@@ -85,16 +85,16 @@ def _interleaved(lengths: list[int], seed: int) -> list[tuple[int, int, int, boo
     return entries
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_prompt_and_steps_equal_llama(hybrid, n_threads: int) -> None:
-    """Every position's logits: a prompt in ubatches of 5, then one token at a time."""
+@pytest.mark.parametrize(("n_threads", "n_ubatch"), [(1, 5), (2, 5), (2, 64)])
+def test_prompt_and_steps_equal_llama(hybrid, n_threads: int, n_ubatch: int) -> None:
+    """Every position's logits: a prompt in ubatches of 5 or at once, then one token at a time."""
     tokens = _tokens(15, 1)
-    ref = LlamaDecoder(hybrid, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=5)
+    ref = LlamaDecoder(hybrid, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=n_ubatch)
     try:
         want = np.concatenate([ref.decode(tokens[:11], 0)] + [ref.decode([t], 11 + k) for k, t in enumerate(tokens[11:])])
     finally:
         ref.close()
-    with Model.load(hybrid) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=5, n_threads=n_threads,
+    with Model.load(hybrid) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=n_threads,
                                               n_threads_batch=n_threads) as ctx:
         assert model.architecture.memory == "hybrid"
         got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
@@ -119,6 +119,46 @@ def test_several_sequences_equal_llama(hybrid, kv_unified: bool) -> None:
         got = [_decode(ctx, first), _decode(ctx, step)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _llama_decode_sets(ref: LlamaDecoder, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> np.ndarray:
+    """llama.cpp's decode of (token, pos, sequences, output) entries: the outputs' logits."""
+    batch = L.llama_batch_init(len(entries), 0, 4)
+    try:
+        for k, (tok, pos, seqs, out) in enumerate(entries):
+            batch.token[k], batch.pos[k], batch.n_seq_id[k], batch.logits[k] = tok, pos, len(seqs), out
+            for j, s in enumerate(seqs):
+                batch.seq_id[k][j] = s
+        batch.n_tokens = len(entries)
+        assert L.llama_decode(ref._ctx, batch) == 0
+        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(ref._ctx, k), shape=(ref.n_vocab,)).copy()
+                         for k, e in enumerate(entries) if e[3]])
+    finally:
+        L.llama_batch_free(batch)
+
+
+def test_shared_prompt_equal_llama(granite) -> None:
+    """A prompt shared by sequences 0 and 1 (tokens of both) beside sequence 2's in one batch: a
+    unified KV cache takes it (ubatches of the sequence sets {0, 1} and {2}, as llama.cpp's
+    split_equal), both sequences then go on from the shared state; the logits are llama.cpp's."""
+    rng = np.random.default_rng(4)
+    first = [(int(rng.integers(3, N_VOCAB)), p, (0, 1), p == 4) for p in range(5)]
+    first[2:2] = [(int(rng.integers(3, N_VOCAB)), p, (2,), True) for p in range(3)]
+    steps = [[(21, 5, (0,), True), (22, 5, (1,), True), (23, 3, (2,), True)], [(24, 6, (1,), True)]]
+    ref = LlamaDecoder(granite, n_ctx=256, n_seq_max=3, n_batch=64, n_ubatch=16)
+    try:
+        want = [_llama_decode_sets(ref, entries) for entries in [first, *steps]]
+    finally:
+        ref.close()
+    with Model.load(granite) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=16, n_seq_max=3,
+                                               n_threads=2) as ctx:
+        for entries, w in zip([first, *steps], want):
+            batch = Batch(len(entries), n_seq_max=2)
+            for tok, pos, seqs, out in entries:
+                batch.add(tok, pos, list(seqs), out)
+            assert ctx.decode(batch) == 0
+            np.testing.assert_array_equal(np.stack([ctx.get_logits_ith(k) for k, e in enumerate(entries) if e[3]]), w)
+        assert [ctx.memory.seq_pos_max(s) for s in range(3)] == [5, 6, 3]
 
 
 def test_sequence_operations_equal_llama(granite) -> None:
@@ -213,6 +253,27 @@ def test_llm_greedy_text_and_prefix_reuse(granite) -> None:
         ours.close()
 
 
+def test_llm_session_file_holds_both_parts(granite, tmp_path) -> None:
+    """gguflm.LLM: a session file (KV cache and states) continues where it was saved, with
+    llama-cpp-python's greedy text; the states cannot be cut back to a shorter prefix."""
+    import gguflm
+    from gguflm.errors import Error
+
+    with gguflm.LLM(str(granite), n_ctx=256, n_threads=2) as llm:
+        text = llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text
+        with pytest.raises(Error, match="recurrent state"):
+            llm.session_save(tmp_path / "cut.bin", n_tokens=2)
+        n = llm.session_save(tmp_path / "session.bin")
+    with gguflm.LLM(str(granite), n_ctx=256, n_threads=2) as llm:
+        assert llm.session_load(tmp_path / "session.bin") == n
+        assert llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text == text
+    theirs = L.Llama(str(granite), n_ctx=256, n_threads=2, verbose=False)
+    try:
+        assert theirs.create_completion("p1 p2 p3", max_tokens=5, temperature=0.0)["choices"][0]["text"] == text
+    finally:
+        theirs.close()
+
+
 @pytest.mark.parametrize(("spec", "error", "match"), [
     # a layer's recurrent block lacks a tensor
     (TinyHybrid("granitehybrid", layout="MA", drop=("blk.0.ssm_out.weight",)), MissingTensorError,
@@ -222,6 +283,8 @@ def test_llm_greedy_text_and_prefix_reuse(granite) -> None:
                 drop=("blk.1.ffn_down_exps.weight",)), MissingTensorError, "blk.1.ffn_down_exps.weight"),
     # 3 SSM heads do not divide the inner size 128
     (TinyHybrid("falcon-h1", layout="AA", dt_rank=3, n_group=1), ModelLoadError, "multiple of time_step_rank"),
+    # Jamba's attention layers take n_embd wide Q: 4 heads of 8 do not make 64
+    (TinyHybrid("jamba", layout="MA", head_dim=8), HParamError, "do not make embedding_length"),
     # a Falcon-H1 layer without KV heads: every layer attends
     (TinyHybrid("falcon-h1", layout="AM"), HParamError, "does not add up"),
 ])

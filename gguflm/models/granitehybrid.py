@@ -49,6 +49,7 @@ class GraniteHybrid(Granite):
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         specs = cls.output_specs(hp)
+        specs.append(TensorSpec("rope_freqs.weight", (hp.n_rot // 2,), optional=True))
         for il in range(hp.n_layer):
             specs.append(TensorSpec(f"blk.{il}.attn_norm.weight", (hp.n_embd,)))
             if hp.is_recurrent(il):
