@@ -148,7 +148,7 @@ class Context:
                                             head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
         if rs_layers:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
             self._recurrent_of_layer = dict.fromkeys(rs_layers, len(self._caches))
-            self._caches.append(RecurrentCache(n_seq_max, rs_layers, hp.n_layer, *arch.state_sizes(hp), n_seq_max))
+            self._caches.append(RecurrentCache(n_seq_max, rs_layers, *arch.state_sizes(hp), n_seq_max))
         if self._commit_kv:
             for cache in self._caches:
                 cache.commit()

@@ -70,8 +70,8 @@ def _bits(mask: int) -> list[int]:
 
 class RecurrentCache:
     """The cells and their states: ``r[il]``/``s[il]`` are [size, n_embd_r]/[size, n_embd_s]
-    float32 views of one block per kind (``r_all``: [n_layer, size, n_embd_r]) for the layers
-    ``layers`` (the others have rows too, unused: hybrid models' attention layers).
+    float32 views of one block per kind (``r_all``: [len(layers), size, n_embd_r]) for the
+    layers ``layers`` (a hybrid model's others keep no state).
 
     It takes the place of a KV cache in the context's list: ``find_slot`` gives each token of a
     ubatch the cell of its sequence, ``apply`` places the ubatch and stages the state moves.
@@ -79,15 +79,15 @@ class RecurrentCache:
 
     n_stream = 1
 
-    def __init__(self, size: int, layers: list[int], n_layer: int, n_embd_r: int, n_embd_s: int, n_seq_max: int):
+    def __init__(self, size: int, layers: list[int], n_embd_r: int, n_embd_s: int, n_seq_max: int):
         self.size = size
         self.layers = list(layers)
         self.n_seq_max = n_seq_max
         self.n_embd_r, self.n_embd_s = n_embd_r, n_embd_s
-        self.r_all = np.zeros((n_layer, size, n_embd_r), np.float32)
-        self.s_all = np.zeros((n_layer, size, n_embd_s), np.float32)
-        self.r = {il: self.r_all[il] for il in self.layers}
-        self.s = {il: self.s_all[il] for il in self.layers}
+        self.r_all = np.zeros((len(self.layers), size, n_embd_r), np.float32)
+        self.s_all = np.zeros((len(self.layers), size, n_embd_s), np.float32)
+        self.r = {il: self.r_all[k] for k, il in enumerate(self.layers)}
+        self.s = {il: self.s_all[k] for k, il in enumerate(self.layers)}
         # the moves the next forward pass makes first: [count, (dst, src) * count], src -1: zero
         self.moves = np.zeros(1 + 2 * size, np.int32)
         self.cells = _Cells.empty(size)
@@ -101,7 +101,7 @@ class RecurrentCache:
 
     @property
     def nbytes(self) -> int:
-        return self.r_all[self.layers].nbytes + self.s_all[self.layers].nbytes if self.layers else 0
+        return self.r_all.nbytes + self.s_all.nbytes
 
     @property
     def n_used(self) -> int:
