@@ -232,6 +232,29 @@ def test_state_saved_in_the_middle_continues(hybrid, tmp_path) -> None:
             np.testing.assert_array_equal(_decode(ctx, [(t, 8 + k, 1, True) for k, t in enumerate(tokens[8:])]), want)
 
 
+def test_control_vector_equal_llama(hybrid) -> None:
+    """A control vector on layers 1 .. n_layer - 1 joins each layer where llama.cpp's graph adds
+    it (Nemotron-H: its feed-forward layers' branch): the logits are llama.cpp's."""
+    import ctypes
+
+    tokens = _tokens(10, 3)
+    with Model.load(hybrid) as model:
+        hp = model.hparams
+        data = (0.5 * np.random.default_rng(6).standard_normal(hp.n_embd * hp.n_layer)).astype(np.float32)
+        ref = LlamaDecoder(hybrid, n_ctx=256, n_threads=2, n_batch=64)
+        try:
+            assert L.llama_set_adapter_cvec(ref._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), len(data),
+                                            hp.n_embd, 1, hp.n_layer - 1) == 0
+            want = np.concatenate([ref.decode(tokens[:8], 0), ref.decode(tokens[8:9], 8), ref.decode(tokens[9:], 9)])
+        finally:
+            ref.close()
+        with Context(model, n_ctx=256, n_batch=64, n_threads=2) as ctx:
+            ctx.set_adapter_cvec(data, hp.n_embd, 1, hp.n_layer - 1)
+            got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:8])]),
+                   _decode(ctx, [(tokens[8], 8, 0, True)]), _decode(ctx, [(tokens[9], 9, 0, True)])]
+    np.testing.assert_array_equal(np.concatenate(got), want)
+
+
 def test_llm_greedy_text_and_prefix_reuse(granite) -> None:
     """gguflm.llama_cpp.Llama on a hybrid model: _is_hybrid; greedy completions and their
     log-probabilities equal llama-cpp-python's, whether the state is reused or evaluated afresh."""
