@@ -121,6 +121,21 @@ def test_several_sequences_equal_llama(hybrid, kv_unified: bool) -> None:
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize(("lengths", "n_ubatch", "kv_unified"), [
+    ([3, 3, 3, 2], 5, True), ([1, 1, 7], 64, True), ([2, 5, 1, 4], 3, False), ([4, 4], 1, True)])
+def test_split_patterns_equal_llama(granite, lengths: list[int], n_ubatch: int, kv_unified: bool) -> None:
+    """More interleavings and ubatch sizes (down to one token per ubatch): llama.cpp's splits."""
+    entries = _interleaved(lengths, sum(lengths))
+    ref = LlamaDecoder(granite, n_ctx=256, n_seq_max=len(lengths), kv_unified=kv_unified, n_batch=64, n_ubatch=n_ubatch)
+    try:
+        want = ref.decode_batch(entries)
+    finally:
+        ref.close()
+    with Model.load(granite) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch,
+                                               n_seq_max=len(lengths), kv_unified=kv_unified, n_threads=2) as ctx:
+        np.testing.assert_array_equal(_decode(ctx, entries), want)
+
+
 def _llama_decode_sets(ref: LlamaDecoder, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> np.ndarray:
     """llama.cpp's decode of (token, pos, sequences, output) entries: the outputs' logits."""
     batch = L.llama_batch_init(len(entries), 0, 4)
