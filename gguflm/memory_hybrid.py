@@ -47,13 +47,19 @@ class HybridMemory(SequenceIds):
         self.caches = [*kv_caches, recurrent]
         self.n_seq_max = n_seq_max
 
+    @property
+    def _parts(self) -> list[Memory | RecurrentMemory]:
+        # a model without attention layers has no KV cache here; llama.cpp's, holding no layer,
+        # tracks the positions the states do
+        return [self.attn, self.recr] if self.attn.caches else [self.recr]
+
     def seq_pos_min(self, seq_id: int) -> int:
         """The first position both parts hold for ``seq_id`` (-1 if neither holds any)."""
-        return max(self.attn.seq_pos_min(seq_id), self.recr.seq_pos_min(seq_id))
+        return max(part.seq_pos_min(seq_id) for part in self._parts)
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The last position both parts hold for ``seq_id`` (-1 if one of them holds none)."""
-        return min(self.attn.seq_pos_max(seq_id), self.recr.seq_pos_max(seq_id))
+        return min(part.seq_pos_max(seq_id) for part in self._parts)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` from both parts; False, nothing changed, when
