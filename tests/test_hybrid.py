@@ -323,6 +323,8 @@ def test_llm_session_file_holds_both_parts(granite, tmp_path) -> None:
     (TinyHybrid("falcon-h1", layout="AA", dt_rank=3, n_group=1), ModelLoadError, "multiple of time_step_rank"),
     # Jamba's attention layers take n_embd wide Q: 4 heads of 8 do not make 64
     (TinyHybrid("jamba", layout="MA", head_dim=8), HParamError, "do not make embedding_length"),
+    # Nemotron-H's mixture-of-experts layers are not implemented
+    (TinyHybrid("nemotron_h", layout="MA", metadata={"expert_count": 4}), HParamError, "not supported"),
     # a Falcon-H1 layer without KV heads: every layer attends
     (TinyHybrid("falcon-h1", layout="AM"), HParamError, "does not add up"),
 ])
