@@ -351,6 +351,9 @@ def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams
         used.add(spec.name)
         done += info.nbytes
         progress(done / total)
+    for name in arch.required_together(hparams, used):
+        if name not in weights:
+            raise MissingTensorError(f"{source}: missing tensor '{name}'")
     if len(used) != len(reader.tensors):
         extra = sorted(t.name for t in reader.tensors if t.name not in used)
         raise TensorCountError(f"{source}: wrong number of tensors; expected {len(used)}, got "

@@ -269,7 +269,7 @@ static int64_t gguflm_cache_head_offset(int type, int64_t head, int head_dim) {
 
 
 
-enum { GGUFLM_UNARY_GELU = 0, GGUFLM_UNARY_TANH = 1 };
+enum { GGUFLM_UNARY_GELU = 0, GGUFLM_UNARY_TANH = 1, GGUFLM_UNARY_RELU_SQR = 2 };
 
 #if GGUFLM_HAVE_SIMD
 /* gguflm_dots_block's 16-lane chains (llamafile sgemm's AVX-512 vectors) with F16 rows of a, on

@@ -657,3 +657,162 @@ if __name__ == "__main__":
 
     spec = type_bench_model(GGMLType[sys.argv[2]]) if len(sys.argv) > 2 else mixtral_bench_model()
     write_tiny_model(spec, Path(sys.argv[1]), np.random.default_rng(0))
+
+
+# -- hybrid Mamba + attention models (granitehybrid, falcon-h1, nemotron_h, jamba)
+
+HYBRID_ARCHS = ("granitehybrid", "falcon-h1", "nemotron_h", "jamba")
+
+
+@dataclass(frozen=True)
+class TinyHybrid:
+    """A hybrid model to write (:func:`write_tiny_hybrid`). ``layout`` has a letter per layer:
+    ``M`` a Mamba block (Mamba-2; Jamba's Mamba-1), ``A`` attention, ``F`` (nemotron_h) a
+    feed-forward only; Falcon-H1 runs both in every layer (its layout is all ``A``). Granite 4
+    and Jamba follow every block with a feed-forward, of experts where ``n_expert`` (Jamba: in
+    the layers of ``moe_layers``). ``types`` maps the matrices (``token_embd``, ``output``,
+    ``ssm_in``, ``ssm_x``, ``ssm_dt``, ``ssm_out``, ``attn_q``, ... ``ffn_down``, the expert
+    kinds) to their types (default F16), ``tensor_types`` single tensors."""
+
+    arch: str
+    layout: str = "MAM"
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 96
+    d_state: int = 16
+    d_conv: int = 4
+    dt_rank: int = 4            # Mamba-2's heads, Mamba-1's dt rank
+    n_group: int = 2
+    tied_output: bool = True
+    n_expert: int = 0
+    n_expert_used: int = 0
+    moe_layers: tuple[int, ...] = ()   # jamba: the layers with experts
+    biases: bool = False        # optional attention-output / feed-forward biases
+    drop: tuple[str, ...] = ()  # tensors left out (bad files)
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (the Mamba blocks shaped as :func:`write_tiny_mamba`'s)."""
+    s, arch, e = spec, spec.arch, spec.n_embd
+    d_inner = 2 * e
+    mamba1 = arch == "jamba"
+    conv_dim = d_inner if mamba1 else d_inner + 2 * s.n_group * s.d_state
+    w = GGUFWriter(path, arch=arch)
+    add_tensor = w.add_tensor
+    w.add_tensor = lambda name, *args, **kwargs: None if name in s.drop else add_tensor(name, *args, **kwargs)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32), GGMLType.F32)
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.08, n_expert: int = 0) -> None:
+        t = s.tensor_types.get(name, s.types.get(kind, GGMLType.F16))
+        x = (scale * rng.standard_normal((n_expert or 1, n_out, n_in))).astype(np.float32)
+        x = x.reshape((n_expert, n_out, n_in) if n_expert else (n_out, n_in))
+        shape = (n_in, n_out, n_expert) if n_expert else (n_in, n_out)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.astype(np.float16), GGMLType.F16)
+        elif t is GGMLType.F32:
+            w.add_tensor(name, x, GGMLType.F32)
+        else:
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t, shape=shape)
+
+    kinds = list(s.layout)
+    n_layer = len(kinds)
+    head_kv = np.array([s.n_head_kv if k == "A" else 0 for k in kinds], np.uint32)
+    keys = {"context_length": 256, "embedding_length": e, "block_count": n_layer,
+            "attention.head_count": s.n_head, "attention.key_length": s.head_dim,
+            "attention.value_length": s.head_dim, "ssm.conv_kernel": s.d_conv, "ssm.inner_size": d_inner,
+            "ssm.state_size": s.d_state, "ssm.time_step_rank": s.dt_rank}
+    if not mamba1:
+        keys["ssm.group_count"] = s.n_group
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.attention.head_count_kv", head_kv)
+    w.add(f"{arch}.feed_forward_length",
+          np.array([s.n_ff if k == "F" else 0 for k in kinds], np.uint32) if arch == "nemotron_h" else s.n_ff,
+          None if arch == "nemotron_h" else GGUFValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if arch == "nemotron_h":
+        w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    if arch == "granitehybrid":   # Granite 4's values, roughly
+        w.add(f"{arch}.logit_scale", 8.0)
+        w.add(f"{arch}.residual_scale", 0.22)
+        w.add(f"{arch}.embedding_scale", 12.0)
+        w.add(f"{arch}.attention.scale", 0.0625)
+    if s.n_expert:
+        w.add(f"{arch}.expert_count", s.n_expert, GGUFValueType.UINT32)
+        w.add(f"{arch}.expert_used_count", s.n_expert_used, GGUFValueType.UINT32)
+    for key, value in s.metadata.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+    add_vocab(w)
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    f32("output_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
+    if not s.tied_output:
+        matrix("output.weight", "output", e, N_VOCAB)
+    nh, nkv, hd = s.n_head, s.n_head_kv, s.head_dim
+    for il, kind in enumerate(kinds):
+        b = f"blk.{il}"
+        f32(f"{b}.attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
+        if kind == "M" or arch == "falcon-h1":
+            if mamba1:
+                matrix(f"{b}.ssm_in.weight", "ssm_in", e, 2 * d_inner)
+                f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((d_inner, s.d_conv)))
+                f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(d_inner))
+                matrix(f"{b}.ssm_x.weight", "ssm_x", d_inner, s.dt_rank + 2 * s.d_state, scale=0.2)
+                f32(f"{b}.ssm_dt_norm.weight", 1.0 + 0.1 * rng.standard_normal(s.dt_rank))
+                matrix(f"{b}.ssm_dt.weight", "ssm_dt", s.dt_rank, d_inner, scale=0.3)
+                f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, d_inner))
+                f32(f"{b}.ssm_b_norm.weight", 1.0 + 0.1 * rng.standard_normal(s.d_state))
+                f32(f"{b}.ssm_c_norm.weight", 1.0 + 0.1 * rng.standard_normal(s.d_state))
+                f32(f"{b}.ssm_a", -np.tile(np.arange(1, s.d_state + 1, dtype=np.float32), (d_inner, 1))
+                    * np.exp(0.2 * rng.standard_normal((d_inner, s.d_state))))
+                f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal(d_inner))
+            else:
+                n_ssm_head = s.dt_rank
+                matrix(f"{b}.ssm_in.weight", "ssm_in", e, d_inner + conv_dim + n_ssm_head)
+                f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((conv_dim, s.d_conv)))
+                f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(conv_dim))
+                f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, n_ssm_head))
+                f32(f"{b}.ssm_a", -np.exp(rng.uniform(0.0, 2.5, (n_ssm_head, 1))))
+                f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal((n_ssm_head, 1)))
+                f32(f"{b}.ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((s.n_group, d_inner // s.n_group)))
+            matrix(f"{b}.ssm_out.weight", "ssm_out", d_inner, e)
+        if kind == "A":
+            matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
+            matrix(f"{b}.attn_k.weight", "attn_k", e, nkv * hd)
+            matrix(f"{b}.attn_v.weight", "attn_v", e, nkv * hd)
+            matrix(f"{b}.attn_output.weight", "attn_output", nh * hd, e)
+            if s.biases:
+                f32(f"{b}.attn_output.bias", 0.05 * rng.standard_normal(e))
+        if arch == "nemotron_h":
+            if kind == "F":   # up, relu², down
+                matrix(f"{b}.ffn_up.weight", "ffn_up", e, s.n_ff)
+                matrix(f"{b}.ffn_down.weight", "ffn_down", s.n_ff, e)
+                if s.biases:
+                    f32(f"{b}.ffn_up.bias", 0.05 * rng.standard_normal(s.n_ff))
+                    f32(f"{b}.ffn_down.bias", 0.05 * rng.standard_normal(e))
+            continue
+        # Falcon-H1's converter names its feed-forward norm without ".weight"
+        f32(f"{b}.ffn_norm" if arch == "falcon-h1" else f"{b}.ffn_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
+        if s.n_expert and (arch != "jamba" or il in s.moe_layers):
+            n = s.n_expert
+            matrix(f"{b}.ffn_gate_inp.weight", "ffn_gate_inp", e, n, scale=0.5)
+            matrix(f"{b}.ffn_gate_exps.weight", "ffn_gate_exps", e, s.n_ff, n_expert=n)
+            matrix(f"{b}.ffn_down_exps.weight", "ffn_down_exps", s.n_ff, e, n_expert=n)
+            matrix(f"{b}.ffn_up_exps.weight", "ffn_up_exps", e, s.n_ff, n_expert=n)
+            continue
+        matrix(f"{b}.ffn_gate.weight", "ffn_gate", e, s.n_ff)
+        matrix(f"{b}.ffn_up.weight", "ffn_up", e, s.n_ff)
+        matrix(f"{b}.ffn_down.weight", "ffn_down", s.n_ff, e)
+        if s.biases and arch != "jamba":
+            f32(f"{b}.ffn_gate.bias", 0.05 * rng.standard_normal(s.n_ff))
+            f32(f"{b}.ffn_up.bias", 0.05 * rng.standard_normal(s.n_ff))
+            f32(f"{b}.ffn_down.bias", 0.05 * rng.standard_normal(e))
+    w.write()

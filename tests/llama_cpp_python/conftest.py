@@ -4,9 +4,9 @@ itself) or ``--backend gguflm`` (``gguflm.llama_cpp``, imported as ``llama_cpp``
 tests/test_llama_cpp_python_suite.py runs them under both and compares.
 
 The suite downloads its models from the Hugging Face hub; here ``huggingface_hub.hf_hub_download``
-answers with local files instead (the real models; all-MiniLM for bge-small; a tiny random Mamba,
-written once per run by tests/tiny_models.py, for mamba-130m), and models that are not here raise
-FileNotFoundError, which fails those tests under both backends. The suite's
+answers with local files instead (the real models; all-MiniLM for bge-small; tiny random models,
+written once per run by tests/tiny_models.py, for mamba-130m and Falcon-H1-Tiny-90M), and models
+that are not here raise FileNotFoundError, which fails those tests under both backends. The suite's
 vocabulary file path (``./vendor/llama.cpp/models/...``) is resolved by running from a folder that
 holds it (the harness makes one).
 """
@@ -43,20 +43,28 @@ def _local_models() -> dict[tuple[str, str], Path]:
 
 
 @functools.cache
-def _tiny_mamba() -> Path:
-    """A tiny random Mamba model (the suite's recurrent model), written once per run."""
+def _tiny_model(kind: str) -> Path:
+    """A tiny random model written once per run: the suite's recurrent model (a Mamba) or its
+    hybrid one (a Falcon-H1)."""
     sys.path.insert(0, str(HERE.parent))
     import numpy as np
-    from tiny_models import TinyMamba, write_tiny_mamba
+    from tiny_models import TinyHybrid, TinyMamba, write_tiny_hybrid, write_tiny_mamba
 
-    path = Path(tempfile.mkdtemp(prefix="gguflm-suite-")) / "tiny-mamba.gguf"
-    write_tiny_mamba(TinyMamba(), path, np.random.default_rng(0))
+    path = Path(tempfile.mkdtemp(prefix="gguflm-suite-")) / f"tiny-{kind}.gguf"
+    if kind == "mamba":
+        write_tiny_mamba(TinyMamba(), path, np.random.default_rng(0))
+    else:
+        write_tiny_hybrid(TinyHybrid(kind, layout="AA"), path, np.random.default_rng(0))
     return path
 
 
+_TINY = {("QuantFactory/mamba-130m-hf-GGUF", "mamba-130m-hf.Q2_K.gguf"): "mamba",
+         ("tiiuae/Falcon-H1-Tiny-90M-Instruct-GGUF", "Falcon-H1-Tiny-90M-Instruct-Q2_K.gguf"): "falcon-h1"}
+
+
 def _hf_hub_download(repo_id: str, filename: str, **kwargs: object) -> str:
-    if (repo_id, filename) == ("QuantFactory/mamba-130m-hf-GGUF", "mamba-130m-hf.Q2_K.gguf"):
-        return str(_tiny_mamba())
+    if (repo_id, filename) in _TINY:
+        return str(_tiny_model(_TINY[repo_id, filename]))
     path = _local_models().get((repo_id, filename))
     if path is None or not path.is_file():
         raise FileNotFoundError(f"no local copy of {repo_id}/{filename} (the suite's hub download)")
