@@ -83,7 +83,7 @@ def rope_params(hp: HParams, scaling_type: int | str | None, freq_scale: float, 
     if ext != 0:
         factor = f32(1) / f32(freq_scale)
         if hp.rope_yarn_log_mul:
-            attn = _mscale(factor, f32(1)) / _mscale(factor, f32(hp.rope_yarn_log_mul))
+            attn = _mscale(factor, f32(hp.rope_yarn_mscale)) / _mscale(factor, f32(hp.rope_yarn_log_mul))
         else:
             attn = _mscale(factor, f32(1))
         # YaRN's rotation multiplies by 1 + 0.1 logf(factor): cancelled here, as llama.cpp does

@@ -657,3 +657,162 @@ if __name__ == "__main__":
 
     spec = type_bench_model(GGMLType[sys.argv[2]]) if len(sys.argv) > 2 else mixtral_bench_model()
     write_tiny_model(spec, Path(sys.argv[1]), np.random.default_rng(0))
+
+
+# -- multi-head latent attention and DeepSeek's routed experts (deepseek2)
+
+# DeepSeek's routing keys, each a way build_moe_ffn routes: gating (1 softmax, 2 sigmoid, 3 softmax
+# of the selected), weights normalised and scaled, experts in groups of which the best are kept
+ROUTED_KEYS = ("expert_gating_func", "expert_weights_norm", "expert_weights_scale", "expert_group_count",
+               "expert_group_used_count")
+
+
+@dataclass(frozen=True)
+class TinyMLA:
+    """A DeepSeek-V2 model to write (:func:`write_tiny_deepseek2`): multi-head latent attention
+    (``q_lora_rank`` 0: the Lite form's one Q matrix), ``n_dense_lead`` dense layers, then
+    ``n_expert`` routed experts beside ``n_shared`` shared ones; ``metadata`` more
+    ``deepseek2.*`` keys (:data:`ROUTED_KEYS`, RoPE scaling); ``probs_bias`` writes the selection
+    bias exp_probs_b. ``types`` maps a matrix kind (the tensor name's middle part, ``attn_k_b``)
+    to its type, ``tensor_types`` single tensors (default F16)."""
+
+    n_embd: int = 64
+    n_head: int = 4
+    n_layer: int = 2
+    q_lora_rank: int = 32
+    kv_lora_rank: int = 32
+    qk_nope: int = 32
+    qk_rope: int = 16
+    v_head: int = 16
+    n_ff: int = 64
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_shared: int = 1
+    n_dense_lead: int = 1
+    probs_bias: bool = True
+    tied_output: bool = False
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            if s.q_lora_rank:
+                out.update({f"{b}.attn_q_a.weight": s.n_embd, f"{b}.attn_q_b.weight": s.q_lora_rank})
+            else:
+                out[f"{b}.attn_q.weight"] = s.n_embd
+            out.update({f"{b}.attn_kv_a_mqa.weight": s.n_embd, f"{b}.attn_k_b.weight": s.qk_nope,
+                        f"{b}.attn_v_b.weight": s.kv_lora_rank, f"{b}.attn_output.weight": s.n_head * s.v_head})
+            if il < s.n_dense_lead:
+                out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
+                            f"{b}.ffn_down.weight": s.n_ff})
+                continue
+            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
+            out[f"{b}.ffn_down_shexp.weight"] = s.n_ff_exp * s.n_shared
+        return out
+
+
+def write_tiny_deepseek2(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (as :func:`write_tiny_model`'s); the router's rows are
+    spread (0.5 N(0, 1)) so that the experts' scores lie well apart."""
+    s, arch, e = spec, "deepseek2", spec.n_embd
+    w = GGUFWriter(path, arch=arch)
+
+    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
+        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
+
+    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
+        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
+                         GGMLType.F16)
+        else:
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+
+    w.add("general.name", "tiny-deepseek2")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": 1,
+            "attention.key_length": s.kv_lora_rank + s.qk_rope, "attention.value_length": s.kv_lora_rank,
+            "attention.key_length_mla": s.qk_nope + s.qk_rope, "attention.value_length_mla": s.v_head,
+            "attention.q_lora_rank": s.q_lora_rank, "attention.kv_lora_rank": s.kv_lora_rank,
+            "rope.dimension_count": s.qk_rope, "expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+            "expert_feed_forward_length": s.n_ff_exp, "expert_shared_count": s.n_shared,
+            "leading_dense_block_count": s.n_dense_lead}
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for key, value in s.metadata.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+    add_vocab(w)
+
+    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+    vector("output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", e, N_VOCAB)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        if s.q_lora_rank:
+            matrix(f"{b}.attn_q_a.weight", e, s.q_lora_rank, scale=0.2)
+            vector(f"{b}.attn_q_a_norm.weight", s.q_lora_rank)
+            matrix(f"{b}.attn_q_b.weight", s.q_lora_rank, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
+        else:
+            matrix(f"{b}.attn_q.weight", e, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
+        matrix(f"{b}.attn_kv_a_mqa.weight", e, s.kv_lora_rank + s.qk_rope, scale=0.2)
+        vector(f"{b}.attn_kv_a_norm.weight", s.kv_lora_rank)
+        matrix(f"{b}.attn_k_b.weight", s.qk_nope, s.kv_lora_rank, n_stack=s.n_head, scale=0.2)
+        matrix(f"{b}.attn_v_b.weight", s.kv_lora_rank, s.v_head, n_stack=s.n_head, scale=0.2)
+        matrix(f"{b}.attn_output.weight", s.n_head * s.v_head, e)
+        vector(f"{b}.ffn_norm.weight", e)
+        if il < s.n_dense_lead:
+            matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+            continue
+        matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
+        if s.probs_bias:
+            vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
+        matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_gate_shexp.weight", e, s.n_ff_exp * s.n_shared)
+        matrix(f"{b}.ffn_down_shexp.weight", s.n_ff_exp * s.n_shared, e)
+        matrix(f"{b}.ffn_up_shexp.weight", e, s.n_ff_exp * s.n_shared)
+    w.write()
+
+
+@st.composite
+def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
+    """DeepSeek-V2 shapes (with or without Q's low rank, 1..4 heads, latent ranks of whole
+    blocks), every routing build_moe_ffn has for it, and every matrix of a type whose blocks fit."""
+    n_expert = draw(st.sampled_from((4, 8, 16)))
+    groups = draw(st.sampled_from([g for g in (0, 2, 4) if g < n_expert]))
+    routing = {"expert_gating_func": draw(st.sampled_from((1, 2, 3))),
+               "expert_weights_norm": draw(st.booleans()),
+               "expert_weights_scale": draw(st.sampled_from((1.0, 2.5)))}
+    if groups:
+        routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
+    n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
+    spec = TinyMLA(n_embd=draw(st.sampled_from((64, 96, 128))), n_head=draw(st.integers(1, 4)),
+                   n_layer=draw(st.integers(1, 3)), q_lora_rank=draw(st.sampled_from((0, 32, 64))),
+                   kv_lora_rank=draw(st.sampled_from((32, 64))), qk_nope=draw(st.sampled_from((16, 32))),
+                   qk_rope=draw(st.sampled_from((8, 16))), v_head=draw(st.sampled_from((16, 32))),
+                   n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
+                   n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
+                   n_dense_lead=draw(st.integers(0, 1)), probs_bias=draw(st.booleans()),
+                   tied_output=draw(st.booleans()), metadata=routing)
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyMLA(**{**spec.__dict__, "tensor_types": tensor_types})
