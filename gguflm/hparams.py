@@ -83,6 +83,7 @@ class HParams:
     expert_weights_scale: float = 0.0                # selected weights multiplied by it, 0 = none
     n_expert_groups: int = 0                         # > 1: experts in equal groups, routing limited to
     n_group_used: int = 0                            #   the n_group_used best groups (DeepSeek V3)
+    n_layer_nextn: int = 0                           # NextN (MTP) blocks after the n_layer ones: never run
     n_lora_q: int = 0                                # multi-head latent attention: Q's low rank (0: none)
     n_lora_kv: int = 0                               #   the latent K/V rank (0: no MLA-style attention)
     n_embd_head_k_mla: int = 0                       #   a head's K and V widths once decompressed; 0:
@@ -427,3 +428,15 @@ def read_interleaved_swa(kv: HParamReader, hp: HParams, period: int, n_swa: int 
         swa_layers=swa, no_rope_layers=tuple(not s for s in swa),
         rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", hp.rope_freq_base_train),
         rope_freq_scale_train_swa=hp.rope_freq_scale_train)
+
+
+def drop_nextn_layers(kv: HParamReader, hp: HParams) -> HParams:
+    """``nextn_predict_layers``: the last blocks of the file are NextN (multi-token prediction)
+    blocks, which llama.cpp neither loads nor runs at inference; the model is the blocks before."""
+    n_nextn = kv.get_int("{arch}.nextn_predict_layers", 0)
+    if not 0 <= n_nextn < hp.n_layer:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.nextn_predict_layers')} must be 0..{hp.n_layer - 1} "
+                          f"(block_count - 1), found {n_nextn}")
+    n = hp.n_layer - n_nextn
+    return hp.with_changes(n_layer=n, n_layer_nextn=n_nextn, n_ff=hp.n_ff[:n], n_head=hp.n_head[:n],
+                           n_head_kv=hp.n_head_kv[:n])

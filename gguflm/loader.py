@@ -351,6 +351,9 @@ def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams
         used.add(spec.name)
         done += info.nbytes
         progress(done / total)
+    # the NextN blocks' tensors (hparams.drop_nextn_layers): in the file, never read (TENSOR_SKIP)
+    nextn = {f"blk.{il}." for il in range(hparams.n_layer, hparams.n_layer + hparams.n_layer_nextn)}
+    used |= {t.name for t in reader.tensors if t.name[:t.name.find(".", 4) + 1] in nextn}
     if len(used) != len(reader.tensors):
         extra = sorted(t.name for t in reader.tensors if t.name not in used)
         raise TensorCountError(f"{source}: wrong number of tensors; expected {len(used)}, got "

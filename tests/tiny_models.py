@@ -816,3 +816,150 @@ def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}
     return TinyMLA(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+@dataclass(frozen=True)
+class TinyRouted:
+    """A model of DeepSeek's routed experts under a Llama-like block to write
+    (:func:`write_tiny_routed`): ``glm4moe`` (Q/K/V biases, optional per-head Q/K norms
+    ``qk_norm``, partial split-half RoPE of ``n_rot`` values, the FFN norm as
+    ``post_attention_norm``, ``nextn`` NextN blocks at the end that inference skips). ``metadata``,
+    ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
+
+    arch: str = "glm4moe"
+    n_embd: int = 64
+    head_dim: int = 16
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_rot: int = 8
+    n_layer: int = 2
+    n_ff: int = 64
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_shared: int = 1
+    n_dense_lead: int = 1
+    qk_norm: bool = False
+    nextn: int = 0
+    tied_output: bool = False
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix of the blocks that run by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            for kind in ("attn_q", "attn_k", "attn_v"):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.attn_output.weight"] = s.n_head * s.head_dim
+            if il < s.n_dense_lead:
+                out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
+                            f"{b}.ffn_down.weight": s.n_ff})
+                continue
+            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
+            out[f"{b}.ffn_down_shexp.weight"] = s.n_ff_exp * s.n_shared
+        return out
+
+
+def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (as :func:`write_tiny_deepseek2`'s)."""
+    s, arch, e = spec, spec.arch, spec.n_embd
+    w = GGUFWriter(path, arch=arch)
+
+    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
+        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
+
+    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
+        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
+                         GGMLType.F16)
+        else:
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+
+    w.add("general.name", f"tiny-{arch}")
+    n_blocks = s.n_layer + s.nextn
+    keys = {"context_length": 256, "embedding_length": e, "block_count": n_blocks, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv,
+            "attention.key_length": s.head_dim, "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot,
+            "expert_count": s.n_expert, "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
+            "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead}
+    if s.nextn:
+        keys["nextn_predict_layers"] = s.nextn
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for key, value in s.metadata.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+    add_vocab(w)
+
+    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+    vector("output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", e, N_VOCAB)
+    for il in range(n_blocks):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        for kind, n in (("attn_q", s.n_head * s.head_dim), ("attn_k", s.n_head_kv * s.head_dim),
+                        ("attn_v", s.n_head_kv * s.head_dim)):
+            matrix(f"{b}.{kind}.weight", e, n)
+            vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
+        matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
+        if s.qk_norm:
+            vector(f"{b}.attn_q_norm.weight", s.head_dim)
+            vector(f"{b}.attn_k_norm.weight", s.head_dim)
+        vector(f"{b}.post_attention_norm.weight", e)
+        if il < s.n_dense_lead:
+            matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        else:
+            matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
+            vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
+            matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_gate_shexp.weight", e, s.n_ff_exp * s.n_shared)
+            matrix(f"{b}.ffn_down_shexp.weight", s.n_ff_exp * s.n_shared, e)
+            matrix(f"{b}.ffn_up_shexp.weight", e, s.n_ff_exp * s.n_shared)
+        if il >= s.n_layer:   # a NextN block's own tensors
+            matrix(f"{b}.nextn.eh_proj.weight", 2 * e, e)
+            vector(f"{b}.nextn.enorm.weight", e)
+            vector(f"{b}.nextn.hnorm.weight", e)
+            vector(f"{b}.nextn.shared_head_norm.weight", e)
+    w.write()
+
+
+@st.composite
+def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe",)) -> TinyRouted:
+    """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
+    build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
+    n_expert = draw(st.sampled_from((4, 8, 16)))
+    groups = draw(st.sampled_from([g for g in (0, 2, 4) if g < n_expert]))
+    routing = {"expert_gating_func": draw(st.sampled_from((1, 2, 3))), "expert_weights_norm": draw(st.booleans()),
+               "expert_weights_scale": draw(st.sampled_from((1.0, 2.5)))}
+    if groups:
+        routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
+    n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
+    head_dim = draw(st.sampled_from((16, 32, 64)))
+    n_head_kv = draw(st.integers(1, 2))
+    spec = TinyRouted(arch=draw(st.sampled_from(archs)), n_embd=draw(st.sampled_from((64, 96, 256))), head_dim=head_dim,
+                      n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv,
+                      n_rot=draw(st.sampled_from((head_dim // 2, head_dim))), n_layer=draw(st.integers(1, 3)),
+                      n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
+                      n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
+                      n_dense_lead=draw(st.integers(0, 1)), qk_norm=draw(st.booleans()), nextn=draw(st.integers(0, 1)),
+                      tied_output=draw(st.booleans()), metadata=routing)
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyRouted(**{**spec.__dict__, "tensor_types": tensor_types})

@@ -139,6 +139,9 @@ class RoutedExperts:
     ``exp_probs_b`` where a layer has one, normalised and scaled weights, group-limited where the
     file groups them) beside ungated shared experts."""
 
+    # whether llama.cpp requires every expert layer's selection bias (else it may be absent)
+    probs_bias_required: ClassVar[bool] = False
+
     def routing(self, hp: HParams, L: Layer) -> dict:
         return {"gating": hp.expert_gating_func, "norm_w": hp.expert_weights_norm,
                 "w_scale": hp.expert_weights_scale, "selection_bias": L.exp_probs_b_bias}
@@ -152,4 +155,4 @@ class RoutedExperts:
         if not cls.has_experts(hp, il):
             return Architecture.ffn_specs(hp, il)
         return (Architecture.expert_specs(hp, il) + Architecture.shared_expert_specs(hp, il, hp.n_ff_shexp)
-                + [TensorSpec(f"blk.{il}.exp_probs_b.bias", (hp.n_expert,), optional=True)])
+                + [TensorSpec(f"blk.{il}.exp_probs_b.bias", (hp.n_expert,), optional=not cls.probs_bias_required)])
