@@ -1,4 +1,5 @@
-"""DeepSeek's routed experts under Llama-like blocks against llama.cpp: glm4moe (GLM-4.5).
+"""DeepSeek's routed experts under Llama-like blocks against llama.cpp: glm4moe (GLM-4.5) and
+bailingmoe2 (Ling 2).
 
 Tiny random models (tests/tiny_models.py's :class:`TinyRouted`: every weight type mixed per
 tensor, softmax / sigmoid / softmax-after-top-k routing, the selection bias, normalised and
@@ -30,6 +31,11 @@ EXAMPLES = [
                metadata={"expert_weights_norm": True, "expert_weights_scale": 2.5}),
     # group-limited, softmax after top-k
     TinyRouted(n_layer=3, metadata={"expert_gating_func": 3, "expert_group_count": 4, "expert_group_used_count": 1}),
+    # Ling 2's routing: sigmoid, bias, groups, shared experts of their own width; a NextN block
+    TinyRouted("bailingmoe2", n_embd=256, head_dim=64, n_rot=32, nextn=1, n_shared=2, types=MIXED,
+               metadata={"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5,
+                         "expert_group_count": 4, "expert_group_used_count": 2,
+                         "expert_shared_feed_forward_length": 48}),
 ]
 
 
@@ -37,6 +43,7 @@ EXAMPLES = [
                                                                  HealthCheck.function_scoped_fixture])
 @example(spec=EXAMPLES[0])
 @example(spec=EXAMPLES[1])
+@example(spec=EXAMPLES[2])
 @given(spec=tiny_routed_models())
 def test_routed_experts_give_llama_cpps_logits(tmp_path, spec):
     require_peer()

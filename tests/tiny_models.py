@@ -822,9 +822,10 @@ def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
 class TinyRouted:
     """A model of DeepSeek's routed experts under a Llama-like block to write
     (:func:`write_tiny_routed`): ``glm4moe`` (Q/K/V biases, optional per-head Q/K norms
-    ``qk_norm``, partial split-half RoPE of ``n_rot`` values, the FFN norm as
-    ``post_attention_norm``, ``nextn`` NextN blocks at the end that inference skips). ``metadata``,
-    ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
+    ``qk_norm``, the FFN norm as ``post_attention_norm``) or ``bailingmoe2`` (a fused QKV
+    projection, Q/K norms always, ``n_head * head_dim = n_embd``); both with partial split-half
+    RoPE of ``n_rot`` values and ``nextn`` NextN blocks at the end that inference skips.
+    ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
 
     arch: str = "glm4moe"
     n_embd: int = 64
@@ -846,6 +847,11 @@ class TinyRouted:
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
 
+    @property
+    def shared_ff(self) -> int:
+        """The shared experts' width: bailingmoe2's own width where the file gives one, times their count."""
+        return self.metadata.get("expert_shared_feed_forward_length", self.n_ff_exp) * self.n_shared
+
     def matrices(self) -> dict[str, int]:
         """Every matrix of the blocks that run by tensor name: its row length (input width)."""
         s, out = self, {"token_embd.weight": self.n_embd}
@@ -853,7 +859,7 @@ class TinyRouted:
             out["output.weight"] = s.n_embd
         for il in range(s.n_layer):
             b = f"blk.{il}"
-            for kind in ("attn_q", "attn_k", "attn_v"):
+            for kind in ("attn_qkv",) if s.arch == "bailingmoe2" else ("attn_q", "attn_k", "attn_v"):
                 out[f"{b}.{kind}.weight"] = s.n_embd
             out[f"{b}.attn_output.weight"] = s.n_head * s.head_dim
             if il < s.n_dense_lead:
@@ -863,7 +869,7 @@ class TinyRouted:
             for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
                 out[f"{b}.{kind}.weight"] = s.n_embd
             out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
-            out[f"{b}.ffn_down_shexp.weight"] = s.n_ff_exp * s.n_shared
+            out[f"{b}.ffn_down_shexp.weight"] = s.shared_ff
         return out
 
 
@@ -910,15 +916,18 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
     for il in range(n_blocks):
         b = f"blk.{il}"
         vector(f"{b}.attn_norm.weight", e)
-        for kind, n in (("attn_q", s.n_head * s.head_dim), ("attn_k", s.n_head_kv * s.head_dim),
-                        ("attn_v", s.n_head_kv * s.head_dim)):
-            matrix(f"{b}.{kind}.weight", e, n)
-            vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
+        if arch == "bailingmoe2":
+            matrix(f"{b}.attn_qkv.weight", e, (s.n_head + 2 * s.n_head_kv) * s.head_dim)
+        else:
+            for kind, n in (("attn_q", s.n_head * s.head_dim), ("attn_k", s.n_head_kv * s.head_dim),
+                            ("attn_v", s.n_head_kv * s.head_dim)):
+                matrix(f"{b}.{kind}.weight", e, n)
+                vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
         matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
-        if s.qk_norm:
+        if s.qk_norm or arch == "bailingmoe2":
             vector(f"{b}.attn_q_norm.weight", s.head_dim)
             vector(f"{b}.attn_k_norm.weight", s.head_dim)
-        vector(f"{b}.post_attention_norm.weight", e)
+        vector(f"{b}.{'ffn_norm' if arch == 'bailingmoe2' else 'post_attention_norm'}.weight", e)
         if il < s.n_dense_lead:
             matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
@@ -929,19 +938,21 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
             matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
             matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
             matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_gate_shexp.weight", e, s.n_ff_exp * s.n_shared)
-            matrix(f"{b}.ffn_down_shexp.weight", s.n_ff_exp * s.n_shared, e)
-            matrix(f"{b}.ffn_up_shexp.weight", e, s.n_ff_exp * s.n_shared)
+            matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
+            matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
+            matrix(f"{b}.ffn_up_shexp.weight", e, s.shared_ff)
         if il >= s.n_layer:   # a NextN block's own tensors
             matrix(f"{b}.nextn.eh_proj.weight", 2 * e, e)
             vector(f"{b}.nextn.enorm.weight", e)
             vector(f"{b}.nextn.hnorm.weight", e)
             vector(f"{b}.nextn.shared_head_norm.weight", e)
+            if arch == "bailingmoe2":
+                vector(f"{b}.layer_output_norm.weight", e)
     w.write()
 
 
 @st.composite
-def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe",)) -> TinyRouted:
+def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2")) -> TinyRouted:
     """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
     build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
@@ -951,15 +962,17 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe",)) -
     if groups:
         routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
     n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
+    arch = draw(st.sampled_from(archs))
     head_dim = draw(st.sampled_from((16, 32, 64)))
     n_head_kv = draw(st.integers(1, 2))
-    spec = TinyRouted(arch=draw(st.sampled_from(archs)), n_embd=draw(st.sampled_from((64, 96, 256))), head_dim=head_dim,
-                      n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv,
+    n_head = n_head_kv * draw(st.integers(1, 4))
+    n_embd = n_head * head_dim if arch == "bailingmoe2" else draw(st.sampled_from((64, 96, 256)))
+    spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
                       n_rot=draw(st.sampled_from((head_dim // 2, head_dim))), n_layer=draw(st.integers(1, 3)),
                       n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                       n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
                       n_dense_lead=draw(st.integers(0, 1)), qk_norm=draw(st.booleans()), nextn=draw(st.integers(0, 1)),
-                      tied_output=draw(st.booleans()), metadata=routing)
+                      tied_output=arch != "bailingmoe2" and draw(st.booleans()), metadata=routing)
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}
     return TinyRouted(**{**spec.__dict__, "tensor_types": tensor_types})
