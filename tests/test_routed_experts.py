@@ -1,5 +1,6 @@
 """DeepSeek's routed experts under Llama-like blocks against llama.cpp: glm4moe (GLM-4.5) and
-bailingmoe2 (Ling 2).
+bailingmoe2 (Ling 2),
+ernie4_5-moe.
 
 Tiny random models (tests/tiny_models.py's :class:`TinyRouted`: every weight type mixed per
 tensor, softmax / sigmoid / softmax-after-top-k routing, the selection bias, normalised and
@@ -36,6 +37,8 @@ EXAMPLES = [
                metadata={"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5,
                          "expert_group_count": 4, "expert_group_used_count": 2,
                          "expert_shared_feed_forward_length": 48}),
+    # ERNIE's softmax routing, always normalised, with a shared expert of its own width
+    TinyRouted("ernie4_5-moe", n_embd=256, n_rot=16, types=MIXED, metadata={"expert_shared_feed_forward_length": 64}),
 ]
 
 
@@ -44,6 +47,7 @@ EXAMPLES = [
 @example(spec=EXAMPLES[0])
 @example(spec=EXAMPLES[1])
 @example(spec=EXAMPLES[2])
+@example(spec=EXAMPLES[3])
 @given(spec=tiny_routed_models())
 def test_routed_experts_give_llama_cpps_logits(tmp_path, spec):
     require_peer()

@@ -823,8 +823,10 @@ class TinyRouted:
     """A model of DeepSeek's routed experts under a Llama-like block to write
     (:func:`write_tiny_routed`): ``glm4moe`` (Q/K/V biases, optional per-head Q/K norms
     ``qk_norm``, the FFN norm as ``post_attention_norm``) or ``bailingmoe2`` (a fused QKV
-    projection, Q/K norms always, ``n_head * head_dim = n_embd``); both with partial split-half
-    RoPE of ``n_rot`` values and ``nextn`` NextN blocks at the end that inference skips.
+    projection, Q/K norms always, ``n_head * head_dim = n_embd``), both with partial split-half
+    RoPE of ``n_rot`` values and ``nextn`` NextN blocks at the end that inference skips; or
+    ``ernie4_5-moe`` (Q/K/V and output biases, full adjacent-pair RoPE: ``n_rot = head_dim``, a
+    shared expert only where ``metadata`` gives its width).
     ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
 
     arch: str = "glm4moe"
@@ -849,7 +851,10 @@ class TinyRouted:
 
     @property
     def shared_ff(self) -> int:
-        """The shared experts' width: bailingmoe2's own width where the file gives one, times their count."""
+        """The shared experts' width (0: none): bailingmoe2's own width where the file gives one,
+        times their count; ERNIE's only where the file gives it."""
+        if self.arch == "ernie4_5-moe":
+            return self.metadata.get("expert_shared_feed_forward_length", 0)
         return self.metadata.get("expert_shared_feed_forward_length", self.n_ff_exp) * self.n_shared
 
     def matrices(self) -> dict[str, int]:
@@ -866,10 +871,12 @@ class TinyRouted:
                 out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
                             f"{b}.ffn_down.weight": s.n_ff})
                 continue
-            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
+            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps") + (("ffn_gate_shexp", "ffn_up_shexp")
+                                                                              if s.shared_ff else ()):
                 out[f"{b}.{kind}.weight"] = s.n_embd
             out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
-            out[f"{b}.ffn_down_shexp.weight"] = s.shared_ff
+            if s.shared_ff:
+                out[f"{b}.ffn_down_shexp.weight"] = s.shared_ff
         return out
 
 
@@ -900,6 +907,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
             "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead}
     if s.nextn:
         keys["nextn_predict_layers"] = s.nextn
+    if arch == "ernie4_5-moe":
+        keys["interleave_moe_layer_step"] = 1
     for key, value in keys.items():
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
     w.add(f"{arch}.rope.freq_base", 10000.0)
@@ -924,10 +933,12 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
                 matrix(f"{b}.{kind}.weight", e, n)
                 vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
         matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
+        if arch == "ernie4_5-moe":   # read by llama.cpp, never added
+            vector(f"{b}.attn_output.bias", e, scale=0.05, center=0.0)
         if s.qk_norm or arch == "bailingmoe2":
             vector(f"{b}.attn_q_norm.weight", s.head_dim)
             vector(f"{b}.attn_k_norm.weight", s.head_dim)
-        vector(f"{b}.{'ffn_norm' if arch == 'bailingmoe2' else 'post_attention_norm'}.weight", e)
+        vector(f"{b}.{'post_attention_norm' if arch == 'glm4moe' else 'ffn_norm'}.weight", e)
         if il < s.n_dense_lead:
             matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
@@ -938,9 +949,10 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
             matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
             matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
             matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
-            matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
-            matrix(f"{b}.ffn_up_shexp.weight", e, s.shared_ff)
+            if s.shared_ff:
+                matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
+                matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
+                matrix(f"{b}.ffn_up_shexp.weight", e, s.shared_ff)
         if il >= s.n_layer:   # a NextN block's own tensors
             matrix(f"{b}.nextn.eh_proj.weight", 2 * e, e)
             vector(f"{b}.nextn.enorm.weight", e)
@@ -952,7 +964,7 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
 
 
 @st.composite
-def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2")) -> TinyRouted:
+def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe")) -> TinyRouted:
     """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
     build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
@@ -963,15 +975,19 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "ba
         routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
     n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
     arch = draw(st.sampled_from(archs))
+    if arch == "ernie4_5-moe" and draw(st.booleans()):
+        routing["expert_shared_feed_forward_length"] = draw(st.sampled_from((32, 64)))
     head_dim = draw(st.sampled_from((16, 32, 64)))
     n_head_kv = draw(st.integers(1, 2))
     n_head = n_head_kv * draw(st.integers(1, 4))
     n_embd = n_head * head_dim if arch == "bailingmoe2" else draw(st.sampled_from((64, 96, 256)))
     spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-                      n_rot=draw(st.sampled_from((head_dim // 2, head_dim))), n_layer=draw(st.integers(1, 3)),
+                      n_rot=head_dim if arch == "ernie4_5-moe" else draw(st.sampled_from((head_dim // 2, head_dim))),
+                      n_layer=draw(st.integers(1, 3)),
                       n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                       n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
-                      n_dense_lead=draw(st.integers(0, 1)), qk_norm=draw(st.booleans()), nextn=draw(st.integers(0, 1)),
+                      n_dense_lead=draw(st.integers(0, 1)), qk_norm=arch == "glm4moe" and draw(st.booleans()),
+                      nextn=arch != "ernie4_5-moe" and draw(st.integers(0, 1)),
                       tied_output=arch != "bailingmoe2" and draw(st.booleans()), metadata=routing)
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}

@@ -154,5 +154,6 @@ class RoutedExperts:
     def ffn_or_expert_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
         if not cls.has_experts(hp, il):
             return Architecture.ffn_specs(hp, il)
-        return (Architecture.expert_specs(hp, il) + Architecture.shared_expert_specs(hp, il, hp.n_ff_shexp)
+        shared = Architecture.shared_expert_specs(hp, il, hp.n_ff_shexp) if hp.n_ff_shexp else []
+        return (Architecture.expert_specs(hp, il) + shared
                 + [TensorSpec(f"blk.{il}.exp_probs_b.bias", (hp.n_expert,), optional=not cls.probs_bias_required)])
