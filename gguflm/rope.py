@@ -31,6 +31,18 @@ def logf(x: float) -> np.float32:
     return np.float32(_logf()(float(np.float32(x))))
 
 
+@functools.cache
+def _powf() -> ctypes._CFuncPtr:
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    libm.powf.argtypes, libm.powf.restype = [ctypes.c_float, ctypes.c_float], ctypes.c_float
+    return libm.powf
+
+
+def powf(x: float, y: float) -> np.float32:
+    """libm's powf, as llama.cpp's float code calls it."""
+    return np.float32(_powf()(float(np.float32(x)), float(np.float32(y))))
+
+
 def scaling_type_name(value: int | str | None, default: str) -> str:
     """A scaling type given by name, by llama.cpp's number, or None / -1 (the file's: ``default``)."""
     if value is None or value == -1 or value == "unspecified":

@@ -1,6 +1,6 @@
 """DeepSeek's routed experts under Llama-like blocks against llama.cpp: glm4moe (GLM-4.5) and
 bailingmoe2 (Ling 2),
-ernie4_5-moe.
+ernie4_5-moe, hunyuan-moe and hunyuan-dense (whose block the MoE shares).
 
 Tiny random models (tests/tiny_models.py's :class:`TinyRouted`: every weight type mixed per
 tensor, softmax / sigmoid / softmax-after-top-k routing, the selection bias, normalised and
@@ -39,6 +39,9 @@ EXAMPLES = [
                          "expert_shared_feed_forward_length": 48}),
     # ERNIE's softmax routing, always normalised, with a shared expert of its own width
     TinyRouted("ernie4_5-moe", n_embd=256, n_rot=16, types=MIXED, metadata={"expert_shared_feed_forward_length": 64}),
+    # Hunyuan: Q/K norms after RoPE, experts feed_forward_length wide, a shared feed-forward
+    TinyRouted("hunyuan-moe", n_rot=16, n_dense_lead=0, n_expert_used=3, metadata={"expert_weights_scale": 2.0}),
+    TinyRouted("hunyuan-dense", n_rot=16, n_layer=3, metadata={"rope.scaling.alpha": 1000.0}),
 ]
 
 
@@ -48,6 +51,8 @@ EXAMPLES = [
 @example(spec=EXAMPLES[1])
 @example(spec=EXAMPLES[2])
 @example(spec=EXAMPLES[3])
+@example(spec=EXAMPLES[4])
+@example(spec=EXAMPLES[5])
 @given(spec=tiny_routed_models())
 def test_routed_experts_give_llama_cpps_logits(tmp_path, spec):
     require_peer()

@@ -826,7 +826,9 @@ class TinyRouted:
     projection, Q/K norms always, ``n_head * head_dim = n_embd``), both with partial split-half
     RoPE of ``n_rot`` values and ``nextn`` NextN blocks at the end that inference skips; or
     ``ernie4_5-moe`` (Q/K/V and output biases, full adjacent-pair RoPE: ``n_rot = head_dim``, a
-    shared expert only where ``metadata`` gives its width).
+    shared expert only where ``metadata`` gives its width); or ``hunyuan-moe`` / ``hunyuan-dense``
+    (Q/K/V biases, Q/K norms after full split-half RoPE; the experts ``n_ff`` wide in every layer,
+    no selection bias, a shared feed-forward ``n_ff`` wide unless ``metadata`` says).
     ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
 
     arch: str = "glm4moe"
@@ -853,9 +855,18 @@ class TinyRouted:
     def shared_ff(self) -> int:
         """The shared experts' width (0: none): bailingmoe2's own width where the file gives one,
         times their count; ERNIE's only where the file gives it."""
-        if self.arch == "ernie4_5-moe":
+        if self.arch in ("ernie4_5-moe", "hunyuan-dense"):
             return self.metadata.get("expert_shared_feed_forward_length", 0)
+        if self.arch == "hunyuan-moe":
+            return self.metadata.get("expert_shared_feed_forward_length", self.n_ff)
         return self.metadata.get("expert_shared_feed_forward_length", self.n_ff_exp) * self.n_shared
+
+    @property
+    def expert_ff(self) -> int:
+        return self.n_ff if self.arch == "hunyuan-moe" else self.n_ff_exp
+
+    def has_experts(self, il: int) -> bool:
+        return self.arch != "hunyuan-dense" and il >= self.n_dense_lead
 
     def matrices(self) -> dict[str, int]:
         """Every matrix of the blocks that run by tensor name: its row length (input width)."""
@@ -867,14 +878,14 @@ class TinyRouted:
             for kind in ("attn_qkv",) if s.arch == "bailingmoe2" else ("attn_q", "attn_k", "attn_v"):
                 out[f"{b}.{kind}.weight"] = s.n_embd
             out[f"{b}.attn_output.weight"] = s.n_head * s.head_dim
-            if il < s.n_dense_lead:
+            if not s.has_experts(il):
                 out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
                             f"{b}.ffn_down.weight": s.n_ff})
                 continue
             for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps") + (("ffn_gate_shexp", "ffn_up_shexp")
                                                                               if s.shared_ff else ()):
                 out[f"{b}.{kind}.weight"] = s.n_embd
-            out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
+            out[f"{b}.ffn_down_exps.weight"] = s.expert_ff
             if s.shared_ff:
                 out[f"{b}.ffn_down_shexp.weight"] = s.shared_ff
         return out
@@ -902,9 +913,11 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
     n_blocks = s.n_layer + s.nextn
     keys = {"context_length": 256, "embedding_length": e, "block_count": n_blocks, "feed_forward_length": s.n_ff,
             "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv,
-            "attention.key_length": s.head_dim, "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot,
-            "expert_count": s.n_expert, "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
-            "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead}
+            "attention.key_length": s.head_dim, "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot}
+    if arch != "hunyuan-dense":
+        keys.update({"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                     "expert_feed_forward_length": s.n_ff_exp, "expert_shared_count": s.n_shared,
+                     "leading_dense_block_count": s.n_dense_lead})
     if s.nextn:
         keys["nextn_predict_layers"] = s.nextn
     if arch == "ernie4_5-moe":
@@ -935,20 +948,21 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
         matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
         if arch == "ernie4_5-moe":   # read by llama.cpp, never added
             vector(f"{b}.attn_output.bias", e, scale=0.05, center=0.0)
-        if s.qk_norm or arch == "bailingmoe2":
+        if s.qk_norm or arch in ("bailingmoe2", "hunyuan-moe", "hunyuan-dense"):
             vector(f"{b}.attn_q_norm.weight", s.head_dim)
             vector(f"{b}.attn_k_norm.weight", s.head_dim)
         vector(f"{b}.{'post_attention_norm' if arch == 'glm4moe' else 'ffn_norm'}.weight", e)
-        if il < s.n_dense_lead:
+        if not s.has_experts(il):
             matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
         else:
             matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
-            vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
-            matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+            if arch != "hunyuan-moe":
+                vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
+            matrix(f"{b}.ffn_gate_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_down_exps.weight", s.expert_ff, e, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_up_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
             if s.shared_ff:
                 matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
                 matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
@@ -964,7 +978,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
 
 
 @st.composite
-def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe")) -> TinyRouted:
+def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe",
+                                                                  "hunyuan-moe", "hunyuan-dense")) -> TinyRouted:
     """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
     build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
@@ -982,12 +997,14 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "ba
     n_head = n_head_kv * draw(st.integers(1, 4))
     n_embd = n_head * head_dim if arch == "bailingmoe2" else draw(st.sampled_from((64, 96, 256)))
     spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-                      n_rot=head_dim if arch == "ernie4_5-moe" else draw(st.sampled_from((head_dim // 2, head_dim))),
+                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense")
+                      else draw(st.sampled_from((head_dim // 2, head_dim))),
                       n_layer=draw(st.integers(1, 3)),
                       n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                       n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
-                      n_dense_lead=draw(st.integers(0, 1)), qk_norm=arch == "glm4moe" and draw(st.booleans()),
-                      nextn=arch != "ernie4_5-moe" and draw(st.integers(0, 1)),
+                      n_dense_lead=0 if arch == "hunyuan-moe" else draw(st.integers(0, 1)),
+                      qk_norm=arch == "glm4moe" and draw(st.booleans()),
+                      nextn=arch in ("glm4moe", "bailingmoe2") and draw(st.integers(0, 1)),
                       tied_output=arch != "bailingmoe2" and draw(st.booleans()), metadata=routing)
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}

@@ -33,6 +33,8 @@ class Llama(Architecture):
     # but never adds it)
     attention_output_bias: ClassVar[bool] = True
     qk_norm: ClassVar[bool] = False
+    # Hunyuan normalises Q and K after RoPE, the others before
+    qk_norm_after_rope: ClassVar[bool] = False
     shared_expert_gate: ClassVar[bool] = False
 
     @classmethod
@@ -79,7 +81,12 @@ class Llama(Architecture):
             cur = g.rms_norm(x, L.attn_norm)
             q, k, v = self.qkv(g, cur, L)                                     # [n_tokens, n_head(_kv) * head_dim]
             biased = self.attention_bias is not False
-            g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
+            if self.qk_norm_after_rope:
+                g.rope_qk(q, k, il)
+                g.rms_norm_heads(k, L.attn_k_norm)
+                g.rms_norm_heads(q, L.attn_q_norm)
+            else:
+                g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
             out_bias = L.attn_output_bias if biased and self.attention_output_bias else None
             cur = g.linear(cur, L.attn_output, out_bias)                      # [n_tokens, n_embd]
