@@ -828,7 +828,9 @@ class TinyRouted:
     ``ernie4_5-moe`` (Q/K/V and output biases, full adjacent-pair RoPE: ``n_rot = head_dim``, a
     shared expert only where ``metadata`` gives its width); or ``hunyuan-moe`` / ``hunyuan-dense``
     (Q/K/V biases, Q/K norms after full split-half RoPE; the experts ``n_ff`` wide in every layer,
-    no selection bias, a shared feed-forward ``n_ff`` wide unless ``metadata`` says).
+    no selection bias, a shared feed-forward ``n_ff`` wide unless ``metadata`` says); or ``phimoe``
+    (biases on every norm, Q/K/V, the attention output and the logits; experts ``n_ff`` wide in
+    every layer; ``n_head * head_dim = n_embd``).
     ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
 
     arch: str = "glm4moe"
@@ -855,7 +857,7 @@ class TinyRouted:
     def shared_ff(self) -> int:
         """The shared experts' width (0: none): bailingmoe2's own width where the file gives one,
         times their count; ERNIE's only where the file gives it."""
-        if self.arch in ("ernie4_5-moe", "hunyuan-dense"):
+        if self.arch in ("ernie4_5-moe", "hunyuan-dense", "phimoe"):
             return self.metadata.get("expert_shared_feed_forward_length", 0)
         if self.arch == "hunyuan-moe":
             return self.metadata.get("expert_shared_feed_forward_length", self.n_ff)
@@ -863,7 +865,7 @@ class TinyRouted:
 
     @property
     def expert_ff(self) -> int:
-        return self.n_ff if self.arch == "hunyuan-moe" else self.n_ff_exp
+        return self.n_ff if self.arch in ("hunyuan-moe", "phimoe") else self.n_ff_exp
 
     def has_experts(self, il: int) -> bool:
         return self.arch != "hunyuan-dense" and il >= self.n_dense_lead
@@ -935,9 +937,15 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
     vector("output_norm.weight", e)
     if not s.tied_output:
         matrix("output.weight", e, N_VOCAB)
+    biased = arch == "phimoe"   # biases on the norms, the attention output, the logits
+    if biased:
+        vector("output_norm.bias", e, scale=0.05, center=0.0)
+        vector("output.bias", N_VOCAB, scale=0.05, center=0.0)
     for il in range(n_blocks):
         b = f"blk.{il}"
         vector(f"{b}.attn_norm.weight", e)
+        if biased:
+            vector(f"{b}.attn_norm.bias", e, scale=0.05, center=0.0)
         if arch == "bailingmoe2":
             matrix(f"{b}.attn_qkv.weight", e, (s.n_head + 2 * s.n_head_kv) * s.head_dim)
         else:
@@ -946,19 +954,21 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
                 matrix(f"{b}.{kind}.weight", e, n)
                 vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
         matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
-        if arch == "ernie4_5-moe":   # read by llama.cpp, never added
+        if arch in ("ernie4_5-moe", "phimoe"):   # ERNIE's is read by llama.cpp, never added
             vector(f"{b}.attn_output.bias", e, scale=0.05, center=0.0)
         if s.qk_norm or arch in ("bailingmoe2", "hunyuan-moe", "hunyuan-dense"):
             vector(f"{b}.attn_q_norm.weight", s.head_dim)
             vector(f"{b}.attn_k_norm.weight", s.head_dim)
         vector(f"{b}.{'post_attention_norm' if arch == 'glm4moe' else 'ffn_norm'}.weight", e)
+        if biased:
+            vector(f"{b}.ffn_norm.bias", e, scale=0.05, center=0.0)
         if not s.has_experts(il):
             matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
         else:
             matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
-            if arch != "hunyuan-moe":
+            if arch not in ("hunyuan-moe", "phimoe"):
                 vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
             matrix(f"{b}.ffn_gate_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
             matrix(f"{b}.ffn_down_exps.weight", s.expert_ff, e, n_stack=s.n_expert)
@@ -979,7 +989,7 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
 
 @st.composite
 def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe",
-                                                                  "hunyuan-moe", "hunyuan-dense")) -> TinyRouted:
+                                                                  "hunyuan-moe", "hunyuan-dense", "phimoe")) -> TinyRouted:
     """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
     build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
@@ -995,17 +1005,17 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "ba
     head_dim = draw(st.sampled_from((16, 32, 64)))
     n_head_kv = draw(st.integers(1, 2))
     n_head = n_head_kv * draw(st.integers(1, 4))
-    n_embd = n_head * head_dim if arch == "bailingmoe2" else draw(st.sampled_from((64, 96, 256)))
+    n_embd = n_head * head_dim if arch in ("bailingmoe2", "phimoe") else draw(st.sampled_from((64, 96, 256)))
     spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense")
+                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "phimoe")
                       else draw(st.sampled_from((head_dim // 2, head_dim))),
                       n_layer=draw(st.integers(1, 3)),
                       n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                       n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
-                      n_dense_lead=0 if arch == "hunyuan-moe" else draw(st.integers(0, 1)),
+                      n_dense_lead=0 if arch in ("hunyuan-moe", "phimoe") else draw(st.integers(0, 1)),
                       qk_norm=arch == "glm4moe" and draw(st.booleans()),
                       nextn=arch in ("glm4moe", "bailingmoe2") and draw(st.integers(0, 1)),
-                      tied_output=arch != "bailingmoe2" and draw(st.booleans()), metadata=routing)
+                      tied_output=arch not in ("bailingmoe2", "phimoe") and draw(st.booleans()), metadata=routing)
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}
     return TinyRouted(**{**spec.__dict__, "tensor_types": tensor_types})
