@@ -696,6 +696,30 @@ class Graph:
                              self.n_threads, per_token=per_token)
         return out
 
+    def mla_decompressed(self, il: int, q: np.ndarray, kv: np.ndarray, L: Layer) -> tuple[np.ndarray, ...]:
+        """Latent attention's Q, K and V as full heads (MiniCPM3; llama.cpp's deepseek2 graph without
+        the absorbed form): q [n, n_head * key_length] the query heads, their last n_rot values
+        rotated here; kv [n, kv_lora_rank + n_rot] (``attn_kv_a_mqa``'s output), whose normed latent
+        ``attn_kv_b`` expands to each head's [non-rotated K, V] and whose rotated tail every head's K
+        ends with. Returns q, K [n, n_head * key_length], V [n, n_head * value_length]."""
+        hp = self.hparams
+        n, n_head, rank, n_rot = q.shape[0], hp.n_head[il], hp.n_lora_kv, hp.n_rot
+        dk, dv = hp.n_embd_head_k, hp.n_embd_head_v
+        nope = dk - n_rot
+        self.rope_heads_part(q[:, nope:], il, n_head, dk)
+        latent = self.new(n, rank)
+        self.plan.rms_norm(kv[:, :rank], L.attn_kv_a_norm.data, hp.f_norm_rms_eps, latent, self.n_threads)
+        k_pe = self.new(n, n_rot)
+        self.plan.copy(kv, rank, k_pe)
+        self.rope_heads_part(k_pe, il, 1, n_rot)
+        (kv_heads,) = self.project(latent, L.attn_kv_b)                 # [n, n_head * (nope + value_length)]
+        k, v = self.new(n, n_head * dk), self.new(n, n_head * dv)
+        for h in range(n_head):
+            self.plan.copy(kv_heads, h * (nope + dv), k[:, h * dk:h * dk + nope])
+            self.plan.copy(k_pe, 0, k[:, h * dk + nope:(h + 1) * dk])
+            self.plan.copy(kv_heads, h * (nope + dv) + nope, v[:, h * dv:(h + 1) * dv])
+        return q, k, v
+
     def mla_attention(self, il: int, q: np.ndarray, kv: np.ndarray, L: Layer, kq_scale: float) -> np.ndarray:
         """Multi-head latent attention of layer ``il`` as llama.cpp's deepseek2 graph runs it (the
         absorbed form: one latent K row per token, MQA over it): q [n, n_head * (nope + n_rot)] the

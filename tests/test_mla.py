@@ -1,4 +1,5 @@
-"""DeepSeek-V2's multi-head latent attention and DeepSeek's routed experts against llama.cpp.
+"""DeepSeek-V2's multi-head latent attention and DeepSeek's routed experts against llama.cpp, and
+MiniCPM3's latent attention with full heads.
 
 Tiny random deepseek2 models (tests/tiny_models.py's :class:`TinyMLA`: Q through its low rank or
 the Lite form's one matrix, every weight type mixed per tensor, softmax / sigmoid / softmax-after-
@@ -21,7 +22,7 @@ from gguflm import Batch, Context, Model
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from test_invariance import llama_cpp_logits, prompt_logits, rel_err
-from tiny_models import N_VOCAB, TinyMLA, tiny_mla_models, write_tiny_deepseek2
+from tiny_models import N_VOCAB, TinyMLA, tiny_mla_models, write_tiny_mla
 
 TOKENS = [1] + list(range(20, 37))
 SIGMOID_GROUPS = {"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5,
@@ -38,11 +39,12 @@ EXAMPLES = [
     TinyMLA(q_lora_rank=0, n_layer=3, metadata={"expert_weights_scale": 1.0}),       # V2-Lite: softmax
     TinyMLA(n_head=3, metadata={**YARN, "expert_gating_func": 3}, probs_bias=False,  # YaRN, softmax after top-k
             tensor_types={"blk.0.attn_k_b.weight": GGMLType.F32, "blk.1.attn_v_b.weight": GGMLType.F32}),
+    TinyMLA("minicpm3", n_layer=3, types={"attn_kv_b": GGMLType.Q8_0, "attn_q_b": GGMLType.Q4_0}),  # full heads
 ]
 
 
 def check_against_llama_cpp(spec: TinyMLA, path: Path, seed: int) -> None:
-    write_tiny_deepseek2(spec, path, np.random.default_rng(seed))
+    write_tiny_mla(spec, path, np.random.default_rng(seed))
     with Model.load(path) as model:
         for n_ubatch in (1, len(TOKENS)):
             ours = prompt_logits(model, TOKENS, 1, n_ubatch, "f16", "f16")
@@ -59,18 +61,19 @@ def check_against_llama_cpp(spec: TinyMLA, path: Path, seed: int) -> None:
 @example(spec=EXAMPLES[0])
 @example(spec=EXAMPLES[1])
 @example(spec=EXAMPLES[2])
+@example(spec=EXAMPLES[3])
 @given(spec=tiny_mla_models())
-def test_deepseek2_gives_llama_cpps_logits(tmp_path, spec):
+def test_latent_attention_gives_llama_cpps_logits(tmp_path, spec):
     require_peer()
-    check_against_llama_cpp(spec, tmp_path / "deepseek2.gguf", 7)
+    check_against_llama_cpp(spec, tmp_path / f"{spec.arch}.gguf", 7)
 
 
-@pytest.mark.parametrize("spec", [EXAMPLES[0], EXAMPLES[2]], ids=["sigmoid-groups", "yarn"])
-def test_deepseek2_after_seq_rm_and_a_k_shift(tmp_path, spec):
+@pytest.mark.parametrize("spec", [EXAMPLES[0], EXAMPLES[2], EXAMPLES[3]], ids=["sigmoid-groups", "yarn", "minicpm3"])
+def test_latent_attention_after_seq_rm_and_a_k_shift(tmp_path, spec):
     """Decode a prompt, drop its tail (seq_rm), shift the rest (seq_add: RoPE re-applied to the
     rotated part at the end of each cached latent row), decode on: llama.cpp's logits to the bit."""
-    path = tmp_path / "deepseek2.gguf"
-    write_tiny_deepseek2(spec, path, np.random.default_rng(3))
+    path = tmp_path / f"{spec.arch}.gguf"
+    write_tiny_mla(spec, path, np.random.default_rng(3))
     rng = np.random.default_rng(4)
     first, more = [1] + [int(t) for t in rng.integers(3, N_VOCAB - 2, 13)], [int(t) for t in rng.integers(3, N_VOCAB - 2, 5)]
     # (tokens, first position, then seq_rm from, then shift by)
@@ -104,7 +107,7 @@ def test_the_latent_cache_holds_k_rows_only(tmp_path):
     rows; a quantized K cache, which ggml cannot read V from, is refused."""
     path = tmp_path / "deepseek2.gguf"
     spec = TinyMLA(kv_lora_rank=48)   # rows of 64 values: whole q8_0 blocks
-    write_tiny_deepseek2(spec, path, np.random.default_rng(0))
+    write_tiny_mla(spec, path, np.random.default_rng(0))
     with Model.load(path) as model:
         with Context(model, n_ctx=256, type_k="f16") as ctx:
             assert ctx.memory.nbytes == spec.n_layer * 256 * (spec.kv_lora_rank + spec.qk_rope) * 2
@@ -116,7 +119,7 @@ def test_expert_groups_must_divide_the_experts(tmp_path):
     """As llama.cpp asserts: equal groups, fewer used than there are."""
     path = tmp_path / "deepseek2.gguf"
     for groups, used in ((3, 1), (4, 4), (4, 0)):
-        write_tiny_deepseek2(TinyMLA(metadata={"expert_group_count": groups, "expert_group_used_count": used}),
+        write_tiny_mla(TinyMLA(metadata={"expert_group_count": groups, "expert_group_used_count": used}),
                              path, np.random.default_rng(0))
         with pytest.raises(ModelLoadError, match="expert_group_count"):
             Model.load(path)

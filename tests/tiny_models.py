@@ -669,13 +669,15 @@ ROUTED_KEYS = ("expert_gating_func", "expert_weights_norm", "expert_weights_scal
 
 @dataclass(frozen=True)
 class TinyMLA:
-    """A DeepSeek-V2 model to write (:func:`write_tiny_deepseek2`): multi-head latent attention
-    (``q_lora_rank`` 0: the Lite form's one Q matrix), ``n_dense_lead`` dense layers, then
-    ``n_expert`` routed experts beside ``n_shared`` shared ones; ``metadata`` more
+    """A model with latent attention to write (:func:`write_tiny_mla`): ``deepseek2`` (multi-head
+    latent attention, ``q_lora_rank`` 0: the Lite form's one Q matrix; ``n_dense_lead`` dense
+    layers, then ``n_expert`` routed experts beside ``n_shared`` shared ones) or ``minicpm3``
+    (the latent expanded to full heads by ``attn_kv_b``, dense layers only); ``metadata`` more
     ``deepseek2.*`` keys (:data:`ROUTED_KEYS`, RoPE scaling); ``probs_bias`` writes the selection
     bias exp_probs_b. ``types`` maps a matrix kind (the tensor name's middle part, ``attn_k_b``)
     to its type, ``tensor_types`` single tensors (default F16)."""
 
+    arch: str = "deepseek2"
     n_embd: int = 64
     n_head: int = 4
     n_layer: int = 2
@@ -707,9 +709,12 @@ class TinyMLA:
                 out.update({f"{b}.attn_q_a.weight": s.n_embd, f"{b}.attn_q_b.weight": s.q_lora_rank})
             else:
                 out[f"{b}.attn_q.weight"] = s.n_embd
-            out.update({f"{b}.attn_kv_a_mqa.weight": s.n_embd, f"{b}.attn_k_b.weight": s.qk_nope,
-                        f"{b}.attn_v_b.weight": s.kv_lora_rank, f"{b}.attn_output.weight": s.n_head * s.v_head})
-            if il < s.n_dense_lead:
+            out.update({f"{b}.attn_kv_a_mqa.weight": s.n_embd, f"{b}.attn_output.weight": s.n_head * s.v_head})
+            if s.arch == "minicpm3":
+                out[f"{b}.attn_kv_b.weight"] = s.kv_lora_rank
+            else:
+                out.update({f"{b}.attn_k_b.weight": s.qk_nope, f"{b}.attn_v_b.weight": s.kv_lora_rank})
+            if s.arch == "minicpm3" or il < s.n_dense_lead:
                 out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
                             f"{b}.ffn_down.weight": s.n_ff})
                 continue
@@ -720,10 +725,10 @@ class TinyMLA:
         return out
 
 
-def write_tiny_deepseek2(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
+def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with random weights (as :func:`write_tiny_model`'s); the router's rows are
     spread (0.5 N(0, 1)) so that the experts' scores lie well apart."""
-    s, arch, e = spec, "deepseek2", spec.n_embd
+    s, arch, e = spec, spec.arch, spec.n_embd
     w = GGUFWriter(path, arch=arch)
 
     def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
@@ -739,15 +744,19 @@ def write_tiny_deepseek2(spec: TinyMLA, path: Path, rng: np.random.Generator) ->
             w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
                          shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
 
-    w.add("general.name", "tiny-deepseek2")
+    w.add("general.name", f"tiny-{arch}")
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
-            "attention.head_count": s.n_head, "attention.head_count_kv": 1,
-            "attention.key_length": s.kv_lora_rank + s.qk_rope, "attention.value_length": s.kv_lora_rank,
-            "attention.key_length_mla": s.qk_nope + s.qk_rope, "attention.value_length_mla": s.v_head,
-            "attention.q_lora_rank": s.q_lora_rank, "attention.kv_lora_rank": s.kv_lora_rank,
-            "rope.dimension_count": s.qk_rope, "expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
-            "expert_feed_forward_length": s.n_ff_exp, "expert_shared_count": s.n_shared,
-            "leading_dense_block_count": s.n_dense_lead}
+            "attention.head_count": s.n_head, "attention.q_lora_rank": s.q_lora_rank,
+            "attention.kv_lora_rank": s.kv_lora_rank, "rope.dimension_count": s.qk_rope}
+    if arch == "minicpm3":   # full heads in the cache
+        keys.update({"attention.head_count_kv": s.n_head, "attention.key_length": s.qk_nope + s.qk_rope,
+                     "attention.value_length": s.v_head})
+    else:
+        keys.update({"attention.head_count_kv": 1, "attention.key_length": s.kv_lora_rank + s.qk_rope,
+                     "attention.value_length": s.kv_lora_rank, "attention.key_length_mla": s.qk_nope + s.qk_rope,
+                     "attention.value_length_mla": s.v_head, "expert_count": s.n_expert,
+                     "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
+                     "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead})
     for key, value in keys.items():
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
     w.add(f"{arch}.rope.freq_base", 10000.0)
@@ -772,11 +781,14 @@ def write_tiny_deepseek2(spec: TinyMLA, path: Path, rng: np.random.Generator) ->
             matrix(f"{b}.attn_q.weight", e, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
         matrix(f"{b}.attn_kv_a_mqa.weight", e, s.kv_lora_rank + s.qk_rope, scale=0.2)
         vector(f"{b}.attn_kv_a_norm.weight", s.kv_lora_rank)
-        matrix(f"{b}.attn_k_b.weight", s.qk_nope, s.kv_lora_rank, n_stack=s.n_head, scale=0.2)
-        matrix(f"{b}.attn_v_b.weight", s.kv_lora_rank, s.v_head, n_stack=s.n_head, scale=0.2)
+        if arch == "minicpm3":
+            matrix(f"{b}.attn_kv_b.weight", s.kv_lora_rank, s.n_head * (s.qk_nope + s.v_head), scale=0.2)
+        else:
+            matrix(f"{b}.attn_k_b.weight", s.qk_nope, s.kv_lora_rank, n_stack=s.n_head, scale=0.2)
+            matrix(f"{b}.attn_v_b.weight", s.kv_lora_rank, s.v_head, n_stack=s.n_head, scale=0.2)
         matrix(f"{b}.attn_output.weight", s.n_head * s.v_head, e)
         vector(f"{b}.ffn_norm.weight", e)
-        if il < s.n_dense_lead:
+        if arch == "minicpm3" or il < s.n_dense_lead:
             matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
@@ -894,7 +906,7 @@ class TinyRouted:
 
 
 def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) -> None:
-    """Write ``spec`` with random weights (as :func:`write_tiny_deepseek2`'s)."""
+    """Write ``spec`` with random weights (as :func:`write_tiny_mla`'s)."""
     s, arch, e = spec, spec.arch, spec.n_embd
     w = GGUFWriter(path, arch=arch)
 
