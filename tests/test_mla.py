@@ -40,6 +40,7 @@ EXAMPLES = [
     TinyMLA(n_head=3, metadata={**YARN, "expert_gating_func": 3}, probs_bias=False,  # YaRN, softmax after top-k
             tensor_types={"blk.0.attn_k_b.weight": GGMLType.F32, "blk.1.attn_v_b.weight": GGMLType.F32}),
     TinyMLA("minicpm3", n_layer=3, types={"attn_kv_b": GGMLType.Q8_0, "attn_q_b": GGMLType.Q4_0}),  # full heads
+    TinyMLA(absorbed=False, metadata={**YARN, **SIGMOID_GROUPS}),   # a DeepSeek-V2 file from before attn_k_b
 ]
 
 
@@ -62,13 +63,14 @@ def check_against_llama_cpp(spec: TinyMLA, path: Path, seed: int) -> None:
 @example(spec=EXAMPLES[1])
 @example(spec=EXAMPLES[2])
 @example(spec=EXAMPLES[3])
+@example(spec=EXAMPLES[4])
 @given(spec=tiny_mla_models())
 def test_latent_attention_gives_llama_cpps_logits(tmp_path, spec):
     require_peer()
     check_against_llama_cpp(spec, tmp_path / f"{spec.arch}.gguf", 7)
 
 
-@pytest.mark.parametrize("spec", [EXAMPLES[0], EXAMPLES[2], EXAMPLES[3]], ids=["sigmoid-groups", "yarn", "minicpm3"])
+@pytest.mark.parametrize("spec", EXAMPLES[2:], ids=["yarn", "minicpm3", "full-heads"])
 def test_latent_attention_after_seq_rm_and_a_k_shift(tmp_path, spec):
     """Decode a prompt, drop its tail (seq_rm), shift the rest (seq_add: RoPE re-applied to the
     rotated part at the end of each cached latent row), decode on: llama.cpp's logits to the bit."""

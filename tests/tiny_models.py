@@ -672,7 +672,8 @@ class TinyMLA:
     """A model with latent attention to write (:func:`write_tiny_mla`): ``deepseek2`` (multi-head
     latent attention, ``q_lora_rank`` 0: the Lite form's one Q matrix; ``n_dense_lead`` dense
     layers, then ``n_expert`` routed experts beside ``n_shared`` shared ones) or ``minicpm3``
-    (the latent expanded to full heads by ``attn_kv_b``, dense layers only); ``metadata`` more
+    (the latent expanded to full heads by ``attn_kv_b``, dense layers only; a deepseek2 file
+    without ``absorbed`` has them too, as files from before llama.cpp split attn_k_b / attn_v_b); ``metadata`` more
     ``deepseek2.*`` keys (:data:`ROUTED_KEYS`, RoPE scaling); ``probs_bias`` writes the selection
     bias exp_probs_b. ``types`` maps a matrix kind (the tensor name's middle part, ``attn_k_b``)
     to its type, ``tensor_types`` single tensors (default F16)."""
@@ -693,10 +694,16 @@ class TinyMLA:
     n_shared: int = 1
     n_dense_lead: int = 1
     probs_bias: bool = True
+    absorbed: bool = True
     tied_output: bool = False
     metadata: dict = field(default_factory=dict)
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    @property
+    def full_heads(self) -> bool:
+        """The cache holds full K and V heads (``attn_kv_b``) rather than the latent."""
+        return self.arch == "minicpm3" or not self.absorbed
 
     def matrices(self) -> dict[str, int]:
         """Every matrix by tensor name: its row length (input width)."""
@@ -710,7 +717,7 @@ class TinyMLA:
             else:
                 out[f"{b}.attn_q.weight"] = s.n_embd
             out.update({f"{b}.attn_kv_a_mqa.weight": s.n_embd, f"{b}.attn_output.weight": s.n_head * s.v_head})
-            if s.arch == "minicpm3":
+            if s.full_heads:
                 out[f"{b}.attn_kv_b.weight"] = s.kv_lora_rank
             else:
                 out.update({f"{b}.attn_k_b.weight": s.qk_nope, f"{b}.attn_v_b.weight": s.kv_lora_rank})
@@ -748,13 +755,15 @@ def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
             "attention.head_count": s.n_head, "attention.q_lora_rank": s.q_lora_rank,
             "attention.kv_lora_rank": s.kv_lora_rank, "rope.dimension_count": s.qk_rope}
-    if arch == "minicpm3":   # full heads in the cache
+    if s.full_heads:
         keys.update({"attention.head_count_kv": s.n_head, "attention.key_length": s.qk_nope + s.qk_rope,
                      "attention.value_length": s.v_head})
     else:
         keys.update({"attention.head_count_kv": 1, "attention.key_length": s.kv_lora_rank + s.qk_rope,
                      "attention.value_length": s.kv_lora_rank, "attention.key_length_mla": s.qk_nope + s.qk_rope,
-                     "attention.value_length_mla": s.v_head, "expert_count": s.n_expert,
+                     "attention.value_length_mla": s.v_head})
+    if arch == "deepseek2":
+        keys.update({"expert_count": s.n_expert,
                      "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
                      "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead})
     for key, value in keys.items():
@@ -781,7 +790,7 @@ def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
             matrix(f"{b}.attn_q.weight", e, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
         matrix(f"{b}.attn_kv_a_mqa.weight", e, s.kv_lora_rank + s.qk_rope, scale=0.2)
         vector(f"{b}.attn_kv_a_norm.weight", s.kv_lora_rank)
-        if arch == "minicpm3":
+        if s.full_heads:
             matrix(f"{b}.attn_kv_b.weight", s.kv_lora_rank, s.n_head * (s.qk_nope + s.v_head), scale=0.2)
         else:
             matrix(f"{b}.attn_k_b.weight", s.qk_nope, s.kv_lora_rank, n_stack=s.n_head, scale=0.2)
@@ -823,7 +832,7 @@ def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
                    qk_rope=draw(st.sampled_from((8, 16))), v_head=draw(st.sampled_from((16, 32))),
                    n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                    n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
-                   n_dense_lead=draw(st.integers(0, 1)), probs_bias=draw(st.booleans()),
+                   n_dense_lead=draw(st.integers(0, 1)), probs_bias=draw(st.booleans()), absorbed=draw(st.booleans()),
                    tied_output=draw(st.booleans()), metadata=routing)
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}

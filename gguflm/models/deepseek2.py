@@ -7,7 +7,9 @@ latent row of ``kv_lora_rank`` values per token plus ``n_rot`` rotated values sh
 absorbed form (:meth:`gguflm.graph.Graph.mla_attention`): the cache keeps the latent row and
 the rotated part as K, V is the latent, and the per-head ``attn_k_b`` / ``attn_v_b`` fold into
 the query and out of the attended latent; the attention scale is YaRN's mscale squared over the
-square root of the decompressed head width, as llama.cpp's graph pre-scales it.
+square root of the decompressed head width, as llama.cpp's graph pre-scales it. Files from before
+the split attn_k_b / attn_v_b (one ``attn_kv_b``, no ``key_length_mla``) run with full heads in the
+cache (:meth:`gguflm.graph.Graph.mla_decompressed`), as llama.cpp runs them.
 
 Feed-forward: dense SwiGLU in the first ``leading_dense_block_count`` layers, then routed experts
 (softmax or sigmoid scores, the selection bias ``exp_probs_b``, group-limited where the file
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
     from gguflm.model import Layer
 
 
+def head_widths(hp: HParams) -> tuple[int, int]:
+    """A query head's width and a value head's once decompressed (llama.cpp's n_embd_head_k_mla()
+    and n_embd_head_v_mla(): the cache's head widths in a file without the absorbed form)."""
+    return (hp.n_embd_head_k_mla, hp.n_embd_head_v_mla) if hp.is_mla else (hp.n_embd_head_k, hp.n_embd_head_v)
+
+
 def is_lite(hp: HParams) -> bool:
     """llama.cpp's test for the Lite models (DeepSeek-V2-Lite, GigaChat3, Kanana-2), which read no
     q_lora_rank: their layer count."""
@@ -49,10 +57,12 @@ class Deepseek2(RoutedExperts, Llama):
         n_lora_kv = kv.positive("attention.kv_lora_rank", kv.get_int("{arch}.attention.kv_lora_rank"))
         k_mla = kv.get_int("{arch}.attention.key_length_mla", 0)
         v_mla = kv.get_int("{arch}.attention.value_length_mla", 0)
-        if not (k_mla and v_mla):
-            raise HParamError(f"{kv.source}: no attention.key_length_mla / value_length_mla: a DeepSeek-V2 file "
-                              f"from before the split attn_k_b / attn_v_b tensors, which gguflm does not run")
-        if k_mla <= hp.n_rot or hp.n_embd_head_k != n_lora_kv + hp.n_rot or hp.n_embd_head_v != n_lora_kv \
+        if not (k_mla and v_mla):   # a file from before the split attn_k_b / attn_v_b: full heads
+            if hp.n_rot >= hp.n_embd_head_k or hp.n_head_kv != hp.n_head:
+                raise HParamError(f"{kv.source}: deepseek2 without key_length_mla needs head_count_kv = head_count "
+                                  f"and rope.dimension_count below key_length, found {sorted(set(hp.n_head_kv))}, "
+                                  f"{hp.n_rot} and {hp.n_embd_head_k}")
+        elif k_mla <= hp.n_rot or hp.n_embd_head_k != n_lora_kv + hp.n_rot or hp.n_embd_head_v != n_lora_kv \
                 or any(h != 1 for h in hp.n_head_kv):
             raise HParamError(f"{kv.source}: multi-head latent attention needs key_length = kv_lora_rank + "
                               f"rope.dimension_count, value_length = kv_lora_rank, head_count_kv = 1 and "
@@ -65,8 +75,8 @@ class Deepseek2(RoutedExperts, Llama):
             # llama.cpp undoes the converter's factor 0.1, and takes the result as YaRN's mscale too
             log_mul = float(np.float32(hp.rope_yarn_log_mul) / np.float32(0.1))
             changes = {"rope_yarn_log_mul": log_mul, "rope_yarn_mscale": log_mul if log_mul != 1.0 else 1.0}
-        hp = hp.with_changes(n_lora_q=n_lora_q, n_lora_kv=n_lora_kv, n_embd_head_k_mla=k_mla,
-                             n_embd_head_v_mla=v_mla, **changes)
+        hp = hp.with_changes(n_lora_q=n_lora_q, n_lora_kv=n_lora_kv, n_embd_head_k_mla=k_mla if v_mla else 0,
+                             n_embd_head_v_mla=v_mla if k_mla else 0, **changes)
         # GGUFs of DeepSeek V2 / V2.5 name no gating function: softmax, but sigmoid for GLM 4.7 Lite
         glm_lite = hp.n_layer in (47, 48) and n_vocab == 154880
         return read_routed_expert_hparams(kv, hp, gating=GATING_SIGMOID if glm_lite else GATING_SOFTMAX)
@@ -77,18 +87,22 @@ class Deepseek2(RoutedExperts, Llama):
         specs = cls.output_specs(hp)
         for il in range(hp.n_layer):
             blk, n_head = f"blk.{il}", hp.n_head[il]
+            dk, dv = head_widths(hp)
             specs.append(TensorSpec(f"{blk}.attn_norm.weight", (e,)))
             if hp.n_lora_q:
                 specs += [TensorSpec(f"{blk}.attn_q_a_norm.weight", (hp.n_lora_q,)),
                           TensorSpec(f"{blk}.attn_q_a.weight", (e, hp.n_lora_q)),
-                          TensorSpec(f"{blk}.attn_q_b.weight", (hp.n_lora_q, n_head * hp.n_embd_head_k_mla))]
+                          TensorSpec(f"{blk}.attn_q_b.weight", (hp.n_lora_q, n_head * dk))]
             else:
-                specs.append(TensorSpec(f"{blk}.attn_q.weight", (e, n_head * hp.n_embd_head_k_mla)))
+                specs.append(TensorSpec(f"{blk}.attn_q.weight", (e, n_head * dk)))
             specs += [TensorSpec(f"{blk}.attn_kv_a_norm.weight", (rank,)),
-                      TensorSpec(f"{blk}.attn_kv_a_mqa.weight", (e, rank + n_rot)),
-                      TensorSpec(f"{blk}.attn_k_b.weight", (hp.n_embd_head_k_mla - n_rot, rank, n_head)),
-                      TensorSpec(f"{blk}.attn_v_b.weight", (rank, hp.n_embd_head_v_mla, n_head)),
-                      TensorSpec(f"{blk}.attn_output.weight", (n_head * hp.n_embd_head_v_mla, e)),
+                      TensorSpec(f"{blk}.attn_kv_a_mqa.weight", (e, rank + n_rot))]
+            if hp.is_mla:
+                specs += [TensorSpec(f"{blk}.attn_k_b.weight", (dk - n_rot, rank, n_head)),
+                          TensorSpec(f"{blk}.attn_v_b.weight", (rank, dv, n_head))]
+            else:
+                specs.append(TensorSpec(f"{blk}.attn_kv_b.weight", (rank, n_head * (dk - n_rot + dv))))
+            specs += [TensorSpec(f"{blk}.attn_output.weight", (n_head * dv, e)),
                       TensorSpec(f"{blk}.ffn_norm.weight", (e,))]
             specs += cls.ffn_or_expert_specs(hp, il)
         return specs
@@ -102,7 +116,7 @@ class Deepseek2(RoutedExperts, Llama):
         log_inv_scale = logf(f32(1) / f32(rc.freq_scale))
         attn_factor_org = f32(rc.attn_factor) * (f32(1) + f32(0.1) * log_inv_scale)
         mscale = attn_factor_org * (f32(1) + f32(f32(0.1) * f32(hp.rope_yarn_log_mul)) * log_inv_scale)
-        return float(f32(f32(1) * mscale * mscale) / np.sqrt(f32(hp.n_embd_head_k_mla)))
+        return float(f32(f32(1) * mscale * mscale) / np.sqrt(f32(head_widths(hp)[0])))
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
         hp, m = g.hparams, g.model
@@ -112,7 +126,10 @@ class Deepseek2(RoutedExperts, Llama):
             cur = g.rms_norm(x, L.attn_norm)
             q = self.query(g, cur, L)                                          # [n_tokens, n_head * key_length_mla]
             (kv,) = g.project(cur, L.attn_kv_a_mqa)                           # [n_tokens, kv_lora_rank + n_rot]
-            cur = g.mla_attention(il, q, kv, L, kq_scale)                     # [n_tokens, n_head * value_length_mla]
+            if hp.is_mla:
+                cur = g.mla_attention(il, q, kv, L, kq_scale)                 # [n_tokens, n_head * value_length_mla]
+            else:   # full heads in the cache
+                cur = g.attention(il, *g.mla_decompressed(il, q, kv, L), kq_scale)
             (cur,) = g.project(cur, L.attn_output)                            # [n_tokens, n_embd]
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
