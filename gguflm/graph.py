@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gguflm.lora import LoraPair
     from gguflm.model import Layer
 
-GLU_SWIGLU, GLU_GEGLU = 0, 1
+GLU_SWIGLU, GLU_GEGLU, GLU_REGLU = 0, 1, 2
 UNARY_GELU, UNARY_TANH = 0, 1
 # llama.cpp's llama_expert_gating_func_type: probabilities before top-k (softmax, sigmoid) or a
 # softmax over the selected experts' logits after it (gpt-oss)
@@ -355,6 +355,12 @@ class Graph:
         self.plan.glu(GLU_SWIGLU, gate, up, out, self.n_threads)
         return out
 
+    def glu(self, kind: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """act(gate) * up, act by ``kind`` (GLU_SWIGLU, GLU_GEGLU, GLU_REGLU)."""
+        out = self.new(*gate.shape)
+        self.plan.glu(kind, gate, up, out, self.n_threads)
+        return out
+
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = self.new(*gate.shape)
         self.plan.glu(GLU_GEGLU, gate, up, out, self.n_threads)
@@ -468,7 +474,8 @@ class Graph:
 
     def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
                 w_scale: float = 0.0, swiglu_limit: float = 0.0, biases: bool = False,
-                selection_bias: Weight | None = None) -> np.ndarray:
+                selection_bias: Weight | None = None, logits: np.ndarray | None = None,
+                act: int = GLU_SWIGLU) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
         over the rows routed to it, and sum the expert outputs by their routing weights. With
@@ -476,7 +483,9 @@ class Graph:
         experts are added where the layer has them; ``selection_bias`` (``exp_probs_b``) is added
         to the probabilities that rank the experts, among the best groups only where the model
         groups its experts (``n_expert_groups``); ``swiglu_limit`` selects gpt-oss's clamped
-        SwiGLU (alpha 1.702) instead of the plain one."""
+        SwiGLU (alpha 1.702) instead of the plain one. ``logits``: the router's logits computed
+        elsewhere (SmallThinker routes on the block's input, build_moe_ffn's probs_in); ``act``:
+        the experts' gated activation (GLU_REGLU: SmallThinker's ReLU)."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
         bias = None if selection_bias is None else selection_bias.data  # ranks only
@@ -484,11 +493,12 @@ class Graph:
         router_b, gate_b, up_b, down_b = (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias,
                                           L.ffn_down_exps_bias) if biases else (None,) * 4
         partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
-        if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
+        if n == 1 and not swiglu_limit and logits is None and act == GLU_SWIGLU and partners[1] == partners[2] and all(
                 b is None for b in (router_b, gate_b, up_b, down_b)) and not self.loras(L.ffn_gate_inp):
             return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
         groups = (hp.n_expert_groups, hp.n_group_used)
-        (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
+        if logits is None:
+            (logits,) = self.project(x, L.ffn_gate_inp)                       # [n, n_expert]
         self.add_bias(logits, router_b)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
@@ -498,11 +508,11 @@ class Graph:
             if b is not None:
                 self.plan.moe_add_id(t, b.data, route)
         if swiglu_limit:
-            act = self.new(*gate.shape)
-            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, act, self.n_threads)
+            hidden = self.new(*gate.shape)
+            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, hidden, self.n_threads)
         else:
-            act = self.swiglu(gate, up)
-        (down,) = self.project_experts(act, route, L.ffn_down_exps, by_expert=True)
+            hidden = self.glu(act, gate, up)
+        (down,) = self.project_experts(hidden, route, L.ffn_down_exps, by_expert=True)
         if down_b is not None:
             self.plan.moe_add_id(down, down_b.data, route)
         out = self.new(n, hp.n_embd)

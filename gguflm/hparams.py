@@ -400,18 +400,22 @@ def require_heads_span_embd(kv: HParamReader, hp: HParams) -> None:
                               f"(attention.key_length) do not make embedding_length {hp.n_embd}")
 
 
-def swa_pattern(n_layer: int, period: int) -> tuple[bool, ...]:
-    """llama.cpp's ``set_swa_pattern(period)``: every ``period``-th layer is global, others slide."""
+def swa_pattern(n_layer: int, period: int, dense_first: bool = False) -> tuple[bool, ...]:
+    """llama.cpp's ``set_swa_pattern(period, dense_first)``: every ``period``-th layer is global
+    (the last of each period, or with ``dense_first`` the first), the others slide."""
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layer))
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
-def read_swa_layers(kv: HParamReader, n_layer: int, period: int) -> tuple[bool, ...]:
+def read_swa_layers(kv: HParamReader, n_layer: int, period: int, dense_first: bool = False) -> tuple[bool, ...]:
     """llama.cpp's ``load_swa_pattern``: ``attention.sliding_window_pattern`` as one flag per layer,
     or as the period of :func:`swa_pattern` (``period`` where the key is absent)."""
     key = "{arch}.attention.sliding_window_pattern"
     pattern = kv.metadata.get(kv.key(key))
     if not isinstance(pattern, (list, tuple, np.ndarray)):
-        return swa_pattern(n_layer, kv.positive("attention.sliding_window_pattern", kv.get_int(key, period)))
+        return swa_pattern(n_layer, kv.positive("attention.sliding_window_pattern", kv.get_int(key, period)),
+                           dense_first)
     swa = tuple(bool(v) for v in pattern)
     if len(swa) != n_layer:
         raise HParamError(f"{kv.source}: sliding_window_pattern has {len(swa)} values for {n_layer} layers")

@@ -433,9 +433,9 @@ static int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, in
     return failed ? -1 : 0;
 }
 
-enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1 };
+enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1, GGUFLM_GLU_REGLU = 2 };
 
-/* out = act(gate) * up for every row; gelu_table is used by GEGLU */
+/* out = act(gate) * up for every row (SiLU, GELU, ReLU); gelu_table is used by GEGLU */
 static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
                             int64_t gate_stride, const float *up, int64_t up_stride, float *out,
                             int64_t out_stride, int arith, int use_avx2, int n_threads) {
@@ -444,6 +444,11 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
     for (int64_t i = 0; i < n_rows; i++) {
         if (kind == GGUFLM_GLU_GEGLU)
             k.geglu_row(gelu_table, n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
+        else if (kind == GGUFLM_GLU_REGLU) {   /* ggml_vec_reglu_f32: one product, no rounding choice */
+            const float *g = gate + i * gate_stride, *u = up + i * up_stride;
+            float *y = out + i * out_stride;
+            for (int j = 0; j < n; j++) y[j] = g[j] > 0.f ? g[j] * u[j] : 0.f;
+        }
         else
             k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride, arith);
     }

@@ -1,6 +1,6 @@
 """DeepSeek's routed experts under Llama-like blocks against llama.cpp: glm4moe (GLM-4.5) and
 bailingmoe2 (Ling 2),
-ernie4_5-moe, hunyuan-moe and hunyuan-dense (whose block the MoE shares), phimoe.
+ernie4_5-moe, hunyuan-moe and hunyuan-dense (whose block the MoE shares), phimoe, smallthinker.
 
 Tiny random models (tests/tiny_models.py's :class:`TinyRouted`: every weight type mixed per
 tensor, softmax / sigmoid / softmax-after-top-k routing, the selection bias, normalised and
@@ -44,6 +44,9 @@ EXAMPLES = [
     TinyRouted("hunyuan-dense", n_rot=16, n_layer=3, metadata={"rope.scaling.alpha": 1000.0}),
     # PhiMoE: Phi 3's graph, biases everywhere, softmax routing normalised
     TinyRouted("phimoe", n_embd=64, n_rot=16, n_dense_lead=0, n_expert=16, n_expert_used=2),
+    # SmallThinker: ReGLU experts routed on the block's input; its window and RoPE-less layers
+    TinyRouted("smallthinker", n_rot=16, n_layer=3, n_dense_lead=0, types=MIXED, n_embd=256,
+               metadata={"expert_gating_func": 2, "attention.sliding_window": 4096}),
 ]
 
 
@@ -56,6 +59,7 @@ EXAMPLES = [
 @example(spec=EXAMPLES[4])
 @example(spec=EXAMPLES[5])
 @example(spec=EXAMPLES[6])
+@example(spec=EXAMPLES[7])
 @given(spec=tiny_routed_models())
 def test_routed_experts_give_llama_cpps_logits(tmp_path, spec):
     require_peer()

@@ -851,7 +851,9 @@ class TinyRouted:
     (Q/K/V biases, Q/K norms after full split-half RoPE; the experts ``n_ff`` wide in every layer,
     no selection bias, a shared feed-forward ``n_ff`` wide unless ``metadata`` says); or ``phimoe``
     (biases on every norm, Q/K/V, the attention output and the logits; experts ``n_ff`` wide in
-    every layer; ``n_head * head_dim = n_embd``).
+    every layer; ``n_head * head_dim = n_embd``); or ``smallthinker`` (ReGLU experts in every layer,
+    routed on the block's input; ``attention.sliding_window`` in ``metadata`` turns on its window
+    and RoPE-less layers).
     ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
 
     arch: str = "glm4moe"
@@ -878,7 +880,7 @@ class TinyRouted:
     def shared_ff(self) -> int:
         """The shared experts' width (0: none): bailingmoe2's own width where the file gives one,
         times their count; ERNIE's only where the file gives it."""
-        if self.arch in ("ernie4_5-moe", "hunyuan-dense", "phimoe"):
+        if self.arch in ("ernie4_5-moe", "hunyuan-dense", "phimoe", "smallthinker"):
             return self.metadata.get("expert_shared_feed_forward_length", 0)
         if self.arch == "hunyuan-moe":
             return self.metadata.get("expert_shared_feed_forward_length", self.n_ff)
@@ -989,7 +991,7 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
         else:
             matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
-            if arch not in ("hunyuan-moe", "phimoe"):
+            if arch not in ("hunyuan-moe", "phimoe", "smallthinker"):
                 vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
             matrix(f"{b}.ffn_gate_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
             matrix(f"{b}.ffn_down_exps.weight", s.expert_ff, e, n_stack=s.n_expert)
@@ -1010,7 +1012,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
 
 @st.composite
 def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe",
-                                                                  "hunyuan-moe", "hunyuan-dense", "phimoe")) -> TinyRouted:
+                                                                  "hunyuan-moe", "hunyuan-dense", "phimoe",
+                                                                  "smallthinker")) -> TinyRouted:
     """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
     build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
@@ -1023,17 +1026,19 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "ba
     arch = draw(st.sampled_from(archs))
     if arch == "ernie4_5-moe" and draw(st.booleans()):
         routing["expert_shared_feed_forward_length"] = draw(st.sampled_from((32, 64)))
+    if arch == "smallthinker" and draw(st.booleans()):
+        routing["attention.sliding_window"] = 4096
     head_dim = draw(st.sampled_from((16, 32, 64)))
     n_head_kv = draw(st.integers(1, 2))
     n_head = n_head_kv * draw(st.integers(1, 4))
     n_embd = n_head * head_dim if arch in ("bailingmoe2", "phimoe") else draw(st.sampled_from((64, 96, 256)))
     spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
-                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "phimoe")
+                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "phimoe", "smallthinker")
                       else draw(st.sampled_from((head_dim // 2, head_dim))),
                       n_layer=draw(st.integers(1, 3)),
                       n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
                       n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
-                      n_dense_lead=0 if arch in ("hunyuan-moe", "phimoe") else draw(st.integers(0, 1)),
+                      n_dense_lead=0 if arch in ("hunyuan-moe", "phimoe", "smallthinker") else draw(st.integers(0, 1)),
                       qk_norm=arch == "glm4moe" and draw(st.booleans()),
                       nextn=arch in ("glm4moe", "bailingmoe2") and draw(st.integers(0, 1)),
                       tied_output=arch not in ("bailingmoe2", "phimoe") and draw(st.booleans()), metadata=routing)
