@@ -125,3 +125,27 @@ def test_expert_groups_must_divide_the_experts(tmp_path):
                              path, np.random.default_rng(0))
         with pytest.raises(ModelLoadError, match="expert_group_count"):
             Model.load(path)
+
+
+def test_the_latent_cache_survives_a_state_round_trip(tmp_path):
+    """A saved state holds the latent rows (and no V rows); loaded into a fresh context, decoding
+    on gives the logits the first context gives."""
+    path = tmp_path / "deepseek2.gguf"
+    write_tiny_mla(TinyMLA(), path, np.random.default_rng(1))
+    prompt, more = TOKENS[:10], TOKENS[10:14]
+
+    def decode(ctx: Context, tokens: list[int], start: int) -> np.ndarray:
+        batch = Batch(len(tokens))
+        for k, tok in enumerate(tokens):
+            batch.add(tok, start + k, [0], True)
+        assert ctx.decode(batch) == 0
+        return ctx.get_logits().copy()
+
+    with Model.load(path) as model:
+        with Context(model, n_ctx=256) as ctx:
+            decode(ctx, prompt, 0)
+            state = ctx.state_save(tokens=prompt)
+            expected = decode(ctx, more, len(prompt))
+        with Context(model, n_ctx=256) as ctx:
+            assert ctx.state_load(state) == prompt
+            np.testing.assert_array_equal(decode(ctx, more, len(prompt)), expected)
