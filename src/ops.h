@@ -202,7 +202,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 }
 
 /* Per-thread scratch of one attention item (see gguflm_attn_scheme). */
-#define GGUFLM_MAX_GQA 64          /* query heads per KV head */
+#define GGUFLM_MAX_GQA 128         /* query heads per KV head (DeepSeek-V3's latent attention: 128 on one) */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
 #define GGUFLM_ATTN_CBLOCK 32      /* K rows (or V^T rows) handed to the dot kernel at a time */
 #define GGUFLM_ATTN_TBLOCK 4       /* tokens per item of a batch with F16 K and V */

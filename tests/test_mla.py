@@ -70,6 +70,13 @@ def test_latent_attention_gives_llama_cpps_logits(tmp_path, spec):
     check_against_llama_cpp(spec, tmp_path / f"{spec.arch}.gguf", 7)
 
 
+def test_more_than_64_query_heads_share_one_latent_row(tmp_path):
+    """DeepSeek-V3 attends with 128 query heads over its one latent K row: 96 here."""
+    require_peer()
+    check_against_llama_cpp(TinyMLA(n_head=96, qk_nope=16, qk_rope=8, v_head=16, n_layer=1, n_dense_lead=0),
+                            tmp_path / "deepseek2.gguf", 2)
+
+
 @pytest.mark.parametrize("spec", EXAMPLES[2:], ids=["yarn", "minicpm3", "full-heads"])
 def test_latent_attention_after_seq_rm_and_a_k_shift(tmp_path, spec):
     """Decode a prompt, drop its tail (seq_rm), shift the rest (seq_add: RoPE re-applied to the
