@@ -99,6 +99,10 @@ class Context:
             raise ValueError(f"n_seq_max must be in [1, {max_seq}], got {n_seq_max}")
         check_cache_type("type_k", type_k, hp.n_embd_head_k)
         check_cache_type("type_v", type_v, hp.n_embd_head_v)
+        if hp.is_mla and type_k not in ("f16", "f32"):
+            # V is read from K's rows transposed, which ggml does for float rows only
+            raise ValueError(f"type_k {type_k}: a model with multi-head latent attention ({hp.arch}) keeps V in "
+                             f"the K cache, which must then be f16 or f32")
         self.pooling_type = resolve(pooling, hp)
         self.model = model
         n_stream = 1 if kv_unified or not kv_cache else n_seq_max
@@ -143,7 +147,9 @@ class Context:
             if layers:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
-                self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
+                # multi-head latent attention reads V from K's rows: no V rows of their own
+                n_embd_v = (lambda il: 0) if hp.is_mla else hp.n_embd_v_gqa
+                self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, n_embd_v, type_k,
                                             type_v, n_seq_max, n_swa=window, n_stream=n_stream,
                                             head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
         if rs_layers:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gguflm.lora import LoraPair
     from gguflm.model import Layer
 
-GLU_SWIGLU, GLU_GEGLU = 0, 1
+GLU_SWIGLU, GLU_GEGLU, GLU_REGLU = 0, 1, 2
 UNARY_GELU, UNARY_TANH, UNARY_RELU_SQR = 0, 1, 2
 # llama.cpp's llama_expert_gating_func_type: probabilities before top-k (softmax, sigmoid) or a
 # softmax over the selected experts' logits after it (gpt-oss)
@@ -170,10 +170,15 @@ def _arrays_in(value: Any) -> Iterator[np.ndarray]:
 
 def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeParams,
                n_threads: int) -> None:
-    """Rotate the heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row)."""
-    ops.rope(x, pos, n_head, hp.n_embd_head_k, hp.n_rot, hp.rope_type is RopeType.NEOX,
+    """Rotate the K heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row):
+    the n_rot values of each from ``hp.k_rope_offset`` on."""
+    at = hp.k_rope_offset
+    part = x if not at else np.ascontiguousarray(x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot]).reshape(len(x), -1)
+    ops.rope(part, pos, n_head, hp.n_embd_head_k - at, hp.n_rot, hp.rope_type is RopeType.NEOX,
              rc.freq_base, rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
              rc.n_ctx_orig, rc.freq_factors, n_threads)
+    if at:
+        x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot] = part.reshape(len(x), n_head, -1)
 
 
 @dataclass(frozen=True)
@@ -350,6 +355,12 @@ class Graph:
         self.plan.glu(GLU_SWIGLU, gate, up, out, self.n_threads)
         return out
 
+    def glu(self, kind: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """act(gate) * up, act by ``kind`` (GLU_SWIGLU, GLU_GEGLU, GLU_REGLU)."""
+        out = self.new(*gate.shape)
+        self.plan.glu(kind, gate, up, out, self.n_threads)
+        return out
+
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         out = self.new(*gate.shape)
         self.plan.glu(GLU_GEGLU, gate, up, out, self.n_threads)
@@ -463,14 +474,18 @@ class Graph:
 
     def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
                 w_scale: float = 0.0, swiglu_limit: float = 0.0, biases: bool = False,
-                selection_bias: Weight | None = None) -> np.ndarray:
+                selection_bias: Weight | None = None, logits: np.ndarray | None = None,
+                act: int = GLU_SWIGLU) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
         over the rows routed to it, and sum the expert outputs by their routing weights. With
         ``biases`` (an architecture that declares them) the biases of the router and of the
         experts are added where the layer has them; ``selection_bias`` (``exp_probs_b``) is added
-        to the probabilities that rank the experts; ``swiglu_limit`` selects gpt-oss's clamped
-        SwiGLU (alpha 1.702) instead of the plain one."""
+        to the probabilities that rank the experts, among the best groups only where the model
+        groups its experts (``n_expert_groups``); ``swiglu_limit`` selects gpt-oss's clamped
+        SwiGLU (alpha 1.702) instead of the plain one. ``logits``: the router's logits computed
+        elsewhere (SmallThinker routes on the block's input, build_moe_ffn's probs_in); ``act``:
+        the experts' gated activation (GLU_REGLU: SmallThinker's ReLU)."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
         bias = None if selection_bias is None else selection_bias.data  # ranks only
@@ -478,24 +493,26 @@ class Graph:
         router_b, gate_b, up_b, down_b = (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias,
                                           L.ffn_down_exps_bias) if biases else (None,) * 4
         partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
-        if n == 1 and not swiglu_limit and partners[1] == partners[2] and all(
+        if n == 1 and not swiglu_limit and logits is None and act == GLU_SWIGLU and partners[1] == partners[2] and all(
                 b is None for b in (router_b, gate_b, up_b, down_b)) and not self.loras(L.ffn_gate_inp):
             return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
-        (logits,) = self.project(x, L.ffn_gate_inp)                           # [n, n_expert]
+        groups = (hp.n_expert_groups, hp.n_group_used)
+        if logits is None:
+            (logits,) = self.project(x, L.ffn_gate_inp)                       # [n, n_expert]
         self.add_bias(logits, router_b)
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
-        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias)
+        self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias, groups)
         gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
         for t, b in ((up, up_b), (gate, gate_b)):
             if b is not None:
                 self.plan.moe_add_id(t, b.data, route)
         if swiglu_limit:
-            act = self.new(*gate.shape)
-            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, act, self.n_threads)
+            hidden = self.new(*gate.shape)
+            self.plan.swiglu_oai(gate, up, 1.702, swiglu_limit, hidden, self.n_threads)
         else:
-            act = self.swiglu(gate, up)
-        (down,) = self.project_experts(act, route, L.ffn_down_exps, by_expert=True)
+            hidden = self.glu(act, gate, up)
+        (down,) = self.project_experts(hidden, route, L.ffn_down_exps, by_expert=True)
         if down_b is not None:
             self.plan.moe_add_id(down, down_b.data, route)
         out = self.new(n, hp.n_embd)
@@ -522,7 +539,7 @@ class Graph:
                           ((int(router.kernel_type), router.data.view(np.uint8),
                             matmul_storage(router.kernel_type, rows16=router.rows16)),) +
                           tuple((int(w.kernel_type), w.data.view(np.uint8), w.shape[1]) for w in experts),
-                          outs, act, act_q, out, self.n_threads)
+                          outs, act, act_q, out, self.n_threads, (hp.n_expert_groups, hp.n_group_used))
         return out
 
     def project_experts(self, x: np.ndarray, route: tuple[np.ndarray, ...], *weights: Weight,
@@ -586,12 +603,13 @@ class Graph:
         self.rope(self.rms_norm_heads(q, q_norm), il, self.hparams.n_head[il])
         self.rope(self.rms_norm_heads(k, k_norm), il, self.hparams.n_head_kv[il])
 
-    def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+    def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray | None,
                   kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
         does, with ALiBi biases where the model has them. ``sinks``: one logit per head that
-        joins the softmax (gpt-oss)."""
+        joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
+        (multi-head latent attention's cache, which keeps no V rows)."""
         hp = self.hparams
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
         if not self.model.architecture.kv_cache:
@@ -599,20 +617,21 @@ class Graph:
                                      kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads)
             return out
         ci, cache = self.ctx.cache_for_layer(il)
-        k_store, v_store = cache.k[il], cache.v[il]
+        k_store, v_store = cache.k[il], cache.v[il] if v is not None else cache.k[il]
         if k_store.rotation:   # a quantized cache holds rotated rows (gguflm.kv_store.rotation)
             self.plan.hadamard(q, k_store.rotation, self.n_threads)
             self.plan.hadamard(k, k_store.rotation, self.n_threads)
-        if v_store.rotation:
+        if v is not None and v_store.rotation:
             self.plan.hadamard(v, v_store.rotation, self.n_threads)
         self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
-        self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
+        if v is not None:
+            self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
-        if v_store.rotation:
+        if v is not None and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
 
@@ -670,6 +689,87 @@ class Graph:
         if direction is not None:
             self.plan.add_row(x, direction)
         return x
+
+    # -- multi-head latent attention (DeepSeek-V2's MLA, llama.cpp's absorbed form)
+
+    def rope_heads_part(self, x: np.ndarray, il: int, n_head: int, head_stride: int) -> np.ndarray:
+        """Rotate, in place by the ubatch positions, the n_rot values that start each of n_head
+        heads ``head_stride`` values apart; x is a view of the rows starting at the first head's
+        rotated values (MLA's heads end with them)."""
+        hp = self.hparams
+        rc = self.ctx.rope_config(il)
+        self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base, rc.freq_scale,
+                       rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow, rc.n_ctx_orig, rc.freq_factors,
+                       self.n_threads, head_stride=head_stride)
+        return x
+
+    def head_matmuls(self, x: np.ndarray, x_head: int, w: Weight, out: np.ndarray, out_head: int,
+                     strided_input: bool = False) -> np.ndarray:
+        """ggml_mul_mat of a 3-D weight ([n_head][n_out, n_in]) by the heads of x: for each head h
+        out[:, h * out_head : + n_out] = x[:, h * x_head : + n_in] @ W[h].T. ``strided_input``: ggml
+        reads x through a permuted view, for which it skips llamafile's sgemm where x is already
+        in the weight's dot partner (F32 weights: each product a vec_dot, as a one-token matmul)."""
+        n_in, n_out, n_head = w.shape
+        partner = quants.type_traits(int(w.kernel_type))["vec_dot_type"]
+        rows = w.data.reshape(n_head, n_out, -1)
+        per_token = strided_input and partner == int(GGMLType.F32)
+        for h in range(n_head):
+            xq = self.new(x.shape[0], quants.row_bytes(partner, n_in), dtype=np.uint8)
+            self.plan.quantize(partner, x[:, h * x_head:h * x_head + n_in], xq, self.n_threads)
+            # a 3-D weight stays in llama.cpp's plain CPU buffer: its repack takes matrices only
+            self.plan.matmul(int(w.kernel_type), rows[h].view(np.uint8), n_in, xq,
+                             out[:, h * out_head:h * out_head + n_out], matmul_storage(w.kernel_type, repacked=False),
+                             self.n_threads, per_token=per_token)
+        return out
+
+    def mla_decompressed(self, il: int, q: np.ndarray, kv: np.ndarray, L: Layer) -> tuple[np.ndarray, ...]:
+        """Latent attention's Q, K and V as full heads (MiniCPM3; llama.cpp's deepseek2 graph without
+        the absorbed form): q [n, n_head * key_length] the query heads, their last n_rot values
+        rotated here; kv [n, kv_lora_rank + n_rot] (``attn_kv_a_mqa``'s output), whose normed latent
+        ``attn_kv_b`` expands to each head's [non-rotated K, V] and whose rotated tail every head's K
+        ends with. Returns q, K [n, n_head * key_length], V [n, n_head * value_length]."""
+        hp = self.hparams
+        n, n_head, rank, n_rot = q.shape[0], hp.n_head[il], hp.n_lora_kv, hp.n_rot
+        dk, dv = hp.n_embd_head_k, hp.n_embd_head_v
+        nope = dk - n_rot
+        self.rope_heads_part(q[:, nope:], il, n_head, dk)
+        latent = self.new(n, rank)
+        self.plan.rms_norm(kv[:, :rank], L.attn_kv_a_norm.data, hp.f_norm_rms_eps, latent, self.n_threads)
+        k_pe = self.new(n, n_rot)
+        self.plan.copy(kv, rank, k_pe)
+        self.rope_heads_part(k_pe, il, 1, n_rot)
+        (kv_heads,) = self.project(latent, L.attn_kv_b)                 # [n, n_head * (nope + value_length)]
+        k, v = self.new(n, n_head * dk), self.new(n, n_head * dv)
+        for h in range(n_head):
+            self.plan.copy(kv_heads, h * (nope + dv), k[:, h * dk:h * dk + nope])
+            self.plan.copy(k_pe, 0, k[:, h * dk + nope:(h + 1) * dk])
+            self.plan.copy(kv_heads, h * (nope + dv) + nope, v[:, h * dv:(h + 1) * dv])
+        return q, k, v
+
+    def mla_attention(self, il: int, q: np.ndarray, kv: np.ndarray, L: Layer, kq_scale: float) -> np.ndarray:
+        """Multi-head latent attention of layer ``il`` as llama.cpp's deepseek2 graph runs it (the
+        absorbed form: one latent K row per token, MQA over it): q [n, n_head * (nope + n_rot)] the
+        query heads, kv [n, kv_lora_rank + n_rot] the compressed K/V and the shared rotated part
+        (``attn_kv_a_mqa``'s output) -> [n, n_head * n_embd_head_v_mla], before the output
+        projection. K = [rms_norm(latent), rope(k_pe)] is what the cache keeps and V its latent;
+        each head's query is [its non-rotated part through ``attn_k_b``, rope(its rotated part)],
+        and each head's output the attended latent through ``attn_v_b``."""
+        hp = self.hparams
+        n, n_head, rank, n_rot = q.shape[0], hp.n_head[il], hp.n_lora_kv, hp.n_rot
+        dq, dk = hp.n_embd_head_k_mla, hp.n_embd_head_k            # a query head's width, a cache row's
+        nope = dq - n_rot
+        k = self.new(n, dk)                                         # [n, kv_lora_rank + n_rot]
+        self.plan.rms_norm(kv[:, :rank], L.attn_kv_a_norm.data, hp.f_norm_rms_eps, k[:, :rank], self.n_threads)
+        self.plan.copy(kv, rank, k[:, rank:])
+        self.rope_heads_part(k[:, rank:], il, 1, dk)
+        qc = self.new(n, n_head * dk)                               # [n, n_head * (kv_lora_rank + n_rot)]
+        self.head_matmuls(q, dq, L.attn_k_b, qc, dk, strided_input=True)
+        for h in range(n_head):
+            self.plan.copy(q, h * dq + nope, qc[:, h * dk + rank:(h + 1) * dk])
+        self.rope_heads_part(qc[:, rank:], il, n_head, dk)
+        latent = self.attention(il, qc, k, None, kq_scale)         # [n, n_head * kv_lora_rank]
+        out = self.new(n, n_head * hp.n_embd_head_v_mla)
+        return self.head_matmuls(latent, rank, L.attn_v_b, out, hp.n_embd_head_v_mla)
 
     # -- outputs
 

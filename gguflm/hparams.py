@@ -61,6 +61,7 @@ class HParams:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0                   # rope.scaling.yarn_log_multiplier
+    rope_yarn_mscale: float = 1.0                    # YaRN's mscale beside the log multiplier (DeepSeek-V2: it)
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
     no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
@@ -80,6 +81,13 @@ class HParams:
     expert_gating_func: int = 0                      # llama_expert_gating_func_type from the file, 0 = none read
     expert_weights_norm: bool = False                # selected weights divided by their sum (where read)
     expert_weights_scale: float = 0.0                # selected weights multiplied by it, 0 = none
+    n_expert_groups: int = 0                         # > 1: experts in equal groups, routing limited to
+    n_group_used: int = 0                            #   the n_group_used best groups (DeepSeek V3)
+    n_layer_nextn: int = 0                           # NextN (MTP) blocks after the n_layer ones: never run
+    n_lora_q: int = 0                                # multi-head latent attention: Q's low rank (0: none)
+    n_lora_kv: int = 0                               #   the latent K/V rank (0: no MLA-style attention)
+    n_embd_head_k_mla: int = 0                       #   a head's K and V widths once decompressed; 0:
+    n_embd_head_v_mla: int = 0                       #   the cache holds full heads (no absorbed form)
     f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
     f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
     use_par_res: bool = False                        # attention and feed-forward side by side on the residual (GPT-NeoX)
@@ -94,6 +102,18 @@ class HParams:
 
     def n_embd_v_gqa(self, il: int = 0) -> int:
         return self.n_embd_head_v * self.n_head_kv[il]
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention in its absorbed form (llama.cpp's is_mla): the cache holds one
+        latent row per token ([latent, rotated part] as K) whose first n_embd_head_v values are V."""
+        return bool(self.n_embd_head_k_mla and self.n_embd_head_v_mla)
+
+    @property
+    def k_rope_offset(self) -> int:
+        """Where RoPE's part of a K head starts: at its end with a low-rank K/V (llama.cpp's
+        n_embd_nope in the K-shift), else at its start."""
+        return self.n_embd_head_k - self.n_rot if self.n_lora_kv else 0
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
@@ -328,9 +348,45 @@ def read_expert_hparams(kv: HParamReader, hp: HParams, *, required: bool = True,
     else:
         n_ff_exp = n_ff
     kv.positive("expert feed-forward length", n_ff_exp)
+    # group-limited routing, as llama.cpp's common loader reads and asserts it
+    n_groups = kv.get_int("{arch}.expert_group_count", 0)
+    n_group_used = kv.get_int("{arch}.expert_group_used_count", 0)
+    if not 0 <= n_groups < n_expert or (n_groups > 1 and (n_expert % n_groups or not 0 < n_group_used < n_groups)):
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.expert_group_count')} {n_groups} must divide expert_count "
+                          f"{n_expert} into groups, and expert_group_used_count {n_group_used} be 1..groups - 1")
     return hp.with_changes(
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        n_ff_shexp=kv.get_int("{arch}.expert_shared_feed_forward_length", 0) if shared else 0)
+        n_ff_shexp=kv.get_int("{arch}.expert_shared_feed_forward_length", 0) if shared else 0,
+        n_expert_groups=n_groups, n_group_used=n_group_used)
+
+
+# llama_expert_gating_func_type values build_moe_ffn runs (llama.cpp aborts on any other)
+EXPERT_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+
+
+def read_routed_expert_hparams(kv: HParamReader, hp: HParams, *, gating: int | None = None,
+                               weights_norm: bool = False) -> HParams:
+    """DeepSeek's mixture of experts (dots1, DeepSeek-V2/V3, GLM-4.5, Ling 2): the common expert
+    keys, ``expert_feed_forward_length`` wide experts, ``expert_shared_count`` shared experts of that
+    width (one feed-forward, no gate), ``leading_dense_block_count`` dense layers first, and the
+    routing: ``expert_gating_func`` (one build_moe_ffn runs, or ``gating`` where the file has none), the selected
+    weights normalised (``expert_weights_norm``, default ``weights_norm``) and scaled
+    (``expert_weights_scale``)."""
+    hp = read_expert_hparams(kv, hp)
+    n_dense = kv.get_int("{arch}.leading_dense_block_count", 0)
+    if not 0 <= n_dense <= hp.n_layer:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.leading_dense_block_count')} must be "
+                          f"0..{hp.n_layer} (block_count), found {n_dense}")
+    n_ff_exp = kv.positive("expert feed-forward length", kv.get_int("{arch}.expert_feed_forward_length"))
+    n_shared = kv.positive("expert_shared_count", kv.get_int("{arch}.expert_shared_count"))
+    gating = kv.get_int("{arch}.expert_gating_func", 0 if gating is None else gating)   # 0: none given
+    if gating not in EXPERT_GATING:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.expert_gating_func')} must be one of "
+                          f"{sorted(EXPERT_GATING)} ({', '.join(EXPERT_GATING.values())}), found {gating}")
+    return hp.with_changes(
+        n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_exp * n_shared, n_layer_dense_lead=n_dense, expert_gating_func=gating,
+        expert_weights_norm=kv.get_bool("{arch}.expert_weights_norm", weights_norm),
+        expert_weights_scale=kv.get_float("{arch}.expert_weights_scale", 0.0))
 
 
 def _n_classifier_outputs(kv: HParamReader) -> int:
@@ -359,18 +415,22 @@ def require_heads_span_embd(kv: HParamReader, hp: HParams) -> None:
                               f"(attention.key_length) do not make embedding_length {hp.n_embd}")
 
 
-def swa_pattern(n_layer: int, period: int) -> tuple[bool, ...]:
-    """llama.cpp's ``set_swa_pattern(period)``: every ``period``-th layer is global, others slide."""
+def swa_pattern(n_layer: int, period: int, dense_first: bool = False) -> tuple[bool, ...]:
+    """llama.cpp's ``set_swa_pattern(period, dense_first)``: every ``period``-th layer is global
+    (the last of each period, or with ``dense_first`` the first), the others slide."""
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layer))
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
-def read_swa_layers(kv: HParamReader, n_layer: int, period: int) -> tuple[bool, ...]:
+def read_swa_layers(kv: HParamReader, n_layer: int, period: int, dense_first: bool = False) -> tuple[bool, ...]:
     """llama.cpp's ``load_swa_pattern``: ``attention.sliding_window_pattern`` as one flag per layer,
     or as the period of :func:`swa_pattern` (``period`` where the key is absent)."""
     key = "{arch}.attention.sliding_window_pattern"
     pattern = kv.metadata.get(kv.key(key))
     if not isinstance(pattern, (list, tuple, np.ndarray)):
-        return swa_pattern(n_layer, kv.positive("attention.sliding_window_pattern", kv.get_int(key, period)))
+        return swa_pattern(n_layer, kv.positive("attention.sliding_window_pattern", kv.get_int(key, period)),
+                           dense_first)
     swa = tuple(bool(v) for v in pattern)
     if len(swa) != n_layer:
         raise HParamError(f"{kv.source}: sliding_window_pattern has {len(swa)} values for {n_layer} layers")
@@ -387,3 +447,15 @@ def read_interleaved_swa(kv: HParamReader, hp: HParams, period: int, n_swa: int 
         swa_layers=swa, no_rope_layers=tuple(not s for s in swa),
         rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", hp.rope_freq_base_train),
         rope_freq_scale_train_swa=hp.rope_freq_scale_train)
+
+
+def drop_nextn_layers(kv: HParamReader, hp: HParams) -> HParams:
+    """``nextn_predict_layers``: the last blocks of the file are NextN (multi-token prediction)
+    blocks, which llama.cpp neither loads nor runs at inference; the model is the blocks before."""
+    n_nextn = kv.get_int("{arch}.nextn_predict_layers", 0)
+    if not 0 <= n_nextn < hp.n_layer:
+        raise HParamError(f"{kv.source}: {kv.key('{arch}.nextn_predict_layers')} must be 0..{hp.n_layer - 1} "
+                          f"(block_count - 1), found {n_nextn}")
+    n = hp.n_layer - n_nextn
+    return hp.with_changes(n_layer=n, n_layer_nextn=n_nextn, n_ff=hp.n_ff[:n], n_head=hp.n_head[:n],
+                           n_head_kv=hp.n_head_kv[:n])

@@ -354,6 +354,9 @@ def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams
     for name in arch.required_together(hparams, used):
         if name not in weights:
             raise MissingTensorError(f"{source}: missing tensor '{name}'")
+    # the NextN blocks' tensors (hparams.drop_nextn_layers): in the file, never read (TENSOR_SKIP)
+    nextn = {f"blk.{il}." for il in range(hparams.n_layer, hparams.n_layer + hparams.n_layer_nextn)}
+    used |= {t.name for t in reader.tensors if t.name[:t.name.find(".", 4) + 1] in nextn}
     if len(used) != len(reader.tensors):
         extra = sorted(t.name for t in reader.tensors if t.name not in used)
         raise TensorCountError(f"{source}: wrong number of tensors; expected {len(used)}, got "

@@ -31,6 +31,18 @@ def logf(x: float) -> np.float32:
     return np.float32(_logf()(float(np.float32(x))))
 
 
+@functools.cache
+def _powf() -> ctypes._CFuncPtr:
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    libm.powf.argtypes, libm.powf.restype = [ctypes.c_float, ctypes.c_float], ctypes.c_float
+    return libm.powf
+
+
+def powf(x: float, y: float) -> np.float32:
+    """libm's powf, as llama.cpp's float code calls it."""
+    return np.float32(_powf()(float(np.float32(x)), float(np.float32(y))))
+
+
 def scaling_type_name(value: int | str | None, default: str) -> str:
     """A scaling type given by name, by llama.cpp's number, or None / -1 (the file's: ``default``)."""
     if value is None or value == -1 or value == "unspecified":
@@ -83,7 +95,7 @@ def rope_params(hp: HParams, scaling_type: int | str | None, freq_scale: float, 
     if ext != 0:
         factor = f32(1) / f32(freq_scale)
         if hp.rope_yarn_log_mul:
-            attn = _mscale(factor, f32(1)) / _mscale(factor, f32(hp.rope_yarn_log_mul))
+            attn = _mscale(factor, f32(hp.rope_yarn_mscale)) / _mscale(factor, f32(hp.rope_yarn_log_mul))
         else:
             attn = _mscale(factor, f32(1))
         # YaRN's rotation multiplies by 1 + 0.1 logf(factor): cancelled here, as llama.cpp does

@@ -3,6 +3,8 @@
  *   route      router logits -> probabilities (softmax, sigmoid, or the logits themselves for
  *              gpt-oss's softmax-after-top-k), plus the selection bias where there is one
  *              (DeepSeek V3's exp_probs_b: it only ranks, the weights stay unbiased),
+ *              where the experts come in groups (DeepSeek V3's group-limited routing) every group
+ *              but the n_group_used whose best two selection scores sum highest masked to -inf,
  *              ggml_argsort's std::sort (ties broken where libstdc++'s introsort leaves them), the
  *              selected probabilities as weights, then softmax of the
  *              selected / normalisation by their sum (clamped at 2^-14) / a scale, each as its own
@@ -35,6 +37,8 @@ enum { GGUFLM_GATING_SOFTMAX = 1, GGUFLM_GATING_SIGMOID = 2, GGUFLM_GATING_SOFTM
 typedef struct {
     int32_t n_expert, n_used, gating, norm_w;
     float w_scale;                 /* 0 or 1: none */
+    int32_t n_group, n_group_used; /* n_group > 1: experts in n_group equal groups, the selection
+                                      limited to the n_group_used best groups; else no groups */
     int32_t *ids;                  /* OUT [n_tok, n_used]: selected experts, best first */
     float *weights;                /* OUT [n_tok, n_used] */
     int32_t *offsets;              /* OUT [n_expert + 1]: expert e's sorted rows start at offsets[e] */
@@ -64,6 +68,26 @@ static void gguflm_ggml_softmax_row(const float *x, float *y, int n, int arith) 
     for (int j = 0; j < n; j++) y[j] *= inv;
 }
 
+/* build_moe_ffn's group-limited selection of one token: the selection scores sel [n_expert] cut
+ * into n_group groups; each group scores the sum of its best two (argsort_top_k, get_rows,
+ * sum_rows: a double sum of two floats, that is their float sum); the n_group_used best groups
+ * (argsort_top_k again) keep their scores, the others become -inf. Returns masked [n_expert]
+ * (its n_group tail holds the group scores); order and scratch are the sort's. */
+static const float *gguflm_moe_mask_groups(const gguflm_moe_args *m, const float *sel, float *masked, int32_t *order,
+                                           uint64_t *scratch) {
+    const int ng = m->n_group, per = m->n_expert / ng;
+    float *group_score = masked + m->n_expert;
+    for (int g = 0; g < ng; g++) {
+        gguflm_std_sort_positions(sel + g * per, per, order, scratch);
+        group_score[g] = sel[g * per + order[0]] + sel[g * per + order[1]];
+    }
+    for (int e = 0; e < m->n_expert; e++) masked[e] = -INFINITY;
+    gguflm_std_sort_positions(group_score, ng, order, scratch);
+    for (int i = 0; i < m->n_group_used; i++)
+        memcpy(masked + order[i] * per, sel + order[i] * per, sizeof(float) * per);
+    return masked;
+}
+
 /* Route n_tok tokens by their router logits (row stride `stride` floats); fills m's outputs.
  * bias (NULL: none): [n_expert] added to the probabilities for the selection only (ggml_add).
  * Returns -1 if scratch could not be allocated. */
@@ -74,8 +98,10 @@ static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64
     int32_t *order = (int32_t *)malloc(sizeof(int32_t) * ne);
     uint64_t *scratch = (uint64_t *)malloc(sizeof(uint64_t) * 3 * ne);
     int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * ne);
-    if (!probs || !order || !scratch || !cursor) {
-        free(probs); free(order); free(scratch); free(cursor);
+    const int grouped = m->n_group > 1;
+    float *masked = grouped ? (float *)malloc(sizeof(float) * (ne + m->n_group)) : NULL;
+    if (!probs || !order || !scratch || !cursor || (grouped && !masked)) {
+        free(probs); free(order); free(scratch); free(cursor); free(masked);
         return -1;
     }
     for (int64_t t = 0; t < n_tok; t++) {
@@ -86,7 +112,8 @@ static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64
         if (bias)
             for (int e = 0; e < ne; e++) sel[e] = probs[e] + bias[e];
         /* ggml_argsort_top_k: std::sort of all expert indices, greatest first */
-        gguflm_std_sort_positions(sel, ne, order, scratch);
+        gguflm_std_sort_positions(grouped ? gguflm_moe_mask_groups(m, sel, masked, order, scratch) : sel, ne,
+                                  order, scratch);
         int32_t *ids = m->ids + t * k;
         float *w = m->weights + t * k;
         for (int i = 0; i < k; i++) {
@@ -117,7 +144,7 @@ static int gguflm_moe_route(const gguflm_moe_args *m, const float *logits, int64
         m->src[r] = (int32_t)(j / k);
         m->slot[j] = r;
     }
-    free(probs); free(order); free(scratch); free(cursor);
+    free(probs); free(order); free(scratch); free(cursor); free(masked);
     return 0;
 }
 

@@ -202,7 +202,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
 }
 
 /* Per-thread scratch of one attention item (see gguflm_attn_scheme). */
-#define GGUFLM_MAX_GQA 64          /* query heads per KV head */
+#define GGUFLM_MAX_GQA 128         /* query heads per KV head (DeepSeek-V3's latent attention: 128 on one) */
 #define GGUFLM_ATTN_DBLOCK 64      /* value dimensions accumulated at a time */
 #define GGUFLM_ATTN_CBLOCK 32      /* K rows (or V^T rows) handed to the dot kernel at a time */
 #define GGUFLM_ATTN_TBLOCK 4       /* tokens per item of a batch with F16 K and V */
@@ -433,9 +433,9 @@ static int gguflm_rope_apply(const gguflm_rope_params *p, const int32_t *pos, in
     return failed ? -1 : 0;
 }
 
-enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1 };
+enum { GGUFLM_GLU_SWIGLU = 0, GGUFLM_GLU_GEGLU = 1, GGUFLM_GLU_REGLU = 2 };
 
-/* out = act(gate) * up for every row; gelu_table is used by GEGLU */
+/* out = act(gate) * up for every row (SiLU, GELU, ReLU); gelu_table is used by GEGLU */
 static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_rows, int n, const float *gate,
                             int64_t gate_stride, const float *up, int64_t up_stride, float *out,
                             int64_t out_stride, int arith, int use_avx2, int n_threads) {
@@ -444,6 +444,11 @@ static void gguflm_glu_rows(int kind, const ggml_half *gelu_table, int64_t n_row
     for (int64_t i = 0; i < n_rows; i++) {
         if (kind == GGUFLM_GLU_GEGLU)
             k.geglu_row(gelu_table, n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride);
+        else if (kind == GGUFLM_GLU_REGLU) {   /* ggml_vec_reglu_f32: one product, no rounding choice */
+            const float *g = gate + i * gate_stride, *u = up + i * up_stride;
+            float *y = out + i * out_stride;
+            for (int j = 0; j < n; j++) y[j] = g[j] > 0.f ? g[j] * u[j] : 0.f;
+        }
         else
             k.swiglu_row(n, gate + i * gate_stride, up + i * up_stride, out + i * out_stride, arith);
     }

@@ -56,6 +56,7 @@ cdef extern from "plan.h" nogil:
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
         float w_scale
+        int32_t n_group, n_group_used
         int32_t *ids
         float *weights
         int32_t *offsets
@@ -313,11 +314,12 @@ cdef class Plan:
         nd.n_rows, nd.n, nd.out = x.shape[0], x.shape[1], _ptr(xq)
 
     def matmul(self, int wtype, cnp.ndarray w, int64_t n_in, cnp.ndarray xq, cnp.ndarray out, int repacked,
-               int n_threads):
-        """out = w . xq; ``repacked``: how w is held (gguflm.quants.matmul_storage)."""
+               int n_threads, bint per_token=False):
+        """out = w . xq; ``repacked``: how w is held (gguflm.quants.matmul_storage); ``per_token``:
+        every token's products round as a one-token matmul's (as the whole plan's may)."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MATMUL, n_threads, (w, xq, out,))
         nd.type, nd.w, nd.w_stride, nd.aux64, nd.n = wtype, _ptr(w), w.strides[0], w.shape[0], n_in
-        nd.aux, nd.per_token = repacked, self.per_token
+        nd.aux, nd.per_token = repacked, self.per_token or per_token
         nd.x, nd.n_rows = <const float *>_ptr(xq), xq.shape[0]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
@@ -356,14 +358,17 @@ cdef class Plan:
         nd.moe.offsets, nd.moe.src, nd.moe.slot = <int32_t *>_ptr(offsets), <int32_t *>_ptr(src), <int32_t *>_ptr(slot)
 
     def moe_route(self, cnp.ndarray logits, int n_expert, int n_used, int gating, bint norm_w, float w_scale,
-                  tuple route, cnp.ndarray bias=None):
+                  tuple route, cnp.ndarray bias=None, tuple groups=(0, 0)):
         """Select n_used of n_expert experts per row of ``logits`` and group the rows by expert;
-        ``bias`` ([n_expert] F32), where given, is added to the probabilities for the selection only."""
+        ``bias`` ([n_expert] F32), where given, is added to the probabilities for the selection only;
+        ``groups`` (n_group, n_group_used), n_group > 1: only the n_group_used best of n_group equal
+        groups of experts may be selected."""
         if bias is not None and (bias.dtype != np.float32 or bias.size != n_expert or not bias.flags.c_contiguous):
             raise ValueError(f"the selection bias must be {n_expert} contiguous float32 values")
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ROUTE, 1, (logits,) + route + ((bias,) if bias is not None else ()))
         self._set_route(nd, route, n_expert, n_used)
         nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.moe.n_group, nd.moe.n_group_used = groups
         nd.w = _ptr(bias) if bias is not None else NULL
         nd.x, nd.x_stride, nd.n_rows = <const float *>_ptr(logits), _stride(logits), logits.shape[0]
 
@@ -385,7 +390,7 @@ cdef class Plan:
 
     def moe_one(self, cnp.ndarray x, cnp.ndarray bias, int n_expert, int n_used, int gating, bint norm_w,
                 float w_scale, tuple route, cnp.ndarray xr, cnp.ndarray xq, tuple weights, tuple outs, cnp.ndarray act,
-                cnp.ndarray act_q, cnp.ndarray out, int n_threads):
+                cnp.ndarray act_q, cnp.ndarray out, int n_threads, tuple groups=(0, 0)):
         """One token's router and routed SwiGLU experts in one parallel region: the router's
         logits of x, routed as :meth:`moe_route` does, then out = the weighted sum over the
         selected experts of down . swiglu(gate . x, up . x). ``weights``: the router's (as
@@ -420,6 +425,7 @@ cdef class Plan:
                                          + route + ((bias,) if bias is not None else ()))
         self._set_route(nd, route, n_expert, n_used)
         nd.moe.gating, nd.moe.norm_w, nd.moe.w_scale = gating, norm_w, w_scale
+        nd.moe.n_group, nd.moe.n_group_used = groups
         nd.w = a
 
     def swiglu_oai(self, cnp.ndarray gate, cnp.ndarray up, float alpha, float limit, cnp.ndarray out, int n_threads):
@@ -451,8 +457,11 @@ cdef class Plan:
 
     def rope(self, cnp.ndarray x, int n_heads, int n_dims, bint neox, float freq_base, float freq_scale,
              float ext_factor, float attn_factor, float beta_fast, float beta_slow, int n_ctx_orig,
-             cnp.ndarray freq_factors, int n_threads, cnp.ndarray positions=None):
-        """Rotate x in place by the plan's positions (or by ``positions``, for K shifts)."""
+             cnp.ndarray freq_factors, int n_threads, cnp.ndarray positions=None, int head_stride=0):
+        """Rotate x in place by the plan's positions (or by ``positions``, for K shifts): the first
+        n_dims of each of n_heads heads, which follow each other ``head_stride`` values apart
+        (0: x's rows are the heads back to back; else x may be a view that starts at the first head's
+        rotated part, as in MLA's heads, whose rotated part comes last)."""
         cdef cnp.ndarray pos = self.pos if positions is None else positions
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ROPE, n_threads, (x, freq_factors, pos,))
         nd.rope.n_dims, nd.rope.neox = n_dims, neox
@@ -462,7 +471,7 @@ cdef class Plan:
         gguflm_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow,
                               &nd.rope.corr_low, &nd.rope.corr_high)
         nd.i32 = <const int32_t *>_ptr(pos)
-        nd.n_rows, nd.n, nd.aux = x.shape[0], x.shape[1], n_heads
+        nd.n_rows, nd.n, nd.aux = x.shape[0], (head_stride * n_heads if head_stride else x.shape[1]), n_heads
         nd.out, nd.out_stride = _ptr(x), _stride(x)
 
     def kv_store(self, str cache_type, cnp.ndarray data, int cache_index, cnp.ndarray x):

@@ -650,15 +650,6 @@ def prompt_logits(path, tokens, n_ubatch: int, load_mode: str = "auto") -> np.nd
         return ctx.get_logits().copy()
 
 
-if __name__ == "__main__":
-    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
-    # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
-    import sys
-
-    spec = type_bench_model(GGMLType[sys.argv[2]]) if len(sys.argv) > 2 else mixtral_bench_model()
-    write_tiny_model(spec, Path(sys.argv[1]), np.random.default_rng(0))
-
-
 # -- hybrid Mamba + attention models (granitehybrid, falcon-h1, nemotron_h, jamba)
 
 HYBRID_ARCHS = ("granitehybrid", "falcon-h1", "nemotron_h", "jamba")
@@ -816,3 +807,400 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
             f32(f"{b}.ffn_up.bias", 0.05 * rng.standard_normal(s.n_ff))
             f32(f"{b}.ffn_down.bias", 0.05 * rng.standard_normal(e))
     w.write()
+
+
+# -- multi-head latent attention and DeepSeek's routed experts (deepseek2)
+
+# DeepSeek's routing keys, each a way build_moe_ffn routes: gating (1 softmax, 2 sigmoid, 3 softmax
+# of the selected), weights normalised and scaled, experts in groups of which the best are kept
+ROUTED_KEYS = ("expert_gating_func", "expert_weights_norm", "expert_weights_scale", "expert_group_count",
+               "expert_group_used_count")
+
+
+@dataclass(frozen=True)
+class TinyMLA:
+    """A model with latent attention to write (:func:`write_tiny_mla`): ``deepseek2`` (multi-head
+    latent attention, ``q_lora_rank`` 0: the Lite form's one Q matrix; ``n_dense_lead`` dense
+    layers, then ``n_expert`` routed experts beside ``n_shared`` shared ones) or ``minicpm3``
+    (the latent expanded to full heads by ``attn_kv_b``, dense layers only; a deepseek2 file
+    without ``absorbed`` has them too, as files from before llama.cpp split attn_k_b / attn_v_b); ``metadata`` more
+    ``deepseek2.*`` keys (:data:`ROUTED_KEYS`, RoPE scaling); ``probs_bias`` writes the selection
+    bias exp_probs_b. ``types`` maps a matrix kind (the tensor name's middle part, ``attn_k_b``)
+    to its type, ``tensor_types`` single tensors (default F16)."""
+
+    arch: str = "deepseek2"
+    n_embd: int = 64
+    n_head: int = 4
+    n_layer: int = 2
+    q_lora_rank: int = 32
+    kv_lora_rank: int = 32
+    qk_nope: int = 32
+    qk_rope: int = 16
+    v_head: int = 16
+    n_ff: int = 64
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_shared: int = 1
+    n_dense_lead: int = 1
+    probs_bias: bool = True
+    absorbed: bool = True
+    tied_output: bool = False
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    @property
+    def full_heads(self) -> bool:
+        """The cache holds full K and V heads (``attn_kv_b``) rather than the latent."""
+        return self.arch == "minicpm3" or not self.absorbed
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            if s.q_lora_rank:
+                out.update({f"{b}.attn_q_a.weight": s.n_embd, f"{b}.attn_q_b.weight": s.q_lora_rank})
+            else:
+                out[f"{b}.attn_q.weight"] = s.n_embd
+            out.update({f"{b}.attn_kv_a_mqa.weight": s.n_embd, f"{b}.attn_output.weight": s.n_head * s.v_head})
+            if s.full_heads:
+                out[f"{b}.attn_kv_b.weight"] = s.kv_lora_rank
+            else:
+                out.update({f"{b}.attn_k_b.weight": s.qk_nope, f"{b}.attn_v_b.weight": s.kv_lora_rank})
+            if s.arch == "minicpm3" or il < s.n_dense_lead:
+                out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
+                            f"{b}.ffn_down.weight": s.n_ff})
+                continue
+            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
+            out[f"{b}.ffn_down_shexp.weight"] = s.n_ff_exp * s.n_shared
+        return out
+
+
+def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (as :func:`write_tiny_model`'s); the router's rows are
+    spread (0.5 N(0, 1)) so that the experts' scores lie well apart."""
+    s, arch, e = spec, spec.arch, spec.n_embd
+    w = GGUFWriter(path, arch=arch)
+
+    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
+        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
+
+    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
+        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
+                         GGMLType.F16)
+        else:
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.q_lora_rank": s.q_lora_rank,
+            "attention.kv_lora_rank": s.kv_lora_rank, "rope.dimension_count": s.qk_rope}
+    if s.full_heads:
+        keys.update({"attention.head_count_kv": s.n_head, "attention.key_length": s.qk_nope + s.qk_rope,
+                     "attention.value_length": s.v_head})
+    else:
+        keys.update({"attention.head_count_kv": 1, "attention.key_length": s.kv_lora_rank + s.qk_rope,
+                     "attention.value_length": s.kv_lora_rank, "attention.key_length_mla": s.qk_nope + s.qk_rope,
+                     "attention.value_length_mla": s.v_head})
+    if arch == "deepseek2":
+        keys.update({"expert_count": s.n_expert,
+                     "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
+                     "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead})
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for key, value in s.metadata.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+    add_vocab(w)
+
+    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+    vector("output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", e, N_VOCAB)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        if s.q_lora_rank:
+            matrix(f"{b}.attn_q_a.weight", e, s.q_lora_rank, scale=0.2)
+            vector(f"{b}.attn_q_a_norm.weight", s.q_lora_rank)
+            matrix(f"{b}.attn_q_b.weight", s.q_lora_rank, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
+        else:
+            matrix(f"{b}.attn_q.weight", e, s.n_head * (s.qk_nope + s.qk_rope), scale=0.2)
+        matrix(f"{b}.attn_kv_a_mqa.weight", e, s.kv_lora_rank + s.qk_rope, scale=0.2)
+        vector(f"{b}.attn_kv_a_norm.weight", s.kv_lora_rank)
+        if s.full_heads:
+            matrix(f"{b}.attn_kv_b.weight", s.kv_lora_rank, s.n_head * (s.qk_nope + s.v_head), scale=0.2)
+        else:
+            matrix(f"{b}.attn_k_b.weight", s.qk_nope, s.kv_lora_rank, n_stack=s.n_head, scale=0.2)
+            matrix(f"{b}.attn_v_b.weight", s.kv_lora_rank, s.v_head, n_stack=s.n_head, scale=0.2)
+        matrix(f"{b}.attn_output.weight", s.n_head * s.v_head, e)
+        vector(f"{b}.ffn_norm.weight", e)
+        if arch == "minicpm3" or il < s.n_dense_lead:
+            matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+            continue
+        matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
+        if s.probs_bias:
+            vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
+        matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+        matrix(f"{b}.ffn_gate_shexp.weight", e, s.n_ff_exp * s.n_shared)
+        matrix(f"{b}.ffn_down_shexp.weight", s.n_ff_exp * s.n_shared, e)
+        matrix(f"{b}.ffn_up_shexp.weight", e, s.n_ff_exp * s.n_shared)
+    w.write()
+
+
+@st.composite
+def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
+    """DeepSeek-V2 shapes (with or without Q's low rank, 1..4 heads, latent ranks of whole
+    blocks), every routing build_moe_ffn has for it, and every matrix of a type whose blocks fit."""
+    n_expert = draw(st.sampled_from((4, 8, 16)))
+    groups = draw(st.sampled_from([g for g in (0, 2, 4) if g < n_expert]))
+    routing = {"expert_gating_func": draw(st.sampled_from((1, 2, 3))),
+               "expert_weights_norm": draw(st.booleans()),
+               "expert_weights_scale": draw(st.sampled_from((1.0, 2.5)))}
+    if groups:
+        routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
+    n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
+    spec = TinyMLA(n_embd=draw(st.sampled_from((64, 96, 128))), n_head=draw(st.integers(1, 4)),
+                   n_layer=draw(st.integers(1, 3)), q_lora_rank=draw(st.sampled_from((0, 32, 64))),
+                   kv_lora_rank=draw(st.sampled_from((32, 64))), qk_nope=draw(st.sampled_from((16, 32))),
+                   qk_rope=draw(st.sampled_from((8, 16))), v_head=draw(st.sampled_from((16, 32))),
+                   n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
+                   n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
+                   n_dense_lead=draw(st.integers(0, 1)), probs_bias=draw(st.booleans()), absorbed=draw(st.booleans()),
+                   tied_output=draw(st.booleans()), metadata=routing)
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyMLA(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+@dataclass(frozen=True)
+class TinyRouted:
+    """A model of DeepSeek's routed experts under a Llama-like block to write
+    (:func:`write_tiny_routed`): ``glm4moe`` (Q/K/V biases, optional per-head Q/K norms
+    ``qk_norm``, the FFN norm as ``post_attention_norm``) or ``bailingmoe2`` (a fused QKV
+    projection, Q/K norms always, ``n_head * head_dim = n_embd``), both with partial split-half
+    RoPE of ``n_rot`` values and ``nextn`` NextN blocks at the end that inference skips; or
+    ``ernie4_5-moe`` (Q/K/V and output biases, full adjacent-pair RoPE: ``n_rot = head_dim``, a
+    shared expert only where ``metadata`` gives its width); or ``hunyuan-moe`` / ``hunyuan-dense``
+    (Q/K/V biases, Q/K norms after full split-half RoPE; the experts ``n_ff`` wide in every layer,
+    no selection bias, a shared feed-forward ``n_ff`` wide unless ``metadata`` says); or ``phimoe``
+    (biases on every norm, Q/K/V, the attention output and the logits; experts ``n_ff`` wide in
+    every layer; ``n_head * head_dim = n_embd``); or ``smallthinker`` (ReGLU experts in every layer,
+    routed on the block's input; ``attention.sliding_window`` in ``metadata`` turns on its window
+    and RoPE-less layers).
+    ``metadata``, ``types`` and ``tensor_types`` as :class:`TinyMLA`'s."""
+
+    arch: str = "glm4moe"
+    n_embd: int = 64
+    head_dim: int = 16
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_rot: int = 8
+    n_layer: int = 2
+    n_ff: int = 64
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_shared: int = 1
+    n_dense_lead: int = 1
+    qk_norm: bool = False
+    nextn: int = 0
+    tied_output: bool = False
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    @property
+    def shared_ff(self) -> int:
+        """The shared experts' width (0: none): bailingmoe2's own width where the file gives one,
+        times their count; ERNIE's only where the file gives it."""
+        if self.arch in ("ernie4_5-moe", "hunyuan-dense", "phimoe", "smallthinker"):
+            return self.metadata.get("expert_shared_feed_forward_length", 0)
+        if self.arch == "hunyuan-moe":
+            return self.metadata.get("expert_shared_feed_forward_length", self.n_ff)
+        return self.metadata.get("expert_shared_feed_forward_length", self.n_ff_exp) * self.n_shared
+
+    @property
+    def expert_ff(self) -> int:
+        return self.n_ff if self.arch in ("hunyuan-moe", "phimoe") else self.n_ff_exp
+
+    def has_experts(self, il: int) -> bool:
+        return self.arch != "hunyuan-dense" and il >= self.n_dense_lead
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix of the blocks that run by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            for kind in ("attn_qkv",) if s.arch == "bailingmoe2" else ("attn_q", "attn_k", "attn_v"):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.attn_output.weight"] = s.n_head * s.head_dim
+            if not s.has_experts(il):
+                out.update({f"{b}.ffn_gate.weight": s.n_embd, f"{b}.ffn_up.weight": s.n_embd,
+                            f"{b}.ffn_down.weight": s.n_ff})
+                continue
+            for kind in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps") + (("ffn_gate_shexp", "ffn_up_shexp")
+                                                                              if s.shared_ff else ()):
+                out[f"{b}.{kind}.weight"] = s.n_embd
+            out[f"{b}.ffn_down_exps.weight"] = s.expert_ff
+            if s.shared_ff:
+                out[f"{b}.ffn_down_shexp.weight"] = s.shared_ff
+        return out
+
+
+def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (as :func:`write_tiny_mla`'s)."""
+    s, arch, e = spec, spec.arch, spec.n_embd
+    w = GGUFWriter(path, arch=arch)
+
+    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
+        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
+
+    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
+        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
+                         GGMLType.F16)
+        else:
+            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+
+    w.add("general.name", f"tiny-{arch}")
+    n_blocks = s.n_layer + s.nextn
+    keys = {"context_length": 256, "embedding_length": e, "block_count": n_blocks, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv,
+            "attention.key_length": s.head_dim, "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot}
+    if arch != "hunyuan-dense":
+        keys.update({"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                     "expert_feed_forward_length": s.n_ff_exp, "expert_shared_count": s.n_shared,
+                     "leading_dense_block_count": s.n_dense_lead})
+    if s.nextn:
+        keys["nextn_predict_layers"] = s.nextn
+    if arch == "ernie4_5-moe":
+        keys["interleave_moe_layer_step"] = 1
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for key, value in s.metadata.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+    add_vocab(w)
+
+    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+    vector("output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", e, N_VOCAB)
+    biased = arch == "phimoe"   # biases on the norms, the attention output, the logits
+    if biased:
+        vector("output_norm.bias", e, scale=0.05, center=0.0)
+        vector("output.bias", N_VOCAB, scale=0.05, center=0.0)
+    for il in range(n_blocks):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        if biased:
+            vector(f"{b}.attn_norm.bias", e, scale=0.05, center=0.0)
+        if arch == "bailingmoe2":
+            matrix(f"{b}.attn_qkv.weight", e, (s.n_head + 2 * s.n_head_kv) * s.head_dim)
+        else:
+            for kind, n in (("attn_q", s.n_head * s.head_dim), ("attn_k", s.n_head_kv * s.head_dim),
+                            ("attn_v", s.n_head_kv * s.head_dim)):
+                matrix(f"{b}.{kind}.weight", e, n)
+                vector(f"{b}.{kind}.bias", n, scale=0.05, center=0.0)
+        matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
+        if arch in ("ernie4_5-moe", "phimoe"):   # ERNIE's is read by llama.cpp, never added
+            vector(f"{b}.attn_output.bias", e, scale=0.05, center=0.0)
+        if s.qk_norm or arch in ("bailingmoe2", "hunyuan-moe", "hunyuan-dense"):
+            vector(f"{b}.attn_q_norm.weight", s.head_dim)
+            vector(f"{b}.attn_k_norm.weight", s.head_dim)
+        vector(f"{b}.{'post_attention_norm' if arch == 'glm4moe' else 'ffn_norm'}.weight", e)
+        if biased:
+            vector(f"{b}.ffn_norm.bias", e, scale=0.05, center=0.0)
+        if not s.has_experts(il):
+            matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        else:
+            matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
+            if arch not in ("hunyuan-moe", "phimoe", "smallthinker"):
+                vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
+            matrix(f"{b}.ffn_gate_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_down_exps.weight", s.expert_ff, e, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_up_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
+            if s.shared_ff:
+                matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
+                matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
+                matrix(f"{b}.ffn_up_shexp.weight", e, s.shared_ff)
+        if il >= s.n_layer:   # a NextN block's own tensors
+            matrix(f"{b}.nextn.eh_proj.weight", 2 * e, e)
+            vector(f"{b}.nextn.enorm.weight", e)
+            vector(f"{b}.nextn.hnorm.weight", e)
+            vector(f"{b}.nextn.shared_head_norm.weight", e)
+            if arch == "bailingmoe2":
+                vector(f"{b}.layer_output_norm.weight", e)
+    w.write()
+
+
+@st.composite
+def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "bailingmoe2", "ernie4_5-moe",
+                                                                  "hunyuan-moe", "hunyuan-dense", "phimoe",
+                                                                  "smallthinker")) -> TinyRouted:
+    """Shapes (GQA, partial RoPE, with or without Q/K norms and NextN blocks), every routing
+    build_moe_ffn has for them, and every matrix of a type whose blocks fit."""
+    n_expert = draw(st.sampled_from((4, 8, 16)))
+    groups = draw(st.sampled_from([g for g in (0, 2, 4) if g < n_expert]))
+    routing = {"expert_gating_func": draw(st.sampled_from((1, 2, 3))), "expert_weights_norm": draw(st.booleans()),
+               "expert_weights_scale": draw(st.sampled_from((1.0, 2.5)))}
+    if groups:
+        routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
+    n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
+    arch = draw(st.sampled_from(archs))
+    if arch == "ernie4_5-moe" and draw(st.booleans()):
+        routing["expert_shared_feed_forward_length"] = draw(st.sampled_from((32, 64)))
+    if arch == "smallthinker" and draw(st.booleans()):
+        routing["attention.sliding_window"] = 4096
+    head_dim = draw(st.sampled_from((16, 32, 64)))
+    n_head_kv = draw(st.integers(1, 2))
+    n_head = n_head_kv * draw(st.integers(1, 4))
+    n_embd = n_head * head_dim if arch in ("bailingmoe2", "phimoe") else draw(st.sampled_from((64, 96, 256)))
+    spec = TinyRouted(arch=arch, n_embd=n_embd, head_dim=head_dim, n_head=n_head, n_head_kv=n_head_kv,
+                      n_rot=head_dim if arch in ("ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "phimoe", "smallthinker")
+                      else draw(st.sampled_from((head_dim // 2, head_dim))),
+                      n_layer=draw(st.integers(1, 3)),
+                      n_expert=n_expert, n_expert_used=draw(st.integers(1, min(4, n_used_max))),
+                      n_ff_exp=draw(st.sampled_from((32, 64))), n_shared=draw(st.integers(1, 2)),
+                      n_dense_lead=0 if arch in ("hunyuan-moe", "phimoe", "smallthinker") else draw(st.integers(0, 1)),
+                      qk_norm=arch == "glm4moe" and draw(st.booleans()),
+                      nextn=arch in ("glm4moe", "bailingmoe2") and draw(st.integers(0, 1)),
+                      tied_output=arch not in ("bailingmoe2", "phimoe") and draw(st.booleans()), metadata=routing)
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyRouted(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+if __name__ == "__main__":
+    # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
+    # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
+    import sys
+
+    spec = type_bench_model(GGMLType[sys.argv[2]]) if len(sys.argv) > 2 else mixtral_bench_model()
+    write_tiny_model(spec, Path(sys.argv[1]), np.random.default_rng(0))

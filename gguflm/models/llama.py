@@ -33,6 +33,8 @@ class Llama(Architecture):
     # but never adds it)
     attention_output_bias: ClassVar[bool] = True
     qk_norm: ClassVar[bool] = False
+    # Hunyuan normalises Q and K after RoPE, the others before
+    qk_norm_after_rope: ClassVar[bool] = False
     shared_expert_gate: ClassVar[bool] = False
 
     @classmethod
@@ -79,7 +81,12 @@ class Llama(Architecture):
             cur = g.rms_norm(x, L.attn_norm)
             q, k, v = self.qkv(g, cur, L)                                     # [n_tokens, n_head(_kv) * head_dim]
             biased = self.attention_bias is not False
-            g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
+            if self.qk_norm_after_rope:
+                g.rope_qk(q, k, il)
+                g.rms_norm_heads(k, L.attn_k_norm)
+                g.rms_norm_heads(q, L.attn_q_norm)
+            else:
+                g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
             out_bias = L.attn_output_bias if biased and self.attention_output_bias else None
             cur = g.linear(cur, L.attn_output, out_bias)                      # [n_tokens, n_embd]
@@ -87,15 +94,17 @@ class Llama(Architecture):
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
             g.add(x, self.residual(g, cur))
             # feed-forward: dense, or experts
-            cur = g.rms_norm(x, L.ffn_norm)
-            if self.has_experts(hp, il):
-                cur = self.experts(g, cur, L)                                 # [n, n_embd]
-            else:
-                gate, up = g.project(cur, L.ffn_gate, L.ffn_up)               # [n, n_ff]
-                (cur,) = g.project(g.swiglu(gate, up), L.ffn_down)            # [n, n_embd]
+            cur = self.ffn(g, g.rms_norm(x, L.ffn_norm), L, il)               # [n, n_embd]
             g.add(x, self.residual(g, cur))
         x = g.rms_norm(x, m.tensors["output_norm.weight"])
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    def ffn(self, g: Graph, cur: np.ndarray, L: Layer, il: int) -> np.ndarray:
+        """The normed input's feed-forward: the layer's experts, or its dense SwiGLU."""
+        if self.has_experts(g.hparams, il):
+            return self.experts(g, cur, L)                                    # [n, n_embd]
+        gate, up = g.project(cur, L.ffn_gate, L.ffn_up)                       # [n, n_ff]
+        return g.project(g.swiglu(gate, up), L.ffn_down)[0]                   # [n, n_embd]
 
     def qkv(self, g: Graph, cur: np.ndarray, L: Layer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Q, K and V of the normed input, with their biases where the architecture has them."""
@@ -128,3 +137,30 @@ class Llama(Architecture):
                 g.shared_expert_gate(cur, shared, L.ffn_gate_inp_shexp)
             g.add(out, shared)
         return out
+
+
+class RoutedExperts:
+    """DeepSeek's mixture of experts, mixed into an architecture built on :class:`Llama`'s
+    feed-forward (its hyper-parameters from :func:`gguflm.hparams.read_routed_expert_hparams`):
+    dense SwiGLU layers first, then experts routed as the file says (gating, the selection bias
+    ``exp_probs_b`` where a layer has one, normalised and scaled weights, group-limited where the
+    file groups them) beside ungated shared experts."""
+
+    # whether llama.cpp requires every expert layer's selection bias (else it may be absent)
+    probs_bias_required: ClassVar[bool] = False
+
+    def routing(self, hp: HParams, L: Layer) -> dict:
+        return {"gating": hp.expert_gating_func, "norm_w": hp.expert_weights_norm,
+                "w_scale": hp.expert_weights_scale, "selection_bias": L.exp_probs_b_bias}
+
+    @classmethod
+    def has_experts(cls, hp: HParams, il: int) -> bool:
+        return il >= hp.n_layer_dense_lead
+
+    @classmethod
+    def ffn_or_expert_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        if not cls.has_experts(hp, il):
+            return Architecture.ffn_specs(hp, il)
+        shared = Architecture.shared_expert_specs(hp, il, hp.n_ff_shexp) if hp.n_ff_shexp else []
+        return (Architecture.expert_specs(hp, il) + shared
+                + [TensorSpec(f"blk.{il}.exp_probs_b.bias", (hp.n_expert,), optional=not cls.probs_bias_required)])
