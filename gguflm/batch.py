@@ -189,11 +189,15 @@ class BatchAllocator:
     equal_split
         Cut batches as a recurrent memory needs them (:meth:`split_equal`): every sequence of a
         ubatch has as many tokens.
+    sequential
+        With ``equal_split``: a ubatch's sequences have consecutive ids (a recurrent memory's,
+        or a hybrid one's whose KV cache keeps a region per sequence), else any sequence sets
+        that do not overlap (a hybrid memory's with a unified KV cache).
     """
 
     def __init__(self, hparams: HParams, max_positions: int | None, memory: Memory, has_cache: bool,
                  n_seq_max: int, n_batch: int, n_ubatch: int, output_all: bool,
-                 pooling: PoolingType | None, equal_split: bool = False) -> None:
+                 pooling: PoolingType | None, equal_split: bool = False, sequential: bool = True) -> None:
         self.hparams = hparams
         self.max_positions = max_positions
         self.memory = memory
@@ -204,6 +208,7 @@ class BatchAllocator:
         self.output_all = output_all
         self.pooling = pooling
         self.equal_split = equal_split
+        self.sequential = sequential
 
     def init(self, batch: Batch) -> PreparedBatch:
         """The batch checked and completed; raises :class:`InvalidBatchError` (decode's -1)."""
@@ -349,40 +354,48 @@ class BatchAllocator:
                       pooling_inputs(self.pooling, [b.seq_lists[i] for i in rows], pos, causal))
 
     def split_equal(self, b: PreparedBatch) -> list[UBatch]:
-        """llama.cpp's ``split_equal`` in its sequential form (a recurrent memory's): each ubatch
-        takes the sequences of consecutive ids starting with the first unused token's (found in
-        batch order, at most n_ubatch + 1 of them), and from each the same number of its next
-        tokens, as many as n_ubatch allows. A token of several sequences cannot be split so:
-        then no ubatch (llama.cpp refuses coupled sequences here)."""
-        if any(len(set(seqs)) > 1 for seqs in b.seq_lists):
+        """llama.cpp's ``split_equal``: each ubatch takes the sequence sets (the sequences of a
+        token) of the unused tokens in batch order, at most n_ubatch + 1 of them, that overlap
+        none already taken (``sequential``: single sequences of consecutive ids starting with
+        the first unused token's), and from each the same number of its next tokens, as many as
+        n_ubatch allows. In the sequential form a token of several sequences cannot be split
+        so: then no ubatch (llama.cpp refuses coupled sequences there)."""
+        if self.sequential and any(len(set(seqs)) > 1 for seqs in b.seq_lists):
             return []
         n = len(b.pos)
-        by_seq: dict[int, list[int]] = {}
-        for i, s in enumerate(b.seq_first.tolist()):
-            by_seq.setdefault(s, []).append(i)
-        taken = dict.fromkeys(by_seq, 0)   # tokens of each sequence already in a ubatch
+        masks = b.seq_mask.tolist()
+        firsts = b.seq_first.tolist()
+        by_set: dict[int, list[int]] = {}
+        for i, m in enumerate(masks):
+            by_set.setdefault(m, []).append(i)
+        taken = dict.fromkeys(by_set, 0)   # tokens of each sequence set already in a ubatch
         used = np.zeros(n, bool)
         ubatches = []
         while True:
-            seqs: list[int] = []
+            sets: list[int] = []
+            last_first = -1
             for i in np.flatnonzero(~used).tolist():
-                s = int(b.seq_first[i])
-                if s not in seqs and (not seqs or s == seqs[-1] + 1):
-                    seqs.append(s)
-                    if len(seqs) > self.n_ubatch:
-                        break
-            if not seqs:
-                return ubatches
-            per_seq: list[list[int]] = [[] for _ in seqs]
-            while all(taken[s] < len(by_seq[s]) for s in seqs):
-                for k, s in enumerate(seqs):
-                    per_seq[k].append(by_seq[s][taken[s]])
-                    taken[s] += 1
-                if (len(per_seq[0]) + 1) * len(seqs) > self.n_ubatch:
+                m = masks[i]
+                if any(m & other for other in sets):
+                    continue
+                if self.sequential and sets and firsts[i] != last_first + 1:
+                    continue
+                sets.append(m)
+                last_first = firsts[i]
+                if len(sets) > self.n_ubatch:
                     break
-            rows = [i for part in per_seq for i in part]
+            if not sets:
+                return ubatches
+            per_set: list[list[int]] = [[] for _ in sets]
+            while all(taken[m] < len(by_set[m]) for m in sets):
+                for k, m in enumerate(sets):
+                    per_set[k].append(by_set[m][taken[m]])
+                    taken[m] += 1
+                if (len(per_set[0]) + 1) * len(sets) > self.n_ubatch:
+                    break
+            rows = [i for part in per_set for i in part]
             used[rows] = True
-            ubatches.append(self._ubatch(b, rows, len(seqs)))
+            ubatches.append(self._ubatch(b, rows, len(sets)))
 
     def split_seq(self, b: PreparedBatch) -> list[UBatch]:
         """llama.cpp's ``split_seq``: ubatches of one sequence set each, the first unused token's,

@@ -29,6 +29,7 @@ from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, apply_rope
 from gguflm.kv_cache import KVCache, Memory
 from gguflm.kv_store import check_cache_type
 from gguflm.lora import LoraAdapter
+from gguflm.memory_hybrid import HybridMemory
 from gguflm.memory_recurrent import RecurrentCache, RecurrentMemory
 from gguflm.model import Model
 from gguflm.pooling import PoolingType, pooling_inputs, resolve
@@ -123,35 +124,47 @@ class Context:
         self.rope_scaling_type = self.rope.scaling_type
         self.rope_freq_scale = self.rope.freq_scale
 
-        # one cache for global layers, one window-sized cache for sliding-window layers
-        swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-        full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        # one cache for global layers, one window-sized cache for sliding-window layers, then the
+        # recurrent states (a recurrent or hybrid model's), as llama.cpp saves a hybrid memory
+        arch = model.architecture
+        attn_layers = arch.attention_layers(hp) if kv_cache else []
+        rs_layers = arch.recurrent_layers(hp)
+        swa = [il for il in attn_layers if hp.is_swa(il)]
+        full = [il for il in attn_layers if not hp.is_swa(il)]
         if n_stream > 1:
             region = self.n_ctx // n_stream
             swa_size = n_stream * (region if swa_full else min(region, _pad(hp.n_swa + self.n_ubatch, CTX_PAD)))
         else:
             swa_size = self.n_ctx if swa_full else min(self.n_ctx, _pad(hp.n_swa * n_seq_max + self.n_ubatch, CTX_PAD))
-        self._caches: list[KVCache] = []
+        self._caches: list[KVCache | RecurrentCache] = []
         self._cache_of_layer: dict[int, int] = {}
-        recurrent = model.architecture.memory == "recurrent"
-        if recurrent:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
-            self._caches.append(RecurrentCache(n_seq_max, list(range(hp.n_layer)), hp.n_layer,
-                                               *model.architecture.state_sizes(hp), n_seq_max))
-            self._cache_of_layer = dict.fromkeys(range(hp.n_layer), 0)
+        self._recurrent_of_layer: dict[int, int] = {}
         for layers, size, window in ((full, self.n_ctx, 0), (swa, swa_size, hp.n_swa)):
-            if layers and kv_cache and not recurrent:
+            if layers:
                 for il in layers:
                     self._cache_of_layer[il] = len(self._caches)
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k,
                                             type_v, n_seq_max, n_swa=window, n_stream=n_stream,
                                             head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
+        if rs_layers:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
+            self._recurrent_of_layer = dict.fromkeys(rs_layers, len(self._caches))
+            self._caches.append(RecurrentCache(n_seq_max, rs_layers, hp.n_layer, *arch.state_sizes(hp), n_seq_max))
         if self._commit_kv:
             for cache in self._caches:
                 cache.commit()
-        self.memory = RecurrentMemory(self._caches[0], n_seq_max) if recurrent else Memory(self._caches, n_seq_max)
-        self._balloc = BatchAllocator(hp, model.architecture.max_positions(hp), self.memory, bool(self._caches),
+        if arch.memory == "hybrid":
+            self.memory = HybridMemory(self._caches[:-1], self._caches[-1], n_seq_max)
+        elif arch.memory == "recurrent":
+            self.memory = RecurrentMemory(self._caches[0], n_seq_max)
+        else:
+            self.memory = Memory(self._caches, n_seq_max)
+        # a recurrent state needs equal-length sequences per ubatch; consecutive sequence ids
+        # (llama.cpp's sequential split) for a recurrent memory, or a hybrid's KV cache in regions
+        self._balloc = BatchAllocator(hp, arch.max_positions(hp), self.memory, bool(self._caches),
                                       n_seq_max, self.n_batch, self.n_ubatch, embeddings,
-                                      self.pooling_type if self._pools else None, equal_split=recurrent)
+                                      self.pooling_type if self._pools else None,
+                                      equal_split=bool(rs_layers),
+                                      sequential=arch.memory == "recurrent" or n_stream > 1)
 
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
@@ -197,8 +210,13 @@ class Context:
         )
 
     def cache_for_layer(self, il: int) -> tuple[int, KVCache]:
-        """The index and cache of layer ``il`` (a context of an encoder has none)."""
+        """The index and KV cache of attention layer ``il`` (a context of an encoder has none)."""
         index = self._cache_of_layer[il]
+        return index, self._caches[index]
+
+    def recurrent_for_layer(self, il: int) -> tuple[int, RecurrentCache]:
+        """The index and recurrent memory holding layer ``il``'s states (a recurrent layer's)."""
+        index = self._recurrent_of_layer[il]
         return index, self._caches[index]
 
     def describe(self) -> dict[str, Any]:
@@ -375,7 +393,7 @@ class Context:
         snapshots = [cache.snapshot() for cache in caches]
         seq_first = np.full(1, one.seq, np.int32)
         for ci, cache in enumerate(caches):
-            cells = cache.find_slot(1, seq_first)
+            cells = cache.find_slot(1, seq_first, np.full(1, 1 << one.seq, np.uint64))
             if cells is None:
                 for c, snap in zip(caches, snapshots):
                     c.restore(snap)
@@ -414,7 +432,7 @@ class Context:
         try:
             for i, ub in enumerate(ubatches):
                 for ci, cache in enumerate(self._caches):
-                    cells = cache.find_slot(ub.n_tokens, ub.seq_first)
+                    cells = cache.find_slot(ub.n_tokens, ub.seq_first, ub.seq_mask)
                     if cells is None:
                         return None
                     cache.apply(cells, ub.pos, ub.seq_mask)
@@ -507,6 +525,8 @@ class Context:
         hp = self.model.hparams
 
         def rope(rows: np.ndarray, delta: np.ndarray, il: int) -> None:
+            if not hp.has_rope(il):   # llama.cpp's K-shift skips layers without RoPE
+                return
             apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
 
         self.memory.apply_shifts(rope, self.n_threads_batch)

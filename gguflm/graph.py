@@ -621,14 +621,14 @@ class Graph:
     def recurrent_moves(self) -> None:
         """First in a recurrent model's pass: the state moves its memory staged for this ubatch
         (cells that changed place, copies of shared states, zeroed new ones)."""
-        _, cache = self.ctx.cache_for_layer(0)
+        _, cache = self.ctx.recurrent_for_layer(self.model.architecture.recurrent_layers(self.hparams)[0])
         self.plan.rs_moves(cache.moves, cache.r_all, cache.s_all)
 
     def ssm_conv(self, il: int, x: np.ndarray, w: Weight, b: Weight) -> np.ndarray:
         """silu(conv1d(state ++ x) + b) of layer ``il``'s conv (ggml_ssm_conv, add, silu), its conv
         states moved on: x [n_tokens, d_inner] -> [n_tokens, d_inner]."""
         _f32(w, b)
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*x.shape)
         self.plan.ssm_conv(cache.r[il], ci, x, w.data, b.data, out, self.n_threads)
         return out
@@ -638,7 +638,7 @@ class Graph:
         """Mamba-1's selective scan of layer ``il`` (ggml_ssm_scan, then + x * D), its SSM states
         moved on: x, dt [n_tokens, d_inner], B, C [n_tokens, d_state] -> [n_tokens, d_inner]."""
         _f32(A, D)
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*x.shape)
         self.plan.ssm_scan(cache.s[il], ci, x, dt, A.data, B, C, D.data, out, self.n_threads)
         return out
@@ -649,7 +649,7 @@ class Graph:
         + x * D), its SSM states moved on: x [n_tokens, d_inner], dt [n_tokens, n_head] (+ dt_b),
         B, C [n_tokens, n_group * d_state] -> [n_tokens, d_inner]."""
         _f32(dt_b, A, D)
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*x.shape)
         self.plan.ssm_scan_grouped(cache.s[il], ci, x, dt, dt_b.data, A.data.reshape(-1), B, C, D.data.reshape(-1),
                                    n_group, out, self.n_threads)

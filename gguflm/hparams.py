@@ -83,6 +83,7 @@ class HParams:
     f_residual_scale: float = 0.0                    # Granite: branch outputs' scale, 0 = none
     f_logit_scale: float = 0.0                       # logits multiplied by it (Command R; Granite's 1 / scale), 0 = none
     use_par_res: bool = False                        # attention and feed-forward side by side on the residual (GPT-NeoX)
+    recurrent_layers: tuple[bool, ...] = ()          # per layer: keeps a recurrent state (llama.cpp's is_recr), () = none does
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def n_gqa(self, il: int = 0) -> int:
@@ -96,6 +97,10 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether layer ``il`` keeps a recurrent state (llama.cpp's ``hparams.is_recr(il)``)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
 
     def has_rope(self, il: int) -> bool:
         return self.rope_type is not RopeType.NONE and not (self.no_rope_layers and self.no_rope_layers[il])
@@ -224,25 +229,35 @@ class HParamReader:
 _REQUIRED: Any = object()
 
 
-def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType) -> HParams:
-    """The keys every transformer architecture shares (llama.cpp's ``load_hparams`` preamble)."""
+def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType, *,
+                        headless_layers: bool = False) -> HParams:
+    """The keys every transformer architecture shares (llama.cpp's ``load_hparams`` preamble).
+
+    ``headless_layers``: a layer may have no attention (``head_count_kv`` 0, and for some
+    architectures ``head_count`` 0 too): hybrid models' recurrent and feed-forward-only layers.
+    As llama.cpp, the head sizes then come from layer 0's heads, and are 0 when it has none."""
     n_layer = kv.positive("block_count", kv.get_int("{arch}.block_count"))
     n_embd = kv.positive("embedding_length", kv.get_int("{arch}.embedding_length"))
     n_head = kv.per_layer("{arch}.attention.head_count", n_layer)
     n_head_kv = kv.per_layer("{arch}.attention.head_count_kv", n_layer, default=list(n_head))
     n_ff = kv.per_layer("{arch}.feed_forward_length", n_layer, default=0)
-    if any(h <= 0 for h in n_head):
+    if any(h < 0 if headless_layers else h <= 0 for h in n_head):
         raise HParamError(f"{kv.source}: attention.head_count must be positive, found {list(n_head)}")
     for il in range(n_layer):
+        if headless_layers and n_head_kv[il] == 0:
+            continue
         if n_head_kv[il] <= 0 or n_head[il] % n_head_kv[il]:
             raise HParamError(f"{kv.source}: layer {il}: head_count {n_head[il]} is not a multiple "
                               f"of head_count_kv {n_head_kv[il]}")
-    head_default = n_embd // n_head[0] if n_embd % n_head[0] == 0 else 0
-    n_embd_head_k = kv.get_int("{arch}.attention.key_length", head_default)
-    n_embd_head_v = kv.get_int("{arch}.attention.value_length", head_default)
-    kv.positive("attention.key_length", n_embd_head_k)
-    kv.positive("attention.value_length", n_embd_head_v)
-    n_rot = kv.get_int("{arch}.rope.dimension_count", n_embd_head_k)
+    if n_head[0] > 0:
+        head_default = n_embd // n_head[0] if n_embd % n_head[0] == 0 else 0
+        n_embd_head_k = kv.get_int("{arch}.attention.key_length", head_default)
+        n_embd_head_v = kv.get_int("{arch}.attention.value_length", head_default)
+        kv.positive("attention.key_length", n_embd_head_k)
+        kv.positive("attention.value_length", n_embd_head_v)
+    else:   # llama.cpp reads no head size when layer 0 has no heads
+        n_embd_head_k = n_embd_head_v = 0
+    n_rot = kv.get_int("{arch}.rope.dimension_count", n_embd_head_k) if n_head[0] > 0 else 0
     if n_rot > n_embd_head_k or n_rot % 2:
         raise HParamError(f"{kv.source}: rope.dimension_count {n_rot} must be even and at most "
                           f"the head size {n_embd_head_k}")

@@ -211,12 +211,14 @@ class KVCache:
 
     # -- placing ubatches
 
-    def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None) -> np.ndarray | None:
+    def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None,
+                  seq_mask: np.ndarray | None = None) -> np.ndarray | None:
         """Cells for ``n_tokens`` new tokens, or None: the first reusable cells from the head,
         wrapping (from cell 0 when the head is past the used cells + 2 n_tokens). Reusable: empty,
         or (window caches) slid out of their sequence's window (``kv_cells.find_cells``).
 
         With regions, ``seq_first`` (each token's first sequence) picks the region of each token.
+        ``seq_mask`` (all its sequences) is what a recurrent memory's find_slot reads; unused here.
         """
         if self.n_stream == 1 or seq_first is None:
             return self._find_in_stream(0, n_tokens)

@@ -55,12 +55,17 @@ class _Cells:
         self.src[i] = -1
 
 
-def _seqs_of(seq_first: np.ndarray) -> tuple[list[int], int]:
-    """The sequences of an equal-split ubatch in order, and how many tokens each has."""
-    n = len(seq_first)
-    first = int(seq_first[0])
-    n_seq_tokens = next((i for i in range(n) if int(seq_first[i]) != first), n)
-    return [int(s) for s in seq_first[::n_seq_tokens]], n_seq_tokens
+def _sets_of(seq_mask: np.ndarray) -> tuple[list[list[int]], int]:
+    """The sequence sets of an equal-split ubatch in order (each a sorted list of its
+    sequences), and how many tokens each has."""
+    n = len(seq_mask)
+    first = int(seq_mask[0])
+    n_seq_tokens = next((i for i in range(n) if int(seq_mask[i]) != first), n)
+    return [_bits(int(m)) for m in seq_mask[::n_seq_tokens]], n_seq_tokens
+
+
+def _bits(mask: int) -> list[int]:
+    return [s for s in range(mask.bit_length()) if mask >> s & 1]
 
 
 class RecurrentCache:
@@ -205,33 +210,50 @@ class RecurrentCache:
 
     # -- placing ubatches
 
-    def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None) -> np.ndarray | None:
-        """The cell of each token of an equal-split ubatch (its sequences in order, as many tokens
-        each): what placing it would give, nothing changed."""
-        seqs, n_seq_tokens = _seqs_of(np.zeros(n_tokens, np.int32) if seq_first is None else seq_first)
+    def find_slot(self, n_tokens: int, seq_first: np.ndarray | None = None,
+                  seq_mask: np.ndarray | None = None) -> np.ndarray | None:
+        """The cell of each token of an equal-split ubatch (its sequence sets in order, as many
+        tokens each; ``seq_mask``, else ``seq_first``, says them): what placing it would give,
+        nothing changed."""
+        if seq_mask is None:
+            seq_mask = (np.uint64(1) << (np.zeros(n_tokens, np.uint64) if seq_first is None
+                                         else seq_first.astype(np.uint64)))
+        sets, n_seq_tokens = _sets_of(seq_mask)
         cells = copy.deepcopy(self.cells)
-        if not self._place(cells, seqs, None):
+        if not self._place(cells, sets, None):
             return None
-        return np.repeat(np.arange(cells.head, cells.head + len(seqs), dtype=np.int64), n_seq_tokens)
+        return np.repeat(np.arange(cells.head, cells.head + len(sets), dtype=np.int64), n_seq_tokens)
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> None:
         """Place the ubatch (llama.cpp's find_slot) and stage the state moves of its forward pass."""
         n = len(pos)
         first = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]])
-        seqs = [int(seq_mask[i]).bit_length() - 1 for i in first]
+        sets = [_bits(int(seq_mask[i])) for i in first]
         last = [int(pos[i - 1]) for i in np.r_[first[1:], n]]
-        if not self._place(self.cells, seqs, last):
+        if not self._place(self.cells, sets, last):
             raise RuntimeError("recurrent memory: a placed ubatch no longer fits")
         self._stage_moves()
 
-    def _place(self, c: _Cells, seqs: list[int], last_pos: list[int] | None) -> bool:
-        """llama_memory_recurrent::find_slot on ``c`` for a ubatch of these sequences (each in
-        one cell of its own) whose last positions are ``last_pos`` (None: a dry run)."""
-        size, n_seqs = self.size, len(seqs)
+    def _place(self, c: _Cells, sets: list[list[int]], last_pos: list[int] | None) -> bool:
+        """llama_memory_recurrent::find_slot on ``c`` for a ubatch of these sequence sets (each
+        in one cell of its own, found by its first sequence: the lowest id, where llama.cpp takes
+        the first the batch lists, which decides only the cell) whose last positions are
+        ``last_pos`` (None: a dry run)."""
+        size, n_seqs = self.size, len(sets)
         if c.head > c.used + 2 * n_seqs:
             c.head = 0
-        if any(not 0 <= s < size for s in seqs):
+        if any(not 0 <= s < size for seq_set in sets for s in seq_set):
             return False
+        for seq_set in sets:   # the other sequences of a coupled set leave their cells
+            for s in seq_set[1:]:
+                tail = c.tail[s]
+                if tail >= 0:
+                    c.seq[tail].discard(s)
+                    c.tail[s] = -1
+                    if not c.seq[tail]:
+                        c.free(tail)
+                        c.used -= 1
+        seqs = [seq_set[0] for seq_set in sets]
         nxt = c.head
         for _ in range(size):
             if nxt >= size:
@@ -266,12 +288,13 @@ class RecurrentCache:
                 c.src[dst], c.src[src] = c.src[src], c.src[dst]
                 c.seq[dst], c.seq[src] = c.seq[src], c.seq[dst]
                 c.tail = [dst if t == src else src if t == dst else t for t in c.tail]
-        for k, s in enumerate(seqs):
+        for k, seq_set in enumerate(sets):
             cell = lo + k
             if last_pos is not None:
                 c.pos[cell] = last_pos[k]
-            c.seq[cell] = {s}
-            c.tail[s] = cell
+            c.seq[cell] = set(seq_set)
+            for s in seq_set:
+                c.tail[s] = cell
         # a row no cell reads, zeroed for the cells without a state
         refs = [0] * size
         for src in c.src:
@@ -379,7 +402,7 @@ class RecurrentCache:
         self.seq_rm(seq_id, -1, -1)
         if not len(saved.pos):
             return True
-        if not self._place(self.cells, [seq_id], [int(saved.pos[0])]):
+        if not self._place(self.cells, [[seq_id]], [int(saved.pos[0])]):
             self.restore(snap)
             return False
         cell = self.cells.head

@@ -88,6 +88,23 @@ class Architecture:
         raise NotImplementedError
 
     @classmethod
+    def recurrent_layers(cls, hp: HParams) -> list[int]:
+        """The layers whose state the recurrent memory keeps (llama.cpp's ``filter_recr``): every
+        layer of a recurrent model, ``hparams.is_recurrent`` ones of a hybrid, none otherwise."""
+        if cls.memory == "recurrent":
+            return list(range(hp.n_layer))
+        return [il for il in range(hp.n_layer) if hp.is_recurrent(il)] if cls.memory == "hybrid" else []
+
+    @classmethod
+    def attention_layers(cls, hp: HParams) -> list[int]:
+        """The layers with K and V in the KV cache (llama.cpp's ``filter_attn``): all of an
+        attention model (none of an encoder's context has a cache), the non-recurrent ones of a
+        hybrid."""
+        if cls.memory == "recurrent":
+            return []
+        return [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
+
+    @classmethod
     def max_positions(cls, hp: HParams) -> int | None:
         """How many positions the model has embeddings for (absolute positions), or None."""
         return None

@@ -42,7 +42,7 @@ class Mamba(Architecture):
                        n_embd=n_embd, n_layer=n_layer, n_ff=zeros, n_head=zeros, n_head_kv=zeros,
                        n_embd_head_k=0, n_embd_head_v=0, n_rot=0,
                        f_norm_rms_eps=kv.get_float("{arch}.attention.layer_norm_rms_epsilon"),
-                       rope_type=cls.rope_type, extras=ssm)
+                       rope_type=cls.rope_type, recurrent_layers=(True,) * n_layer, extras=ssm)
 
     @classmethod
     def state_sizes(cls, hp: HParams) -> tuple[int, int]:
