@@ -60,12 +60,13 @@ static void gguflm_gdn_gates(int64_t n_rows, int64_t n_head, float *alpha, int64
         }
 }
 
-/* x *= sigmoid(gate) elementwise (ggml_sigmoid, then ggml_mul: gated attention outputs) */
+/* x *= sigmoid(gate) elementwise (ggml_sigmoid, then ggml_mul: gated attention outputs); gate_step
+ * 0 broadcasts one gate per row (Qwen3.5-MoE's shared expert), 1 reads one per value */
 static void gguflm_sigmoid_mul(int64_t n_rows, int64_t n, float *x, int64_t x_stride, const float *gate,
-                               int64_t gate_stride) {
+                               int64_t gate_stride, int64_t gate_step) {
     for (int64_t t = 0; t < n_rows; t++)
         for (int64_t j = 0; j < n; j++)
-            x[t * x_stride + j] *= 1.0f / (1.0f + expf(-gate[t * gate_stride + j]));
+            x[t * x_stride + j] *= 1.0f / (1.0f + expf(-gate[t * gate_stride + j * gate_step]));
 }
 
 /* Returns -1 if a thread's scratch could not be allocated. */

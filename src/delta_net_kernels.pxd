@@ -22,4 +22,4 @@ cdef extern from "delta_net.h" nogil:
     void gguflm_gdn_gates(int64_t n_rows, int64_t n_head, float *alpha, int64_t alpha_stride, const float *dt_b,
                           const float *A, float *beta, int64_t beta_stride)
     void gguflm_sigmoid_mul(int64_t n_rows, int64_t n, float *x, int64_t x_stride, const float *gate,
-                            int64_t gate_stride)
+                            int64_t gate_stride, int64_t gate_step)
