@@ -679,12 +679,23 @@ class Graph:
 
     def l2_norm_heads(self, x: np.ndarray, head_dim: int) -> np.ndarray:
         """Every head's slice of x divided by its L2 norm, as llama.cpp's delta-net graphs build it:
-        ggml_rms_norm with eps / head_dim, then ggml_scale by 1 / sqrt(head_dim)."""
+        ggml_rms_norm with eps / head_dim, then ggml_scale by 1 / sqrt(head_dim). x: contiguous."""
+        if not x.flags.c_contiguous:
+            raise ValueError("l2_norm_heads reads the heads of contiguous rows")
         out = self.new(*x.shape)
         eps = self.hparams.f_norm_rms_eps
         self.plan.rms_norm(x.reshape(-1, head_dim), None, float(np.float32(eps) / np.float32(head_dim)),
                            out.reshape(-1, head_dim), self.n_threads)
         self.plan.scale(out, float(np.float32(1.0) / np.sqrt(np.float32(head_dim))))
+        return out
+
+    def repeat_heads(self, x: np.ndarray, head_dim: int, repeat: int) -> np.ndarray:
+        """Every head of x ([n, n_head * head_dim]) ``repeat`` times in a row (ggml_repeat_4d of
+        the heads as [head_dim, 1, n_head]): [n, n_head * repeat * head_dim]."""
+        n_head = x.shape[1] // head_dim
+        out = self.new(x.shape[0], n_head * repeat * head_dim)
+        for h in range(n_head * repeat):
+            self.plan.copy(x, (h // repeat) * head_dim, out[:, h * head_dim:(h + 1) * head_dim])
         return out
 
     def gdn_gates(self, alpha: np.ndarray, dt_b: Weight, A: Weight, beta: np.ndarray) -> None:

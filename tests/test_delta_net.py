@@ -28,6 +28,13 @@ SPECS = {
                               tied_output=False, types={"output": GGMLType.Q5_1, "ffn_up": GGMLType.F32}),
     "lfm2moe": TinyHybrid(arch="lfm2moe", n_expert=4, recurrent=(True, True, False, True),
                           types={"ffn_gate_exps": GGMLType.Q4_0, "ffn_down_exps": GGMLType.Q8_0}),
+    # Qwen3.5: 4 value heads over 2 key heads of 16, attention heads of 32 rotated over 16 dims
+    "qwen35": TinyHybrid(arch="qwen35", head_dim=32, recurrent=(True, True, False, True),
+                         types={"token_embd": GGMLType.Q8_0, "attn_qkv": GGMLType.Q8_0, "attn_gate": GGMLType.Q4_0,
+                                "ssm_out": GGMLType.Q5_1, "attn_q": GGMLType.Q4_1, "ffn_down": GGMLType.Q8_0}),
+    "qwen35moe": TinyHybrid(arch="qwen35moe", n_embd=32, head_dim=16, n_head=2, n_head_kv=1, recurrent=(True, False),
+                            d_state=32, n_k_heads=1, n_v_heads=2, n_expert=4, tied_output=False,
+                            types={"ffn_up_exps": GGMLType.Q8_0, "output": GGMLType.Q5_0}),
 }
 
 

@@ -729,10 +729,12 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
                  "ssm.conv_kernel": s.d_conv, "ssm.inner_size": s.d_state * s.n_v_heads, "ssm.state_size": s.d_state,
                  "ssm.time_step_rank": s.n_v_heads, "ssm.group_count": s.n_k_heads}
         w.add(f"{arch}.rope.dimension_sections", np.array(s.rope_sections, np.int32))
-        # the attention layers are every full_attention_interval-th
-        interval = next(il + 1 for il, r in enumerate(s.recurrent) if not r)
-        assert all(r == ((il + 1) % interval != 0) for il, r in enumerate(s.recurrent)), "not a Qwen3.5 pattern"
-        keys["full_attention_interval"] = interval
+        # the attention layers every full_attention_interval-th, else flagged one by one
+        interval = next((il + 1 for il, r in enumerate(s.recurrent) if not r), 0)
+        if interval and all(r == ((il + 1) % interval != 0) for il, r in enumerate(s.recurrent)):
+            keys["full_attention_interval"] = interval
+        else:
+            w.add(f"{arch}.attention.recurrent_layers", [bool(r) for r in s.recurrent])
     if s.n_expert:
         keys |= {"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
                  "expert_feed_forward_length": s.n_ff_exp}
@@ -784,7 +786,7 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
             if lfm:
                 f32(f"{b}.exp_probs_b.bias", 0.1 * rng.standard_normal(s.n_expert))
             else:   # Qwen3.5-MoE's shared expert and its sigmoid gate
-                matrix(f"{b}.ffn_gate_inp_shexp.weight", "ffn_gate_inp_shexp", e, 1)
+                f32(f"{b}.ffn_gate_inp_shexp.weight", 0.3 * rng.standard_normal(e))
                 matrix(f"{b}.ffn_gate_shexp.weight", "ffn_gate_shexp", e, s.n_ff)
                 matrix(f"{b}.ffn_up_shexp.weight", "ffn_up_shexp", e, s.n_ff)
                 matrix(f"{b}.ffn_down_shexp.weight", "ffn_down_shexp", s.n_ff, e)
