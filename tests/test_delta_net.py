@@ -35,6 +35,10 @@ SPECS = {
     "qwen35moe": TinyHybrid(arch="qwen35moe", n_embd=32, head_dim=16, n_head=2, n_head_kv=1, recurrent=(True, False),
                             d_state=32, n_k_heads=1, n_v_heads=2, n_expert=4, tied_output=False,
                             types={"ffn_up_exps": GGMLType.Q8_0, "output": GGMLType.Q5_0}),
+    # Qwen3-Next: 4 value heads on 2 key heads, repeated interleaved
+    "qwen3next": TinyHybrid(arch="qwen3next", n_embd=32, head_dim=16, n_head=2, n_head_kv=1,
+                            recurrent=(True, True, False), n_expert=4,
+                            types={"attn_qkv": GGMLType.Q8_0, "ssm_ba": GGMLType.Q4_0, "ffn_down_exps": GGMLType.Q4_1}),
 }
 
 

@@ -666,7 +666,7 @@ if __name__ == "__main__":
 class TinyHybrid:
     """A hybrid model to write (:func:`write_tiny_hybrid`): ``lfm2`` / ``lfm2moe`` (short
     convolution layers where ``recurrent`` says, attention layers elsewhere) or ``qwen35`` /
-    ``qwen35moe`` (gated delta-net layers and gated attention); ``types`` maps matrix kinds to
+    ``qwen35moe`` / ``qwen3next`` (gated delta-net layers and gated attention); ``types`` maps matrix kinds to
     their types (default F16). Delta-net: ``n_v_heads`` value heads of ``d_state`` values,
     ``n_k_heads`` key heads; LFM2's head size is n_embd / n_head. Experts: ``n_expert`` (0: dense), ``n_expert_used``, ``n_ff_exp``."""
 
@@ -728,7 +728,8 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
                  "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot,
                  "ssm.conv_kernel": s.d_conv, "ssm.inner_size": s.d_state * s.n_v_heads, "ssm.state_size": s.d_state,
                  "ssm.time_step_rank": s.n_v_heads, "ssm.group_count": s.n_k_heads}
-        w.add(f"{arch}.rope.dimension_sections", np.array(s.rope_sections, np.int32))
+        if arch != "qwen3next":   # Qwen3.5's multi-section RoPE
+            w.add(f"{arch}.rope.dimension_sections", np.array(s.rope_sections, np.int32))
         # the attention layers every full_attention_interval-th, else flagged one by one
         interval = next((il + 1 for il, r in enumerate(s.recurrent) if not r), 0)
         if interval and all(r == ((il + 1) % interval != 0) for il, r in enumerate(s.recurrent)):
@@ -766,8 +767,11 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
             f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((2 * key_dim + value_dim, s.d_conv)))
             f32(f"{b}.ssm_dt.bias", rng.uniform(-2.0, 1.0, s.n_v_heads))
             f32(f"{b}.ssm_a", -np.exp(rng.uniform(-1.0, 1.0, s.n_v_heads)))
-            matrix(f"{b}.ssm_beta.weight", "ssm_beta", e, s.n_v_heads, scale=0.3)
-            matrix(f"{b}.ssm_alpha.weight", "ssm_alpha", e, s.n_v_heads, scale=0.3)
+            if arch == "qwen3next":   # per key head: its value heads' betas, then their alphas
+                matrix(f"{b}.ssm_ba.weight", "ssm_ba", e, 2 * s.n_v_heads, scale=0.3)
+            else:
+                matrix(f"{b}.ssm_beta.weight", "ssm_beta", e, s.n_v_heads, scale=0.3)
+                matrix(f"{b}.ssm_alpha.weight", "ssm_alpha", e, s.n_v_heads, scale=0.3)
             norm(f"{b}.ssm_norm.weight", s.d_state)
             matrix(f"{b}.ssm_out.weight", "ssm_out", value_dim, e)
         else:
