@@ -15,14 +15,14 @@
  * build reproduced), the state's decay ggml_vec_scale_f32's plain products, the rank-one update
  * ggml_vec_mad_f32's fused multiply-adds, exp the C library's (ggml calls expf on the scalar gate).
  * Each (sequence, head) is computed by one thread start to end: results do not depend on the
- * thread count. */
+ * thread count, nor on the ISA (a portable copy and an AVX2 + FMA one). */
 #ifndef GGUFLM_DELTA_NET_H
 #define GGUFLM_DELTA_NET_H
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include "quants_dot.h"
+#include "simd_targets.h"
 #include "omp_compat.h"
 
 typedef struct {
@@ -69,41 +69,60 @@ static void gguflm_sigmoid_mul(int64_t n_rows, int64_t n, float *x, int64_t x_st
             x[t * x_stride + j] *= 1.0f / (1.0f + expf(-gate[t * gate_stride + j * gate_step]));
 }
 
-/* Returns -1 if a thread's scratch could not be allocated. */
-static int gguflm_gated_delta_net(const gguflm_gdn_args *a, int arith, int n_threads) {
+/* one (sequence, head) row's tokens t0 .. t0 + nst - 1. Row j of the block depends only on its own
+ * delta[j], so each row is decayed, updated and read in one pass (ggml's four passes give the same
+ * floats) */
+static inline __attribute__((always_inline)) void gguflm_gdn_row(const gguflm_gdn_args *a, int64_t ir, int64_t nst,
+                                                                int arith) {
     const int64_t d = a->d, nh = a->n_head_v;
-    const int64_t nst = gguflm_gdn_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
-    const int64_t n_rows = n_seqs * nh;
+    const int64_t h = ir % nh, hk = h % a->n_head_k, t0 = (ir / nh) * nst;
     const float scale = 1.0f / sqrtf((float)d);
-    const int nth = n_rows < n_threads ? (int)(n_rows > 0 ? n_rows : 1) : n_threads;
-    float *scratch = (float *)malloc(sizeof(float) * (size_t)(nth * (d > 0 ? d : 1)));   /* delta, per thread */
-    if (!scratch) return -1;
-    #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t ir = 0; ir < n_rows; ir++) {
-        const int64_t h = ir % nh, q_seq = ir / nh, hk = h % a->n_head_k;
-        const int64_t t0 = q_seq * nst;
-        float *delta = scratch + (int64_t)omp_get_thread_num() * d;
-        float *S = a->s + (a->cells[t0] * nh + h) * d * d;
-        for (int64_t t = t0; t < t0 + nst; t++) {
-            const float *q = a->q + t * a->q_stride + hk * d;
-            const float *k = a->k + t * a->k_stride + hk * d;
-            const float *v = a->v + t * a->v_stride + h * d;
-            const float beta = a->beta[t * a->beta_stride + h];
-            const float decay = expf(a->g[t * a->g_stride + h]);
-            for (int64_t i = 0; i < d * d; i++) S[i] *= decay;
-            for (int64_t j = 0; j < d; j++)
-                delta[j] = (v[j] - gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, S + j * d, k)) * beta;
-            for (int64_t j = 0; j < d; j++) {
-                float *row = S + j * d;
-                for (int64_t i = 0; i < d; i++) row[i] = fmaf(k[i], delta[j], row[i]);
-            }
-            float *o = a->out + t * a->out_stride + h * d;
-            for (int64_t j = 0; j < d; j++)
-                o[j] = gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, S + j * d, q) * scale;
+    float *S = a->s + (a->cells[t0] * nh + h) * d * d;
+    for (int64_t t = t0; t < t0 + nst; t++) {
+        const float *q = a->q + t * a->q_stride + hk * d;
+        const float *k = a->k + t * a->k_stride + hk * d;
+        const float *v = a->v + t * a->v_stride + h * d;
+        const float beta = a->beta[t * a->beta_stride + h];
+        const float decay = expf(a->g[t * a->g_stride + h]);
+        float *o = a->out + t * a->out_stride + h * d;
+        for (int64_t j = 0; j < d; j++) {
+            float *row = S + j * d;
+            for (int64_t i = 0; i < d; i++) row[i] *= decay;
+            const float delta = (v[j] - gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, row, k)) * beta;
+            for (int64_t i = 0; i < d; i++) row[i] = fmaf(k[i], delta, row[i]);
+            o[j] = gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, row, q) * scale;
         }
     }
-    free(scratch);
-    return 0;
+}
+
+/* rows ir0 .. ir1 - 1, compiled once portably and once for AVX2 + FMA (the same arithmetic: fmaf
+ * is exact either way; there it is an instruction, and the loops vectorize) */
+static void gguflm_gdn_rows_scalar(const gguflm_gdn_args *a, int64_t ir0, int64_t ir1, int64_t nst, int arith) {
+    for (int64_t ir = ir0; ir < ir1; ir++) gguflm_gdn_row(a, ir, nst, arith);
+}
+
+#if GGUFLM_HAVE_SIMD
+GGUFLM_TARGET_AVX2_BEGIN
+static void gguflm_gdn_rows_avx2(const gguflm_gdn_args *a, int64_t ir0, int64_t ir1, int64_t nst, int arith) {
+    for (int64_t ir = ir0; ir < ir1; ir++) gguflm_gdn_row(a, ir, nst, arith);
+}
+GGUFLM_TARGET_END
+#endif
+
+/* Every (sequence, head) row on the ISA's copy (GGUFLM_ISA_*), one thread each */
+static void gguflm_gated_delta_net(const gguflm_gdn_args *a, int isa, int arith, int n_threads) {
+    const int64_t nst = gguflm_gdn_seq_tokens(a->cells, a->n_tokens), n_rows = (a->n_tokens / nst) * a->n_head_v;
+    const int nth = n_rows < n_threads ? (int)(n_rows > 0 ? n_rows : 1) : n_threads;
+    #pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t ir = 0; ir < n_rows; ir++) {
+#if GGUFLM_HAVE_SIMD
+        if (isa >= GGUFLM_ISA_AVX2) {
+            gguflm_gdn_rows_avx2(a, ir, ir + 1, nst, arith);
+            continue;
+        }
+#endif
+        gguflm_gdn_rows_scalar(a, ir, ir + 1, nst, arith);
+    }
 }
 
 #endif

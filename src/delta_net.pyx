@@ -53,9 +53,7 @@ def gated_delta_net(float[:, ::1] s, const int64_t[::1] cells, const float[:, :]
     a.v, a.v_stride = &v[0, 0], v.strides[0] // 4
     a.g, a.g_stride, a.beta, a.beta_stride = &g[0, 0], g.strides[0] // 4, &beta[0, 0], beta.strides[0] // 4
     a.out, a.out_stride = &out[0, 0], out.shape[1]
-    cdef int arith = _switch.arith, rc
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
-        rc = gguflm_gated_delta_net(&a, arith, n_threads)
-    if rc:
-        raise MemoryError("the gated delta-net could not allocate its scratch memory")
+        gguflm_gated_delta_net(&a, isa, arith, n_threads)
 

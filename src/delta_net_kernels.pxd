@@ -18,7 +18,7 @@ cdef extern from "delta_net.h" nogil:
         int64_t g_stride, beta_stride
         float *out
         int64_t out_stride
-    int gguflm_gated_delta_net(const gguflm_gdn_args *a, int arith, int n_threads)
+    void gguflm_gated_delta_net(const gguflm_gdn_args *a, int isa, int arith, int n_threads)
     void gguflm_gdn_gates(int64_t n_rows, int64_t n_head, float *alpha, int64_t alpha_stride, const float *dt_b,
                           const float *A, float *beta, int64_t beta_stride)
     void gguflm_sigmoid_mul(int64_t n_rows, int64_t n, float *x, int64_t x_stride, const float *gate,

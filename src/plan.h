@@ -277,7 +277,7 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= nd->y[i * nd->y_stride + j];
             break;
         case GGUFLM_OP_GATED_DELTA_NET:
-            if (gguflm_gated_delta_net(&nd->gdn, arith, nd->n_threads)) return -1;
+            gguflm_gated_delta_net(&nd->gdn, isa, arith, nd->n_threads);
             break;
         case GGUFLM_OP_GDN_GATES:
             gguflm_gdn_gates(nd->n_rows, nd->n, (float *)nd->x, nd->x_stride, (const float *)nd->w, nd->y, out,

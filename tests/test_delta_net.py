@@ -116,3 +116,34 @@ def test_sequence_operations_and_state_equal_llama(model_path, tmp_path) -> None
         ctx.close()
         model.close()
         ref.close()
+
+
+def test_rope_sections_off_the_text_positions_refused(tmp_path) -> None:
+    """Qwen3.5 whose interleaved RoPE would rotate pairs by the fourth section (position 0 for
+    text): refused at load with a clear error, not run as plain RoPE."""
+    from gguflm.errors import ModelLoadError
+
+    path = tmp_path / "sections.gguf"
+    write_tiny_hybrid(TinyHybrid(arch="qwen35", head_dim=32, recurrent=(True, False), rope_sections=(1, 3, 3, 0)),
+                      path, np.random.default_rng(0))
+    with pytest.raises(ModelLoadError, match="dimension_sections"):
+        Model.load(path)
+
+
+def test_high_level_greedy_text_equals_llama(tmp_path) -> None:
+    """gguflm.llama_cpp.Llama on a Qwen3.5: a hybrid (not a pure recurrent) model, whose greedy
+    completions, with the state reused or evaluated afresh, are llama-cpp-python's."""
+    from gguflm.llama_cpp import Llama
+
+    path = tmp_path / "qwen35.gguf"
+    write_tiny_hybrid(SPECS["qwen35"], path, np.random.default_rng(6))
+    theirs = L.Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
+    ours = Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
+    try:
+        assert ours._is_hybrid and not ours._is_recurrent
+        for prompt in ("p1 p2 p3", "p1 p2 p3 p4", "p1 p9"):
+            want = theirs.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"]
+            assert ours.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"] == want
+    finally:
+        theirs.close()
+        ours.close()

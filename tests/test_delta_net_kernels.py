@@ -4,8 +4,8 @@ models (src/ssm.h without a bias, with or without the SiLU) against ggml-cpu's o
 ggml (the libraries llama-cpp-python ships) computes ``ggml_gated_delta_net`` (the fused op
 llama.cpp's CPU backend runs for prompts and single tokens) and ``ggml_ssm_conv`` in one-node
 graphs; gguflm's kernels must give the same bits for the outputs and the new states, at 1 and
-2 threads, for several sequences of equal length in state rows out of order, with key heads
-shared by value heads.
+2 threads, on every ISA copy, for several sequences of equal length in state rows out of order,
+with key heads shared by value heads.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import _ggml
+from gguflm import system
 from gguflm._ext import delta_net, ssm
 from test_recurrent_kernels import _P, _Graph
 
@@ -45,7 +46,8 @@ def _shapes(draw: st.DrawFn) -> dict:
             "n_head_v": n_head_k * draw(st.sampled_from([1, 2])),
             # whole vector steps of the dots (32 or 64 lanes) and a scalar rest
             "d": draw(st.sampled_from([8, 16, 40, 64, 72, 128])),
-            "n_threads": draw(st.integers(1, 2)), "seed": draw(st.integers(0, 2**16))}
+            "n_threads": draw(st.integers(1, 2)), "isa": draw(st.sampled_from(system.supported_isas())),
+            "seed": draw(st.integers(0, 2**16))}
 
 
 @settings(max_examples=25, deadline=None)
@@ -70,7 +72,8 @@ def test_gated_delta_net_equals_ggml(shape: dict) -> None:
                                 s[rows].reshape(n_s, hv, d, d), shape["n_threads"])
         out = np.empty((n_s * n_t, hv * d), np.float32)
         s_before = s.copy()
-        delta_net.gated_delta_net(s, cells, q, k, v, g, beta, out, shape["n_threads"])
+        with system.using(isa=shape["isa"]):   # the portable copy and the AVX2 + FMA one
+            delta_net.gated_delta_net(s, cells, q, k, v, g, beta, out, shape["n_threads"])
     np.testing.assert_array_equal(out.reshape(want.shape), want)
     np.testing.assert_array_equal(s[rows].reshape(states.shape), states)
     others = np.setdiff1d(np.arange(n_rows), rows)
