@@ -69,43 +69,18 @@ static void gguflm_sigmoid_mul(int64_t n_rows, int64_t n, float *x, int64_t x_st
             x[t * x_stride + j] *= 1.0f / (1.0f + expf(-gate[t * gate_stride + j * gate_step]));
 }
 
-/* one (sequence, head) row's tokens t0 .. t0 + nst - 1. Row j of the block depends only on its own
- * delta[j], so each row is decayed, updated and read in one pass (ggml's four passes give the same
- * floats) */
-static inline __attribute__((always_inline)) void gguflm_gdn_row(const gguflm_gdn_args *a, int64_t ir, int64_t nst,
-                                                                int arith) {
-    const int64_t d = a->d, nh = a->n_head_v;
-    const int64_t h = ir % nh, hk = h % a->n_head_k, t0 = (ir / nh) * nst;
-    const float scale = 1.0f / sqrtf((float)d);
-    float *S = a->s + (a->cells[t0] * nh + h) * d * d;
-    for (int64_t t = t0; t < t0 + nst; t++) {
-        const float *q = a->q + t * a->q_stride + hk * d;
-        const float *k = a->k + t * a->k_stride + hk * d;
-        const float *v = a->v + t * a->v_stride + h * d;
-        const float beta = a->beta[t * a->beta_stride + h];
-        const float decay = expf(a->g[t * a->g_stride + h]);
-        float *o = a->out + t * a->out_stride + h * d;
-        for (int64_t j = 0; j < d; j++) {
-            float *row = S + j * d;
-            for (int64_t i = 0; i < d; i++) row[i] *= decay;
-            const float delta = (v[j] - gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, row, k)) * beta;
-            for (int64_t i = 0; i < d; i++) row[i] = fmaf(k[i], delta, row[i]);
-            o[j] = gguflm_float_1(GGUFLM_PATH_DOT, GGUFLM_F32, arith, d, row, q) * scale;
-        }
-    }
-}
-
-/* rows ir0 .. ir1 - 1, compiled once portably and once for AVX2 + FMA (the same arithmetic: fmaf
- * is exact either way; there it is an instruction, and the loops vectorize) */
-static void gguflm_gdn_rows_scalar(const gguflm_gdn_args *a, int64_t ir0, int64_t ir1, int64_t nst, int arith) {
-    for (int64_t ir = ir0; ir < ir1; ir++) gguflm_gdn_row(a, ir, nst, arith);
-}
+/* the row kernels, once portably and once for AVX2 + FMA (delta_net_rows.inc) */
+#define GGUFLM_SIMD(name) gguflm_##name##_scalar
+#define GGUFLM_SIMD_AVX2 0
+#include "delta_net_rows.inc"
+#include "simd_copy_end.inc"
 
 #if GGUFLM_HAVE_SIMD
 GGUFLM_TARGET_AVX2_BEGIN
-static void gguflm_gdn_rows_avx2(const gguflm_gdn_args *a, int64_t ir0, int64_t ir1, int64_t nst, int arith) {
-    for (int64_t ir = ir0; ir < ir1; ir++) gguflm_gdn_row(a, ir, nst, arith);
-}
+#define GGUFLM_SIMD(name) gguflm_##name##_avx2
+#define GGUFLM_SIMD_AVX2 1
+#include "delta_net_rows.inc"
+#include "simd_copy_end.inc"
 GGUFLM_TARGET_END
 #endif
 
@@ -117,11 +92,11 @@ static void gguflm_gated_delta_net(const gguflm_gdn_args *a, int isa, int arith,
     for (int64_t ir = 0; ir < n_rows; ir++) {
 #if GGUFLM_HAVE_SIMD
         if (isa >= GGUFLM_ISA_AVX2) {
-            gguflm_gdn_rows_avx2(a, ir, ir + 1, nst, arith);
+            gguflm_gdn_row_avx2(a, ir, nst, arith);
             continue;
         }
 #endif
-        gguflm_gdn_rows_scalar(a, ir, ir + 1, nst, arith);
+        gguflm_gdn_row_scalar(a, ir, nst, arith);
     }
 }
 
