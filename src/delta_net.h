@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include "quants_dot.h"
 #include "simd_targets.h"
+#include "ssm.h"   /* gguflm_ssm_seq_tokens: the ubatch layout every recurrent kernel reads */
 #include "omp_compat.h"
 
 typedef struct {
@@ -38,13 +39,6 @@ typedef struct {
     float *out;                    /* [n_tokens][out_stride]: n_head_v heads of d values */
     int64_t out_stride;
 } gguflm_gdn_args;
-
-/* how many tokens each sequence of the ubatch has: the run of token 0's row */
-static inline int64_t gguflm_gdn_seq_tokens(const int64_t *cells, int64_t n_tokens) {
-    int64_t n = 1;
-    while (n < n_tokens && cells[n] == cells[0]) n++;
-    return n;
-}
 
 /* The delta-net's per-head gates, as llama.cpp's graph makes them (ggml_add, ggml_softplus,
  * ggml_mul; ggml_sigmoid, each libm's scalar form): g = softplus(alpha + dt_b) * A (the log-decay)
@@ -86,7 +80,7 @@ GGUFLM_TARGET_END
 
 /* Every (sequence, head) row on the ISA's copy (GGUFLM_ISA_*), one thread each */
 static void gguflm_gated_delta_net(const gguflm_gdn_args *a, int isa, int arith, int n_threads) {
-    const int64_t nst = gguflm_gdn_seq_tokens(a->cells, a->n_tokens), n_rows = (a->n_tokens / nst) * a->n_head_v;
+    const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_rows = (a->n_tokens / nst) * a->n_head_v;
     const int nth = n_rows < n_threads ? (int)(n_rows > 0 ? n_rows : 1) : n_threads;
     #pragma omp parallel for num_threads(nth) schedule(static)
     for (int64_t ir = 0; ir < n_rows; ir++) {
