@@ -770,6 +770,63 @@ class Graph:
         latent = self.attention(il, qc, k, None, kq_scale)         # [n, n_head * kv_lora_rank]
         out = self.new(n, n_head * hp.n_embd_head_v_mla)
         return self.head_matmuls(latent, rank, L.attn_v_b, out, hp.n_embd_head_v_mla)
+    # -- short convolutions and the gated delta-net (src/ssm.h, src/delta_net.h)
+
+    def mul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """x *= y elementwise (ggml_mul of same-shaped tensors), in place."""
+        self.plan.mul(x, y)
+        return x
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        """x *= sigmoid(gate) (ggml_sigmoid, ggml_mul), in place: elementwise, or by one gate per
+        row where gate is [n, 1]."""
+        self.plan.sigmoid_mul(x, gate)
+        return x
+
+    def short_conv(self, il: int, x: np.ndarray, w: Weight, silu: bool = False) -> np.ndarray:
+        """conv1d(state ++ x) of layer ``il`` without a bias (ggml_ssm_conv; then ggml_silu with
+        ``silu``), its conv states moved on: x [n_tokens, n] -> [n_tokens, n]."""
+        _f32(w)
+        ci, cache = self.ctx.recurrent_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.ssm_conv(cache.r[il], ci, x, w.data, None, out, self.n_threads, silu)
+        return out
+
+    def l2_norm_heads(self, x: np.ndarray, head_dim: int) -> np.ndarray:
+        """Every head's slice of x divided by its L2 norm, as llama.cpp's delta-net graphs build it:
+        ggml_rms_norm with eps / head_dim, then ggml_scale by 1 / sqrt(head_dim). x: contiguous."""
+        if not x.flags.c_contiguous:
+            raise ValueError("l2_norm_heads reads the heads of contiguous rows")
+        out = self.new(*x.shape)
+        eps = self.hparams.f_norm_rms_eps
+        self.plan.rms_norm(x.reshape(-1, head_dim), None, float(np.float32(eps) / np.float32(head_dim)),
+                           out.reshape(-1, head_dim), self.n_threads)
+        self.plan.scale(out, float(np.float32(1.0) / np.sqrt(np.float32(head_dim))))
+        return out
+
+    def repeat_heads(self, x: np.ndarray, head_dim: int, repeat: int) -> np.ndarray:
+        """Every head of x ([n, n_head * head_dim]) ``repeat`` times in a row (ggml_repeat_4d of
+        the heads as [head_dim, 1, n_head]): [n, n_head * repeat * head_dim]."""
+        n_head = x.shape[1] // head_dim
+        out = self.new(x.shape[0], n_head * repeat * head_dim)
+        for h in range(n_head * repeat):
+            self.plan.copy(x, (h // repeat) * head_dim, out[:, h * head_dim:(h + 1) * head_dim])
+        return out
+
+    def gdn_gates(self, alpha: np.ndarray, dt_b: Weight, A: Weight, beta: np.ndarray) -> None:
+        """In place: alpha = softplus(alpha + dt_b) * A (the log-decays), beta = sigmoid(beta)."""
+        _f32(dt_b, A)
+        self.plan.gdn_gates(alpha, dt_b.data.reshape(-1), A.data.reshape(-1), beta)
+
+    def gated_delta_net(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                        beta: np.ndarray) -> np.ndarray:
+        """The gated delta-net of layer ``il`` (ggml_gated_delta_net), its states moved on: q, k
+        [n_tokens, n_head_k * d], v [n_tokens, n_head_v * d], g, beta [n_tokens, n_head_v] ->
+        [n_tokens, n_head_v * d]."""
+        ci, cache = self.ctx.recurrent_for_layer(il)
+        out = self.new(*v.shape)
+        self.plan.gated_delta_net(cache.s[il], ci, q, k, v, g, beta, g.shape[1], out, self.n_threads)
+        return out
 
     # -- outputs
 

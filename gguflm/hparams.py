@@ -225,6 +225,13 @@ class HParamReader:
             raise HParamError(f"{self.source}: {self.key(template)} should be a string, found {value!r}")
         return value
 
+    def get_ints(self, template: str, default: Any = None) -> tuple[int, ...]:
+        """An array of integers (or bools, as 0 and 1)."""
+        value = self._raw(template, _REQUIRED if default is None else default)
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise HParamError(f"{self.source}: {self.key(template)} should be an array of integers, found {value!r}")
+        return tuple(int(v) for v in np.asarray(value).reshape(-1))
+
     def per_layer(self, template: str, n_layer: int, default: Any = None) -> tuple[int, ...]:
         """A value that is one integer for all layers or an array with one per layer."""
         value = self._raw(template, _REQUIRED if default is None else default)

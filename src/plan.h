@@ -16,6 +16,7 @@
 #include "quants_kernels.h"
 #include "moe.h"
 #include "ssm.h"
+#include "delta_net.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -50,6 +51,10 @@ typedef enum {
     GGUFLM_OP_SSM_CONV,      /* Mamba's causal convolution, bias and SiLU (ssm) */
     GGUFLM_OP_SSM_SCAN,      /* Mamba-1's selective scan, + x * D (ssm) */
     GGUFLM_OP_SSM_SCAN_GROUPED, /* Mamba-2's selective scan, + x * D (ssm) */
+    GGUFLM_OP_MUL,           /* x *= y (ggml_mul of two same-shaped rows: the short convolution's gates) */
+    GGUFLM_OP_GATED_DELTA_NET, /* Qwen3-Next / Qwen3.5's linear attention (gdn) */
+    GGUFLM_OP_GDN_GATES,     /* x = softplus(x + w) * y (log-decays), out = sigmoid(out) (strengths) */
+    GGUFLM_OP_SIGMOID_MUL,   /* out *= sigmoid(y) (aux: y's step along a row, 0 broadcasts) */
 } gguflm_op;
 
 typedef struct {
@@ -72,6 +77,7 @@ typedef struct {
     gguflm_attn_args attn;
     gguflm_moe_args moe;
     gguflm_ssm_args ssm;
+    gguflm_gdn_args gdn;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -265,6 +271,20 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_SSM_SCAN_GROUPED:
             gguflm_ssm_scan_grouped(&nd->ssm, arith, nd->n_threads);
+            break;
+        case GGUFLM_OP_MUL:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) out[i * nd->out_stride + j] *= nd->y[i * nd->y_stride + j];
+            break;
+        case GGUFLM_OP_GATED_DELTA_NET:
+            gguflm_gated_delta_net(&nd->gdn, isa, arith, nd->n_threads);
+            break;
+        case GGUFLM_OP_GDN_GATES:
+            gguflm_gdn_gates(nd->n_rows, nd->n, (float *)nd->x, nd->x_stride, (const float *)nd->w, nd->y, out,
+                             nd->out_stride);
+            break;
+        case GGUFLM_OP_SIGMOID_MUL:
+            gguflm_sigmoid_mul(nd->n_rows, nd->n, out, nd->out_stride, nd->y, nd->y_stride, nd->aux);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

@@ -15,6 +15,7 @@ from libc.string cimport memset
 from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
 from ssm_kernels cimport gguflm_ssm_args
+from delta_net_kernels cimport gguflm_gdn_args
 
 cnp.import_array()
 
@@ -52,6 +53,10 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_SSM_CONV
         GGUFLM_OP_SSM_SCAN
         GGUFLM_OP_SSM_SCAN_GROUPED
+        GGUFLM_OP_MUL
+        GGUFLM_OP_GATED_DELTA_NET
+        GGUFLM_OP_GDN_GATES
+        GGUFLM_OP_SIGMOID_MUL
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -103,6 +108,7 @@ cdef extern from "plan.h" nogil:
         gguflm_attn_args attn
         gguflm_moe_args moe
         gguflm_ssm_args ssm
+        gguflm_gdn_args gdn
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -125,7 +131,9 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
              GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE", GGUFLM_OP_RS_MOVES: "RS_MOVES",
              GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
-             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED"}
+             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_MUL: "MUL",
+             GGUFLM_OP_GATED_DELTA_NET: "GATED_DELTA_NET", GGUFLM_OP_GDN_GATES: "GDN_GATES",
+             GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -541,14 +549,17 @@ cdef class Plan:
         nd.ssm.x, nd.ssm.x_stride = <const float *>_ptr(x), _stride(x)
         nd.ssm.out, nd.ssm.out_stride = <float *>_ptr(out), _stride(out)
 
-    def ssm_conv(self, cnp.ndarray r, int cache_index, cnp.ndarray x, cnp.ndarray conv_w, cnp.ndarray conv_b,
-                 cnp.ndarray out, int n_threads):
+    def ssm_conv(self, cnp.ndarray r, int cache_index, cnp.ndarray x, cnp.ndarray conv_w, conv_b,
+                 cnp.ndarray out, int n_threads, bint silu=True):
         """out = silu(conv(state ++ x) + conv_b) per sequence, the conv states ``r`` ([size,
-        d_inner * (d_conv - 1)]) of the tokens' cells moved on; conv_w: [d_inner, d_conv]."""
+        d_inner * (d_conv - 1)]) of the tokens' cells moved on; conv_w: [d_inner, d_conv];
+        conv_b None: no bias; ``silu`` False: no SiLU."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SSM_CONV, n_threads, (r, x, conv_w, conv_b, out))
         self._set_ssm(nd, cache_index, x, out)
         nd.ssm.r, nd.ssm.d_conv = <float *>_ptr(r), conv_w.shape[1]
-        nd.ssm.conv_w, nd.ssm.conv_b = <const float *>_ptr(conv_w), <const float *>_ptr(conv_b)
+        nd.ssm.conv_w = <const float *>_ptr(conv_w)
+        nd.ssm.conv_b = NULL if conv_b is None else <const float *>_ptr(conv_b)
+        nd.ssm.conv_linear = not silu
 
     def ssm_scan(self, cnp.ndarray s, int cache_index, cnp.ndarray x, cnp.ndarray dt, cnp.ndarray A,
                  cnp.ndarray B, cnp.ndarray C, cnp.ndarray D, cnp.ndarray out, int n_threads):
@@ -575,6 +586,43 @@ cdef class Plan:
         nd.ssm.dt, nd.ssm.dt_stride, nd.ssm.dt_b = <const float *>_ptr(dt), _stride(dt), <const float *>_ptr(dt_b)
         nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
         nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
+
+    # -- gated delta-net, short convolutions (delta_net.h)
+
+    def mul(self, cnp.ndarray x, cnp.ndarray y):
+        """x *= y, elementwise (rows may be strided)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MUL, 1, (x, y))
+        nd.out, nd.out_stride, nd.y, nd.y_stride = _ptr(x), _stride(x), <const float *>_ptr(y), _stride(y)
+        nd.n_rows, nd.n = x.shape[0], x.shape[1]
+
+    def sigmoid_mul(self, cnp.ndarray x, cnp.ndarray gate):
+        """x *= sigmoid(gate), elementwise, or by one gate per row where gate has one column (rows
+        may be strided)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_SIGMOID_MUL, 1, (x, gate))
+        nd.out, nd.out_stride, nd.y, nd.y_stride = _ptr(x), _stride(x), <const float *>_ptr(gate), _stride(gate)
+        nd.aux = 0 if gate.shape[1] == 1 else 1
+        nd.n_rows, nd.n = x.shape[0], x.shape[1]
+
+    def gdn_gates(self, cnp.ndarray alpha, cnp.ndarray dt_b, cnp.ndarray A, cnp.ndarray beta):
+        """In place: alpha = softplus(alpha + dt_b) * A, beta = sigmoid(beta) ([n, n_head] each)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_GDN_GATES, 1, (alpha, dt_b, A, beta))
+        nd.x, nd.x_stride, nd.w, nd.y = <const float *>_ptr(alpha), _stride(alpha), _ptr(dt_b), <const float *>_ptr(A)
+        nd.out, nd.out_stride, nd.n_rows, nd.n = _ptr(beta), _stride(beta), alpha.shape[0], alpha.shape[1]
+
+    def gated_delta_net(self, cnp.ndarray s, int cache_index, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v,
+                        cnp.ndarray g, cnp.ndarray beta, int n_head_v, cnp.ndarray out, int n_threads):
+        """The gated delta-net over the states ``s`` ([size, n_head_v * d * d]) of the tokens'
+        cells: q, k [n, n_head_k * d], v and out [n, n_head_v * d], g and beta [n, n_head_v]."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_GATED_DELTA_NET, n_threads, (s, q, k, v, g, beta, out))
+        cdef int64_t d = v.shape[1] // n_head_v
+        nd.gdn.s, nd.gdn.cells = <float *>_ptr(s), <const int64_t *>_ptr(self.cells[cache_index])
+        nd.gdn.n_tokens, nd.gdn.d, nd.gdn.n_head_k, nd.gdn.n_head_v = v.shape[0], d, q.shape[1] // d, n_head_v
+        nd.gdn.q, nd.gdn.q_stride = <const float *>_ptr(q), _stride(q)
+        nd.gdn.k, nd.gdn.k_stride = <const float *>_ptr(k), _stride(k)
+        nd.gdn.v, nd.gdn.v_stride = <const float *>_ptr(v), _stride(v)
+        nd.gdn.g, nd.gdn.g_stride = <const float *>_ptr(g), _stride(g)
+        nd.gdn.beta, nd.gdn.beta_stride = <const float *>_ptr(beta), _stride(beta)
+        nd.gdn.out, nd.gdn.out_stride = <float *>_ptr(out), _stride(out)
 
     # -- guard mode
 

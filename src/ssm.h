@@ -27,7 +27,8 @@ typedef struct {
     int64_t n_tokens, d_conv, d_inner, d_state;
     const float *x;                /* conv: its input; scan: the conv's output [n_tokens][x_stride] */
     int64_t x_stride;
-    const float *conv_w, *conv_b;  /* [d_inner][d_conv], [d_inner] */
+    const float *conv_w, *conv_b;  /* [d_inner][d_conv], [d_inner] (NULL: no bias) */
+    int32_t conv_linear;           /* 1: no SiLU after the conv (LFM2's short convolution) */
     const float *dt;               /* scan: [n_tokens][dt_stride], before softplus */
     int64_t dt_stride;
     const float *dt_b;             /* grouped scan: [n_head], added to dt first */
@@ -51,7 +52,8 @@ static inline float gguflm_softplus(float x) {
     return x > 20.0f ? x : logf(1 + expf(x));
 }
 
-/* out = silu(conv(window) + b) for every token, the conv state moved on by the sequence's tokens */
+/* out = silu(conv(window) + b) for every token (without b or the SiLU where the args say so), the
+ * conv state moved on by the sequence's tokens */
 static void gguflm_ssm_conv(const gguflm_ssm_args *a, int arith, int n_threads) {
     const int64_t nc = a->d_conv, w = nc - 1, n_inner = a->d_inner;
     const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
@@ -72,8 +74,9 @@ static void gguflm_ssm_conv(const gguflm_ssm_args *a, int arith, int n_threads) 
                     const float v = i < w ? state[i] : a->x[(t0 + i - w) * a->x_stride + c];
                     sum = fmaf(v, cw[k], sum);
                 }
-                const float y = sum + a->conv_b[c];
-                a->out[(t0 + t) * a->out_stride + c] = c < vec_end ? gguflm_silu(y, arith) : y / (1.0f + expf(-y));
+                const float y = a->conv_b ? sum + a->conv_b[c] : sum;
+                a->out[(t0 + t) * a->out_stride + c] = a->conv_linear ? y
+                    : c < vec_end ? gguflm_silu(y, arith) : y / (1.0f + expf(-y));
             }
             /* the last w values of the window stay (read ahead of the write: ascending is safe) */
             for (int64_t j = 0; j < w; j++) {

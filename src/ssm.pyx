@@ -37,15 +37,22 @@ cdef int _check_cells(const int64_t[::1] cells, Py_ssize_t n_tokens, Py_ssize_t 
     return 0
 
 
+def check_cells(const int64_t[::1] cells, Py_ssize_t n_tokens, Py_ssize_t n_rows) -> None:
+    """Raise ValueError unless ``cells`` gives n_tokens tokens' state rows in [0, n_rows), sequence
+    after sequence, as many each, one row per sequence (every recurrent kernel's layout)."""
+    _check_cells(cells, n_tokens, n_rows)
+
+
 def ssm_conv(float[:, ::1] r, const int64_t[::1] cells, const float[:, :] x, const float[:, ::1] conv_w,
-             const float[::1] conv_b, float[:, ::1] out, int n_threads=1):
+             const float[::1] conv_b, float[:, ::1] out, int n_threads=1, bint silu=True):
     """``out = silu(conv1d(state ++ x) + conv_b)`` per sequence (ggml_ssm_conv, add, silu); the
     conv states ``r`` ([n_rows, d_inner * (d_conv - 1)]) move on in place. x: [n_tokens, d_inner]
-    (rows may be strided), conv_w: [d_inner, d_conv]."""
+    (rows may be strided), conv_w: [d_inner, d_conv]; conv_b None: no bias; ``silu`` False: no
+    SiLU (LFM2's short convolution)."""
     cdef Py_ssize_t n_tokens = x.shape[0], d_inner = x.shape[1], d_conv = conv_w.shape[1]
     if x.strides[1] != 4:
         raise ValueError("x's rows must be contiguous")
-    if conv_w.shape[0] != d_inner or conv_b.shape[0] != d_inner or d_conv < 1:
+    if conv_w.shape[0] != d_inner or (conv_b is not None and conv_b.shape[0] != d_inner) or d_conv < 1:
         raise ValueError("conv_w must be [d_inner, d_conv] and conv_b [d_inner]")
     if r.shape[1] != d_inner * (d_conv - 1) or out.shape[0] != n_tokens or out.shape[1] != d_inner:
         raise ValueError("r must be [n_rows, d_inner * (d_conv - 1)] and out [n_tokens, d_inner]")
@@ -56,7 +63,8 @@ def ssm_conv(float[:, ::1] r, const int64_t[::1] cells, const float[:, :] x, con
     memset(&a, 0, sizeof(a))
     a.r, a.cells, a.n_tokens, a.d_conv, a.d_inner = &r[0, 0] if r.shape[1] else NULL, &cells[0], n_tokens, d_conv, d_inner
     a.x, a.x_stride = &x[0, 0], x.strides[0] // 4
-    a.conv_w, a.conv_b, a.out, a.out_stride = &conv_w[0, 0], &conv_b[0], &out[0, 0], d_inner
+    a.conv_w, a.out, a.out_stride = &conv_w[0, 0], &out[0, 0], d_inner
+    a.conv_b, a.conv_linear = &conv_b[0] if conv_b is not None else NULL, not silu
     cdef int arith = _switch.arith
     with nogil:
         gguflm_ssm_conv(&a, arith, n_threads)

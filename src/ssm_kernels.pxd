@@ -13,6 +13,7 @@ cdef extern from "ssm.h" nogil:
         int64_t x_stride
         const float *conv_w
         const float *conv_b
+        int32_t conv_linear
         const float *dt
         int64_t dt_stride
         const float *dt_b

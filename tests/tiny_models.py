@@ -1197,6 +1197,148 @@ def tiny_routed_models(draw: st.DrawFn, archs: tuple[str, ...] = ("glm4moe", "ba
     return TinyRouted(**{**spec.__dict__, "tensor_types": tensor_types})
 
 
+# -- the short-convolution and gated delta-net hybrids (LFM2, Qwen3.5, Qwen3-Next)
+
+
+@dataclass(frozen=True)
+class TinyLinearHybrid:
+    """A hybrid model to write (:func:`write_tiny_linear_hybrid`): ``lfm2`` / ``lfm2moe`` (short
+    convolution layers where ``recurrent`` says, attention layers elsewhere) or ``qwen35`` /
+    ``qwen35moe`` / ``qwen3next`` (gated delta-net layers and gated attention); ``types`` maps matrix kinds to
+    their types (default F16). Delta-net: ``n_v_heads`` value heads of ``d_state`` values,
+    ``n_k_heads`` key heads; LFM2's head size is n_embd / n_head. Experts: ``n_expert`` (0: dense), ``n_expert_used``, ``n_ff_exp``."""
+
+    arch: str = "lfm2"
+    n_embd: int = 64
+    n_ff: int = 96
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    recurrent: tuple[bool, ...] = (True, False, True)
+    l_cache: int = 3
+    d_conv: int = 4
+    d_state: int = 16
+    n_k_heads: int = 2
+    n_v_heads: int = 4
+    n_rot: int = 16
+    rope_sections: tuple[int, ...] = (3, 3, 2, 0)
+    n_expert: int = 0
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_layer_dense_lead: int = 1
+    tied_output: bool = True
+    types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_linear_hybrid(spec: TinyLinearHybrid, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights: norms near 1, matrices N(0, 0.08) in their types; for
+    the delta-net decays A = -exp(.) and dt biases as a trained model's."""
+    s, e, arch = spec, spec.n_embd, spec.arch
+    n_layer = len(s.recurrent)
+    w = GGUFWriter(path, arch=arch)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32), GGMLType.F32)
+
+    def norm(name: str, n: int) -> None:
+        f32(name, 1.0 + 0.1 * rng.standard_normal(n))
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, n_expert: int = 0, scale: float = 0.08) -> None:
+        t = s.types.get(kind, GGMLType.F16)
+        x = (scale * rng.standard_normal((max(n_expert, 1) * n_out, n_in))).astype(np.float32)
+        shape = (n_in, n_out, n_expert) if n_expert else (n_in, n_out)
+        if t is GGMLType.F16:
+            w.add_tensor(name, x.reshape(shape[::-1]).astype(np.float16), GGMLType.F16)
+        elif t is GGMLType.F32:
+            w.add_tensor(name, x.reshape(shape[::-1]), GGMLType.F32)
+        else:
+            w.add_tensor(name, quantize_weight(t, x), t, shape=shape)
+
+    lfm = arch.startswith("lfm2")
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head}
+    if lfm:
+        w.add(f"{arch}.attention.head_count_kv", np.array([0 if r else s.n_head_kv for r in s.recurrent], np.uint32))
+        keys["shortconv.l_cache"] = s.l_cache
+    else:
+        keys |= {"attention.head_count_kv": s.n_head_kv, "attention.key_length": s.head_dim,
+                 "attention.value_length": s.head_dim, "rope.dimension_count": s.n_rot,
+                 "ssm.conv_kernel": s.d_conv, "ssm.inner_size": s.d_state * s.n_v_heads, "ssm.state_size": s.d_state,
+                 "ssm.time_step_rank": s.n_v_heads, "ssm.group_count": s.n_k_heads}
+        if arch != "qwen3next":   # Qwen3.5's multi-section RoPE
+            w.add(f"{arch}.rope.dimension_sections", np.array(s.rope_sections, np.int32))
+        # the attention layers every full_attention_interval-th, else flagged one by one
+        interval = next((il + 1 for il, r in enumerate(s.recurrent) if not r), 0)
+        if interval and all(r == ((il + 1) % interval != 0) for il, r in enumerate(s.recurrent)):
+            keys["full_attention_interval"] = interval
+        else:
+            w.add(f"{arch}.attention.recurrent_layers", [bool(r) for r in s.recurrent])
+    if s.n_expert:
+        keys |= {"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                 "expert_feed_forward_length": s.n_ff_exp}
+        if lfm:
+            keys |= {"leading_dense_block_count": s.n_layer_dense_lead, "expert_gating_func": 2}
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add(f"{arch}.rope.freq_base", 10000.0)
+    add_vocab(w)
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    norm("token_embd_norm.weight" if lfm else "output_norm.weight", e)
+    if not s.tied_output:
+        matrix("output.weight", "output", e, N_VOCAB)
+    hd = e // s.n_head if lfm else s.head_dim   # LFM2's heads span the embedding
+    n_q = s.n_head * hd
+    key_dim, value_dim = s.d_state * s.n_k_heads, s.d_state * s.n_v_heads
+    for il, recurrent in enumerate(s.recurrent):
+        b = f"blk.{il}"
+        norm(f"{b}.attn_norm.weight", e)
+        norm(f"{b}.ffn_norm.weight" if lfm else f"{b}.post_attention_norm.weight", e)
+        if lfm and recurrent:
+            f32(f"{b}.shortconv.conv.weight", 0.3 * rng.standard_normal((e, s.l_cache)))
+            matrix(f"{b}.shortconv.in_proj.weight", "shortconv_in_proj", e, 3 * e)
+            matrix(f"{b}.shortconv.out_proj.weight", "shortconv_out_proj", e, e)
+        elif recurrent:   # the gated delta-net
+            matrix(f"{b}.attn_qkv.weight", "attn_qkv", e, 2 * key_dim + value_dim)
+            matrix(f"{b}.attn_gate.weight", "attn_gate", e, value_dim)
+            f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((2 * key_dim + value_dim, s.d_conv)))
+            f32(f"{b}.ssm_dt.bias", rng.uniform(-2.0, 1.0, s.n_v_heads))
+            f32(f"{b}.ssm_a", -np.exp(rng.uniform(-1.0, 1.0, s.n_v_heads)))
+            if arch == "qwen3next":   # per key head: its value heads' betas, then their alphas
+                matrix(f"{b}.ssm_ba.weight", "ssm_ba", e, 2 * s.n_v_heads, scale=0.3)
+            else:
+                matrix(f"{b}.ssm_beta.weight", "ssm_beta", e, s.n_v_heads, scale=0.3)
+                matrix(f"{b}.ssm_alpha.weight", "ssm_alpha", e, s.n_v_heads, scale=0.3)
+            norm(f"{b}.ssm_norm.weight", s.d_state)
+            matrix(f"{b}.ssm_out.weight", "ssm_out", value_dim, e)
+        else:
+            # Qwen3.5's Q projection holds each head's queries, then its gate
+            matrix(f"{b}.attn_q.weight", "attn_q", e, n_q if lfm else 2 * n_q)
+            matrix(f"{b}.attn_k.weight", "attn_k", e, s.n_head_kv * hd)
+            matrix(f"{b}.attn_v.weight", "attn_v", e, s.n_head_kv * hd)
+            matrix(f"{b}.attn_output.weight", "attn_output", n_q, e)
+            norm(f"{b}.attn_q_norm.weight", hd)
+            norm(f"{b}.attn_k_norm.weight", hd)
+        if s.n_expert and not (lfm and il < s.n_layer_dense_lead):
+            matrix(f"{b}.ffn_gate_inp.weight", "ffn_gate_inp", e, s.n_expert)
+            matrix(f"{b}.ffn_gate_exps.weight", "ffn_gate_exps", e, s.n_ff_exp, s.n_expert)
+            matrix(f"{b}.ffn_up_exps.weight", "ffn_up_exps", e, s.n_ff_exp, s.n_expert)
+            matrix(f"{b}.ffn_down_exps.weight", "ffn_down_exps", s.n_ff_exp, e, s.n_expert)
+            if lfm:
+                f32(f"{b}.exp_probs_b.bias", 0.1 * rng.standard_normal(s.n_expert))
+            else:   # Qwen3.5-MoE's shared expert and its sigmoid gate
+                f32(f"{b}.ffn_gate_inp_shexp.weight", 0.3 * rng.standard_normal(e))
+                matrix(f"{b}.ffn_gate_shexp.weight", "ffn_gate_shexp", e, s.n_ff)
+                matrix(f"{b}.ffn_up_shexp.weight", "ffn_up_shexp", e, s.n_ff)
+                matrix(f"{b}.ffn_down_shexp.weight", "ffn_down_shexp", s.n_ff, e)
+        else:
+            matrix(f"{b}.ffn_gate.weight", "ffn_gate", e, s.n_ff)
+            matrix(f"{b}.ffn_up.weight", "ffn_up", e, s.n_ff)
+            matrix(f"{b}.ffn_down.weight", "ffn_down", s.n_ff, e)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
