@@ -16,6 +16,7 @@
 #include "quants_kernels.h"
 #include "moe.h"
 #include "ssm.h"
+#include "wkv.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -50,6 +51,7 @@ typedef enum {
     GGUFLM_OP_SSM_CONV,      /* Mamba's causal convolution, bias and SiLU (ssm) */
     GGUFLM_OP_SSM_SCAN,      /* Mamba-1's selective scan, + x * D (ssm) */
     GGUFLM_OP_SSM_SCAN_GROUPED, /* Mamba-2's selective scan, + x * D (ssm) */
+    GGUFLM_OP_WKV,           /* RWKV's WKV, token shift and element-wise steps (wkv: its kind) */
 } gguflm_op;
 
 typedef struct {
@@ -72,6 +74,7 @@ typedef struct {
     gguflm_attn_args attn;
     gguflm_moe_args moe;
     gguflm_ssm_args ssm;
+    gguflm_wkv_args wkv;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -265,6 +268,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_SSM_SCAN_GROUPED:
             gguflm_ssm_scan_grouped(&nd->ssm, arith, nd->n_threads);
+            break;
+        case GGUFLM_OP_WKV:
+            gguflm_wkv_run(&nd->wkv, arith, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

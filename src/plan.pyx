@@ -15,6 +15,7 @@ from libc.string cimport memset
 from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
 from ssm_kernels cimport gguflm_ssm_args
+from wkv_kernels cimport gguflm_wkv_args
 
 cnp.import_array()
 
@@ -52,6 +53,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_SSM_CONV
         GGUFLM_OP_SSM_SCAN
         GGUFLM_OP_SSM_SCAN_GROUPED
+        GGUFLM_OP_WKV
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -102,6 +104,7 @@ cdef extern from "plan.h" nogil:
         gguflm_attn_args attn
         gguflm_moe_args moe
         gguflm_ssm_args ssm
+        gguflm_wkv_args wkv
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -124,7 +127,7 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SWIGLU_OAI: "SWIGLU_OAI", GGUFLM_OP_MOE_ADD_ID: "MOE_ADD_ID",
              GGUFLM_OP_MUL_ROW: "MUL_ROW", GGUFLM_OP_MOE_ONE: "MOE_ONE", GGUFLM_OP_RS_MOVES: "RS_MOVES",
              GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
-             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED"}
+             GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_WKV: "WKV"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -566,6 +569,31 @@ cdef class Plan:
         nd.ssm.dt, nd.ssm.dt_stride, nd.ssm.dt_b = <const float *>_ptr(dt), _stride(dt), <const float *>_ptr(dt_b)
         nd.ssm.A, nd.ssm.D = <const float *>_ptr(A), <const float *>_ptr(D)
         nd.ssm.B, nd.ssm.C, nd.ssm.bc_stride = <const float *>_ptr(B), <const float *>_ptr(C), _stride(B)
+
+    # -- RWKV (wkv.h)
+
+    def wkv(self, int kind, tuple xs, tuple outs, int n_threads, tuple params=(), int64_t head_size=0,
+            cnp.ndarray state=None, int cache_index=-1, int64_t state_offset=0):
+        """One of wkv.h's kinds over rows of n = outs[0].shape[1] values: inputs ``xs`` (None:
+        absent), outputs ``outs``, parameter rows ``params``; the WKV kinds and SHIFT read and
+        write the rows ``state`` of the tokens' cells in cache ``cache_index`` (SHIFT: n values
+        from ``state_offset`` on in each row)."""
+        arrays = tuple(a for a in xs + outs + params if a is not None) + ((state,) if state is not None else ())
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_WKV, n_threads, arrays)
+        cdef cnp.ndarray a
+        cdef int i
+        nd.wkv.kind, nd.wkv.n_out, nd.wkv.head_size = kind, len(outs), head_size
+        nd.wkv.n_tokens, nd.wkv.n = outs[0].shape[0], outs[0].shape[1]
+        for i, a in enumerate(xs):
+            if a is not None:
+                nd.wkv.x[i], nd.wkv.x_stride[i] = <const float *>_ptr(a), _stride(a)
+        for i, a in enumerate(outs):
+            nd.wkv.out[i], nd.wkv.out_stride[i] = <float *>_ptr(a), _stride(a)
+        for i, a in enumerate(params):
+            nd.wkv.p[i] = <const float *>_ptr(a)
+        if state is not None:
+            nd.wkv.state, nd.wkv.state_width, nd.wkv.state_offset = <float *>_ptr(state), state.shape[1], state_offset
+            nd.wkv.cells = <const int64_t *>_ptr(self.cells[cache_index])
 
     # -- guard mode
 
