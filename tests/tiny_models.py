@@ -650,6 +650,119 @@ def prompt_logits(path, tokens, n_ubatch: int, load_mode: str = "auto") -> np.nd
         return ctx.get_logits().copy()
 
 
+@dataclass(frozen=True)
+class TinyRwkv:
+    """An RWKV model to write (:func:`write_tiny_rwkv`): ``rwkv6`` or ``rwkv7``, heads of
+    ``head_size`` (RWKV-7: a multiple of 64); ``types`` maps the matrices (``token_embd``,
+    ``output``, ``time_mix`` for key, value, receptance, gate and output, ``channel_mix``,
+    ``lora`` for the low-rank ones) to their types (default F16)."""
+
+    arch: str = "rwkv6"
+    n_embd: int = 64
+    n_layer: int = 2
+    head_size: int = 32
+    n_ff: int = 128
+    lora_rank: int = 8
+    rescale_every_n_layers: int = 0
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    vocab: str = "spm"   # or "rwkv": add_rwkv_vocab's
+
+
+# multi-byte tokens of the tiny RWKV vocabulary: words, their prefixes (so that greedy matching
+# must back off), runs of white space, bytes that need escapes, UTF-8 letters and a CJK word
+RWKV_PIECES = [b"th", b"the", b" the", b" th", b"he", b"in", b"ing", b"ng", b" a", b" an", b" and", b"an", b"nd",
+               b"er", b"re", b"ere", b" w", b" wh", b" where", b"\n\n", b"\n\n\n", b"  ", b"    ", b"\t\t", b" \n",
+               b"\\n", b"'s", b"''", b"\xc3\xa9", b"\xc3\xa9t\xc3\xa9", "中文".encode(), "中".encode(), b"ab",
+               b"abc", b"abcd", b"12", b"123", b"1234", b"==", b"===", b"->", b"\x00\x00", b"\r\n", b"You",
+               b" you", b"ou", b"ll", b"ell", b"hello", b" hello", b"Hello", b"!!", b"...", b"..", b"ti", b"tion",
+               b"ation", b" is", b"is", b"it", b" it", b"\xff\xfe"]
+
+
+def add_rwkv_vocab(w: GGUFWriter) -> None:
+    """An RWKV vocabulary of N_VOCAB tokens, escaped as llama.cpp's converter writes them
+    (Python's repr of the bytes): ``<s>`` (control), every byte, RWKV_PIECES, padding."""
+    tokens = ["<s>"] + [repr(bytes([b]))[2:-1] for b in range(256)] + [repr(p)[2:-1] for p in RWKV_PIECES]
+    tokens += [f"[PAD{i}]" for i in range(N_VOCAB - len(tokens))]
+    w.add("tokenizer.ggml.model", "rwkv")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array([3] + [1] * (N_VOCAB - 1), np.int32))
+
+
+def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
+    inside (0, 1), normalised keys' scales around 1."""
+    s, e, arch, rank = spec, spec.n_embd, spec.arch, spec.lora_rank
+    w = GGUFWriter(path, arch=arch)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32), GGMLType.F32)
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.1) -> None:
+        t = s.types.get(kind, GGMLType.F16)
+        x = (scale * rng.standard_normal((n_out, n_in))).astype(np.float32)
+        if t in (GGMLType.F16, GGMLType.F32):
+            w.add_tensor(name, x.astype(np.float16 if t is GGMLType.F16 else np.float32), t)
+        else:
+            w.add_tensor(name, quantize_weight(t, x), t, shape=(n_in, n_out))
+
+    def norm(name: str) -> None:
+        f32(f"{name}.weight", 1.0 + 0.1 * rng.standard_normal(e))
+        f32(f"{name}.bias", 0.05 * rng.standard_normal(e))
+
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": 0, "wkv.head_size": s.head_size, "token_shift_count": 2}
+    if arch == "rwkv6":
+        keys.update(time_mix_extra_dim=rank, time_decay_extra_dim=2 * rank,
+                    rescale_every_n_layers=s.rescale_every_n_layers)
+    else:
+        keys.update({"attention.decay_lora_rank": 2 * rank, "attention.iclr_lora_rank": rank,
+                     "attention.value_residual_mix_lora_rank": rank // 2, "attention.gate_lora_rank": 4 * rank})
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    (add_rwkv_vocab if s.vocab == "rwkv" else add_vocab)(w)
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    norm("token_embd_norm")
+    norm("output_norm")
+    matrix("output.weight", "output", e, N_VOCAB)
+    n_mix = 5 if arch == "rwkv6" else 6
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        norm(f"{b}.attn_norm")
+        norm(f"{b}.attn_norm_2")
+        f32(f"{b}.time_mix_lerp_fused.weight", rng.uniform(0.0, 1.0, (n_mix, 1, 1, e)))
+        for m in ("key", "value", "receptance", "output") + (("gate",) if arch == "rwkv6" else ()):
+            matrix(f"{b}.time_mix_{m}.weight", "time_mix", e, e, scale=2.0 / np.sqrt(e))
+        norm(f"{b}.time_mix_ln")
+        f32(f"{b}.channel_mix_lerp_k.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+        matrix(f"{b}.channel_mix_key.weight", "channel_mix", e, s.n_ff, scale=2.0 / np.sqrt(e))
+        matrix(f"{b}.channel_mix_value.weight", "channel_mix", s.n_ff, e, scale=1.0 / np.sqrt(s.n_ff))
+        if arch == "rwkv6":
+            f32(f"{b}.time_mix_lerp_x.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+            matrix(f"{b}.time_mix_w1.weight", "lora", e, 5 * rank)
+            f32(f"{b}.time_mix_w2.weight", 0.1 * rng.standard_normal((5, e, rank)))
+            f32(f"{b}.time_mix_first.weight", 0.5 * rng.standard_normal((e // s.head_size, s.head_size)))
+            f32(f"{b}.time_mix_decay.weight", rng.uniform(-4.0, 0.5, e))
+            matrix(f"{b}.time_mix_decay_w1.weight", "lora", e, 2 * rank)
+            matrix(f"{b}.time_mix_decay_w2.weight", "lora", 2 * rank, e)
+            f32(f"{b}.channel_mix_lerp_r.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+            matrix(f"{b}.channel_mix_receptance.weight", "channel_mix", e, e, scale=2.0 / np.sqrt(e))
+            continue
+        value_rank = rank if il == 0 else rank // 2
+        for c, r, bias in (("w", 2 * rank, rng.uniform(-5.0, -1.0, e)), ("a", rank, 0.3 * rng.standard_normal(e)),
+                           ("v", value_rank, 0.5 * rng.standard_normal(e))):
+            f32(f"{b}.time_mix_{c}0.weight", bias)
+            matrix(f"{b}.time_mix_{c}1.weight", "lora", e, r, scale=0.3)
+            matrix(f"{b}.time_mix_{c}2.weight", "lora", r, e, scale=0.3)
+        matrix(f"{b}.time_mix_g1.weight", "lora", e, 4 * rank, scale=0.3)
+        matrix(f"{b}.time_mix_g2.weight", "lora", 4 * rank, e, scale=0.3)
+        f32(f"{b}.time_mix_k_k.weight", rng.uniform(0.5, 1.0, e))
+        f32(f"{b}.time_mix_k_a.weight", rng.uniform(0.8, 1.2, e))
+        f32(f"{b}.time_mix_r_k.weight", 0.3 * rng.standard_normal(e))
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
