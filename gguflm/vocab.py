@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, spm, ugm, wpm
+from gguflm.tokenizers import bpe, rwkv, spm, ugm, wpm
 
 
 class TokenType(IntEnum):
@@ -108,8 +108,9 @@ _MODELS = {
     "gpt2": ("bpe", {"bos": 11, "eos": 11}),
     "gemma4": ("bpe", {}),
     "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
+    "rwkv": ("rwkv", {}),
 }
-_UNSUPPORTED_MODELS = {"rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
+_UNSUPPORTED_MODELS = {"plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
 _CLEAN_2 = re.compile(rb" ' ")                   # a lone apostrophe between spaces
@@ -236,7 +237,7 @@ class Vocab:
         self._build_engine(meta, pre_spec)
         self.nl = self._linefeed()
         self._read_special_ids(meta)
-        if self.type == "ugm":
+        if self.type in ("ugm", "rwkv"):   # the unknown token the file names, if any
             self._engine.unk = -1 if self.unk is None else self.unk
         self.add_bos = _flag(meta, "add_bos_token", self.add_bos)
         self.add_eos = _flag(meta, "add_eos_token", self.add_eos)
@@ -333,6 +334,8 @@ class Vocab:
             self._engine = ugm.build_engine(self._texts, self._load_attrs, self._attr, self._scores,
                                             self.unk, ugm.read_charsmap(meta.get(ugm.CHARSMAP_KEY)),
                                             self.add_space_prefix, self.remove_extra_whitespaces)
+        elif self.type == "rwkv":
+            self._engine = rwkv.build_engine(self._texts, self.unk)
         else:  # wpm: built once the normalizer flags are read
             self._engine = None
 
@@ -532,7 +535,9 @@ class Vocab:
             return piece
         attr = self._attr[tok]
         text = self._texts[tok]
-        if attr & (_SPECIAL | _USER_DEFINED):
+        if self.type == "rwkv":   # every token renders as its unescaped bytes
+            piece = rwkv.unescape(text)
+        elif attr & (_SPECIAL | _USER_DEFINED):
             piece = text
         elif attr & _NORMAL:
             if self.type == "bpe" and not self.escape_whitespaces:

@@ -144,3 +144,29 @@ def test_rwkv7_head_size_refused(tmp_path) -> None:
     write_tiny_rwkv(TinyRwkv(arch="rwkv7", n_embd=64, head_size=32), path, np.random.default_rng(0))
     with pytest.raises(ModelLoadError, match="head_size 32"):
         Model.load(path)
+
+
+def test_llm_greedy_text_equals_llama(tmp_path) -> None:
+    """gguflm.llama_cpp.Llama on an RWKV-7 with RWKV's own tokenizer: recurrent, and its greedy
+    tokens (prompts reusing the state's prefix or not) and their bytes are llama-cpp-python's."""
+    from gguflm.llama_cpp import Llama
+
+    path = tmp_path / "rwkv7_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(arch="rwkv7", n_embd=128, head_size=64, n_ff=256, vocab="rwkv"), path,
+                    np.random.default_rng(11))
+    theirs = L.Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
+    ours = Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
+    try:
+        assert ours._is_recurrent and not ours._is_hybrid
+        for prompt in (b"hello the", b"hello the abc", b"You where\n\n"):
+            tokens = theirs.tokenize(prompt, add_bos=False)
+            assert ours.tokenize(prompt, add_bos=False) == tokens
+            runs = []
+            for llm in (theirs, ours):
+                gen = llm.generate(tokens, temp=0.0, reset=True)
+                runs.append([next(gen) for _ in range(8)])
+            assert runs[0] == runs[1]
+            assert ours.detokenize(runs[0]) == theirs.detokenize(runs[0])
+    finally:
+        theirs.close()
+        ours.close()

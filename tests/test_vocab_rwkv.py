@@ -1,0 +1,71 @@
+"""The RWKV tokenizer (greedy longest match over unescaped token bytes) against llama.cpp's.
+
+llama.cpp ships no RWKV vocabulary test file: the vocabulary is the tiny model writer's (every
+byte escaped as llama.cpp's converter writes it, words with their prefixes, escapes, UTF-8), the
+texts are the inputs of llama.cpp's vocabulary test files in /work/shared/vocab and generated
+ones; tokens, pieces and detokenized text must equal llama-cpp-python's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _llama import LlamaVocab
+from gguflm import Model
+from test_vocab import SEPARATOR
+from tiny_models import N_VOCAB, RWKV_PIECES, TinyRwkv, write_tiny_rwkv
+
+
+@pytest.fixture(scope="module")
+def rwkv_vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rwkv_vocab") / "rwkv_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab="rwkv", n_layer=1), path, np.random.default_rng(0))
+    with Model.load(path, vocab_only=True) as model:
+        yield model.vocab, LlamaVocab(path)
+
+
+def _suite_texts(vocab_dir) -> list[bytes]:
+    texts = []
+    for inp in sorted(vocab_dir.glob("*.inp")):
+        texts += inp.read_bytes().split(SEPARATOR)
+    return texts
+
+
+def test_suite_texts_equal_llama(rwkv_vocab, vocab_dir) -> None:
+    """Every input of llama.cpp's vocabulary suites, with and without special tokens."""
+    ours, theirs = rwkv_vocab
+    texts = _suite_texts(vocab_dir) + [b"<s>hello<s> the", b"\xff\xfe\xff", b"a\\nb"]
+    assert len(texts) > 100
+    for add_special, parse_special in ((False, False), (True, True)):
+        failed = [t for t in texts if ours.tokenize(t, add_special, parse_special)
+                  != theirs.tokenize(t, add_special, parse_special)]
+        assert not failed, failed[:3]
+
+
+_ALPHABET = st.sampled_from([p.decode("utf-8", "replace") for p in RWKV_PIECES] +
+                            list("thea nd\n\t\\'xé中文") + ["<s>"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_ALPHABET, max_size=20).map("".join) | st.binary(max_size=24))
+def test_generated_texts_equal_llama(rwkv_vocab, text) -> None:
+    ours, theirs = rwkv_vocab
+    raw = text.encode() if isinstance(text, str) else text
+    ids = ours.tokenize(raw, add_special=False, parse_special=True)
+    assert ids == theirs.tokenize(raw, False, True)
+    # every byte comes back: the pieces are the unescaped token bytes
+    assert ours.detokenize_bytes(ids) == theirs.detokenize(ids, False, False) == raw.replace(b"<s>", b"")
+
+
+def test_pieces_and_special_ids_equal_llama(rwkv_vocab) -> None:
+    ours, theirs = rwkv_vocab
+    assert ours.n_tokens == theirs.n_tokens == N_VOCAB
+    for special in (False, True):
+        assert [ours.token_to_piece(t, special=special) for t in range(N_VOCAB)] == \
+            [theirs.token_to_piece(t, special=special) for t in range(N_VOCAB)]
+    assert ours.nl == theirs.special_ids()["nl"] == ours.tokenize(b"\n", False)[0]
+    assert {"bos": ours.bos, "eos": ours.eos} == {k: theirs.special_ids()[k] for k in ("bos", "eos")}
+    assert (ours.add_bos, ours.add_eos) == (theirs.flags()["add_bos"], theirs.flags()["add_eos"])
