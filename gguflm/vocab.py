@@ -110,7 +110,8 @@ _MODELS = {
     "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
     "rwkv": ("rwkv", {}),
 }
-_UNSUPPORTED_MODELS = {"plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
+_UNSUPPORTED_MODELS = {"plamo2", "hybriddna", "whitespace"}
+_NO_VOCAB_MODELS = {"no_vocab", "none"}   # token ids in and out, no text
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
 _CLEAN_2 = re.compile(rb" ' ")                   # a lone apostrophe between spaces
@@ -193,6 +194,9 @@ class Vocab:
         if not isinstance(model, str):
             raise VocabError("metadata key 'tokenizer.ggml.model' is missing: the file has no "
                              "tokenizer")
+        if model in _NO_VOCAB_MODELS:
+            self._load_none(meta)
+            return
         if model in _UNSUPPORTED_MODELS:
             raise VocabError(f"tokenizer model {model!r} is not supported by gguflm")
         if model not in _MODELS:
@@ -268,6 +272,31 @@ class Vocab:
         if self.type == "ugm" and any((a ^ b) & _USER_DEFINED
                                       for a, b in zip(self._load_attrs, self._attr)):
             self._build_engine(meta, None)  # user-defined tokens score 0: use the final attributes
+
+    def _load_none(self, meta: Mapping[str, Any]) -> None:
+        """llama.cpp's LLAMA_VOCAB_TYPE_NONE: no tokens' texts, no special tokens; ``{arch}.vocab_size``
+        blank tokens (none without it). Tokenizing is refused; tokens render as nothing."""
+        arch = meta.get("general.architecture")
+        n = _meta_int(meta, f"{arch}.vocab_size") or 0
+        self.type, self.pre, self.n_tokens = "none", "default", n
+        for name, _ in _SPECIAL_ID_KEYS:
+            setattr(self, name, None)
+        self.nl = None
+        self.add_space_prefix = self.add_bos = self.add_eos = self.add_sep = self.clean_spaces = False
+        self.ignore_merges = self.remove_extra_whitespaces = self.lowercase = self.strip_accents = False
+        self.escape_whitespaces = False
+        self._strs, self._texts = [""] * n, [b""] * n
+        self._table = _tk.TokenTable([])
+        self._scores = np.zeros(n, np.float32)
+        self._types = np.full(n, TokenType.UNDEFINED, np.int32)
+        self._attr = [0] * n
+        self._load_attrs = tuple(self._attr)
+        self._max_token_len = 0
+        self._engine = None
+        self.eog_ids = frozenset()
+        self._special_order = []
+        self._pieces = [b""] * n
+        self._matchers = {}
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -513,6 +542,9 @@ class Vocab:
             raw = bytes(text)
         else:
             raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        if self.type == "none":
+            raise VocabError("the model has no vocabulary (tokenizer.ggml.model 'none'): it takes token "
+                             "ids, not text")
         ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
         if self.type == "wpm":
             if -1 in ids:

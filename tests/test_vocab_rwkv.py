@@ -69,3 +69,34 @@ def test_pieces_and_special_ids_equal_llama(rwkv_vocab) -> None:
     assert ours.nl == theirs.special_ids()["nl"] == ours.tokenize(b"\n", False)[0]
     assert {"bos": ours.bos, "eos": ours.eos} == {k: theirs.special_ids()[k] for k in ("bos", "eos")}
     assert (ours.add_bos, ours.add_eos) == (theirs.flags()["add_bos"], theirs.flags()["add_eos"])
+
+
+def test_no_vocab_model_takes_ids(tmp_path) -> None:
+    """tokenizer.ggml.model 'none': {arch}.vocab_size blank tokens, no special ones; text is
+    refused with a clear error (llama.cpp aborts, as it does on a token's piece or attributes),
+    ids render as nothing, and the model runs on ids with llama.cpp's logits."""
+    from _llama import LlamaDecoder
+    from gguflm import Context
+    from gguflm.errors import VocabError
+    from test_recurrent import _decode
+
+    path = tmp_path / "none.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab="none"), path, np.random.default_rng(2))
+    theirs = LlamaVocab(path)
+    tokens = [5, 300, 17, 0, 99]
+    ref = LlamaDecoder(path, n_ctx=64)
+    try:
+        want = ref.decode(tokens, 0)
+    finally:
+        ref.close()
+    with Model.load(path) as model:
+        vocab = model.vocab
+        assert vocab.n_tokens == model.n_vocab == theirs.n_tokens == N_VOCAB
+        assert all(v is None for v in theirs.special_ids().values())
+        assert (vocab.bos, vocab.eos, vocab.nl, vocab.eog_ids) == (None, None, None, frozenset())
+        with pytest.raises(VocabError, match="no vocabulary"):
+            vocab.tokenize("hello")
+        assert vocab.detokenize_bytes(tokens) == theirs.detokenize(tokens, False, False) == b""
+        assert vocab.token_to_piece(5, special=True) == b""
+        with Context(model, n_ctx=64, n_threads=2) as ctx:
+            np.testing.assert_array_equal(_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens)]), want)

@@ -665,7 +665,7 @@ class TinyRwkv:
     lora_rank: int = 8
     rescale_every_n_layers: int = 0
     types: dict[str, GGMLType] = field(default_factory=dict)
-    vocab: str = "spm"   # or "rwkv": add_rwkv_vocab's
+    vocab: str = "spm"   # or "rwkv" (add_rwkv_vocab's), or "none": no vocabulary, N_VOCAB ids
 
 
 # multi-byte tokens of the tiny RWKV vocabulary: words, their prefixes (so that greedy matching
@@ -721,7 +721,11 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
     for key, value in keys.items():
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
     w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
-    (add_rwkv_vocab if s.vocab == "rwkv" else add_vocab)(w)
+    if s.vocab == "none":
+        w.add("tokenizer.ggml.model", "none")
+        w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
+    else:
+        (add_rwkv_vocab if s.vocab == "rwkv" else add_vocab)(w)
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     norm("token_embd_norm")
     norm("output_norm")
