@@ -29,7 +29,14 @@ SPECS = {
     "rwkv7_mixed": TinyRwkv(arch="rwkv7", n_embd=128, n_layer=3, head_size=64, n_ff=256,
                             types={"token_embd": GGMLType.Q5_0, "time_mix": GGMLType.Q8_0,
                                    "channel_mix": GGMLType.IQ4_NL, "output": GGMLType.Q4_0, "lora": GGMLType.F32}),
+    "arwkv7": TinyRwkv(arch="arwkv7", n_embd=128, head_size=64, n_ff=256,
+                       types={"time_mix": GGMLType.Q4_0, "channel_mix": GGMLType.Q8_0}),
+    "arwkv7_no_gate": TinyRwkv(arch="arwkv7", n_embd=128, n_layer=3, head_size=64, n_ff=256, gate=False),
 }
+
+# each architecture at 1 and at 2 threads, in ubatches of several sequences and of one
+N_THREADS = {"rwkv6": 1, "rwkv6_mixed": 2, "rwkv7": 2, "rwkv7_mixed": 1, "arwkv7": 2, "arwkv7_no_gate": 1}
+N_UBATCH = {"rwkv6": 3, "rwkv6_mixed": 64, "rwkv7": 64, "rwkv7_mixed": 3, "arwkv7": 3, "arwkv7_no_gate": 64}
 
 
 @pytest.fixture(scope="module", params=list(SPECS))
@@ -39,10 +46,9 @@ def rwkv(request, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_prompt_and_steps_equal_llama(rwkv, n_threads: int) -> None:
+def test_prompt_and_steps_equal_llama(rwkv) -> None:
     """Every position's logits: a prompt in ubatches of 5, then one token at a time."""
-    tokens = _tokens(17, 1)
+    tokens, n_threads = _tokens(17, 1), N_THREADS[rwkv.stem]
     ref = LlamaDecoder(rwkv, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=5)
     try:
         want = np.concatenate([ref.decode(tokens[:11], 0)] + [ref.decode([t], 11 + k) for k, t in enumerate(tokens[11:])])
@@ -55,10 +61,10 @@ def test_prompt_and_steps_equal_llama(rwkv, n_threads: int) -> None:
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 
-@pytest.mark.parametrize("n_ubatch", [3, 64])
-def test_several_sequences_equal_llama(rwkv, n_ubatch: int) -> None:
+def test_several_sequences_equal_llama(rwkv) -> None:
     """Three sequences of unequal lengths (one of a single token) interleaved in one batch, then a
     step of each in one batch."""
+    n_ubatch = N_UBATCH[rwkv.stem]
     first = _interleaved([6, 1, 4], 2)
     step = [(t, p, s, True) for t, p, s in ((11, 6, 0), (12, 1, 1), (13, 4, 2))]
     ref = LlamaDecoder(rwkv, n_ctx=256, n_seq_max=3, n_batch=64, n_ubatch=n_ubatch)

@@ -666,6 +666,7 @@ class TinyRwkv:
     rescale_every_n_layers: int = 0
     types: dict[str, GGMLType] = field(default_factory=dict)
     vocab: str = "spm"   # or "rwkv" (add_rwkv_vocab's), or "none": no vocabulary, N_VOCAB ids
+    gate: bool = True    # arwkv7: the time mix's gate and group norm
 
 
 # multi-byte tokens of the tiny RWKV vocabulary: words, their prefixes (so that greedy matching
@@ -692,6 +693,7 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
     """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
     inside (0, 1), normalised keys' scales around 1."""
     s, e, arch, rank = spec, spec.n_embd, spec.arch, spec.lora_rank
+    arwkv = arch == "arwkv7"   # RMSNorms without biases, a SwiGLU feed-forward, one token-shift row
     w = GGUFWriter(path, arch=arch)
 
     def f32(name: str, data: np.ndarray) -> None:
@@ -705,43 +707,53 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
         else:
             w.add_tensor(name, quantize_weight(t, x), t, shape=(n_in, n_out))
 
-    def norm(name: str) -> None:
+    def norm(name: str, bias: bool = True) -> None:
         f32(f"{name}.weight", 1.0 + 0.1 * rng.standard_normal(e))
-        f32(f"{name}.bias", 0.05 * rng.standard_normal(e))
+        if bias:
+            f32(f"{name}.bias", 0.05 * rng.standard_normal(e))
 
     w.add("general.name", f"tiny-{arch}")
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
-            "attention.head_count": 0, "wkv.head_size": s.head_size, "token_shift_count": 2}
+            "attention.head_count": 0, "wkv.head_size": s.head_size, "token_shift_count": 1 if arwkv else 2}
     if arch == "rwkv6":
         keys.update(time_mix_extra_dim=rank, time_decay_extra_dim=2 * rank,
                     rescale_every_n_layers=s.rescale_every_n_layers)
     else:
         keys.update({"attention.decay_lora_rank": 2 * rank, "attention.iclr_lora_rank": rank,
-                     "attention.value_residual_mix_lora_rank": rank // 2, "attention.gate_lora_rank": 4 * rank})
+                     "attention.value_residual_mix_lora_rank": rank // 2})
+        if s.gate:
+            keys["attention.gate_lora_rank"] = 4 * rank
     for key, value in keys.items():
         w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
     w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     if s.vocab == "none":
         w.add("tokenizer.ggml.model", "none")
         w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
     else:
         (add_rwkv_vocab if s.vocab == "rwkv" else add_vocab)(w)
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
-    norm("token_embd_norm")
-    norm("output_norm")
+    if not arwkv:
+        norm("token_embd_norm")
+    norm("output_norm", bias=not arwkv)
     matrix("output.weight", "output", e, N_VOCAB)
-    n_mix = 5 if arch == "rwkv6" else 6
+    n_mix = 5 if arch == "rwkv6" or not s.gate else 6
     for il in range(s.n_layer):
         b = f"blk.{il}"
-        norm(f"{b}.attn_norm")
-        norm(f"{b}.attn_norm_2")
+        norm(f"{b}.attn_norm", bias=not arwkv)
+        norm(f"{b}.ffn_norm" if arwkv else f"{b}.attn_norm_2", bias=not arwkv)
         f32(f"{b}.time_mix_lerp_fused.weight", rng.uniform(0.0, 1.0, (n_mix, 1, 1, e)))
         for m in ("key", "value", "receptance", "output") + (("gate",) if arch == "rwkv6" else ()):
             matrix(f"{b}.time_mix_{m}.weight", "time_mix", e, e, scale=2.0 / np.sqrt(e))
-        norm(f"{b}.time_mix_ln")
-        f32(f"{b}.channel_mix_lerp_k.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
-        matrix(f"{b}.channel_mix_key.weight", "channel_mix", e, s.n_ff, scale=2.0 / np.sqrt(e))
-        matrix(f"{b}.channel_mix_value.weight", "channel_mix", s.n_ff, e, scale=1.0 / np.sqrt(s.n_ff))
+        if s.gate:
+            norm(f"{b}.time_mix_ln")
+        if arwkv:
+            for m, n_in, n_out in (("gate", e, s.n_ff), ("up", e, s.n_ff), ("down", s.n_ff, e)):
+                matrix(f"{b}.ffn_{m}.weight", "channel_mix", n_in, n_out, scale=1.0 / np.sqrt(n_in))
+        else:
+            f32(f"{b}.channel_mix_lerp_k.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+            matrix(f"{b}.channel_mix_key.weight", "channel_mix", e, s.n_ff, scale=2.0 / np.sqrt(e))
+            matrix(f"{b}.channel_mix_value.weight", "channel_mix", s.n_ff, e, scale=1.0 / np.sqrt(s.n_ff))
         if arch == "rwkv6":
             f32(f"{b}.time_mix_lerp_x.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
             matrix(f"{b}.time_mix_w1.weight", "lora", e, 5 * rank)
@@ -759,8 +771,9 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
             f32(f"{b}.time_mix_{c}0.weight", bias)
             matrix(f"{b}.time_mix_{c}1.weight", "lora", e, r, scale=0.3)
             matrix(f"{b}.time_mix_{c}2.weight", "lora", r, e, scale=0.3)
-        matrix(f"{b}.time_mix_g1.weight", "lora", e, 4 * rank, scale=0.3)
-        matrix(f"{b}.time_mix_g2.weight", "lora", 4 * rank, e, scale=0.3)
+        if s.gate:
+            matrix(f"{b}.time_mix_g1.weight", "lora", e, 4 * rank, scale=0.3)
+            matrix(f"{b}.time_mix_g2.weight", "lora", 4 * rank, e, scale=0.3)
         f32(f"{b}.time_mix_k_k.weight", rng.uniform(0.5, 1.0, e))
         f32(f"{b}.time_mix_k_a.weight", rng.uniform(0.8, 1.2, e))
         f32(f"{b}.time_mix_r_k.weight", 0.3 * rng.standard_normal(e))

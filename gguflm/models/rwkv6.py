@@ -9,7 +9,7 @@ and layer (:mod:`gguflm.memory_recurrent`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,17 +37,20 @@ class Rwkv6(Architecture):
                       rescale_every_n_layers=kv.get_int("{arch}.rescale_every_n_layers", 0))
         return hp.with_changes(extras=extras)
 
+    # token-shift rows per layer: the time mix's and the channel mix's (llama.cpp asserts it)
+    token_shift_count: ClassVar[int] = 2
+
     @classmethod
     def read_rwkv_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
-        """The keys every RWKV reads: sizes, the LayerNorm epsilon, ``wkv.head_size`` and
-        ``token_shift_count`` (2: the time mix's row and the channel mix's, as llama.cpp asserts)."""
+        """The keys every RWKV reads: sizes, the norms' epsilons, ``wkv.head_size`` and
+        ``token_shift_count`` (which must be the architecture's)."""
         n_layer = kv.positive("block_count", kv.get_int("{arch}.block_count"))
         n_embd = kv.positive("embedding_length", kv.get_int("{arch}.embedding_length"))
         head_size = kv.positive("wkv.head_size", kv.get_int("{arch}.wkv.head_size"))
         if n_embd % head_size:
             raise ModelLoadError(f"{kv.source}: embedding_length {n_embd} is not a multiple of wkv.head_size {head_size}")
-        if kv.get_int("{arch}.token_shift_count", 2) != 2:
-            raise ModelLoadError(f"{kv.source}: token_shift_count must be 2")
+        if kv.get_int("{arch}.token_shift_count", 2) != cls.token_shift_count:
+            raise ModelLoadError(f"{kv.source}: token_shift_count must be {cls.token_shift_count} for {kv.arch}")
         n_ff = kv.per_layer("{arch}.feed_forward_length", n_layer)
         n_head = kv.per_layer("{arch}.attention.head_count", n_layer, default=0)
         return HParams(arch=kv.arch, n_vocab=n_vocab, n_ctx_train=kv.get_int("{arch}.context_length"),
@@ -60,8 +63,8 @@ class Rwkv6(Architecture):
 
     @classmethod
     def state_sizes(cls, hp: HParams) -> tuple[int, int]:
-        # two token-shift rows; a head_size x head_size state per head
-        return 2 * hp.n_embd, hp.n_embd * hp.extras["head_size"]
+        # the token-shift rows; a head_size x head_size state per head
+        return cls.token_shift_count * hp.n_embd, hp.n_embd * hp.extras["head_size"]
 
     @classmethod
     def rwkv_specs(cls, hp: HParams) -> list[TensorSpec]:
