@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, rwkv, spm, ugm, wpm
+from gguflm.tokenizers import bpe, plamo2, rwkv, spm, ugm, wpm
 
 
 class TokenType(IntEnum):
@@ -109,8 +109,9 @@ _MODELS = {
     "gemma4": ("bpe", {}),
     "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
     "rwkv": ("rwkv", {}),
+    "plamo2": ("plamo2", {"bos": 1, "eos": 2, "unk": 0, "pad": 3}),
 }
-_UNSUPPORTED_MODELS = {"plamo2", "hybriddna", "whitespace"}
+_UNSUPPORTED_MODELS = {"hybriddna", "whitespace"}
 _NO_VOCAB_MODELS = {"no_vocab", "none"}   # token ids in and out, no text
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
@@ -365,6 +366,9 @@ class Vocab:
                                             self.add_space_prefix, self.remove_extra_whitespaces)
         elif self.type == "rwkv":
             self._engine = rwkv.build_engine(self._texts, self.unk)
+        elif self.type == "plamo2":
+            self._engine = plamo2.Plamo2Engine(self._texts, self._scores,
+                                               [bool(a & _BYTE) for a in self._load_attrs])
         else:  # wpm: built once the normalizer flags are read
             self._engine = None
 
@@ -569,6 +573,9 @@ class Vocab:
         text = self._texts[tok]
         if self.type == "rwkv":   # every token renders as its unescaped bytes
             piece = rwkv.unescape(text)
+        elif self.type == "plamo2":   # its text, or a byte token's byte
+            byte = plamo2.byte_value(text) if attr & _BYTE else None
+            piece = text if byte is None else bytes([byte])
         elif attr & (_SPECIAL | _USER_DEFINED):
             piece = text
         elif attr & _NORMAL:

@@ -100,3 +100,44 @@ def test_no_vocab_model_takes_ids(tmp_path) -> None:
         assert vocab.token_to_piece(5, special=True) == b""
         with Context(model, n_ctx=64, n_threads=2) as ctx:
             np.testing.assert_array_equal(_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens)]), want)
+
+
+@pytest.fixture(scope="module")
+def plamo2_vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plamo2_vocab") / "plamo2_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab="plamo2", n_layer=1), path, np.random.default_rng(0))
+    with Model.load(path, vocab_only=True) as model:
+        yield model.vocab, LlamaVocab(path)
+
+
+def test_plamo2_suite_texts_equal_llama(plamo2_vocab, vocab_dir) -> None:
+    """PLaMo-2: every input of llama.cpp's vocabulary suites, with and without special tokens,
+    a byte-order mark and invalid UTF-8; every piece; the special ids and flags."""
+    ours, theirs = plamo2_vocab
+    texts = _suite_texts(vocab_dir) + ["\ufeffhello world", "<|plamo:bos|>日本語です<|plamo:eos|>",
+                                       "\ufeff\ufeff", "helloworld hello"]
+    texts = [t if isinstance(t, bytes) else t.encode() for t in texts] + [b"\xff\xfeab\xc3", b"\xe6\x97"]
+    for add_special, parse_special in ((False, False), (True, True)):
+        failed = [t for t in texts if ours.tokenize(t, add_special, parse_special)
+                  != theirs.tokenize(t, add_special, parse_special)]
+        assert not failed, failed[:3]
+    for special in (False, True):
+        assert [ours.token_to_piece(t, special=special) for t in range(N_VOCAB)] == \
+            [theirs.token_to_piece(t, special=special) for t in range(N_VOCAB)]
+    assert {k: getattr(ours, k) for k in ("bos", "eos", "nl", "pad")} == \
+        {k: theirs.special_ids()[k] for k in ("bos", "eos", "nl", "pad")}
+    assert (ours.add_bos, ours.add_eos) == (theirs.flags()["add_bos"], theirs.flags()["add_eos"])
+
+
+_PLAMO2_ALPHABET = st.sampled_from(["hello", "hel", "lo", " world", "日本語", "です", "😀", "é", "t", "ü", " ", "\n",
+                                    "\u2581", "abc", "xyz", "12", "3", "<|plamo:eos|>", "\ufeff"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_PLAMO2_ALPHABET, max_size=16).map("".join))
+def test_plamo2_generated_texts_equal_llama(plamo2_vocab, text) -> None:
+    ours, theirs = plamo2_vocab
+    raw = text.encode()
+    ids = ours.tokenize(raw, add_special=False, parse_special=True)
+    assert ids == theirs.tokenize(raw, False, True)
+    assert ours.detokenize_bytes(ids, unparse_special=True) == theirs.detokenize(ids, False, True)

@@ -665,7 +665,7 @@ class TinyRwkv:
     lora_rank: int = 8
     rescale_every_n_layers: int = 0
     types: dict[str, GGMLType] = field(default_factory=dict)
-    vocab: str = "spm"   # or "rwkv" (add_rwkv_vocab's), or "none": no vocabulary, N_VOCAB ids
+    vocab: str = "spm"   # or "rwkv", "plamo2" (add_*_vocab's), or "none": no vocabulary, N_VOCAB ids
     gate: bool = True    # arwkv7: the time mix's gate and group norm
 
 
@@ -687,6 +687,27 @@ def add_rwkv_vocab(w: GGUFWriter) -> None:
     w.add("tokenizer.ggml.model", "rwkv")
     w.add("tokenizer.ggml.tokens", tokens)
     w.add("tokenizer.ggml.token_type", np.array([3] + [1] * (N_VOCAB - 1), np.int32))
+
+
+# PLaMo-2's pieces: words and their parts (which the scores decide between), Japanese, a token
+# that is also a suffix of others, the special tokens' look-alikes
+PLAMO2_PIECES = ["hello", "hel", "lo", "he", "llo", "l", "o", "h", "e", " ", "  ", " world", "world", "wor", "ld",
+                 "日本", "日本語", "語", "本", "は", "です", "す", "で", "こんにちは", "ab", "abc", "bc", "c", "a", "b",
+                 "\n", "\n\n", "1", "12", "23", "123", "x", "xyz", "yz", "ing", "in", "g", "the", "th", " the",
+                 "\u2581", "\u2581hi", "hi", "<|", "|>", "é", "ét", "été", "😀", "😀😀", "!", "?", ".", ",", "-"]
+
+
+def add_plamo2_vocab(w: GGUFWriter) -> None:
+    """A PLaMo-2 vocabulary of N_VOCAB tokens: unk, bos, eos, pad, the 256 byte tokens
+    ``<0xXX>``, PLAMO2_PIECES with scores spread so that the search must weigh them."""
+    tokens = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>"]
+    tokens += [f"<0x{b:02X}>" for b in range(256)] + PLAMO2_PIECES[:N_VOCAB - 260]
+    rng = np.random.default_rng(7)
+    scores = np.concatenate([np.zeros(260), -rng.uniform(0.0, 12.0, len(tokens) - 260)]).astype(np.float32)
+    w.add("tokenizer.ggml.model", "plamo2")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.scores", scores)
+    w.add("tokenizer.ggml.token_type", np.array([2, 3, 3, 3] + [6] * 256 + [1] * (len(tokens) - 260), np.int32))
 
 
 def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> None:
@@ -731,7 +752,7 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
         w.add("tokenizer.ggml.model", "none")
         w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
     else:
-        (add_rwkv_vocab if s.vocab == "rwkv" else add_vocab)(w)
+        {"rwkv": add_rwkv_vocab, "plamo2": add_plamo2_vocab, "spm": add_vocab}[s.vocab](w)
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     if not arwkv:
         norm("token_embd_norm")
