@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, plamo2, rwkv, spm, ugm, wpm
+from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, wpm
 
 
 class TokenType(IntEnum):
@@ -110,8 +110,9 @@ _MODELS = {
     "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
     "rwkv": ("rwkv", {}),
     "plamo2": ("plamo2", {"bos": 1, "eos": 2, "unk": 0, "pad": 3}),
+    "hybriddna": ("bpe", {"bos": 11, "eos": 11}),   # gpt2's, with DNA spans
 }
-_UNSUPPORTED_MODELS = {"hybriddna", "whitespace"}
+_UNSUPPORTED_MODELS = {"whitespace"}
 _NO_VOCAB_MODELS = {"no_vocab", "none"}   # token ids in and out, no text
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
@@ -240,6 +241,9 @@ class Vocab:
         self.remove_extra_whitespaces = _flag(meta, "remove_extra_whitespaces", False)
 
         self._build_engine(meta, pre_spec)
+        if model == "hybriddna":
+            self._engine = hybriddna.DnaEngine(self._engine, self.token_id)
+            hybriddna.strip_markers(self._texts, self._strs, self.token_id("<oov>"))
         self.nl = self._linefeed()
         self._read_special_ids(meta)
         if self.type in ("ugm", "rwkv"):   # the unknown token the file names, if any

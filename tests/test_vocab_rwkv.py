@@ -141,3 +141,38 @@ def test_plamo2_generated_texts_equal_llama(plamo2_vocab, text) -> None:
     ids = ours.tokenize(raw, add_special=False, parse_special=True)
     assert ids == theirs.tokenize(raw, False, True)
     assert ours.detokenize_bytes(ids, unparse_special=True) == theirs.detokenize(ids, False, True)
+
+
+@pytest.fixture(scope="module")
+def hybriddna_vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hybriddna_vocab") / "hybriddna_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab="hybriddna", n_layer=1), path, np.random.default_rng(0))
+    with Model.load(path, vocab_only=True) as model:
+        yield model.vocab, LlamaVocab(path)
+
+
+_DNA_ALPHABET = st.sampled_from(["<dna>", "</dna>", "ACGTAC", "acgtac", "CCCCCC", "AAAAAA", "A", "c", "G", "t", "N",
+                                 "hello", " world", " ", "\n", "é", "<oov>", "<dna", "dna>"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_DNA_ALPHABET, max_size=16).map("".join), st.booleans())
+def test_hybriddna_texts_equal_llama(hybriddna_vocab, text, parse_special) -> None:
+    """HybriDNA: BPE outside the tags, 6-mers inside (tags read from raw text only, i.e. when
+    specials are not parsed), the k-mers' marker off their pieces."""
+    ours, theirs = hybriddna_vocab
+    raw = text.encode()
+    ids = ours.tokenize(raw, add_special=False, parse_special=parse_special)
+    assert ids == theirs.tokenize(raw, False, parse_special)
+    assert ours.detokenize_bytes(ids, unparse_special=True) == theirs.detokenize(ids, False, True)
+
+
+def test_hybriddna_suite_and_pieces_equal_llama(hybriddna_vocab, vocab_dir) -> None:
+    ours, theirs = hybriddna_vocab
+    texts = _suite_texts(vocab_dir)
+    failed = [t for t in texts if ours.tokenize(t, False, False) != theirs.tokenize(t, False, False)]
+    assert not failed, failed[:3]
+    for special in (False, True):
+        assert [ours.token_to_piece(t, special=special) for t in range(N_VOCAB)] == \
+            [theirs.token_to_piece(t, special=special) for t in range(N_VOCAB)]
+    assert ours.nl == theirs.special_ids()["nl"]

@@ -665,7 +665,7 @@ class TinyRwkv:
     lora_rank: int = 8
     rescale_every_n_layers: int = 0
     types: dict[str, GGMLType] = field(default_factory=dict)
-    vocab: str = "spm"   # or "rwkv", "plamo2" (add_*_vocab's), or "none": no vocabulary, N_VOCAB ids
+    vocab: str = "spm"   # or "rwkv", "plamo2", "hybriddna" (add_*_vocab's), or "none": N_VOCAB ids, no text
     gate: bool = True    # arwkv7: the time mix's gate and group norm
 
 
@@ -710,6 +710,30 @@ def add_plamo2_vocab(w: GGUFWriter) -> None:
     w.add("tokenizer.ggml.token_type", np.array([2, 3, 3, 3] + [6] * 256 + [1] * (len(tokens) - 260), np.int32))
 
 
+HYBRIDDNA_MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "A C", "G T",
+                    "AC GT"]
+
+
+def add_hybriddna_vocab(w: GGUFWriter) -> None:
+    """A HybriDNA vocabulary of N_VOCAB tokens: byte-level BPE (GPT-2's byte texts,
+    HYBRIDDNA_MERGES), the control tokens ``<dna>``, ``</dna>``, ``<oov>``, then 6-mers of A, C,
+    G, T carrying the marker U+E000 (``AAAAAA`` among them)."""
+    from gguflm._ext import tokenize as _tk
+
+    tokens = [_tk.gpt2_byte_to_text(b).decode() for b in range(256)]
+    tokens += [m.replace(" ", "") for m in HYBRIDDNA_MERGES] + ["<dna>", "</dna>", "<oov>"]
+    rng = np.random.default_rng(3)
+    kmers = ["AAAAAA", "ACGTAC", "CCCCCC"] + ["".join(rng.choice(list("ACGT"), 6)) for _ in range(60)]
+    kmers = list(dict.fromkeys(kmers))[:N_VOCAB - len(tokens)]
+    tokens += [k + "\ue000" for k in kmers]
+    types = [1] * (256 + len(HYBRIDDNA_MERGES)) + [3, 3, 3] + [1] * len(kmers)
+    w.add("tokenizer.ggml.model", "hybriddna")
+    w.add("tokenizer.ggml.pre", "gpt-2")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array(types, np.int32))
+    w.add("tokenizer.ggml.merges", HYBRIDDNA_MERGES)
+
+
 def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
     inside (0, 1), normalised keys' scales around 1."""
@@ -752,7 +776,8 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
         w.add("tokenizer.ggml.model", "none")
         w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
     else:
-        {"rwkv": add_rwkv_vocab, "plamo2": add_plamo2_vocab, "spm": add_vocab}[s.vocab](w)
+        {"rwkv": add_rwkv_vocab, "plamo2": add_plamo2_vocab, "hybriddna": add_hybriddna_vocab,
+         "spm": add_vocab}[s.vocab](w)
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     if not arwkv:
         norm("token_embd_norm")
