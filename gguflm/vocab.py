@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, wpm
+from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, whitespace, wpm
 
 
 class TokenType(IntEnum):
@@ -111,8 +111,8 @@ _MODELS = {
     "rwkv": ("rwkv", {}),
     "plamo2": ("plamo2", {"bos": 1, "eos": 2, "unk": 0, "pad": 3}),
     "hybriddna": ("bpe", {"bos": 11, "eos": 11}),   # gpt2's, with DNA spans
+    "whitespace": ("bpe", {"bos": 11, "eos": 11}),  # gpt2's, on the words between white space
 }
-_UNSUPPORTED_MODELS = {"whitespace"}
 _NO_VOCAB_MODELS = {"no_vocab", "none"}   # token ids in and out, no text
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
@@ -199,8 +199,6 @@ class Vocab:
         if model in _NO_VOCAB_MODELS:
             self._load_none(meta)
             return
-        if model in _UNSUPPORTED_MODELS:
-            raise VocabError(f"tokenizer model {model!r} is not supported by gguflm")
         if model not in _MODELS:
             raise VocabError(f"unknown tokenizer: {model!r}")
         self.type, defaults = _MODELS[model]
@@ -241,9 +239,14 @@ class Vocab:
         self.remove_extra_whitespaces = _flag(meta, "remove_extra_whitespaces", False)
 
         self._build_engine(meta, pre_spec)
+        # the normalizer's lower-casing (WordPiece, the whitespace tokenizer); off by default
+        # with the whitespace pre-tokenizer
+        self.lowercase = _flag(meta, "normalizer.lowercase", self.pre != "whitespace")
         if model == "hybriddna":
             self._engine = hybriddna.DnaEngine(self._engine, self.token_id)
             hybriddna.strip_markers(self._texts, self._strs, self.token_id("<oov>"))
+        elif model == "whitespace":
+            self._engine = whitespace.WhitespaceEngine(self._engine, self.lowercase)
         self.nl = self._linefeed()
         self._read_special_ids(meta)
         if self.type in ("ugm", "rwkv"):   # the unknown token the file names, if any
@@ -258,7 +261,6 @@ class Vocab:
             if getattr(self, flag) and getattr(self, tok) is None:
                 raise VocabError(f"tokenizer.ggml.{flag}_token is true, but "
                                  f"tokenizer.ggml.{key}_token_id is not set")
-        self.lowercase = _flag(meta, "normalizer.lowercase", True)
         self.strip_accents = _flag(meta, "normalizer.strip_accents", self.lowercase)
         if self.type == "wpm":
             self._engine = wpm.build_engine(self._table, self.unk, self._max_token_len,

@@ -176,3 +176,39 @@ def test_hybriddna_suite_and_pieces_equal_llama(hybriddna_vocab, vocab_dir) -> N
         assert [ours.token_to_piece(t, special=special) for t in range(N_VOCAB)] == \
             [theirs.token_to_piece(t, special=special) for t in range(N_VOCAB)]
     assert ours.nl == theirs.special_ids()["nl"]
+
+
+@pytest.fixture(scope="module")
+def whitespace_vocab(tmp_path_factory):
+    path = tmp_path_factory.mktemp("whitespace_vocab") / "whitespace_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab="whitespace", n_layer=1), path, np.random.default_rng(0))
+    with Model.load(path, vocab_only=True) as model:
+        yield model.vocab, LlamaVocab(path)
+
+
+_WS_ALPHABET = st.sampled_from(["hello", "hell", "Hello", "世界", "世", "abc", "12", "über", "é", " ", "  ", "\t", "\n",
+                                "\u3000", "\u00a0", "x", "<s>", "!", ".", "q"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_WS_ALPHABET, max_size=16).map("".join) | st.binary(max_size=12))
+def test_whitespace_texts_equal_llama(whitespace_vocab, text) -> None:
+    """The whitespace tokenizer: BPE between white-space code points (ASCII, ideographic, no-break),
+    unknown characters as byte tokens."""
+    ours, theirs = whitespace_vocab
+    raw = text.encode() if isinstance(text, str) else text
+    for parse_special in (False, True):
+        ids = ours.tokenize(raw, add_special=True, parse_special=parse_special)
+        assert ids == theirs.tokenize(raw, True, parse_special)
+        assert ours.detokenize_bytes(ids) == theirs.detokenize(ids, False, False)
+
+
+def test_whitespace_suite_and_pieces_equal_llama(whitespace_vocab, vocab_dir) -> None:
+    ours, theirs = whitespace_vocab
+    failed = [t for t in _suite_texts(vocab_dir) if ours.tokenize(t, False, False) != theirs.tokenize(t, False, False)]
+    assert not failed, failed[:3]
+    for special in (False, True):
+        assert [ours.token_to_piece(t, special=special) for t in range(N_VOCAB)] == \
+            [theirs.token_to_piece(t, special=special) for t in range(N_VOCAB)]
+    assert (ours.nl, ours.bos, ours.add_bos) == (theirs.special_ids()["nl"], theirs.special_ids()["bos"],
+                                                 theirs.flags()["add_bos"])

@@ -665,7 +665,7 @@ class TinyRwkv:
     lora_rank: int = 8
     rescale_every_n_layers: int = 0
     types: dict[str, GGMLType] = field(default_factory=dict)
-    vocab: str = "spm"   # or "rwkv", "plamo2", "hybriddna" (add_*_vocab's), or "none": N_VOCAB ids, no text
+    vocab: str = "spm"   # or "rwkv", "plamo2", "hybriddna", "whitespace" (add_*_vocab's), "none": ids only
     gate: bool = True    # arwkv7: the time mix's gate and group norm
 
 
@@ -734,6 +734,23 @@ def add_hybriddna_vocab(w: GGUFWriter) -> None:
     w.add("tokenizer.ggml.merges", HYBRIDDNA_MERGES)
 
 
+WHITESPACE_MERGES = ["h e", "l l", "he ll", "hell o", "世 界", "a b", "ab c", "1 2", "ü b", "üb er"]
+
+
+def add_whitespace_vocab(w: GGUFWriter) -> None:
+    """A ``whitespace`` vocabulary (jina-embeddings-v2-base-zh's kind) of N_VOCAB tokens: unk,
+    bos, eos, the byte tokens ``<0xXX>``, single characters and WHITESPACE_MERGES' results, on
+    raw UTF-8 with the ``whitespace`` pre-tokenizer."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    chars = list("helowrdabcxyz123HE世界üé!.,") + [m.replace(" ", "") for m in WHITESPACE_MERGES]
+    tokens += chars + [f"[unused{i}]" for i in range(N_VOCAB - len(tokens) - len(chars))]
+    w.add("tokenizer.ggml.model", "whitespace")
+    w.add("tokenizer.ggml.pre", "whitespace")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array([2, 3, 3] + [6] * 256 + [1] * (N_VOCAB - 259), np.int32))
+    w.add("tokenizer.ggml.merges", WHITESPACE_MERGES)
+
+
 def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
     inside (0, 1), normalised keys' scales around 1."""
@@ -777,7 +794,7 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
         w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
     else:
         {"rwkv": add_rwkv_vocab, "plamo2": add_plamo2_vocab, "hybriddna": add_hybriddna_vocab,
-         "spm": add_vocab}[s.vocab](w)
+         "whitespace": add_whitespace_vocab, "spm": add_vocab}[s.vocab](w)
     matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
     if not arwkv:
         norm("token_embd_norm")
