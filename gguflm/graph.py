@@ -698,6 +698,21 @@ class Graph:
                       self.hparams.extras["head_size"], cache.s[il], ci)
         return out
 
+    def wkv_gla(self, il: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, scale: float) -> np.ndarray:
+        """Gated linear attention of layer ``il`` (ggml_gated_linear_attn, QRWKV-6), its states
+        moved on: k, v, q, g (the decays) [n_tokens, n_embd] in heads of ``wkv_head_size``."""
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*k.shape)
+        self.plan.wkv(wkv.KINDS["gla"], (k, v, q, g), (out,), self.n_threads, (), self.hparams.extras["head_size"],
+                      cache.s[il], ci, scale=scale)
+        return out
+
+    def wkv_repeat_heads(self, x: np.ndarray, n: int) -> np.ndarray:
+        """Each head of x's rows repeated to fill n values (ggml_repeat of grouped K/V heads)."""
+        out = self.new(x.shape[0], n)
+        self.plan.wkv(wkv.KINDS["repeat"], (x,), (out,), self.n_threads, (), self.hparams.extras["head_size"])
+        return out
+
     def wkv7(self, il: int, r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray,
              b: np.ndarray) -> np.ndarray:
         """RWKV-7's WKV of layer ``il`` (ggml_rwkv_wkv7), its states moved on: all [n_tokens,

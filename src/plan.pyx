@@ -573,17 +573,18 @@ cdef class Plan:
     # -- RWKV (wkv.h)
 
     def wkv(self, int kind, tuple xs, tuple outs, int n_threads, tuple params=(), int64_t head_size=0,
-            cnp.ndarray state=None, int cache_index=-1, int64_t state_offset=0):
+            cnp.ndarray state=None, int cache_index=-1, int64_t state_offset=0, float scale=0.0):
         """One of wkv.h's kinds over rows of n = outs[0].shape[1] values: inputs ``xs`` (None:
         absent), outputs ``outs``, parameter rows ``params``; the WKV kinds and SHIFT read and
         write the rows ``state`` of the tokens' cells in cache ``cache_index`` (SHIFT: n values
-        from ``state_offset`` on in each row)."""
+        from ``state_offset`` on in each row); GLA's ``scale``."""
         arrays = tuple(a for a in xs + outs + params if a is not None) + ((state,) if state is not None else ())
         cdef gguflm_node *nd = self._add(GGUFLM_OP_WKV, n_threads, arrays)
         cdef cnp.ndarray a
         cdef int i
         nd.wkv.kind, nd.wkv.n_out, nd.wkv.head_size = kind, len(outs), head_size
-        nd.wkv.n_tokens, nd.wkv.n = outs[0].shape[0], outs[0].shape[1]
+        nd.wkv.n_tokens, nd.wkv.n, nd.wkv.scale = outs[0].shape[0], outs[0].shape[1], scale
+        nd.wkv.n_in = xs[0].shape[1] if xs and xs[0] is not None else 0
         for i, a in enumerate(xs):
             if a is not None:
                 nd.wkv.x[i], nd.wkv.x_stride[i] = <const float *>_ptr(a), _stride(a)

@@ -38,6 +38,8 @@ enum {
     GGUFLM_WKV_KEY_DECAY,    /* out = x0 - x0 * x1: QRWKV's k * (1 - w) */
     GGUFLM_WKV7_KEYS,        /* x: k, a; p: k_k, k_a; out: k (new), -kk, kk * a */
     GGUFLM_WKV7_BONUS,       /* x: k, r, v; p: r_k; out[0] += v * sum_head(k * r * r_k) */
+    GGUFLM_WKV_GLA,          /* x: k, v, q, g (decay); scale; out: y (gated linear attention, QRWKV-6) */
+    GGUFLM_WKV_REPEAT,       /* x: rows of n_in values in heads; out: each head repeated n / n_in times */
     GGUFLM_WKV_KIND_COUNT
 };
 
@@ -45,6 +47,8 @@ typedef struct {
     int32_t kind;                           /* GGUFLM_WKV_* */
     int32_t n_out;                          /* LERP: how many rows */
     int64_t n_tokens, n, head_size;         /* rows, values per row, values per head */
+    int64_t n_in;                           /* REPEAT: values per input row */
+    float scale;                            /* GLA: q's scale */
     float *state;                           /* WKV: [size][n / head_size][head_size][head_size]; SHIFT: [size][width] */
     int64_t state_width, state_offset;      /* SHIFT: floats per state row, where this shift's n values are */
     const int64_t *cells;                   /* [n_tokens] the state row of each token's sequence (dynamic) */
@@ -94,6 +98,36 @@ static void gguflm_wkv6(const gguflm_wkv_args *a, int n_threads) {
                         const float prev = Si[j];
                         y[j] = fmaf(fmaf(kv, u[i], prev), r[i], y[j]);
                         Si[j] = fmaf(prev, w[i], kv);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* gated linear attention (ggml_gated_linear_attn): per head, S[i][j] = S[i][j] * g[i] + k[i] v[j],
+ * y[j] = sum_i (q[i] * scale) * S[i][j], each step one FMA as ggml's vector loop over j; on the
+ * rest of a row after whole vectors GCC fuses the other product into the state's sum */
+static void gguflm_wkv_gla(const gguflm_wkv_args *a, int arith, int n_threads) {
+    const int64_t hs = a->head_size, n_head = a->n / hs;
+    const int64_t vec_end = hs - hs % gguflm_vec_lanes(arith);
+    const int64_t nst = gguflm_wkv_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
+    #pragma omp parallel for num_threads(gguflm_wkv_threads(n_head, n_threads)) schedule(static)
+    for (int64_t h = 0; h < n_head; h++) {
+        for (int64_t q = 0; q < n_seqs; q++) {
+            float *S = a->state + a->cells[q * nst] * a->n * hs + h * hs * hs;
+            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
+                const float *k = GGUFLM_WKV_X(a, 0, t) + h * hs, *v = GGUFLM_WKV_X(a, 1, t) + h * hs;
+                const float *qq = GGUFLM_WKV_X(a, 2, t) + h * hs, *g = GGUFLM_WKV_X(a, 3, t) + h * hs;
+                float *y = GGUFLM_WKV_OUT(a, 0, t) + h * hs;
+                for (int64_t j = 0; j < hs; j++) y[j] = 0.0f;
+                for (int64_t i = 0; i < hs; i++) {
+                    float *Si = S + i * hs;
+                    const float qs = qq[i] * a->scale;
+                    for (int64_t j = 0; j < hs; j++) {
+                        const float s = j < vec_end ? fmaf(Si[j], g[i], v[j] * k[i]) : fmaf(v[j], k[i], Si[j] * g[i]);
+                        y[j] = fmaf(s, qs, y[j]);
+                        Si[j] = s;
                     }
                 }
             }
@@ -222,6 +256,12 @@ static void gguflm_wkv_rows(const gguflm_wkv_args *a, int n_threads) {
                 const float rk = (float)sum;
                 for (int64_t j = h0; j < h0 + hs; j++) y[j] += v[j] * rk;
             }
+        } else if (kind == GGUFLM_WKV_REPEAT) {
+            /* ggml_repeat of [head_size, 1, n_in / head_size] rows to [head_size, rep, ...] */
+            const int64_t rep = n / a->n_in;
+            const float *x = GGUFLM_WKV_X(a, 0, t);
+            float *y = GGUFLM_WKV_OUT(a, 0, t);
+            for (int64_t h = 0; h < n / hs; h++) memcpy(y + h * hs, x + (h / rep) * hs, sizeof(float) * (size_t)hs);
         } else {
             float *y = GGUFLM_WKV_OUT(a, 0, t);
             for (int64_t j = 0; j < n; j++) y[j] = gguflm_wkv_map1(kind, a, t, j);
@@ -234,6 +274,7 @@ static void gguflm_wkv_run(const gguflm_wkv_args *a, int arith, int n_threads) {
     case GGUFLM_WKV6: gguflm_wkv6(a, n_threads); break;
     case GGUFLM_WKV7: gguflm_wkv7(a, arith, n_threads); break;
     case GGUFLM_WKV_SHIFT: gguflm_wkv_shift(a); break;
+    case GGUFLM_WKV_GLA: gguflm_wkv_gla(a, arith, n_threads); break;
     default: gguflm_wkv_rows(a, n_threads); break;
     }
 }

@@ -24,7 +24,7 @@ KINDS = {"wkv6": GGUFLM_WKV6, "wkv7": GGUFLM_WKV7, "shift": GGUFLM_WKV_SHIFT, "l
          "decay6": GGUFLM_WKV_DECAY6, "decay7": GGUFLM_WKV_DECAY7, "sigmoid": GGUFLM_WKV_SIGMOID,
          "relu_sqr": GGUFLM_WKV_RELU_SQR, "sigmoid_mul": GGUFLM_WKV_SIGMOID_MUL, "mul": GGUFLM_WKV_MUL,
          "value_mix": GGUFLM_WKV_VALUE_MIX, "key_decay": GGUFLM_WKV_KEY_DECAY, "wkv7_keys": GGUFLM_WKV7_KEYS,
-         "wkv7_bonus": GGUFLM_WKV7_BONUS}
+         "wkv7_bonus": GGUFLM_WKV7_BONUS, "gla": GGUFLM_WKV_GLA, "repeat": GGUFLM_WKV_REPEAT}
 
 # the largest step of RWKV-7's vector loops (4 vectors of 16 floats): head sizes must be multiples
 WKV7_HEAD_MULTIPLE = 64
@@ -57,7 +57,7 @@ cdef void _set_inputs(gguflm_wkv_args *a, tuple xs) except *:
 
 
 def _wkv(int kind, float[:, ::1] state, const int64_t[::1] cells, int64_t head_size, tuple xs,
-         const float[::1] u, float[:, ::1] out, int n_threads):
+         const float[::1] u, float[:, ::1] out, int n_threads, float scale=0.0):
     cdef Py_ssize_t n_tokens = out.shape[0], n = out.shape[1]
     if head_size < 1 or n % head_size:
         raise ValueError(f"the rows ({n}) must be whole heads of {head_size}")
@@ -68,7 +68,7 @@ def _wkv(int kind, float[:, ::1] state, const int64_t[::1] cells, int64_t head_s
     check_cells(np.asarray(cells), n_tokens, state.shape[0])
     cdef gguflm_wkv_args a
     memset(&a, 0, sizeof(a))
-    a.kind, a.n_tokens, a.n, a.head_size = kind, n_tokens, n, head_size
+    a.kind, a.n_tokens, a.n, a.head_size, a.scale = kind, n_tokens, n, head_size, scale
     a.state, a.cells = &state[0, 0], &cells[0]
     _set_inputs(&a, xs)
     if u is not None:
@@ -96,3 +96,10 @@ def wkv7(float[:, ::1] state, const int64_t[::1] cells, int64_t head_size, r, w,
     if head_size % (4 * gguflm_vec_lanes(_switch.arith)):
         raise ValueError(f"head_size {head_size} must be a multiple of {WKV7_HEAD_MULTIPLE}")
     _wkv(GGUFLM_WKV7, state, cells, head_size, (r, w, k, v, a, b), None, out, n_threads)
+
+
+def gla(float[:, ::1] state, const int64_t[::1] cells, int64_t head_size, k, v, q, g, float scale,
+        float[:, ::1] out, int n_threads=1):
+    """Gated linear attention (ggml_gated_linear_attn, QRWKV-6's WKV): k, v, q, g (the decays)
+    [n_tokens, n] in heads of ``head_size``, q scaled by ``scale``; the states move on in place."""
+    _wkv(GGUFLM_WKV_GLA, state, cells, head_size, (k, v, q, g), None, out, n_threads, scale)

@@ -20,10 +20,13 @@ cdef extern from "wkv.h" nogil:
         GGUFLM_WKV_KEY_DECAY
         GGUFLM_WKV7_KEYS
         GGUFLM_WKV7_BONUS
+        GGUFLM_WKV_GLA
+        GGUFLM_WKV_REPEAT
         GGUFLM_WKV_KIND_COUNT
     ctypedef struct gguflm_wkv_args:
         int32_t kind, n_out
-        int64_t n_tokens, n, head_size
+        int64_t n_tokens, n, head_size, n_in
+        float scale
         float *state
         int64_t state_width, state_offset
         const int64_t *cells

@@ -32,11 +32,15 @@ SPECS = {
     "arwkv7": TinyRwkv(arch="arwkv7", n_embd=128, head_size=64, n_ff=256,
                        types={"time_mix": GGMLType.Q4_0, "channel_mix": GGMLType.Q8_0}),
     "arwkv7_no_gate": TinyRwkv(arch="arwkv7", n_embd=128, n_layer=3, head_size=64, n_ff=256, gate=False),
+    "rwkv6qwen2": TinyRwkv(arch="rwkv6qwen2", n_embd=128, head_size=32, n_ff=256, n_head_kv=2,
+                           types={"time_mix": GGMLType.Q8_0, "channel_mix": GGMLType.Q4_1}),
 }
 
 # each architecture at 1 and at 2 threads, in ubatches of several sequences and of one
-N_THREADS = {"rwkv6": 1, "rwkv6_mixed": 2, "rwkv7": 2, "rwkv7_mixed": 1, "arwkv7": 2, "arwkv7_no_gate": 1}
-N_UBATCH = {"rwkv6": 3, "rwkv6_mixed": 64, "rwkv7": 64, "rwkv7_mixed": 3, "arwkv7": 3, "arwkv7_no_gate": 64}
+N_THREADS = {"rwkv6": 1, "rwkv6_mixed": 2, "rwkv7": 2, "rwkv7_mixed": 1, "arwkv7": 2, "arwkv7_no_gate": 1,
+             "rwkv6qwen2": 2}
+N_UBATCH = {"rwkv6": 3, "rwkv6_mixed": 64, "rwkv7": 64, "rwkv7_mixed": 3, "arwkv7": 3, "arwkv7_no_gate": 64,
+            "rwkv6qwen2": 3}
 
 
 @pytest.fixture(scope="module", params=list(SPECS))

@@ -1,4 +1,4 @@
-"""RWKV's WKV kernels (src/wkv.h) against ggml-cpu's own rwkv_wkv6 and rwkv_wkv7.
+"""RWKV's WKV kernels (src/wkv.h) against ggml-cpu's own rwkv_wkv6, rwkv_wkv7 and gated_linear_attn.
 
 ggml (the libraries llama-cpp-python ships) computes a one-node graph over the states of the
 ubatch's sequences; gguflm's kernels, working in place on state rows out of order, must give the
@@ -20,20 +20,23 @@ from gguflm._ext import wkv
 from test_recurrent_kernels import _P, _Graph
 
 
-def _ggml_wkv(version: int, states: np.ndarray, inputs: list[np.ndarray], u: np.ndarray | None, head_size: int,
-              n_threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """ggml_rwkv_wkv6(k, v, r, u, w, states) or ggml_rwkv_wkv7(r, w, k, v, a, b, states) on inputs
-    [n_tokens, n] and the sequences' states [n_s, n * head_size] -> (y [n_tokens, n], new states)."""
+def _ggml_wkv(version: int | str, states: np.ndarray, inputs: list[np.ndarray], u: np.ndarray | None,
+              head_size: int, n_threads: int, scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_rwkv_wkv6(k, v, r, u, w, states), ggml_rwkv_wkv7(r, w, k, v, a, b, states) or
+    (version "gla") ggml_gated_linear_attn(k, v, q, g, states, scale) on inputs [n_tokens, n] and
+    the sequences' states [n_s, n * head_size] -> (y [n_tokens, n], new states)."""
     n_tokens, n = inputs[0].shape
     g = _Graph(4 * (sum(x.size for x in inputs) + 3 * states.size + n_tokens * n))
     try:
-        name = f"ggml_rwkv_wkv{version}"
+        name = "ggml_gated_linear_attn" if version == "gla" else f"ggml_rwkv_wkv{version}"
         fn = getattr(g.base, name)
-        fn.restype, fn.argtypes = _P, [_P] * (8 if version == 7 else 7)
+        fn.restype, fn.argtypes = _P, [_P] * {6: 7, 7: 8, "gla": 6}[version] + ([ctypes.c_float] if version == "gla" else [])
         heads = [g.tensor(x.reshape(n_tokens, n // head_size, head_size)) for x in inputs]
         if version == 6:
             k, v, r, w = heads
             out = fn(g.ctx, k, v, r, g.tensor(u.reshape(n // head_size, head_size)), w, g.tensor(states))
+        elif version == "gla":
+            out = fn(g.ctx, *heads, g.tensor(states), scale)
         else:
             out = fn(g.ctx, *heads, g.tensor(states))
         flat = g.compute(out, n_threads, n_tokens * n + states.size)
@@ -73,6 +76,30 @@ def test_wkv6_equals_ggml(shape: dict, head_size: int) -> None:
     np.testing.assert_array_equal(state[rows], states)
     others = np.setdiff1d(np.arange(n_rows), rows)
     np.testing.assert_array_equal(state[others], before[others])
+
+
+@settings(max_examples=15, deadline=None)
+@given(_shapes(), st.sampled_from([16, 24, 64]))
+def test_gla_equals_ggml(shape: dict, head_size: int) -> None:
+    """QRWKV-6's gated linear attention, q scaled as llama.cpp scales it (head_size ** -0.5)."""
+    _ggml.require_ggml()
+    n_s, n_t, n_threads = shape["n_s"], shape["n_t"], shape["n_threads"]
+    n = shape["n_head"] * head_size
+    rng = np.random.default_rng(shape["seed"])
+    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    n_rows = n_s + 1
+    rows = rng.permutation(n_rows)[:n_s]
+    cells = np.repeat(rows, n_t).astype(np.int64)
+    state = f32(n_rows, n * head_size, scale=0.5)
+    k, v, q = f32(n_s * n_t, n), f32(n_s * n_t, n), f32(n_s * n_t, n)
+    g = np.exp(-np.exp(f32(n_s * n_t, n, scale=0.5))).astype(np.float32)
+    scale = float(np.float32(head_size ** -0.5))
+    with _ggml.same_arithmetic():
+        y, states = _ggml_wkv("gla", state[rows], [k, v, q, g], None, head_size, n_threads, scale)
+        out = np.empty((n_s * n_t, n), np.float32)
+        wkv.gla(state, cells, head_size, k, v, q, g, scale, out, n_threads)
+    np.testing.assert_array_equal(out, y)
+    np.testing.assert_array_equal(state[rows], states)
 
 
 @settings(max_examples=15, deadline=None)

@@ -667,6 +667,7 @@ class TinyRwkv:
     types: dict[str, GGMLType] = field(default_factory=dict)
     vocab: str = "spm"   # or "rwkv", "plamo2", "hybriddna", "whitespace" (add_*_vocab's), "none": ids only
     gate: bool = True    # arwkv7: the time mix's gate and group norm
+    n_head_kv: int = 0   # rwkv6qwen2: K/V heads (0: as many as the queries')
 
 
 # multi-byte tokens of the tiny RWKV vocabulary: words, their prefixes (so that greedy matching
@@ -755,7 +756,8 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
     """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
     inside (0, 1), normalised keys' scales around 1."""
     s, e, arch, rank = spec, spec.n_embd, spec.arch, spec.lora_rank
-    arwkv = arch == "arwkv7"   # RMSNorms without biases, a SwiGLU feed-forward, one token-shift row
+    arwkv = arch in ("arwkv7", "rwkv6qwen2")   # RMSNorms without biases, a SwiGLU FFN, one token-shift row
+    qrwkv = arch == "rwkv6qwen2"   # RWKV-6's time mix without time_mix_first and the group norm
     w = GGUFWriter(path, arch=arch)
 
     def f32(name: str, data: np.ndarray) -> None:
@@ -776,8 +778,11 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
 
     w.add("general.name", f"tiny-{arch}")
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
-            "attention.head_count": 0, "wkv.head_size": s.head_size, "token_shift_count": 1 if arwkv else 2}
-    if arch == "rwkv6":
+            "attention.head_count": e // s.head_size if qrwkv else 0, "wkv.head_size": s.head_size,
+            "token_shift_count": 1 if arwkv else 2}
+    if qrwkv:
+        keys["attention.head_count_kv"] = s.n_head_kv or e // s.head_size
+    if arch in ("rwkv6", "rwkv6qwen2"):
         keys.update(time_mix_extra_dim=rank, time_decay_extra_dim=2 * rank,
                     rescale_every_n_layers=s.rescale_every_n_layers)
     else:
@@ -800,15 +805,22 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
         norm("token_embd_norm")
     norm("output_norm", bias=not arwkv)
     matrix("output.weight", "output", e, N_VOCAB)
-    n_mix = 5 if arch == "rwkv6" or not s.gate else 6
+    if qrwkv:
+        f32("output_norm.bias", 0.05 * rng.standard_normal(e))
+    rwkv6_mix = arch in ("rwkv6", "rwkv6qwen2")
+    n_mix = 5 if rwkv6_mix or not s.gate else 6
+    n_kv = s.n_head_kv * s.head_size if s.n_head_kv else e
     for il in range(s.n_layer):
         b = f"blk.{il}"
         norm(f"{b}.attn_norm", bias=not arwkv)
         norm(f"{b}.ffn_norm" if arwkv else f"{b}.attn_norm_2", bias=not arwkv)
         f32(f"{b}.time_mix_lerp_fused.weight", rng.uniform(0.0, 1.0, (n_mix, 1, 1, e)))
-        for m in ("key", "value", "receptance", "output") + (("gate",) if arch == "rwkv6" else ()):
-            matrix(f"{b}.time_mix_{m}.weight", "time_mix", e, e, scale=2.0 / np.sqrt(e))
-        if s.gate:
+        for m, n_out in (("key", n_kv), ("value", n_kv), ("receptance", e), ("output", e)) + \
+                (("gate", e),) * rwkv6_mix:
+            matrix(f"{b}.time_mix_{m}.weight", "time_mix", e, n_out, scale=2.0 / np.sqrt(e))
+            if qrwkv and m in ("key", "value", "receptance"):
+                f32(f"{b}.time_mix_{m}.bias", 0.1 * rng.standard_normal(n_out))
+        if s.gate and not qrwkv:
             norm(f"{b}.time_mix_ln")
         if arwkv:
             for m, n_in, n_out in (("gate", e, s.n_ff), ("up", e, s.n_ff), ("down", s.n_ff, e)):
@@ -817,16 +829,18 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
             f32(f"{b}.channel_mix_lerp_k.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
             matrix(f"{b}.channel_mix_key.weight", "channel_mix", e, s.n_ff, scale=2.0 / np.sqrt(e))
             matrix(f"{b}.channel_mix_value.weight", "channel_mix", s.n_ff, e, scale=1.0 / np.sqrt(s.n_ff))
-        if arch == "rwkv6":
+        if rwkv6_mix:
             f32(f"{b}.time_mix_lerp_x.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
             matrix(f"{b}.time_mix_w1.weight", "lora", e, 5 * rank)
             f32(f"{b}.time_mix_w2.weight", 0.1 * rng.standard_normal((5, e, rank)))
-            f32(f"{b}.time_mix_first.weight", 0.5 * rng.standard_normal((e // s.head_size, s.head_size)))
+            if not qrwkv:
+                f32(f"{b}.time_mix_first.weight", 0.5 * rng.standard_normal((e // s.head_size, s.head_size)))
             f32(f"{b}.time_mix_decay.weight", rng.uniform(-4.0, 0.5, e))
             matrix(f"{b}.time_mix_decay_w1.weight", "lora", e, 2 * rank)
             matrix(f"{b}.time_mix_decay_w2.weight", "lora", 2 * rank, e)
-            f32(f"{b}.channel_mix_lerp_r.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
-            matrix(f"{b}.channel_mix_receptance.weight", "channel_mix", e, e, scale=2.0 / np.sqrt(e))
+            if not arwkv:
+                f32(f"{b}.channel_mix_lerp_r.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+                matrix(f"{b}.channel_mix_receptance.weight", "channel_mix", e, e, scale=2.0 / np.sqrt(e))
             continue
         value_rank = rank if il == 0 else rank // 2
         for c, r, bias in (("w", 2 * rank, rng.uniform(-5.0, -1.0, e)), ("a", rank, 0.3 * rng.standard_normal(e)),

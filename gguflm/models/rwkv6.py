@@ -75,29 +75,43 @@ class Rwkv6(Architecture):
             specs += cls.norm_specs(f"blk.{il}.attn_norm", hp.n_embd) + cls.norm_specs(f"blk.{il}.attn_norm_2", hp.n_embd)
         return specs
 
+    # QRWKV-6 (RWKV6Qwen2): no time_mix_first means gated linear attention with a sigmoid gate
+    # and no group norm; K and V may have fewer heads, R, K and V biases
+    qrwkv: ClassVar[bool] = False
+
+    @classmethod
+    def time_mix_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """RWKV-6's time-mix tensors of block ``il``."""
+        x = hp.extras
+        blk, e, hs, mix, decay = f"blk.{il}", hp.n_embd, x["head_size"], x["time_mix_extra_dim"], x["time_decay_extra_dim"]
+        n_kv = hp.n_head_kv[il] * hs if hp.n_head_kv[il] else e
+        specs = [
+            TensorSpec(f"{blk}.time_mix_w1.weight", (e, mix * N_LERP)),
+            TensorSpec(f"{blk}.time_mix_w2.weight", (mix, e, N_LERP)),
+            TensorSpec(f"{blk}.time_mix_lerp_x.weight", (e, 1, 1)),
+            TensorSpec(f"{blk}.time_mix_lerp_fused.weight", (e, 1, 1, N_LERP), optional=not cls.qrwkv),
+            TensorSpec(f"{blk}.time_mix_first.weight", (hs, e // hs), optional=cls.qrwkv),
+            TensorSpec(f"{blk}.time_mix_decay.weight", (e,)),
+            TensorSpec(f"{blk}.time_mix_decay_w1.weight", (e, decay)),
+            TensorSpec(f"{blk}.time_mix_decay_w2.weight", (decay, e)),
+            TensorSpec(f"{blk}.time_mix_key.weight", (e, n_kv)),
+            TensorSpec(f"{blk}.time_mix_value.weight", (e, n_kv)),
+            TensorSpec(f"{blk}.time_mix_receptance.weight", (e, e)),
+            TensorSpec(f"{blk}.time_mix_gate.weight", (e, e)),
+            TensorSpec(f"{blk}.time_mix_output.weight", (e, e)),
+        ]
+        if cls.qrwkv:
+            return specs + [TensorSpec(f"{blk}.time_mix_{m}.bias", (n,), optional=True)
+                            for m, n in (("key", n_kv), ("value", n_kv), ("receptance", e))]
+        return specs + [*(TensorSpec(f"{blk}.time_mix_lerp_{c}.weight", (e, 1, 1), optional=True) for c in "wkvrg"),
+                        *cls.norm_specs(f"{blk}.time_mix_ln", e)]
+
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
-        x = hp.extras
-        e, hs, mix, decay = hp.n_embd, x["head_size"], x["time_mix_extra_dim"], x["time_decay_extra_dim"]
         specs = cls.rwkv_specs(hp)
         for il in range(hp.n_layer):
-            blk, f = f"blk.{il}", hp.n_ff[il]
-            specs += [
-                TensorSpec(f"{blk}.time_mix_w1.weight", (e, mix * N_LERP)),
-                TensorSpec(f"{blk}.time_mix_w2.weight", (mix, e, N_LERP)),
-                TensorSpec(f"{blk}.time_mix_lerp_x.weight", (e, 1, 1)),
-                TensorSpec(f"{blk}.time_mix_lerp_fused.weight", (e, 1, 1, N_LERP), optional=True),
-                *(TensorSpec(f"{blk}.time_mix_lerp_{c}.weight", (e, 1, 1), optional=True) for c in "wkvrg"),
-                TensorSpec(f"{blk}.time_mix_first.weight", (hs, e // hs)),
-                TensorSpec(f"{blk}.time_mix_decay.weight", (e,)),
-                TensorSpec(f"{blk}.time_mix_decay_w1.weight", (e, decay)),
-                TensorSpec(f"{blk}.time_mix_decay_w2.weight", (decay, e)),
-                TensorSpec(f"{blk}.time_mix_key.weight", (e, e)),
-                TensorSpec(f"{blk}.time_mix_value.weight", (e, e)),
-                TensorSpec(f"{blk}.time_mix_receptance.weight", (e, e)),
-                TensorSpec(f"{blk}.time_mix_gate.weight", (e, e)),
-                *cls.norm_specs(f"{blk}.time_mix_ln", e),
-                TensorSpec(f"{blk}.time_mix_output.weight", (e, e)),
+            blk, e, f = f"blk.{il}", hp.n_embd, hp.n_ff[il]
+            specs += cls.time_mix_specs(hp, il) + [
                 TensorSpec(f"{blk}.channel_mix_lerp_k.weight", (e, 1, 1)),
                 TensorSpec(f"{blk}.channel_mix_lerp_r.weight", (e, 1, 1)),
                 TensorSpec(f"{blk}.channel_mix_key.weight", (e, f)),
@@ -118,10 +132,11 @@ class Rwkv6(Architecture):
                       np.concatenate([p.data.reshape(1, -1) for p in parts]))
 
     def time_mix(self, g: Any, il: int, L: Any, cur: Any, prev: Any, carry: dict[str, Any]) -> Any:
-        """llm_build_rwkv6_base::build_rwkv6_time_mix (RWKV-6; no QRWKV's GQA or sigmoid gate);
-        ``carry``: what a block hands the next ones (RWKV-7's first value; nothing here)."""
+        """llm_build_rwkv6_base::build_rwkv6_time_mix; ``carry``: what a block hands the next
+        ones (RWKV-7's first value; nothing here)."""
         hp = g.hparams
-        mix = hp.extras["time_mix_extra_dim"]
+        mix, hs = hp.extras["time_mix_extra_dim"], hp.extras["head_size"]
+        qrwkv = L.time_mix_first is None
         (xxx,) = g.wkv_lerp(cur, prev, L.time_mix_lerp_x)                      # sx * lerp_x + cur
         (lo,) = g.project(xxx, L.time_mix_w1)                                  # [n_tokens, 5 * mix]
         lo = g.tanh(lo)
@@ -131,11 +146,19 @@ class Rwkv6(Architecture):
                                   Weight(w2.name, w2.type, (mix, rows), w2.data[k * rows:(k + 1) * rows]))
                 for k in range(N_LERP)]
         xw, xk, xv, xr, xg = g.wkv_lerp(cur, prev, self.lerp_rows(L), adds)   # (adds + mu) * sx + cur
-        r, k, v = g.project(xr, L.time_mix_receptance)[0], g.project(xk, L.time_mix_key)[0], \
-            g.project(xv, L.time_mix_value)[0]
+        r = g.add_bias(g.project(xr, L.time_mix_receptance)[0], getattr(L, "time_mix_receptance_bias", None))
+        k = g.add_bias(g.project(xk, L.time_mix_key)[0], getattr(L, "time_mix_key_bias", None))
+        v = g.add_bias(g.project(xv, L.time_mix_value)[0], getattr(L, "time_mix_value_bias", None))
         (gate,) = g.project(xg, L.time_mix_gate)
+        if k.shape[1] != hp.n_embd:   # grouped K/V heads, each repeated for its queries
+            k, v = g.wkv_repeat_heads(k, hp.n_embd), g.wkv_repeat_heads(v, hp.n_embd)
         (dw,) = g.project(g.tanh(g.project(xw, L.time_mix_decay_w1)[0]), L.time_mix_decay_w2)
         w = g.wkv_map("decay6", dw, p=L.time_mix_decay, out=dw)                 # exp(-exp(dw + decay))
+        if qrwkv:   # k * (1 - w), gated linear attention, a sigmoid gate
+            k = g.wkv_map("key_decay", k, w, out=k)
+            # llama.cpp passes pow(head_size, -0.5f) (a double) as a float
+            y = g.wkv_gla(il, k, v, r, w, float(np.float32(hs ** -0.5)))
+            return g.project(g.wkv_map("sigmoid_mul", gate, y, out=y), L.time_mix_output)[0]
         y = g.wkv6(il, k, v, r, L.time_mix_first, w)
         y = g.wkv_group_norm(y, L.time_mix_ln, L.time_mix_ln_bias)
         y = g.swiglu(gate, y)                                                  # y * silu(gate)
@@ -169,4 +192,36 @@ class Rwkv6(Architecture):
                 g.scale(cur, 0.5)
             x = cur
         x = g.layer_norm(x, tensors["output_norm.weight"], tensors["output_norm.bias"])
+        return x, g.logits(x, tensors["output.weight"])
+
+
+class FeedForwardBody:
+    """What the RWKV time mixes distilled into a transformer (ARWKV-7, RWKV6Qwen2) share, as
+    llama.cpp's arwkv7.cpp and rwkv6qwen2.cpp build it: RMSNorms, one token-shift row, the time
+    mix, then a SwiGLU feed-forward instead of the channel mix. Mixed in before the RWKV class
+    whose time mix it runs."""
+
+    token_shift_count = 1   # the time mix's row only
+
+    @classmethod
+    def body_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        blk = f"blk.{il}"
+        return [TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)), TensorSpec(f"{blk}.ffn_norm.weight", (hp.n_embd,)),
+                *Architecture.ffn_specs(hp, il)]
+
+    def forward(self, g: Any) -> tuple[Any, Any]:
+        hp, tensors = g.hparams, g.model.tensors
+        carry: dict[str, Any] = {}
+        g.recurrent_moves()
+        x = g.embed(tensors["token_embd.weight"])                              # [n_tokens, n_embd]
+        for il, L in g.layers():
+            att_norm = g.rms_norm(x, L.attn_norm)
+            cur = self.time_mix(g, il, L, att_norm, g.wkv_shift(il, att_norm, 0), carry)
+            ffn_inp = g.add(cur, x)
+            if il == hp.n_layer - 1:
+                (ffn_inp,) = g.output_rows(ffn_inp)
+            gate, up = g.project(g.rms_norm(ffn_inp, L.ffn_norm), L.ffn_gate, L.ffn_up)
+            (cur,) = g.project(g.swiglu(gate, up), L.ffn_down)
+            x = g.add(cur, ffn_inp)
+        x = g.add_bias(g.rms_norm(x, tensors["output_norm.weight"]), tensors.get("output_norm.bias"))
         return x, g.logits(x, tensors["output.weight"])
