@@ -19,12 +19,17 @@ from test_vocab import SEPARATOR
 from tiny_models import N_VOCAB, RWKV_PIECES, TinyRwkv, write_tiny_rwkv
 
 
-@pytest.fixture(scope="module")
-def rwkv_vocab(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rwkv_vocab") / "rwkv_vocab.gguf"
-    write_tiny_rwkv(TinyRwkv(vocab="rwkv", n_layer=1), path, np.random.default_rng(0))
+def _vocabs(tmp_path_factory, kind: str):
+    """gguflm's and llama.cpp's vocabulary of a one-block model with the writer's ``kind`` one."""
+    path = tmp_path_factory.mktemp(kind) / f"{kind}_vocab.gguf"
+    write_tiny_rwkv(TinyRwkv(vocab=kind, n_layer=1), path, np.random.default_rng(0))
     with Model.load(path, vocab_only=True) as model:
         yield model.vocab, LlamaVocab(path)
+
+
+@pytest.fixture(scope="module")
+def rwkv_vocab(tmp_path_factory):
+    yield from _vocabs(tmp_path_factory, "rwkv")
 
 
 def _suite_texts(vocab_dir) -> list[bytes]:
@@ -104,10 +109,7 @@ def test_no_vocab_model_takes_ids(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def plamo2_vocab(tmp_path_factory):
-    path = tmp_path_factory.mktemp("plamo2_vocab") / "plamo2_vocab.gguf"
-    write_tiny_rwkv(TinyRwkv(vocab="plamo2", n_layer=1), path, np.random.default_rng(0))
-    with Model.load(path, vocab_only=True) as model:
-        yield model.vocab, LlamaVocab(path)
+    yield from _vocabs(tmp_path_factory, "plamo2")
 
 
 def test_plamo2_suite_texts_equal_llama(plamo2_vocab, vocab_dir) -> None:
@@ -145,10 +147,7 @@ def test_plamo2_generated_texts_equal_llama(plamo2_vocab, text) -> None:
 
 @pytest.fixture(scope="module")
 def hybriddna_vocab(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hybriddna_vocab") / "hybriddna_vocab.gguf"
-    write_tiny_rwkv(TinyRwkv(vocab="hybriddna", n_layer=1), path, np.random.default_rng(0))
-    with Model.load(path, vocab_only=True) as model:
-        yield model.vocab, LlamaVocab(path)
+    yield from _vocabs(tmp_path_factory, "hybriddna")
 
 
 _DNA_ALPHABET = st.sampled_from(["<dna>", "</dna>", "ACGTAC", "acgtac", "CCCCCC", "AAAAAA", "A", "c", "G", "t", "N",
@@ -180,10 +179,7 @@ def test_hybriddna_suite_and_pieces_equal_llama(hybriddna_vocab, vocab_dir) -> N
 
 @pytest.fixture(scope="module")
 def whitespace_vocab(tmp_path_factory):
-    path = tmp_path_factory.mktemp("whitespace_vocab") / "whitespace_vocab.gguf"
-    write_tiny_rwkv(TinyRwkv(vocab="whitespace", n_layer=1), path, np.random.default_rng(0))
-    with Model.load(path, vocab_only=True) as model:
-        yield model.vocab, LlamaVocab(path)
+    yield from _vocabs(tmp_path_factory, "whitespace")
 
 
 _WS_ALPHABET = st.sampled_from(["hello", "hell", "Hello", "世界", "世", "abc", "12", "über", "é", " ", "  ", "\t", "\n",

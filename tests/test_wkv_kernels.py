@@ -51,6 +51,20 @@ def _shapes(draw: st.DrawFn) -> dict:
             "n_threads": draw(st.integers(1, 2)), "seed": draw(st.integers(0, 2**16))}
 
 
+def _case(shape: dict, head_size: int):
+    """Random inputs: a float maker, the sequences' state rows (out of order among spare ones),
+    each token's row, the states [n_rows, n * head_size], and three inputs [n_tokens, n]."""
+    n_s, n_t = shape["n_s"], shape["n_t"]
+    n = shape["n_head"] * head_size
+    rng = np.random.default_rng(shape["seed"])
+    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    n_rows = n_s + 2
+    rows = rng.permutation(n_rows)[:n_s]
+    cells = np.repeat(rows, n_t).astype(np.int64)
+    state = f32(n_rows, n * head_size, scale=0.5)
+    return f32, rows, cells, state, f32(n_s * n_t, n), f32(n_s * n_t, n), f32(n_s * n_t, n)
+
+
 @settings(max_examples=15, deadline=None)
 @given(_shapes(), st.sampled_from([16, 24, 64]))
 def test_wkv6_equals_ggml(shape: dict, head_size: int) -> None:
@@ -58,13 +72,8 @@ def test_wkv6_equals_ggml(shape: dict, head_size: int) -> None:
     _ggml.require_ggml()
     n_s, n_t, n_threads = shape["n_s"], shape["n_t"], shape["n_threads"]
     n = shape["n_head"] * head_size
-    rng = np.random.default_rng(shape["seed"])
-    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
-    n_rows = n_s + 1
-    rows = rng.permutation(n_rows)[:n_s]
-    cells = np.repeat(rows, n_t).astype(np.int64)
-    state = f32(n_rows, n * head_size, scale=0.5)
-    k, v, r = f32(n_s * n_t, n), f32(n_s * n_t, n), f32(n_s * n_t, n)
+    f32, rows, cells, state, k, v, r = _case(shape, head_size)
+    n_rows = len(state)
     w = np.exp(-np.exp(f32(n_s * n_t, n, scale=0.5))).astype(np.float32)
     u = f32(n)
     with _ggml.same_arithmetic():
@@ -85,13 +94,7 @@ def test_gla_equals_ggml(shape: dict, head_size: int) -> None:
     _ggml.require_ggml()
     n_s, n_t, n_threads = shape["n_s"], shape["n_t"], shape["n_threads"]
     n = shape["n_head"] * head_size
-    rng = np.random.default_rng(shape["seed"])
-    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
-    n_rows = n_s + 1
-    rows = rng.permutation(n_rows)[:n_s]
-    cells = np.repeat(rows, n_t).astype(np.int64)
-    state = f32(n_rows, n * head_size, scale=0.5)
-    k, v, q = f32(n_s * n_t, n), f32(n_s * n_t, n), f32(n_s * n_t, n)
+    f32, rows, cells, state, k, v, q = _case(shape, head_size)
     g = np.exp(-np.exp(f32(n_s * n_t, n, scale=0.5))).astype(np.float32)
     scale = float(np.float32(head_size ** -0.5))
     with _ggml.same_arithmetic():
@@ -109,13 +112,7 @@ def test_wkv7_equals_ggml(shape: dict, head_size: int) -> None:
     _ggml.require_ggml()
     n_s, n_t, n_threads = shape["n_s"], shape["n_t"], shape["n_threads"]
     n = shape["n_head"] * head_size
-    rng = np.random.default_rng(shape["seed"])
-    f32 = lambda *s, scale=1.0: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
-    n_rows = n_s + 2
-    rows = rng.permutation(n_rows)[:n_s]
-    cells = np.repeat(rows, n_t).astype(np.int64)
-    state = f32(n_rows, n * head_size, scale=0.5)
-    r, k, v = f32(n_s * n_t, n), f32(n_s * n_t, n), f32(n_s * n_t, n)
+    f32, rows, cells, state, r, k, v = _case(shape, head_size)
     w = np.exp(-0.6 / (1 + np.exp(-f32(n_s * n_t, n)))).astype(np.float32)
     kk = f32(n_s * n_t, n)
     kk /= np.linalg.norm(kk.reshape(n_s * n_t, -1, head_size), axis=2).repeat(head_size, axis=1)

@@ -106,6 +106,9 @@ class Rwkv6(Architecture):
         return specs + [*(TensorSpec(f"{blk}.time_mix_lerp_{c}.weight", (e, 1, 1), optional=True) for c in "wkvrg"),
                         *cls.norm_specs(f"{blk}.time_mix_ln", e)]
 
+    # whether the channel mix gates its output by a receptance (RWKV-6; RWKV-7's does not)
+    channel_mix_receptance: ClassVar[bool] = True
+
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
         specs = cls.rwkv_specs(hp)
@@ -113,11 +116,12 @@ class Rwkv6(Architecture):
             blk, e, f = f"blk.{il}", hp.n_embd, hp.n_ff[il]
             specs += cls.time_mix_specs(hp, il) + [
                 TensorSpec(f"{blk}.channel_mix_lerp_k.weight", (e, 1, 1)),
-                TensorSpec(f"{blk}.channel_mix_lerp_r.weight", (e, 1, 1)),
                 TensorSpec(f"{blk}.channel_mix_key.weight", (e, f)),
                 TensorSpec(f"{blk}.channel_mix_value.weight", (f, e)),
-                TensorSpec(f"{blk}.channel_mix_receptance.weight", (e, e)),
             ]
+            if cls.channel_mix_receptance:
+                specs += [TensorSpec(f"{blk}.channel_mix_lerp_r.weight", (e, 1, 1)),
+                          TensorSpec(f"{blk}.channel_mix_receptance.weight", (e, e))]
         return specs
 
     @staticmethod

@@ -20,6 +20,7 @@ N_LERP = 6   # RWKV-7's token-shift mixes: r, w, k, v, a, g
 
 class Rwkv7(Rwkv6):
     name = "rwkv7"
+    channel_mix_receptance = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -32,18 +33,6 @@ class Rwkv7(Rwkv6):
             raise ModelLoadError(f"{kv.source}: wkv.head_size {hp.extras['head_size']} is not a multiple of "
                                  f"{WKV7_HEAD_MULTIPLE}, which ggml's rwkv_wkv7 loops assume")
         return hp.with_changes(extras=dict(hp.extras, lora=ranks))
-
-    @classmethod
-    def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
-        specs = cls.rwkv_specs(hp)
-        for il in range(hp.n_layer):
-            blk, e, f = f"blk.{il}", hp.n_embd, hp.n_ff[il]
-            specs += cls.time_mix_specs(hp, il) + [
-                TensorSpec(f"{blk}.channel_mix_lerp_k.weight", (e, 1, 1)),
-                TensorSpec(f"{blk}.channel_mix_key.weight", (e, f)),
-                TensorSpec(f"{blk}.channel_mix_value.weight", (f, e)),
-            ]
-        return specs
 
     # whether the gate (g1, g2; a sixth lerp) and the group norm may be absent (ARWKV-7)
     optional_gate_and_norm: ClassVar[bool] = False

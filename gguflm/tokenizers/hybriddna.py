@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gguflm._ext import tokenize as _tk
+from gguflm.tokenizers.engine import TextEngine
 
 KMER_MARKER = "\ue000".encode()
 _K = 6
@@ -27,9 +28,9 @@ def strip_markers(texts: list[bytes], strs: list[str], oov: int | None) -> None:
             strs[tok] = texts[tok].decode("utf-8", "surrogateescape")
 
 
-class DnaEngine:
+class DnaEngine(TextEngine):
     """The BPE engine ``bpe`` with the DNA spans; plain BPE where the tags or ``<oov>`` are no
-    tokens. ``encode(text, fragments)`` as the other engines."""
+    tokens."""
 
     def __init__(self, bpe: _tk.BpeEngine, token_id: Callable[[bytes], int | None]):
         self._bpe = bpe
@@ -37,21 +38,13 @@ class DnaEngine:
         self._ids = [token_id(t) for t in (_OPEN, _CLOSE, b"<oov>")]
         self._plain = _tk.SpecialMatcher([], [], [], [])
 
-    def encode(self, text: bytes, fragments: _tk.Fragments) -> list[int]:
-        out: list[int] = []
-        for tok, off, length in fragments:
-            if tok >= 0:
-                out.append(tok)
-            elif None in self._ids:
-                out += self._text(text[off:off + length])
-            else:
-                self._fragment(text[off:off + length], out)
-        return out
-
     def _text(self, text: bytes) -> list[int]:
         return self._bpe.encode(text, self._plain.partition(text)) if text else []
 
-    def _fragment(self, text: bytes, out: list[int]) -> None:
+    def encode_raw(self, text: bytes, out: list[int]) -> None:
+        if None in self._ids:
+            out += self._text(text)
+            return
         begin, end, oov = self._ids
         pos = 0
         while pos < len(text):

@@ -17,6 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
+from gguflm.tokenizers.engine import TextEngine
 
 _INVALID_SCORE = -20_000_000
 _UNKNOWN_SCORE = -10_000_000
@@ -43,8 +44,8 @@ def _score(score: float) -> int:
     return int(math.copysign(r, x))
 
 
-class Plamo2Engine:
-    """The search over one vocabulary; ``encode(text, fragments)`` as the other engines."""
+class Plamo2Engine(TextEngine):
+    """The search over one vocabulary."""
 
     def __init__(self, texts: Sequence[bytes], scores: np.ndarray, is_byte: Sequence[bool]):
         self._bytes = [-1] * 256
@@ -61,16 +62,7 @@ class Plamo2Engine:
             raise VocabError(f"PLaMo-2 vocabulary without the byte token <0x{missing[0]:02X}>")
         self._max_len = max(map(len, self._pieces), default=0)
 
-    def encode(self, text: bytes, fragments: _tk.Fragments) -> list[int]:
-        out: list[int] = []
-        for tok, off, length in fragments:
-            if tok >= 0:
-                out.append(tok)
-            else:
-                out += self._encode(text[off:off + length])
-        return out
-
-    def _encode(self, text: bytes) -> list[int]:
+    def encode_raw(self, text: bytes, out: list[int]) -> None:
         cpts = _tk.CodepointText(text).codepoints()
         if cpts and cpts[0] == 0xFEFF:
             cpts = cpts[1:]
@@ -90,7 +82,7 @@ class Plamo2Engine:
             else:
                 if cost[i + 1] - _UNKNOWN_SCORE < cost[i]:
                     cost[i], step[i] = cost[i + 1] - _UNKNOWN_SCORE, (1, -1)
-        out, i = [], 0
+        i = 0
         while i < n:
             length, tok = step[i]
             if tok >= 0:
@@ -98,4 +90,3 @@ class Plamo2Engine:
             else:
                 out += [self._bytes[b] for b in chr(cpts[i]).encode("utf-8", "surrogatepass")]
             i += length
-        return out
