@@ -76,61 +76,59 @@ static inline float gguflm_wkv_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)
 #define GGUFLM_WKV_X(a, i, t) ((a)->x[i] + (t) * (a)->x_stride[i])
 #define GGUFLM_WKV_OUT(a, i, t) ((a)->out[i] + (t) * (a)->out_stride[i])
 
-/* RWKV-6: per head, y[j] = sum_i r[i] * (u[i] * k[i] v[j] + S[i][j]), S[i][j] = S[i][j] * w[i] + k[i] v[j]
- * (the sum over i in order, each step one FMA, as ggml's vector loop over j) */
-static void gguflm_wkv6(const gguflm_wkv_args *a, int n_threads) {
+/* one token's step of a recurrence over the head_size x head_size state S of the head starting
+ * at value h0 */
+typedef void (*gguflm_wkv_step)(const gguflm_wkv_args *a, int arith, float *S, int64_t t, int64_t h0);
+
+/* the recurrences' loop: heads across threads, each head's sequences and their tokens in order */
+static void gguflm_wkv_heads(const gguflm_wkv_args *a, int arith, int n_threads, gguflm_wkv_step step) {
     const int64_t hs = a->head_size, n_head = a->n / hs;
     const int64_t nst = gguflm_wkv_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
     #pragma omp parallel for num_threads(gguflm_wkv_threads(n_head, n_threads)) schedule(static)
     for (int64_t h = 0; h < n_head; h++) {
         for (int64_t q = 0; q < n_seqs; q++) {
             float *S = a->state + a->cells[q * nst] * a->n * hs + h * hs * hs;
-            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
-                const float *k = GGUFLM_WKV_X(a, 0, t) + h * hs, *v = GGUFLM_WKV_X(a, 1, t) + h * hs;
-                const float *r = GGUFLM_WKV_X(a, 2, t) + h * hs, *w = GGUFLM_WKV_X(a, 3, t) + h * hs;
-                const float *u = a->p[0] + h * hs;
-                float *y = GGUFLM_WKV_OUT(a, 0, t) + h * hs;
-                for (int64_t j = 0; j < hs; j++) y[j] = 0.0f;
-                for (int64_t i = 0; i < hs; i++) {
-                    float *Si = S + i * hs;
-                    for (int64_t j = 0; j < hs; j++) {
-                        const float kv = v[j] * k[i];
-                        const float prev = Si[j];
-                        y[j] = fmaf(fmaf(kv, u[i], prev), r[i], y[j]);
-                        Si[j] = fmaf(prev, w[i], kv);
-                    }
-                }
-            }
+            for (int64_t t = q * nst; t < (q + 1) * nst; t++) step(a, arith, S, t, h * hs);
         }
     }
 }
 
-/* gated linear attention (ggml_gated_linear_attn): per head, S[i][j] = S[i][j] * g[i] + k[i] v[j],
+/* RWKV-6: y[j] = sum_i r[i] * (u[i] * k[i] v[j] + S[i][j]), S[i][j] = S[i][j] * w[i] + k[i] v[j]
+ * (the sum over i in order, each step one FMA, as ggml's vector loop over j) */
+static void gguflm_wkv6_step(const gguflm_wkv_args *a, int arith, float *S, int64_t t, int64_t h0) {
+    (void)arith;
+    const int64_t hs = a->head_size;
+    const float *k = GGUFLM_WKV_X(a, 0, t) + h0, *v = GGUFLM_WKV_X(a, 1, t) + h0;
+    const float *r = GGUFLM_WKV_X(a, 2, t) + h0, *w = GGUFLM_WKV_X(a, 3, t) + h0, *u = a->p[0] + h0;
+    float *y = GGUFLM_WKV_OUT(a, 0, t) + h0;
+    for (int64_t j = 0; j < hs; j++) y[j] = 0.0f;
+    for (int64_t i = 0; i < hs; i++) {
+        float *Si = S + i * hs;
+        for (int64_t j = 0; j < hs; j++) {
+            const float kv = v[j] * k[i];
+            const float prev = Si[j];
+            y[j] = fmaf(fmaf(kv, u[i], prev), r[i], y[j]);
+            Si[j] = fmaf(prev, w[i], kv);
+        }
+    }
+}
+
+/* gated linear attention (ggml_gated_linear_attn): S[i][j] = S[i][j] * g[i] + k[i] v[j],
  * y[j] = sum_i (q[i] * scale) * S[i][j], each step one FMA as ggml's vector loop over j; on the
  * rest of a row after whole vectors GCC fuses the other product into the state's sum */
-static void gguflm_wkv_gla(const gguflm_wkv_args *a, int arith, int n_threads) {
-    const int64_t hs = a->head_size, n_head = a->n / hs;
-    const int64_t vec_end = hs - hs % gguflm_vec_lanes(arith);
-    const int64_t nst = gguflm_wkv_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
-    #pragma omp parallel for num_threads(gguflm_wkv_threads(n_head, n_threads)) schedule(static)
-    for (int64_t h = 0; h < n_head; h++) {
-        for (int64_t q = 0; q < n_seqs; q++) {
-            float *S = a->state + a->cells[q * nst] * a->n * hs + h * hs * hs;
-            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
-                const float *k = GGUFLM_WKV_X(a, 0, t) + h * hs, *v = GGUFLM_WKV_X(a, 1, t) + h * hs;
-                const float *qq = GGUFLM_WKV_X(a, 2, t) + h * hs, *g = GGUFLM_WKV_X(a, 3, t) + h * hs;
-                float *y = GGUFLM_WKV_OUT(a, 0, t) + h * hs;
-                for (int64_t j = 0; j < hs; j++) y[j] = 0.0f;
-                for (int64_t i = 0; i < hs; i++) {
-                    float *Si = S + i * hs;
-                    const float qs = qq[i] * a->scale;
-                    for (int64_t j = 0; j < hs; j++) {
-                        const float s = j < vec_end ? fmaf(Si[j], g[i], v[j] * k[i]) : fmaf(v[j], k[i], Si[j] * g[i]);
-                        y[j] = fmaf(s, qs, y[j]);
-                        Si[j] = s;
-                    }
-                }
-            }
+static void gguflm_wkv_gla_step(const gguflm_wkv_args *a, int arith, float *S, int64_t t, int64_t h0) {
+    const int64_t hs = a->head_size, vec_end = hs - hs % gguflm_vec_lanes(arith);
+    const float *k = GGUFLM_WKV_X(a, 0, t) + h0, *v = GGUFLM_WKV_X(a, 1, t) + h0;
+    const float *qq = GGUFLM_WKV_X(a, 2, t) + h0, *g = GGUFLM_WKV_X(a, 3, t) + h0;
+    float *y = GGUFLM_WKV_OUT(a, 0, t) + h0;
+    for (int64_t j = 0; j < hs; j++) y[j] = 0.0f;
+    for (int64_t i = 0; i < hs; i++) {
+        float *Si = S + i * hs;
+        const float qs = qq[i] * a->scale;
+        for (int64_t j = 0; j < hs; j++) {
+            const float s = j < vec_end ? fmaf(Si[j], g[i], v[j] * k[i]) : fmaf(v[j], k[i], Si[j] * g[i]);
+            y[j] = fmaf(s, qs, y[j]);
+            Si[j] = s;
         }
     }
 }
@@ -142,38 +140,29 @@ static inline float gguflm_wkv_reduce(const float *acc, int epr) {
     return epr == 16 ? gguflm_hsum16(v) : gguflm_hsum8_hadd(v);
 }
 
-/* RWKV-7: per head and state row i, sa = a . S[i]; S[i][j] = S[i][j] * w[j] + k[j] v[i] + sa * b[j];
+/* RWKV-7: per state row i, sa = a . S[i]; S[i][j] = S[i][j] * w[j] + k[j] v[i] + sa * b[j];
  * y[i] = r . S[i]. ggml runs both dots in 4 vectors of lanes, in whole steps of them only (a head
  * size that is no multiple of the step would read past the head there): the caller checks that
  * head_size is a multiple of 4 * gguflm_vec_lanes(arith). */
-static void gguflm_wkv7(const gguflm_wkv_args *a, int arith, int n_threads) {
-    const int64_t hs = a->head_size, n_head = a->n / hs;
-    const int64_t nst = gguflm_wkv_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
+static void gguflm_wkv7_step(const gguflm_wkv_args *a, int arith, float *S, int64_t t, int64_t h0) {
+    const int64_t hs = a->head_size;
     const int epr = gguflm_vec_lanes(arith), step = 4 * epr;
-    #pragma omp parallel for num_threads(gguflm_wkv_threads(n_head, n_threads)) schedule(static)
-    for (int64_t h = 0; h < n_head; h++) {
-        for (int64_t q = 0; q < n_seqs; q++) {
-            float *S = a->state + a->cells[q * nst] * a->n * hs + h * hs * hs;
-            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
-                const float *r = GGUFLM_WKV_X(a, 0, t) + h * hs, *w = GGUFLM_WKV_X(a, 1, t) + h * hs;
-                const float *k = GGUFLM_WKV_X(a, 2, t) + h * hs, *v = GGUFLM_WKV_X(a, 3, t) + h * hs;
-                const float *aa = GGUFLM_WKV_X(a, 4, t) + h * hs, *b = GGUFLM_WKV_X(a, 5, t) + h * hs;
-                float *y = GGUFLM_WKV_OUT(a, 0, t) + h * hs;
-                for (int64_t i = 0; i < hs; i++) {
-                    float *Si = S + i * hs;
-                    float acc[GGUFLM_MAX_LANES] = {0};
-                    for (int64_t j = 0; j < hs; j++) acc[j % step] = fmaf(aa[j], Si[j], acc[j % step]);
-                    const float sa = gguflm_wkv_reduce(acc, epr);
-                    for (int l = 0; l < step; l++) acc[l] = 0.0f;
-                    for (int64_t j = 0; j < hs; j++) {
-                        const float s = fmaf(sa, b[j], fmaf(Si[j], w[j], v[i] * k[j]));
-                        Si[j] = s;
-                        acc[j % step] = fmaf(s, r[j], acc[j % step]);
-                    }
-                    y[i] = gguflm_wkv_reduce(acc, epr);
-                }
-            }
+    const float *r = GGUFLM_WKV_X(a, 0, t) + h0, *w = GGUFLM_WKV_X(a, 1, t) + h0;
+    const float *k = GGUFLM_WKV_X(a, 2, t) + h0, *v = GGUFLM_WKV_X(a, 3, t) + h0;
+    const float *aa = GGUFLM_WKV_X(a, 4, t) + h0, *b = GGUFLM_WKV_X(a, 5, t) + h0;
+    float *y = GGUFLM_WKV_OUT(a, 0, t) + h0;
+    for (int64_t i = 0; i < hs; i++) {
+        float *Si = S + i * hs;
+        float acc[GGUFLM_MAX_LANES] = {0};
+        for (int64_t j = 0; j < hs; j++) acc[j % step] = fmaf(aa[j], Si[j], acc[j % step]);
+        const float sa = gguflm_wkv_reduce(acc, epr);
+        for (int l = 0; l < step; l++) acc[l] = 0.0f;
+        for (int64_t j = 0; j < hs; j++) {
+            const float s = fmaf(sa, b[j], fmaf(Si[j], w[j], v[i] * k[j]));
+            Si[j] = s;
+            acc[j % step] = fmaf(s, r[j], acc[j % step]);
         }
+        y[i] = gguflm_wkv_reduce(acc, epr);
     }
 }
 
@@ -271,10 +260,10 @@ static void gguflm_wkv_rows(const gguflm_wkv_args *a, int n_threads) {
 
 static void gguflm_wkv_run(const gguflm_wkv_args *a, int arith, int n_threads) {
     switch (a->kind) {
-    case GGUFLM_WKV6: gguflm_wkv6(a, n_threads); break;
-    case GGUFLM_WKV7: gguflm_wkv7(a, arith, n_threads); break;
+    case GGUFLM_WKV6: gguflm_wkv_heads(a, arith, n_threads, gguflm_wkv6_step); break;
+    case GGUFLM_WKV7: gguflm_wkv_heads(a, arith, n_threads, gguflm_wkv7_step); break;
+    case GGUFLM_WKV_GLA: gguflm_wkv_heads(a, arith, n_threads, gguflm_wkv_gla_step); break;
     case GGUFLM_WKV_SHIFT: gguflm_wkv_shift(a); break;
-    case GGUFLM_WKV_GLA: gguflm_wkv_gla(a, arith, n_threads); break;
     default: gguflm_wkv_rows(a, n_threads); break;
     }
 }
