@@ -36,8 +36,8 @@ SPECS = {
                            types={"time_mix": GGMLType.Q8_0, "channel_mix": GGMLType.Q4_1}),
 }
 
-# each architecture at 1 and at 2 threads, in ubatches of several sequences and of one
-N_THREADS = {"rwkv6": 1, "rwkv6_mixed": 2, "rwkv7": 2, "rwkv7_mixed": 1, "arwkv7": 2, "arwkv7_no_gate": 1,
+# each architecture at 1 and at 2-4 threads, in ubatches of several sequences and of one
+N_THREADS = {"rwkv6": 1, "rwkv6_mixed": 2, "rwkv7": 4, "rwkv7_mixed": 1, "arwkv7": 3, "arwkv7_no_gate": 1,
              "rwkv6qwen2": 2}
 N_UBATCH = {"rwkv6": 3, "rwkv6_mixed": 64, "rwkv7": 64, "rwkv7_mixed": 3, "arwkv7": 3, "arwkv7_no_gate": 64,
             "rwkv6qwen2": 3}
