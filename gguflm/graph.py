@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gguflm._ext import ops, quants
+from gguflm._ext import ops, quants, wkv
 from gguflm._ext.plan import MAX_GROUP, Plan
 from gguflm.batch import UBatch
 from gguflm.errors import ModelLoadError
@@ -826,6 +826,111 @@ class Graph:
         ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*v.shape)
         self.plan.gated_delta_net(cache.s[il], ci, q, k, v, g, beta, g.shape[1], out, self.n_threads)
+    # -- RWKV (src/wkv.h; the states are the recurrent memory's rows)
+
+    def wkv_shift(self, il: int, x: np.ndarray, slot: int) -> np.ndarray:
+        """Each row of x one token back within its sequence, the first from slot ``slot`` of
+        layer ``il``'s token-shift states, which then keep the sequence's last row (llama.cpp's
+        token_shift load, concat and store): x [n_tokens, n_embd] -> [n_tokens, n_embd]."""
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*x.shape)
+        self.plan.wkv(wkv.KINDS["shift"], (x,), (out,), 1, state=cache.r[il], cache_index=ci,
+                      state_offset=slot * x.shape[1])
+        return out
+
+    def wkv_lerp(self, cur: np.ndarray, prev: np.ndarray, mu: Weight,
+                 adds: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """RWKV's token-shift mixes, one per row of ``mu`` ([n_mix, n_embd] values): (mu + add) *
+        (prev - cur) + cur, written over ``adds`` when given (ggml_sub, add, mul, add)."""
+        _f32(mu)
+        mus = mu.data.reshape(-1, cur.shape[1])
+        outs = list(adds) if adds is not None else [self.new(*cur.shape) for _ in range(mus.shape[0])]
+        xs = (cur, prev) + (tuple(adds) if adds is not None else (None,) * len(outs))
+        self.plan.wkv(wkv.KINDS["lerp"], xs, tuple(outs), self.n_threads, (mus,))
+        return outs
+
+    def wkv_map(self, kind: str, *xs: np.ndarray, p: Weight | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """One of wkv.h's element-wise chains (``decay6``, ``sigmoid``, ``value_mix``, ...) over
+        rows of xs and the parameter row p, into ``out`` (x0 itself is allowed) or a new buffer."""
+        if p is not None:
+            _f32(p)
+        out = self.new(*xs[0].shape) if out is None else out
+        self.plan.wkv(wkv.KINDS[kind], xs, (out,), self.n_threads, () if p is None else (p.data.reshape(-1),))
+        return out
+
+    def wkv6(self, il: int, k: np.ndarray, v: np.ndarray, r: np.ndarray, u: Weight, w: np.ndarray) -> np.ndarray:
+        """RWKV-6's WKV of layer ``il`` (ggml_rwkv_wkv6), its states moved on: k, v, r, w
+        [n_tokens, n_embd] in heads of ``wkv_head_size``, u (time_first) [n_embd]."""
+        _f32(u)
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*k.shape)
+        self.plan.wkv(wkv.KINDS["wkv6"], (k, v, r, w), (out,), self.n_threads, (u.data.reshape(-1),),
+                      self.hparams.extras["head_size"], cache.s[il], ci)
+        return out
+
+    def wkv_gla(self, il: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, scale: float) -> np.ndarray:
+        """Gated linear attention of layer ``il`` (ggml_gated_linear_attn, QRWKV-6), its states
+        moved on: k, v, q, g (the decays) [n_tokens, n_embd] in heads of ``wkv_head_size``."""
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*k.shape)
+        self.plan.wkv(wkv.KINDS["gla"], (k, v, q, g), (out,), self.n_threads, (), self.hparams.extras["head_size"],
+                      cache.s[il], ci, scale=scale)
+        return out
+
+    def wkv_repeat_heads(self, x: np.ndarray, n: int) -> np.ndarray:
+        """Each head of x's rows repeated to fill n values (ggml_repeat of grouped K/V heads)."""
+        out = self.new(x.shape[0], n)
+        self.plan.wkv(wkv.KINDS["repeat"], (x,), (out,), self.n_threads, (), self.hparams.extras["head_size"])
+        return out
+
+    def wkv7(self, il: int, r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray,
+             b: np.ndarray) -> np.ndarray:
+        """RWKV-7's WKV of layer ``il`` (ggml_rwkv_wkv7), its states moved on: all [n_tokens,
+        n_embd] in heads of ``wkv_head_size``."""
+        ci, cache = self.ctx.cache_for_layer(il)
+        out = self.new(*k.shape)
+        self.plan.wkv(wkv.KINDS["wkv7"], (r, w, k, v, a, b), (out,), self.n_threads, (),
+                      self.hparams.extras["head_size"], cache.s[il], ci)
+        return out
+
+    def wkv7_keys(self, k: np.ndarray, a: np.ndarray, k_k: Weight, k_a: Weight) -> tuple[np.ndarray, np.ndarray]:
+        """RWKV-7's keys: kk = l2_norm(k * k_k) per head; k += a * (k * k_a) - k * k_a in place;
+        returns -kk and kk * a, the WKV's a and b."""
+        _f32(k_k, k_a)
+        neg_kk, kka = self.new(*k.shape), self.new(*k.shape)
+        self.plan.wkv(wkv.KINDS["wkv7_keys"], (k, a), (k, neg_kk, kka), self.n_threads,
+                      (k_k.data.reshape(-1), k_a.data.reshape(-1)), self.hparams.extras["head_size"])
+        return neg_kk, kka
+
+    def wkv7_bonus(self, cur: np.ndarray, k: np.ndarray, r: np.ndarray, v: np.ndarray, r_k: Weight) -> np.ndarray:
+        """cur += v * sum_head(k * r * r_k), in place (RWKV-7's bonus of the current token)."""
+        _f32(r_k)
+        self.plan.wkv(wkv.KINDS["wkv7_bonus"], (k, r, v), (cur,), self.n_threads, (r_k.data.reshape(-1),),
+                      self.hparams.extras["head_size"])
+        return cur
+
+    def wkv_group_norm(self, x: np.ndarray, w: Weight, b: Weight) -> np.ndarray:
+        """LayerNorm of every head of x (eps 64e-5, as RWKV's graphs), then * w + b over the row."""
+        rows = x.reshape(-1, self.hparams.extras["head_size"])
+        out = self.new(*rows.shape)
+        self.plan.layer_norm(rows, None, None, 64e-5, out, self.n_threads)
+        out = out.reshape(x.shape)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        self.plan.add_row(out, b.data.reshape(-1))
+        return out
+
+    def project_per_row(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        """x @ W.T as ggml multiplies a weight broadcast over one-row slices of x (RWKV-6's
+        batched w2): one matmul per row, each rounding as a one-token matmul."""
+        if self.ub.n_tokens > 1:
+            self.boundary()
+            self.observe(x, (w,))
+        xq = self._quantized(x, w, {})
+        out = self.new(x.shape[0], w.data.shape[0])
+        for t in range(x.shape[0]):
+            self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq[t:t + 1], out[t:t + 1],
+                             matmul_storage(w.kernel_type, rows16=w.rows16), self.n_threads)
         return out
 
     # -- outputs

@@ -17,7 +17,7 @@ import numpy as np
 
 from gguflm._ext import tokenize as _tk
 from gguflm.errors import VocabError
-from gguflm.tokenizers import bpe, spm, ugm, wpm
+from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, whitespace, wpm
 
 
 class TokenType(IntEnum):
@@ -108,8 +108,12 @@ _MODELS = {
     "gpt2": ("bpe", {"bos": 11, "eos": 11}),
     "gemma4": ("bpe", {}),
     "t5": ("ugm", {"eos": 1, "unk": 2, "pad": 0}),
+    "rwkv": ("rwkv", {}),
+    "plamo2": ("plamo2", {"bos": 1, "eos": 2, "unk": 0, "pad": 3}),
+    "hybriddna": ("bpe", {"bos": 11, "eos": 11}),   # gpt2's, with DNA spans
+    "whitespace": ("bpe", {"bos": 11, "eos": 11}),  # gpt2's, on the words between white space
 }
-_UNSUPPORTED_MODELS = {"rwkv", "plamo2", "hybriddna", "whitespace", "no_vocab", "none"}
+_NO_VOCAB_MODELS = {"no_vocab", "none"}   # token ids in and out, no text
 
 _CLEAN_1 = re.compile(rb" (?=[?!.,])")          # " ?", " !", " .", " ,"
 _CLEAN_2 = re.compile(rb" ' ")                   # a lone apostrophe between spaces
@@ -192,8 +196,9 @@ class Vocab:
         if not isinstance(model, str):
             raise VocabError("metadata key 'tokenizer.ggml.model' is missing: the file has no "
                              "tokenizer")
-        if model in _UNSUPPORTED_MODELS:
-            raise VocabError(f"tokenizer model {model!r} is not supported by gguflm")
+        if model in _NO_VOCAB_MODELS:
+            self._load_none(meta)
+            return
         if model not in _MODELS:
             raise VocabError(f"unknown tokenizer: {model!r}")
         self.type, defaults = _MODELS[model]
@@ -234,9 +239,17 @@ class Vocab:
         self.remove_extra_whitespaces = _flag(meta, "remove_extra_whitespaces", False)
 
         self._build_engine(meta, pre_spec)
+        # the normalizer's lower-casing (WordPiece, the whitespace tokenizer); off by default
+        # with the whitespace pre-tokenizer
+        self.lowercase = _flag(meta, "normalizer.lowercase", self.pre != "whitespace")
+        if model == "hybriddna":
+            self._engine = hybriddna.DnaEngine(self._engine, self.token_id)
+            hybriddna.strip_markers(self._texts, self._strs, self.token_id("<oov>"))
+        elif model == "whitespace":
+            self._engine = whitespace.WhitespaceEngine(self._engine, self.lowercase)
         self.nl = self._linefeed()
         self._read_special_ids(meta)
-        if self.type == "ugm":
+        if self.type in ("ugm", "rwkv"):   # the unknown token the file names, if any
             self._engine.unk = -1 if self.unk is None else self.unk
         self.add_bos = _flag(meta, "add_bos_token", self.add_bos)
         self.add_eos = _flag(meta, "add_eos_token", self.add_eos)
@@ -248,7 +261,6 @@ class Vocab:
             if getattr(self, flag) and getattr(self, tok) is None:
                 raise VocabError(f"tokenizer.ggml.{flag}_token is true, but "
                                  f"tokenizer.ggml.{key}_token_id is not set")
-        self.lowercase = _flag(meta, "normalizer.lowercase", True)
         self.strip_accents = _flag(meta, "normalizer.strip_accents", self.lowercase)
         if self.type == "wpm":
             self._engine = wpm.build_engine(self._table, self.unk, self._max_token_len,
@@ -267,6 +279,31 @@ class Vocab:
         if self.type == "ugm" and any((a ^ b) & _USER_DEFINED
                                       for a, b in zip(self._load_attrs, self._attr)):
             self._build_engine(meta, None)  # user-defined tokens score 0: use the final attributes
+
+    def _load_none(self, meta: Mapping[str, Any]) -> None:
+        """llama.cpp's LLAMA_VOCAB_TYPE_NONE: no tokens' texts, no special tokens; ``{arch}.vocab_size``
+        blank tokens (none without it). Tokenizing is refused; tokens render as nothing."""
+        arch = meta.get("general.architecture")
+        n = _meta_int(meta, f"{arch}.vocab_size") or 0
+        self.type, self.pre, self.n_tokens = "none", "default", n
+        for name, _ in _SPECIAL_ID_KEYS:
+            setattr(self, name, None)
+        self.nl = None
+        self.add_space_prefix = self.add_bos = self.add_eos = self.add_sep = self.clean_spaces = False
+        self.ignore_merges = self.remove_extra_whitespaces = self.lowercase = self.strip_accents = False
+        self.escape_whitespaces = False
+        self._strs, self._texts = [""] * n, [b""] * n
+        self._table = _tk.TokenTable([])
+        self._scores = np.zeros(n, np.float32)
+        self._types = np.full(n, TokenType.UNDEFINED, np.int32)
+        self._attr = [0] * n
+        self._load_attrs = tuple(self._attr)
+        self._max_token_len = 0
+        self._engine = None
+        self.eog_ids = frozenset()
+        self._special_order = []
+        self._pieces = [b""] * n
+        self._matchers = {}
 
     def _read_tokens(self, meta: Mapping[str, Any]) -> None:
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -333,6 +370,11 @@ class Vocab:
             self._engine = ugm.build_engine(self._texts, self._load_attrs, self._attr, self._scores,
                                             self.unk, ugm.read_charsmap(meta.get(ugm.CHARSMAP_KEY)),
                                             self.add_space_prefix, self.remove_extra_whitespaces)
+        elif self.type == "rwkv":
+            self._engine = rwkv.build_engine(self._texts, self.unk)
+        elif self.type == "plamo2":
+            self._engine = plamo2.Plamo2Engine(self._texts, self._scores,
+                                               [bool(a & _BYTE) for a in self._load_attrs])
         else:  # wpm: built once the normalizer flags are read
             self._engine = None
 
@@ -510,6 +552,9 @@ class Vocab:
             raw = bytes(text)
         else:
             raise TypeError(f"text must be str or bytes, not {type(text).__name__}")
+        if self.type == "none":
+            raise VocabError("the model has no vocabulary (tokenizer.ggml.model 'none'): it takes token "
+                             "ids, not text")
         ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
         if self.type == "wpm":
             if -1 in ids:
@@ -532,7 +577,12 @@ class Vocab:
             return piece
         attr = self._attr[tok]
         text = self._texts[tok]
-        if attr & (_SPECIAL | _USER_DEFINED):
+        if self.type == "rwkv":   # every token renders as its unescaped bytes
+            piece = rwkv.unescape(text)
+        elif self.type == "plamo2":   # its text, or a byte token's byte
+            byte = plamo2.byte_value(text) if attr & _BYTE else None
+            piece = text if byte is None else bytes([byte])
+        elif attr & (_SPECIAL | _USER_DEFINED):
             piece = text
         elif attr & _NORMAL:
             if self.type == "bpe" and not self.escape_whitespaces:

@@ -17,6 +17,7 @@
 #include "moe.h"
 #include "ssm.h"
 #include "delta_net.h"
+#include "wkv.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -55,6 +56,7 @@ typedef enum {
     GGUFLM_OP_GATED_DELTA_NET, /* Qwen3-Next / Qwen3.5's linear attention (gdn) */
     GGUFLM_OP_GDN_GATES,     /* x = softplus(x + w) * y (log-decays), out = sigmoid(out) (strengths) */
     GGUFLM_OP_SIGMOID_MUL,   /* out *= sigmoid(y) (aux: y's step along a row, 0 broadcasts) */
+    GGUFLM_OP_WKV,           /* RWKV's WKV, token shift and element-wise steps (wkv: its kind) */
 } gguflm_op;
 
 typedef struct {
@@ -78,6 +80,7 @@ typedef struct {
     gguflm_moe_args moe;
     gguflm_ssm_args ssm;
     gguflm_gdn_args gdn;
+    gguflm_wkv_args wkv;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -285,6 +288,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_SIGMOID_MUL:
             gguflm_sigmoid_mul(nd->n_rows, nd->n, out, nd->out_stride, nd->y, nd->y_stride, nd->aux);
+            break;
+        case GGUFLM_OP_WKV:
+            gguflm_wkv_run(&nd->wkv, arith, nd->n_threads);
             break;
         case GGUFLM_OP_SOFTCAP:
             for (int64_t i = 0; i < nd->n_rows; i++)

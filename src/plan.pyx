@@ -16,6 +16,7 @@ from dispatch cimport bind_dispatch, dispatch_names, gguflm_dispatch
 from ops_kernels cimport ggml_half, gguflm_attn_args, gguflm_gelu_table_init, gguflm_rope_corr_dims, gguflm_rope_params
 from ssm_kernels cimport gguflm_ssm_args
 from delta_net_kernels cimport gguflm_gdn_args
+from wkv_kernels cimport gguflm_wkv_args
 
 cnp.import_array()
 
@@ -57,6 +58,7 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_GATED_DELTA_NET
         GGUFLM_OP_GDN_GATES
         GGUFLM_OP_SIGMOID_MUL
+        GGUFLM_OP_WKV
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -109,6 +111,7 @@ cdef extern from "plan.h" nogil:
         gguflm_moe_args moe
         gguflm_ssm_args ssm
         gguflm_gdn_args gdn
+        gguflm_wkv_args wkv
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -133,7 +136,7 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
              GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_MUL: "MUL",
              GGUFLM_OP_GATED_DELTA_NET: "GATED_DELTA_NET", GGUFLM_OP_GDN_GATES: "GDN_GATES",
-             GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL"}
+             GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL", GGUFLM_OP_WKV: "WKV"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -623,6 +626,31 @@ cdef class Plan:
         nd.gdn.g, nd.gdn.g_stride = <const float *>_ptr(g), _stride(g)
         nd.gdn.beta, nd.gdn.beta_stride = <const float *>_ptr(beta), _stride(beta)
         nd.gdn.out, nd.gdn.out_stride = <float *>_ptr(out), _stride(out)
+    # -- RWKV (wkv.h)
+
+    def wkv(self, int kind, tuple xs, tuple outs, int n_threads, tuple params=(), int64_t head_size=0,
+            cnp.ndarray state=None, int cache_index=-1, int64_t state_offset=0, float scale=0.0):
+        """One of wkv.h's kinds over rows of n = outs[0].shape[1] values: inputs ``xs`` (None:
+        absent), outputs ``outs``, parameter rows ``params``; the WKV kinds and SHIFT read and
+        write the rows ``state`` of the tokens' cells in cache ``cache_index`` (SHIFT: n values
+        from ``state_offset`` on in each row); GLA's ``scale``."""
+        arrays = tuple(a for a in xs + outs + params if a is not None) + ((state,) if state is not None else ())
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_WKV, n_threads, arrays)
+        cdef cnp.ndarray a
+        cdef int i
+        nd.wkv.kind, nd.wkv.n_out, nd.wkv.head_size = kind, len(outs), head_size
+        nd.wkv.n_tokens, nd.wkv.n, nd.wkv.scale = outs[0].shape[0], outs[0].shape[1], scale
+        nd.wkv.n_in = xs[0].shape[1] if xs and xs[0] is not None else 0
+        for i, a in enumerate(xs):
+            if a is not None:
+                nd.wkv.x[i], nd.wkv.x_stride[i] = <const float *>_ptr(a), _stride(a)
+        for i, a in enumerate(outs):
+            nd.wkv.out[i], nd.wkv.out_stride[i] = <float *>_ptr(a), _stride(a)
+        for i, a in enumerate(params):
+            nd.wkv.p[i] = <const float *>_ptr(a)
+        if state is not None:
+            nd.wkv.state, nd.wkv.state_width, nd.wkv.state_offset = <float *>_ptr(state), state.shape[1], state_offset
+            nd.wkv.cells = <const int64_t *>_ptr(self.cells[cache_index])
 
     # -- guard mode
 

@@ -1581,3 +1581,60 @@ def stdmap_order(list keys) -> list:
     finally:
         free(hashes)
         free(order)
+
+
+cdef class RwkvEngine(Engine):
+    """llama.cpp's ``llm_tokenizer_rwkv_session``: from each position the longest token that the
+    text continues with (its trie walk), one byte as the unknown token where none does."""
+
+    cdef strmap_t map
+    cdef public int32_t unk
+    cdef int32_t max_len
+
+    def __cinit__(self, list texts, int32_t unk):
+        """``texts``: the tokens' unescaped bytes by id; a text given twice means the later id
+        (the trie's insert overwrites); empty ones match nothing."""
+        cdef int inserted
+        cdef int64_t e
+        cdef int32_t i
+        cdef const uint8_t *p
+        if strmap_init(&self.map, len(texts)) != 0:
+            raise MemoryError()
+        self.unk = unk
+        self.max_len = 0
+        for i in range(len(texts)):
+            t = texts[i]
+            if not t:
+                continue
+            p = t
+            e = strmap_insert(&self.map, p, len(t), i, &inserted)
+            if e == -2:
+                raise MemoryError()
+            self.map.val[e] = i
+            self.max_len = max(self.max_len, <int32_t>len(t))
+
+    def __dealloc__(self):
+        strmap_free(&self.map)
+
+    cdef int encode_piece(self, bytes piece, bint after_special, IntVec *out) except -1:
+        cdef const uint8_t *s = piece
+        cdef int64_t n = len(piece), pos = 0, length
+        cdef int32_t tok
+        while pos < n:
+            length = min(<int64_t>self.max_len, n - pos)
+            tok = -1
+            while length > 0:
+                tok = strmap_get(&self.map, s + pos, length, -1)
+                if tok >= 0:
+                    break
+                length -= 1
+            if tok < 0:
+                # llama.cpp pushes its unknown token (none: -1) for a byte no token starts with;
+                # a byte that starts only longer tokens would make its loop restart (never in a
+                # vocabulary with every byte): here it is unknown too
+                ivec_push(out, self.unk)
+                pos += 1
+            else:
+                ivec_push(out, tok)
+                pos += length
+        return 0

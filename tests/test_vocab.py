@@ -236,7 +236,6 @@ BASE = ["<unk>", "<s>", "</s>", "a", "b", "ab", "\u2581"]
     ({}, "tokenizer.ggml.model"),
     (spm_meta(BASE, **{"tokenizer.ggml.model": "sentencepiece9"}),
      "unknown tokenizer: 'sentencepiece9'"),
-    (spm_meta(BASE, **{"tokenizer.ggml.model": "rwkv"}), "not supported"),
     (spm_meta(BASE, **{"tokenizer.ggml.model": "t5",
                        "tokenizer.ggml.precompiled_charsmap": np.zeros(4, np.uint8)}), "charsmap"),
     ({**spm_meta(BASE), "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["a b"],

@@ -1339,6 +1339,213 @@ def write_tiny_linear_hybrid(spec: TinyLinearHybrid, path: Path, rng: np.random.
     w.write()
 
 
+@dataclass(frozen=True)
+class TinyRwkv:
+    """An RWKV model to write (:func:`write_tiny_rwkv`): ``rwkv6`` or ``rwkv7``, heads of
+    ``head_size`` (RWKV-7: a multiple of 64); ``types`` maps the matrices (``token_embd``,
+    ``output``, ``time_mix`` for key, value, receptance, gate and output, ``channel_mix``,
+    ``lora`` for the low-rank ones) to their types (default F16)."""
+
+    arch: str = "rwkv6"
+    n_embd: int = 64
+    n_layer: int = 2
+    head_size: int = 32
+    n_ff: int = 128
+    lora_rank: int = 8
+    rescale_every_n_layers: int = 0
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    vocab: str = "spm"   # or "rwkv", "plamo2", "hybriddna", "whitespace" (add_*_vocab's), "none": ids only
+    gate: bool = True    # arwkv7: the time mix's gate and group norm
+    n_head_kv: int = 0   # rwkv6qwen2: K/V heads (0: as many as the queries')
+
+
+# multi-byte tokens of the tiny RWKV vocabulary: words, their prefixes (so that greedy matching
+# must back off), runs of white space, bytes that need escapes, UTF-8 letters and a CJK word
+RWKV_PIECES = [b"th", b"the", b" the", b" th", b"he", b"in", b"ing", b"ng", b" a", b" an", b" and", b"an", b"nd",
+               b"er", b"re", b"ere", b" w", b" wh", b" where", b"\n\n", b"\n\n\n", b"  ", b"    ", b"\t\t", b" \n",
+               b"\\n", b"'s", b"''", b"\xc3\xa9", b"\xc3\xa9t\xc3\xa9", "中文".encode(), "中".encode(), b"ab",
+               b"abc", b"abcd", b"12", b"123", b"1234", b"==", b"===", b"->", b"\x00\x00", b"\r\n", b"You",
+               b" you", b"ou", b"ll", b"ell", b"hello", b" hello", b"Hello", b"!!", b"...", b"..", b"ti", b"tion",
+               b"ation", b" is", b"is", b"it", b" it", b"\xff\xfe"]
+
+
+def add_rwkv_vocab(w: GGUFWriter) -> None:
+    """An RWKV vocabulary of N_VOCAB tokens, escaped as llama.cpp's converter writes them
+    (Python's repr of the bytes): ``<s>`` (control), every byte, RWKV_PIECES, padding."""
+    tokens = ["<s>"] + [repr(bytes([b]))[2:-1] for b in range(256)] + [repr(p)[2:-1] for p in RWKV_PIECES]
+    tokens += [f"[PAD{i}]" for i in range(N_VOCAB - len(tokens))]
+    w.add("tokenizer.ggml.model", "rwkv")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array([3] + [1] * (N_VOCAB - 1), np.int32))
+
+
+# PLaMo-2's pieces: words and their parts (which the scores decide between), Japanese, a token
+# that is also a suffix of others, the special tokens' look-alikes
+PLAMO2_PIECES = ["hello", "hel", "lo", "he", "llo", "l", "o", "h", "e", " ", "  ", " world", "world", "wor", "ld",
+                 "日本", "日本語", "語", "本", "は", "です", "す", "で", "こんにちは", "ab", "abc", "bc", "c", "a", "b",
+                 "\n", "\n\n", "1", "12", "23", "123", "x", "xyz", "yz", "ing", "in", "g", "the", "th", " the",
+                 "\u2581", "\u2581hi", "hi", "<|", "|>", "é", "ét", "été", "😀", "😀😀", "!", "?", ".", ",", "-"]
+
+
+def add_plamo2_vocab(w: GGUFWriter) -> None:
+    """A PLaMo-2 vocabulary of N_VOCAB tokens: unk, bos, eos, pad, the 256 byte tokens
+    ``<0xXX>``, PLAMO2_PIECES with scores spread so that the search must weigh them."""
+    tokens = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>"]
+    tokens += [f"<0x{b:02X}>" for b in range(256)] + PLAMO2_PIECES[:N_VOCAB - 260]
+    rng = np.random.default_rng(7)
+    scores = np.concatenate([np.zeros(260), -rng.uniform(0.0, 12.0, len(tokens) - 260)]).astype(np.float32)
+    w.add("tokenizer.ggml.model", "plamo2")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.scores", scores)
+    w.add("tokenizer.ggml.token_type", np.array([2, 3, 3, 3] + [6] * 256 + [1] * (len(tokens) - 260), np.int32))
+
+
+HYBRIDDNA_MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "A C", "G T",
+                    "AC GT"]
+
+
+def add_hybriddna_vocab(w: GGUFWriter) -> None:
+    """A HybriDNA vocabulary of N_VOCAB tokens: byte-level BPE (GPT-2's byte texts,
+    HYBRIDDNA_MERGES), the control tokens ``<dna>``, ``</dna>``, ``<oov>``, then 6-mers of A, C,
+    G, T carrying the marker U+E000 (``AAAAAA`` among them)."""
+    from gguflm._ext import tokenize as _tk
+
+    tokens = [_tk.gpt2_byte_to_text(b).decode() for b in range(256)]
+    tokens += [m.replace(" ", "") for m in HYBRIDDNA_MERGES] + ["<dna>", "</dna>", "<oov>"]
+    rng = np.random.default_rng(3)
+    kmers = ["AAAAAA", "ACGTAC", "CCCCCC"] + ["".join(rng.choice(list("ACGT"), 6)) for _ in range(60)]
+    kmers = list(dict.fromkeys(kmers))[:N_VOCAB - len(tokens)]
+    tokens += [k + "\ue000" for k in kmers]
+    types = [1] * (256 + len(HYBRIDDNA_MERGES)) + [3, 3, 3] + [1] * len(kmers)
+    w.add("tokenizer.ggml.model", "hybriddna")
+    w.add("tokenizer.ggml.pre", "gpt-2")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array(types, np.int32))
+    w.add("tokenizer.ggml.merges", HYBRIDDNA_MERGES)
+
+
+WHITESPACE_MERGES = ["h e", "l l", "he ll", "hell o", "世 界", "a b", "ab c", "1 2", "ü b", "üb er"]
+
+
+def add_whitespace_vocab(w: GGUFWriter) -> None:
+    """A ``whitespace`` vocabulary (jina-embeddings-v2-base-zh's kind) of N_VOCAB tokens: unk,
+    bos, eos, the byte tokens ``<0xXX>``, single characters and WHITESPACE_MERGES' results, on
+    raw UTF-8 with the ``whitespace`` pre-tokenizer."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    chars = list("helowrdabcxyz123HE世界üé!.,") + [m.replace(" ", "") for m in WHITESPACE_MERGES]
+    tokens += chars + [f"[unused{i}]" for i in range(N_VOCAB - len(tokens) - len(chars))]
+    w.add("tokenizer.ggml.model", "whitespace")
+    w.add("tokenizer.ggml.pre", "whitespace")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", np.array([2, 3, 3] + [6] * 256 + [1] * (N_VOCAB - 259), np.int32))
+    w.add("tokenizer.ggml.merges", WHITESPACE_MERGES)
+
+
+def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights in a trained RWKV's ranges: mixes in [0, 1], decays
+    inside (0, 1), normalised keys' scales around 1."""
+    s, e, arch, rank = spec, spec.n_embd, spec.arch, spec.lora_rank
+    arwkv = arch in ("arwkv7", "rwkv6qwen2")   # RMSNorms without biases, a SwiGLU FFN, one token-shift row
+    qrwkv = arch == "rwkv6qwen2"   # RWKV-6's time mix without time_mix_first and the group norm
+    w = GGUFWriter(path, arch=arch)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32), GGMLType.F32)
+
+    def matrix(name: str, kind: str, n_in: int, n_out: int, scale: float = 0.1) -> None:
+        t = s.types.get(kind, GGMLType.F16)
+        x = (scale * rng.standard_normal((n_out, n_in))).astype(np.float32)
+        if t in (GGMLType.F16, GGMLType.F32):
+            w.add_tensor(name, x.astype(np.float16 if t is GGMLType.F16 else np.float32), t)
+        else:
+            w.add_tensor(name, quantize_weight(t, x), t, shape=(n_in, n_out))
+
+    def norm(name: str, bias: bool = True) -> None:
+        f32(f"{name}.weight", 1.0 + 0.1 * rng.standard_normal(e))
+        if bias:
+            f32(f"{name}.bias", 0.05 * rng.standard_normal(e))
+
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": e // s.head_size if qrwkv else 0, "wkv.head_size": s.head_size,
+            "token_shift_count": 1 if arwkv else 2}
+    if qrwkv:
+        keys["attention.head_count_kv"] = s.n_head_kv or e // s.head_size
+    if arch in ("rwkv6", "rwkv6qwen2"):
+        keys.update(time_mix_extra_dim=rank, time_decay_extra_dim=2 * rank,
+                    rescale_every_n_layers=s.rescale_every_n_layers)
+    else:
+        keys.update({"attention.decay_lora_rank": 2 * rank, "attention.iclr_lora_rank": rank,
+                     "attention.value_residual_mix_lora_rank": rank // 2})
+        if s.gate:
+            keys["attention.gate_lora_rank"] = 4 * rank
+    for key, value in keys.items():
+        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+    w.add(f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if s.vocab == "none":
+        w.add("tokenizer.ggml.model", "none")
+        w.add(f"{arch}.vocab_size", N_VOCAB, GGUFValueType.UINT32)
+    else:
+        {"rwkv": add_rwkv_vocab, "plamo2": add_plamo2_vocab, "hybriddna": add_hybriddna_vocab,
+         "whitespace": add_whitespace_vocab, "spm": add_vocab}[s.vocab](w)
+    matrix("token_embd.weight", "token_embd", e, N_VOCAB, scale=0.5)
+    if not arwkv:
+        norm("token_embd_norm")
+    norm("output_norm", bias=not arwkv)
+    matrix("output.weight", "output", e, N_VOCAB)
+    if qrwkv:
+        f32("output_norm.bias", 0.05 * rng.standard_normal(e))
+    rwkv6_mix = arch in ("rwkv6", "rwkv6qwen2")
+    n_mix = 5 if rwkv6_mix or not s.gate else 6
+    n_kv = s.n_head_kv * s.head_size if s.n_head_kv else e
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        norm(f"{b}.attn_norm", bias=not arwkv)
+        norm(f"{b}.ffn_norm" if arwkv else f"{b}.attn_norm_2", bias=not arwkv)
+        f32(f"{b}.time_mix_lerp_fused.weight", rng.uniform(0.0, 1.0, (n_mix, 1, 1, e)))
+        for m, n_out in (("key", n_kv), ("value", n_kv), ("receptance", e), ("output", e)) + \
+                (("gate", e),) * rwkv6_mix:
+            matrix(f"{b}.time_mix_{m}.weight", "time_mix", e, n_out, scale=2.0 / np.sqrt(e))
+            if qrwkv and m in ("key", "value", "receptance"):
+                f32(f"{b}.time_mix_{m}.bias", 0.1 * rng.standard_normal(n_out))
+        if s.gate and not qrwkv:
+            norm(f"{b}.time_mix_ln")
+        if arwkv:
+            for m, n_in, n_out in (("gate", e, s.n_ff), ("up", e, s.n_ff), ("down", s.n_ff, e)):
+                matrix(f"{b}.ffn_{m}.weight", "channel_mix", n_in, n_out, scale=1.0 / np.sqrt(n_in))
+        else:
+            f32(f"{b}.channel_mix_lerp_k.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+            matrix(f"{b}.channel_mix_key.weight", "channel_mix", e, s.n_ff, scale=2.0 / np.sqrt(e))
+            matrix(f"{b}.channel_mix_value.weight", "channel_mix", s.n_ff, e, scale=1.0 / np.sqrt(s.n_ff))
+        if rwkv6_mix:
+            f32(f"{b}.time_mix_lerp_x.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+            matrix(f"{b}.time_mix_w1.weight", "lora", e, 5 * rank)
+            f32(f"{b}.time_mix_w2.weight", 0.1 * rng.standard_normal((5, e, rank)))
+            if not qrwkv:
+                f32(f"{b}.time_mix_first.weight", 0.5 * rng.standard_normal((e // s.head_size, s.head_size)))
+            f32(f"{b}.time_mix_decay.weight", rng.uniform(-4.0, 0.5, e))
+            matrix(f"{b}.time_mix_decay_w1.weight", "lora", e, 2 * rank)
+            matrix(f"{b}.time_mix_decay_w2.weight", "lora", 2 * rank, e)
+            if not arwkv:
+                f32(f"{b}.channel_mix_lerp_r.weight", rng.uniform(0.0, 1.0, (1, 1, e)))
+                matrix(f"{b}.channel_mix_receptance.weight", "channel_mix", e, e, scale=2.0 / np.sqrt(e))
+            continue
+        value_rank = rank if il == 0 else rank // 2
+        for c, r, bias in (("w", 2 * rank, rng.uniform(-5.0, -1.0, e)), ("a", rank, 0.3 * rng.standard_normal(e)),
+                           ("v", value_rank, 0.5 * rng.standard_normal(e))):
+            f32(f"{b}.time_mix_{c}0.weight", bias)
+            matrix(f"{b}.time_mix_{c}1.weight", "lora", e, r, scale=0.3)
+            matrix(f"{b}.time_mix_{c}2.weight", "lora", r, e, scale=0.3)
+        if s.gate:
+            matrix(f"{b}.time_mix_g1.weight", "lora", e, 4 * rank, scale=0.3)
+            matrix(f"{b}.time_mix_g2.weight", "lora", 4 * rank, e, scale=0.3)
+        f32(f"{b}.time_mix_k_k.weight", rng.uniform(0.5, 1.0, e))
+        f32(f"{b}.time_mix_k_a.weight", rng.uniform(0.8, 1.2, e))
+        f32(f"{b}.time_mix_r_k.weight", 0.3 * rng.standard_normal(e))
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)

@@ -183,6 +183,7 @@ class PreTokenizer:
     no_bos: bool = False           # llama.cpp clears the default BOS id (chatglm)
     spm_style: bool = False        # spaces escaped as U+2581, raw UTF-8 symbols, <0xXX> bytes
     gemma4: bool = False           # newline-only words kept whole; BOS always added
+    raw_bytes: bool = False        # raw UTF-8 symbols and <0xXX> bytes, spaces not escaped
     compiled: list = field(default_factory=list, compare=False, repr=False)
 
     def build_steps(self) -> list[Step]:
@@ -230,12 +231,13 @@ for _names, _spec in [
     (["seed-coder"], _pre([_SEED_CODER], **_KEEP)),
     (["gemma4", "granite-embed-multi-311m"], _pre([_LINES], spm_style=True, gemma4=True)),
     (["sarvam-moe"], _pre([_LINES], clean_spaces=False, spm_style=True)),
+    (["whitespace"], _pre(["\\S+"], raw_bytes=True)),
 ]:
     for _name in _names:
         PRE_TOKENIZERS[_name] = _spec
 
 # known to llama.cpp but needing splitters or regex features gguflm does not replay
-UNSUPPORTED_PRE = {"kimi-k2", "afmoe", "tiny_aya", "cohere2moe", "superbpe", "whitespace",
+UNSUPPORTED_PRE = {"kimi-k2", "afmoe", "tiny_aya", "cohere2moe", "superbpe",
                    "youtu", "spark2_5", "minicpm5", "jais-2", "exaone-moe", "laguna", "ufakzeka",
                    "granite-embed-multi-97m"}
 
@@ -254,7 +256,7 @@ def build_engine(tokens: list[bytes], merges: list[bytes], spec: PreTokenizer,
                  ignore_merges: bool, token_id: Callable[[bytes], int | None]) -> _tk.BpeEngine:
     """A BPE engine for the vocabulary; ``merges`` are the lines "left right" in rank order and
     ``token_id`` looks tokens up by their file text."""
-    byte_encode = not spec.spm_style
+    byte_encode = not (spec.spm_style or spec.raw_bytes)
     if byte_encode:  # a leftover byte becomes the tokens of its mapped text's single bytes
         fallback = [[tok for x in _tk.gpt2_byte_to_text(b)
                      if (tok := token_id(bytes([x]))) is not None] for b in range(256)]
