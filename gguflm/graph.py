@@ -826,13 +826,15 @@ class Graph:
         ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*v.shape)
         self.plan.gated_delta_net(cache.s[il], ci, q, k, v, g, beta, g.shape[1], out, self.n_threads)
+        return out
+
     # -- RWKV (src/wkv.h; the states are the recurrent memory's rows)
 
     def wkv_shift(self, il: int, x: np.ndarray, slot: int) -> np.ndarray:
         """Each row of x one token back within its sequence, the first from slot ``slot`` of
         layer ``il``'s token-shift states, which then keep the sequence's last row (llama.cpp's
         token_shift load, concat and store): x [n_tokens, n_embd] -> [n_tokens, n_embd]."""
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*x.shape)
         self.plan.wkv(wkv.KINDS["shift"], (x,), (out,), 1, state=cache.r[il], cache_index=ci,
                       state_offset=slot * x.shape[1])
@@ -863,7 +865,7 @@ class Graph:
         """RWKV-6's WKV of layer ``il`` (ggml_rwkv_wkv6), its states moved on: k, v, r, w
         [n_tokens, n_embd] in heads of ``wkv_head_size``, u (time_first) [n_embd]."""
         _f32(u)
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*k.shape)
         self.plan.wkv(wkv.KINDS["wkv6"], (k, v, r, w), (out,), self.n_threads, (u.data.reshape(-1),),
                       self.hparams.extras["head_size"], cache.s[il], ci)
@@ -872,7 +874,7 @@ class Graph:
     def wkv_gla(self, il: int, k: np.ndarray, v: np.ndarray, q: np.ndarray, g: np.ndarray, scale: float) -> np.ndarray:
         """Gated linear attention of layer ``il`` (ggml_gated_linear_attn, QRWKV-6), its states
         moved on: k, v, q, g (the decays) [n_tokens, n_embd] in heads of ``wkv_head_size``."""
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*k.shape)
         self.plan.wkv(wkv.KINDS["gla"], (k, v, q, g), (out,), self.n_threads, (), self.hparams.extras["head_size"],
                       cache.s[il], ci, scale=scale)
@@ -888,7 +890,7 @@ class Graph:
              b: np.ndarray) -> np.ndarray:
         """RWKV-7's WKV of layer ``il`` (ggml_rwkv_wkv7), its states moved on: all [n_tokens,
         n_embd] in heads of ``wkv_head_size``."""
-        ci, cache = self.ctx.cache_for_layer(il)
+        ci, cache = self.ctx.recurrent_for_layer(il)
         out = self.new(*k.shape)
         self.plan.wkv(wkv.KINDS["wkv7"], (r, w, k, v, a, b), (out,), self.n_threads, (),
                       self.hparams.extras["head_size"], cache.s[il], ci)
