@@ -882,24 +882,69 @@ class TinyMLA:
         return out
 
 
+class _RandomTensors:
+    """Random tensors into a writer: vectors near ``center``, matrices N(0, ``scale``) (``n_stack``
+    of them: experts) in the type ``tensor_types`` gives their full name, else ``types`` their
+    kind (``blk.0.<kind>.weight``), else F16."""
+
+    def __init__(self, w: GGUFWriter, rng: np.random.Generator, types: dict[str, GGMLType],
+                 tensor_types: dict[str, GGMLType]) -> None:
+        self.w, self.rng, self.types, self.tensor_types = w, rng, types, tensor_types
+
+    def vector(self, name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
+        self.w.add_tensor(name, (center + scale * self.rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
+
+    def matrix(self, name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
+        t = self.tensor_types.get(name, self.types.get(name.split(".")[-2], GGMLType.F16))
+        x = (scale * self.rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
+        if t is GGMLType.F16:
+            self.w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
+                              GGMLType.F16)
+        else:
+            self.w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
+                              shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+
+    def header(self, arch: str, keys: dict[str, int], metadata: dict[str, object]) -> None:
+        """The architecture's integer ``keys``, RoPE base 10000, RMS epsilon 1e-6, ``metadata``
+        as given (ints as UINT32), and the tiny vocabulary."""
+        w = self.w
+        for key, value in keys.items():
+            w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
+        w.add(f"{arch}.rope.freq_base", 10000.0)
+        w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+        for key, value in metadata.items():
+            integer = isinstance(value, int) and not isinstance(value, bool)
+            w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
+        add_vocab(w)
+
+    def embeddings(self, e: int, tied_output: bool) -> None:
+        self.matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+        self.vector("output_norm.weight", e)
+        if not tied_output:
+            self.matrix("output.weight", e, N_VOCAB)
+
+    def routed_ffn(self, b: str, e: int, n_expert: int, n_ff_exp: int, n_ff_shared: int, probs_bias: bool) -> None:
+        """Block ``b``'s router (spread rows: the experts' scores lie well apart), its expert
+        bias, stacked experts, and a shared expert of ``n_ff_shared`` (0: none)."""
+        self.matrix(f"{b}.ffn_gate_inp.weight", e, n_expert, scale=0.5)
+        if probs_bias:
+            self.vector(f"{b}.exp_probs_b.bias", n_expert, scale=0.2, center=0.0)
+        self.matrix(f"{b}.ffn_gate_exps.weight", e, n_ff_exp, n_stack=n_expert)
+        self.matrix(f"{b}.ffn_down_exps.weight", n_ff_exp, e, n_stack=n_expert)
+        self.matrix(f"{b}.ffn_up_exps.weight", e, n_ff_exp, n_stack=n_expert)
+        if n_ff_shared:
+            self.matrix(f"{b}.ffn_gate_shexp.weight", e, n_ff_shared)
+            self.matrix(f"{b}.ffn_down_shexp.weight", n_ff_shared, e)
+            self.matrix(f"{b}.ffn_up_shexp.weight", e, n_ff_shared)
+
+
 def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with random weights (as :func:`write_tiny_model`'s); the router's rows are
     spread (0.5 N(0, 1)) so that the experts' scores lie well apart."""
     s, arch, e = spec, spec.arch, spec.n_embd
     w = GGUFWriter(path, arch=arch)
-
-    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
-        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
-
-    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
-        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
-        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
-        if t is GGMLType.F16:
-            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
-                         GGMLType.F16)
-        else:
-            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
-                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
 
     w.add("general.name", f"tiny-{arch}")
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
@@ -916,19 +961,8 @@ def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
         keys.update({"expert_count": s.n_expert,
                      "expert_used_count": s.n_expert_used, "expert_feed_forward_length": s.n_ff_exp,
                      "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead})
-    for key, value in keys.items():
-        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
-    w.add(f"{arch}.rope.freq_base", 10000.0)
-    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    for key, value in s.metadata.items():
-        integer = isinstance(value, int) and not isinstance(value, bool)
-        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
-    add_vocab(w)
-
-    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
-    vector("output_norm.weight", e)
-    if not s.tied_output:
-        matrix("output.weight", e, N_VOCAB)
+    tensors.header(arch, keys, s.metadata)
+    tensors.embeddings(e, s.tied_output)
     for il in range(s.n_layer):
         b = f"blk.{il}"
         vector(f"{b}.attn_norm.weight", e)
@@ -952,21 +986,13 @@ def write_tiny_mla(spec: TinyMLA, path: Path, rng: np.random.Generator) -> None:
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
             continue
-        matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
-        if s.probs_bias:
-            vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
-        matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
-        matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
-        matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
-        matrix(f"{b}.ffn_gate_shexp.weight", e, s.n_ff_exp * s.n_shared)
-        matrix(f"{b}.ffn_down_shexp.weight", s.n_ff_exp * s.n_shared, e)
-        matrix(f"{b}.ffn_up_shexp.weight", e, s.n_ff_exp * s.n_shared)
+        tensors.routed_ffn(b, e, s.n_expert, s.n_ff_exp, s.n_ff_exp * s.n_shared, s.probs_bias)
     w.write()
 
 
 @st.composite
 def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
-    """DeepSeek-V2 shapes (with or without Q's low rank, 1..4 heads, latent ranks of whole
+    """DeepSeek-V2 shapes (with or without Q's low rank, 2..4 heads, latent ranks of whole
     blocks), every routing build_moe_ffn has for it, and every matrix of a type whose blocks fit."""
     n_expert = draw(st.sampled_from((4, 8, 16)))
     groups = draw(st.sampled_from([g for g in (0, 2, 4) if g < n_expert]))
@@ -976,7 +1002,9 @@ def tiny_mla_models(draw: st.DrawFn) -> TinyMLA:
     if groups:
         routing.update(expert_group_count=groups, expert_group_used_count=draw(st.integers(1, groups - 1)))
     n_used_max = n_expert if not groups else routing["expert_group_used_count"] * (n_expert // groups)
-    spec = TinyMLA(n_embd=draw(st.sampled_from((64, 96, 128))), n_head=draw(st.integers(1, 4)),
+    # 2+ heads: with one, attn_k_b is a matrix to ggml, which repacks it and then quantizes the
+    # permuted Q as if its rows were contiguous (wrong rows 1-3 of each 4); no real model has one
+    spec = TinyMLA(n_embd=draw(st.sampled_from((64, 96, 128))), n_head=draw(st.integers(2, 4)),
                    n_layer=draw(st.integers(1, 3)), q_lora_rank=draw(st.sampled_from((0, 32, 64))),
                    kv_lora_rank=draw(st.sampled_from((32, 64))), qk_nope=draw(st.sampled_from((16, 32))),
                    qk_rope=draw(st.sampled_from((8, 16))), v_head=draw(st.sampled_from((16, 32))),
@@ -1070,19 +1098,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
     """Write ``spec`` with random weights (as :func:`write_tiny_mla`'s)."""
     s, arch, e = spec, spec.arch, spec.n_embd
     w = GGUFWriter(path, arch=arch)
-
-    def vector(name: str, n: int, scale: float = 0.1, center: float = 1.0) -> None:
-        w.add_tensor(name, (center + scale * rng.standard_normal(n)).astype(np.float32), GGMLType.F32)
-
-    def matrix(name: str, n_in: int, n_out: int, n_stack: int = 0, scale: float = 0.08) -> None:
-        t = s.tensor_types.get(name, s.types.get(name.split(".")[-2], GGMLType.F16))
-        x = (scale * rng.standard_normal((n_stack or 1, n_out, n_in))).astype(np.float32)
-        if t is GGMLType.F16:
-            w.add_tensor(name, x.reshape((n_stack, n_out, n_in) if n_stack else (n_out, n_in)).astype(np.float16),
-                         GGMLType.F16)
-        else:
-            w.add_tensor(name, quantize_weight(t, x.reshape(-1, n_in)), t,
-                         shape=(n_in, n_out, n_stack) if n_stack else (n_in, n_out))
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
 
     w.add("general.name", f"tiny-{arch}")
     n_blocks = s.n_layer + s.nextn
@@ -1097,19 +1114,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
         keys["nextn_predict_layers"] = s.nextn
     if arch == "ernie4_5-moe":
         keys["interleave_moe_layer_step"] = 1
-    for key, value in keys.items():
-        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32)
-    w.add(f"{arch}.rope.freq_base", 10000.0)
-    w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    for key, value in s.metadata.items():
-        integer = isinstance(value, int) and not isinstance(value, bool)
-        w.add(f"{arch}.{key}", value, GGUFValueType.UINT32 if integer else None)
-    add_vocab(w)
-
-    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
-    vector("output_norm.weight", e)
-    if not s.tied_output:
-        matrix("output.weight", e, N_VOCAB)
+    tensors.header(arch, keys, s.metadata)
+    tensors.embeddings(e, s.tied_output)
     biased = arch == "phimoe"   # biases on the norms, the attention output, the logits
     if biased:
         vector("output_norm.bias", e, scale=0.05, center=0.0)
@@ -1140,16 +1146,8 @@ def write_tiny_routed(spec: TinyRouted, path: Path, rng: np.random.Generator) ->
             matrix(f"{b}.ffn_up.weight", e, s.n_ff)
             matrix(f"{b}.ffn_down.weight", s.n_ff, e)
         else:
-            matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=0.5)
-            if arch not in ("hunyuan-moe", "phimoe", "smallthinker"):
-                vector(f"{b}.exp_probs_b.bias", s.n_expert, scale=0.2, center=0.0)
-            matrix(f"{b}.ffn_gate_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_down_exps.weight", s.expert_ff, e, n_stack=s.n_expert)
-            matrix(f"{b}.ffn_up_exps.weight", e, s.expert_ff, n_stack=s.n_expert)
-            if s.shared_ff:
-                matrix(f"{b}.ffn_gate_shexp.weight", e, s.shared_ff)
-                matrix(f"{b}.ffn_down_shexp.weight", s.shared_ff, e)
-                matrix(f"{b}.ffn_up_shexp.weight", e, s.shared_ff)
+            tensors.routed_ffn(b, e, s.n_expert, s.expert_ff, s.shared_ff,
+                               arch not in ("hunyuan-moe", "phimoe", "smallthinker"))
         if il >= s.n_layer:   # a NextN block's own tensors
             matrix(f"{b}.nextn.eh_proj.weight", 2 * e, e)
             vector(f"{b}.nextn.enorm.weight", e)
