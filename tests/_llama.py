@@ -304,6 +304,8 @@ class LlamaDecoder:
         require_peer()
         _backend()
         self._model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+        if not self._model:   # llama.cpp refused the file: a NULL pointer would crash the calls below
+            raise RuntimeError(f"llama.cpp could not load {path}")
         params = L.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch or n_ctx
@@ -321,6 +323,9 @@ class LlamaDecoder:
                 del os.environ["LLAMA_KV_CACHE_DEBUG"]
             else:
                 os.environ["LLAMA_KV_CACHE_DEBUG"] = previous
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise RuntimeError(f"llama.cpp could not make a context for {path}")
         self._mem = L.llama_get_memory(self._ctx)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
         self.heads: list[dict[int, int]] = []   # per decode with heads=True: stream -> head before it
