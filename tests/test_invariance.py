@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -96,6 +97,8 @@ EXTRA_EXAMPLES = [
      for arch in ("granite", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
                   "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "olmo", "gptneox",
                   "falcon")] + [
+    # Baichuan rotates Q and K only with 32 layers (7B); other counts use no positions
+    TinyModel("baichuan", n_embd=32, head_dim=8, n_head=4, n_head_kv=4, n_ff=32, n_layer=32, tied_output=False),
     # EXAONE 4 slides (and drops RoPE on its global layers) only with 64 layers
     TinyModel("exaone4", n_embd=32, head_dim=8, n_head=4, n_head_kv=2, n_ff=32, n_layer=64, n_swa=3),
     TinyModel("qwen", n_embd=64, head_dim=16, n_head=4, n_head_kv=4, n_ff=64, n_layer=2, tied_output=False)]
@@ -168,3 +171,14 @@ def test_head_sizes_that_are_no_multiple_of_8_give_llama_cpps_logits(tmp_path):
             for n_ubatch in (1, len(tokens)):
                 ours = prompt_logits(model, tokens, 2, n_ubatch, "f16", "f16")
                 np.testing.assert_array_equal(ours, llama_cpp_logits(path, tokens, n_ubatch, "f16", "f16"))
+
+
+def test_baichuan_13b_alibi_is_refused(tmp_path):
+    """40 layers are Baichuan 13B to llama.cpp, which attends with ALiBi: refused by name."""
+    from gguflm.errors import ModelLoadError
+
+    path = tmp_path / "baichuan.gguf"
+    write_tiny_model(TinyModel("baichuan", n_embd=32, head_dim=8, n_head=4, n_head_kv=4, n_ff=32, n_layer=40,
+                               tied_output=False), path, np.random.default_rng(0))
+    with pytest.raises(ModelLoadError, match="ALiBi"):
+        Model.load(path)

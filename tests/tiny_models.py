@@ -25,14 +25,14 @@ N_VOCAB = 320
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "qwen2moe", "qwen3moe", "olmoe",
          "granitemoe", "gpt-oss", "gemma", "olmo2", "smollm3", "starcoder2", "phi2", "command-r", "stablelm",
          "dots1", "ernie4_5", "seed_oss", "glm4", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2",
-         "qwen", "olmo", "gptneox", "falcon")
+         "qwen", "olmo", "gptneox", "falcon", "baichuan")
 # mixtures of experts: always (MOE_ARCHS), or when n_expert > 0 (llama is then Mixtral)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "olmoe", "granitemoe", "gpt-oss", "dots1")
 OPTIONAL_MOE_ARCHS = ("llama", "granite")
 # their experts are expert_feed_forward_length wide (the others': feed_forward_length)
 EXPERT_FF_ARCHS = ("qwen2moe", "qwen3moe", "gpt-oss", "dots1")
 # llama.cpp wants an output.weight of their own
-UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen", "gptneox", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
+UNTIED_OUTPUT_ARCHS = ("internlm2", "qwen", "baichuan", "gptneox", "qwen2moe", "olmoe", "gpt-oss", "olmo2", "phi2", "stablelm", "dots1")
 GRANITE_ARCHS = ("granite", "granitemoe")
 # BERT's post-norm encoder; nomic-bert with RoPE, a fused QKV and SwiGLU; jina-bert-v2 with ALiBi,
 # Q/K LayerNorms, a second attention LayerNorm and a GEGLU whose gate is the up projection's first half
@@ -43,7 +43,8 @@ SWA_ARCHS = ("gemma2", "gemma3", "gpt-oss", "exaone4", "cohere2")   # exaone4's 
 TIED_OUTPUT_ARCHS = ("gemma2", "gemma", "command-r", "cohere2")
 # llama.cpp declares their Q and attention output n_embd x n_embd: n_head * head_dim = n_embd
 SQUARE_ATTENTION_ARCHS = ("qwen2", "phi3", "qwen2moe", "olmoe", "olmo2", "starcoder2", "phi2", "command-r",
-                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo", "gptneox", "falcon")
+                          "stablelm", "exaone4", "gpt2", "starcoder", "internlm2", "cohere2", "qwen", "olmo", "gptneox", "falcon",
+                          "baichuan")
 # LayerNorms with biases, biased GELU feed-forward (no gate)
 LAYER_NORM_ARCHS = ("starcoder2", "phi2", "gpt2", "starcoder", "gptneox")
 # attention and feed-forward in parallel on one norm (no ffn_norm)
