@@ -57,7 +57,7 @@ def check_against_llama_cpp(spec: TinyMLA, path: Path, seed: int) -> None:
             assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.9, f"ubatch {n_ubatch}"
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @example(spec=EXAMPLES[0])
 @example(spec=EXAMPLES[1])

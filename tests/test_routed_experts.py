@@ -50,7 +50,7 @@ EXAMPLES = [
 ]
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @example(spec=EXAMPLES[0])
 @example(spec=EXAMPLES[1])
