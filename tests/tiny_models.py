@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -576,6 +577,20 @@ class TinyMamba:
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
 
 
+def _mamba2_block(f32: Any, matrix: Any, rng: np.random.Generator, b: str, e: int, d_inner: int, conv_dim: int,
+                  n_head: int, d_conv: int, n_group: int) -> None:
+    """Block ``b``'s Mamba-2 tensors but its output projection: one input projection to z, x B C
+    and dt; the convolution; a dt bias, a decay and a skip per head (decays as a trained
+    model's); the grouped norm."""
+    matrix(f"{b}.ssm_in.weight", "ssm_in", e, d_inner + conv_dim + n_head)
+    f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((conv_dim, d_conv)))
+    f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(conv_dim))
+    f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, n_head))
+    f32(f"{b}.ssm_a", -np.exp(rng.uniform(0.0, 2.5, (n_head, 1))))
+    f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal((n_head, 1)))
+    f32(f"{b}.ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((n_group, d_inner // n_group)))
+
+
 def write_tiny_mamba(spec: TinyMamba, path: Path, rng: np.random.Generator) -> None:
     """Write ``spec`` with random weights shaped as a trained Mamba's: A = -exp(.) (decaying
     states), dt biases putting softplus(dt) around 0.01-0.1, D near 1."""
@@ -617,14 +632,7 @@ def write_tiny_mamba(spec: TinyMamba, path: Path, rng: np.random.Generator) -> N
         b = f"blk.{il}"
         f32(f"{b}.attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(e))
         if arch == "mamba2":   # one projection to z, x B C, dt; a decay and a skip per head
-            n_head = s.dt_rank
-            matrix(f"{b}.ssm_in.weight", "ssm_in", e, d_inner + conv_dim + n_head)
-            f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((conv_dim, s.d_conv)))
-            f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(conv_dim))
-            f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, n_head))
-            f32(f"{b}.ssm_a", -np.exp(rng.uniform(0.0, 2.5, (n_head, 1))))
-            f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal((n_head, 1)))
-            f32(f"{b}.ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((s.n_group, d_inner // s.n_group)))
+            _mamba2_block(f32, matrix, rng, b, e, d_inner, conv_dim, s.dt_rank, s.d_conv, s.n_group)
             matrix(f"{b}.ssm_out.weight", "ssm_out", d_inner, e)
             continue
         matrix(f"{b}.ssm_in.weight", "ssm_in", e, 2 * d_inner)
@@ -767,14 +775,7 @@ def write_tiny_hybrid(spec: TinyHybrid, path: Path, rng: np.random.Generator) ->
                     * np.exp(0.2 * rng.standard_normal((d_inner, s.d_state))))
                 f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal(d_inner))
             else:
-                n_ssm_head = s.dt_rank
-                matrix(f"{b}.ssm_in.weight", "ssm_in", e, d_inner + conv_dim + n_ssm_head)
-                f32(f"{b}.ssm_conv1d.weight", 0.3 * rng.standard_normal((conv_dim, s.d_conv)))
-                f32(f"{b}.ssm_conv1d.bias", 0.05 * rng.standard_normal(conv_dim))
-                f32(f"{b}.ssm_dt.bias", rng.uniform(-4.5, -2.0, n_ssm_head))
-                f32(f"{b}.ssm_a", -np.exp(rng.uniform(0.0, 2.5, (n_ssm_head, 1))))
-                f32(f"{b}.ssm_d", 1.0 + 0.1 * rng.standard_normal((n_ssm_head, 1)))
-                f32(f"{b}.ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((s.n_group, d_inner // s.n_group)))
+                _mamba2_block(f32, matrix, rng, b, e, d_inner, conv_dim, s.dt_rank, s.d_conv, s.n_group)
             matrix(f"{b}.ssm_out.weight", "ssm_out", d_inner, e)
         if kind == "A":
             matrix(f"{b}.attn_q.weight", "attn_q", e, nh * hd)
