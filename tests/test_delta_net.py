@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from _llama import LlamaDecoder, import_peer
+from _memory_pair import MemoryPair, check_state_saved_in_the_middle, decode_entries, interleaved, random_tokens
 from gguflm import Context, Model
 from gguflm.ggml_types import GGMLType
-from test_recurrent import _decode, _interleaved, _tokens
 from tiny_models import TinyLinearHybrid, write_tiny_linear_hybrid
 
 L = import_peer("llama_cpp")
@@ -52,7 +52,7 @@ def model_path(request, tmp_path_factory):
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_prompt_and_steps_equal_llama(model_path, n_threads: int) -> None:
     """Every position's logits: a prompt in ubatches of 5, then one token at a time."""
-    tokens = _tokens(15, 1)
+    tokens = random_tokens(15, 1)
     ref = LlamaDecoder(model_path, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=5)
     try:
         want = np.concatenate([ref.decode(tokens[:11], 0)] + [ref.decode([t], 11 + k) for k, t in enumerate(tokens[11:])])
@@ -60,15 +60,15 @@ def test_prompt_and_steps_equal_llama(model_path, n_threads: int) -> None:
         ref.close()
     with Model.load(model_path) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=5, n_threads=n_threads,
                                                   n_threads_batch=n_threads) as ctx:
-        got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
-        got += [_decode(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
+        got = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
+        got += [decode_entries(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 
 @pytest.mark.parametrize("n_ubatch", [3, 64])
 def test_several_sequences_equal_llama(model_path, n_ubatch: int) -> None:
     """Three sequences of 6, 1 and 4 tokens interleaved in one batch, then a step of each."""
-    first = _interleaved([6, 1, 4], 2)
+    first = interleaved([6, 1, 4], 2)
     step = [(t, p, s, True) for t, p, s in ((11, 6, 0), (12, 1, 1), (13, 4, 2))]
     ref = LlamaDecoder(model_path, n_ctx=256, n_seq_max=3, n_batch=64, n_ubatch=n_ubatch)
     try:
@@ -77,7 +77,7 @@ def test_several_sequences_equal_llama(model_path, n_ubatch: int) -> None:
         ref.close()
     with Model.load(model_path) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_seq_max=3,
                                                   n_threads=2) as ctx:
-        got = [_decode(ctx, first), _decode(ctx, step)]
+        got = [decode_entries(ctx, first), decode_entries(ctx, step)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
@@ -85,37 +85,25 @@ def test_several_sequences_equal_llama(model_path, n_ubatch: int) -> None:
 def test_sequence_operations_and_state_equal_llama(model_path, tmp_path) -> None:
     """seq_rm's answers and the positions, the logits after seq_rm and seq_cp, and a state saved
     in the middle and restored into a fresh context: as llama.cpp's."""
-    ref = LlamaDecoder(model_path, n_ctx=256, n_seq_max=3, n_batch=64)
-    model = Model.load(model_path)
-    ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=3, n_threads=2)
-
-    def both(entries):
-        np.testing.assert_array_equal(_decode(ctx, entries), ref.decode_batch(entries))
-
-    def positions():
-        ours = [(ctx.memory.seq_pos_min(s), ctx.memory.seq_pos_max(s)) for s in range(3)]
-        assert ours == [(ref.seq_pos_min(s), ref.seq_pos_max(s)) for s in range(3)]
-
-    try:
-        both(_interleaved([5, 3, 4], 5))
-        positions()
+    with MemoryPair(model_path, n_seq=3) as both:
+        both.decode(interleaved([5, 3, 4], 5))
+        both.check_positions()
         for seq, p0, p1 in ((0, 3, -1), (1, 0, 2), (2, 0, -1)):
-            assert ctx.memory.seq_rm(seq, p0, p1) == ref.seq_rm(seq, p0, p1), (seq, p0, p1)
-            positions()
-        ctx.memory.seq_cp(0, 2)
-        L.llama_memory_seq_cp(ref._mem, 0, 2, -1, -1)
-        positions()
-        both([(50, 5, 0, True), (51, 5, 2, True), (52, 6, 2, True), (53, 3, 1, True)])
-        saved = ctx.state_save(tmp_path / "state.bin", tokens=[1, 2, 3])
+            both.seq_rm(seq, p0, p1)
+        both.seq_cp(0, 2)
+        both.decode([(50, 5, 0, True), (51, 5, 2, True), (52, 6, 2, True), (53, 3, 1, True)])
+        saved = both.ctx.state_save(tmp_path / "state.bin", tokens=[1, 2, 3])
         cont = [(60, 7, 2, True), (61, 6, 0, True), (62, 4, 1, True)]
-        want = ref.decode_batch(cont)
-        with Context(model, n_ctx=256, n_batch=64, n_seq_max=3, n_threads=1) as fresh:
+        want = both.ref.decode_batch(cont)
+        with Context(both.model, n_ctx=256, n_batch=64, n_seq_max=3, n_threads=1) as fresh:
             assert fresh.state_load(saved) == [1, 2, 3]
-            np.testing.assert_array_equal(_decode(fresh, cont), want)
-    finally:
-        ctx.close()
-        model.close()
-        ref.close()
+            np.testing.assert_array_equal(decode_entries(fresh, cont), want)
+
+
+def test_state_saved_in_the_middle_continues(model_path, tmp_path) -> None:
+    """A whole state and one sequence's state saved after a prompt, restored into fresh contexts
+    and into another sequence: the continuation is llama.cpp's uninterrupted run."""
+    check_state_saved_in_the_middle(model_path, random_tokens(12, 7), 8, tmp_path / "state.bin")
 
 
 def test_rope_sections_off_the_text_positions_refused(tmp_path) -> None:

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from _llama import LlamaDecoder, import_peer
+from _memory_pair import (MemoryPair, check_session_file_continues, check_state_saved_in_the_middle, decode_entries,
+                          interleaved, random_tokens)
 from gguflm import Batch, Context, Model
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
@@ -59,36 +61,10 @@ def granite(tmp_path_factory):
     return _write(tmp_path_factory, "granitehybrid_dense")
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, N_VOCAB, n).tolist()
-
-
-def _decode(ctx: Context, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
-    """Decode (token, pos, seq, output) entries as one batch; the outputs' logits, in batch order."""
-    batch = Batch(len(entries), n_seq_max=1)
-    for tok, pos, seq, out in entries:
-        batch.add(tok, pos, [seq], out)
-    assert ctx.decode(batch) == 0
-    return np.stack([ctx.get_logits_ith(k) for k, e in enumerate(entries) if e[3]])
-
-
-def _interleaved(lengths: list[int], seed: int) -> list[tuple[int, int, int, bool]]:
-    """Tokens of sequences 0, 1, ... of these lengths, interleaved in a shuffled order (each
-    sequence's own order kept), every token an output."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(np.repeat(np.arange(len(lengths)), lengths))
-    nxt = [0] * len(lengths)
-    entries = []
-    for s in order.tolist():
-        entries.append((int(rng.integers(3, N_VOCAB)), nxt[s], s, True))
-        nxt[s] += 1
-    return entries
-
-
 @pytest.mark.parametrize(("n_threads", "n_ubatch"), [(1, 5), (2, 5), (2, 64)])
 def test_prompt_and_steps_equal_llama(hybrid, n_threads: int, n_ubatch: int) -> None:
     """Every position's logits: a prompt in ubatches of 5 or at once, then one token at a time."""
-    tokens = _tokens(15, 1)
+    tokens = random_tokens(15, 1)
     ref = LlamaDecoder(hybrid, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=n_ubatch)
     try:
         want = np.concatenate([ref.decode(tokens[:11], 0)] + [ref.decode([t], 11 + k) for k, t in enumerate(tokens[11:])])
@@ -97,8 +73,8 @@ def test_prompt_and_steps_equal_llama(hybrid, n_threads: int, n_ubatch: int) -> 
     with Model.load(hybrid) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=n_threads,
                                               n_threads_batch=n_threads) as ctx:
         assert model.architecture.memory == "hybrid"
-        got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
-        got += [_decode(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
+        got = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
+        got += [decode_entries(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
         assert ctx.memory.seq_pos_max(0) == len(tokens) - 1
     np.testing.assert_array_equal(np.concatenate(got), want)
 
@@ -107,7 +83,7 @@ def test_prompt_and_steps_equal_llama(hybrid, n_threads: int, n_ubatch: int) -> 
 def test_several_sequences_equal_llama(hybrid, kv_unified: bool) -> None:
     """Three sequences of unequal lengths, interleaved, in one batch (ubatches of equal-length
     sequence sets, then of the longer ones alone), then one step of each in one batch."""
-    first = _interleaved([6, 1, 4], 2)
+    first = interleaved([6, 1, 4], 2)
     step = [(11, 6, 0, True), (12, 1, 1, True), (13, 4, 2, True)]
     ref = LlamaDecoder(hybrid, n_ctx=256, n_seq_max=3, kv_unified=kv_unified, n_batch=64, n_ubatch=8)
     try:
@@ -116,7 +92,7 @@ def test_several_sequences_equal_llama(hybrid, kv_unified: bool) -> None:
         ref.close()
     with Model.load(hybrid) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=8, n_seq_max=3,
                                               kv_unified=kv_unified, n_threads=2) as ctx:
-        got = [_decode(ctx, first), _decode(ctx, step)]
+        got = [decode_entries(ctx, first), decode_entries(ctx, step)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
@@ -125,7 +101,7 @@ def test_several_sequences_equal_llama(hybrid, kv_unified: bool) -> None:
     ([3, 3, 3, 2], 5, True), ([1, 1, 7], 64, True), ([2, 5, 1, 4], 3, False), ([4, 4], 1, True)])
 def test_split_patterns_equal_llama(granite, lengths: list[int], n_ubatch: int, kv_unified: bool) -> None:
     """More interleavings and ubatch sizes (down to one token per ubatch): llama.cpp's splits."""
-    entries = _interleaved(lengths, sum(lengths))
+    entries = interleaved(lengths, sum(lengths))
     ref = LlamaDecoder(granite, n_ctx=256, n_seq_max=len(lengths), kv_unified=kv_unified, n_batch=64, n_ubatch=n_ubatch)
     try:
         want = ref.decode_batch(entries)
@@ -133,7 +109,7 @@ def test_split_patterns_equal_llama(granite, lengths: list[int], n_ubatch: int, 
         ref.close()
     with Model.load(granite) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch,
                                                n_seq_max=len(lengths), kv_unified=kv_unified, n_threads=2) as ctx:
-        np.testing.assert_array_equal(_decode(ctx, entries), want)
+        np.testing.assert_array_equal(decode_entries(ctx, entries), want)
 
 
 def _llama_decode_sets(ref: LlamaDecoder, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> np.ndarray:
@@ -179,72 +155,28 @@ def test_shared_prompt_equal_llama(granite) -> None:
 def test_sequence_operations_equal_llama(granite) -> None:
     """seq_rm's answers (the recurrent part refuses a tail: nothing changes in either part), the
     positions, and the logits after seq_rm, seq_cp, seq_keep and seq_add: as llama.cpp's."""
-    ref = LlamaDecoder(granite, n_ctx=256, n_seq_max=4, n_batch=64)
-    model = Model.load(granite)
-    ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=4, n_threads=2)
-    mem = ref._mem
-
-    def both(entries):
-        np.testing.assert_array_equal(_decode(ctx, entries), ref.decode_batch(entries))
-
-    def positions():
-        ours = [(ctx.memory.seq_pos_min(s), ctx.memory.seq_pos_max(s)) for s in range(4)]
-        assert ours == [(ref.seq_pos_min(s), ref.seq_pos_max(s)) for s in range(4)]
-
-    try:
-        both(_interleaved([6, 4, 3], 5))
-        positions()
+    with MemoryPair(granite, n_seq=4) as both:
+        both.decode(interleaved([6, 4, 3], 5))
+        both.check_positions()
         for seq, p0, p1 in ((0, 3, -1), (0, 2, 4), (1, 0, 2), (1, 5, 9), (-1, 1, -1), (2, 0, 3), (3, 0, -1)):
-            assert ctx.memory.seq_rm(seq, p0, p1) == ref.seq_rm(seq, p0, p1), (seq, p0, p1)
-            positions()
+            both.seq_rm(seq, p0, p1)
         # the attention part kept sequence 0's rows: the next token still attends over them
-        both([(30, 6, 0, True)])
-        both([(40, 0, 2, True), (41, 1, 2, True)])         # sequence 2 dropped: starts afresh
-        ctx.memory.seq_cp(0, 3)
-        L.llama_memory_seq_cp(mem, 0, 3, -1, -1)
-        positions()
-        both([(50, 7, 0, True), (51, 7, 3, True), (52, 8, 3, True), (53, 8, 0, True)])
-        ctx.memory.seq_add(1, 0, -1, 5)
-        ref.seq_add(1, 0, -1, 5)
-        positions()
-        both([(60, 9, 1, True)])
-        ctx.memory.seq_keep(3)
-        ref.seq_keep(3)
-        positions()
-        both([(70, 9, 3, True), (71, 0, 0, True)])
-        assert ctx.memory.seq_rm(3, 0, -1) == ref.seq_rm(3, 0, -1)
-        positions()
-    finally:
-        ctx.close()
-        model.close()
-        ref.close()
+        both.decode([(30, 6, 0, True)])
+        both.decode([(40, 0, 2, True), (41, 1, 2, True)])         # sequence 2 dropped: starts afresh
+        both.seq_cp(0, 3)
+        both.decode([(50, 7, 0, True), (51, 7, 3, True), (52, 8, 3, True), (53, 8, 0, True)])
+        both.seq_add(1, 0, -1, 5)
+        both.decode([(60, 9, 1, True)])
+        both.seq_keep(3)
+        both.decode([(70, 9, 3, True), (71, 0, 0, True)])
+        both.seq_rm(3, 0, -1)
 
 
 def test_state_saved_in_the_middle_continues(hybrid, tmp_path) -> None:
     """A whole state (KV cache and recurrent states) and one sequence's state put into another
     sequence, saved after a prompt and restored into fresh contexts: the continuation's logits
     are the uninterrupted run's (llama.cpp's)."""
-    tokens = _tokens(12, 7)
-    ref = LlamaDecoder(hybrid, n_ctx=256, n_threads=2, n_seq_max=2)
-    try:
-        want = np.concatenate([ref.decode(tokens[:8], 0), ref.decode(tokens[8:], 8)])[8:]
-    finally:
-        ref.close()
-    with Model.load(hybrid) as model:
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:8])])
-            whole = ctx.state_save(tmp_path / "state.bin", tokens=tokens[:8])
-            seq0 = ctx.state_seq_save(0)
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(5, 0, 0, True)])
-            assert ctx.state_load(tmp_path / "state.bin") == tokens[:8]
-            np.testing.assert_array_equal(_decode(ctx, [(t, 8 + k, 0, True) for k, t in enumerate(tokens[8:])]), want)
-            assert ctx.state_load(whole) == tokens[:8]
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(5, 0, 1, True), (6, 1, 1, True)])
-            ctx.state_seq_load(seq0, 1)
-            assert ctx.memory.seq_pos_max(1) == 7 and ctx.memory.seq_pos_min(1) == 7
-            np.testing.assert_array_equal(_decode(ctx, [(t, 8 + k, 1, True) for k, t in enumerate(tokens[8:])]), want)
+    check_state_saved_in_the_middle(hybrid, random_tokens(12, 7), 8, tmp_path / "state.bin")
 
 
 def test_control_vector_equal_llama(hybrid) -> None:
@@ -252,7 +184,7 @@ def test_control_vector_equal_llama(hybrid) -> None:
     it (Nemotron-H: its feed-forward layers' branch): the logits are llama.cpp's."""
     import ctypes
 
-    tokens = _tokens(10, 3)
+    tokens = random_tokens(10, 3)
     with Model.load(hybrid) as model:
         hp = model.hparams
         data = (0.5 * np.random.default_rng(6).standard_normal(hp.n_embd * hp.n_layer)).astype(np.float32)
@@ -265,8 +197,8 @@ def test_control_vector_equal_llama(hybrid) -> None:
             ref.close()
         with Context(model, n_ctx=256, n_batch=64, n_threads=2) as ctx:
             ctx.set_adapter_cvec(data, hp.n_embd, 1, hp.n_layer - 1)
-            got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:8])]),
-                   _decode(ctx, [(tokens[8], 8, 0, True)]), _decode(ctx, [(tokens[9], 9, 0, True)])]
+            got = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:8])]),
+                   decode_entries(ctx, [(tokens[8], 8, 0, True)]), decode_entries(ctx, [(tokens[9], 9, 0, True)])]
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 
@@ -294,22 +226,7 @@ def test_llm_greedy_text_and_prefix_reuse(granite) -> None:
 def test_llm_session_file_holds_both_parts(granite, tmp_path) -> None:
     """gguflm.LLM: a session file (KV cache and states) continues where it was saved, with
     llama-cpp-python's greedy text; the states cannot be cut back to a shorter prefix."""
-    import gguflm
-    from gguflm.errors import Error
-
-    with gguflm.LLM(str(granite), n_ctx=256, n_threads=2) as llm:
-        text = llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text
-        with pytest.raises(Error, match="recurrent state"):
-            llm.session_save(tmp_path / "cut.bin", n_tokens=2)
-        n = llm.session_save(tmp_path / "session.bin")
-    with gguflm.LLM(str(granite), n_ctx=256, n_threads=2) as llm:
-        assert llm.session_load(tmp_path / "session.bin") == n
-        assert llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text == text
-    theirs = L.Llama(str(granite), n_ctx=256, n_threads=2, verbose=False)
-    try:
-        assert theirs.create_completion("p1 p2 p3", max_tokens=5, temperature=0.0)["choices"][0]["text"] == text
-    finally:
-        theirs.close()
+    check_session_file_continues(granite, tmp_path / "session.bin")
 
 
 @pytest.mark.parametrize(("spec", "error", "match"), [

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from _llama import LlamaDecoder, import_peer, llama_embeddings
+from _memory_pair import (MemoryPair, check_session_file_continues, check_state_saved_in_the_middle, decode_entries,
+                          interleaved, random_tokens)
 from gguflm import Batch, Context, Model
 from gguflm.ggml_types import GGMLType
-from tiny_models import N_VOCAB, TinyMamba, write_tiny_mamba
+from tiny_models import TinyMamba, write_tiny_mamba
 
 L = import_peer("llama_cpp")
 
@@ -47,36 +49,10 @@ def mamba_f16(tmp_path_factory):
     return path
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, N_VOCAB, n).tolist()
-
-
-def _decode(ctx: Context, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
-    """Decode (token, pos, seq, output) entries as one batch; the outputs' logits, in batch order."""
-    batch = Batch(len(entries), n_seq_max=1)
-    for tok, pos, seq, out in entries:
-        batch.add(tok, pos, [seq], out)
-    assert ctx.decode(batch) == 0
-    return np.stack([ctx.get_logits_ith(k) for k, e in enumerate(entries) if e[3]])
-
-
-def _interleaved(lengths: list[int], seed: int, start: list[int] | None = None) -> list[tuple[int, int, int, bool]]:
-    """Tokens of sequences 0, 1, ... of these lengths, interleaved in a shuffled order (each
-    sequence's own order kept), every token an output."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(np.repeat(np.arange(len(lengths)), lengths))
-    nxt = list(start or [0] * len(lengths))
-    entries = []
-    for s in order.tolist():
-        entries.append((int(rng.integers(3, N_VOCAB)), nxt[s], s, True))
-        nxt[s] += 1
-    return entries
-
-
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_prompt_and_steps_equal_llama(mamba, n_threads: int) -> None:
     """Every position's logits: a prompt at once, in ubatches of 5, then one token at a time."""
-    tokens = _tokens(19, 1)
+    tokens = random_tokens(19, 1)
     ref = LlamaDecoder(mamba, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=5)
     try:
         want = np.concatenate([ref.decode(tokens[:12], 0)] + [ref.decode([t], 12 + k) for k, t in enumerate(tokens[12:])])
@@ -84,8 +60,8 @@ def test_prompt_and_steps_equal_llama(mamba, n_threads: int) -> None:
         ref.close()
     with Model.load(mamba) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=5, n_threads=n_threads,
                                              n_threads_batch=n_threads) as ctx:
-        got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:12])])]
-        got += [_decode(ctx, [(t, 12 + k, 0, True)]) for k, t in enumerate(tokens[12:])]
+        got = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:12])])]
+        got += [decode_entries(ctx, [(t, 12 + k, 0, True)]) for k, t in enumerate(tokens[12:])]
         assert ctx.memory.seq_pos_max(0) == ctx.memory.seq_pos_min(0) == len(tokens) - 1
     np.testing.assert_array_equal(np.concatenate(got), want)
 
@@ -94,7 +70,7 @@ def test_prompt_and_steps_equal_llama(mamba, n_threads: int) -> None:
 def test_several_sequences_equal_llama(mamba, n_ubatch: int) -> None:
     """Three sequences of unequal lengths in one batch, interleaved (equal-split ubatches of
     several sequences, then of the longer ones alone), then a step of each in one batch."""
-    first = _interleaved([7, 2, 5], 2)
+    first = interleaved([7, 2, 5], 2)
     step = [(t, p, s, True) for t, p, s in ((11, 7, 0), (12, 2, 1), (13, 5, 2))]
     ref = LlamaDecoder(mamba, n_ctx=256, n_seq_max=3, n_batch=64, n_ubatch=n_ubatch)
     try:
@@ -103,7 +79,7 @@ def test_several_sequences_equal_llama(mamba, n_ubatch: int) -> None:
         ref.close()
     with Model.load(mamba) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_seq_max=3,
                                              n_threads=2) as ctx:
-        got = [_decode(ctx, first), _decode(ctx, step)]
+        got = [decode_entries(ctx, first), decode_entries(ctx, step)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
@@ -111,69 +87,27 @@ def test_several_sequences_equal_llama(mamba, n_ubatch: int) -> None:
 def test_sequence_operations_equal_llama(mamba_f16) -> None:
     """seq_rm's answers (a partial range refused, a whole sequence dropped), the positions, and
     the logits after seq_rm, seq_cp, seq_keep and seq_add: as llama.cpp's."""
-    ref = LlamaDecoder(mamba_f16, n_ctx=256, n_seq_max=4, n_batch=64)
-    model = Model.load(mamba_f16)
-    ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=4, n_threads=2)
-    mem = ref._mem
-
-    def both(entries):
-        np.testing.assert_array_equal(_decode(ctx, entries), ref.decode_batch(entries))
-
-    def positions():
-        ours = [(ctx.memory.seq_pos_min(s), ctx.memory.seq_pos_max(s)) for s in range(4)]
-        assert ours == [(ref.seq_pos_min(s), ref.seq_pos_max(s)) for s in range(4)]
-
-    try:
-        both(_interleaved([6, 4, 3], 5))
-        positions()
+    with MemoryPair(mamba_f16, n_seq=4) as both:
+        both.decode(interleaved([6, 4, 3], 5))
+        both.check_positions()
         for seq, p0, p1 in ((0, 3, -1), (0, 2, 4), (1, 0, 2), (1, 5, 9), (-1, 1, -1), (-1, 2, 2), (2, 0, 3),
                             (3, 0, -1)):
-            assert ctx.memory.seq_rm(seq, p0, p1) == ref.seq_rm(seq, p0, p1), (seq, p0, p1)
-            positions()
-        both([(40, 0, 2, True), (41, 1, 2, True)])         # sequence 2 dropped: starts afresh
-        ctx.memory.seq_cp(0, 3)
-        L.llama_memory_seq_cp(mem, 0, 3, -1, -1)
-        positions()
-        both([(50, 6, 0, True), (51, 6, 3, True), (52, 7, 3, True), (53, 7, 0, True)])   # both go on from the copy
-        ctx.memory.seq_add(1, 0, -1, 5)
-        ref.seq_add(1, 0, -1, 5)
-        positions()
-        both([(60, 9, 1, True)])
-        ctx.memory.seq_keep(3)
-        ref.seq_keep(3)
-        positions()
-        both([(70, 8, 3, True), (71, 0, 0, True)])
-        assert ctx.memory.seq_rm(3, 0, -1) == ref.seq_rm(3, 0, -1)
-        positions()
-    finally:
-        ctx.close()
-        model.close()
-        ref.close()
+            both.seq_rm(seq, p0, p1)
+        both.decode([(40, 0, 2, True), (41, 1, 2, True)])         # sequence 2 dropped: starts afresh
+        both.seq_cp(0, 3)
+        both.decode([(50, 6, 0, True), (51, 6, 3, True), (52, 7, 3, True), (53, 7, 0, True)])   # both go on from the copy
+        both.seq_add(1, 0, -1, 5)
+        both.decode([(60, 9, 1, True)])
+        both.seq_keep(3)
+        both.decode([(70, 8, 3, True), (71, 0, 0, True)])
+        both.seq_rm(3, 0, -1)
 
 
 def test_state_saved_in_the_middle_continues(mamba_f16, tmp_path) -> None:
     """A whole state, and one sequence's state put into another sequence, saved after a prompt
     and restored into fresh contexts: the continuation's logits are the uninterrupted run's
     (llama.cpp's)."""
-    tokens = _tokens(14, 7)
-    ref = LlamaDecoder(mamba_f16, n_ctx=256, n_threads=2, n_seq_max=2)
-    try:
-        want = np.concatenate([ref.decode(tokens[:9], 0), ref.decode(tokens[9:], 9)])[9:]
-    finally:
-        ref.close()
-    with Model.load(mamba_f16) as model:
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:9])])
-            whole = ctx.state_save(tmp_path / "state.bin", tokens=tokens[:9])
-            seq0 = ctx.state_seq_save(0)
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            assert ctx.state_load(whole) == tokens[:9]
-            np.testing.assert_array_equal(_decode(ctx, [(t, 9 + k, 0, True) for k, t in enumerate(tokens[9:])]), want)
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(5, 0, 1, True), (6, 1, 1, True)])
-            ctx.state_seq_load(seq0, 1)
-            assert ctx.memory.seq_pos_max(1) == 8
-            np.testing.assert_array_equal(_decode(ctx, [(t, 9 + k, 1, True) for k, t in enumerate(tokens[9:])]), want)
+    check_state_saved_in_the_middle(mamba_f16, random_tokens(14, 7), 9, tmp_path / "state.bin")
 
 
 def test_coupled_sequences_refused(mamba_f16) -> None:
@@ -191,7 +125,7 @@ def test_session_reuses_only_a_held_prefix(mamba_f16) -> None:
     inside it is evaluated afresh; the logits are those of the prompt evaluated alone either way."""
     from gguflm.generate import Session
 
-    first, longer, other = _tokens(6, 8), _tokens(6, 8) + _tokens(3, 9), _tokens(4, 8)[:3] + [7, 8]
+    first, longer, other = random_tokens(6, 8), random_tokens(6, 8) + random_tokens(3, 9), random_tokens(4, 8)[:3] + [7, 8]
     with Model.load(mamba_f16) as model, Context(model, n_ctx=256, n_threads=2) as ctx:
         session = Session(ctx)
         assert session.ingest(first) == 0
@@ -200,7 +134,7 @@ def test_session_reuses_only_a_held_prefix(mamba_f16) -> None:
         assert session.ingest(other) == 0
         assert ctx.memory.seq_pos_max(0) == len(other) - 1
         ctx.memory.clear()
-        np.testing.assert_array_equal(_decode(ctx, [(t, k, 0, k == len(longer) - 1) for k, t in enumerate(longer)])[0],
+        np.testing.assert_array_equal(decode_entries(ctx, [(t, k, 0, k == len(longer) - 1) for k, t in enumerate(longer)])[0],
                                       after_reuse)
 
 
@@ -235,21 +169,8 @@ def test_llm_session_file_and_memory_estimate(mamba_f16, tmp_path) -> None:
     text either way); a state cannot be cut back to a shorter prefix; the memory estimate counts
     the states."""
     import gguflm
-    from gguflm.errors import Error
 
-    with gguflm.LLM(str(mamba_f16), n_ctx=256, n_threads=2) as llm:
-        text = llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text
-        with pytest.raises(Error, match="recurrent state"):
-            llm.session_save(tmp_path / "cut.bin", n_tokens=2)
-        n = llm.session_save(tmp_path / "session.bin")
-    with gguflm.LLM(str(mamba_f16), n_ctx=256, n_threads=2) as llm:
-        assert llm.session_load(tmp_path / "session.bin") == n
-        assert llm.complete("p1 p2 p3", max_tokens=5, temperature=0.0).text == text
-    theirs = L.Llama(str(mamba_f16), n_ctx=256, n_threads=2, verbose=False)
-    try:
-        assert theirs.create_completion("p1 p2 p3", max_tokens=5, temperature=0.0)["choices"][0]["text"] == text
-    finally:
-        theirs.close()
+    check_session_file_continues(mamba_f16, tmp_path / "session.bin")
     hp = Model.load(mamba_f16, vocab_only=False)
     try:
         r, s = hp.architecture.state_sizes(hp.hparams)
@@ -262,7 +183,7 @@ def test_llm_session_file_and_memory_estimate(mamba_f16, tmp_path) -> None:
 @pytest.mark.parametrize(("pooling", "name"), [(0, "none"), (1, "mean"), (3, "last")])
 def test_embeddings_equal_llama(mamba_f16, pooling: int, name: str) -> None:
     """Every token an output: llama.cpp's split_seq (one sequence per ubatch), pooled or not."""
-    lists = [_tokens(4, 10), _tokens(3, 11), _tokens(6, 12)]
+    lists = [random_tokens(4, 10), random_tokens(3, 11), random_tokens(6, 12)]
     want = llama_embeddings(mamba_f16, lists, pooling)
     with Model.load(mamba_f16) as model, Context(model, n_ctx=256, n_seq_max=3, embeddings=True, pooling=name,
                                                  n_threads=2) as ctx:

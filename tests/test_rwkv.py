@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from _llama import LlamaDecoder, import_peer
+from _memory_pair import MemoryPair, check_state_saved_in_the_middle, decode_entries, interleaved, random_tokens
 from gguflm import Context, Model
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
-from test_recurrent import _decode, _interleaved, _tokens
 from tiny_models import TinyRwkv, write_tiny_rwkv
 
 L = import_peer("llama_cpp")
@@ -52,7 +52,7 @@ def rwkv(request, tmp_path_factory):
 
 def test_prompt_and_steps_equal_llama(rwkv) -> None:
     """Every position's logits: a prompt in ubatches of 5, then one token at a time."""
-    tokens, n_threads = _tokens(17, 1), N_THREADS[rwkv.stem]
+    tokens, n_threads = random_tokens(17, 1), N_THREADS[rwkv.stem]
     ref = LlamaDecoder(rwkv, n_ctx=256, n_threads=n_threads, n_batch=64, n_ubatch=5)
     try:
         want = np.concatenate([ref.decode(tokens[:11], 0)] + [ref.decode([t], 11 + k) for k, t in enumerate(tokens[11:])])
@@ -60,8 +60,8 @@ def test_prompt_and_steps_equal_llama(rwkv) -> None:
         ref.close()
     with Model.load(rwkv) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=5, n_threads=n_threads,
                                             n_threads_batch=n_threads) as ctx:
-        got = [_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
-        got += [_decode(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
+        got = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:11])])]
+        got += [decode_entries(ctx, [(t, 11 + k, 0, True)]) for k, t in enumerate(tokens[11:])]
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 
@@ -69,7 +69,7 @@ def test_several_sequences_equal_llama(rwkv) -> None:
     """Three sequences of unequal lengths (one of a single token) interleaved in one batch, then a
     step of each in one batch."""
     n_ubatch = N_UBATCH[rwkv.stem]
-    first = _interleaved([6, 1, 4], 2)
+    first = interleaved([6, 1, 4], 2)
     step = [(t, p, s, True) for t, p, s in ((11, 6, 0), (12, 1, 1), (13, 4, 2))]
     ref = LlamaDecoder(rwkv, n_ctx=256, n_seq_max=3, n_batch=64, n_ubatch=n_ubatch)
     try:
@@ -78,7 +78,7 @@ def test_several_sequences_equal_llama(rwkv) -> None:
         ref.close()
     with Model.load(rwkv) as model, Context(model, n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_seq_max=3,
                                             n_threads=2) as ctx:
-        got = [_decode(ctx, first), _decode(ctx, step)]
+        got = [decode_entries(ctx, first), decode_entries(ctx, step)]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
@@ -93,59 +93,21 @@ def rwkv_small(request, tmp_path_factory):
 def test_sequence_operations_equal_llama(rwkv_small) -> None:
     """seq_rm's answers (a partial range refused, a whole sequence dropped), then seq_cp and
     seq_keep: the positions and the logits that follow, as llama.cpp's."""
-    ref = LlamaDecoder(rwkv_small, n_ctx=256, n_seq_max=3, n_batch=64)
-    model = Model.load(rwkv_small)
-    ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=3, n_threads=2)
-
-    def both(entries):
-        np.testing.assert_array_equal(_decode(ctx, entries), ref.decode_batch(entries))
-
-    def positions():
-        assert [(ctx.memory.seq_pos_min(s), ctx.memory.seq_pos_max(s)) for s in range(3)] == \
-            [(ref.seq_pos_min(s), ref.seq_pos_max(s)) for s in range(3)]
-
-    try:
-        both(_interleaved([5, 3, 1], 5))
+    with MemoryPair(rwkv_small, n_seq=3) as both:
+        both.decode(interleaved([5, 3, 1], 5))
         for seq, p0, p1 in ((0, 2, -1), (1, 0, -1), (2, 1, -1)):
-            assert ctx.memory.seq_rm(seq, p0, p1) == ref.seq_rm(seq, p0, p1), (seq, p0, p1)
-            positions()
-        both([(40, 0, 1, True), (41, 1, 1, True)])           # sequence 1 dropped: starts afresh
-        ctx.memory.seq_cp(0, 2)
-        L.llama_memory_seq_cp(ref._mem, 0, 2, -1, -1)
-        positions()
-        both([(50, 5, 0, True), (51, 5, 2, True), (52, 6, 2, True), (53, 6, 0, True)])   # both go on from the copy
-        ctx.memory.seq_keep(2)
-        ref.seq_keep(2)
-        positions()
-        both([(60, 7, 2, True)])
-    finally:
-        ctx.close()
-        model.close()
-        ref.close()
+            both.seq_rm(seq, p0, p1)
+        both.decode([(40, 0, 1, True), (41, 1, 1, True)])           # sequence 1 dropped: starts afresh
+        both.seq_cp(0, 2)
+        both.decode([(50, 5, 0, True), (51, 5, 2, True), (52, 6, 2, True), (53, 6, 0, True)])   # both go on from the copy
+        both.seq_keep(2)
+        both.decode([(60, 7, 2, True)])
 
 
 def test_state_saved_in_the_middle_continues(rwkv_small, tmp_path) -> None:
     """A whole state, and one sequence's state put into another sequence, saved after a prompt
     and restored into fresh contexts: the continuation is llama.cpp's uninterrupted run."""
-    tokens = _tokens(12, 7)
-    ref = LlamaDecoder(rwkv_small, n_ctx=256, n_threads=2, n_seq_max=2)
-    try:
-        want = np.concatenate([ref.decode(tokens[:8], 0), ref.decode(tokens[8:], 8)])[8:]
-    finally:
-        ref.close()
-    with Model.load(rwkv_small) as model:
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            _decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:8])])
-            whole = ctx.state_save(tmp_path / "state.bin", tokens=tokens[:8])
-            seq0 = ctx.state_seq_save(0)
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
-            assert ctx.state_load(whole) == tokens[:8]
-            np.testing.assert_array_equal(_decode(ctx, [(t, 8 + k, 0, True) for k, t in enumerate(tokens[8:])]), want)
-        with Context(model, n_ctx=256, n_seq_max=2, n_threads=1) as ctx:
-            _decode(ctx, [(5, 0, 1, True), (6, 1, 1, True)])
-            ctx.state_seq_load(seq0, 1)
-            assert ctx.memory.seq_pos_max(1) == 7
-            np.testing.assert_array_equal(_decode(ctx, [(t, 8 + k, 1, True) for k, t in enumerate(tokens[8:])]), want)
+    check_state_saved_in_the_middle(rwkv_small, random_tokens(12, 7), 8, tmp_path / "state.bin")
 
 
 def test_rwkv7_head_size_refused(tmp_path) -> None:

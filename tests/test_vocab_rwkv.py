@@ -83,7 +83,7 @@ def test_no_vocab_model_takes_ids(tmp_path) -> None:
     from _llama import LlamaDecoder
     from gguflm import Context
     from gguflm.errors import VocabError
-    from test_recurrent import _decode
+    from _memory_pair import decode_entries
 
     path = tmp_path / "none.gguf"
     write_tiny_rwkv(TinyRwkv(vocab="none"), path, np.random.default_rng(2))
@@ -104,7 +104,7 @@ def test_no_vocab_model_takes_ids(tmp_path) -> None:
         assert vocab.detokenize_bytes(tokens) == theirs.detokenize(tokens, False, False) == b""
         assert vocab.token_to_piece(5, special=True) == b""
         with Context(model, n_ctx=64, n_threads=2) as ctx:
-            np.testing.assert_array_equal(_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens)]), want)
+            np.testing.assert_array_equal(decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens)]), want)
 
 
 @pytest.fixture(scope="module")
