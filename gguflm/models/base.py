@@ -198,14 +198,20 @@ class Architecture:
         return specs
 
     @staticmethod
-    def ffn_specs(hp: HParams, il: int) -> list[TensorSpec]:
-        """Gated feed-forward of layer ``il``: gate and up (n_embd → n_ff), down (n_ff → n_embd)."""
+    def ffn_specs(hp: HParams, il: int, *, biases: bool = False) -> list[TensorSpec]:
+        """Gated feed-forward of layer ``il``: gate and up (n_embd → n_ff), down (n_ff → n_embd);
+        with ``biases``, each matrix's bias where the file has one."""
         blk = f"blk.{il}"
-        return [
+        specs = [
             TensorSpec(f"{blk}.ffn_gate.weight", (hp.n_embd, hp.n_ff[il])),
             TensorSpec(f"{blk}.ffn_up.weight", (hp.n_embd, hp.n_ff[il])),
             TensorSpec(f"{blk}.ffn_down.weight", (hp.n_ff[il], hp.n_embd)),
         ]
+        if biases:
+            specs += [TensorSpec(f"{blk}.ffn_gate.bias", (hp.n_ff[il],), optional=True),
+                      TensorSpec(f"{blk}.ffn_up.bias", (hp.n_ff[il],), optional=True),
+                      TensorSpec(f"{blk}.ffn_down.bias", (hp.n_embd,), optional=True)]
+        return specs
 
     @staticmethod
     def expert_specs(hp: HParams, il: int) -> list[TensorSpec]:

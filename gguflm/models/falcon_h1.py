@@ -46,10 +46,7 @@ class FalconH1(GraniteHybrid):
             specs.append(TensorSpec(f"{blk}.attn_norm.weight", (hp.n_embd,)))
             # the converter names this norm without ".weight" (FFN_PRE_NORM's name is FFN_NORM's)
             specs.append(TensorSpec(f"{blk}.ffn_norm", (hp.n_embd,)))
-            specs += cls.ffn_specs(hp, il)
-            specs += [TensorSpec(f"{blk}.ffn_gate.bias", (hp.n_ff[il],), optional=True),
-                      TensorSpec(f"{blk}.ffn_up.bias", (hp.n_ff[il],), optional=True),
-                      TensorSpec(f"{blk}.ffn_down.bias", (hp.n_embd,), optional=True)]
+            specs += cls.ffn_specs(hp, il, biases=True)
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:

@@ -57,11 +57,10 @@ class GraniteHybrid(Granite):
             else:
                 specs += cls.attention_specs(hp, il, bias=None)
             specs.append(TensorSpec(f"blk.{il}.ffn_norm.weight", (hp.n_embd,)))
-            specs += cls.ffn_or_expert_specs(hp, il)
-            if not cls.has_experts(hp, il):   # the dense feed-forward's optional biases
-                specs += [TensorSpec(f"blk.{il}.ffn_gate.bias", (hp.n_ff[il],), optional=True),
-                          TensorSpec(f"blk.{il}.ffn_up.bias", (hp.n_ff[il],), optional=True),
-                          TensorSpec(f"blk.{il}.ffn_down.bias", (hp.n_embd,), optional=True)]
+            if cls.has_experts(hp, il):
+                specs += cls.ffn_or_expert_specs(hp, il)
+            else:
+                specs += cls.ffn_specs(hp, il, biases=True)
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
