@@ -21,7 +21,7 @@ from _llama import LlamaDecoder, require_peer
 from gguflm import Batch, Context, Model
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
-from test_invariance import llama_cpp_logits, prompt_logits, rel_err
+from test_invariance import check_logits_against_llama_cpp
 from tiny_models import N_VOCAB, TinyMLA, tiny_mla_models, write_tiny_mla
 
 TOKENS = [1] + list(range(20, 37))
@@ -47,14 +47,7 @@ EXAMPLES = [
 def check_against_llama_cpp(spec: TinyMLA, path: Path, seed: int) -> None:
     write_tiny_mla(spec, path, np.random.default_rng(seed))
     with Model.load(path) as model:
-        for n_ubatch in (1, len(TOKENS)):
-            ours = prompt_logits(model, TOKENS, 1, n_ubatch, "f16", "f16")
-            assert np.isfinite(ours).all()
-            other = prompt_logits(model, TOKENS, 2, n_ubatch, "f16", "f16")
-            assert (other.view(np.uint32) == ours.view(np.uint32)).all(), f"2 threads, ubatch {n_ubatch}"
-            theirs = llama_cpp_logits(path, TOKENS, n_ubatch, "f16", "f16")
-            assert rel_err(ours, theirs) < 0.02, f"ubatch {n_ubatch}"
-            assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.9, f"ubatch {n_ubatch}"
+        check_logits_against_llama_cpp(model, path, TOKENS)
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,

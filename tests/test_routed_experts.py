@@ -19,7 +19,7 @@ from _llama import require_peer
 from gguflm import Model
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
-from test_invariance import llama_cpp_logits, prompt_logits, rel_err
+from test_invariance import check_logits_against_llama_cpp
 from tiny_models import TinyRouted, tiny_routed_models, write_tiny_routed
 
 TOKENS = [1] + list(range(20, 37))
@@ -67,14 +67,7 @@ def test_routed_experts_give_llama_cpps_logits(tmp_path, spec):
     write_tiny_routed(spec, path, np.random.default_rng(5))
     with Model.load(path) as model:
         assert model.hparams.n_layer == spec.n_layer
-        for n_ubatch in (1, len(TOKENS)):
-            ours = prompt_logits(model, TOKENS, 1, n_ubatch, "f16", "f16")
-            assert np.isfinite(ours).all()
-            other = prompt_logits(model, TOKENS, 2, n_ubatch, "f16", "f16")
-            assert (other.view(np.uint32) == ours.view(np.uint32)).all(), f"2 threads, ubatch {n_ubatch}"
-            theirs = llama_cpp_logits(path, TOKENS, n_ubatch, "f16", "f16")
-            assert rel_err(ours, theirs) < 0.02, f"ubatch {n_ubatch}"
-            assert (ours.argmax(1) == theirs.argmax(1)).mean() >= 0.9, f"ubatch {n_ubatch}"
+        check_logits_against_llama_cpp(model, path, TOKENS)
 
 
 def test_glm4moe_checks(tmp_path):
