@@ -52,7 +52,7 @@ from gguflm.server.protocol import error_body
 
 log = logging.getLogger("gguflm.ray")
 
-__all__ = ["LLMConfig", "build_openai_app", "SessionAffinityRouter", "session_key", "rank_replicas",
+__all__ = ["LLMConfig", "build_openai_app", "serve_cli", "SessionAffinityRouter", "session_key", "rank_replicas",
            "REPLICA_HEADER", "PREFIX_CHARS"]
 
 REPLICA_HEADER = "x-gguflm-replica"     # the replica (its Ray actor name) that answered
@@ -99,12 +99,15 @@ class LLMConfig:
             return value
         return cls(**dict(value))
 
+    @property
+    def threads(self) -> int:
+        return int(self.engine_kwargs.get("n_threads") or 1)
+
     def deployment_options(self) -> dict[str, Any]:
         """The options of this model's Ray Serve deployment."""
-        threads = int(self.engine_kwargs.get("n_threads") or 1)
         parallel = int(self.engine_kwargs.get("parallel", 4))
         options = dict(self.deployment_config)
-        actor = {"num_cpus": threads, **options.pop("ray_actor_options", {})}
+        actor = {"num_cpus": self.threads, **options.pop("ray_actor_options", {})}
         options.setdefault("max_ongoing_requests", 2 * parallel)
         if "autoscaling_config" in options:
             options["autoscaling_config"] = {"target_ongoing_requests": parallel,
@@ -173,8 +176,7 @@ class GGUFServer:
 
         cfg = LLMConfig.of(config)
         path = local_model(cfg.model_loading_config["model_source"], cfg.cache_dir)
-        options = {"n_threads": 1, **cfg.engine_kwargs}
-        self.app = create_app(path, alias=cfg.model_id, **options)
+        self.app = create_app(path, alias=cfg.model_id, **{**cfg.engine_kwargs, "n_threads": cfg.threads})
         self.name = ray.get_runtime_context().get_actor_name() or socket.gethostname()
 
     async def handle(self, http: dict[str, Any], session: str | None = None) -> AsyncIterator[Any]:
@@ -303,3 +305,39 @@ def build_openai_app(llm_serving_args: Mapping[str, Any]) -> Any:
     ingress_options = {"name": "gguflm-ingress", "ray_actor_options": {"num_cpus": 0},
                        "max_ongoing_requests": 1000, **llm_serving_args.get("ingress_deployment_config", {})}
     return serve.deployment(OpenAIIngress).options(**ingress_options).bind(ids, *engines)
+
+
+def serve_cli(models: Sequence[str], models_dir: str | None, alias: str | None, options: dict[str, Any],
+              replicas: int, max_replicas: int | None, host: str, port: int) -> int:
+    """``gguflm serve --ray``: each model (``-m`` files and ``--models-dir``'s) with ``replicas``
+    replicas, or autoscaled up to ``max_replicas``, on the Ray cluster of ``RAY_ADDRESS`` (else a
+    local one), until interrupted. ``options`` are :func:`gguflm.server.create_app`'s."""
+    import ray
+
+    from gguflm.default_model import default_model_path
+    from gguflm.server.router import scan_models_dir
+
+    if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
+        raise ValueError(f"--replicas {replicas} --max-replicas {max_replicas}: need 1 <= N <= M")
+    paths = {Path(m).name.removesuffix(".gguf"): str(m) for m in models}
+    if models_dir:
+        paths.update((name, str(p)) for name, p in scan_models_dir(models_dir).items())
+    if not paths:
+        paths = {"default": str(default_model_path())}
+    if alias is not None:
+        if len(paths) > 1:
+            raise ValueError("--alias names one model; with several each is named by its file")
+        paths = {alias: next(iter(paths.values()))}
+    scaling = ({"num_replicas": replicas} if max_replicas is None else
+               {"autoscaling_config": {"min_replicas": replicas, "max_replicas": max_replicas}})
+    configs = [LLMConfig({"model_id": name, "model_source": path}, dict(options), dict(scaling))
+               for name, path in paths.items()]
+    ray.init()      # RAY_ADDRESS's cluster, else a local one
+    serve.start(http_options={"host": host, "port": port})
+    try:
+        serve.run(build_openai_app({"llm_configs": configs}), name="gguflm", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+    return 0
