@@ -123,6 +123,41 @@ def test_replica_cpus_are_its_threads(smollm_path):
     assert session_key({"input": "text"}, {}) is None
 
 
+def test_the_config_file_of_the_docs_builds_the_app():
+    import re
+
+    import yaml
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary as serve_builds
+    from ray.serve.schema import ServeDeploySchema
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "scale-out.md").read_text()
+    config = ServeDeploySchema.model_validate(yaml.safe_load(re.search(r"```yaml\n(.*?)```", docs, re.S)[1]))
+    app = config.applications[0]
+    assert app.import_path == "gguflm.ray.serve:build_openai_app"
+    built = serve_builds(build_openai_app, app.args)        # what `serve run` does with it
+    assert type(built).__name__ == "Application"
+
+
+def test_the_command_line(base_url, smollm_path, monkeypatch, capsys):
+    import gguflm.ray.serve as ray_serve
+    from gguflm.cli import main
+
+    built = []
+    monkeypatch.setattr(ray_serve, "build_openai_app", built.append)
+    for name in ("start", "run", "shutdown"):          # the app is only built here
+        monkeypatch.setattr(serve, name, lambda *args, **kwargs: None)
+    assert main(["serve", "--ray", "-m", str(smollm_path), "-m", str(MINILM), "--replicas", "2",
+                 "--max-replicas", "3", "-t", "2", "-np", "3", "-c", "1024"]) == 0
+    configs = built[0]["llm_configs"]
+    assert [c.model_id for c in configs] == ["SmolLM2-135M-Instruct.Q4_1", "all-MiniLM-L6-v2-Q8_0"]
+    options = configs[0].deployment_options()
+    assert options["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 3}
+    assert options["ray_actor_options"] == {"num_cpus": 2}
+    assert configs[0].engine_kwargs["n_ctx"] == 1024 and configs[0].engine_kwargs["parallel"] == 3
+    assert main(["serve", "--ray", "-m", str(smollm_path), "--replicas", "2", "--max-replicas", "1"]) == 1
+    assert "need 1 <= N <= M" in capsys.readouterr().err
+
+
 def test_two_replicas_answer_as_one_server(client, reference):
     uids = list(replicas())
     assert len(uids) == 2

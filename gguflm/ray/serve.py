@@ -332,7 +332,8 @@ def serve_cli(models: Sequence[str], models_dir: str | None, alias: str | None, 
                {"autoscaling_config": {"min_replicas": replicas, "max_replicas": max_replicas}})
     configs = [LLMConfig({"model_id": name, "model_source": path}, dict(options), dict(scaling))
                for name, path in paths.items()]
-    ray.init()      # RAY_ADDRESS's cluster, else a local one
+    if not ray.is_initialized():
+        ray.init()      # RAY_ADDRESS's cluster, else a local one
     serve.start(http_options={"host": host, "port": port})
     try:
         serve.run(build_openai_app({"llm_configs": configs}), name="gguflm", route_prefix="/", blocking=True)
