@@ -97,13 +97,14 @@ def test_chat_with_a_json_schema_per_job(smollm_path):
     sampling = {"max_tokens": 24, "temperature": 0.0,
                 "response_format": {"type": "json_object", "schema": schema}}
     conversations = [[{"role": "user", "content": f"Name a {w}."}] for w in WORDS[:2]]
-    ds = ray.data.from_items([{"messages": json.dumps(m)} for m in conversations]).map_batches(
+    # one column of message lists (Ray Data hands them as arrays of dicts)
+    ds = ray.data.from_items([{"messages": m} for m in conversations]).map_batches(
         Generate, fn_constructor_kwargs={"model": str(smollm_path), "sampling": sampling},
         concurrency=1, num_cpus=1, batch_size=2)
     rows = ds.take_all()
     llm = LLM(smollm_path, n_ctx=2048, n_threads=1, progress=False)
     for row in rows:
-        want = llm.create_chat_completion(json.loads(row["messages"]), **sampling)
+        want = llm.create_chat_completion([dict(m) for m in row["messages"]], **sampling)
         assert row[ERROR_COLUMN] is None
         assert row["generated_text"] == want["choices"][0]["message"]["content"]
 

@@ -212,6 +212,39 @@ def test_a_continued_conversation_goes_to_its_replica(client):
           f"{cold * 1e3:.0f} ms on a cold one ({warm / cold:.0%})")
 
 
+def test_a_client_going_away_frees_its_slot(base_url, client):
+    import http.client
+    import json
+
+    uid, name = next(iter(replicas().items()))
+    headers = {"X-Session-Id": key_for(uid), "Content-Type": "application/json"}
+    host, port = base_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 1000, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), headers)
+    response = connection.getresponse()
+    assert response.getheader(REPLICA_HEADER) == name
+    response.readline()
+
+    def busy() -> bool:
+        slots = http.client.HTTPConnection(host, int(port), timeout=30)
+        slots.request("GET", "/slots?model=smol", headers=headers)
+        answer = slots.getresponse()
+        assert answer.getheader(REPLICA_HEADER) == name
+        states = json.loads(answer.read())
+        slots.close()
+        return any(s["is_processing"] for s in states)
+
+    assert busy()
+    connection.close()
+    # the proxy cancels the ingress's request, the ingress the replica's: its slot is freed long
+    # before 1000 tokens (~25 s here) are generated
+    deadline = time.monotonic() + 8
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not busy()
+
+
 def test_killing_a_replica_fails_only_its_stream(client, reference):
     victim, survivor = list(replicas().items())
     messages = [{"role": "user", "content": "Tell me a long story about a river."}]
@@ -257,15 +290,16 @@ def test_autoscaling_from_one_replica_to_two_and_back(base_url, client, smollm_p
 
     try:
         with ThreadPoolExecutor(4) as pool:
-            for i in range(4):
-                pool.submit(load, i)
+            loads = [pool.submit(load, i) for i in range(4)]
             deadline = time.monotonic() + 60
-            while running() < 2 and time.monotonic() < deadline:
+            while running() < 2 and time.monotonic() < deadline and not any(f.done() for f in loads):
                 time.sleep(0.5)
             peak = running()
             stop.set()
     finally:
         stop.set()
+    for f in loads:
+        f.result()          # every request was answered
     assert peak == 2
     deadline = time.monotonic() + 60
     while running() > 1 and time.monotonic() < deadline:

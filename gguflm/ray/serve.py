@@ -180,10 +180,10 @@ class GGUFServer:
         self.name = ray.get_runtime_context().get_actor_name() or socket.gethostname()
 
     async def handle(self, http: dict[str, Any], session: str | None = None) -> AsyncIterator[Any]:
-        """Run one HTTP request (``method``, ``path``, ``query_string``, ``headers``, ``body``)
-        on the app; yields ``(status, headers)``, then the body's parts. ``session`` is read by
-        the router only. Cancelled (the client went away), the app sees a cancel, as under
-        uvicorn, and frees the request's slot."""
+        """Run one HTTP request (``method``, ``path``, ``root_path``, ``query_string``,
+        ``headers``, ``body``) on the app; yields ``(status, headers)``, then the body's parts.
+        ``session`` is read by the router only. Cancelled (the client went away), the app sees
+        a cancel, as under uvicorn, and frees the request's slot."""
         messages: asyncio.Queue = asyncio.Queue()
         done = object()
         body = [http["body"]]
@@ -199,7 +199,7 @@ class GGUFServer:
                  "method": http["method"], "scheme": "http", "path": http["path"],
                  "raw_path": http["path"].encode(), "query_string": http["query_string"],
                  "headers": [tuple(h) for h in http["headers"]], "client": None,
-                 "server": ("ray-serve", 0), "root_path": ""}
+                 "server": ("ray-serve", 0), "root_path": http["root_path"]}
         run = asyncio.ensure_future(self.app(scope, receive, messages.put))
         run.add_done_callback(lambda _: messages.put_nowait(done))
         try:
@@ -228,7 +228,7 @@ class OpenAIIngress:
         self.handles = dict(zip(model_ids, handles))
 
     async def __call__(self, request: Request) -> Response:
-        path = request.url.path
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))
         if path in ("/health", "/v1/health"):
             return JSONResponse({"status": "ok"})
         if path in ("/v1/models", "/models") and request.method == "GET":
@@ -248,7 +248,9 @@ class OpenAIIngress:
             return JSONResponse(error_body(f"model {name!r} not found; this endpoint serves "
                                            f"{', '.join(self.handles)}", "not_found_error", "model",
                                            "model_not_found"), status_code=404)
-        http = {"method": request.method, "path": path, "query_string": request.url.query.encode(),
+        # the path as the proxy gave it: under the app's route prefix (its root_path)
+        http = {"method": request.method, "path": request.scope["path"],
+                "root_path": request.scope.get("root_path", ""), "query_string": request.url.query.encode(),
                 "headers": request.headers.raw, "body": raw}
         parts = handle.options(stream=True).handle.remote(http, session=session_key(data, request.headers))
         try:
