@@ -81,7 +81,7 @@ class Embed:
     A vector depends on the texts decoded with it (as llama.cpp's: :mod:`gguflm.embedding`), so
     by default each row is embedded alone and equals ``llm.embed(text)`` whatever batches Ray
     makes. ``pack=True`` packs each Ray batch into decodes as ``llm.embed(batch_texts)`` does:
-    about 1.7x the throughput on short texts, each vector then within ~1e-3 of the row's alone.
+    about 1.7x the throughput on short texts, each vector then within ~3e-3 of the row's alone.
     ``**llm_options`` go to :class:`gguflm.LLM` (``n_threads``, ``pooling_type``, ``n_ctx``...).
     """
 
