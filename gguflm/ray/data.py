@@ -40,15 +40,17 @@ def _load(model: str | os.PathLike[str], cache_dir: str | None, **options: Any) 
     return LLM(local_model(model, cache_dir), progress=False, **{"n_threads": 1, **options})
 
 
-def _plain(value: Any) -> Any:
-    """A cell as Python values: Ray Data hands lists and structs as numpy arrays and dicts; a
-    JSON string is parsed."""
-    if isinstance(value, str):
-        return json.loads(value)
+def _plain(cell: Any) -> Any:
+    """A cell as Python values: a JSON string parsed; Ray Data's numpy arrays (lists) and dicts
+    (structs, their null fields dropped) made lists and dicts."""
+    return json.loads(cell) if isinstance(cell, str) else _python(cell)
+
+
+def _python(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value]
+        return [_python(v) for v in value]
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items() if v is not None}
+        return {k: _python(v) for k, v in value.items() if v is not None}
     return value.item() if isinstance(value, np.generic) else value
 
 
