@@ -178,6 +178,13 @@ def test_streams_completions_embeddings_and_models(client, reference):
     completion = client.completions.create(model="smol", prompt="The river", temperature=0, max_tokens=8)
     want = reference.post("/v1/completions", json={"prompt": "The river", "temperature": 0, "max_tokens": 8})
     assert completion.choices[0].text == want.json()["choices"][0]["text"]
+    # a JSON schema (a grammar) through the ingress, as the server answers it
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 10}}, "required": ["colour"]}
+    fields = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "temperature": 0, "max_tokens": 24,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}
+    constrained = client.chat.completions.create(model="smol", **fields).choices[0].message.content
+    assert constrained == reference.post("/v1/chat/completions", json=fields).json()["choices"][0]["message"]["content"]
+    assert constrained.startswith("{")
     vector = client.embeddings.create(model="minilm", input="a quiet river").data[0].embedding
     assert vector == LLM(MINILM, embedding=True, n_threads=1, progress=False).embed("a quiet river")
     assert sorted(m.id for m in client.models.list()) == ["minilm", "smol"]
