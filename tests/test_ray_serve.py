@@ -26,6 +26,7 @@ from gguflm.server import create_app  # noqa: E402
 
 MINILM = Path(__file__).resolve().parent / "data" / "models" / "all-MiniLM-L6-v2-Q8_0.gguf"
 ENGINE = {"parallel": 2, "n_ctx": 2048, "n_threads": 1}
+KEY = "test-key"      # the first app's replicas check it (the server's own API key check)
 # a replica reserves num_cpus = n_threads (1 here); the tests' replicas reserve half of that so
 # that both apps fit the 2 CPUs of this local Ray
 HALF_CPU = {"ray_actor_options": {"num_cpus": 0.5}}
@@ -65,13 +66,13 @@ def base_url():
 
 @pytest.fixture(scope="module")
 def client(base_url, smollm_path):
-    configs = [LLMConfig({"model_id": "smol", "model_source": str(smollm_path)}, ENGINE,
+    configs = [LLMConfig({"model_id": "smol", "model_source": str(smollm_path)}, {**ENGINE, "api_key": KEY},
                          {"num_replicas": 2, **HALF_CPU}),
                LLMConfig({"model_id": "minilm", "model_source": str(MINILM)},
-                         {"embedding": True, "parallel": 1, "n_ctx": 512, "n_threads": 1},
+                         {"embedding": True, "parallel": 1, "n_ctx": 512, "n_threads": 1, "api_key": KEY},
                          {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}})]
     serve.run(build_openai_app({"llm_configs": configs}), name=APP, route_prefix="/")
-    yield openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=120)
+    yield openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,12 @@ def test_streams_completions_embeddings_and_models(client, reference):
     assert constrained.startswith("{")
     vector = client.embeddings.create(model="minilm", input="a quiet river").data[0].embedding
     assert vector == LLM(MINILM, embedding=True, n_threads=1, progress=False).embed("a quiet river")
-    assert sorted(m.id for m in client.models.list()) == ["minilm", "smol"]
+    assert sorted(m.id for m in client.models.list()) == ["minilm", "smol"]     # both replicas' entries
+    stranger = client.with_options(api_key="wrong")
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
+    with pytest.raises(openai.AuthenticationError):
+        stranger.completions.create(model="smol", prompt="x", max_tokens=1)
     with pytest.raises(openai.NotFoundError, match="model_not_found|not found"):
         client.completions.create(model="nope", prompt="x", max_tokens=1)
 
@@ -224,7 +230,7 @@ def test_a_client_going_away_frees_its_slot(base_url, client):
     import json
 
     uid, name = next(iter(replicas().items()))
-    headers = {"X-Session-Id": key_for(uid), "Content-Type": "application/json"}
+    headers = {"X-Session-Id": key_for(uid), "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
     host, port = base_url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 1000, "stream": True}

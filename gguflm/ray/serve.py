@@ -222,7 +222,8 @@ class GGUFServer:
 
 class OpenAIIngress:
     """The HTTP entry: each request goes to the model its ``model`` names (``?model=`` for a
-    GET; any name when there is one model); ``/v1/models`` and ``/health`` are answered here."""
+    GET; any name when there is one model). ``/health`` is answered here, ``/v1/models`` of
+    several models by joining their replicas' answers (each checks the API key as it does)."""
 
     def __init__(self, model_ids: list[str], *handles: Any) -> None:
         self.handles = dict(zip(model_ids, handles))
@@ -231,10 +232,13 @@ class OpenAIIngress:
         path = request.url.path.removeprefix(request.scope.get("root_path", ""))
         if path in ("/health", "/v1/health"):
             return JSONResponse({"status": "ok"})
-        if path in ("/v1/models", "/models") and request.method == "GET":
-            return JSONResponse({"object": "list", "data": [
-                {"id": name, "object": "model", "owned_by": "gguflm", "created": 0} for name in self.handles]})
         raw = await request.body()
+        # the path as the proxy gave it: under the app's route prefix (its root_path)
+        http = {"method": request.method, "path": request.scope["path"],
+                "root_path": request.scope.get("root_path", ""), "query_string": request.url.query.encode(),
+                "headers": request.headers.raw, "body": raw}
+        if path in ("/v1/models", "/models") and request.method == "GET" and len(self.handles) > 1:
+            return await self._models(http)
         try:
             data = json.loads(raw) if raw.strip() else None
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -248,10 +252,6 @@ class OpenAIIngress:
             return JSONResponse(error_body(f"model {name!r} not found; this endpoint serves "
                                            f"{', '.join(self.handles)}", "not_found_error", "model",
                                            "model_not_found"), status_code=404)
-        # the path as the proxy gave it: under the app's route prefix (its root_path)
-        http = {"method": request.method, "path": request.scope["path"],
-                "root_path": request.scope.get("root_path", ""), "query_string": request.url.query.encode(),
-                "headers": request.headers.raw, "body": raw}
         parts = handle.options(stream=True).handle.remote(http, session=session_key(data, request.headers))
         try:
             status, headers = await parts.__anext__()
@@ -266,6 +266,20 @@ class OpenAIIngress:
         except Exception as exc:
             return _replica_failed(exc)
         return Response(content, status_code=status, headers=headers)
+
+    async def _models(self, http: dict[str, Any]) -> Response:
+        """Every model's ``/v1/models`` entry, or the first answer that is not 200 (401...)."""
+        listed = []
+        for handle in self.handles.values():
+            try:
+                (status, headers), *parts = [p async for p in handle.options(stream=True).handle.remote(http)]
+            except Exception as exc:
+                return _replica_failed(exc)
+            content = b"".join(parts)
+            if status != 200:
+                return Response(content, status_code=status, media_type=dict(headers).get("content-type"))
+            listed += json.loads(content)["data"]
+        return JSONResponse({"object": "list", "data": listed})
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
