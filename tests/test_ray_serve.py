@@ -7,6 +7,7 @@ deployment goes from 1 replica to 2 under load and back."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -125,8 +126,6 @@ def test_replica_cpus_are_its_threads(smollm_path):
 
 
 def test_the_config_file_of_the_docs_builds_the_app():
-    import re
-
     import yaml
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary as serve_builds
     from ray.serve.schema import ServeDeploySchema
@@ -157,6 +156,19 @@ def test_the_command_line(base_url, smollm_path, monkeypatch, capsys):
     assert configs[0].engine_kwargs["n_ctx"] == 1024 and configs[0].engine_kwargs["parallel"] == 3
     assert main(["serve", "--ray", "-m", str(smollm_path), "--replicas", "2", "--max-replicas", "1"]) == 1
     assert "need 1 <= N <= M" in capsys.readouterr().err
+
+
+def test_a_model_a_node_cannot_read_fails_the_deployment_clearly(base_url, tmp_path):
+    config = LLMConfig({"model_id": "gone", "model_source": str(tmp_path / "gone.gguf")}, ENGINE,
+                       {"num_replicas": 1, "max_constructor_retry_count": 1, **HALF_CPU})
+    try:
+        with pytest.raises(RuntimeError, match="gguflm-gone"):
+            serve.run(build_openai_app({"llm_configs": [config]}), name="gguflm-broken", route_prefix="/broken")
+        # `serve status` says why
+        message = serve.status().applications["gguflm-broken"].deployments["gguflm-gone"].message
+        assert re.search(r"ModelSourceError: model .*gone.gguf: no readable file .* on node", message)
+    finally:
+        serve.delete("gguflm-broken")
 
 
 def test_two_replicas_answer_as_one_server(client, reference):
