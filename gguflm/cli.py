@@ -237,19 +237,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     several = bool(args.models_dir) or len(args.model or ()) > 1
     model = None if several or not args.model else args.model[0]
+    options = dict(parallel=args.parallel, n_ctx=args.ctx_size,
+                   n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                   n_threads_batch=args.threads_batch, api_key=_api_keys(args),
+                   chat_template=_chat_template_arg(args), embedding=args.embedding,
+                   kv_unified=args.kv_unified, type_k=args.cache_type_k,
+                   type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
+                   shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
+                   max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
+                   **adapter_options(args), **_speculative(args),
+                   slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse,
+                   cors_origins=[o for o in (args.cors_origins or "").split(",") if o] or None)
+    if args.ray:
+        try:
+            from gguflm.ray.serve import serve_cli
+        except ImportError as exc:
+            raise ValueError(str(exc)) from None
+        return serve_cli(args.model or [], args.models_dir, args.alias, options, args.replicas,
+                         args.max_replicas, args.host, args.port)
     app = create_app(model, models=args.model if several else None, models_dir=args.models_dir,
                      models_max=args.models_max, memory_budget=_size(args.memory_budget),
-                     parallel=args.parallel, n_ctx=args.ctx_size,
-                     n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
-                     n_threads_batch=args.threads_batch, api_key=_api_keys(args),
-                     chat_template=_chat_template_arg(args), embedding=args.embedding,
-                     alias=args.alias, kv_unified=args.kv_unified, type_k=args.cache_type_k,
-                     type_v=args.cache_type_v, seed=_seed(args), load_mode=args.load_mode,
-                     shutdown_timeout=args.shutdown_timeout, pooling_type=args.pooling,
-                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES, max_tokens=args.max_tokens,
-                     **adapter_options(args), **_speculative(args),
-                     slot_save_path=args.slot_save_path, cache_reuse=args.cache_reuse,
-                     cors_origins=[o for o in (args.cors_origins or "").split(",") if o] or None)
+                     alias=args.alias, **options)
     serve(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
     return 0
 
@@ -688,6 +696,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests get to finish after SIGTERM before they are cancelled")
     _speculative_args(p)
+    g = p.add_argument_group("on a Ray cluster (the ray extra; RAY_ADDRESS, else a local Ray)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve replicas with Ray Serve behind one endpoint (see docs/scale-out.md)")
+    g.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="replicas of each model (each reserves --threads CPUs)")
+    g.add_argument("--max-replicas", type=int, metavar="M",
+                   help="autoscale each model between --replicas and M replicas by ongoing requests")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("embed", help="embeddings (or rerank scores) of texts, llama-embedding style")

@@ -47,3 +47,8 @@ class BufferOverrunError(Error):
     def __init__(self, message: str, zone: int):
         super().__init__(message)
         self.zone = zone
+
+
+class ModelSourceError(Error):
+    """A model file named by a path or URI cannot be read on this node (gguflm.ray fetches
+    remote ones into a per-node cache)."""
