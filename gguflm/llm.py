@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import numbers
 import threading
 import time
 import uuid
@@ -527,6 +528,8 @@ class LLM:
         if len(prompt) >= n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt)}) exceed context window of {n_ctx}")
         room = n_ctx - len(prompt)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)):
+            raise TypeError(f"max_tokens must be an int or None, got {max_tokens!r}")
         if max_tokens is None or max_tokens <= 0:
             return room
         return min(int(max_tokens), room)

@@ -606,6 +606,10 @@ def test_bad_requests_raise_clear_errors(tiny):
         tiny.complete("a", stop=[1])
     with pytest.raises(ValueError):
         tiny.complete("a", logprobs=-1)
+    with pytest.raises(TypeError, match="max_tokens must be an int"):
+        tiny.complete("a", max_tokens="many")
+    with pytest.raises(TypeError, match="max_tokens must be an int"):
+        tiny.create_completion("a", max_tokens=2.5)
     assert tiny.complete("", max_tokens=2).prompt_tokens == [tiny.token_bos()]
     assert cache_consistent(tiny)
 
