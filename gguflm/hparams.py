@@ -70,6 +70,7 @@ class HParams:
     f_final_logit_softcapping: float = 0.0           # 0 = none
     f_embedding_scale: float = 0.0                   # 0 = none
     f_max_alibi_bias: float = 0.0                    # ALiBi's maximum bias, 0 = none
+    f_clamp_kqv: float = 0.0                         # Q, K, V clamped to [-c, c] (attention.clamp_kqv), 0 = none
     causal_attn: bool = True
     pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
     n_cls_out: int = 1                               # classifier outputs (rank pooling)

@@ -57,6 +57,7 @@ typedef enum {
     GGUFLM_OP_GDN_GATES,     /* x = softplus(x + w) * y (log-decays), out = sigmoid(out) (strengths) */
     GGUFLM_OP_SIGMOID_MUL,   /* out *= sigmoid(y) (aux: y's step along a row, 0 broadcasts) */
     GGUFLM_OP_WKV,           /* RWKV's WKV, token shift and element-wise steps (wkv: its kind) */
+    GGUFLM_OP_CLAMP,         /* x = max(min(x, f2), f) (ggml_clamp: MPT's clamp_kqv) */
 } gguflm_op;
 
 typedef struct {
@@ -297,6 +298,14 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 for (int64_t j = 0; j < nd->n; j++) {
                     float *v = out + i * nd->out_stride + j;
                     *v = tanhf(*v * (1.0f / nd->f)) * nd->f;
+                }
+            break;
+        case GGUFLM_OP_CLAMP:
+            for (int64_t i = 0; i < nd->n_rows; i++)
+                for (int64_t j = 0; j < nd->n; j++) {
+                    float *v = out + i * nd->out_stride + j;
+                    const float lo = *v < nd->f2 ? *v : nd->f2;   /* ggml's MAX(MIN(x, max), min) */
+                    *v = lo > nd->f ? lo : nd->f;
                 }
             break;
         }
