@@ -112,6 +112,7 @@ from _llama import LlamaDecoder, require_peer  # noqa: E402
 from gguflm import Batch, Context, Model  # noqa: E402
 from gguflm.ggml_types import GGMLType  # noqa: E402
 from test_invariance import llama_cpp_logits, prompt_logits  # noqa: E402
+from test_recurrent import _decode, _interleaved  # noqa: E402
 from tiny_models import N_VOCAB, TinyAlibi, TinyModel, tiny_alibi_models, write_tiny_alibi, write_tiny_model  # noqa: E402
 
 TOKENS = [1] + list(range(20, 40))
@@ -181,3 +182,55 @@ def test_mpt_with_qk_norms_is_refused(tmp_path):
     write_tiny_alibi(TinyAlibi("mpt", qk_norm=True), path, np.random.default_rng(0))
     with pytest.raises(ModelLoadError, match="attn_k_norm"):
         Model.load(path)
+
+
+SHIFT_MODELS = {
+    "bloom": lambda path: write_tiny_alibi(TinyAlibi("bloom", n_head=6, n_head_kv=3, n_embd=96), path,
+                                           np.random.default_rng(2)),
+    # no RoPE in the graph, yet llama.cpp's K-shift rotates the cached K rows (RoPE type NORM)
+    "baichuan13b": lambda path: write_tiny_model(TinyModel("baichuan", n_embd=32, head_dim=8, n_head=4, n_head_kv=4,
+                                                           n_ff=32, n_layer=40, tied_output=False), path,
+                                                 np.random.default_rng(2)),
+}
+
+
+@pytest.mark.parametrize("name", SHIFT_MODELS)
+@pytest.mark.parametrize("kv_unified", [True, False])
+def test_several_sequences_seq_rm_and_a_shift_give_llama_cpps_logits(tmp_path, name, kv_unified):
+    """Three sequences interleaved in one batch, a step of each; seq_rm of one's tail and a hole
+    in another, seq_add (ALiBi reads the shifted positions; nothing to re-rotate unless the
+    architecture's RoPE type says so), seq_div, then more tokens into the freed cells: the
+    positions and logits are llama.cpp's, bit for bit, with one cache or one region per sequence."""
+    L = require_peer()
+    path = tmp_path / f"{name}.gguf"
+    SHIFT_MODELS[name](path)
+    steps = [_interleaved([7, 3, 5], 1),
+             [(11, 7, 0, True), (12, 3, 1, True), (13, 5, 2, True)],
+             ("seq_rm", 0, 5, -1), ("seq_rm", 2, 1, 3), ("seq_add", 1, 0, -1, 4), ("seq_div", 2, 0, -1, 2),
+             [(21, 5, 0, True), (22, 6, 0, True), (23, 8, 1, True), (24, 3, 2, True), (25, 9, 1, True)],
+             ("seq_add", 0, 2, -1, -2),
+             [(31, 5, 0, True), (32, 10, 1, True)]]
+    ref = LlamaDecoder(path, n_ctx=256, n_seq_max=3, n_batch=64, kv_unified=kv_unified)
+    try:
+        model = Model.load(path)
+        ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=3, n_threads=2, n_threads_batch=2,
+                      kv_unified=kv_unified)
+        for step in steps:
+            if isinstance(step, list):
+                np.testing.assert_array_equal(_decode(ctx, step), ref.decode_batch(step), err_msg=str(step))
+                continue
+            op, *args = step
+            if op == "seq_rm":
+                assert ctx.memory.seq_rm(*args) == ref.seq_rm(*args)
+            elif op == "seq_add":
+                ctx.memory.seq_add(*args)
+                ref.seq_add(*args)
+            else:
+                ctx.memory.seq_div(*args)
+                L.llama_memory_seq_div(ref._mem, *args)
+            for s in range(3):
+                assert (ctx.memory.seq_pos_min(s), ctx.memory.seq_pos_max(s)) == (ref.seq_pos_min(s), ref.seq_pos_max(s))
+        ctx.close()
+        model.close()
+    finally:
+        ref.close()
