@@ -389,7 +389,6 @@ def test_a_corrupt_file_is_a_model_load_error(tmp_path):
 
 
 @pytest.mark.parametrize("arch, key, value, message", [
-    ("olmo", "olmo.attention.clamp_kqv", 8.0, "olmo with attention.clamp_kqv is not supported"),
     ("glm4", "glm4.nextn_predict_layers", 1, "glm4 with nextn_predict_layers is not supported"),
 ])
 def test_architecture_variants_not_run_here_are_named(tmp_path, arch, key, value, message):
