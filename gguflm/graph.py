@@ -949,6 +949,21 @@ class Graph:
             for x in xs:
                 self.plan.clamp(x, -c, c)
 
+    def attn_temperature(self, q: np.ndarray) -> np.ndarray:
+        """Each query row (q [n_tokens, n_head * head_dim]) times the attention temperature of its
+        token's position, where the model has one (Mistral 3, Llama 4: llama.cpp's
+        inp_attn_scale, log(floor((pos + offset) / floor_scale) + 1) * scale + 1), in place."""
+        hp = self.hparams
+        if hp.f_attn_temp_scale:
+            self.plan.attn_temp(q, hp.f_attn_temp_scale, hp.f_attn_temp_offset, hp.n_attn_temp_floor_scale)
+        return q
+
+    def xielu(self, x: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """xIELU in place (ggml_xielu, Apertus's activation); params: float32 [alpha_n, alpha_p, beta,
+        eps] as the file gives them (the alphas go through softplus, as ggml_xielu takes them)."""
+        self.plan.xielu(x, params)
+        return x
+
     # -- outputs
 
     def output_rows(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:

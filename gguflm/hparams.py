@@ -71,6 +71,9 @@ class HParams:
     f_embedding_scale: float = 0.0                   # 0 = none
     f_max_alibi_bias: float = 0.0                    # ALiBi's maximum bias, 0 = none
     f_clamp_kqv: float = 0.0                         # Q, K, V clamped to [-c, c] (attention.clamp_kqv), 0 = none
+    f_attn_temp_scale: float = 0.0                   # queries scaled by position (attention.temperature_scale), 0 = none
+    f_attn_temp_offset: float = 0.0                  # ... log(floor((pos + offset) / floor_scale) + 1) * scale + 1
+    n_attn_temp_floor_scale: int = 0
     causal_attn: bool = True
     pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
     n_cls_out: int = 1                               # classifier outputs (rank pooling)

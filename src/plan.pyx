@@ -60,6 +60,8 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_SIGMOID_MUL
         GGUFLM_OP_WKV
         GGUFLM_OP_CLAMP
+        GGUFLM_OP_ATTN_TEMP
+        GGUFLM_OP_XIELU
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -138,7 +140,7 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_MUL: "MUL",
              GGUFLM_OP_GATED_DELTA_NET: "GATED_DELTA_NET", GGUFLM_OP_GDN_GATES: "GDN_GATES",
              GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL", GGUFLM_OP_WKV: "WKV",
-             GGUFLM_OP_CLAMP: "CLAMP"}
+             GGUFLM_OP_CLAMP: "CLAMP", GGUFLM_OP_ATTN_TEMP: "ATTN_TEMP", GGUFLM_OP_XIELU: "XIELU"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -306,6 +308,18 @@ cdef class Plan:
         """x = max(min(x, hi), lo) in place, as ggml_clamp."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_CLAMP, 1, (x,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f, nd.f2 = x.shape[0], x.shape[1], _ptr(x), _stride(x), lo, hi
+
+    def attn_temp(self, cnp.ndarray x, float scale, float offset, int floor_scale):
+        """Row i of x (the ubatch's token i) times llama.cpp's attention temperature of its
+        position: log(floor((pos + offset) / floor_scale) + 1) * scale + 1."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTN_TEMP, 1, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+        nd.f, nd.f2, nd.aux64, nd.i32 = scale, offset, floor_scale, <const int32_t *>_ptr(self.pos)
+
+    def xielu(self, cnp.ndarray x, cnp.ndarray params):
+        """x = xIELU(x) in place; params: float32 [alpha_n, alpha_p, beta, eps] as the file gives them."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_XIELU, 1, (x, params))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(params)
 
     def add(self, cnp.ndarray x, cnp.ndarray y):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD, 1, (x, y,))

@@ -1666,6 +1666,71 @@ def tiny_alibi_models(draw: st.DrawFn) -> TinyAlibi:
     return TinyAlibi(**{**spec.__dict__, "tensor_types": types})
 
 
+# -- Apertus (llama's attention with per-head Q/K norms; up, xIELU, down)
+
+def write_tiny_apertus(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                       n_ff: int = 96, n_layer: int = 2, xielu: dict[str, Any] | None = None,
+                       types: dict[str, GGMLType] | None = None) -> None:
+    """An ``apertus`` model with random weights; ``xielu`` the global ``xielu.*`` keys (one value
+    or one per layer; default: values near the released model's)."""
+    w = GGUFWriter(path, arch="apertus")
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-apertus")
+    tensors.header("apertus", {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                               "feed_forward_length": n_ff, "attention.head_count": n_head,
+                               "attention.head_count_kv": n_head_kv}, {})
+    keys = xielu or {"alpha_n": 0.8, "alpha_p": 0.8, "beta": 0.5, "eps": -1e-6}
+    for key, value in keys.items():
+        w.add(f"xielu.{key}", np.asarray(value, np.float32) if isinstance(value, (list, tuple)) else float(value))
+    tensors.embeddings(n_embd, False)
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", n_embd)
+        matrix(f"{b}.attn_q.weight", n_embd, n_embd)
+        matrix(f"{b}.attn_k.weight", n_embd, hd * n_head_kv)
+        matrix(f"{b}.attn_v.weight", n_embd, hd * n_head_kv)
+        matrix(f"{b}.attn_output.weight", n_embd, n_embd)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        vector(f"{b}.attn_k_norm.weight", hd)
+        vector(f"{b}.ffn_norm.weight", n_embd)
+        matrix(f"{b}.ffn_up.weight", n_embd, n_ff, scale=0.3)   # wide enough for both of xIELU's sides
+        matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
+    w.write()
+
+
+# -- ChatGLM (fused and biased QKV, partial RoPE, SwiGLU over one up projection's halves)
+
+def write_tiny_chatglm(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                       n_ff: int = 64, n_layer: int = 2, fused: bool = True, tied_output: bool = False,
+                       types: dict[str, GGMLType] | None = None) -> None:
+    """A ``chatglm`` model with random weights: Q, K, V fused (``fused``) or apart, biased either
+    way; RoPE over half of each head, as ChatGLM's."""
+    w = GGUFWriter(path, arch="chatglm")
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-chatglm")
+    tensors.header("chatglm", {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                               "feed_forward_length": n_ff, "attention.head_count": n_head,
+                               "attention.head_count_kv": n_head_kv, "rope.dimension_count": hd // 2}, {})
+    tensors.embeddings(n_embd, tied_output)
+    widths = {"q": n_embd, "k": hd * n_head_kv, "v": hd * n_head_kv}
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", n_embd)
+        parts = {"qkv": sum(widths.values())} if fused else widths
+        for part, width in parts.items():
+            matrix(f"{b}.attn_{part}.weight", n_embd, width)
+            vector(f"{b}.attn_{part}.bias", width, scale=0.05, center=0.0)
+        matrix(f"{b}.attn_output.weight", n_embd, n_embd)
+        vector(f"{b}.ffn_norm.weight", n_embd)
+        matrix(f"{b}.ffn_up.weight", n_embd, 2 * n_ff)
+        matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
