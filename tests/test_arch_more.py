@@ -97,3 +97,24 @@ def test_chatglm_gives_llama_cpps_logits(tmp_path, fused):
     write_tiny_chatglm(path, np.random.default_rng(8), fused=fused, tied_output=not fused,
                        types={"attn_qkv": GGMLType.Q8_0, "ffn_up": GGMLType.Q4_1})
     check_against_llama_cpp(path, threads=(1, 2))
+
+
+@pytest.mark.parametrize("n_head_kv", [4, 2])
+def test_jina_bert_v3_gives_llama_cpps_embeddings(tmp_path, n_head_kv):
+    """Three sequences in one batch: every token's row (pooling none) and their means, as
+    llama.cpp's, bit for bit."""
+    from _llama import llama_embeddings
+    from test_embeddings import bits_equal, context_embeddings
+    from tiny_models import write_tiny_jina_bert_v3
+
+    require_peer()
+    path = tmp_path / "jina-bert-v3.gguf"
+    write_tiny_jina_bert_v3(path, np.random.default_rng(9), n_head_kv=n_head_kv, types={"attn_q": GGMLType.Q8_0})
+    rng = np.random.default_rng(1)
+    seqs = [[1] + rng.integers(3, 300, n).tolist() for n in (7, 12, 3)]
+    with Model.load(path) as model:
+        for pooling, code in (("none", 0), ("mean", 1)):
+            ours = context_embeddings(model, seqs, pooling, n_threads=2)
+            theirs = llama_embeddings(path, seqs, code)
+            for o, t in zip(ours, theirs):
+                assert bits_equal(o, t), pooling

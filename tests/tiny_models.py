@@ -1731,6 +1731,48 @@ def write_tiny_chatglm(path: Path, rng: np.random.Generator, n_embd: int = 64, n
     w.write()
 
 
+# -- jina-bert-v3 (BERT's encoder with rotary positions, no position embeddings)
+
+def write_tiny_jina_bert_v3(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4,
+                            n_head_kv: int = 4, n_ff: int = 96, n_layer: int = 2, pooling_type: int = 1,
+                            types: dict[str, GGMLType] | None = None) -> None:
+    """A ``jina-bert-v3`` encoder with random weights: Q, K, V apart with biases, every norm
+    and bias, a token-type embedding of two types."""
+    arch = "jina-bert-v3"
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-jina-bert-v3")
+    tensors.header(arch, {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                          "feed_forward_length": n_ff, "attention.head_count": n_head,
+                          "attention.head_count_kv": n_head_kv, "pooling_type": pooling_type},
+                   {"attention.layer_norm_epsilon": 1e-5, "attention.causal": False})
+    w.add("tokenizer.ggml.token_type_count", 2, GGUFValueType.UINT32)
+
+    def norm(name: str) -> None:
+        vector(f"{name}.weight", n_embd)
+        vector(f"{name}.bias", n_embd, scale=0.05, center=0.0)
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        matrix(f"{name}.weight", n_in, n_out)
+        vector(f"{name}.bias", n_out, scale=0.05, center=0.0)
+
+    matrix("token_embd.weight", n_embd, N_VOCAB, scale=0.5)
+    w.add_tensor("token_types.weight", (0.1 * rng.standard_normal((2, n_embd))).astype(np.float32), GGMLType.F32)
+    norm("token_embd_norm")
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        for proj, n in (("attn_q", n_embd), ("attn_k", hd * n_head_kv), ("attn_v", hd * n_head_kv)):
+            linear(f"{b}.{proj}", n_embd, n)
+        linear(f"{b}.attn_output", n_embd, n_embd)
+        norm(f"{b}.attn_output_norm")
+        linear(f"{b}.ffn_up", n_embd, n_ff)
+        linear(f"{b}.ffn_down", n_ff, n_embd)
+        norm(f"{b}.layer_output_norm")
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
