@@ -159,6 +159,8 @@ class HParams:
             ("n_gqa", per_layer([self.n_gqa(il) for il in range(self.n_layer)])),
             ("f_norm_eps", f"{self.f_norm_eps:.1e}"),
             ("f_norm_rms_eps", f"{self.f_norm_rms_eps:.1e}"),
+            ("f_clamp_kqv", f"{self.f_clamp_kqv:.1e}"),
+            ("f_max_alibi_bias", f"{self.f_max_alibi_bias:.1e}"),
             ("f_attn_logit_softcapping", f"{self.f_attn_logit_softcapping:.1f}"),
             ("f_final_logit_softcapping", f"{self.f_final_logit_softcapping:.1f}"),
             ("f_attention_scale", f"{self.kq_scale:.6f}"),
