@@ -531,7 +531,7 @@ class Context:
         hp = self.model.hparams
 
         def rope(rows: np.ndarray, delta: np.ndarray, il: int) -> None:
-            if not hp.has_rope(il):   # llama.cpp's K-shift skips layers without RoPE
+            if not self.model.architecture.shifts_rope(hp, il):   # llama.cpp's K-shift skips layers without RoPE
                 return
             apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
 

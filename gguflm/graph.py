@@ -607,7 +607,9 @@ class Graph:
                   kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
-        does, with ALiBi biases where the model has them. ``sinks``: one logit per head that
+        does. Either way with ALiBi biases where the model has them (``f_max_alibi_bias``): each
+        score gets slope(head) * -|p_cell - p_token|, the cell's position as the cache holds it
+        (after seq_add / seq_div: no K to re-rotate). ``sinks``: one logit per head that
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
         (multi-head latent attention's cache, which keeps no V rows)."""
         hp = self.hparams
@@ -630,7 +632,8 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
                             hp.n_embd_head_v, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
-                            self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
+                            self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1,
+                            hp.f_max_alibi_bias)
         if v is not None and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
@@ -934,6 +937,32 @@ class Graph:
             self.plan.matmul(int(w.kernel_type), w.data.view(np.uint8), x.shape[1], xq[t:t + 1], out[t:t + 1],
                              matmul_storage(w.kernel_type, rows16=w.rows16), self.n_threads)
         return out
+
+    # -- the ALiBi families (bloom, mpt, jais, refact, baichuan 13B; the biases are attention()'s)
+
+    def clamp_kqv(self, *xs: np.ndarray) -> None:
+        """Each of xs clamped to [-c, c] in place, c the model's ``attention.clamp_kqv`` (ggml_clamp,
+        as llama.cpp's build_qkv applies it to the fused or separate projections); nothing when
+        the model has none."""
+        c = self.hparams.f_clamp_kqv
+        if c > 0:
+            for x in xs:
+                self.plan.clamp(x, -c, c)
+
+    def attn_temperature(self, q: np.ndarray) -> np.ndarray:
+        """Each query row (q [n_tokens, n_head * head_dim]) times the attention temperature of its
+        token's position, where the model has one (Mistral 3, Llama 4: llama.cpp's
+        inp_attn_scale, log(floor((pos + offset) / floor_scale) + 1) * scale + 1), in place."""
+        hp = self.hparams
+        if hp.f_attn_temp_scale:
+            self.plan.attn_temp(q, hp.f_attn_temp_scale, hp.f_attn_temp_offset, hp.n_attn_temp_floor_scale)
+        return q
+
+    def xielu(self, x: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """xIELU in place (ggml_xielu, Apertus's activation); params: float32 [alpha_n, alpha_p, beta,
+        eps] as the file gives them (the alphas go through softplus, as ggml_xielu takes them)."""
+        self.plan.xielu(x, params)
+        return x
 
     # -- outputs
 

@@ -70,6 +70,10 @@ class HParams:
     f_final_logit_softcapping: float = 0.0           # 0 = none
     f_embedding_scale: float = 0.0                   # 0 = none
     f_max_alibi_bias: float = 0.0                    # ALiBi's maximum bias, 0 = none
+    f_clamp_kqv: float = 0.0                         # Q, K, V clamped to [-c, c] (attention.clamp_kqv), 0 = none
+    f_attn_temp_scale: float = 0.0                   # queries scaled by position (attention.temperature_scale), 0 = none
+    f_attn_temp_offset: float = 0.0                  # ... log(floor((pos + offset) / floor_scale) + 1) * scale + 1
+    n_attn_temp_floor_scale: int = 0
     causal_attn: bool = True
     pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
     n_cls_out: int = 1                               # classifier outputs (rank pooling)
@@ -155,6 +159,8 @@ class HParams:
             ("n_gqa", per_layer([self.n_gqa(il) for il in range(self.n_layer)])),
             ("f_norm_eps", f"{self.f_norm_eps:.1e}"),
             ("f_norm_rms_eps", f"{self.f_norm_rms_eps:.1e}"),
+            ("f_clamp_kqv", f"{self.f_clamp_kqv:.1e}"),
+            ("f_max_alibi_bias", f"{self.f_max_alibi_bias:.1e}"),
             ("f_attn_logit_softcapping", f"{self.f_attn_logit_softcapping:.1f}"),
             ("f_final_logit_softcapping", f"{self.f_final_logit_softcapping:.1f}"),
             ("f_attention_scale", f"{self.kq_scale:.6f}"),

@@ -200,7 +200,9 @@ class KVCache:
             return
         sel = self._in_range(p0, p1) & self._has(seq_id) & self._in_stream_of(seq_id)
         new = self.pos[sel] // d
-        self.shift[sel] += new - self.pos[sel]
+        # llama.cpp's pos_div records old - new, the opposite sign of seq_add's shift, and its
+        # K-shift rotates K by that: so does this one
+        self.shift[sel] += self.pos[sel] - new
         self.pos[sel] = new
 
     def clear(self) -> None:

@@ -18,6 +18,7 @@
 #include "ssm.h"
 #include "delta_net.h"
 #include "wkv.h"
+#include "arch_ops.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -57,6 +58,9 @@ typedef enum {
     GGUFLM_OP_GDN_GATES,     /* x = softplus(x + w) * y (log-decays), out = sigmoid(out) (strengths) */
     GGUFLM_OP_SIGMOID_MUL,   /* out *= sigmoid(y) (aux: y's step along a row, 0 broadcasts) */
     GGUFLM_OP_WKV,           /* RWKV's WKV, token shift and element-wise steps (wkv: its kind) */
+    GGUFLM_OP_CLAMP,         /* x = max(min(x, f2), f) (ggml_clamp: MPT's and OLMo's clamp_kqv) */
+    GGUFLM_OP_ATTN_TEMP,     /* x[i] *= attention temperature of pos i (f: scale, f2: offset, aux64: floor scale) */
+    GGUFLM_OP_XIELU,         /* x = xielu(x) (w: alpha_n, alpha_p, beta, eps) */
 } gguflm_op;
 
 typedef struct {
@@ -298,6 +302,15 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                     float *v = out + i * nd->out_stride + j;
                     *v = tanhf(*v * (1.0f / nd->f)) * nd->f;
                 }
+            break;
+        case GGUFLM_OP_CLAMP:
+            gguflm_clamp_rows(nd->n_rows, nd->n, nd->f, nd->f2, out, nd->out_stride);
+            break;
+        case GGUFLM_OP_ATTN_TEMP:
+            gguflm_attn_temp_rows(nd->n_rows, nd->n, nd->i32, nd->f, nd->f2, (uint32_t)nd->aux64, out, nd->out_stride);
+            break;
+        case GGUFLM_OP_XIELU:
+            gguflm_xielu_rows(nd->n_rows, nd->n, (const float *)nd->w, out, nd->out_stride);
             break;
         }
         if (guards && (*bad_zone = gguflm_guards_damaged(guards, step)) >= 0) {

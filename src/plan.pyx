@@ -59,6 +59,9 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_GDN_GATES
         GGUFLM_OP_SIGMOID_MUL
         GGUFLM_OP_WKV
+        GGUFLM_OP_CLAMP
+        GGUFLM_OP_ATTN_TEMP
+        GGUFLM_OP_XIELU
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -136,7 +139,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SSM_CONV: "SSM_CONV", GGUFLM_OP_SSM_SCAN: "SSM_SCAN",
              GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_MUL: "MUL",
              GGUFLM_OP_GATED_DELTA_NET: "GATED_DELTA_NET", GGUFLM_OP_GDN_GATES: "GDN_GATES",
-             GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL", GGUFLM_OP_WKV: "WKV"}
+             GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL", GGUFLM_OP_WKV: "WKV",
+             GGUFLM_OP_CLAMP: "CLAMP", GGUFLM_OP_ATTN_TEMP: "ATTN_TEMP", GGUFLM_OP_XIELU: "XIELU"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -299,6 +303,23 @@ cdef class Plan:
     def softcap(self, cnp.ndarray x, float cap):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_SOFTCAP, 1, (x,))
         nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f = x.shape[0], x.shape[1], _ptr(x), _stride(x), cap
+
+    def clamp(self, cnp.ndarray x, float lo, float hi):
+        """x = max(min(x, hi), lo) in place, as ggml_clamp."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_CLAMP, 1, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.f, nd.f2 = x.shape[0], x.shape[1], _ptr(x), _stride(x), lo, hi
+
+    def attn_temp(self, cnp.ndarray x, float scale, float offset, int floor_scale):
+        """Row i of x (the ubatch's token i) times llama.cpp's attention temperature of its
+        position: log(floor((pos + offset) / floor_scale) + 1) * scale + 1."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTN_TEMP, 1, (x,))
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+        nd.f, nd.f2, nd.aux64, nd.i32 = scale, offset, floor_scale, <const int32_t *>_ptr(self.pos)
+
+    def xielu(self, cnp.ndarray x, cnp.ndarray params):
+        """x = xIELU(x) in place; params: float32 [alpha_n, alpha_p, beta, eps] as the file gives them."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_XIELU, 1, (x, params))
+        nd.n_rows, nd.n, nd.out, nd.out_stride, nd.w = x.shape[0], x.shape[1], _ptr(x), _stride(x), _ptr(params)
 
     def add(self, cnp.ndarray x, cnp.ndarray y):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ADD, 1, (x, y,))
@@ -494,7 +515,10 @@ cdef class Plan:
     def attention(self, cnp.ndarray q, str type_k, cnp.ndarray k_data, str type_v, cnp.ndarray v_data,
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
-                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None, bint per_stream=False):
+                  cnp.ndarray out, int n_threads, cnp.ndarray sinks=None, bint per_stream=False,
+                  float max_bias=0.0):
+        """Attention of q over the cache's cells [0, n_kv) (the plan's n_kv of ``cache_index``),
+        with ALiBi biases from each cell's position when ``max_bias`` > 0."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
                                                                           sinks))
         nd.attn.sinks = <const float *>_ptr(sinks) if sinks is not None else NULL
@@ -509,6 +533,7 @@ cdef class Plan:
         nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
+        nd.attn.max_bias = max_bias
         nd.attn.per_stream, nd.attn.per_token = per_stream, self.per_token
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index

@@ -185,14 +185,3 @@ def test_head_sizes_that_are_no_multiple_of_8_give_llama_cpps_logits(tmp_path):
             for n_ubatch in (1, len(tokens)):
                 ours = prompt_logits(model, tokens, 2, n_ubatch, "f16", "f16")
                 np.testing.assert_array_equal(ours, llama_cpp_logits(path, tokens, n_ubatch, "f16", "f16"))
-
-
-def test_baichuan_13b_alibi_is_refused(tmp_path):
-    """40 layers are Baichuan 13B to llama.cpp, which attends with ALiBi: refused by name."""
-    from gguflm.errors import ModelLoadError
-
-    path = tmp_path / "baichuan.gguf"
-    write_tiny_model(TinyModel("baichuan", n_embd=32, head_dim=8, n_head=4, n_head_kv=4, n_ff=32, n_layer=40,
-                               tied_output=False), path, np.random.default_rng(0))
-    with pytest.raises(ModelLoadError, match="ALiBi"):
-        Model.load(path)

@@ -1548,6 +1548,231 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
     w.write()
 
 
+# -- the ALiBi families (bloom, mpt, jais, refact; Baichuan 13B is write_tiny_model's baichuan at 40 layers)
+
+ALIBI_ARCHS = ("bloom", "mpt", "jais", "refact")
+
+
+@dataclass(frozen=True)
+class TinyAlibi:
+    """A model that attends with ALiBi biases (:func:`write_tiny_alibi`): heads span n_embd;
+    ``biases`` writes every bias (BLOOM and JAIS need them; MPT-7B has none; Refact's attention
+    output and feed-forward biases are read and never added); ``qk_norm`` MPT's Q and K
+    LayerNorms (which llama.cpp's graph aborts on); ``positions`` MPT's optional position embeddings; ``fused`` one QKV matrix (else
+    Q, K and V apart: Refact); ``metadata`` more ``{arch}.*`` keys (attention.max_alibi_bias,
+    attention.clamp_kqv). ``types`` maps a matrix kind to its type, ``tensor_types`` single tensors
+    (default F16)."""
+
+    arch: str
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 4
+    n_ff: int = 96
+    n_layer: int = 2
+    tied_output: bool = True
+    biases: bool = True
+    qk_norm: bool = False
+    positions: bool = False
+    fused: bool = True
+    metadata: dict = field(default_factory=dict)
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_alibi(spec: TinyAlibi, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (as :func:`write_tiny_model`'s: norms near 1, biases near 0,
+    matrices N(0, 0.08), the token embedding N(0, 0.5))."""
+    s, arch, e = spec, spec.arch, spec.n_embd
+    n_q, n_kv = e, e // s.n_head * s.n_head_kv
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
+    layer_norm = arch != "refact"
+
+    def norm(name: str, bias: bool) -> None:
+        vector(f"{name}.weight", e)
+        if bias:
+            vector(f"{name}.bias", e, scale=0.05, center=0.0)
+
+    def linear(name: str, n_in: int, n_out: int, bias: bool) -> None:
+        matrix(f"{name}.weight", n_in, n_out)
+        if bias:
+            vector(f"{name}.bias", n_out, scale=0.05, center=0.0)
+
+    w.add("general.name", f"tiny-{arch}")
+    metadata = {"attention.layer_norm_epsilon": 1e-5, **s.metadata} if layer_norm else s.metadata
+    tensors.header(arch, {"context_length": 256, "embedding_length": e, "block_count": s.n_layer,
+                          "feed_forward_length": s.n_ff, "attention.head_count": s.n_head,
+                          "attention.head_count_kv": s.n_head_kv}, metadata)
+    matrix("token_embd.weight", e, N_VOCAB, scale=0.5)
+    if arch == "bloom":
+        norm("token_embd_norm", True)
+    if s.positions:
+        w.add_tensor("position_embd.weight", (0.1 * rng.standard_normal((256, e))).astype(np.float32), GGMLType.F32)
+    norm("output_norm", layer_norm and s.biases)
+    if not s.tied_output:
+        matrix("output.weight", e, N_VOCAB)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        norm(f"{b}.attn_norm", layer_norm and s.biases)
+        if s.fused:
+            linear(f"{b}.attn_qkv", e, n_q + 2 * n_kv, s.biases)
+        else:
+            for proj, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_kv)):
+                linear(f"{b}.{proj}", e, n, s.biases)
+        linear(f"{b}.attn_output", n_q, e, s.biases)
+        if s.qk_norm:
+            norm(f"{b}.attn_q_norm", True)
+            norm(f"{b}.attn_k_norm", True)
+        norm(f"{b}.ffn_norm", layer_norm and s.biases)
+        if arch in ("jais", "refact"):
+            linear(f"{b}.ffn_gate", e, s.n_ff, s.biases)
+        linear(f"{b}.ffn_up", e, s.n_ff, s.biases)
+        linear(f"{b}.ffn_down", s.n_ff, e, s.biases)
+    w.write()
+
+
+@st.composite
+def tiny_alibi_models(draw: st.DrawFn) -> TinyAlibi:
+    """Any ALiBi family; 1..12 heads of 8..32 values (head counts that are not powers of two
+    take ggml's second slope base), GQA where the family allows it, every optional part, every
+    matrix of a type whose blocks fit its rows."""
+    arch = draw(st.sampled_from(ALIBI_ARCHS))
+    n_head = draw(st.integers(1, 12))
+    head_dim = draw(st.sampled_from((8, 16, 32)))
+    n_head_kv = draw(st.sampled_from([k for k in range(1, n_head + 1) if n_head % k == 0]))
+    metadata = {}
+    if arch in ("mpt", "jais") and draw(st.booleans()):
+        metadata["attention.max_alibi_bias"] = draw(st.sampled_from((8.0, 4.0)))
+    if arch == "mpt" and draw(st.booleans()):
+        metadata["attention.clamp_kqv"] = draw(st.sampled_from((0.5, 2.0)))
+    spec = TinyAlibi(arch, n_embd=n_head * head_dim, n_head=n_head, n_head_kv=n_head_kv,
+                     n_ff=draw(st.integers(2, 12)) * 16, n_layer=draw(st.integers(1, 3)),
+                     tied_output=arch != "jais" and draw(st.booleans()),
+                     biases=arch in ("bloom", "jais") or draw(st.booleans()),
+                     positions=arch == "mpt" and draw(st.booleans()),
+                     fused=arch != "refact" or draw(st.booleans()), metadata=metadata)
+    n_q = spec.n_embd
+    inputs = {"token_embd.weight": n_q}
+    if not spec.tied_output:
+        inputs["output.weight"] = n_q
+    for il in range(spec.n_layer):
+        b = f"blk.{il}"
+        projections = ("attn_qkv",) if spec.fused else ("attn_q", "attn_k", "attn_v")
+        projections += ("ffn_up", "ffn_gate") if arch in ("jais", "refact") else ("ffn_up",)
+        inputs.update({f"{b}.{p}.weight": n_q for p in projections})
+        inputs.update({f"{b}.attn_output.weight": n_q, f"{b}.ffn_down.weight": spec.n_ff})
+    types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)])) for name, n_in in inputs.items()}
+    return TinyAlibi(**{**spec.__dict__, "tensor_types": types})
+
+
+# -- Apertus (llama's attention with per-head Q/K norms; up, xIELU, down)
+
+def write_tiny_apertus(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                       n_ff: int = 96, n_layer: int = 2, xielu: dict[str, Any] | None = None,
+                       types: dict[str, GGMLType] | None = None) -> None:
+    """An ``apertus`` model with random weights; ``xielu`` the global ``xielu.*`` keys (one value
+    or one per layer; default: values near the released model's)."""
+    w = GGUFWriter(path, arch="apertus")
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-apertus")
+    tensors.header("apertus", {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                               "feed_forward_length": n_ff, "attention.head_count": n_head,
+                               "attention.head_count_kv": n_head_kv}, {})
+    keys = xielu or {"alpha_n": 0.8, "alpha_p": 0.8, "beta": 0.5, "eps": -1e-6}
+    for key, value in keys.items():
+        w.add(f"xielu.{key}", np.asarray(value, np.float32) if isinstance(value, (list, tuple)) else float(value))
+    tensors.embeddings(n_embd, False)
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", n_embd)
+        matrix(f"{b}.attn_q.weight", n_embd, n_embd)
+        matrix(f"{b}.attn_k.weight", n_embd, hd * n_head_kv)
+        matrix(f"{b}.attn_v.weight", n_embd, hd * n_head_kv)
+        matrix(f"{b}.attn_output.weight", n_embd, n_embd)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        vector(f"{b}.attn_k_norm.weight", hd)
+        vector(f"{b}.ffn_norm.weight", n_embd)
+        matrix(f"{b}.ffn_up.weight", n_embd, n_ff, scale=0.3)   # wide enough for both of xIELU's sides
+        matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
+    w.write()
+
+
+# -- ChatGLM (fused and biased QKV, partial RoPE, SwiGLU over one up projection's halves)
+
+def write_tiny_chatglm(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                       n_ff: int = 64, n_layer: int = 2, fused: bool = True, tied_output: bool = False,
+                       types: dict[str, GGMLType] | None = None) -> None:
+    """A ``chatglm`` model with random weights: Q, K, V fused (``fused``) or apart, biased either
+    way; RoPE over half of each head, as ChatGLM's."""
+    w = GGUFWriter(path, arch="chatglm")
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-chatglm")
+    tensors.header("chatglm", {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                               "feed_forward_length": n_ff, "attention.head_count": n_head,
+                               "attention.head_count_kv": n_head_kv, "rope.dimension_count": hd // 2}, {})
+    tensors.embeddings(n_embd, tied_output)
+    widths = {"q": n_embd, "k": hd * n_head_kv, "v": hd * n_head_kv}
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", n_embd)
+        parts = {"qkv": sum(widths.values())} if fused else widths
+        for part, width in parts.items():
+            matrix(f"{b}.attn_{part}.weight", n_embd, width)
+            vector(f"{b}.attn_{part}.bias", width, scale=0.05, center=0.0)
+        matrix(f"{b}.attn_output.weight", n_embd, n_embd)
+        vector(f"{b}.ffn_norm.weight", n_embd)
+        matrix(f"{b}.ffn_up.weight", n_embd, 2 * n_ff)
+        matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
+    w.write()
+
+
+# -- jina-bert-v3 (BERT's encoder with rotary positions, no position embeddings)
+
+def write_tiny_jina_bert_v3(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4,
+                            n_head_kv: int = 4, n_ff: int = 96, n_layer: int = 2, pooling_type: int = 1,
+                            types: dict[str, GGMLType] | None = None) -> None:
+    """A ``jina-bert-v3`` encoder with random weights: Q, K, V apart with biases, every norm
+    and bias, a token-type embedding of two types."""
+    arch = "jina-bert-v3"
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    hd = n_embd // n_head
+    w.add("general.name", "tiny-jina-bert-v3")
+    tensors.header(arch, {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                          "feed_forward_length": n_ff, "attention.head_count": n_head,
+                          "attention.head_count_kv": n_head_kv, "pooling_type": pooling_type},
+                   {"attention.layer_norm_epsilon": 1e-5, "attention.causal": False})
+    w.add("tokenizer.ggml.token_type_count", 2, GGUFValueType.UINT32)
+
+    def norm(name: str) -> None:
+        vector(f"{name}.weight", n_embd)
+        vector(f"{name}.bias", n_embd, scale=0.05, center=0.0)
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        matrix(f"{name}.weight", n_in, n_out)
+        vector(f"{name}.bias", n_out, scale=0.05, center=0.0)
+
+    matrix("token_embd.weight", n_embd, N_VOCAB, scale=0.5)
+    w.add_tensor("token_types.weight", (0.1 * rng.standard_normal((2, n_embd))).astype(np.float32), GGMLType.F32)
+    norm("token_embd_norm")
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        for proj, n in (("attn_q", n_embd), ("attn_k", hd * n_head_kv), ("attn_v", hd * n_head_kv)):
+            linear(f"{b}.{proj}", n_embd, n)
+        linear(f"{b}.attn_output", n_embd, n_embd)
+        norm(f"{b}.attn_output_norm")
+        linear(f"{b}.ffn_up", n_embd, n_ff)
+        linear(f"{b}.ffn_down", n_ff, n_embd)
+        norm(f"{b}.layer_output_norm")
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)

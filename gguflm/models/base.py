@@ -105,6 +105,12 @@ class Architecture:
         return [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
 
     @classmethod
+    def shifts_rope(cls, hp: HParams, il: int) -> bool:
+        """Whether llama.cpp's K-shift re-rotates layer ``il``'s cached K rows (its RoPE type and
+        rope pattern say so): where the graph rotates them, unless an architecture says otherwise."""
+        return hp.has_rope(il)
+
+    @classmethod
     def max_positions(cls, hp: HParams) -> int | None:
         """How many positions the model has embeddings for (absolute positions), or None."""
         return None

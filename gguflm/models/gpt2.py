@@ -42,16 +42,13 @@ class GPT2(Architecture):
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
         hp, m = g.hparams, g.model
-        x = g.embed(m.tensors["token_embd.weight"])                          # [n_tokens, n_embd]
-        if self.position_embeddings:
-            g.add(x, g.position_rows(m.tensors["position_embd.weight"]))
+        x = self.inputs(g)                                                    # [n_tokens, n_embd]
         for il, L in g.layers():
             # self-attention
             cur = g.layer_norm(x, L.attn_norm, L.attn_norm_bias)
-            qkv = g.linear(cur, L.attn_qkv, L.attn_qkv_bias)                  # [n_tokens, n_embd + 2 * n_embd_gqa]
-            q, k, v = g.split(qkv, hp.n_embd, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il))
+            q, k, v = self.qkv(g, cur, L, il)                                 # [n_tokens, n_head(_kv) * head_dim]
             g.rope_qk(q, k, il)
-            cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_embd]
+            cur = g.attention(il, q, k, v, self.kq_scale(hp))                 # [n_tokens, n_embd]
             cur = g.linear(cur, L.attn_output, L.attn_output_bias)
             if il == hp.n_layer - 1:
                 x, cur = g.output_rows(x, cur)                                # [n_outputs, n_embd]
@@ -60,8 +57,27 @@ class GPT2(Architecture):
             else:
                 g.add(x, cur)
                 g.add(x, self.ffn(g, x, L))
-        x = g.layer_norm(x, m.tensors["output_norm.weight"], m.tensors["output_norm.bias"])
+        x = g.layer_norm(x, m.tensors["output_norm.weight"], m.tensors.get("output_norm.bias"))
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    def inputs(self, g: Graph) -> np.ndarray:
+        """The token embeddings, plus the position embeddings where the model has them."""
+        x = g.embed(g.model.tensors["token_embd.weight"])
+        positions = g.model.tensors.get("position_embd.weight")
+        if positions is not None:
+            g.add(x, g.position_rows(positions))
+        return x
+
+    @staticmethod
+    def qkv(g: Graph, cur: np.ndarray, L: Layer, il: int) -> tuple[np.ndarray, ...]:
+        """Q, K and V from the fused projection (and its bias where the block has one)."""
+        hp = g.hparams
+        qkv = g.linear(cur, L.attn_qkv, L.attn_qkv_bias)                      # [n_tokens, n_embd + 2 * n_embd_gqa]
+        return g.split(qkv, hp.n_embd, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il))
+
+    @staticmethod
+    def kq_scale(hp: HParams) -> float:
+        return hp.kq_scale
 
     @staticmethod
     def ffn(g: Graph, x: np.ndarray, L: Layer) -> np.ndarray:

@@ -87,6 +87,7 @@ class Llama(Architecture):
                 g.rms_norm_heads(q, L.attn_q_norm)
             else:
                 g.rope_qk(q, k, il, *((L.attn_q_norm, L.attn_k_norm) if self.qk_norm else ()))
+            g.attn_temperature(q)                                             # Mistral 3's, where it has one
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_head * head_dim]
             out_bias = L.attn_output_bias if biased and self.attention_output_bias else None
             cur = g.linear(cur, L.attn_output, out_bias)                      # [n_tokens, n_embd]

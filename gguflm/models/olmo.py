@@ -1,13 +1,13 @@
 """OLMo (the first generation): Llama's block with LayerNorms that have neither weight nor bias
-(before attention, before the feed-forward and at the end); Q, K and V clamped where the file
-sets ``attention.clamp_kqv`` (not supported here)."""
+(before attention, before the feed-forward and at the end); Q, K and V clamped to
+[-clamp_kqv, clamp_kqv] where the file sets ``attention.clamp_kqv``."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams
+from gguflm.hparams import HParamReader, HParams
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -18,9 +18,7 @@ class Olmo(Architecture):
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = super().read_hparams(kv, n_vocab)
-        if kv.get_float("{arch}.attention.clamp_kqv", 0.0) > 0:
-            raise HParamError(f"{kv.source}: olmo with attention.clamp_kqv is not supported")
-        return hp
+        return hp.with_changes(f_clamp_kqv=kv.get_float("{arch}.attention.clamp_kqv", 0.0))
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -37,6 +35,7 @@ class Olmo(Architecture):
             # self-attention
             cur = g.layer_norm(x, None, None)
             q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)            # [n_tokens, n_head(_kv) * head_dim]
+            g.clamp_kqv(q, k, v)
             g.rope_qk(q, k, il)
             cur = g.attention(il, q, k, v, hp.kq_scale)                       # [n_tokens, n_embd]
             (cur,) = g.project(cur, L.attn_output)
