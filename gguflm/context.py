@@ -462,6 +462,11 @@ class Context:
         g = Graph(self, ub, plan, arena)
         embd, logits = self.model.architecture.forward(g)
         pooled = g.pooling(embd, self.pooling_type) if self._pools else None
+        if self.embeddings:   # the dense projections come after pooling, or on every row without it
+            if pooled is None:
+                embd = g.dense_out(embd)
+            else:
+                pooled = g.dense_out(pooled)
         plan.results = (embd, logits, pooled)
         if observations is not None:
             observations.update(g.observation_segments())

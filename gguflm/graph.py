@@ -607,14 +607,15 @@ class Graph:
                   kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
-        does, with ALiBi biases where the model has them. ``sinks``: one logit per head that
+        does, with ALiBi biases and sliding windows where the model has them. ``sinks``: one logit per head that
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
         (multi-head latent attention's cache, which keeps no V rows)."""
         hp = self.hparams
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
         if not self.model.architecture.kv_cache:
             self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v,
-                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads)
+                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads,
+                                     hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric)
             return out
         ci, cache = self.ctx.cache_for_layer(il)
         k_store, v_store = cache.k[il], cache.v[il] if v is not None else cache.k[il]
@@ -979,6 +980,18 @@ class Graph:
             if out is not None:
                 cur = self.linear(cur, out, tensors.get("cls.output.bias"))
         return cur
+
+    def dense_out(self, x: np.ndarray) -> np.ndarray:
+        """The dense projections of files converted with sentence-transformers' dense modules, after
+        pooling (llama.cpp's build_dense_out): x @ dense_2 (+ its bias), then @ dense_3, each where the
+        model has it; x itself for the others."""
+        t = self.model.tensors
+        if "dense_2.weight" in t:
+            (x,) = self.project(x, t["dense_2.weight"])
+        self.add_bias(x, t.get("dense_2.bias"))
+        if "dense_3.weight" in t:
+            (x,) = self.project(x, t["dense_3.weight"])
+        return x
 
     def logits(self, x: np.ndarray, w: Weight) -> np.ndarray | None:
         """The output projection of x (None when the context asks for no logits)."""

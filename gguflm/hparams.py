@@ -64,6 +64,8 @@ class HParams:
     rope_yarn_mscale: float = 1.0                    # YaRN's mscale beside the log multiplier (DeepSeek-V2: it)
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
+    swa_symmetric: bool = False                      # the window reaches n_swa / 2 positions both ways
+                                                     #   (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC)
     no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
     f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)
     f_attn_logit_softcapping: float = 0.0            # 0 = none

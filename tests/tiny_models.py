@@ -1548,6 +1548,77 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
     w.write()
 
 
+@dataclass(frozen=True)
+class TinyGemma:
+    """A model of the newer Gemma family to write (:func:`write_tiny_gemma`): ``gemma-embedding``
+    (Gemma 3's block, bidirectional; ``n_dense`` > 0 adds the sentence-transformers projections
+    dense_2 (n_embd -> n_dense) and dense_3 (back)). Every ``swa_period``-th layer is global, the
+    others slide over ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type,
+    ``tensor_types`` single tensors (default F16)."""
+
+    arch: str = "gemma-embedding"
+    n_embd: int = 64
+    head_dim: int = 32
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 96
+    n_layer: int = 3
+    n_swa: int = 6
+    swa_period: int = 2
+    n_dense: int = 0
+    pooling_type: int = 1
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if s.n_dense:
+            out.update({"dense_2.weight": s.n_embd, "dense_3.weight": s.n_dense})
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            out.update({f"{b}.{kind}.weight": s.n_embd for kind in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")})
+            out.update({f"{b}.attn_output.weight": s.n_head * s.head_dim, f"{b}.ffn_down.weight": s.n_ff})
+        return out
+
+
+def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), the embedding N(0, 0.5))."""
+    s, arch, e, hd = spec, spec.arch, spec.n_embd, spec.head_dim
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv, "attention.key_length": hd,
+            "attention.value_length": hd, "attention.sliding_window": s.n_swa,
+            "attention.sliding_window_pattern": s.swa_period, "pooling_type": s.pooling_type}
+    if s.n_dense:
+        keys.update({"dense_2_feat_in": e, "dense_2_feat_out": s.n_dense, "dense_3_feat_in": s.n_dense,
+                     "dense_3_feat_out": e})
+    tensors.header(arch, keys, {"rope.freq_base_swa": 1000.0})
+    tensors.embeddings(e, tied_output=True)
+    if s.n_dense:
+        matrix("dense_2.weight", e, s.n_dense, scale=0.2)
+        matrix("dense_3.weight", s.n_dense, e, scale=0.2)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
+        matrix(f"{b}.attn_k.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        vector(f"{b}.attn_k_norm.weight", hd)
+        vector(f"{b}.post_attention_norm.weight", e)
+        vector(f"{b}.ffn_norm.weight", e)
+        matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        vector(f"{b}.post_ffw_norm.weight", e)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)

@@ -53,6 +53,11 @@ class Gemma2(Architecture):
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
+        x = self.hidden(g)
+        return x, g.logits(x, g.model.tensors["output.weight"])              # [n_outputs, n_vocab]
+
+    def hidden(self, g: Graph) -> np.ndarray:
+        """The blocks and the final norm: the output rows' hidden states [n_outputs, n_embd]."""
         hp, m = g.hparams, g.model
         x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
         for il, L in g.layers():
@@ -75,6 +80,5 @@ class Gemma2(Architecture):
             if self.post_norms:
                 cur = g.rms_norm(cur, L.post_ffw_norm)
             x = g.add(cur, x)
-        x = g.rms_norm(x, m.tensors["output_norm.weight"])
-        return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+        return g.rms_norm(x, m.tensors["output_norm.weight"])
 

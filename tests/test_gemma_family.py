@@ -1,0 +1,150 @@
+"""The newer Gemma family against llama.cpp: EmbeddingGemma (``gemma-embedding``).
+
+Tiny random models (tests/tiny_models.py's :class:`TinyGemma`, weight types mixed per tensor)
+give llama.cpp's embeddings (llama-cpp-python) to the bit, for every pooling, several sequences in
+one batch, at 1 to 4 threads, through a Context, ``gguflm.LLM.embed`` and the llama-cpp-python
+shim. EmbeddingGemma is an encoder (no KV cache): llama.cpp runs a batch as one ubatch, so there
+is no ubatch size to vary. Its sliding-window layers see n_swa / 2 positions either way: the
+attention kernel's symmetric window is checked against a float64 numpy form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gguflm
+import gguflm.llama_cpp as shim
+from _llama import llama_embeddings, require_peer
+from gguflm import Model
+from gguflm._ext import ops
+from gguflm.errors import ModelLoadError
+from gguflm.ggml_types import GGMLType
+from gguflm.pooling import pooling_type
+from test_embeddings import bits_equal, context_embeddings
+from tiny_models import TinyGemma, write_tiny_gemma
+
+F32 = np.float32
+# lengths past the windows (n_swa / 2 either way) and of no whole vector of lanes, so ggml's tails run
+SEQS = [[1] + list(range(20, 33)), [1] + list(range(40, 47)), [1] + list(range(60, 79))]
+TEXTS = ["p1 p2 p3 p4 p5 p6 p7 p8 p9", "p10 p11", "p3 p5 p7 p11 p13 p17 p19 p23 p29 p31 p37 p41"]
+
+MIXED = {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.Q4_K, "attn_v": GGMLType.Q6_K, "attn_output": GGMLType.Q4_0,
+         "ffn_gate": GGMLType.Q5_K, "ffn_up": GGMLType.IQ4_NL, "ffn_down": GGMLType.Q8_0, "token_embd": GGMLType.Q6_K,
+         "dense_2": GGMLType.Q8_0, "dense_3": GGMLType.BF16}
+EMBEDDING_CASES = {
+    "dense-mixed": TinyGemma(n_embd=256, head_dim=64, n_dense=384, types=MIXED),
+    "no-dense": TinyGemma(n_layer=4, swa_period=3, n_swa=9),
+    "gqa-4-heads-of-16": TinyGemma(n_embd=96, head_dim=16, n_head=4, n_head_kv=1, n_swa=4, n_dense=32,
+                                   tensor_types={"blk.1.attn_k.weight": GGMLType.F32}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(EMBEDDING_CASES))
+def embedding_gemma(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma") / "gemma-embedding.gguf"
+    write_tiny_gemma(EMBEDDING_CASES[request.param], path, np.random.default_rng(5))
+    with Model.load(path) as model:
+        yield path, model
+
+
+@pytest.mark.parametrize("pooling", ["none", "mean", "cls", "last"])
+def test_embedding_gemma_equals_llama_cpp(embedding_gemma, pooling):
+    """Three sequences in one batch, every pooling: llama.cpp's floats at 1 to 4 threads."""
+    require_peer()
+    path, model = embedding_gemma
+    theirs = llama_embeddings(path, SEQS, int(pooling_type(pooling)))
+    for n_threads in (1, 2, 3, 4):
+        ours = context_embeddings(model, SEQS, pooling, n_threads=n_threads, n_threads_batch=n_threads)
+        assert bits_equal(np.concatenate(ours), np.concatenate(theirs)), f"{pooling}, {n_threads} threads"
+
+
+def test_embedding_gemma_through_llm_and_the_shim(embedding_gemma):
+    """``gguflm.LLM.embed`` and the shim's ``Llama.embed`` give llama-cpp-python's ``Llama.embed``."""
+    llama_cpp = require_peer()
+    path, _ = embedding_gemma
+    peer = llama_cpp.Llama(str(path), embedding=True, n_threads=2, n_threads_batch=2, verbose=False)
+    try:
+        theirs = peer.embed(TEXTS)
+    finally:
+        peer.close()
+    with gguflm.LLM(path, embedding=True, n_threads=2, progress=False) as llm:
+        assert bits_equal(llm.embed(TEXTS), theirs)
+    ours = shim.Llama(str(path), embedding=True, n_threads=2, n_threads_batch=2, verbose=False)
+    try:
+        assert bits_equal(ours.embed(TEXTS), theirs)
+    finally:
+        ours.close()
+
+
+def test_embedding_gemma_is_an_encoder(tmp_path):
+    """No text generation, no batch over two ubatches (llama.cpp asserts there)."""
+    path = tmp_path / "gemma-embedding.gguf"
+    write_tiny_gemma(TinyGemma(n_dense=32), path, np.random.default_rng(0))
+    with pytest.raises(gguflm.Error, match="encoder"):
+        gguflm.LLM(path, progress=False)
+    with Model.load(path) as model:
+        assert not model.hparams.causal_attn and model.hparams.swa_symmetric
+        ctx = gguflm.Context(model, n_ctx=64, n_batch=64, n_ubatch=8, embeddings=True)
+        batch = gguflm.Batch(12)
+        for i in range(12):
+            batch.add(3 + i, i, [0], True)
+        assert ctx.decode(batch) == -1
+        ctx.close()
+
+
+def window_reference(q, k, v, pos, seq, n_head, n_head_kv, d, scale, n_swa):
+    """float64 softmax(q k^T * scale) v over the cells of the token's sequence within n_swa / 2
+    positions either way."""
+    out = np.zeros((q.shape[0], n_head * d))
+    for h in range(n_head):
+        hk = h // (n_head // n_head_kv)
+        for t in range(q.shape[0]):
+            idx = np.flatnonzero((seq == seq[t]) & (np.abs(pos - pos[t]) <= n_swa // 2))
+            s = k[idx, hk * d:(hk + 1) * d].astype(np.float64) @ q[t, h * d:(h + 1) * d] * scale
+            p = np.exp(s - s.max())
+            out[t, h * d:(h + 1) * d] = (p / p.sum()) @ v[idx, hk * d:(hk + 1) * d]
+    return out
+
+
+@pytest.mark.parametrize("lengths,n_swa,n_head,n_head_kv", [((9, 23), 4, 4, 2), ((31,), 7, 2, 1), ((5, 3), 64, 2, 2)])
+def test_symmetric_window_attention_is_the_numpy_form(lengths, n_swa, n_head, n_head_kv):
+    """The no-cache attention kernel with a symmetric window: the numpy form's values, the same
+    floats at 1 and 3 threads; a window wider than the sequences is no window."""
+    rng = np.random.default_rng(n_swa)
+    d = 32
+    seq = np.concatenate([np.full(n, s, np.int32) for s, n in enumerate(lengths)])
+    pos = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+    q = rng.standard_normal((len(seq), n_head * d)).astype(F32)
+    k = rng.standard_normal((len(seq), n_head_kv * d)).astype(F32)
+    v = rng.standard_normal((len(seq), n_head_kv * d)).astype(F32)
+    scale = float(F32(1) / np.sqrt(F32(d)))
+
+    def run(n_threads: int, n_swa: int) -> np.ndarray:
+        out = np.empty((len(seq), n_head * d), F32)
+        ops.attention(q, k, "f32", v, "f32", len(pos), pos, np.zeros(0, np.uint64), pos, seq, n_head, n_head_kv, d, d,
+                      scale, out, causal=False, n_swa=n_swa, n_threads=n_threads, cell_seq_id=seq, n_cols=len(pos),
+                      swa_symmetric=True)
+        return out
+
+    ours = run(1, n_swa)
+    np.testing.assert_allclose(ours, window_reference(q, k, v, pos, seq, n_head, n_head_kv, d, scale, n_swa),
+                               rtol=0, atol=3e-5)
+    np.testing.assert_array_equal(run(3, n_swa), ours)
+    if n_swa // 2 >= max(lengths):
+        np.testing.assert_allclose(ours, run(1, 0), rtol=0, atol=1e-6)
+    else:   # the window changes something
+        assert np.abs(ours - run(1, 0)).max() > 1e-3
+
+
+def test_dense_projections_must_start_and_end_at_n_embd(tmp_path):
+    """As llama.cpp asserts of dense_2_feat_in and dense_3_feat_out."""
+    path = tmp_path / "gemma-embedding.gguf"
+    write_tiny_gemma(TinyGemma(n_dense=32), path, np.random.default_rng(0))
+    with Model.load(path) as model:
+        assert {"dense_2.weight", "dense_3.weight"} <= set(model.tensors)
+    for key in ("dense_2_feat_in", "dense_3_feat_out"):
+        with pytest.raises(ModelLoadError, match=key):
+            Model.load(path, kv_overrides={f"gemma-embedding.{key}": 48})
