@@ -1,4 +1,5 @@
-"""The newer Gemma family against llama.cpp: EmbeddingGemma (``gemma-embedding``).
+"""The newer Gemma family against llama.cpp: EmbeddingGemma (``gemma-embedding``), and what
+Gemma 3 on do with embeddings given in place of tokens.
 
 Tiny random models (tests/tiny_models.py's :class:`TinyGemma`, weight types mixed per tensor)
 give llama.cpp's embeddings (llama-cpp-python) to the bit, for every pooling, several sequences in
@@ -17,14 +18,14 @@ import pytest
 
 import gguflm
 import gguflm.llama_cpp as shim
-from _llama import llama_embeddings, require_peer
-from gguflm import Model
+from _llama import L, LlamaDecoder, llama_embeddings, require_peer
+from gguflm import Batch, Context, Model
 from gguflm._ext import ops
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.pooling import pooling_type
 from test_embeddings import bits_equal, context_embeddings
-from tiny_models import TinyGemma, write_tiny_gemma
+from tiny_models import TinyGemma, TinyModel, write_tiny_gemma, write_tiny_model
 
 F32 = np.float32
 # lengths past the windows (n_swa / 2 either way) and of no whole vector of lanes, so ggml's tails run
@@ -148,3 +149,39 @@ def test_dense_projections_must_start_and_end_at_n_embd(tmp_path):
     for key in ("dense_2_feat_in", "dense_3_feat_out"):
         with pytest.raises(ModelLoadError, match=key):
             Model.load(path, kv_overrides={f"gemma-embedding.{key}": 48})
+
+
+def llama_cpp_embd_logits(path: Path, rows: np.ndarray) -> np.ndarray:
+    """llama.cpp's logits of a batch of embedding rows (sequence 0 at positions 0..), every row an output."""
+    peer = LlamaDecoder(path)
+    batch = L.llama_batch_init(len(rows), rows.shape[1], 1)
+    try:
+        np.ctypeslib.as_array(batch.embd, shape=(rows.size,))[:] = rows.ravel()
+        for k in range(len(rows)):
+            batch.pos[k], batch.n_seq_id[k], batch.logits[k] = k, 1, True
+            batch.seq_id[k][0] = 0
+        batch.n_tokens = len(rows)
+        assert L.llama_decode(peer._ctx, batch) == 0
+        return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(peer._ctx, k), shape=(peer.n_vocab,))
+                         for k in range(len(rows))]).copy()
+    finally:
+        L.llama_batch_free(batch)
+        peer.close()
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_given_embeddings_are_scaled_as_llama_cpp_scales_them(tmp_path, arch):
+    """Rows given in place of tokens: Gemma 2 scales them by sqrt(n_embd) as it scales looked-up
+    ones, Gemma 3 takes them as they are (llama.cpp's ``ubatch.token ? sqrtf(n_embd) : 1``)."""
+    require_peer()
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(TinyModel(arch, n_embd=64, head_dim=16, n_head=4, n_head_kv=2, n_ff=64, n_swa=4,
+                               tied_output=arch == "gemma2"), path, np.random.default_rng(2))
+    rows = np.random.default_rng(3).standard_normal((9, 64)).astype(F32)
+    theirs = llama_cpp_embd_logits(path, rows)
+    with Model.load(path) as model, Context(model, n_ctx=256, n_threads=2, n_threads_batch=2) as ctx:
+        batch = Batch(len(rows), embd=64)
+        for k, row in enumerate(rows):
+            batch.add(row, k, [0], True)
+        assert ctx.decode(batch) == 0
+        np.testing.assert_array_equal(ctx.get_logits(), theirs)

@@ -22,6 +22,9 @@ class Gemma2(Architecture):
     # per-head Q/K RMS norms (Gemma 3), branch outputs normed before the residual add (not Gemma 1)
     qk_norm: ClassVar[bool] = False
     post_norms: ClassVar[bool] = True
+    # whether embeddings a batch gives in place of tokens are scaled as looked-up rows are (Gemma 1
+    # and 2); llama.cpp's Gemma 3 graphs take them as they are (encoded images)
+    scale_given_embeddings: ClassVar[bool] = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -59,7 +62,8 @@ class Gemma2(Architecture):
     def hidden(self, g: Graph) -> np.ndarray:
         """The blocks and the final norm: the output rows' hidden states [n_outputs, n_embd]."""
         hp, m = g.hparams, g.model
-        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
+        scaled = g.ub.tokens is not None or self.scale_given_embeddings
+        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale if scaled else 0.0)  # [n_tokens, n_embd]
         for il, L in g.layers():
             # self-attention (Gemma 2 soft-caps the scores, Gemma 3 norms queries and keys)
             cur = g.rms_norm(x, L.attn_norm)
