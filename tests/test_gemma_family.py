@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import gguflm
 import gguflm.llama_cpp as shim
@@ -25,7 +26,7 @@ from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.pooling import pooling_type
 from test_embeddings import bits_equal, context_embeddings
-from tiny_models import TinyGemma, TinyModel, write_tiny_gemma, write_tiny_model
+from tiny_models import TinyGemma, TinyModel, tiny_gemma_embeddings, write_tiny_gemma, write_tiny_model
 
 F32 = np.float32
 # lengths past the windows (n_swa / 2 either way) and of no whole vector of lanes, so ggml's tails run
@@ -60,6 +61,21 @@ def test_embedding_gemma_equals_llama_cpp(embedding_gemma, pooling):
     for n_threads in (1, 2, 3, 4):
         ours = context_embeddings(model, SEQS, pooling, n_threads=n_threads, n_threads_batch=n_threads)
         assert bits_equal(np.concatenate(ours), np.concatenate(theirs)), f"{pooling}, {n_threads} threads"
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(spec=tiny_gemma_embeddings())
+def test_drawn_embedding_gemmas_equal_llama_cpp(tmp_path, spec):
+    """Drawn shapes and weight types: llama.cpp's token rows and mean-pooled vectors to the bit."""
+    require_peer()
+    path = tmp_path / "gemma-embedding.gguf"
+    write_tiny_gemma(spec, path, np.random.default_rng(1))
+    with Model.load(path) as model:
+        for pooling in ("none", "mean"):
+            theirs = llama_embeddings(path, SEQS, int(pooling_type(pooling)))
+            ours = context_embeddings(model, SEQS, pooling, n_threads=2, n_threads_batch=2)
+            assert bits_equal(np.concatenate(ours), np.concatenate(theirs)), pooling
 
 
 def test_embedding_gemma_through_llm_and_the_shim(embedding_gemma):

@@ -1619,6 +1619,23 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
     w.write()
 
 
+@st.composite
+def tiny_gemma_embeddings(draw: st.DrawFn) -> TinyGemma:
+    """EmbeddingGemma shapes: head_dim 8..128, one or two KV heads for 1..4 query heads each, 2..4
+    layers, a global one every 2..n_layer with windows of 2..12 between (llama.cpp's encoder
+    aborts on a model with no sliding or no global layer: the mask it leaves unused has no
+    buffer), with or without the dense projections, and every matrix of a type drawn from those
+    whose block fits its rows."""
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    spec = TinyGemma(n_embd=draw(st.integers(2, 16)) * 16, head_dim=draw(st.sampled_from((8, 16, 32, 64, 128))),
+                     n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
+                     n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
+                     n_dense=draw(st.sampled_from((0, 0, 32, 96, 256))))
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
