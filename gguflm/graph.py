@@ -169,16 +169,16 @@ def _arrays_in(value: Any) -> Iterator[np.ndarray]:
 
 
 def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeParams,
-               n_threads: int) -> None:
-    """Rotate the K heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row):
-    the n_rot values of each from ``hp.k_rope_offset`` on."""
-    at = hp.k_rope_offset
-    part = x if not at else np.ascontiguousarray(x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot]).reshape(len(x), -1)
-    ops.rope(part, pos, n_head, hp.n_embd_head_k - at, hp.n_rot, hp.rope_type is RopeType.NEOX,
+               n_threads: int, il: int = 0) -> None:
+    """Rotate the K heads of layer ``il`` in x ([n_rows, n_head * head_dim]) in place by ``pos``
+    (one per row): the n_rot values of each from ``hp.k_rope_offset`` on."""
+    at, n_rot = hp.k_rope_offset, hp.rot(il)
+    part = x if not at else np.ascontiguousarray(x.reshape(len(x), n_head, -1)[:, :, at:at + n_rot]).reshape(len(x), -1)
+    ops.rope(part, pos, n_head, hp.head_k(il) - at, n_rot, hp.rope_type is RopeType.NEOX,
              rc.freq_base, rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
              rc.n_ctx_orig, rc.freq_factors, n_threads)
     if at:
-        x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot] = part.reshape(len(x), n_head, -1)
+        x.reshape(len(x), n_head, -1)[:, :, at:at + n_rot] = part.reshape(len(x), n_head, -1)
 
 
 @dataclass(frozen=True)
@@ -591,7 +591,7 @@ class Graph:
         hp = self.hparams
         if hp.has_rope(il):
             rc = self.ctx.rope_config(il)
-            self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base,
+            self.plan.rope(x, n_head, hp.rot(il), hp.rope_type is RopeType.NEOX, rc.freq_base,
                            rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
                            rc.n_ctx_orig, rc.freq_factors, self.n_threads)
         return x
@@ -611,9 +611,10 @@ class Graph:
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
         (multi-head latent attention's cache, which keeps no V rows)."""
         hp = self.hparams
-        out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
+        dk, dv = hp.head_k(il), hp.head_v(il)
+        out = self.new(self.ub.n_tokens, hp.n_head[il] * dv)
         if not self.model.architecture.kv_cache:
-            self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v,
+            self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], dk, dv,
                                      kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads,
                                      hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric)
             return out
@@ -628,8 +629,7 @@ class Graph:
         if v is not None:
             self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
-                            cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
-                            hp.n_embd_head_v, kq_scale, hp.causal_attn,
+                            cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
         if v is not None and v_store.rotation:

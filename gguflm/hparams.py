@@ -48,6 +48,10 @@ class HParams:
     n_embd_head_v: int
     n_rot: int
     f_norm_rms_eps: float
+    n_embd_head_k_swa: int = 0                       # sliding layers' K, V head sizes and rotated
+    n_embd_head_v_swa: int = 0                       #   dimensions where they differ (Gemma 4);
+    n_rot_swa: int = 0                               #   0 = the global layers' ones
+    rope_freqs_swa: bool = True                      # whether sliding layers take rope_freqs too (not Gemma 4's)
     f_norm_eps: float = 0.0
     rope_type: RopeType = RopeType.NORM
     rope_freq_base_train: float = 10000.0
@@ -100,10 +104,21 @@ class HParams:
         return self.n_head[il] // self.n_head_kv[il] if self.n_head_kv[il] else 0   # 0: no attention (Mamba)
 
     def n_embd_k_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_k * self.n_head_kv[il]
+        return self.head_k(il) * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_v * self.n_head_kv[il]
+        return self.head_v(il) * self.n_head_kv[il]
+
+    def head_k(self, il: int) -> int:
+        """Layer ``il``'s K head size (llama.cpp's n_embd_head_k(il))."""
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) else self.n_embd_head_k
+
+    def head_v(self, il: int) -> int:
+        return self.n_embd_head_v_swa if self.n_embd_head_v_swa and self.is_swa(il) else self.n_embd_head_v
+
+    def rot(self, il: int) -> int:
+        """Layer ``il``'s rotated dimensions (llama.cpp's n_rot(il))."""
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
 
     @property
     def is_mla(self) -> bool:

@@ -1,5 +1,5 @@
-"""The newer Gemma family against llama.cpp: EmbeddingGemma (``gemma-embedding``), and what
-Gemma 3 on do with embeddings given in place of tokens.
+"""The newer Gemma family against llama.cpp: EmbeddingGemma (``gemma-embedding``), Gemma 4's
+dense text stack (``gemma4``), and what Gemma 3 on do with embeddings given in place of tokens.
 
 Tiny random models (tests/tiny_models.py's :class:`TinyGemma`, weight types mixed per tensor)
 give llama.cpp's embeddings (llama-cpp-python) to the bit, for every pooling, several sequences in
@@ -26,6 +26,7 @@ from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.pooling import pooling_type
 from test_embeddings import bits_equal, context_embeddings
+from test_invariance import llama_cpp_logits, prompt_logits
 from tiny_models import TinyGemma, TinyModel, tiny_gemma_embeddings, write_tiny_gemma, write_tiny_model
 
 F32 = np.float32
@@ -202,3 +203,77 @@ def test_given_embeddings_are_scaled_as_llama_cpp_scales_them(tmp_path, arch):
             batch.add(row, k, [0], True)
         assert ctx.decode(batch) == 0
         np.testing.assert_array_equal(ctx.get_logits(), theirs)
+
+
+# -- Gemma 4
+
+GEMMA4_MIXED = {"attn_q": GGMLType.Q8_0, "attn_k": GGMLType.Q4_0, "attn_v": GGMLType.Q5_1, "attn_output": GGMLType.Q5_0,
+                "ffn_gate": GGMLType.Q6_K, "ffn_up": GGMLType.IQ4_NL, "ffn_down": GGMLType.Q4_K,
+                "token_embd": GGMLType.Q8_0, "output": GGMLType.Q6_K}
+GEMMA4_CASES = {
+    # global heads twice the sliding ones, as Gemma 4's 512 and 256; a layer whose V is its K
+    "two-head-sizes": TinyGemma("gemma4", n_embd=64, head_dim=32, head_dim_swa=16, n_rot=16, n_layer=4, n_swa=5,
+                                no_v_layers=(1,), tied_output=False),
+    "mixed-types": TinyGemma("gemma4", n_embd=256, head_dim=64, head_dim_swa=32, n_head=4, n_head_kv=1, n_ff=256,
+                             n_layer=3, swa_period=3, n_swa=4, n_rot_swa=16, no_v_layers=(2,), types=GEMMA4_MIXED),
+    "tied-one-kind": TinyGemma("gemma4", n_embd=48, head_dim=16, n_head=3, n_head_kv=1, n_layer=2, swa_period=2,
+                               n_swa=3),
+}
+PROMPT = [1] + list(range(20, 37))
+
+
+@pytest.fixture(scope="module", params=sorted(GEMMA4_CASES))
+def gemma4(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma4") / "gemma4.gguf"
+    write_tiny_gemma(GEMMA4_CASES[request.param], path, np.random.default_rng(8))
+    with Model.load(path) as model:
+        yield path, model
+
+
+def test_gemma4_gives_llama_cpps_logits(gemma4):
+    """Every position, in ubatches of 1, 5 and the whole prompt: llama.cpp's logits to the bit,
+    the same floats at 1 to 4 threads."""
+    require_peer()
+    path, model = gemma4
+    for n_ubatch in (1, 5, len(PROMPT)):
+        ours = prompt_logits(model, PROMPT, 2, n_ubatch, "f16", "f16")
+        np.testing.assert_array_equal(ours, llama_cpp_logits(path, PROMPT, n_ubatch, "f16", "f16"),
+                                      err_msg=f"ubatch {n_ubatch}")
+        for n_threads in (1, 3, 4) if n_ubatch == 5 else ():
+            np.testing.assert_array_equal(prompt_logits(model, PROMPT, n_threads, n_ubatch, "f16", "f16"), ours)
+
+
+def test_gemma4_several_sequences_and_a_k_shift(gemma4):
+    """Two sequences in one batch, then seq_rm and a K shift (each layer's K re-rotated over its
+    own rotated dimensions, the global layers with rope_freqs), then decoding on."""
+    path, model = gemma4
+    a, b = PROMPT[:11], PROMPT[4:13]
+    steps = [[(t, p, 0, True) for p, t in enumerate(a)] + [(t, p, 1, True) for p, t in enumerate(b)],
+             [(40, 11, 0, True), (41, 9, 1, True)], [(42, 9, 0, True), (43, 10, 0, True)]]
+    peer = LlamaDecoder(path, n_seq_max=2)
+    try:
+        theirs = [peer.decode_batch(steps[0]), peer.decode_batch(steps[1])]
+        assert peer.seq_rm(0, 6, 9)
+        peer.seq_add(0, 9, -1, -3)
+        theirs.append(peer.decode_batch(steps[2]))
+    finally:
+        peer.close()
+    with Context(model, n_ctx=256, n_seq_max=2, n_threads=2, n_threads_batch=2) as ctx:
+        for k, (entries, expected) in enumerate(zip(steps, theirs)):
+            batch = Batch(len(entries), n_seq_max=2)
+            for tok, pos, seq, out in entries:
+                batch.add(tok, pos, [seq], out)
+            assert ctx.decode(batch) == 0
+            np.testing.assert_array_equal(ctx.get_logits(), expected, err_msg=f"step {k}")
+            if k == 1:
+                assert ctx.memory.seq_rm(0, 6, 9)
+                ctx.memory.seq_add(0, 9, -1, -3)
+
+
+@pytest.mark.parametrize("key,value", [("embedding_length_per_layer_input", 8), ("attention.shared_kv_layers", 2),
+                                       ("expert_count", 4), ("attention.sliding_window_pattern", 2)])
+def test_gemma4_files_with_what_is_not_implemented_are_refused(tmp_path, key, value):
+    path = tmp_path / "gemma4.gguf"
+    write_tiny_gemma(GEMMA4_CASES["tied-one-kind"], path, np.random.default_rng(0))
+    with pytest.raises(ModelLoadError, match=key.split(".")[-1]):
+        Model.load(path, kv_overrides={f"gemma4.{key}": value})

@@ -1552,9 +1552,12 @@ def write_tiny_rwkv(spec: TinyRwkv, path: Path, rng: np.random.Generator) -> Non
 class TinyGemma:
     """A model of the newer Gemma family to write (:func:`write_tiny_gemma`): ``gemma-embedding``
     (Gemma 3's block, bidirectional; ``n_dense`` > 0 adds the sentence-transformers projections
-    dense_2 (n_embd -> n_dense) and dense_3 (back)). Every ``swa_period``-th layer is global, the
-    others slide over ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type,
-    ``tensor_types`` single tensors (default F16)."""
+    dense_2 (n_embd -> n_dense) and dense_3 (back)) or ``gemma4`` (sliding layers with heads of
+    ``head_dim_swa`` rotated over ``n_rot_swa``, global ones rotated over ``n_rot`` with
+    rope_freqs, ``no_v_layers`` without attn_v, block output scales, a separate output projection
+    unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
+    ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
+    single tensors (default F16)."""
 
     arch: str = "gemma-embedding"
     n_embd: int = 64
@@ -1567,18 +1570,32 @@ class TinyGemma:
     swa_period: int = 2
     n_dense: int = 0
     pooling_type: int = 1
+    head_dim_swa: int = 0               # gemma4: 0 = head_dim
+    n_rot: int = 0                      # gemma4: 0 = the layer's head size
+    n_rot_swa: int = 0
+    no_v_layers: tuple[int, ...] = ()
+    tied_output: bool = True
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def is_swa(self, il: int) -> bool:
+        return il % self.swa_period < self.swa_period - 1
+
+    def head(self, il: int) -> int:
+        return (self.head_dim_swa or self.head_dim) if self.is_swa(il) else self.head_dim
 
     def matrices(self) -> dict[str, int]:
         """Every matrix by tensor name: its row length (input width)."""
         s, out = self, {"token_embd.weight": self.n_embd}
         if s.n_dense:
             out.update({"dense_2.weight": s.n_embd, "dense_3.weight": s.n_dense})
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
         for il in range(s.n_layer):
             b = f"blk.{il}"
-            out.update({f"{b}.{kind}.weight": s.n_embd for kind in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")})
-            out.update({f"{b}.attn_output.weight": s.n_head * s.head_dim, f"{b}.ffn_down.weight": s.n_ff})
+            kinds = ("attn_q", "attn_k", "ffn_gate", "ffn_up") + (() if il in s.no_v_layers else ("attn_v",))
+            out.update({f"{b}.{kind}.weight": s.n_embd for kind in kinds})
+            out.update({f"{b}.attn_output.weight": s.n_head * s.head(il), f"{b}.ffn_down.weight": s.n_ff})
         return out
 
 
@@ -1591,25 +1608,41 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
     w.add("general.name", f"tiny-{arch}")
     keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
             "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv, "attention.key_length": hd,
-            "attention.value_length": hd, "attention.sliding_window": s.n_swa,
-            "attention.sliding_window_pattern": s.swa_period, "pooling_type": s.pooling_type}
+            "attention.value_length": hd, "attention.sliding_window": s.n_swa}
+    metadata: dict[str, object] = {"rope.freq_base_swa": 1000.0}
+    if arch == "gemma4":
+        hd_swa = s.head_dim_swa or hd
+        keys.update({"attention.key_length_swa": hd_swa, "attention.value_length_swa": hd_swa,
+                     "rope.dimension_count": s.n_rot or hd, "rope.dimension_count_swa": s.n_rot_swa or hd_swa,
+                     "embedding_length_per_layer_input": 0})
+        metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
+                         "final_logit_softcapping": 30.0})
+    else:
+        keys.update({"attention.sliding_window_pattern": s.swa_period, "pooling_type": s.pooling_type})
     if s.n_dense:
         keys.update({"dense_2_feat_in": e, "dense_2_feat_out": s.n_dense, "dense_3_feat_in": s.n_dense,
                      "dense_3_feat_out": e})
-    tensors.header(arch, keys, {"rope.freq_base_swa": 1000.0})
-    tensors.embeddings(e, tied_output=True)
+    tensors.header(arch, keys, metadata)
+    tensors.embeddings(e, tied_output=s.tied_output)
     if s.n_dense:
         matrix("dense_2.weight", e, s.n_dense, scale=0.2)
         matrix("dense_3.weight", s.n_dense, e, scale=0.2)
+    if arch == "gemma4" and not all(s.is_swa(il) for il in range(s.n_layer)):
+        # proportional RoPE's factors: a quarter of the pairs turn (here at other speeds too), the others barely
+        w.add_tensor("rope_freqs.weight", np.concatenate([rng.uniform(1.0, 3.0, hd // 4), np.full(hd // 2 - hd // 4, 1e30)])
+                     .astype(np.float32), GGMLType.F32)
     for il in range(s.n_layer):
-        b = f"blk.{il}"
+        b, hd = f"blk.{il}", s.head(il)
         vector(f"{b}.attn_norm.weight", e)
         matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
         matrix(f"{b}.attn_k.weight", e, s.n_head_kv * hd)
-        matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
+        if il not in s.no_v_layers:
+            matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
         matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
         vector(f"{b}.attn_q_norm.weight", hd)
         vector(f"{b}.attn_k_norm.weight", hd)
+        if arch == "gemma4":
+            vector(f"{b}.layer_output_scale.weight", 1, scale=0.2, center=0.7)
         vector(f"{b}.post_attention_norm.weight", e)
         vector(f"{b}.ffn_norm.weight", e)
         matrix(f"{b}.ffn_gate.weight", e, s.n_ff)

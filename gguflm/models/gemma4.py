@@ -1,0 +1,117 @@
+"""Gemma 4 (the dense text stack): Gemma 3's block with other head sizes (and rotated dimensions)
+in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
+(proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
+no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output, and
+soft-capped logits.
+
+The per-layer embeddings, KV-sharing layers and experts of the E2B/E4B and 26B-A4B files are not
+implemented: such a file is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguflm.errors import ModelLoadError
+from gguflm.ggml_types import GGMLType
+from gguflm.graph import Graph
+from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, sqrt_f32
+from gguflm.models.base import Architecture, TensorSpec
+
+# what the other Gemma 4 files have, by the key that says so
+NOT_YET = {"embedding_length_per_layer_input": "per-layer embeddings", "attention.shared_kv_layers": "KV-sharing layers",
+           "expert_count": "experts"}
+
+
+class Gemma4(Architecture):
+    name = "gemma4"
+    rope_type = RopeType.NEOX
+
+    @classmethod
+    def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
+        hp = cls.read_common(kv, n_vocab)
+        kv.get_int("{arch}.embedding_length_per_layer_input")   # required, as by llama.cpp
+        for key, what in NOT_YET.items():
+            if kv.get_int("{arch}." + key, 0):
+                raise HParamError(f"{kv.source}: a gemma4 model with {what} ({kv.key('{arch}.' + key)}) is not "
+                                  f"supported yet")
+        if not isinstance(kv.metadata.get(kv.key("{arch}.attention.sliding_window_pattern")), (list, tuple, np.ndarray)):
+            raise HParamError(f"{kv.source}: {kv.key('{arch}.attention.sliding_window_pattern')} must be an array "
+                              f"of one flag per layer")
+        head_k_swa = kv.get_int("{arch}.attention.key_length_swa")
+        head_v_swa = kv.get_int("{arch}.attention.value_length_swa")
+        if hp.n_embd_head_k != hp.n_embd_head_v or head_k_swa != head_v_swa:
+            raise HParamError(f"{kv.source}: Gemma 4 requires equal K and V head sizes, found {hp.n_embd_head_k} and "
+                              f"{hp.n_embd_head_v} (sliding layers: {head_k_swa} and {head_v_swa})")
+        return hp.with_changes(
+            n_swa=kv.get_int("{arch}.attention.sliding_window"),
+            swa_layers=read_swa_layers(kv, hp.n_layer, 1),
+            n_embd_head_k_swa=head_k_swa, n_embd_head_v_swa=head_v_swa,
+            n_rot_swa=kv.get_int("{arch}.rope.dimension_count_swa", hp.n_rot),
+            rope_freq_base_train_swa=kv.get_float("{arch}.rope.freq_base_swa", 10000.0),
+            rope_freq_scale_train_swa=1.0,
+            rope_freqs_swa=False,
+            f_attention_scale=1.0,
+            f_final_logit_softcapping=kv.get_float("{arch}.final_logit_softcapping", 30.0),
+            f_embedding_scale=sqrt_f32(hp.n_embd),
+        )
+
+    @classmethod
+    def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
+        e = hp.n_embd
+        specs = cls.output_specs(hp)
+        full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        if full:   # the global layers' frequency factors, one set for them all
+            specs.append(TensorSpec("rope_freqs.weight", (hp.head_k(full[0]) // 2,)))
+        for il in range(hp.n_layer):
+            blk, dk = f"blk.{il}", hp.head_k(il)
+            specs += [
+                TensorSpec(f"{blk}.attn_norm.weight", (e,)),
+                TensorSpec(f"{blk}.attn_q.weight", (e, dk * hp.n_head[il])),
+                TensorSpec(f"{blk}.attn_k.weight", (e, hp.n_embd_k_gqa(il))),
+                TensorSpec(f"{blk}.attn_v.weight", (e, hp.n_embd_v_gqa(il)), optional=True),
+                TensorSpec(f"{blk}.attn_output.weight", (dk * hp.n_head[il], e)),
+                TensorSpec(f"{blk}.attn_q_norm.weight", (dk,)),
+                TensorSpec(f"{blk}.attn_k_norm.weight", (dk,)),
+                TensorSpec(f"{blk}.post_attention_norm.weight", (e,)),
+                TensorSpec(f"{blk}.layer_output_scale.weight", (1,), optional=True),
+                TensorSpec(f"{blk}.ffn_norm.weight", (e,)),
+            ]
+            specs += cls.ffn_specs(hp, il)
+            specs.append(TensorSpec(f"{blk}.post_ffw_norm.weight", (e,)))
+        return specs
+
+    def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
+        hp, m = g.hparams, g.model
+        # token rows scaled by sqrt(n_embd); rows given in their place as they are
+        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale if g.ub.tokens is not None else 0.0)
+        for il, L in g.layers():
+            dk, n = hp.head_k(il), x.shape[0]
+            # self-attention: Q, K normed per head with weights, V without; V is K's projection
+            # where the layer has no V of its own
+            cur = g.rms_norm(x, L.attn_norm)
+            if L.attn_v is not None:
+                q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)          # [n, n_head(_kv) * head_k(il)]
+            else:
+                q, k = g.project(cur, L.attn_q, L.attn_k)
+                v = k
+            v = g.rms_norm(v.reshape(-1, dk), None).reshape(n, -1)
+            g.rope_qk(q, k, il, L.attn_q_norm, L.attn_k_norm)
+            cur = g.attention(il, q, k, v, hp.f_attention_scale)               # [n, n_head * head_k(il)]
+            (cur,) = g.project(cur, L.attn_output)                              # [n, n_embd]
+            attn_out = g.add(g.rms_norm(cur, L.post_attention_norm), x)
+            # feed-forward, GELU-gated, normed before and after
+            gate, up = g.project(g.rms_norm(attn_out, L.ffn_norm), L.ffn_gate, L.ffn_up)
+            (cur,) = g.project(g.geglu(gate, up), L.ffn_down)
+            x = g.add(g.rms_norm(cur, L.post_ffw_norm), attn_out)
+            if L.layer_output_scale is not None:
+                g.scale(x, _scalar(L.layer_output_scale))
+        # every row through the final norm, then the output rows (llama.cpp's order for Gemma 4)
+        (x,) = g.output_rows(g.rms_norm(x, m.tensors["output_norm.weight"]))
+        return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+
+def _scalar(w) -> float:
+    """A one-value F32 tensor's value (the block output scale ggml_mul broadcasts)."""
+    if w.type != GGMLType.F32:
+        raise ModelLoadError(f"tensor '{w.name}' is {w.type.name}; gguflm reads it as F32 only")
+    return float(np.asarray(w.data).reshape(-1).view(np.float32)[0])
