@@ -214,8 +214,10 @@ GEMMA4_CASES = {
     # global heads twice the sliding ones, as Gemma 4's 512 and 256; a layer whose V is its K
     "two-head-sizes": TinyGemma("gemma4", n_embd=64, head_dim=32, head_dim_swa=16, n_rot=16, n_layer=4, n_swa=5,
                                 no_v_layers=(1,), tied_output=False),
-    "mixed-types": TinyGemma("gemma4", n_embd=256, head_dim=64, head_dim_swa=32, n_head=4, n_head_kv=1, n_ff=256,
-                             n_layer=3, swa_period=3, n_swa=4, n_rot_swa=16, no_v_layers=(2,), types=GEMMA4_MIXED),
+    # and one KV head per layer as the files give it, four in sliding layers, two in the global one
+    "mixed-types": TinyGemma("gemma4", n_embd=256, head_dim=64, head_dim_swa=32, n_head=4, n_head_kv=4, n_ff=256,
+                             n_layer=3, swa_period=3, n_swa=4, n_rot_swa=16, no_v_layers=(2,), n_head_kv_global=2,
+                             types=GEMMA4_MIXED),
     "tied-one-kind": TinyGemma("gemma4", n_embd=48, head_dim=16, n_head=3, n_head_kv=1, n_layer=2, swa_period=2,
                                n_swa=3),
 }

@@ -1554,8 +1554,8 @@ class TinyGemma:
     (Gemma 3's block, bidirectional; ``n_dense`` > 0 adds the sentence-transformers projections
     dense_2 (n_embd -> n_dense) and dense_3 (back)) or ``gemma4`` (sliding layers with heads of
     ``head_dim_swa`` rotated over ``n_rot_swa``, global ones rotated over ``n_rot`` with
-    rope_freqs, ``no_v_layers`` without attn_v, block output scales, a separate output projection
-    unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
+    rope_freqs and ``n_head_kv_global`` KV heads if not 0, ``no_v_layers`` without attn_v, block
+    output scales, a separate output projection unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
     ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
     single tensors (default F16)."""
 
@@ -1574,6 +1574,7 @@ class TinyGemma:
     n_rot: int = 0                      # gemma4: 0 = the layer's head size
     n_rot_swa: int = 0
     no_v_layers: tuple[int, ...] = ()
+    n_head_kv_global: int = 0           # gemma4: 0 = n_head_kv (else head_count_kv is one per layer)
     tied_output: bool = True
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
@@ -1583,6 +1584,9 @@ class TinyGemma:
 
     def head(self, il: int) -> int:
         return (self.head_dim_swa or self.head_dim) if self.is_swa(il) else self.head_dim
+
+    def kv_heads(self, il: int) -> int:
+        return self.n_head_kv if self.is_swa(il) or not self.n_head_kv_global else self.n_head_kv_global
 
     def matrices(self) -> dict[str, int]:
         """Every matrix by tensor name: its row length (input width)."""
@@ -1617,6 +1621,9 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
                      "embedding_length_per_layer_input": 0})
         metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
                          "final_logit_softcapping": 30.0})
+        if s.n_head_kv_global:   # as Gemma 4's files: fewer KV heads in the global layers
+            del keys["attention.head_count_kv"]
+            metadata["attention.head_count_kv"] = np.array([s.kv_heads(il) for il in range(s.n_layer)], np.int32)
     else:
         keys.update({"attention.sliding_window_pattern": s.swa_period, "pooling_type": s.pooling_type})
     if s.n_dense:
@@ -1635,9 +1642,9 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         b, hd = f"blk.{il}", s.head(il)
         vector(f"{b}.attn_norm.weight", e)
         matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
-        matrix(f"{b}.attn_k.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_k.weight", e, s.kv_heads(il) * hd)
         if il not in s.no_v_layers:
-            matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
+            matrix(f"{b}.attn_v.weight", e, s.kv_heads(il) * hd)
         matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
         vector(f"{b}.attn_q_norm.weight", hd)
         vector(f"{b}.attn_k_norm.weight", hd)
