@@ -23,11 +23,15 @@ from _llama import L, LlamaDecoder, llama_embeddings, require_peer
 from gguflm import Batch, Context, Model
 from gguflm._ext import ops
 from gguflm.errors import ModelLoadError
+from gguflm.hparams import HParamReader
+from gguflm.loader import MissingTensorError
+from gguflm.models.gemma4 import Gemma4
 from gguflm.ggml_types import GGMLType
+from gguflm.gguf import GGUFReader
 from gguflm.pooling import pooling_type
 from test_embeddings import bits_equal, context_embeddings
 from test_invariance import llama_cpp_logits, prompt_logits
-from tiny_models import TinyGemma, TinyModel, tiny_gemma_embeddings, write_tiny_gemma, write_tiny_model
+from tiny_models import TinyGemma, TinyModel, tiny_gemma4_models, tiny_gemma_embeddings, write_tiny_gemma, write_tiny_model
 
 F32 = np.float32
 # lengths past the windows (n_swa / 2 either way) and of no whole vector of lanes, so ggml's tails run
@@ -64,7 +68,7 @@ def test_embedding_gemma_equals_llama_cpp(embedding_gemma):
             assert bits_equal(np.concatenate(ours), theirs), f"{pooling}, {n_threads} threads"
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(spec=tiny_gemma_embeddings())
 def test_drawn_embedding_gemmas_equal_llama_cpp(tmp_path, spec):
@@ -243,6 +247,37 @@ def test_gemma4_gives_llama_cpps_logits(gemma4):
                                       err_msg=f"ubatch {n_ubatch}")
         for n_threads in (1, 3, 4) if n_ubatch == 5 else ():
             np.testing.assert_array_equal(prompt_logits(model, PROMPT, n_threads, n_ubatch, "f16", "f16"), ours)
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(spec=tiny_gemma4_models())
+def test_drawn_gemma4_models_give_llama_cpps_logits(tmp_path, spec):
+    """Drawn head sizes, rotations, KV heads, layers without V and weight types: llama.cpp's
+    logits to the bit in ubatches of 1, 5 and the whole prompt."""
+    require_peer()
+    path = tmp_path / "gemma4.gguf"
+    write_tiny_gemma(spec, path, np.random.default_rng(1))
+    with Model.load(path) as model:
+        for n_ubatch in (1, 5, len(PROMPT)):
+            np.testing.assert_array_equal(prompt_logits(model, PROMPT, 2, n_ubatch, "f16", "f16"),
+                                          llama_cpp_logits(path, PROMPT, n_ubatch, "f16", "f16"),
+                                          err_msg=f"ubatch {n_ubatch}")
+
+
+def test_gemma4_reads_a_real_files_hyper_parameters(vocab_dir):
+    """The 26B-A4B's metadata (tests/data/vocab): with its experts overridden away, the load gets
+    past the hyper-parameters (per-layer KV heads, the window flags, both head sizes) to the
+    tensors the vocabulary file lacks."""
+    path = vocab_dir / "ggml-vocab-gemma-4.gguf"
+    with pytest.raises(MissingTensorError):
+        Model.load(path, kv_overrides={"gemma4.expert_count": 0})
+    with GGUFReader(path) as r:
+        meta = r.metadata
+    hp = Gemma4.read_hparams(HParamReader("gemma4", {**meta, "gemma4.expert_count": 0}, path.name), 262144)
+    assert [hp.head_k(il) for il in (0, 5)] == [meta["gemma4.attention.key_length_swa"], meta["gemma4.attention.key_length"]]
+    assert list(hp.n_head_kv) == list(meta["gemma4.attention.head_count_kv"])
+    assert [hp.rot(il) for il in (0, 5)] == [meta["gemma4.rope.dimension_count_swa"], meta["gemma4.rope.dimension_count"]]
 
 
 def test_gemma4_several_sequences_and_a_k_shift(gemma4):

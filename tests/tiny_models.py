@@ -1676,6 +1676,26 @@ def tiny_gemma_embeddings(draw: st.DrawFn) -> TinyGemma:
     return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
 
 
+@st.composite
+def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
+    """Gemma 4 shapes: sliding heads of 8..64, global ones as wide or twice, each rotated over half
+    or all of it, one or two KV heads for 1..4 query heads each (the global layers' maybe one, as a
+    per-layer array), 2..4 layers with a global one every 2..n_layer, layers without V, tied or
+    separate output, and every matrix of a type drawn from those whose block fits its rows."""
+    head_swa = draw(st.sampled_from((8, 16, 32, 64)))
+    head = head_swa * draw(st.integers(1, 2))
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    spec = TinyGemma("gemma4", n_embd=draw(st.integers(2, 16)) * 16, head_dim=head, head_dim_swa=head_swa,
+                     n_rot=draw(st.sampled_from((head // 2, head))), n_rot_swa=draw(st.sampled_from((head_swa // 2, head_swa))),
+                     n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
+                     n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
+                     no_v_layers=tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1))))),
+                     n_head_kv_global=draw(st.sampled_from((0, 1))), tied_output=draw(st.booleans()))
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
