@@ -609,7 +609,8 @@ class Graph:
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
         does, with ALiBi biases and sliding windows where the model has them. ``sinks``: one logit per head that
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
-        (multi-head latent attention's cache, which keeps no V rows)."""
+        (multi-head latent attention's cache, which keeps no V rows). ``k`` and ``v`` None: the
+        layer attends over the cache of the earlier layer it shares (``hparams.kv_source``)."""
         hp = self.hparams
         dk, dv = hp.head_k(il), hp.head_v(il)
         out = self.new(self.ub.n_tokens, hp.n_head[il] * dv)
@@ -618,21 +619,21 @@ class Graph:
                                      kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads,
                                      hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric)
             return out
-        ci, cache = self.ctx.cache_for_layer(il)
-        k_store, v_store = cache.k[il], cache.v[il] if v is not None else cache.k[il]
+        src = hp.kv_source(il)   # a layer sharing an earlier one's cache stores nothing (k, v None)
+        ci, cache = self.ctx.cache_for_layer(src)
+        k_store, v_store = cache.k[src], cache.k[src] if hp.is_mla else cache.v[src]
         if k_store.rotation:   # a quantized cache holds rotated rows (gguflm.kv_store.rotation)
             self.plan.hadamard(q, k_store.rotation, self.n_threads)
-            self.plan.hadamard(k, k_store.rotation, self.n_threads)
-        if v is not None and v_store.rotation:
-            self.plan.hadamard(v, v_store.rotation, self.n_threads)
-        self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
-        if v is not None:
-            self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
+        for x, store in ((k, k_store), (v, v_store)):
+            if x is not None:
+                if store.rotation:
+                    self.plan.hadamard(x, store.rotation, self.n_threads)
+                self.plan.kv_store(store.cache_type, store.data, ci, x)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1)
-        if v is not None and v_store.rotation:
+        if not hp.is_mla and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
 

@@ -52,6 +52,8 @@ class HParams:
     n_embd_head_v_swa: int = 0                       #   dimensions where they differ (Gemma 4);
     n_rot_swa: int = 0                               #   0 = the global layers' ones
     rope_freqs_swa: bool = True                      # whether sliding layers take rope_freqs too (not Gemma 4's)
+    n_layer_kv_from_start: int = -1                  # KV sharing (Gemma 4): the layers from this one on keep no
+                                                     #   K and V of their own (kv_source); -1 = none
     f_norm_eps: float = 0.0
     rope_type: RopeType = RopeType.NORM
     rope_freq_base_train: float = 10000.0
@@ -115,6 +117,13 @@ class HParams:
 
     def head_v(self, il: int) -> int:
         return self.n_embd_head_v_swa if self.n_embd_head_v_swa and self.is_swa(il) else self.n_embd_head_v
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose cached K and V layer ``il`` attends over: itself, or with KV sharing the
+        last layer of its kind (sliding or global) that keeps its own (llama.cpp's reuse callback)."""
+        if 0 <= self.n_layer_kv_from_start <= il:
+            return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
+        return il
 
     def rot(self, il: int) -> int:
         """Layer ``il``'s rotated dimensions (llama.cpp's n_rot(il))."""

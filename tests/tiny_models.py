@@ -1554,8 +1554,9 @@ class TinyGemma:
     (Gemma 3's block, bidirectional; ``n_dense`` > 0 adds the sentence-transformers projections
     dense_2 (n_embd -> n_dense) and dense_3 (back)) or ``gemma4`` (sliding layers with heads of
     ``head_dim_swa`` rotated over ``n_rot_swa``, global ones rotated over ``n_rot`` with
-    rope_freqs and ``n_head_kv_global`` KV heads if not 0, ``no_v_layers`` without attn_v, block
-    output scales, a separate output projection unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
+    rope_freqs and ``n_head_kv_global`` KV heads if not 0, ``no_v_layers`` without attn_v, the last
+    ``n_shared_kv`` without K and V (they share an earlier layer's), block output scales, a
+    separate output projection unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
     ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
     single tensors (default F16)."""
 
@@ -1575,6 +1576,7 @@ class TinyGemma:
     n_rot_swa: int = 0
     no_v_layers: tuple[int, ...] = ()
     n_head_kv_global: int = 0           # gemma4: 0 = n_head_kv (else head_count_kv is one per layer)
+    n_shared_kv: int = 0
     tied_output: bool = True
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
@@ -1584,6 +1586,9 @@ class TinyGemma:
 
     def head(self, il: int) -> int:
         return (self.head_dim_swa or self.head_dim) if self.is_swa(il) else self.head_dim
+
+    def has_kv(self, il: int) -> bool:
+        return il < self.n_layer - self.n_shared_kv
 
     def kv_heads(self, il: int) -> int:
         return self.n_head_kv if self.is_swa(il) or not self.n_head_kv_global else self.n_head_kv_global
@@ -1597,7 +1602,8 @@ class TinyGemma:
             out["output.weight"] = s.n_embd
         for il in range(s.n_layer):
             b = f"blk.{il}"
-            kinds = ("attn_q", "attn_k", "ffn_gate", "ffn_up") + (() if il in s.no_v_layers else ("attn_v",))
+            kinds = ("attn_q", "ffn_gate", "ffn_up") + (("attn_k",) if s.has_kv(il) else ()) + \
+                (("attn_v",) if s.has_kv(il) and il not in s.no_v_layers else ())
             out.update({f"{b}.{kind}.weight": s.n_embd for kind in kinds})
             out.update({f"{b}.attn_output.weight": s.n_head * s.head(il), f"{b}.ffn_down.weight": s.n_ff})
         return out
@@ -1618,7 +1624,7 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         hd_swa = s.head_dim_swa or hd
         keys.update({"attention.key_length_swa": hd_swa, "attention.value_length_swa": hd_swa,
                      "rope.dimension_count": s.n_rot or hd, "rope.dimension_count_swa": s.n_rot_swa or hd_swa,
-                     "embedding_length_per_layer_input": 0})
+                     "embedding_length_per_layer_input": 0, "attention.shared_kv_layers": s.n_shared_kv})
         metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
                          "final_logit_softcapping": 30.0})
         if s.n_head_kv_global:   # as Gemma 4's files: fewer KV heads in the global layers
@@ -1642,12 +1648,14 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         b, hd = f"blk.{il}", s.head(il)
         vector(f"{b}.attn_norm.weight", e)
         matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
-        matrix(f"{b}.attn_k.weight", e, s.kv_heads(il) * hd)
-        if il not in s.no_v_layers:
+        if s.has_kv(il):
+            matrix(f"{b}.attn_k.weight", e, s.kv_heads(il) * hd)
+        if s.has_kv(il) and il not in s.no_v_layers:
             matrix(f"{b}.attn_v.weight", e, s.kv_heads(il) * hd)
         matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
         vector(f"{b}.attn_q_norm.weight", hd)
-        vector(f"{b}.attn_k_norm.weight", hd)
+        if s.has_kv(il):
+            vector(f"{b}.attn_k_norm.weight", hd)
         if arch == "gemma4":
             vector(f"{b}.layer_output_scale.weight", 1, scale=0.2, center=0.7)
         vector(f"{b}.post_attention_norm.weight", e)

@@ -1,11 +1,12 @@
 """Gemma 4 (the dense text stack): Gemma 3's block with other head sizes (and rotated dimensions)
 in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
 (proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
-no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output, and
-soft-capped logits.
+no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output,
+soft-capped logits, and the last ``shared_kv_layers`` layers attending over the cached K and V of
+the last earlier layer of their kind (KV sharing).
 
-The per-layer embeddings, KV-sharing layers and experts of the E2B/E4B and 26B-A4B files are not
-implemented: such a file is refused by name."""
+The per-layer embeddings and experts of the E2B/E4B and 26B-A4B files are not implemented: such a
+file is refused by name."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_sw
 from gguflm.models.base import Architecture, TensorSpec
 
 # what the other Gemma 4 files have, by the key that says so
-NOT_YET = {"embedding_length_per_layer_input": "per-layer embeddings", "attention.shared_kv_layers": "KV-sharing layers",
-           "expert_count": "experts"}
+NOT_YET = {"embedding_length_per_layer_input": "per-layer embeddings", "expert_count": "experts"}
 
 
 class Gemma4(Architecture):
@@ -37,12 +37,17 @@ class Gemma4(Architecture):
         if not isinstance(kv.metadata.get(kv.key("{arch}.attention.sliding_window_pattern")), (list, tuple, np.ndarray)):
             raise HParamError(f"{kv.source}: {kv.key('{arch}.attention.sliding_window_pattern')} must be an array "
                               f"of one flag per layer")
+        n_shared = kv.get_int("{arch}.attention.shared_kv_layers", 0)
+        if not 0 <= n_shared <= hp.n_layer - 2:   # llama.cpp asserts two layers keep their K and V
+            raise HParamError(f"{kv.source}: {kv.key('{arch}.attention.shared_kv_layers')} must be 0..{hp.n_layer - 2}, "
+                              f"found {n_shared}")
         head_k_swa = kv.get_int("{arch}.attention.key_length_swa")
         head_v_swa = kv.get_int("{arch}.attention.value_length_swa")
         if hp.n_embd_head_k != hp.n_embd_head_v or head_k_swa != head_v_swa:
             raise HParamError(f"{kv.source}: Gemma 4 requires equal K and V head sizes, found {hp.n_embd_head_k} and "
                               f"{hp.n_embd_head_v} (sliding layers: {head_k_swa} and {head_v_swa})")
-        return hp.with_changes(
+        hp = hp.with_changes(
+            n_layer_kv_from_start=hp.n_layer - n_shared,
             n_swa=kv.get_int("{arch}.attention.sliding_window"),
             swa_layers=read_swa_layers(kv, hp.n_layer, 1),
             n_embd_head_k_swa=head_k_swa, n_embd_head_v_swa=head_v_swa,
@@ -54,6 +59,12 @@ class Gemma4(Architecture):
             f_final_logit_softcapping=kv.get_float("{arch}.final_logit_softcapping", 30.0),
             f_embedding_scale=sqrt_f32(hp.n_embd),
         )
+        for il in range(hp.n_layer):   # a shared cache must be of the sharing layer's kind and width
+            src = hp.kv_source(il)
+            if hp.is_swa(src) != hp.is_swa(il) or hp.n_head_kv[src] != hp.n_head_kv[il]:
+                raise HParamError(f"{kv.source}: layer {il} would share the K and V of layer {src}, which "
+                                  f"is of another kind or number of KV heads")
+        return hp
 
     @classmethod
     def tensor_specs(cls, hp: HParams) -> list[TensorSpec]:
@@ -63,15 +74,15 @@ class Gemma4(Architecture):
         if full:   # the global layers' frequency factors, one set for them all
             specs.append(TensorSpec("rope_freqs.weight", (hp.head_k(full[0]) // 2,)))
         for il in range(hp.n_layer):
-            blk, dk = f"blk.{il}", hp.head_k(il)
+            blk, dk, shared = f"blk.{il}", hp.head_k(il), hp.kv_source(il) != il   # shared: K, V unused
             specs += [
                 TensorSpec(f"{blk}.attn_norm.weight", (e,)),
                 TensorSpec(f"{blk}.attn_q.weight", (e, dk * hp.n_head[il])),
-                TensorSpec(f"{blk}.attn_k.weight", (e, hp.n_embd_k_gqa(il))),
+                TensorSpec(f"{blk}.attn_k.weight", (e, hp.n_embd_k_gqa(il)), optional=shared),
                 TensorSpec(f"{blk}.attn_v.weight", (e, hp.n_embd_v_gqa(il)), optional=True),
                 TensorSpec(f"{blk}.attn_output.weight", (dk * hp.n_head[il], e)),
                 TensorSpec(f"{blk}.attn_q_norm.weight", (dk,)),
-                TensorSpec(f"{blk}.attn_k_norm.weight", (dk,)),
+                TensorSpec(f"{blk}.attn_k_norm.weight", (dk,), optional=shared),
                 TensorSpec(f"{blk}.post_attention_norm.weight", (e,)),
                 TensorSpec(f"{blk}.layer_output_scale.weight", (1,), optional=True),
                 TensorSpec(f"{blk}.ffn_norm.weight", (e,)),
@@ -89,13 +100,18 @@ class Gemma4(Architecture):
             # self-attention: Q, K normed per head with weights, V without; V is K's projection
             # where the layer has no V of its own
             cur = g.rms_norm(x, L.attn_norm)
-            if L.attn_v is not None:
-                q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)          # [n, n_head(_kv) * head_k(il)]
+            if hp.kv_source(il) != il:   # over an earlier layer's cached K and V: Q only
+                (q,) = g.project(cur, L.attn_q)                                # [n, n_head * head_k(il)]
+                g.rope(g.rms_norm_heads(q, L.attn_q_norm), il, hp.n_head[il])
+                k = v = None
             else:
-                q, k = g.project(cur, L.attn_q, L.attn_k)
-                v = k
-            v = g.rms_norm(v.reshape(-1, dk), None).reshape(n, -1)
-            g.rope_qk(q, k, il, L.attn_q_norm, L.attn_k_norm)
+                if L.attn_v is not None:
+                    q, k, v = g.project(cur, L.attn_q, L.attn_k, L.attn_v)      # [n, n_head(_kv) * head_k(il)]
+                else:
+                    q, k = g.project(cur, L.attn_q, L.attn_k)
+                    v = k
+                v = g.rms_norm(v.reshape(-1, dk), None).reshape(n, -1)
+                g.rope_qk(q, k, il, L.attn_q_norm, L.attn_k_norm)
             cur = g.attention(il, q, k, v, hp.f_attention_scale)               # [n, n_head * head_k(il)]
             (cur,) = g.project(cur, L.attn_output)                              # [n, n_embd]
             attn_out = g.add(g.rms_norm(cur, L.post_attention_norm), x)
