@@ -275,6 +275,14 @@ class Graph:
             self.plan.scale(x, scale)
         return x
 
+    def token_rows(self, w: Weight) -> np.ndarray:
+        """Rows of ``w`` ([n_vocab][width], any width) for the ubatch's tokens (Gemma 4's per-layer
+        token embeddings)."""
+        _file_layout(w)
+        x = self.new(self.ub.n_tokens, w.shape[0])
+        self.plan.get_rows(int(w.kernel_type), w.data.view(np.uint8), w.shape[0], x)
+        return x
+
     def position_rows(self, w: Weight) -> np.ndarray:
         """Rows of ``w`` at the ubatch's positions (absolute position embeddings)."""
         _file_layout(w)
@@ -333,11 +341,14 @@ class Graph:
         self._last_add = x
         return x
 
-    def add_matrix_row(self, x: np.ndarray, w: Weight, row: int) -> np.ndarray:
-        """x[i] += row ``row`` of the matrix w, for every i (BERT's token-type embedding), in place."""
+    def add_matrix_row(self, x: np.ndarray, w: Weight, row: int, scale: float = 0.0) -> np.ndarray:
+        """x[i] += row ``row`` of the matrix w (times ``scale`` unless 0), for every i (BERT's
+        token-type embedding), in place."""
         _file_layout(w)
         values = np.empty(w.shape[0], np.float32)
         quants.dequantize(int(w.kernel_type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
+        if scale:
+            values *= np.float32(scale)
         self.plan.add_row(x, values)
         return x
 

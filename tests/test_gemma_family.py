@@ -225,8 +225,10 @@ GEMMA4_CASES = {
     "tied-one-kind": TinyGemma("gemma4", n_embd=48, head_dim=16, n_head=3, n_head_kv=1, n_layer=2, swa_period=2,
                                n_swa=3),
     # the last two layers attend over the cached K and V of layers 2 (sliding) and 3 (global)
-    "kv-sharing": TinyGemma("gemma4", n_embd=64, head_dim=32, head_dim_swa=16, n_layer=6, swa_period=2, n_swa=4,
-                            n_shared_kv=2, no_v_layers=(3,)),
+    # and per-layer inputs, as E2B and E4B
+    "kv-sharing-ple": TinyGemma("gemma4", n_embd=64, head_dim=32, head_dim_swa=16, n_layer=6, swa_period=2, n_swa=4,
+                                n_shared_kv=2, no_v_layers=(3,), n_ple=16,
+                                types={"per_layer_token_embd": GGMLType.Q8_0, "inp_gate": GGMLType.Q4_0}),
 }
 PROMPT = [1] + list(range(20, 37))
 
@@ -310,10 +312,26 @@ def test_gemma4_several_sequences_and_a_k_shift(gemma4):
                 ctx.memory.seq_add(0, 9, -1, -3)
 
 
-@pytest.mark.parametrize("key,value", [("embedding_length_per_layer_input", 8), ("attention.shared_kv_layers", 1),
-                                       ("expert_count", 4), ("attention.sliding_window_pattern", 2)])
+@pytest.mark.parametrize("key,value", [("attention.shared_kv_layers", 1), ("expert_count", 4),
+                                       ("attention.sliding_window_pattern", 2)])
 def test_gemma4_files_with_what_is_not_implemented_are_refused(tmp_path, key, value):
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma(GEMMA4_CASES["tied-one-kind"], path, np.random.default_rng(0))
     with pytest.raises(ModelLoadError, match=key.split(".")[-1]):
         Model.load(path, kv_overrides={f"gemma4.{key}": value})
+
+
+def test_gemma4_given_embeddings_take_the_padding_tokens_per_layer_inputs(tmp_path):
+    """Rows given in place of tokens: unscaled, and every one's per-layer inputs from the padding
+    token (id 0), as llama.cpp's Gemma 4 graph takes them."""
+    require_peer()
+    path = tmp_path / "gemma4.gguf"
+    write_tiny_gemma(GEMMA4_CASES["kv-sharing-ple"], path, np.random.default_rng(4))
+    rows = np.random.default_rng(5).standard_normal((7, 64)).astype(F32)
+    theirs = llama_cpp_embd_logits(path, rows)
+    with Model.load(path) as model, Context(model, n_ctx=256, n_threads=2, n_threads_batch=2) as ctx:
+        batch = Batch(len(rows), embd=64)
+        for k, row in enumerate(rows):
+            batch.add(row, k, [0], True)
+        assert ctx.decode(batch) == 0
+        np.testing.assert_array_equal(ctx.get_logits(), theirs)

@@ -862,8 +862,12 @@ class TinyMLA:
         s, out = self, {"token_embd.weight": self.n_embd}
         if not s.tied_output:
             out["output.weight"] = s.n_embd
+        if s.n_ple:
+            out.update({"per_layer_token_embd.weight": s.n_ple * s.n_layer, "per_layer_model_proj.weight": s.n_embd})
         for il in range(s.n_layer):
             b = f"blk.{il}"
+            if s.n_ple:
+                out.update({f"{b}.inp_gate.weight": s.n_embd, f"{b}.proj.weight": s.n_ple})
             if s.q_lora_rank:
                 out.update({f"{b}.attn_q_a.weight": s.n_embd, f"{b}.attn_q_b.weight": s.q_lora_rank})
             else:
@@ -1078,8 +1082,12 @@ class TinyRouted:
         s, out = self, {"token_embd.weight": self.n_embd}
         if not s.tied_output:
             out["output.weight"] = s.n_embd
+        if s.n_ple:
+            out.update({"per_layer_token_embd.weight": s.n_ple * s.n_layer, "per_layer_model_proj.weight": s.n_embd})
         for il in range(s.n_layer):
             b = f"blk.{il}"
+            if s.n_ple:
+                out.update({f"{b}.inp_gate.weight": s.n_embd, f"{b}.proj.weight": s.n_ple})
             for kind in ("attn_qkv",) if s.arch == "bailingmoe2" else ("attn_q", "attn_k", "attn_v"):
                 out[f"{b}.{kind}.weight"] = s.n_embd
             out[f"{b}.attn_output.weight"] = s.n_head * s.head_dim
@@ -1555,8 +1563,9 @@ class TinyGemma:
     dense_2 (n_embd -> n_dense) and dense_3 (back)) or ``gemma4`` (sliding layers with heads of
     ``head_dim_swa`` rotated over ``n_rot_swa``, global ones rotated over ``n_rot`` with
     rope_freqs and ``n_head_kv_global`` KV heads if not 0, ``no_v_layers`` without attn_v, the last
-    ``n_shared_kv`` without K and V (they share an earlier layer's), block output scales, a
-    separate output projection unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
+    ``n_shared_kv`` without K and V (they share an earlier layer's), ``n_ple`` per-layer input
+    values per token and layer (0: none), block output scales, a separate output projection
+    unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
     ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
     single tensors (default F16)."""
 
@@ -1577,6 +1586,7 @@ class TinyGemma:
     no_v_layers: tuple[int, ...] = ()
     n_head_kv_global: int = 0           # gemma4: 0 = n_head_kv (else head_count_kv is one per layer)
     n_shared_kv: int = 0
+    n_ple: int = 0
     tied_output: bool = True
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
@@ -1600,8 +1610,12 @@ class TinyGemma:
             out.update({"dense_2.weight": s.n_embd, "dense_3.weight": s.n_dense})
         if not s.tied_output:
             out["output.weight"] = s.n_embd
+        if s.n_ple:
+            out.update({"per_layer_token_embd.weight": s.n_ple * s.n_layer, "per_layer_model_proj.weight": s.n_embd})
         for il in range(s.n_layer):
             b = f"blk.{il}"
+            if s.n_ple:
+                out.update({f"{b}.inp_gate.weight": s.n_embd, f"{b}.proj.weight": s.n_ple})
             kinds = ("attn_q", "ffn_gate", "ffn_up") + (("attn_k",) if s.has_kv(il) else ()) + \
                 (("attn_v",) if s.has_kv(il) and il not in s.no_v_layers else ())
             out.update({f"{b}.{kind}.weight": s.n_embd for kind in kinds})
@@ -1624,7 +1638,7 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         hd_swa = s.head_dim_swa or hd
         keys.update({"attention.key_length_swa": hd_swa, "attention.value_length_swa": hd_swa,
                      "rope.dimension_count": s.n_rot or hd, "rope.dimension_count_swa": s.n_rot_swa or hd_swa,
-                     "embedding_length_per_layer_input": 0, "attention.shared_kv_layers": s.n_shared_kv})
+                     "embedding_length_per_layer_input": s.n_ple, "attention.shared_kv_layers": s.n_shared_kv})
         metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
                          "final_logit_softcapping": 30.0})
         if s.n_head_kv_global:   # as Gemma 4's files: fewer KV heads in the global layers
@@ -1644,8 +1658,16 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         # proportional RoPE's factors: a quarter of the pairs turn (here at other speeds too), the others barely
         w.add_tensor("rope_freqs.weight", np.concatenate([rng.uniform(1.0, 3.0, hd // 4), np.full(hd // 2 - hd // 4, 1e30)])
                      .astype(np.float32), GGMLType.F32)
+    if s.n_ple:
+        matrix("per_layer_token_embd.weight", s.n_ple * s.n_layer, N_VOCAB, scale=0.5)
+        matrix("per_layer_model_proj.weight", e, s.n_ple * s.n_layer, scale=0.5)
+        vector("per_layer_proj_norm.weight", s.n_ple)
     for il in range(s.n_layer):
         b, hd = f"blk.{il}", s.head(il)
+        if s.n_ple:
+            matrix(f"{b}.inp_gate.weight", e, s.n_ple, scale=0.3)
+            matrix(f"{b}.proj.weight", s.n_ple, e, scale=0.3)
+            vector(f"{b}.post_norm.weight", e)
         vector(f"{b}.attn_norm.weight", e)
         matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
         if s.has_kv(il):

@@ -2,11 +2,11 @@
 in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
 (proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
 no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output,
-soft-capped logits, and the last ``shared_kv_layers`` layers attending over the cached K and V of
-the last earlier layer of their kind (KV sharing).
+soft-capped logits, the last ``shared_kv_layers`` layers attending over the cached K and V of the
+last earlier layer of their kind (KV sharing), and per-layer inputs (E2B, E4B): a small embedding
+per token and layer that gates each block's output into a correction of it.
 
-The per-layer embeddings and experts of the E2B/E4B and 26B-A4B files are not implemented: such a
-file is refused by name."""
+The experts of the 26B-A4B are not implemented: such a file is refused by name."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import numpy as np
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, sqrt_f32
+from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, rsqrt_f32, sqrt_f32
 from gguflm.models.base import Architecture, TensorSpec
 
 # what the other Gemma 4 files have, by the key that says so
-NOT_YET = {"embedding_length_per_layer_input": "per-layer embeddings", "expert_count": "experts"}
+NOT_YET = {"expert_count": "experts"}
 
 
 class Gemma4(Architecture):
@@ -29,7 +29,7 @@ class Gemma4(Architecture):
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = cls.read_common(kv, n_vocab)
-        kv.get_int("{arch}.embedding_length_per_layer_input")   # required, as by llama.cpp
+        n_ple = kv.get_int("{arch}.embedding_length_per_layer_input")   # required, as by llama.cpp
         for key, what in NOT_YET.items():
             if kv.get_int("{arch}." + key, 0):
                 raise HParamError(f"{kv.source}: a gemma4 model with {what} ({kv.key('{arch}.' + key)}) is not "
@@ -58,6 +58,7 @@ class Gemma4(Architecture):
             f_attention_scale=1.0,
             f_final_logit_softcapping=kv.get_float("{arch}.final_logit_softcapping", 30.0),
             f_embedding_scale=sqrt_f32(hp.n_embd),
+            extras={**hp.extras, "n_embd_per_layer": n_ple},
         )
         for il in range(hp.n_layer):   # a shared cache must be of the sharing layer's kind and width
             src = hp.kv_source(il)
@@ -73,6 +74,11 @@ class Gemma4(Architecture):
         full = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
         if full:   # the global layers' frequency factors, one set for them all
             specs.append(TensorSpec("rope_freqs.weight", (hp.head_k(full[0]) // 2,)))
+        n_ple = hp.extras["n_embd_per_layer"]
+        if n_ple:   # per-layer inputs: a token embedding and a projection of the embedding, per layer
+            specs += [TensorSpec("per_layer_token_embd.weight", (n_ple * hp.n_layer, hp.n_vocab)),
+                      TensorSpec("per_layer_model_proj.weight", (e, n_ple * hp.n_layer)),
+                      TensorSpec("per_layer_proj_norm.weight", (n_ple,))]
         for il in range(hp.n_layer):
             blk, dk, shared = f"blk.{il}", hp.head_k(il), hp.kv_source(il) != il   # shared: K, V unused
             specs += [
@@ -89,12 +95,17 @@ class Gemma4(Architecture):
             ]
             specs += cls.ffn_specs(hp, il)
             specs.append(TensorSpec(f"{blk}.post_ffw_norm.weight", (e,)))
+            if n_ple:
+                specs += [TensorSpec(f"{blk}.inp_gate.weight", (e, n_ple)), TensorSpec(f"{blk}.proj.weight", (n_ple, e)),
+                          TensorSpec(f"{blk}.post_norm.weight", (e,))]
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
         hp, m = g.hparams, g.model
         # token rows scaled by sqrt(n_embd); rows given in their place as they are
         x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale if g.ub.tokens is not None else 0.0)
+        n_ple = hp.extras["n_embd_per_layer"]
+        per_layer = self.per_layer_inputs(g, x) if n_ple else None          # [n, n_layer * n_ple]
         for il, L in g.layers():
             dk, n = hp.head_k(il), x.shape[0]
             # self-attention: Q, K normed per head with weights, V without; V is K's projection
@@ -119,11 +130,33 @@ class Gemma4(Architecture):
             gate, up = g.project(g.rms_norm(attn_out, L.ffn_norm), L.ffn_gate, L.ffn_up)
             (cur,) = g.project(g.geglu(gate, up), L.ffn_down)
             x = g.add(g.rms_norm(cur, L.post_ffw_norm), attn_out)
+            if per_layer is not None:   # the layer's input gated by the block's output, projected back
+                (gate,) = g.project(x, L.inp_gate)                              # [n, n_ple]
+                gate = g.mul(g.gelu(gate), per_layer[:, il * n_ple:(il + 1) * n_ple])
+                (cur,) = g.project(gate, L.proj)                                # [n, n_embd]
+                x = g.add(x, g.rms_norm(cur, L.post_norm))
             if L.layer_output_scale is not None:
                 g.scale(x, _scalar(L.layer_output_scale))
         # every row through the final norm, then the output rows (llama.cpp's order for Gemma 4)
         (x,) = g.output_rows(g.rms_norm(x, m.tensors["output_norm.weight"]))
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    @staticmethod
+    def per_layer_inputs(g: Graph, x: np.ndarray) -> np.ndarray:
+        """Every layer's input of n_embd_per_layer values per token ([n, n_layer * n_ple]): the
+        token's per-layer embedding (scaled by sqrt(n_ple); for a given embedding, the padding
+        token's) plus the scaled embedding x projected and RMS-normed per layer, times 1/sqrt(2)."""
+        hp, t = g.hparams, g.model.tensors
+        n_ple = hp.extras["n_embd_per_layer"]
+        (proj,) = g.project(x, t["per_layer_model_proj.weight"])             # [n, n_layer * n_ple]
+        g.scale(proj, rsqrt_f32(hp.n_embd))
+        proj = g.rms_norm(proj.reshape(-1, n_ple), t["per_layer_proj_norm.weight"]).reshape(proj.shape)
+        embd = t["per_layer_token_embd.weight"]
+        if g.ub.tokens is None:
+            g.add_matrix_row(proj, embd, 0, scale=sqrt_f32(n_ple))
+        else:
+            g.add(proj, g.scale(g.token_rows(embd), sqrt_f32(n_ple)))
+        return g.scale(proj, rsqrt_f32(2))
 
 
 def _scalar(w) -> float:
