@@ -1696,7 +1696,7 @@ def tiny_gemma_embeddings(draw: st.DrawFn) -> TinyGemma:
     aborts on a model with no sliding or no global layer: the mask it leaves unused has no
     buffer), with or without the dense projections, and every matrix of a type drawn from those
     whose block fits its rows."""
-    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 5))
     spec = TinyGemma(n_embd=draw(st.integers(2, 16)) * 16, head_dim=draw(st.sampled_from((8, 16, 32, 64, 128))),
                      n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
                      n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
@@ -1710,17 +1710,26 @@ def tiny_gemma_embeddings(draw: st.DrawFn) -> TinyGemma:
 def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
     """Gemma 4 shapes: sliding heads of 8..64, global ones as wide or twice, each rotated over half
     or all of it, one or two KV heads for 1..4 query heads each (the global layers' maybe one, as a
-    per-layer array), 2..4 layers with a global one every 2..n_layer, layers without V, tied or
-    separate output, and every matrix of a type drawn from those whose block fits its rows."""
+    per-layer array), 2..5 layers with a global one every 2..n_layer, layers without V, the last
+    layers sharing K and V where the layers before them allow it, per-layer inputs or none, tied
+    or separate output, and every matrix of a type drawn from those whose block fits its rows."""
     head_swa = draw(st.sampled_from((8, 16, 32, 64)))
     head = head_swa * draw(st.integers(1, 2))
-    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 5))
     spec = TinyGemma("gemma4", n_embd=draw(st.integers(2, 16)) * 16, head_dim=head, head_dim_swa=head_swa,
                      n_rot=draw(st.sampled_from((head // 2, head))), n_rot_swa=draw(st.sampled_from((head_swa // 2, head_swa))),
                      n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
                      n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
                      no_v_layers=tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1))))),
-                     n_head_kv_global=draw(st.sampled_from((0, 1))), tied_output=draw(st.booleans()))
+                     n_head_kv_global=draw(st.sampled_from((0, 1))), tied_output=draw(st.booleans()),
+                     n_ple=draw(st.sampled_from((0, 8, 16))))
+
+    def can_share(n: int) -> bool:   # each of the last n layers has a layer of its kind just before them
+        start = n_layer - n
+        return all(spec.is_swa(il) == spec.is_swa(start - (2 if spec.is_swa(il) else 1)) for il in range(start, n_layer))
+
+    spec = TinyGemma(**{**spec.__dict__, "n_shared_kv": draw(st.sampled_from([n for n in range(n_layer - 1)
+                                                                              if can_share(n)]))})
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
                     for name, n_in in spec.matrices().items()}
     return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
