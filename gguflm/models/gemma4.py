@@ -1,4 +1,4 @@
-"""Gemma 4 (the dense text stack): Gemma 3's block with other head sizes (and rotated dimensions)
+"""Gemma 4 (text, without experts): Gemma 3's block with other head sizes (and rotated dimensions)
 in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
 (proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
 no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output,
@@ -18,9 +18,6 @@ from gguflm.graph import Graph
 from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, rsqrt_f32, sqrt_f32
 from gguflm.models.base import Architecture, TensorSpec
 
-# what the other Gemma 4 files have, by the key that says so
-NOT_YET = {"expert_count": "experts"}
-
 
 class Gemma4(Architecture):
     name = "gemma4"
@@ -30,10 +27,9 @@ class Gemma4(Architecture):
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = cls.read_common(kv, n_vocab)
         n_ple = kv.get_int("{arch}.embedding_length_per_layer_input")   # required, as by llama.cpp
-        for key, what in NOT_YET.items():
-            if kv.get_int("{arch}." + key, 0):
-                raise HParamError(f"{kv.source}: a gemma4 model with {what} ({kv.key('{arch}.' + key)}) is not "
-                                  f"supported yet")
+        if kv.get_int("{arch}.expert_count", 0):
+            raise HParamError(f"{kv.source}: a gemma4 model with experts ({kv.key('{arch}.expert_count')}, the "
+                              f"26B-A4B) is not supported yet")
         if not isinstance(kv.metadata.get(kv.key("{arch}.attention.sliding_window_pattern")), (list, tuple, np.ndarray)):
             raise HParamError(f"{kv.source}: {kv.key('{arch}.attention.sliding_window_pattern')} must be an array "
                               f"of one flag per layer")
