@@ -97,8 +97,9 @@ class Context:
         max_seq = MAX_SEQ if kv_cache else MAX_SEQ_NO_CACHE
         if not 1 <= n_seq_max <= max_seq:
             raise ValueError(f"n_seq_max must be in [1, {max_seq}], got {n_seq_max}")
-        check_cache_type("type_k", type_k, hp.n_embd_head_k)
-        check_cache_type("type_v", type_v, hp.n_embd_head_v)
+        for il in {hp.is_swa(il): il for il in range(hp.n_layer)}.values():   # a layer of each kind (head sizes)
+            check_cache_type("type_k", type_k, hp.head_k(il))
+            check_cache_type("type_v", type_v, hp.head_v(il))
         if hp.is_mla and type_k not in ("f16", "f32"):
             # V is read from K's rows transposed, which ggml does for float rows only
             raise ValueError(f"type_k {type_k}: a model with multi-head latent attention ({hp.arch}) keeps V in "
@@ -151,7 +152,7 @@ class Context:
                 n_embd_v = (lambda il: 0) if hp.is_mla else hp.n_embd_v_gqa
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, n_embd_v, type_k,
                                             type_v, n_seq_max, n_swa=window, n_stream=n_stream,
-                                            head_dim_k=hp.n_embd_head_k, head_dim_v=hp.n_embd_head_v))
+                                            head_dim_k=hp.head_k(layers[0]), head_dim_v=hp.head_v(layers[0])))
         if rs_layers:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
             self._recurrent_of_layer = dict.fromkeys(rs_layers, len(self._caches))
             self._caches.append(RecurrentCache(n_seq_max, rs_layers, *arch.state_sizes(hp), n_seq_max))
@@ -212,7 +213,7 @@ class Context:
             self.rope,
             freq_base=hp.rope_freq_base_train_swa if swa else self.rope.freq_base,
             freq_scale=hp.rope_freq_scale_train_swa if swa else self.rope.freq_scale,
-            freq_factors=None if factors is None else factors.data,
+            freq_factors=None if factors is None or (swa and not hp.rope_freqs_swa) else factors.data,
         )
 
     def cache_for_layer(self, il: int) -> tuple[int, KVCache]:
@@ -462,6 +463,11 @@ class Context:
         g = Graph(self, ub, plan, arena)
         embd, logits = self.model.architecture.forward(g)
         pooled = g.pooling(embd, self.pooling_type) if self._pools else None
+        if self.embeddings:   # the dense projections come after pooling, or on every row without it
+            if pooled is None:
+                embd = g.dense_out(embd)
+            else:
+                pooled = g.dense_out(pooled)
         plan.results = (embd, logits, pooled)
         if observations is not None:
             observations.update(g.observation_segments())
@@ -533,7 +539,7 @@ class Context:
         def rope(rows: np.ndarray, delta: np.ndarray, il: int) -> None:
             if not self.model.architecture.shifts_rope(hp, il):   # llama.cpp's K-shift skips layers without RoPE
                 return
-            apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch)
+            apply_rope(rows, delta, hp.n_head_kv[il], hp, self.rope_config(il), self.n_threads_batch, il)
 
         self.memory.apply_shifts(rope, self.n_threads_batch)
 

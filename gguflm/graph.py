@@ -169,16 +169,16 @@ def _arrays_in(value: Any) -> Iterator[np.ndarray]:
 
 
 def apply_rope(x: np.ndarray, pos: np.ndarray, n_head: int, hp: Any, rc: RopeParams,
-               n_threads: int) -> None:
-    """Rotate the K heads of x ([n_rows, n_head * head_dim]) in place by ``pos`` (one per row):
-    the n_rot values of each from ``hp.k_rope_offset`` on."""
-    at = hp.k_rope_offset
-    part = x if not at else np.ascontiguousarray(x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot]).reshape(len(x), -1)
-    ops.rope(part, pos, n_head, hp.n_embd_head_k - at, hp.n_rot, hp.rope_type is RopeType.NEOX,
+               n_threads: int, il: int = 0) -> None:
+    """Rotate the K heads of layer ``il`` in x ([n_rows, n_head * head_dim]) in place by ``pos``
+    (one per row): the n_rot values of each from ``hp.k_rope_offset`` on."""
+    at, n_rot = hp.k_rope_offset, hp.rot(il)
+    part = x if not at else np.ascontiguousarray(x.reshape(len(x), n_head, -1)[:, :, at:at + n_rot]).reshape(len(x), -1)
+    ops.rope(part, pos, n_head, hp.head_k(il) - at, n_rot, hp.rope_type is RopeType.NEOX,
              rc.freq_base, rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
              rc.n_ctx_orig, rc.freq_factors, n_threads)
     if at:
-        x.reshape(len(x), n_head, -1)[:, :, at:at + hp.n_rot] = part.reshape(len(x), n_head, -1)
+        x.reshape(len(x), n_head, -1)[:, :, at:at + n_rot] = part.reshape(len(x), n_head, -1)
 
 
 @dataclass(frozen=True)
@@ -275,6 +275,14 @@ class Graph:
             self.plan.scale(x, scale)
         return x
 
+    def token_rows(self, w: Weight) -> np.ndarray:
+        """Rows of ``w`` ([n_vocab][width], any width) for the ubatch's tokens (Gemma 4's per-layer
+        token embeddings)."""
+        _file_layout(w)
+        x = self.new(self.ub.n_tokens, w.shape[0])
+        self.plan.get_rows(int(w.kernel_type), w.data.view(np.uint8), w.shape[0], x)
+        return x
+
     def position_rows(self, w: Weight) -> np.ndarray:
         """Rows of ``w`` at the ubatch's positions (absolute position embeddings)."""
         _file_layout(w)
@@ -333,11 +341,14 @@ class Graph:
         self._last_add = x
         return x
 
-    def add_matrix_row(self, x: np.ndarray, w: Weight, row: int) -> np.ndarray:
-        """x[i] += row ``row`` of the matrix w, for every i (BERT's token-type embedding), in place."""
+    def add_matrix_row(self, x: np.ndarray, w: Weight, row: int, scale: float = 0.0) -> np.ndarray:
+        """x[i] += row ``row`` of the matrix w (times ``scale`` unless 0), for every i (BERT's
+        token-type embedding), in place."""
         _file_layout(w)
         values = np.empty(w.shape[0], np.float32)
         quants.dequantize(int(w.kernel_type), np.ascontiguousarray(w.data[row:row + 1].view(np.uint8)), values[None, :])
+        if scale:
+            values *= np.float32(scale)
         self.plan.add_row(x, values)
         return x
 
@@ -591,7 +602,7 @@ class Graph:
         hp = self.hparams
         if hp.has_rope(il):
             rc = self.ctx.rope_config(il)
-            self.plan.rope(x, n_head, hp.n_rot, hp.rope_type is RopeType.NEOX, rc.freq_base,
+            self.plan.rope(x, n_head, hp.rot(il), hp.rope_type is RopeType.NEOX, rc.freq_base,
                            rc.freq_scale, rc.ext_factor, rc.attn_factor, rc.beta_fast, rc.beta_slow,
                            rc.n_ctx_orig, rc.freq_factors, self.n_threads)
         return x
@@ -607,34 +618,36 @@ class Graph:
                   kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
-        does. Either way with ALiBi biases where the model has them (``f_max_alibi_bias``): each
-        score gets slope(head) * -|p_cell - p_token|, the cell's position as the cache holds it
-        (after seq_add / seq_div: no K to re-rotate). ``sinks``: one logit per head that
+        does. Either way with sliding windows and ALiBi biases where the model has them
+        (``f_max_alibi_bias``): each score gets slope(head) * -|p_cell - p_token|, the cell's
+        position as the cache holds it (after seq_add / seq_div: no K to re-rotate). ``sinks``: one logit per head that
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
-        (multi-head latent attention's cache, which keeps no V rows)."""
+        (multi-head latent attention's cache, which keeps no V rows). ``k`` and ``v`` None: the
+        layer attends over the cache of the earlier layer it shares (``hparams.kv_source``)."""
         hp = self.hparams
-        out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.n_embd_head_v)
+        dk, dv = hp.head_k(il), hp.head_v(il)
+        out = self.new(self.ub.n_tokens, hp.n_head[il] * dv)
         if not self.model.architecture.kv_cache:
-            self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k, hp.n_embd_head_v,
-                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads)
+            self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], dk, dv,
+                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads,
+                                     hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric)
             return out
-        ci, cache = self.ctx.cache_for_layer(il)
-        k_store, v_store = cache.k[il], cache.v[il] if v is not None else cache.k[il]
+        src = hp.kv_source(il)   # a layer sharing an earlier one's cache stores nothing (k, v None)
+        ci, cache = self.ctx.cache_for_layer(src)
+        k_store, v_store = cache.k[src], cache.k[src] if hp.is_mla else cache.v[src]
         if k_store.rotation:   # a quantized cache holds rotated rows (gguflm.kv_store.rotation)
             self.plan.hadamard(q, k_store.rotation, self.n_threads)
-            self.plan.hadamard(k, k_store.rotation, self.n_threads)
-        if v is not None and v_store.rotation:
-            self.plan.hadamard(v, v_store.rotation, self.n_threads)
-        self.plan.kv_store(k_store.cache_type, k_store.data, ci, k)
-        if v is not None:
-            self.plan.kv_store(v_store.cache_type, v_store.data, ci, v)
+        for x, store in ((k, k_store), (v, v_store)):
+            if x is not None:
+                if store.rotation:
+                    self.plan.hadamard(x, store.rotation, self.n_threads)
+                self.plan.kv_store(store.cache_type, store.data, ci, x)
         self.plan.attention(q, k_store.cache_type, k_store.data, v_store.cache_type, v_store.data, ci,
-                            cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], hp.n_embd_head_k,
-                            hp.n_embd_head_v, kq_scale, hp.causal_attn,
+                            cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1,
                             hp.f_max_alibi_bias)
-        if v is not None and v_store.rotation:
+        if not hp.is_mla and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
 
@@ -1008,6 +1021,18 @@ class Graph:
             if out is not None:
                 cur = self.linear(cur, out, tensors.get("cls.output.bias"))
         return cur
+
+    def dense_out(self, x: np.ndarray) -> np.ndarray:
+        """The dense projections of files converted with sentence-transformers' dense modules, after
+        pooling (llama.cpp's build_dense_out): x @ dense_2 (+ its bias), then @ dense_3, each where the
+        model has it; x itself for the others."""
+        t = self.model.tensors
+        if "dense_2.weight" in t:
+            (x,) = self.project(x, t["dense_2.weight"])
+        self.add_bias(x, t.get("dense_2.bias"))
+        if "dense_3.weight" in t:
+            (x,) = self.project(x, t["dense_3.weight"])
+        return x
 
     def logits(self, x: np.ndarray, w: Weight) -> np.ndarray | None:
         """The output projection of x (None when the context asks for no logits)."""

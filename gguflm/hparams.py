@@ -48,6 +48,12 @@ class HParams:
     n_embd_head_v: int
     n_rot: int
     f_norm_rms_eps: float
+    n_embd_head_k_swa: int = 0                       # sliding layers' K, V head sizes and rotated
+    n_embd_head_v_swa: int = 0                       #   dimensions where they differ (Gemma 4);
+    n_rot_swa: int = 0                               #   0 = the global layers' ones
+    rope_freqs_swa: bool = True                      # whether sliding layers take rope_freqs too (not Gemma 4's)
+    n_layer_kv_from_start: int = -1                  # KV sharing (Gemma 4): the layers from this one on keep no
+                                                     #   K and V of their own (kv_source); -1 = none
     f_norm_eps: float = 0.0
     rope_type: RopeType = RopeType.NORM
     rope_freq_base_train: float = 10000.0
@@ -64,6 +70,8 @@ class HParams:
     rope_yarn_mscale: float = 1.0                    # YaRN's mscale beside the log multiplier (DeepSeek-V2: it)
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
+    swa_symmetric: bool = False                      # the window reaches n_swa / 2 positions both ways
+                                                     #   (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC)
     no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
     f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)
     f_attn_logit_softcapping: float = 0.0            # 0 = none
@@ -102,10 +110,28 @@ class HParams:
         return self.n_head[il] // self.n_head_kv[il] if self.n_head_kv[il] else 0   # 0: no attention (Mamba)
 
     def n_embd_k_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_k * self.n_head_kv[il]
+        return self.head_k(il) * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_v * self.n_head_kv[il]
+        return self.head_v(il) * self.n_head_kv[il]
+
+    def head_k(self, il: int) -> int:
+        """Layer ``il``'s K head size (llama.cpp's n_embd_head_k(il))."""
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) else self.n_embd_head_k
+
+    def head_v(self, il: int) -> int:
+        return self.n_embd_head_v_swa if self.n_embd_head_v_swa and self.is_swa(il) else self.n_embd_head_v
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose cached K and V layer ``il`` attends over: itself, or with KV sharing the
+        last layer of its kind (sliding or global) that keeps its own (llama.cpp's reuse callback)."""
+        if 0 <= self.n_layer_kv_from_start <= il:
+            return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
+        return il
+
+    def rot(self, il: int) -> int:
+        """Layer ``il``'s rotated dimensions (llama.cpp's n_rot(il))."""
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
 
     @property
     def is_mla(self) -> bool:

@@ -10,7 +10,8 @@
  * the query quantized to Q8_0 and integer dots, as ggml's mul_mat does; a Q8_0 V (which llama.cpp
  * only allows with flash attention) is dequantized row by row and weighted by unrounded
  * probabilities. A cell is visible to a token when it holds the token's sequence, is not in its
- * future (causal) and lies inside its sliding window (p_tok - p_cell < n_swa). Masked cells are
+ * future (causal) and lies inside its sliding window (p_tok - p_cell < n_swa; a symmetric window,
+ * llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC of EmbeddingGemma, |p_tok - p_cell| <= n_swa / 2). Masked cells are
  * skipped: ggml adds -inf and multiplies by 0, which changes nothing.
  *
  * Without a cache (encoders, llama.cpp's build_attn_inp_no_cache) K and V are the ubatch's own F32
@@ -143,6 +144,7 @@ typedef struct {
     int per_token;             /* 1: every token rounds as a single token would (checking drafts) */
     uint64_t batched_seqs;     /* set by gguflm_attention: with per_stream, the sequences that have two
                                   or more tokens in the ubatch */
+    int swa_symmetric;         /* 1: the window reaches n_swa / 2 positions both ways (bidirectional) */
 } gguflm_attn_args;
 
 /* Whether ggml computes token t's K·q and P·V products as a batch: llamafile's sgemm takes them
@@ -197,7 +199,7 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
         return 0;
     const int32_t pt = a->tok_pos[t];
     if (a->causal && pc > pt) return 0;
-    if (a->n_swa > 0 && pt - pc >= a->n_swa) return 0;
+    if (a->n_swa > 0 && (a->swa_symmetric ? abs(pt - pc) > a->n_swa / 2 : pt - pc >= a->n_swa)) return 0;
     return 1;
 }
 

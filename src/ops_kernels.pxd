@@ -66,5 +66,6 @@ cdef extern from "ops.h" nogil:
         int per_stream
         int per_token
         uint64_t batched_seqs
+        int swa_symmetric
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

@@ -539,9 +539,11 @@ cdef class Plan:
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index
 
     def attention_self(self, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int n_head, int n_head_kv, int head_dim_k,
-                       int head_dim_v, float kq_scale, bint causal, float max_bias, cnp.ndarray out, int n_threads):
+                       int head_dim_v, float kq_scale, bint causal, float max_bias, cnp.ndarray out, int n_threads,
+                       int n_swa=0, bint swa_symmetric=False):
         """Attention of the ubatch's tokens over the ubatch's own F32 K and V rows (no cache: one cell
-        per token, visible within its first sequence), with ALiBi when ``max_bias`` > 0."""
+        per token, visible within its first sequence), with ALiBi when ``max_bias`` > 0, within a
+        sliding window of ``n_swa`` positions (0: none; ``swa_symmetric``: n_swa / 2 either way)."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k, v, out,))
         nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
         nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
@@ -553,6 +555,7 @@ cdef class Plan:
         nd.attn.cell_seq_id = nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.n_cols = q.shape[0]
         nd.attn.causal, nd.attn.kq_scale, nd.attn.max_bias = causal, kq_scale, max_bias
+        nd.attn.n_swa, nd.attn.swa_symmetric = n_swa, swa_symmetric
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_self)
 

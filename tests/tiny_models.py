@@ -1773,6 +1773,186 @@ def write_tiny_jina_bert_v3(path: Path, rng: np.random.Generator, n_embd: int = 
     w.write()
 
 
+
+@dataclass(frozen=True)
+class TinyGemma:
+    """A model of the newer Gemma family to write (:func:`write_tiny_gemma`): ``gemma-embedding``
+    (Gemma 3's block, bidirectional; ``n_dense`` > 0 adds the sentence-transformers projections
+    dense_2 (n_embd -> n_dense) and dense_3 (back)) or ``gemma4`` (sliding layers with heads of
+    ``head_dim_swa`` rotated over ``n_rot_swa``, global ones rotated over ``n_rot`` with
+    rope_freqs and ``n_head_kv_global`` KV heads if not 0, ``no_v_layers`` without attn_v, the last
+    ``n_shared_kv`` without K and V (they share an earlier layer's), ``n_ple`` per-layer input
+    values per token and layer (0: none), block output scales, a separate output projection
+    unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
+    ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
+    single tensors (default F16)."""
+
+    arch: str = "gemma-embedding"
+    n_embd: int = 64
+    head_dim: int = 32
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 96
+    n_layer: int = 3
+    n_swa: int = 6
+    swa_period: int = 2
+    n_dense: int = 0
+    pooling_type: int = 1
+    head_dim_swa: int = 0               # gemma4: 0 = head_dim
+    n_rot: int = 0                      # gemma4: 0 = the layer's head size
+    n_rot_swa: int = 0
+    no_v_layers: tuple[int, ...] = ()
+    n_head_kv_global: int = 0           # gemma4: 0 = n_head_kv (else head_count_kv is one per layer)
+    n_shared_kv: int = 0
+    n_ple: int = 0
+    tied_output: bool = True
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+    def is_swa(self, il: int) -> bool:
+        return il % self.swa_period < self.swa_period - 1
+
+    def head(self, il: int) -> int:
+        return (self.head_dim_swa or self.head_dim) if self.is_swa(il) else self.head_dim
+
+    def has_kv(self, il: int) -> bool:
+        return il < self.n_layer - self.n_shared_kv
+
+    def kv_heads(self, il: int) -> int:
+        return self.n_head_kv if self.is_swa(il) or not self.n_head_kv_global else self.n_head_kv_global
+
+    def matrices(self) -> dict[str, int]:
+        """Every matrix by tensor name: its row length (input width)."""
+        s, out = self, {"token_embd.weight": self.n_embd}
+        if s.n_dense:
+            out.update({"dense_2.weight": s.n_embd, "dense_3.weight": s.n_dense})
+        if not s.tied_output:
+            out["output.weight"] = s.n_embd
+        if s.n_ple:
+            out.update({"per_layer_token_embd.weight": s.n_ple * s.n_layer, "per_layer_model_proj.weight": s.n_embd})
+        for il in range(s.n_layer):
+            b = f"blk.{il}"
+            if s.n_ple:
+                out.update({f"{b}.inp_gate.weight": s.n_embd, f"{b}.proj.weight": s.n_ple})
+            kinds = ("attn_q", "ffn_gate", "ffn_up") + (("attn_k",) if s.has_kv(il) else ()) + \
+                (("attn_v",) if s.has_kv(il) and il not in s.no_v_layers else ())
+            out.update({f"{b}.{kind}.weight": s.n_embd for kind in kinds})
+            out.update({f"{b}.attn_output.weight": s.n_head * s.head(il), f"{b}.ffn_down.weight": s.n_ff})
+        return out
+
+
+def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), the embedding N(0, 0.5))."""
+    s, arch, e, hd = spec, spec.arch, spec.n_embd, spec.head_dim
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv, "attention.key_length": hd,
+            "attention.value_length": hd, "attention.sliding_window": s.n_swa}
+    metadata: dict[str, object] = {"rope.freq_base_swa": 1000.0}
+    if arch == "gemma4":
+        hd_swa = s.head_dim_swa or hd
+        keys.update({"attention.key_length_swa": hd_swa, "attention.value_length_swa": hd_swa,
+                     "rope.dimension_count": s.n_rot or hd, "rope.dimension_count_swa": s.n_rot_swa or hd_swa,
+                     "embedding_length_per_layer_input": s.n_ple, "attention.shared_kv_layers": s.n_shared_kv})
+        metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
+                         "final_logit_softcapping": 30.0})
+        if s.n_head_kv_global:   # as Gemma 4's files: fewer KV heads in the global layers
+            del keys["attention.head_count_kv"]
+            metadata["attention.head_count_kv"] = np.array([s.kv_heads(il) for il in range(s.n_layer)], np.int32)
+    else:
+        keys.update({"attention.sliding_window_pattern": s.swa_period, "pooling_type": s.pooling_type})
+    if s.n_dense:
+        keys.update({"dense_2_feat_in": e, "dense_2_feat_out": s.n_dense, "dense_3_feat_in": s.n_dense,
+                     "dense_3_feat_out": e})
+    tensors.header(arch, keys, metadata)
+    tensors.embeddings(e, tied_output=s.tied_output)
+    if s.n_dense:
+        matrix("dense_2.weight", e, s.n_dense, scale=0.2)
+        matrix("dense_3.weight", s.n_dense, e, scale=0.2)
+    if arch == "gemma4" and not all(s.is_swa(il) for il in range(s.n_layer)):
+        # proportional RoPE's factors: a quarter of the pairs turn (here at other speeds too), the others barely
+        w.add_tensor("rope_freqs.weight", np.concatenate([rng.uniform(1.0, 3.0, hd // 4), np.full(hd // 2 - hd // 4, 1e30)])
+                     .astype(np.float32), GGMLType.F32)
+    if s.n_ple:
+        matrix("per_layer_token_embd.weight", s.n_ple * s.n_layer, N_VOCAB, scale=0.5)
+        matrix("per_layer_model_proj.weight", e, s.n_ple * s.n_layer, scale=0.5)
+        vector("per_layer_proj_norm.weight", s.n_ple)
+    for il in range(s.n_layer):
+        b, hd = f"blk.{il}", s.head(il)
+        if s.n_ple:
+            matrix(f"{b}.inp_gate.weight", e, s.n_ple, scale=0.3)
+            matrix(f"{b}.proj.weight", s.n_ple, e, scale=0.3)
+            vector(f"{b}.post_norm.weight", e)
+        vector(f"{b}.attn_norm.weight", e)
+        matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
+        if s.has_kv(il):
+            matrix(f"{b}.attn_k.weight", e, s.kv_heads(il) * hd)
+        if s.has_kv(il) and il not in s.no_v_layers:
+            matrix(f"{b}.attn_v.weight", e, s.kv_heads(il) * hd)
+        matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        if s.has_kv(il):
+            vector(f"{b}.attn_k_norm.weight", hd)
+        if arch == "gemma4":
+            vector(f"{b}.layer_output_scale.weight", 1, scale=0.2, center=0.7)
+        vector(f"{b}.post_attention_norm.weight", e)
+        vector(f"{b}.ffn_norm.weight", e)
+        matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        vector(f"{b}.post_ffw_norm.weight", e)
+    w.write()
+
+
+@st.composite
+def tiny_gemma_embeddings(draw: st.DrawFn) -> TinyGemma:
+    """EmbeddingGemma shapes: head_dim 8..128, one or two KV heads for 1..4 query heads each, 2..4
+    layers, a global one every 2..n_layer with windows of 2..12 between (llama.cpp's encoder
+    aborts on a model with no sliding or no global layer: the mask it leaves unused has no
+    buffer), with or without the dense projections, and every matrix of a type drawn from those
+    whose block fits its rows."""
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 5))
+    spec = TinyGemma(n_embd=draw(st.integers(2, 16)) * 16, head_dim=draw(st.sampled_from((8, 16, 32, 64, 128))),
+                     n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
+                     n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
+                     n_dense=draw(st.sampled_from((0, 0, 32, 96, 256))))
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+@st.composite
+def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
+    """Gemma 4 shapes: sliding heads of 8..64, global ones as wide or twice, each rotated over half
+    or all of it, one or two KV heads for 1..4 query heads each (the global layers' maybe one, as a
+    per-layer array), 2..5 layers with a global one every 2..n_layer, layers without V, the last
+    layers sharing K and V where the layers before them allow it, per-layer inputs or none, tied
+    or separate output, and every matrix of a type drawn from those whose block fits its rows."""
+    head_swa = draw(st.sampled_from((8, 16, 32, 64)))
+    head = head_swa * draw(st.integers(1, 2))
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 5))
+    spec = TinyGemma("gemma4", n_embd=draw(st.integers(2, 16)) * 16, head_dim=head, head_dim_swa=head_swa,
+                     n_rot=draw(st.sampled_from((head // 2, head))), n_rot_swa=draw(st.sampled_from((head_swa // 2, head_swa))),
+                     n_head=n_head_kv * draw(st.integers(1, 4)), n_head_kv=n_head_kv, n_ff=draw(st.integers(2, 12)) * 16,
+                     n_layer=n_layer, n_swa=draw(st.integers(2, 12)), swa_period=draw(st.integers(2, n_layer)),
+                     no_v_layers=tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1))))),
+                     n_head_kv_global=draw(st.sampled_from((0, 1))), tied_output=draw(st.booleans()),
+                     n_ple=draw(st.sampled_from((0, 8, 16))))
+
+    def can_share(n: int) -> bool:   # each of the last n layers has a layer of its kind just before them
+        start = n_layer - n
+        return all(spec.is_swa(il) == spec.is_swa(start - (2 if spec.is_swa(il) else 1)) for il in range(start, n_layer))
+
+    spec = TinyGemma(**{**spec.__dict__, "n_shared_kv": draw(st.sampled_from([n for n in range(n_layer - 1)
+                                                                              if can_share(n)]))})
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)]))
+                    for name, n_in in spec.matrices().items()}
+    return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)

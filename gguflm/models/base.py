@@ -98,11 +98,11 @@ class Architecture:
     @classmethod
     def attention_layers(cls, hp: HParams) -> list[int]:
         """The layers with K and V in the KV cache (llama.cpp's ``filter_attn``): all of an
-        attention model (none of an encoder's context has a cache), the non-recurrent ones of a
-        hybrid."""
+        attention model (none of an encoder's context has a cache) but those that share an earlier
+        layer's (``kv_source``), the non-recurrent ones of a hybrid."""
         if cls.memory == "recurrent":
             return []
-        return [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
+        return [il for il in range(hp.n_layer) if not hp.is_recurrent(il) and hp.kv_source(il) == il]
 
     @classmethod
     def shifts_rope(cls, hp: HParams, il: int) -> bool:

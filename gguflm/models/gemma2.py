@@ -22,6 +22,9 @@ class Gemma2(Architecture):
     # per-head Q/K RMS norms (Gemma 3), branch outputs normed before the residual add (not Gemma 1)
     qk_norm: ClassVar[bool] = False
     post_norms: ClassVar[bool] = True
+    # whether embeddings a batch gives in place of tokens are scaled as looked-up rows are (Gemma 1
+    # and 2); llama.cpp's Gemma 3 graphs take them as they are (encoded images)
+    scale_given_embeddings: ClassVar[bool] = True
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
@@ -53,8 +56,14 @@ class Gemma2(Architecture):
         return specs
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
+        x = self.hidden(g)
+        return x, g.logits(x, g.model.tensors["output.weight"])              # [n_outputs, n_vocab]
+
+    def hidden(self, g: Graph) -> np.ndarray:
+        """The blocks and the final norm: the output rows' hidden states [n_outputs, n_embd]."""
         hp, m = g.hparams, g.model
-        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale)  # [n_tokens, n_embd]
+        scaled = g.ub.tokens is not None or self.scale_given_embeddings
+        x = g.embed(m.tensors["token_embd.weight"], scale=hp.f_embedding_scale if scaled else 0.0)  # [n_tokens, n_embd]
         for il, L in g.layers():
             # self-attention (Gemma 2 soft-caps the scores, Gemma 3 norms queries and keys)
             cur = g.rms_norm(x, L.attn_norm)
@@ -75,6 +84,5 @@ class Gemma2(Architecture):
             if self.post_norms:
                 cur = g.rms_norm(cur, L.post_ffw_norm)
             x = g.add(cur, x)
-        x = g.rms_norm(x, m.tensors["output_norm.weight"])
-        return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+        return g.rms_norm(x, m.tensors["output_norm.weight"])
 

@@ -12,6 +12,7 @@ class Gemma3(Gemma2):
     name = "gemma3"
     untied_output = True
     qk_norm = True
+    scale_given_embeddings = False
 
     @classmethod
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
