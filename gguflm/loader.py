@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
@@ -312,6 +312,15 @@ def held_types(weights: Mapping[str, Weight]) -> dict[int, GGMLType]:
             if id(w) in by_matmul and len(w.shape) >= 2 and w.type in quants.HELD_AS}
 
 
+def _ggml_dims(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` without its trailing 1s: ggml's writers (llama-quantize) drop them, so a [512, 1]
+    tensor is [512] in a quantized file, and llama.cpp's loader takes either."""
+    dims = tuple(shape)
+    while len(dims) > 1 and dims[-1] == 1:
+        dims = dims[:-1]
+    return dims
+
+
 def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams, source: str,
                   progress_callback: Callable[[float], bool] | None,
                   check_tensors: bool) -> dict[str, Weight]:
@@ -335,7 +344,7 @@ def _bind_tensors(reader: GGUFReader, arch: type[Architecture], hparams: HParams
             if spec.optional:
                 continue
             raise MissingTensorError(f"{source}: missing tensor '{spec.name}'")
-        if tuple(info.shape) != spec.shape and tuple(info.shape) not in spec.alt_shapes:
+        if _ggml_dims(info.shape) not in [_ggml_dims(s) for s in (spec.shape, *spec.alt_shapes)]:
             raise TensorShapeError(f"{source}: tensor '{spec.name}' has wrong shape; expected "
                                    f"{list(spec.shape)}, got {list(info.shape)}")
         if info.type not in SUPPORTED_TYPES:

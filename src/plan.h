@@ -271,13 +271,13 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                 return -1;
             break;
         case GGUFLM_OP_SSM_CONV:
-            gguflm_ssm_conv(&nd->ssm, arith, nd->n_threads);
+            gguflm_ssm_conv(&nd->ssm, isa, arith, nd->n_threads);
             break;
         case GGUFLM_OP_SSM_SCAN:
-            gguflm_ssm_scan(&nd->ssm, nd->n_threads);
+            gguflm_ssm_scan(&nd->ssm, isa, nd->n_threads);
             break;
         case GGUFLM_OP_SSM_SCAN_GROUPED:
-            gguflm_ssm_scan_grouped(&nd->ssm, arith, nd->n_threads);
+            gguflm_ssm_scan_grouped(&nd->ssm, isa, arith, nd->n_threads);
             break;
         case GGUFLM_OP_MUL:
             for (int64_t i = 0; i < nd->n_rows; i++)

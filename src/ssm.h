@@ -17,8 +17,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dispatch.h"
 #include "ops_math.h"
 #include "omp_compat.h"
+#include "simd_targets.h"
 
 typedef struct {
     float *r;                      /* the layer's conv states [size][d_inner][d_conv - 1] */
@@ -52,68 +54,45 @@ static inline float gguflm_softplus(float x) {
     return x > 20.0f ? x : logf(1 + expf(x));
 }
 
+/* the rows, once portably and once for AVX2 + FMA (ssm_rows.inc) */
+#define GGUFLM_SIMD(name) gguflm_##name##_scalar
+#define GGUFLM_SIMD_AVX2 0
+#include "ssm_rows.inc"
+#include "simd_copy_end.inc"
+
+#if GGUFLM_HAVE_SIMD
+GGUFLM_TARGET_AVX2_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx2
+#define GGUFLM_SIMD_AVX2 1
+#include "ssm_rows.inc"
+#include "simd_copy_end.inc"
+GGUFLM_TARGET_END
+#define GGUFLM_SSM_ROW(isa, name, ...) \
+    ((isa) >= GGUFLM_ISA_AVX2 ? gguflm_##name##_avx2(__VA_ARGS__) : gguflm_##name##_scalar(__VA_ARGS__))
+#else
+#define GGUFLM_SSM_ROW(isa, name, ...) gguflm_##name##_scalar(__VA_ARGS__)
+#endif
+
 /* out = silu(conv(window) + b) for every token (without b or the SiLU where the args say so), the
- * conv state moved on by the sequence's tokens */
-static void gguflm_ssm_conv(const gguflm_ssm_args *a, int arith, int n_threads) {
-    const int64_t nc = a->d_conv, w = nc - 1, n_inner = a->d_inner;
+ * conv state moved on by the sequence's tokens; channels on the ISA's copy */
+static void gguflm_ssm_conv(const gguflm_ssm_args *a, int isa, int arith, int n_threads) {
+    const int64_t n_inner = a->d_inner;
     const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
     const int lanes = gguflm_arith_avx512(arith) ? 16 : 8;
     const int64_t vec_end = n_inner - n_inner % lanes;   /* ggml_vec_silu_f32's vector part */
     const int nth = n_inner < n_threads ? (int)(n_inner > 0 ? n_inner : 1) : n_threads;
     #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t c = 0; c < n_inner; c++) {
-        const float *cw = a->conv_w + c * nc;
-        for (int64_t q = 0; q < n_seqs; q++) {
-            const int64_t t0 = q * nst;
-            float *state = a->r + a->cells[t0] * n_inner * w + c * w;
-            /* the window of token t: state[t .. w), then inputs t0 .. t0 + t */
-            for (int64_t t = 0; t < nst; t++) {
-                float sum = 0.0f;
-                for (int64_t k = 0; k < nc; k++) {
-                    const int64_t i = t + k;
-                    const float v = i < w ? state[i] : a->x[(t0 + i - w) * a->x_stride + c];
-                    sum = fmaf(v, cw[k], sum);
-                }
-                const float y = a->conv_b ? sum + a->conv_b[c] : sum;
-                a->out[(t0 + t) * a->out_stride + c] = a->conv_linear ? y
-                    : c < vec_end ? gguflm_silu(y, arith) : y / (1.0f + expf(-y));
-            }
-            /* the last w values of the window stay (read ahead of the write: ascending is safe) */
-            for (int64_t j = 0; j < w; j++) {
-                const int64_t i = nst + j;
-                state[j] = i < w ? state[i] : a->x[(t0 + i - w) * a->x_stride + c];
-            }
-        }
-    }
+    for (int64_t c = 0; c < n_inner; c++) GGUFLM_SSM_ROW(isa, ssm_conv_channel, a, c, nst, n_seqs, vec_end, arith);
 }
 
 /* Mamba-1's selective scan: per channel h, state = state * exp(softplus(dt) * A) + B * x * softplus(dt),
  * y = state . C; out = y + x * D (ggml_mul, then ggml_add) */
-static void gguflm_ssm_scan(const gguflm_ssm_args *a, int n_threads) {
-    const int64_t ds = a->d_state, n_inner = a->d_inner;
+static void gguflm_ssm_scan(const gguflm_ssm_args *a, int isa, int n_threads) {
+    const int64_t n_inner = a->d_inner;
     const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
     const int nth = n_inner < n_threads ? (int)(n_inner > 0 ? n_inner : 1) : n_threads;
     #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t h = 0; h < n_inner; h++) {
-        const float *A = a->A + h * ds;
-        for (int64_t q = 0; q < n_seqs; q++) {
-            float *s = a->s + a->cells[q * nst] * n_inner * ds + h * ds;
-            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
-                const float dt_sp = gguflm_softplus(a->dt[t * a->dt_stride + h]);
-                const float xv = a->x[t * a->x_stride + h];
-                const float x_dt = xv * dt_sp;
-                const float *B = a->B + t * a->bc_stride, *C = a->C + t * a->bc_stride;
-                float sum = 0.0f;
-                for (int64_t i = 0; i < ds; i++) {
-                    /* GCC contracts (s0 * dA) + (B * x_dt) into one FMA over the first product */
-                    const float state = fmaf(s[i], expf(dt_sp * A[i]), B[i] * x_dt);
-                    sum = fmaf(state, C[i], sum);
-                    s[i] = state;
-                }
-                a->out[t * a->out_stride + h] = sum + xv * a->D[h];
-            }
-        }
-    }
+    for (int64_t h = 0; h < n_inner; h++) GGUFLM_SSM_ROW(isa, ssm_scan_channel, a, h, nst, n_seqs);
 }
 
 /* Mamba-2's selective scan: a scalar decay per head, B and C per group of heads; per channel i of
@@ -121,47 +100,13 @@ static void gguflm_ssm_scan(const gguflm_ssm_args *a, int n_threads) {
  * out = y + x * D[h]. ggml runs the first d_state - d_state % (4 vectors) states of a channel in
  * vectors (GCC's vector operators: the state's first product fused as in the scalar loop; the dot
  * with C by FMAs into 4 vectors of lanes, reduced as GGML_F32_VEC_REDUCE), the rest as Mamba-1's
- * scalar loop. */
-static void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int arith, int n_threads) {
-    const int64_t ds = a->d_state, n_inner = a->d_inner, nh = a->n_head, hd = n_inner / nh;
-    const int64_t heads_per_group = nh / a->n_group;
+ * scalar loop. Heads on the ISA's copy, one thread each. */
+static void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int isa, int arith, int n_threads) {
+    const int64_t nh = a->n_head;
     const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
-    const int epr = gguflm_vec_lanes(arith), step = 4 * epr;
-    const int64_t np = ds & ~(int64_t)(step - 1);
     const int nth = nh < n_threads ? (int)(nh > 0 ? nh : 1) : n_threads;
     #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t h = 0; h < nh; h++) {
-        const int64_t grp = h / heads_per_group;
-        for (int64_t q = 0; q < n_seqs; q++) {
-            float *states = a->s + a->cells[q * nst] * n_inner * ds;
-            for (int64_t t = q * nst; t < (q + 1) * nst; t++) {
-                const float dt_sp = gguflm_softplus(a->dt[t * a->dt_stride + h] + a->dt_b[h]);
-                const float dA = expf(dt_sp * a->A[h]);
-                const float *B = a->B + t * a->bc_stride + grp * ds, *C = a->C + t * a->bc_stride + grp * ds;
-                for (int64_t i1 = 0; i1 < hd; i1++) {
-                    const int64_t ii = h * hd + i1;
-                    const float xv = a->x[t * a->x_stride + ii];
-                    const float x_dt = xv * dt_sp;
-                    float *s = states + ii * ds;
-                    float acc[GGUFLM_MAX_LANES] = {0};   /* 4 vectors of lanes: state i in lane i % step */
-                    for (int64_t i = 0; i < np; i++) {
-                        const float state = fmaf(s[i], dA, B[i] * x_dt);
-                        acc[i % step] = fmaf(state, C[i], acc[i % step]);
-                        s[i] = state;
-                    }
-                    float v[16];
-                    for (int l = 0; l < epr; l++) v[l] = (acc[l] + acc[2 * epr + l]) + (acc[epr + l] + acc[3 * epr + l]);
-                    float sum = epr == 16 ? gguflm_hsum16(v) : gguflm_hsum8_hadd(v);
-                    for (int64_t i = np; i < ds; i++) {
-                        const float state = fmaf(s[i], dA, B[i] * x_dt);
-                        sum = fmaf(state, C[i], sum);
-                        s[i] = state;
-                    }
-                    a->out[t * a->out_stride + ii] = sum + xv * a->D[h];
-                }
-            }
-        }
-    }
+    for (int64_t h = 0; h < nh; h++) GGUFLM_SSM_ROW(isa, ssm_scan_head, a, h, nst, n_seqs, arith);
 }
 
 /* The state moves staged by the recurrent memory (moves: count, then (dst, src) row pairs; src -1:

@@ -65,9 +65,9 @@ def ssm_conv(float[:, ::1] r, const int64_t[::1] cells, const float[:, :] x, con
     a.x, a.x_stride = &x[0, 0], x.strides[0] // 4
     a.conv_w, a.out, a.out_stride = &conv_w[0, 0], &out[0, 0], d_inner
     a.conv_b, a.conv_linear = &conv_b[0] if conv_b is not None else NULL, not silu
-    cdef int arith = _switch.arith
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
-        gguflm_ssm_conv(&a, arith, n_threads)
+        gguflm_ssm_conv(&a, isa, arith, n_threads)
 
 
 def ssm_scan(float[:, ::1] s, const int64_t[::1] cells, const float[:, ::1] x, const float[:, ::1] dt,
@@ -93,8 +93,9 @@ def ssm_scan(float[:, ::1] s, const int64_t[::1] cells, const float[:, ::1] x, c
     a.x, a.x_stride, a.dt, a.dt_stride = &x[0, 0], d_inner, &dt[0, 0], d_inner
     a.A, a.D, a.B, a.C, a.bc_stride = &A[0, 0], &D[0], &B[0, 0], &C[0, 0], B.strides[0] // 4
     a.out, a.out_stride = &out[0, 0], d_inner
+    cdef int isa = _switch.isa
     with nogil:
-        gguflm_ssm_scan(&a, n_threads)
+        gguflm_ssm_scan(&a, isa, n_threads)
 
 
 def ssm_scan_grouped(float[:, ::1] s, const int64_t[::1] cells, const float[:, :] x, const float[:, :] dt,
@@ -126,6 +127,6 @@ def ssm_scan_grouped(float[:, ::1] s, const int64_t[::1] cells, const float[:, :
     a.x, a.x_stride, a.dt, a.dt_stride, a.dt_b = &x[0, 0], x.strides[0] // 4, &dt[0, 0], dt.strides[0] // 4, &dt_b[0]
     a.A, a.D, a.B, a.C, a.bc_stride = &A[0], &D[0], &B[0, 0], &C[0, 0], B.strides[0] // 4
     a.n_head, a.n_group, a.out, a.out_stride = n_head, n_group, &out[0, 0], d_inner
-    cdef int arith = _switch.arith
+    cdef int isa = _switch.isa, arith = _switch.arith
     with nogil:
-        gguflm_ssm_scan_grouped(&a, arith, n_threads)
+        gguflm_ssm_scan_grouped(&a, isa, arith, n_threads)

@@ -1,6 +1,6 @@
 # The nogil C API of the state-space kernels (ssm.h), shared by the ssm and plan extensions:
 #     from ssm_kernels cimport gguflm_ssm_args, gguflm_ssm_conv, ...
-# arith (GGUFLM_ARITH_*) comes from the one switch (dispatch.pxd).
+# isa (GGUFLM_ISA_*) and arith (GGUFLM_ARITH_*) come from the one switch (dispatch.pxd).
 from libc.stdint cimport int32_t, int64_t
 
 cdef extern from "ssm.h" nogil:
@@ -25,8 +25,8 @@ cdef extern from "ssm.h" nogil:
         int64_t n_head, n_group
         float *out
         int64_t out_stride
-    void gguflm_ssm_conv(const gguflm_ssm_args *a, int arith, int n_threads)
-    void gguflm_ssm_scan(const gguflm_ssm_args *a, int n_threads)
-    void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int arith, int n_threads)
+    void gguflm_ssm_conv(const gguflm_ssm_args *a, int isa, int arith, int n_threads)
+    void gguflm_ssm_scan(const gguflm_ssm_args *a, int isa, int n_threads)
+    void gguflm_ssm_scan_grouped(const gguflm_ssm_args *a, int isa, int arith, int n_threads)
     int gguflm_rs_moves(int32_t *moves, float *r_all, int64_t r_width, float *s_all, int64_t s_width,
                         int64_t n_layer, int64_t size)
