@@ -51,9 +51,21 @@ TARGETS: dict[str, str] = {
 }
 
 
+# every target at once: the first byte picks one (CI's smoke run, one process for all)
+ALL = "all"
+
+
 @functools.cache
 def make(target: str) -> Check:
     """The check function of ``target`` (made once per process)."""
+    if target == ALL:
+        checks = [make(name) for name in TARGETS]
+
+        def check(data: bytes) -> None:
+            if data:
+                checks[data[0] % len(checks)](data[1:])
+
+        return check
     module, factory = TARGETS[target].split(":")
     return getattr(importlib.import_module(f"{__name__}.{module}"), factory)()
 
@@ -82,6 +94,12 @@ def inputs(target: str, kind: str = "corpus") -> list[Path]:
     """The committed inputs of ``target``: its seed corpus, or its regression inputs."""
     folder = (CORPUS_DIR if kind == "corpus" else REGRESSIONS_DIR) / target
     return sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
+
+
+def all_seeds() -> list[bytes]:
+    """The seeds of every target in the input format of :data:`ALL`."""
+    return [bytes([i]) + path.read_bytes() for i, name in enumerate(TARGETS)
+            for kind in ("corpus", "regressions") for path in inputs(name, kind)]
 
 
 def replay(target: str, data: bytes, seconds: float = TIMEOUT_S) -> None:

@@ -2,11 +2,14 @@
 random token sequences.
 
 Must hold: a :class:`gguflm.Error` (GrammarError, SchemaError) or a result that is valid: a
-parsed and compiled grammar; converter output that parses as GBNF; a matcher whose mask agrees
+parsed and compiled grammar; converter output that parses as GBNF (for schemas whose strings are
+Unicode text: a lone surrogate has no UTF-8 form, so then only a GrammarError); a matcher whose mask agrees
 with its single-token check and that accepts exactly the tokens it allows.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -18,10 +21,17 @@ from gguflm.vocab import Vocab
 from . import Check
 
 
+# UTF-8's encoding of a surrogate (ED A0..BF 80..BF) as surrogateescape leaves it
+_ENCODED_SURROGATE = re.compile("\udced([\udca0-\udcbf])([\udc80-\udcbf])")
+
+
 def text_of(data: bytes) -> str:
     """Bytes as the str an API client can send (JSON strings may hold any code point, lone
-    surrogates included): UTF-8 where valid, each invalid byte as a lone surrogate."""
-    return data.decode("utf-8", "surrogateescape")
+    surrogates included): UTF-8 where valid, a surrogate's 3-byte encoding as that surrogate,
+    each other invalid byte as surrogateescape's U+DC80..U+DCFF."""
+    text = data.decode("utf-8", "surrogateescape")
+    return _ENCODED_SURROGATE.sub(
+        lambda m: chr(0xD000 | (ord(m[1]) & 0x3F) << 6 | (ord(m[2]) & 0x3F)), text)
 
 
 def gbnf() -> Check:
@@ -41,7 +51,15 @@ def _json_schema(converter: str) -> Check:
             text = json_schema_to_gbnf(text_of(data), converter=converter)
         except Error:
             return
-        Grammar.from_string(text)   # what a converter writes must parse
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:   # lone surrogates of the schema's strings: no UTF-8 grammar
+            try:
+                Grammar.from_string(text)
+            except Error:
+                pass
+            return
+        Grammar.from_string(text)   # what a converter writes from Unicode text must parse
 
     return check
 
