@@ -611,10 +611,12 @@ class _PatternTranslator:
                 self.repetition(seq, start)
             else:
                 literal = self.literal()
-                if not literal:
-                    if self.cpp:   # nothing consumed, e.g. a stray ']' or '}'
+                if not literal:   # nothing consumed, e.g. a stray ']' or '}'
+                    if self.cpp:
                         raise _UnsupportedPattern(f"unsupported character: {c}")
-                    continue
+                    # llama-cpp-python's converter loops forever here
+                    raise UnsupportedSchemaError(f"unsupported character {c!r} at {self.i} in "
+                                                 f"/{self.pattern}/")
                 seq.append((self.json_literal(literal), True))
         return self.join(seq)
 
