@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gguflm._ext import tokenize as _tk
-from gguflm.errors import VocabError
+from gguflm.errors import TokenizeError, VocabError
 from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, whitespace, wpm
 
 
@@ -545,9 +545,18 @@ class Vocab:
             Add BOS/EOS (WordPiece: CLS/SEP) where the model asks for them.
         parse_special
             Turn control-token texts into those tokens; user-defined tokens always are.
+
+        Raises
+        ------
+        gguflm.errors.TokenizeError
+            Text this vocabulary cannot tokenize (see the class); a ValueError too.
         """
         if isinstance(text, str):
-            raw = text.encode("utf-8")
+            try:
+                raw = text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise TokenizeError(f"the text holds a lone surrogate at character {exc.start}, "
+                                    f"which UTF-8 cannot encode") from None
         elif isinstance(text, (bytes, bytearray, memoryview)):
             raw = bytes(text)
         else:
@@ -555,10 +564,13 @@ class Vocab:
         if self.type == "none":
             raise VocabError("the model has no vocabulary (tokenizer.ggml.model 'none'): it takes token "
                              "ids, not text")
-        ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
+        try:
+            ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
+        except ValueError as exc:   # the engine's: a code point past U+10FFFF, a byte without a token
+            raise TokenizeError(str(exc)) from None
         if self.type == "wpm":
             if -1 in ids:
-                raise ValueError("a word matches no token and the vocabulary has no unknown token")
+                raise TokenizeError("a word matches no token and the vocabulary has no unknown token")
             if add_special:
                 ids = [self.bos, *ids, self.sep]
             return ids

@@ -2,10 +2,10 @@
 server reads it, then the parser of the endpoint, then what the server builds from the fields
 before the model runs (response-format and tool grammars, stream options).
 
-Must hold: RequestError (the server's 4xx; not a :class:`gguflm.Error`, it is the HTTP layer's),
-a :class:`gguflm.Error`, or parsed arguments. The grammar step runs inside the server's
-preparation, which answers ValueError and TypeError with a 400 too, so they are allowed there.
-Anything else would be a 500.
+Must hold: RequestError (the server's 4xx; the HTTP layer's own class) or parsed arguments;
+anything else, a :class:`gguflm.Error` included, would reach the client as a 500. The grammar
+step runs inside the server's preparation, which answers ValueError, TypeError and
+:class:`gguflm.Error` with a 400, so they are allowed there.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def server_requests() -> Check:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:   # as the server reads it
                 raise RequestError(f"could not parse the JSON body: {exc}") from None
             endpoint(body)
-        except (RequestError, Error):
+        except RequestError:
             pass
 
     return check
