@@ -35,7 +35,7 @@ def test_atheris_smoke_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-m", "tests.fuzz", "all", "--runs", str(SMOKE_RUNS),
                           "--work", str(tmp_path / "corpus"), "--artifacts", str(tmp_path / "findings"),
-                          "--", "-seed=1", "-max_total_time=40"],
+                          "--", "-seed=1", "-max_total_time=25"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "Done " in run.stderr and not list((tmp_path / "findings").iterdir())
