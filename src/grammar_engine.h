@@ -202,7 +202,9 @@ static int ge_is_eos(const gengine *e, int32_t pos) {
 }
 
 static int ge_grow(void **p, int64_t *cap, int64_t need, size_t elem) {
-    if (need <= *cap) return GE_OK;
+    /* a buffer exists after any grow, even for 0 items: memcpy/memcmp may not get NULL, even
+       with a length of 0 (UBSan's nonnull-attribute) */
+    if (need <= *cap && *p) return GE_OK;
     int64_t c = *cap ? *cap : 64;
     while (c < need) c *= 2;
     void *q = realloc(*p, (size_t)c * elem);
