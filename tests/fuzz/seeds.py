@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 
@@ -35,7 +34,6 @@ def _json(name: str) -> object:
 
 def _gguf_files() -> list[bytes]:
     """A tiny llama model and metadata-only vocabularies of the tiny models' kinds."""
-    from tests._metadata import write_metadata  # noqa: F401  (tests/ on sys.path for its imports)
     from tests.tiny_models import (TinyModel, TinyRwkv, add_plamo2_vocab, add_rwkv_vocab,
                                    add_vocab, write_tiny_model, write_tiny_rwkv)
     from gguflm.gguf import GGUFWriter
