@@ -136,8 +136,12 @@ def _rwkv_round_trip(vocab: Vocab, raw: bytes, ids: list[int]) -> None:
     assert _pieces(vocab, ids) == raw
 
 
+def _one(vocab: Vocab) -> Callable[[int], Vocab]:
+    return lambda b: vocab
+
+
 def tokenize_spm() -> Check:
-    return _target(lambda b: file_vocab("llama-spm"), _spm_round_trip)
+    return _target(_one(file_vocab("llama-spm")), _spm_round_trip)
 
 
 def tokenize_bpe() -> Check:
@@ -147,17 +151,19 @@ def tokenize_bpe() -> Check:
 
 
 def tokenize_wpm() -> Check:
-    return _target(lambda b: file_vocab("bert-bge"), None)
+    return _target(_one(file_vocab("bert-bge")), None)
 
 
 def tokenize_ugm() -> Check:
-    return _target(lambda b: ugm_vocab(), None)
+    return _target(_one(ugm_vocab()), None)
 
 
 def tokenize_rwkv() -> Check:
-    return _target(lambda b: rwkv_vocab(), _rwkv_round_trip)
+    return _target(_one(rwkv_vocab()), _rwkv_round_trip)
 
 
+# the vocabularies detokenize picks from (the first input byte); each target builds what it uses
+# before fuzzing: building one inside a run would count against its time
 DETOKENIZE_VOCABS: list[Callable[[], Vocab]] = [
     lambda: file_vocab("llama-spm"), lambda: bpe_vocab("gpt-2"), lambda: file_vocab("bert-bge"),
     ugm_vocab, rwkv_vocab]
@@ -166,10 +172,12 @@ DETOKENIZE_VOCABS: list[Callable[[], Vocab]] = [
 def detokenize() -> Check:
     """Input: the vocabulary (first byte), flags (bit 0 remove_special, bit 1 unparse_special),
     then ids as little-endian int32 taken modulo a range a little wider than the vocabulary."""
+    vocabs = [make() for make in DETOKENIZE_VOCABS]
+
     def check(data: bytes) -> None:
         if len(data) < 2:
             return
-        vocab = DETOKENIZE_VOCABS[data[0] % len(DETOKENIZE_VOCABS)]()
+        vocab = vocabs[data[0] % len(vocabs)]
         flags, raw = data[1], data[2:]
         ids = (np.frombuffer(raw[:len(raw) // 4 * 4], "<i4").astype(np.int64) % (vocab.n_tokens + 16) - 8).tolist()
         inside = all(0 <= t < vocab.n_tokens for t in ids)
