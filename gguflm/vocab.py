@@ -341,11 +341,12 @@ class Vocab:
         types = _meta_array(meta, "tokenizer.ggml.token_type", n, "iu")
         self._types = np.full(n, TokenType.NORMAL, np.int32) if types is None else \
             types.astype(np.int32)
-        type_attr = np.zeros(max(int(self._types.max(initial=0)), 6) + 1, np.int64)
+        # a table of the 7 known types (one sized by the file's largest type id took gigabytes)
+        type_attr = np.zeros(7, np.int64)
         for t, a in _TYPE_ATTR.items():
             type_attr[t] = a
         known = (self._types >= 0) & (self._types <= 6)
-        self._attr = np.where(known, type_attr[np.clip(self._types, 0, None)], 0).tolist()
+        self._attr = np.where(known, type_attr[np.clip(self._types, 0, 6)], 0).tolist()
         self._load_attrs = tuple(self._attr)  # as llama.cpp's tokenizer is built from them
         self._max_token_len = max(map(len, texts))
 

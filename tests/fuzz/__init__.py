@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import resource
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,6 +91,26 @@ def deadline(seconds: float = TIMEOUT_S) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextlib.contextmanager
+def memory_cap(mb: int = RSS_LIMIT_MB) -> Iterator[None]:
+    """At most ``mb`` MiB of new address space in the block (the replay's stand-in for libFuzzer's
+    ``-rss_limit_mb``/``-malloc_limit_mb``: an allocation past it raises MemoryError). Linux only."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        vm_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:")))
+    except (OSError, StopIteration):
+        yield
+        return
+    previous = resource.getrlimit(resource.RLIMIT_AS)
+    cap = vm_kb * 1024 + (mb << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if previous[1] == resource.RLIM_INFINITY else min(cap, previous[1]),
+                                            previous[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, previous)
+
+
 def inputs(target: str, kind: str = "corpus") -> list[Path]:
     """The committed inputs of ``target``: its seed corpus, or its regression inputs."""
     folder = (CORPUS_DIR if kind == "corpus" else REGRESSIONS_DIR) / target
@@ -103,8 +124,8 @@ def all_seeds() -> list[bytes]:
 
 
 def replay(target: str, data: bytes, seconds: float = TIMEOUT_S) -> None:
-    """Run one input through ``target``'s check under the deadline."""
+    """Run one input through ``target``'s check under the deadline and the memory cap."""
     check = make(target)
-    with deadline(seconds):
+    with deadline(seconds), memory_cap():
         check(data)
 
