@@ -7,7 +7,9 @@ model whose every metadata value, tensor view and vocabulary can be read.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -23,7 +25,9 @@ from . import Check
 def _scratch_file() -> Path:
     """One file per process to hold the input (the reader takes paths), in memory when it can."""
     root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    return Path(tempfile.mkdtemp(prefix="gguflm-fuzz-", dir=root)) / "input.gguf"
+    folder = tempfile.mkdtemp(prefix="gguflm-fuzz-", dir=root)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return Path(folder) / "input.gguf"
 
 
 def _read_all(reader: GGUFReader) -> None:
