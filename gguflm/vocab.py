@@ -569,9 +569,10 @@ class Vocab:
             ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
         except ValueError as exc:   # the engine's: a code point past U+10FFFF, a byte without a token
             raise TokenizeError(str(exc)) from None
+        if -1 in ids:   # llama.cpp hands out its null token here (WPM, RWKV without an unknown token)
+            raise TokenizeError("the text has a word or byte the vocabulary has no token for, and "
+                                "the vocabulary has no unknown token")
         if self.type == "wpm":
-            if -1 in ids:
-                raise TokenizeError("a word matches no token and the vocabulary has no unknown token")
             if add_special:
                 ids = [self.bos, *ids, self.sep]
             return ids
