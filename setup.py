@@ -54,8 +54,10 @@ class BuildExt(build_ext):
         use_openmp = os.environ.get("GGUFLM_NO_OPENMP") != "1" and compiler_accepts_openmp(cc)
         if not use_openmp:
             warnings.warn("gguflm: building without OpenMP; kernels will run on one thread")
-        # a debug build for test runs, e.g. GGUFLM_SANITIZE=address (then run Python with the
-        # sanitizer's runtime preloaded: LD_PRELOAD=$(gcc -print-file-name=libasan.so))
+        # a debug build for test runs, e.g. GGUFLM_SANITIZE=address,undefined (then run Python with
+        # a sanitizer runtime preloaded: GCC's libasan.so, or atheris' asan_with_fuzzer.so for the
+        # fuzz campaigns, docs/reliability.md). Compiled, not linked, with -fsanitize: an
+        # extension that named GCC's runtime would load it next to atheris' one, which ASan refuses
         sanitize = os.environ.get("GGUFLM_SANITIZE", "")
         # an interpreter built with -rpath in its LDFLAGS (pyenv, some distributions) passes it on;
         # the extensions need no library from its prefix, and a wheel must not name build paths
@@ -74,7 +76,6 @@ class BuildExt(build_ext):
                 ext.extra_link_args.append("-fopenmp")
             if sanitize:
                 ext.extra_compile_args += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer"]
-                ext.extra_link_args.append(f"-fsanitize={sanitize}")
         super().build_extensions()
 
 

@@ -21,6 +21,11 @@ class VocabError(ModelLoadError):
     """A GGUF file's tokenizer metadata is missing, malformed or names a tokenizer gguflm lacks."""
 
 
+class TokenizeError(Error, ValueError):
+    """Text the vocabulary cannot tokenize: a str with a lone surrogate (no UTF-8 form), bytes
+    decoding past U+10FFFF (llama.cpp aborts), a byte or word the vocabulary has no token for."""
+
+
 class QuantizeError(Error):
     """A model cannot be quantized as asked: an input type llama.cpp's quantizer refuses too,
     requantizing without permission, a very low-bit type without importance data."""

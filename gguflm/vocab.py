@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gguflm._ext import tokenize as _tk
-from gguflm.errors import VocabError
+from gguflm.errors import TokenizeError, VocabError
 from gguflm.tokenizers import bpe, hybriddna, plamo2, rwkv, spm, ugm, whitespace, wpm
 
 
@@ -341,11 +341,12 @@ class Vocab:
         types = _meta_array(meta, "tokenizer.ggml.token_type", n, "iu")
         self._types = np.full(n, TokenType.NORMAL, np.int32) if types is None else \
             types.astype(np.int32)
-        type_attr = np.zeros(max(int(self._types.max(initial=0)), 6) + 1, np.int64)
+        # a table of the 7 known types (one sized by the file's largest type id took gigabytes)
+        type_attr = np.zeros(7, np.int64)
         for t, a in _TYPE_ATTR.items():
             type_attr[t] = a
         known = (self._types >= 0) & (self._types <= 6)
-        self._attr = np.where(known, type_attr[np.clip(self._types, 0, None)], 0).tolist()
+        self._attr = np.where(known, type_attr[np.clip(self._types, 0, 6)], 0).tolist()
         self._load_attrs = tuple(self._attr)  # as llama.cpp's tokenizer is built from them
         self._max_token_len = max(map(len, texts))
 
@@ -545,9 +546,18 @@ class Vocab:
             Add BOS/EOS (WordPiece: CLS/SEP) where the model asks for them.
         parse_special
             Turn control-token texts into those tokens; user-defined tokens always are.
+
+        Raises
+        ------
+        gguflm.errors.TokenizeError
+            Text this vocabulary cannot tokenize (see the class); a ValueError too.
         """
         if isinstance(text, str):
-            raw = text.encode("utf-8")
+            try:
+                raw = text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise TokenizeError(f"the text holds a lone surrogate at character {exc.start}, "
+                                    f"which UTF-8 cannot encode") from None
         elif isinstance(text, (bytes, bytearray, memoryview)):
             raw = bytes(text)
         else:
@@ -555,10 +565,14 @@ class Vocab:
         if self.type == "none":
             raise VocabError("the model has no vocabulary (tokenizer.ggml.model 'none'): it takes token "
                              "ids, not text")
-        ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
+        try:
+            ids = self._engine.encode(raw, self._matcher(parse_special).partition(raw))
+        except ValueError as exc:   # the engine's: a code point past U+10FFFF, a byte without a token
+            raise TokenizeError(str(exc)) from None
+        if -1 in ids:   # llama.cpp hands out its null token here (WPM, RWKV without an unknown token)
+            raise TokenizeError("the text has a word or byte the vocabulary has no token for, and "
+                                "the vocabulary has no unknown token")
         if self.type == "wpm":
-            if -1 in ids:
-                raise ValueError("a word matches no token and the vocabulary has no unknown token")
             if add_special:
                 ids = [self.bos, *ids, self.sep]
             return ids

@@ -340,7 +340,8 @@ static int32_t ge_pend_intern(gengine *e, const uint64_t *v, int32_t n) {
     int64_t i = (int64_t)(ge_hash_u64s(v, n) & (uint64_t)mask);
     while (e->pend_hash[i]) {
         int32_t id = e->pend_hash[i] - 1;
-        if (e->pend_len[id] == n && memcmp(e->pend_pool + e->pend_off[id], v, n * sizeof(uint64_t)) == 0) return id;
+        /* the empty list's pointers may be NULL, which memcmp/memcpy may not get even for 0 bytes */
+        if (e->pend_len[id] == n && (n == 0 || memcmp(e->pend_pool + e->pend_off[id], v, n * sizeof(uint64_t)) == 0)) return id;
         i = (i + 1) & mask;
     }
     if (e->n_pend >= e->cap_pend) {
@@ -352,7 +353,7 @@ static int32_t ge_pend_intern(gengine *e, const uint64_t *v, int32_t n) {
     if (ge_grow((void **)&e->pend_pool, &e->pend_pool_cap, e->pend_pool_len + n, sizeof(uint64_t))) return GE_NOMEM;
     int32_t id = e->n_pend++;
     e->pend_off[id] = e->pend_pool_len; e->pend_len[id] = n;
-    memcpy(e->pend_pool + e->pend_pool_len, v, n * sizeof(uint64_t));
+    if (n) memcpy(e->pend_pool + e->pend_pool_len, v, n * sizeof(uint64_t));
     e->pend_pool_len += n;
     e->pend_hash[i] = id + 1;
     if ((int64_t)e->n_pend * 2 > e->pend_hash_cap && ge_pend_rehash(e, e->pend_hash_cap * 2)) return GE_NOMEM;
@@ -440,7 +441,8 @@ static int32_t ge_set_intern(gengine *e, int32_t *v, int32_t n) {
     int64_t i = (int64_t)(ge_hash_ids(v, n) & (uint64_t)mask);
     while (e->set_hash[i]) {
         int32_t id = e->set_hash[i] - 1;
-        if (e->set_len[id] == n && memcmp(e->pool + e->set_off[id], v, n * sizeof(int32_t)) == 0) return id;
+        /* the empty set's pointers may be NULL, which memcmp/memcpy may not get even for 0 bytes */
+        if (e->set_len[id] == n && (n == 0 || memcmp(e->pool + e->set_off[id], v, n * sizeof(int32_t)) == 0)) return id;
         i = (i + 1) & mask;
     }
     if (e->n_set >= e->cap_set) {
@@ -454,7 +456,7 @@ static int32_t ge_set_intern(gengine *e, int32_t *v, int32_t n) {
     if (ge_grow((void **)&e->pool, &e->pool_cap, e->pool_len + n, sizeof(int32_t))) return GE_NOMEM;
     int32_t id = e->n_set++;
     e->set_off[id] = e->pool_len; e->set_len[id] = n;
-    memcpy(e->pool + e->pool_len, v, n * sizeof(int32_t));
+    if (n) memcpy(e->pool + e->pool_len, v, n * sizeof(int32_t));
     e->pool_len += n;
     e->set_tokcond[id] = -1;
     e->set_has_empty[id] = (uint8_t)(n > 0 && v[0] == 0);

@@ -121,6 +121,8 @@ cdef int bvec_reserve(ByteVec *v, size_t need) except -1:
 
 
 cdef int bvec_append(ByteVec *v, const uint8_t *p, size_t n) except -1:
+    if n == 0:   # v.data and p may be NULL, which memcpy may not get even for 0 bytes
+        return 0
     bvec_reserve(v, v.n + n)
     memcpy(v.data + v.n, p, n)
     v.n += n
@@ -1200,10 +1202,11 @@ cdef class BpeEngine(MergeEngine):
         e = strmap_find(&self.cache, w, n)
         if e >= 0:
             slot = <size_t>self.cache.val[e]
-            ivec_reserve(out, out.n + self.cache_pool.data[slot + 1])
-            memcpy(out.data + out.n, self.cache_pool.data + self.cache_pool.data[slot],
-                   self.cache_pool.data[slot + 1] * sizeof(int32_t))
-            out.n += self.cache_pool.data[slot + 1]
+            if self.cache_pool.data[slot + 1]:   # an empty word: out.data may still be NULL
+                ivec_reserve(out, out.n + self.cache_pool.data[slot + 1])
+                memcpy(out.data + out.n, self.cache_pool.data + self.cache_pool.data[slot],
+                       self.cache_pool.data[slot + 1] * sizeof(int32_t))
+                out.n += self.cache_pool.data[slot + 1]
             return 0
         self.merge_word(w, n, out)
         if self.cache.n > 1 << 20 or self.cache_pool.n > 1 << 24:

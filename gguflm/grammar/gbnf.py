@@ -530,7 +530,11 @@ def parse(text: str | bytes, tokenize: Callable[[bytes], list[int]] | None = Non
         Where llama.cpp's parser fails (its message), with the line and column.
     """
     if isinstance(text, str):
-        data = text.encode("utf-8", "surrogateescape")
+        try:
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as exc:   # a lone surrogate (JSON's "\ud800"): no UTF-8 for it
+            raise GrammarError(f"the grammar holds a lone surrogate U+{ord(exc.object[exc.start]):04X} "
+                               f"at character {exc.start}, which UTF-8 cannot encode") from None
     elif isinstance(text, (bytes, bytearray, memoryview)):
         data = bytes(text)
     else:

@@ -611,10 +611,12 @@ class _PatternTranslator:
                 self.repetition(seq, start)
             else:
                 literal = self.literal()
-                if not literal:
-                    if self.cpp:   # nothing consumed, e.g. a stray ']' or '}'
+                if not literal:   # nothing consumed, e.g. a stray ']' or '}'
+                    if self.cpp:
                         raise _UnsupportedPattern(f"unsupported character: {c}")
-                    continue
+                    # llama-cpp-python's converter loops forever here
+                    raise UnsupportedSchemaError(f"unsupported character {c!r} at {self.i} in "
+                                                 f"/{self.pattern}/")
                 seq.append((self.json_literal(literal), True))
         return self.join(seq)
 
@@ -1048,8 +1050,7 @@ class LlamaCppPythonConverter(_Converter):
         if schema_type == "string" and ("minLength" in schema or "maxLength" in schema):
             check(schema, {"type", "minLength", "maxLength"}, path)
             char_rule = self._add_primitive("char", self.primitives["char"])
-            min_len = _count(schema, "minLength", path, 0)
-            max_len = _count(schema, "maxLength", path, None)
+            min_len, max_len = _count_range(schema, "minLength", "maxLength", path, None)
             return self._add_rule(rule_name, r'"\"" ' + _repetition_py(char_rule, min_len, max_len)
                                   + r' "\"" space')
         if schema_type == "object" or len(schema) == 0:
@@ -1126,8 +1127,8 @@ class LlamaCppPythonConverter(_Converter):
         self._unsupported(schema, {"type", "items" if schema.get("items") else "prefixItems",
                                    "minItems", "maxItems"}, path)
         item_rule = self.visit(items, _sub(name, "item"), f"{path}/items")
-        return '"[" space ' + _repetition_py(item_rule, _count(schema, "minItems", path, 0),
-                                             _count(schema, "maxItems", path, None),
+        min_items, max_items = _count_range(schema, "minItems", "maxItems", path, None)
+        return '"[" space ' + _repetition_py(item_rule, min_items, max_items,
                                              separator='"," space') + ' "]" space'
 
     @staticmethod
@@ -1384,8 +1385,7 @@ class LlamaCppConverter(_Converter):
         self._unsupported(schema, {"type", "items", "minItems", "maxItems"}
                           - ({"prefixItems"} if "items" in schema else set())
                           | ({"prefixItems"} if "items" not in schema else set()), path)
-        return "array", (item, _count(schema, "minItems", path, 0, cpp=True),
-                         _count(schema, "maxItems", path, -1, cpp=True))
+        return "array", (item, *_count_range(schema, "minItems", "maxItems", path, -1, cpp=True))
 
     def _format(self, schema: dict[str, Any], path: str) -> str:
         if "format" not in schema:
@@ -1404,8 +1404,7 @@ class LlamaCppConverter(_Converter):
         if "pattern" in schema and not isinstance(pattern, str):
             raise self._fail(path, "pattern must be a string")
         fmt = self._format(schema, path)
-        min_len = _count(schema, "minLength", path, 0, cpp=True)
-        max_len = _count(schema, "maxLength", path, -1, cpp=True)
+        min_len, max_len = _count_range(schema, "minLength", "maxLength", path, -1, cpp=True)
         # what the converter honours: the pattern, else the format, else the lengths
         used = {"type"}
         if pattern:
@@ -1627,6 +1626,18 @@ def _count(schema: Mapping[str, Any], key: str, path: str, default: int | None,
             cpp and value > INT32_MAX):
         raise SchemaError(f"JSON schema error at {path}: {key} must be a non-negative integer")
     return value
+
+
+def _count_range(schema: Mapping[str, Any], min_key: str, max_key: str, path: str,
+                 no_max: int | None, cpp: bool = False) -> tuple[int, Any]:
+    """A minimum and maximum count (minItems/maxItems, minLength/maxLength); ``no_max`` when
+    there is no maximum. A maximum below the minimum matches nothing: the repetition the
+    converters would write does not parse (``{6,5}``), so it is refused here."""
+    low = _count(schema, min_key, path, 0, cpp)
+    high = _count(schema, max_key, path, no_max, cpp)
+    if high is not None and high != no_max and high < low:
+        raise SchemaError(f"JSON schema error at {path}: {max_key} {high} is below {min_key} {low}")
+    return low, high
 
 
 def _integer_bounds(schema: Mapping[str, Any], path: str) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import gguflm
+from gguflm.errors import TokenizeError
 from gguflm.server import protocol
 from gguflm.server.protocol import RequestError
 
@@ -59,7 +60,10 @@ def tokenize(body: Any, llm: Any) -> dict[str, Any]:
     add_special, parse_special = body.get("add_special", False), body.get("parse_special", True)
     if "content" not in body:      # llama-server: no content, no tokens
         return {"tokens": []}
-    tokens = _mixed_tokens(llm, body["content"], add_special, parse_special)
+    try:
+        tokens = _mixed_tokens(llm, body["content"], add_special, parse_special)
+    except TokenizeError as exc:
+        raise RequestError(str(exc), param="content") from None
     if body.get("with_pieces"):
         vocab = llm.model.vocab
         return {"tokens": [{"id": t, "piece": _piece(vocab.token_to_piece(t, 0, True))}
