@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.ngram_proposers import NGRAM_FLAGS, NGRAM_SPEC_TYPES
 from gguflm.progress import ProgressBar, _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
@@ -483,10 +484,14 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (the same tokens, faster)")
     g.add_argument("-md", "--model-draft", metavar="FILE",
                    help="a draft model: a smaller GGUF of the same vocabulary")
-    g.add_argument("--spec-type", choices=("none", "ngram"), default="none",
-                   help="ngram: draft by prompt lookup (the tokens that followed the last n-gram before)")
+    g.add_argument("--spec-type", choices=("none", "ngram", *NGRAM_SPEC_TYPES), default="none",
+                   help="ngram: draft by prompt lookup (the tokens that followed the last n-gram before); "
+                        "ngram-*: llama.cpp's n-gram proposers of that name")
     g.add_argument("--spec-ngram-size", type=int, default=2, metavar="N",
                    help="the longest n-gram prompt lookup matches (default: 2)")
+    for flag, short, spec_type, param, kind, what in NGRAM_FLAGS:
+        g.add_argument(*(f for f in (short, flag) if f), type=kind, default=None,
+                       metavar="FILE" if kind is str else "N", help=f"{spec_type}: {what}")
     g.add_argument("--draft-max", type=int, default=16, metavar="N", help="most tokens drafted at once")
     g.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest drafted tokens worth checking")
     g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
@@ -495,13 +500,18 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
 
 def _speculative(args: argparse.Namespace) -> dict[str, Any]:
     """LLM's speculative-decoding arguments from --model-draft / --spec-type and the draft limits."""
+    from gguflm.ngram_proposers import ngram_proposer
     from gguflm.speculative import PromptLookup
 
     if args.model_draft and args.spec_type != "none":
-        raise SystemExit("gguflm: give --model-draft or --spec-type ngram, not both")
+        raise SystemExit(f"gguflm: give --model-draft or --spec-type {args.spec_type}, not both")
     draft: Any = args.model_draft
     if args.spec_type == "ngram":
         draft = PromptLookup(args.spec_ngram_size, args.draft_max)
+    elif args.spec_type in NGRAM_SPEC_TYPES:
+        draft = ngram_proposer(args.spec_type, **{param: getattr(args, flag[2:].replace("-", "_"))
+                                                  for flag, _, spec_type, param, _, _ in NGRAM_FLAGS
+                                                  if spec_type == args.spec_type})
     if draft is None:
         return {}
     return {"draft_model": draft, "draft_max": args.draft_max, "draft_min": args.draft_min,
