@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
-from gguflm.ngram_proposers import NGRAM_FLAGS, NGRAM_SPEC_TYPES
+from gguflm.ngram_proposers import NGRAM_SPEC_TYPES, add_ngram_arguments
 from gguflm.progress import ProgressBar, _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
@@ -489,9 +489,7 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
                         "ngram-*: llama.cpp's n-gram proposers of that name")
     g.add_argument("--spec-ngram-size", type=int, default=2, metavar="N",
                    help="the longest n-gram prompt lookup matches (default: 2)")
-    for flag, short, spec_type, param, kind, what in NGRAM_FLAGS:
-        g.add_argument(*(f for f in (short, flag) if f), type=kind, default=None,
-                       metavar="FILE" if kind is str else "N", help=f"{spec_type}: {what}")
+    add_ngram_arguments(g)
     g.add_argument("--draft-max", type=int, default=16, metavar="N", help="most tokens drafted at once")
     g.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest drafted tokens worth checking")
     g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
@@ -500,7 +498,7 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
 
 def _speculative(args: argparse.Namespace) -> dict[str, Any]:
     """LLM's speculative-decoding arguments from --model-draft / --spec-type and the draft limits."""
-    from gguflm.ngram_proposers import ngram_proposer
+    from gguflm.ngram_proposers import ngram_proposer_from_args
     from gguflm.speculative import PromptLookup
 
     if args.model_draft and args.spec_type != "none":
@@ -509,9 +507,7 @@ def _speculative(args: argparse.Namespace) -> dict[str, Any]:
     if args.spec_type == "ngram":
         draft = PromptLookup(args.spec_ngram_size, args.draft_max)
     elif args.spec_type in NGRAM_SPEC_TYPES:
-        draft = ngram_proposer(args.spec_type, **{param: getattr(args, flag[2:].replace("-", "_"))
-                                                  for flag, _, spec_type, param, _, _ in NGRAM_FLAGS
-                                                  if spec_type == args.spec_type})
+        draft = ngram_proposer_from_args(args.spec_type, args)
     if draft is None:
         return {}
     return {"draft_model": draft, "draft_max": args.draft_max, "draft_min": args.draft_min,

@@ -29,8 +29,9 @@ import numpy as np
 
 from gguflm.errors import SpeculationError
 
-__all__ = ["NgramSimple", "NgramMap", "NgramMod", "NgramCache", "NGRAM_SPEC_TYPES", "ngram_proposer",
-           "ngram_cache_update", "load_ngram_cache", "save_ngram_cache"]
+__all__ = ["NgramSimple", "NgramMap", "NgramMod", "NgramCache", "NGRAM_SPEC_TYPES", "NGRAM_FLAGS",
+           "ngram_proposer", "add_ngram_arguments", "ngram_proposer_from_args", "ngram_cache_update",
+           "load_ngram_cache", "save_ngram_cache"]
 
 # the spec types of this module, llama.cpp's names
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -597,6 +598,19 @@ NGRAM_FLAGS: tuple[tuple[str, str | None, str, str, type, str], ...] = (
     ("--lookup-cache-static", "-lcs", "ngram-cache", "lookup_cache_static", str, "static n-gram cache file"),
     ("--lookup-cache-dynamic", "-lcd", "ngram-cache", "lookup_cache_dynamic", str, "dynamic n-gram cache file"),
 )
+
+
+def add_ngram_arguments(parser: Any) -> None:
+    """Add :data:`NGRAM_FLAGS` to an argparse parser or group (unset: None, the class default)."""
+    for flag, short, spec_type, _, kind, what in NGRAM_FLAGS:
+        parser.add_argument(*(f for f in (short, flag) if f), type=kind, default=None,
+                            metavar="FILE" if kind is str else "N", help=f"{spec_type}: {what}")
+
+
+def ngram_proposer_from_args(spec_type: str, args: Any) -> Any:
+    """:func:`ngram_proposer` with the parameters of ``args`` that :func:`add_ngram_arguments` parsed."""
+    return ngram_proposer(spec_type, **{param: getattr(args, flag[2:].replace("-", "_"))
+                                        for flag, _, t, param, _, _ in NGRAM_FLAGS if t == spec_type})
 
 
 def ngram_proposer(spec_type: str, **params: Any) -> Any:

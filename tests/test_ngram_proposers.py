@@ -19,7 +19,7 @@ from tiny_models import TinyModel, write_tiny_model
 
 TYPO_PROMPT = ("Fix the typos in this paragraph:\n\nThe quick brwon fox jumpd over the lazy dog. It was a "
                "sunny day and the fox was veyr happy. The dog did not care at all.\n\nCorrected paragraph:\n")
-N_TOKENS = 40
+N_TOKENS = 32
 # small sizes, so that a short prompt gives drafts
 SMALL = {"ngram-simple": dict(size_n=2, size_m=8), "ngram-map-k": dict(size_n=2, size_m=8),
          "ngram-map-k4v": dict(size_n=2, size_m=8), "ngram-mod": dict(n_match=3, n_min=1, n_max=8),
@@ -489,30 +489,36 @@ def test_a_corrupt_ngram_cache_file_is_a_clear_error(tmp_path, damage):
 
 # -- generation: the tokens of generation without speculation
 
+SAMPLINGS = ({"temperature": 0.0}, {"temperature": 0.8, "seed": 7})
+
+
 @pytest.fixture(scope="module")
-def smollm_llms(smollm_path):
-    made = {"plain": gguflm.LLM(smollm_path, n_ctx=512)}
-    made.update({t: gguflm.LLM(smollm_path, n_ctx=512, draft_model=ngram_proposer(t, **p), draft_max=8)
-                 for t, p in SMALL.items()})
-    yield made
-    for llm in made.values():
-        llm.close()
+def smollm(smollm_path):
+    """An LLM factory (one thread: drafts are checked alike at any count) and the completions
+    without speculation: per sampling, the whole reply and the reply cut by a stop string
+    inside the copied stretch."""
+    kw = dict(n_ctx=512, n_threads=1)
+    with gguflm.LLM(smollm_path, **kw) as plain:
+        expected = []
+        for sampling in SAMPLINGS:
+            whole = plain.complete(TYPO_PROMPT, max_tokens=N_TOKENS, **sampling)
+            stop = whole.text[len(whole.text) // 2:len(whole.text) // 2 + 4]
+            expected.append((sampling, whole, stop, plain.complete(TYPO_PROMPT, max_tokens=N_TOKENS, stop=stop,
+                                                                     **sampling)))
+    return (lambda draft: gguflm.LLM(smollm_path, draft_model=draft, draft_max=8, **kw)), expected
 
 
 @pytest.mark.parametrize("spec_type", list(SMALL))
-def test_each_spec_type_gives_the_tokens_of_generation_without_it(smollm_llms, spec_type):
-    plain, llm = smollm_llms["plain"], smollm_llms[spec_type]
+def test_each_spec_type_gives_the_tokens_of_generation_without_it(smollm, spec_type):
+    make, expected = smollm
     drafted = accepted = 0
-    for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 7}):
-        want = plain.complete(TYPO_PROMPT, max_tokens=N_TOKENS, **sampling)
-        got = llm.complete(TYPO_PROMPT, max_tokens=N_TOKENS, **sampling)
-        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
-        drafted, accepted = drafted + got.timings.draft_n, accepted + got.timings.draft_accepted
-        # a stop string inside the copied stretch
-        stop = want.text[len(want.text) // 2:len(want.text) // 2 + 4]
-        want = plain.complete(TYPO_PROMPT, max_tokens=N_TOKENS, stop=stop, **sampling)
-        got = llm.complete(TYPO_PROMPT, max_tokens=N_TOKENS, stop=stop, **sampling)
-        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, "stop")
+    with make(ngram_proposer(spec_type, **SMALL[spec_type])) as llm:
+        for sampling, whole, stop, cut in expected:
+            got = llm.complete(TYPO_PROMPT, max_tokens=N_TOKENS, **sampling)
+            assert (got.token_ids, got.text, got.finish_reason) == (whole.token_ids, whole.text, whole.finish_reason)
+            drafted, accepted = drafted + got.timings.draft_n, accepted + got.timings.draft_accepted
+            got = llm.complete(TYPO_PROMPT, max_tokens=N_TOKENS, stop=stop, **sampling)
+            assert (got.token_ids, got.text, got.finish_reason) == (cut.token_ids, cut.text, "stop")
     assert 0 < accepted <= drafted
 
 
@@ -520,11 +526,12 @@ def test_each_spec_type_on_a_tiny_model(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_model(TinyModel("llama", n_embd=32, head_dim=8, n_ff=32, n_layer=1), path, np.random.default_rng(3))
     prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7]
-    with gguflm.LLM(path, n_ctx=128) as plain:
+    with gguflm.LLM(path, n_ctx=128, n_threads=1) as plain:
         want = {s: plain.complete(prompt, max_tokens=24, temperature=t, seed=3).token_ids
                 for s, t in (("greedy", 0.0), ("seeded", 1.0))}
     for spec_type, params in SMALL.items():
-        with gguflm.LLM(path, n_ctx=128, draft_model=ngram_proposer(spec_type, **params), draft_max=4) as llm:
+        with gguflm.LLM(path, n_ctx=128, n_threads=1, draft_model=ngram_proposer(spec_type, **params),
+                        draft_max=4) as llm:
             for s, t in (("greedy", 0.0), ("seeded", 1.0)):
                 assert llm.complete(prompt, max_tokens=24, temperature=t, seed=3).token_ids == want[s], spec_type
 
