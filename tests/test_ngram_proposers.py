@@ -539,10 +539,10 @@ def test_each_spec_type_on_a_tiny_model(tmp_path):
 def test_the_server_with_a_spec_type_gives_the_same_replies(smollm_path):
     from test_server_speculative import replies
     expected, _ = replies(smollm_path)
-    for spec_type in ("ngram-map-k4v", "ngram-mod"):
-        got, counts = replies(smollm_path, draft_model=ngram_proposer(spec_type, **SMALL[spec_type]), draft_max=8)
-        assert got == expected, spec_type
-        assert counts["drafted"] > 0
+    # ngram-mod: per-slot proposers on one shared table
+    got, counts = replies(smollm_path, draft_model=ngram_proposer("ngram-mod", **SMALL["ngram-mod"]), draft_max=8)
+    assert got == expected
+    assert counts["accepted"] > 0
 
 
 def test_slots_get_proposers_of_their_own_sharing_what_llama_cpp_shares():
