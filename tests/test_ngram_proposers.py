@@ -6,6 +6,8 @@ slots too), and the ngram-cache file round-trips and refuses corruption."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -578,3 +580,25 @@ def test_run_and_serve_take_llama_cpp_spec_flags(tmp_path):
     from gguflm.speculative import PromptLookup
     assert isinstance(_speculative(build_parser().parse_args(["run", "--spec-type", "ngram"]))["draft_model"],
                       PromptLookup)
+
+
+def test_gguflm_run_and_bench_with_a_spec_type(smollm_path):
+    from test_speculative import _cli
+
+    common = ("run", "-m", str(smollm_path), "-p", TYPO_PROMPT, "-n", "24", "--temp", "0", "-t", "1", "-c", "512")
+    plain = _cli(*common)
+    done = _cli(*common, "--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "2",
+                "--spec-ngram-map-k-size-m", "8", "--draft-max", "8")
+    assert plain.returncode == 0 and done.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout
+    accepted, drafted = map(int, re.search(r"draft: (\d+)/(\d+) accepted", done.stderr).groups())
+    assert 0 < accepted <= drafted
+    done = _cli("bench", "--speculative", "-m", str(smollm_path), "-n", "12", "-r", "1", "-t", "1", "--tasks", "json",
+                "--spec-type", "ngram-mod,ngram-cache", "--spec-ngram-mod-n-match", "3", "--spec-ngram-mod-n-min", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines()
+            if line.startswith("| json")]
+    assert [r[1] for r in rows] == ["gguflm", "gguflm + ngram-mod", "gguflm + ngram-cache"]
+    assert [r[5] for r in rows[1:]] == ["yes", "yes"]
+    bad = _cli("bench", "--speculative", "-m", str(smollm_path), "--spec-type", "ngram-huge")
+    assert bad.returncode == 2 and "ngram-huge" in bad.stderr
