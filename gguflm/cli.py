@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gguflm.kv_store import CACHE_TYPES
+from gguflm.ngram_proposers import NGRAM_SPEC_TYPES, add_ngram_arguments
 from gguflm.progress import ProgressBar, _is_terminal
 from gguflm.pooling import POOLING_NAMES
 
@@ -491,10 +492,12 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (the same tokens, faster)")
     g.add_argument("-md", "--model-draft", metavar="FILE",
                    help="a draft model: a smaller GGUF of the same vocabulary")
-    g.add_argument("--spec-type", choices=("none", "ngram"), default="none",
-                   help="ngram: draft by prompt lookup (the tokens that followed the last n-gram before)")
+    g.add_argument("--spec-type", choices=("none", "ngram", *NGRAM_SPEC_TYPES), default="none",
+                   help="ngram: draft by prompt lookup (the tokens that followed the last n-gram before); "
+                        "ngram-*: llama.cpp's n-gram proposers of that name")
     g.add_argument("--spec-ngram-size", type=int, default=2, metavar="N",
                    help="the longest n-gram prompt lookup matches (default: 2)")
+    add_ngram_arguments(g)
     g.add_argument("--draft-max", type=int, default=16, metavar="N", help="most tokens drafted at once")
     g.add_argument("--draft-min", type=int, default=0, metavar="N", help="fewest drafted tokens worth checking")
     g.add_argument("--draft-p-min", type=float, default=0.75, metavar="P",
@@ -503,13 +506,16 @@ def _speculative_args(p: argparse.ArgumentParser) -> None:
 
 def _speculative(args: argparse.Namespace) -> dict[str, Any]:
     """LLM's speculative-decoding arguments from --model-draft / --spec-type and the draft limits."""
+    from gguflm.ngram_proposers import ngram_proposer_from_args
     from gguflm.speculative import PromptLookup
 
     if args.model_draft and args.spec_type != "none":
-        raise SystemExit("gguflm: give --model-draft or --spec-type ngram, not both")
+        raise SystemExit(f"gguflm: give --model-draft or --spec-type {args.spec_type}, not both")
     draft: Any = args.model_draft
     if args.spec_type == "ngram":
         draft = PromptLookup(args.spec_ngram_size, args.draft_max)
+    elif args.spec_type in NGRAM_SPEC_TYPES:
+        draft = ngram_proposer_from_args(args.spec_type, args)
     if draft is None:
         return {}
     return {"draft_model": draft, "draft_max": args.draft_max, "draft_min": args.draft_min,

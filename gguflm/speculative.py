@@ -9,7 +9,9 @@ A :class:`Speculation` drives one of the proposers for the token loop (:func:`gg
 * :class:`DraftModel`, a smaller model of the same vocabulary (llama.cpp's ``--model-draft``),
   whose own context follows the accepted tokens and drafts greedily while it is confident;
 * :class:`CallableProposer`, any ``f(input_ids) -> token ids`` (llama-cpp-python's
-  ``LlamaDraftModel`` protocol).
+  ``LlamaDraftModel`` protocol);
+* llama.cpp's n-gram proposers (``--spec-type ngram-simple``, ``ngram-map-k``, ...), in
+  :mod:`gguflm.ngram_proposers`.
 
 The loop samples the drafted positions in order with the request's own sampler chain and keeps
 drafted tokens while they equal what it sampled (llama.cpp's
@@ -62,7 +64,9 @@ def prompt_lookup(ids: npt.ArrayLike, max_ngram_size: int, n_predict: int) -> np
 
 
 class Proposer(Protocol):
-    """What a :class:`Speculation` asks for drafts."""
+    """What a :class:`Speculation` asks for drafts. A proposer may also have
+    ``accept(n_accepted)``, told how many tokens of its last non-empty proposal the model took
+    (llama.cpp's ``common_speculative_accept``)."""
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A request starts: later ``history`` arguments extend ``prompt`` until the next begin."""
@@ -93,6 +97,10 @@ class PromptLookup:
         self.num_pred_tokens = int(num_pred_tokens)
         self._ids: list[int] = []
         self._first: dict[tuple[int, ...], int] = {}   # n-gram -> where it first starts
+
+    def spawn(self) -> PromptLookup:
+        """A lookup of the same sizes with an index of its own (for another server slot)."""
+        return PromptLookup(self.max_ngram_size, self.num_pred_tokens)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._ids, self._first = [], {}
@@ -280,6 +288,7 @@ class Speculation:
             raise SpeculationError(f"draft limits need 1 <= draft_max and 0 <= draft_min <= draft_max, "
                                    f"got draft_max={n_max}, draft_min={n_min}")
         self.proposer = proposer
+        self._accept = getattr(proposer, "accept", None)
         self.n_max, self.n_min = int(n_max), int(n_min)
         self.stats = SpeculationStats()
         self._n_draft = self.n_max
@@ -313,6 +322,8 @@ class Speculation:
         stats.n_drafted += n_drafted
         stats.n_accepted += n_accepted
         stats.n_checks += 1
+        if self._accept is not None:
+            self._accept(n_accepted)
         if n_accepted == n_drafted:
             self._n_draft = min(self.n_max, 2 * self._n_draft)
         else:
@@ -368,15 +379,17 @@ def speculation_for(draft: Any, target_vocab: Any, n_max: int = 16, n_min: int =
 
 class SlotSpeculation:
     """A :class:`Speculation` for each slot of a server (llama-server's per-slot drafts), each
-    proposer with state of its own: a :class:`PromptLookup` index per slot, or a draft model's
-    context per slot on one loaded draft model.
+    proposer with state of its own: a proposer's ``spawn()`` per slot (a :class:`PromptLookup`
+    index, an n-gram proposer of :mod:`gguflm.ngram_proposers` sharing what llama.cpp shares
+    between slots), or a draft model's context per slot on one loaded draft model.
 
     Parameters
     ----------
     draft
-        A :class:`PromptLookup` (its sizes are copied), a draft model (a ``.gguf`` path, loaded
-        once and closed here, or a :class:`gguflm.Model`), a ``LlamaPromptLookupDecoding`` or a
-        stateless callable; see :func:`speculation_for`.
+        A proposer with ``spawn()`` (:class:`PromptLookup`, :class:`gguflm.ngram_proposers.NgramMap`,
+        ...), a draft model (a ``.gguf`` path, loaded once and closed here, or a
+        :class:`gguflm.Model`), a ``LlamaPromptLookupDecoding`` or a stateless callable; see
+        :func:`speculation_for`.
     n_slots
         The slots.
     n_max, n_min, p_min, **context
@@ -387,15 +400,14 @@ class SlotSpeculation:
                  p_min: float = 0.75, **context: Any) -> None:
         from gguflm.model import Model
 
-        if isinstance(draft, Speculation) or (hasattr(draft, "propose") and not isinstance(draft, PromptLookup)):
-            raise SpeculationError("each slot drafts on its own: give a draft model, a PromptLookup or a "
-                                   f"callable, not a {type(draft).__name__} (one proposer's state)")
+        if isinstance(draft, Speculation) or (hasattr(draft, "propose") and not hasattr(draft, "spawn")):
+            raise SpeculationError("each slot drafts on its own: give a draft model, a proposer with spawn() "
+                                   f"or a callable, not a {type(draft).__name__} (one proposer's state)")
         self._model = Model.load(draft) if isinstance(draft, (str, PathLike)) else None
         self.slots: list[Speculation] = []
         try:
             for _ in range(n_slots):
-                proposer = (PromptLookup(draft.max_ngram_size, draft.num_pred_tokens)
-                            if isinstance(draft, PromptLookup) else self._model or draft)
+                proposer = draft.spawn() if hasattr(draft, "spawn") else self._model or draft
                 self.slots.append(speculation_for(proposer, target_vocab, n_max, n_min, p_min, **context))
         except BaseException:
             self.close()

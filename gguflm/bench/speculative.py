@@ -4,8 +4,10 @@ acceptance rate, and whether the tokens are the same.
 ``gguflm bench --speculative -m FILE [--model-draft FILE] [--compare llama-cpp]`` (or ``python
 -m gguflm.bench speculative ...``) runs three tasks whose replies copy much of their prompt
 (rewrite a function with one change, fix the typos of a paragraph, edit one field of a JSON
-document) greedily through the chat template, without speculation, with prompt lookup and (with
-``--model-draft``) with a draft model, their repetitions in turns. ``--compare llama-cpp`` adds
+document) greedily through the chat template, without speculation, with prompt lookup, with
+each of llama.cpp's n-gram proposers named in ``--spec-type`` (``ngram-simple``, ``ngram-map-k``,
+..., with llama.cpp's flags for their parameters) and (with ``--model-draft``) with a draft model,
+their repetitions in turns. ``--compare llama-cpp`` adds
 llama-cpp-python's ``Llama`` on the same prompt tokens, without and with its
 ``LlamaPromptLookupDecoding``.
 
@@ -21,6 +23,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from gguflm.ngram_proposers import NGRAM_SPEC_TYPES, add_ngram_arguments
 
 TASKS = {
     "function": (
@@ -55,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("--draft-max", type=int, default=16, help="most tokens drafted at once")
     parser.add_argument("--spec-ngram-size", type=int, default=2, help="prompt lookup's longest n-gram")
+    parser.add_argument("--spec-type", default="ngram",
+                        help="comma-separated proposers: ngram (prompt lookup), " + ", ".join(NGRAM_SPEC_TYPES))
+    add_ngram_arguments(parser)
     parser.add_argument("--compare", choices=("llama-cpp",), action="append", default=[],
                         help="llama-cpp-python without and with LlamaPromptLookupDecoding")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(TASKS))
@@ -80,10 +87,15 @@ class _Row:
 def _gguflm_runs(args: argparse.Namespace, prompts: dict[str, list[int]]) -> list[tuple[str, Callable[[str], Any]]]:
     """(engine label, run(task) -> (tokens/s, token ids, drafted, accepted)) per gguflm setting."""
     from gguflm.llm import LLM
+    from gguflm.ngram_proposers import ngram_proposer_from_args
     from gguflm.speculative import PromptLookup
 
-    settings: list[tuple[str, Any]] = [("gguflm", None),
-                                       ("gguflm + lookup", PromptLookup(args.spec_ngram_size, args.draft_max))]
+    settings: list[tuple[str, Any]] = [("gguflm", None)]
+    for spec_type in (t for t in args.spec_type.split(",") if t):
+        if spec_type == "ngram":
+            settings.append(("gguflm + lookup", PromptLookup(args.spec_ngram_size, args.draft_max)))
+        else:
+            settings.append((f"gguflm + {spec_type}", ngram_proposer_from_args(spec_type, args)))
     if args.model_draft:
         settings.append(("gguflm + draft model", args.model_draft))
     runs = []
@@ -134,9 +146,10 @@ def run(args: argparse.Namespace) -> int:
     from gguflm.default_model import load_model
 
     tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in tasks if t not in TASKS]
+    unknown = [t for t in tasks if t not in TASKS] + \
+        [t for t in args.spec_type.split(",") if t and t != "ngram" and t not in NGRAM_SPEC_TYPES]
     if unknown or args.repetitions < 1:
-        print(f"gguflm bench --speculative: unknown tasks {unknown}" if unknown else "-r must be >= 1",
+        print(f"gguflm bench --speculative: unknown tasks or spec types {unknown}" if unknown else "-r must be >= 1",
               file=sys.stderr)
         return 2
     model = load_model(args.model, False)
