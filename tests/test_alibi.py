@@ -112,7 +112,7 @@ from _llama import LlamaDecoder, require_peer  # noqa: E402
 from gguflm import Batch, Context, Model  # noqa: E402
 from gguflm.ggml_types import GGMLType  # noqa: E402
 from test_invariance import llama_cpp_logits, prompt_logits  # noqa: E402
-from test_recurrent import _decode, _interleaved  # noqa: E402
+from _memory_pair import decode_entries, interleaved  # noqa: E402
 from tiny_models import N_VOCAB, TinyAlibi, TinyModel, tiny_alibi_models, write_tiny_alibi, write_tiny_model  # noqa: E402
 
 TOKENS = [1] + list(range(20, 40))
@@ -205,7 +205,7 @@ def test_several_sequences_seq_rm_and_a_shift_give_llama_cpps_logits(tmp_path, n
     L = require_peer()
     path = tmp_path / f"{name}.gguf"
     SHIFT_MODELS[name](path)
-    steps = [_interleaved([7, 3, 5], 1),
+    steps = [interleaved([7, 3, 5], 1),
              [(11, 7, 0, True), (12, 3, 1, True), (13, 5, 2, True)],
              ("seq_rm", 0, 5, -1), ("seq_rm", 2, 1, 3), ("seq_add", 1, 0, -1, 4), ("seq_div", 2, 0, -1, 2),
              [(21, 5, 0, True), (22, 6, 0, True), (23, 8, 1, True), (24, 3, 2, True), (25, 9, 1, True)],
@@ -218,7 +218,7 @@ def test_several_sequences_seq_rm_and_a_shift_give_llama_cpps_logits(tmp_path, n
                       kv_unified=kv_unified)
         for step in steps:
             if isinstance(step, list):
-                np.testing.assert_array_equal(_decode(ctx, step), ref.decode_batch(step), err_msg=str(step))
+                np.testing.assert_array_equal(decode_entries(ctx, step), ref.decode_batch(step), err_msg=str(step))
                 continue
             op, *args = step
             if op == "seq_rm":

@@ -10,7 +10,7 @@ import pytest
 from _llama import LlamaDecoder, import_peer
 from gguflm import Context, Model
 from gguflm.bench.models import SHAPES, Shape, n_params, tensor_shapes, write
-from test_recurrent import _decode
+from _memory_pair import decode_entries
 
 import_peer("llama_cpp")
 
@@ -95,8 +95,8 @@ def test_small_variant_equals_llama(small_model) -> None:
         tokens = model.vocab.tokenize("The quick brown fox jumps over the lazy dog, twice.")
         tokens += [100, 2000, 30000, 49000]
         n = len(tokens) - 4
-        got = np.concatenate([_decode(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:n])])]
-                             + [_decode(ctx, [(t, n + k, 0, True)]) for k, t in enumerate(tokens[n:])])
+        got = np.concatenate([decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(tokens[:n])])]
+                             + [decode_entries(ctx, [(t, n + k, 0, True)]) for k, t in enumerate(tokens[n:])])
     ref = LlamaDecoder(path, n_ctx=128, n_threads=2, n_batch=64)
     try:
         want = np.concatenate([ref.decode(tokens[:n], 0)] + [ref.decode([t], n + k) for k, t in enumerate(tokens[n:])])
