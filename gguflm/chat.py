@@ -10,9 +10,9 @@ A template read from a GGUF file is untrusted input. It is compiled by Jinja's
 ``ImmutableSandboxedEnvironment``: no attribute starting with ``_`` (so no ``__class__``,
 ``__globals__``, ``__subclasses__``), no mutation of lists and dicts, ranges of at most 100,000
 items; on top of that, string/list repetition and powers are bounded and the rendered text is
-capped, so a template cannot make the process allocate without limit. A template that breaks a
-rule raises :class:`ChatTemplateError` and renders nothing. CPU time is not bounded: nested loops
-over large ranges can keep a render busy for a long time (it still reaches nothing outside).
+capped, so a template cannot make the process allocate without limit; a render running past
+``MAX_RENDER_SECONDS`` is stopped (nested loops over large ranges would otherwise keep a request
+busy for hours). A template that breaks a rule raises :class:`ChatTemplateError` and renders nothing.
 
 The built-in templates use one more filter, ``cstrip``: ASCII-whitespace strip as llama.cpp's C++
 formatter does (Python's ``trim`` also strips Unicode spaces).
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 MAX_RENDERED_CHARS = 16 << 20   # a rendered prompt longer than this is certainly an attack
 MAX_REPEAT_ITEMS = 1 << 20      # 'x' * n and [..] * n may build at most this many items
 MAX_POWER_EXPONENT = 1024
+MAX_RENDER_SECONDS = 5.0        # real templates render a long conversation in milliseconds
 
 # Our own templates reproducing the text of llama.cpp's named formats (src/llama-chat.cpp).
 # Control strings stay in the template; bos_token is left out because the prompt gets BOS from
@@ -153,6 +156,19 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+def _deadline_tracer(deadline: float) -> Any:
+    """A ``sys.settrace`` function that stops the template's code past ``deadline``: Jinja compiles
+    a template to Python named ``<template>``, whose every line (a loop's every turn) checks the clock."""
+    def line(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise SecurityError(f"the render ran past {MAX_RENDER_SECONDS} s")
+        return line
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        return line if frame.f_code.co_filename == "<template>" else None
+    return call
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
@@ -247,6 +263,9 @@ class ChatTemplate:
         }
         parts: list[str] = []
         size = 0
+        traced = sys.gettrace() is None   # a debugger's or coverage tool's tracer is left alone
+        if traced:
+            sys.settrace(_deadline_tracer(time.monotonic() + MAX_RENDER_SECONDS))
         try:
             for part in self._template.generate(context):
                 size += len(part)
@@ -262,6 +281,9 @@ class ChatTemplate:
         except Exception as exc:  # anything the template's own expressions raise
             raise ChatTemplateError(f"chat template {self.name!r} failed: "
                                     f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if traced:
+                sys.settrace(None)
         return "".join(parts)
 
     def __repr__(self) -> str:

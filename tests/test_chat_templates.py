@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,27 @@ def test_hostile_templates_raise_and_run_nothing(tmp_path):
             ChatTemplate(source, name="hostile").render(messages)
         assert not sentinel.exists(), source
     assert messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+])
+def test_a_render_that_never_ends_is_stopped(monkeypatch, source):
+    """Nested loops or an exponential macro (found by tests/fuzz's chat_template target) would keep
+    a request busy for hours: the render stops at the deadline with the sandbox's error, and the
+    next render runs untraced by it."""
+    import time
+
+    import gguflm.chat
+
+    monkeypatch.setattr(gguflm.chat, "MAX_RENDER_SECONDS", 0.3)
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="sandbox rule: the render ran past 0.3 s"):
+        ChatTemplate(source, name="endless").render([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - start < 10
+    assert sys.gettrace() is None
+    assert ChatTemplate("{{ messages[0].content }}").render([{"role": "user", "content": "hi"}]) == "hi"
 
 
 def test_hostile_template_from_model_metadata_raises_through_llm(tmp_path):
