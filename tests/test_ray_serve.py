@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason='the ray extra: pip install "gguflm[ray]"')
@@ -26,6 +27,7 @@ from gguflm.ray.serve import REPLICA_HEADER, LLMConfig, build_openai_app, rank_r
 from gguflm.server import create_app  # noqa: E402
 
 MINILM = Path(__file__).resolve().parent / "data" / "models" / "all-MiniLM-L6-v2-Q8_0.gguf"
+TINY = Path(__file__).resolve().parent / "data" / "arch" / "llama.gguf"
 ENGINE = {"parallel": 2, "n_ctx": 2048, "n_threads": 1}
 KEY = "test-key"      # the first app's replicas check it (the server's own API key check)
 # a replica reserves num_cpus = n_threads (1 here); the tests' replicas reserve half of that so
@@ -42,16 +44,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# the replicas and handles report their ongoing requests every half second (10 s by default), so
-# that the autoscaling test takes seconds; Ray's processes read these when they start
-METRICS_EVERY = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-                 "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
+# Ray's processes read these when they start: the replicas and handles report their ongoing
+# requests every half second (10 s by default), so that the autoscaling test takes seconds; the
+# HTTP proxy gets 60 s rather than 5 to start on a loaded 2-core machine (after three slow
+# readiness checks Serve kills it and serve.start fails)
+RAY_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+           "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+           "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 @pytest.fixture(scope="module")
 def base_url():
-    saved = {k: os.environ.get(k) for k in METRICS_EVERY}
-    os.environ.update(METRICS_EVERY)
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     for k, v in saved.items():
         if v is None:
@@ -66,11 +71,25 @@ def base_url():
 
 
 @pytest.fixture(scope="module")
-def client(base_url, smollm_path):
+def adapters(tmp_path_factory) -> list[Path]:
+    """Two LoRA adapters of the tiny llama model (tests/lora_files.py)."""
+    from lora_files import write_lora
+
+    out, rng = tmp_path_factory.mktemp("ray-lora"), np.random.default_rng(11)
+    return [write_lora(out / "a.gguf", TINY, rng, rank=16, strength=4.0),
+            write_lora(out / "b.gguf", TINY, rng, rank=32, strength=4.0, kinds=("attn_q", "ffn_up"))]
+
+
+@pytest.fixture(scope="module")
+def client(base_url, smollm_path, adapters):
     configs = [LLMConfig({"model_id": "smol", "model_source": str(smollm_path)}, {**ENGINE, "api_key": KEY},
                          {"num_replicas": 2, **HALF_CPU}),
                LLMConfig({"model_id": "minilm", "model_source": str(MINILM)},
                          {"embedding": True, "parallel": 1, "n_ctx": 512, "n_threads": 1, "api_key": KEY},
+                         {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}),
+               LLMConfig({"model_id": "tiny-lora", "model_source": str(TINY)},
+                         {"parallel": 2, "n_ctx": 512, "n_threads": 1, "api_key": KEY,
+                          "lora_adapters": {str(adapters[0]): 1.0, str(adapters[1]): 0.5}},
                          {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}})]
     serve.run(build_openai_app({"llm_configs": configs}), name=APP, route_prefix="/")
     yield openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -200,7 +219,7 @@ def test_streams_completions_embeddings_and_models(client, reference):
     assert constrained.startswith("{")
     vector = client.embeddings.create(model="minilm", input="a quiet river").data[0].embedding
     assert vector == LLM(MINILM, embedding=True, n_threads=1, progress=False).embed("a quiet river")
-    assert sorted(m.id for m in client.models.list()) == ["minilm", "smol"]     # both replicas' entries
+    assert sorted(m.id for m in client.models.list()) == ["minilm", "smol", "tiny-lora"]   # every deployment's entries
     stranger = client.with_options(api_key="wrong")
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
@@ -221,6 +240,20 @@ def ttft(client, messages, key=None) -> tuple[str, float]:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - t0
     return raw.headers[REPLICA_HEADER], first
+
+
+def test_lora_adapters_by_request(client, adapters):
+    """A request's ``lora`` scales (llama-server's field) reach the replica's engine: each set of
+    scales gives the greedy text of an LLM holding those adapters at those scales alone."""
+    greedy = {"temperature": 0, "max_tokens": 12}
+    for scales in ([1.0, 0.0], [0.0, 0.7], [0.0, 0.0]):
+        with LLM(TINY, n_ctx=256, n_threads=1, type_k="f32", type_v="f32", progress=False,
+                 lora_adapters={str(p): s for p, s in zip(adapters, scales) if s}) as llm:
+            want = llm.create_completion("p1 p2 p3 p4", repeat_penalty=1.0, **greedy)["choices"][0]["text"]
+        got = client.completions.create(model="tiny-lora", prompt="p1 p2 p3 p4", **greedy,
+                                        extra_body={"repeat_penalty": 1.0,
+                                                    "lora": [{"id": k, "scale": s} for k, s in enumerate(scales)]})
+        assert got.choices[0].text == want, scales
 
 
 def test_a_continued_conversation_goes_to_its_replica(client):
