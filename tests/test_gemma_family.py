@@ -49,12 +49,17 @@ EMBEDDING_CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(EMBEDDING_CASES))
-def embedding_gemma(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("gemma") / "gemma-embedding.gguf"
-    write_tiny_gemma(EMBEDDING_CASES[request.param], path, np.random.default_rng(5))
+def _written_and_loaded(tmp_path_factory, spec: TinyGemma, name: str, seed: int):
+    """The spec written with random weights of this seed, then loaded: (path, model) until the module ends."""
+    path = tmp_path_factory.mktemp(name) / f"{name}.gguf"
+    write_tiny_gemma(spec, path, np.random.default_rng(seed))
     with Model.load(path) as model:
         yield path, model
+
+
+@pytest.fixture(scope="module", params=sorted(EMBEDDING_CASES))
+def embedding_gemma(request, tmp_path_factory):
+    yield from _written_and_loaded(tmp_path_factory, EMBEDDING_CASES[request.param], "gemma-embedding", 5)
 
 
 def test_embedding_gemma_equals_llama_cpp(embedding_gemma):
@@ -235,10 +240,7 @@ PROMPT = [1] + list(range(20, 37))
 
 @pytest.fixture(scope="module", params=sorted(GEMMA4_CASES))
 def gemma4(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("gemma4") / "gemma4.gguf"
-    write_tiny_gemma(GEMMA4_CASES[request.param], path, np.random.default_rng(8))
-    with Model.load(path) as model:
-        yield path, model
+    yield from _written_and_loaded(tmp_path_factory, GEMMA4_CASES[request.param], "gemma4", 8)
 
 
 def test_gemma4_gives_llama_cpps_logits(gemma4):
