@@ -1010,16 +1010,18 @@ class Graph:
             return None
         if pooling is PoolingType.MEAN:
             return self.pool_mean(embd)
-        cur = self.pool_rows(embd)
-        if pooling is PoolingType.RANK:
-            # the classification head (RoBERTa's): dense + tanh, then the projection to the labels
-            tensors = self.model.tensors
-            cls = tensors.get("cls.weight")
-            if cls is not None:
-                cur = self.tanh(self.linear(cur, cls, tensors.get("cls.bias")))
-            out = tensors.get("cls.output.weight")
-            if out is not None:
-                cur = self.linear(cur, out, tensors.get("cls.output.bias"))
+        if pooling is not PoolingType.RANK:
+            return self.pool_rows(embd)
+        mean_first = self.hparams.pooling_type_cls == PoolingType.MEAN
+        cur = self.pool_mean(embd) if mean_first else self.pool_rows(embd)
+        # the classification head: dense + the model's activation, then the projection to the labels
+        tensors = self.model.tensors
+        cls = tensors.get("cls.weight")
+        if cls is not None:
+            cur = self.model.architecture.classifier_hidden(self, self.linear(cur, cls, tensors.get("cls.bias")))
+        out = tensors.get("cls.output.weight")
+        if out is not None:
+            cur = self.linear(cur, out, tensors.get("cls.output.bias"))
         return cur
 
     def dense_out(self, x: np.ndarray) -> np.ndarray:

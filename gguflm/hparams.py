@@ -84,6 +84,7 @@ class HParams:
     n_attn_temp_floor_scale: int = 0
     causal_attn: bool = True
     pooling_type: int = -1                           # {arch}.pooling_type, -1 = unspecified
+    pooling_type_cls: int = -1                       # rank pooling's pooling before the head, -1 = first token
     n_cls_out: int = 1                               # classifier outputs (rank pooling)
     n_expert: int = 0                                # mixture of experts: experts per layer, 0 = dense
     n_expert_used: int = 0                           # experts each token is routed to
@@ -356,6 +357,7 @@ def read_common_hparams(kv: HParamReader, n_vocab: int, rope_type: RopeType, *,
         rope_yarn_log_mul=kv.get_float("{arch}.rope.scaling.yarn_log_multiplier", 0.0),
         causal_attn=kv.get_bool("{arch}.attention.causal", True),
         pooling_type=kv.get_int("{arch}.pooling_type", -1),
+        pooling_type_cls=kv.get_int("{arch}.classifier.pooling_type", -1),
         n_cls_out=_n_classifier_outputs(kv),
     )
 

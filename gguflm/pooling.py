@@ -5,8 +5,8 @@ sequence, as llama.cpp's ``build_pooling`` does it inside the forward pass (its 
 ``none`` keeps every token's row; ``mean`` averages a sequence's rows (through ggml's F32 mul_mat
 by a [n_seqs, n_tokens] matrix of 1/n weights, whose lane order the result keeps); ``cls`` takes a
 sequence's first token, ``last`` its last; ``rank`` takes the first token (the last with causal
-attention) through the model's classification head (``cls``, tanh, ``cls.output``), one score per
-output label. Pooling is per ubatch: a sequence split over two ubatches gets the later one's
+attention; the mean where ``{arch}.classifier.pooling_type`` says so) through the model's
+classification head (``cls``, tanh, ``cls.output``), one score per output label. Pooling is per ubatch: a sequence split over two ubatches gets the later one's
 result, as in llama.cpp.
 
 Names and numbers are llama.cpp's (``LLAMA_POOLING_TYPE_*``, which llama-cpp-python exposes as
@@ -88,14 +88,15 @@ def pooling_inputs(pooling: PoolingType, seq_lists: Sequence[Sequence[int]], pos
     seq_ids = np.array(sorted({s for seqs in seq_lists for s in seqs}), np.int32)
     index = {int(s): i for i, s in enumerate(seq_ids)}
     mean = rows = None
-    if pooling is PoolingType.MEAN:
+    # rank pooling takes the first token, or a mean where the model pools so before its head
+    if pooling in (PoolingType.MEAN, PoolingType.RANK):
         mean = np.zeros((len(seq_ids), len(pos)), np.float32)
         for t, seqs in enumerate(seq_lists):
             for s in seqs:
                 mean[index[s], t] = 1.0
         counts = mean.sum(axis=1, dtype=np.float64).astype(np.float32)
         mean *= (np.float32(1.0) / counts)[:, None]   # 1.0f/float(n), as llama.cpp
-    elif pooling in (PoolingType.CLS, PoolingType.LAST, PoolingType.RANK):
+    if pooling in (PoolingType.CLS, PoolingType.LAST, PoolingType.RANK):
         last = pooling is PoolingType.LAST or (pooling is PoolingType.RANK and causal)
         target_pos = np.full(len(seq_ids), -1, np.int64)
         rows = np.zeros(len(seq_ids), np.int64)

@@ -1953,6 +1953,53 @@ def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
     return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
 
 
+# -- modern-bert (pre-norm encoder without biases, symmetric sliding windows, fused GeGLU)
+
+def write_tiny_modern_bert(path: Path, rng: np.random.Generator, n_embd: int = 64, n_head: int = 4, n_ff: int = 64,
+                           n_layer: int = 4, n_swa: int = 4, pooling_type: int = 1, activation: str | None = None,
+                           first_attn_norm: bool = False, head: bool = True, classifier_pooling: int | None = None,
+                           types: dict[str, GGMLType] | None = None) -> None:
+    """A ``modern-bert`` encoder with random weights: every third layer global (the first
+    included), the others sliding over ``n_swa`` positions (0: none) with a RoPE base of their
+    own; layer 0 without its attention norm unless ``first_attn_norm``; with ``head``, the rank
+    head (dense, its norm, two labels); ``activation`` the file's hidden_activation."""
+    arch = "modern-bert"
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", "tiny-modern-bert")
+    metadata: dict[str, object] = {"attention.layer_norm_epsilon": 1e-5, "attention.causal": False}
+    if n_swa:
+        metadata.update({"attention.sliding_window": n_swa, "rope.freq_base_swa": 160.0})
+    if activation is not None:
+        metadata["hidden_activation"] = activation
+    if classifier_pooling is not None:
+        metadata["classifier.pooling_type"] = classifier_pooling
+    if head:
+        w.add(f"{arch}.classifier.output_labels", ["no", "yes"])
+    tensors.header(arch, {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer,
+                          "feed_forward_length": n_ff, "attention.head_count": n_head,
+                          "attention.head_count_kv": n_head, "pooling_type": pooling_type}, metadata)
+    matrix("token_embd.weight", n_embd, N_VOCAB, scale=0.5)
+    vector("token_embd_norm.weight", n_embd)
+    vector("output_norm.weight", n_embd)
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        if il or first_attn_norm:
+            vector(f"{b}.attn_norm.weight", n_embd)
+        matrix(f"{b}.attn_qkv.weight", n_embd, 3 * n_embd)
+        matrix(f"{b}.attn_output.weight", n_embd, n_embd)
+        vector(f"{b}.ffn_norm.weight", n_embd)
+        matrix(f"{b}.ffn_up.weight", n_embd, 2 * n_ff, scale=0.2)
+        matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
+    if head:
+        matrix("cls.weight", n_embd, n_embd, scale=0.2)
+        vector("cls.norm.weight", n_embd)
+        matrix("cls.output.weight", n_embd, 2, scale=0.3)
+        vector("cls.output.bias", 2, scale=0.1, center=0.0)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)

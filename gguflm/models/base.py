@@ -122,6 +122,12 @@ class Architecture:
         final hidden states and the logits of its output rows."""
         raise NotImplementedError
 
+    @staticmethod
+    def classifier_hidden(g: Any, x: Any) -> Any:
+        """The classification head's activation of its dense layer's output (rank pooling):
+        tanh, as RoBERTa's head."""
+        return g.tanh(x)
+
     # -- tensors
 
     @classmethod
