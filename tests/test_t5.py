@@ -10,6 +10,8 @@ import ctypes
 import numpy as np
 import pytest
 
+import gguflm
+
 from _llama import TINY_MODEL, llama_embeddings, require_peer
 from gguflm.batch import Batch
 from gguflm.context import Context
@@ -168,7 +170,9 @@ def test_t5_relative_buckets_past_max_distance(tmp_path):
 
 
 def test_t5_greedy_generation_is_llama_cpps(t5_paths):
-    """Greedy decoding from the decoder start token, one token per step, picks llama.cpp's tokens."""
+    """Greedy decoding from the decoder start token, one token per step, picks llama.cpp's tokens:
+    in a Context, and through LLM.complete (which encodes the prompt and starts the decoder, as
+    llama-cli does)."""
     import llama_cpp.llama_cpp as L
 
     path, n_new = t5_paths["t5"], 12
@@ -178,6 +182,9 @@ def test_t5_greedy_generation_is_llama_cpps(t5_paths):
         for i in range(n_new):
             assert ctx.decode(batch_of(ours[-1:], i)) == 0
             ours.append(int(np.argmax(ctx.get_logits_ith(-1))))
+    with gguflm.LLM(path, n_ctx=512, n_threads=2, progress=False) as llm:
+        completion = llm.complete(ENC, max_tokens=n_new, temperature=0.0)
+        eog = llm.model.vocab.eog_ids
     llm = _llama(path, 2)
     try:
         _fill(llm, ENC)
@@ -191,6 +198,8 @@ def test_t5_greedy_generation_is_llama_cpps(t5_paths):
     finally:
         llm.close()
     assert ours == theirs
+    n = len(completion.token_ids)   # up to an end-of-generation token
+    assert completion.token_ids == theirs[1:1 + n] and (n == n_new or theirs[1 + n] in eog)
 
 
 def test_t5_reencoding_replaces_the_encoder_output(t5_paths):
