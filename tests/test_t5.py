@@ -13,6 +13,7 @@ import pytest
 import gguflm
 
 from _llama import TINY_MODEL, llama_embeddings, require_peer
+from gguflm._ext.plan import Plan
 from gguflm.batch import Batch
 from gguflm.context import Context
 from gguflm.errors import EncoderError
@@ -107,6 +108,55 @@ def ours_decoder_logits(model: Model, enc: list[int], dec: list[int], step: int,
             assert ctx.decode(batch_of(dec[i:i + step], i)) == 0
             rows.append(ctx.get_logits().copy())
         return np.concatenate(rows)
+
+
+# -- the building block: attention with relative position biases, against its numpy form
+
+def bucket_reference(p_key: int, p_query: int, n_buckets: int, bidirectional: bool) -> int:
+    """llama.cpp's llama_relative_position_bucket (max_distance 128), its float logf emulated."""
+    if bidirectional:
+        n_buckets >>= 1
+    max_exact, rp, bucket = n_buckets >> 1, p_key - p_query, 0
+    if bidirectional:
+        bucket, rp = (n_buckets if rp > 0 else 0), abs(rp)
+    else:
+        rp = max(-rp, 0)
+    if rp < max_exact:
+        return bucket + rp
+    lg = np.float32(np.log(np.float32(rp / max_exact))) * np.float32(n_buckets - max_exact)
+    large = int(np.floor(np.float32(max_exact + float(lg) / np.log(128 / max_exact))))
+    return bucket + min(large, n_buckets - 1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "causal"])
+def test_attention_with_bucket_biases_matches_its_numpy_form(causal):
+    """Scores + table[bucket(key, query)][head] before the softmax (scale 1), both ways without a
+    causal mask, over positions spanning every bucket (past max_distance 128)."""
+    rng = np.random.default_rng(5)
+    n, n_head, d, n_buckets = 37, 2, 32, 32
+    pos = np.sort(rng.choice(400, n, replace=False)).astype(np.int32)
+    q, k, v = (rng.standard_normal((n, n_head * d)).astype(np.float32) * 0.3 for _ in range(3))
+    table = rng.standard_normal((n_buckets, n_head)).astype(np.float32)
+    plan = Plan(n, 1, 1)
+    plan.pos[:] = pos
+    out = np.zeros((n, n_head * d), np.float32)
+    plan.attention_self(q, k, v, n_head, n_head, d, d, 1.0, causal, 0.0, out, 2, rel_bias=table)
+    plan.run()
+    want = np.zeros_like(out, dtype=np.float64)
+    seen = set()
+    for h in range(n_head):
+        hs = slice(h * d, (h + 1) * d)
+        s = q[:, hs].astype(np.float64) @ k[:, hs].T.astype(np.float64)
+        for t in range(n):
+            for c in range(n):
+                b = bucket_reference(int(pos[c]), int(pos[t]), n_buckets, True)
+                seen.add(b)
+                s[t, c] = s[t, c] + table[b, h] if not causal or c <= t else -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        want[:, hs] = (p / p.sum(1, keepdims=True)) @ v[:, hs]
+    # every bucket, the saturated ones included, but the later half's first (distance 0 is earlier)
+    assert seen == set(range(n_buckets)) - {n_buckets // 2}
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5)
 
 
 # -- t5encoder

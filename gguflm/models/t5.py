@@ -1,4 +1,4 @@
-"""T5 / FLAN-T5 (``t5``): an encoder-decoder. The encoder is :mod:`gguflm.models.t5encoder`'s,
+"""T5 and FLAN-T5 (encoder-decoder): the encoder is :mod:`gguflm.models.t5encoder`'s,
 run by ``Context.encode`` (llama_encode), which keeps its output; the decoder, run by
 ``Context.decode`` from the decoder start token on, has per layer: RMS norm, causal
 self-attention over its KV cache with bucket biases over past positions (from the first layer's

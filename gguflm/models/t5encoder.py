@@ -1,10 +1,9 @@
-"""T5's encoder alone (``t5encoder``: sentence embeddings from T5/FLAN-T5 encoders). RMS norms
-without bias before attention and feed-forward, no position embeddings: every layer's attention
-scores get a bias per head from the relative position bucket of each key (``attn_rel_b``, which
-layers without one take from the first layer), attention unscaled; a GELU-gated feed-forward
-(FLAN-T5) or a ReLU one (T5). It runs as an encoder, without a KV cache: non-causal when encoded
-(``Context.encode``), causal within the ubatch when decoded (llama.cpp's decode of it, which
-``Llama.embed`` runs).
+"""T5 and FLAN-T5 encoders alone (sentence embeddings): RMS norms without bias before attention
+and feed-forward, no position embeddings; every layer's attention scores get a bias per head from
+the relative position bucket of each key (``attn_rel_b``, which layers without one take from the
+first layer), attention unscaled; a GELU-gated feed-forward (FLAN-T5) or a ReLU one (T5). It runs
+as an encoder, without a KV cache: non-causal when encoded (``Context.encode``), causal within
+the ubatch when decoded (llama.cpp's decode of it, which ``Llama.embed`` runs).
 
 :class:`T5Encoder` holds what the ``t5`` encoder-decoder shares (its encoder pass, the tensors
 under ``enc.``); :mod:`gguflm.models.t5` adds the decoder.
