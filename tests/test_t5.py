@@ -275,3 +275,22 @@ def test_decode_before_encode_and_encode_without_encoder_are_errors(t5_paths):
         assert not model.has_encoder and model.decoder_start_token == -1
         with pytest.raises(EncoderError, match="no encoder"):
             ctx.encode(batch_of([1, 2, 3]))
+
+
+def test_cli_runs_an_encoder_decoder_model(tmp_path):
+    """``gguflm run -m t5.gguf -p ...`` encodes the prompt and generates with the decoder, as
+    llama-cli does: the text LLM.complete gives."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "t5.gguf"
+    write_tiny_t5(path, np.random.default_rng(11), types=TYPES)
+    with gguflm.LLM(path, n_ctx=256, n_threads=2, progress=False) as llm:
+        completion = llm.complete("hello world", max_tokens=6, temperature=0.0)
+        want = completion.text
+    assert completion.token_ids   # the decoder generated something to compare
+    run = subprocess.run([sys.executable, "-m", "gguflm.cli", "run", "-m", str(path), "-p", "hello world", "-n", "6",
+                          "--temp", "0", "-c", "256", "-t", "2", "--no-display-prompt"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip("\n") == want
