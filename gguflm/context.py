@@ -418,6 +418,13 @@ class Context:
         finally:
             self._encoding = False
 
+    def cross_source(self) -> EncoderOutput:
+        """The encoder output the decoder attends over; before any encode (sizing a pass: decode
+        refuses to run then), zeros of the training context's rows, as llama.cpp sizes its graph."""
+        if self.encoder_output is None:
+            return EncoderOutput(self.model.hparams.n_ctx_train, self.model.hparams.n_embd)
+        return self.encoder_output
+
     def _encode_for_decoder(self, batch: Batch) -> int:
         """encode's pass of an encoder-decoder model: its output kept in ``encoder_output``."""
         try:

@@ -999,11 +999,11 @@ class Graph:
         self.plan.clamp(x, 0.0, float("inf"))
         return x
 
-    def cross_attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Layer ``il``'s queries over K and V computed from the encoder's output rows (T5's
-        cross-attention, scale 1, no bias): a token sees the encoder rows of its sequence."""
+    def cross_attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, enc: Any) -> np.ndarray:
+        """Layer ``il``'s queries over K and V computed from the encoder's output rows ``enc``
+        (a :class:`gguflm.context.EncoderOutput`; T5's cross-attention, scale 1, no bias): a
+        token sees the encoder rows of its sequence."""
         hp = self.hparams
-        enc = self.ctx.encoder_output
         out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.head_v(il))
         self.plan.attention_cross(q, k, v, enc.pos, enc.seq, enc.n_rows, hp.n_head[il], hp.n_head_kv[il],
                                   hp.head_k(il), 1.0, out, self.n_threads)

@@ -47,7 +47,7 @@ class T5(T5Encoder):
             return self.encode(g), None
         t = g.model.tensors
         n_dec = g.hparams.extras["dec_n_layer"]
-        enc = g.ctx.encoder_output.embd                                       # [n_enc, n_embd]
+        enc = g.ctx.cross_source()
         x = g.embed(t["token_embd.weight"])                                   # [n_tokens, n_embd]
         for il, _ in g.layers():
             if il >= n_dec:
@@ -62,8 +62,8 @@ class T5(T5Encoder):
             # cross-attention over the encoder's output
             cur = g.rms_norm(cross_inp, t[f"{b}.cross_attn_norm.weight"])
             (q,) = g.project(cur, t[f"{b}.cross_attn_q.weight"])
-            k, v = g.project(enc, t[f"{b}.cross_attn_k.weight"], t[f"{b}.cross_attn_v.weight"])  # [n_enc, ...]
-            cur = g.cross_attention(il, q, k, v)
+            k, v = g.project(enc.embd, t[f"{b}.cross_attn_k.weight"], t[f"{b}.cross_attn_v.weight"])  # [n_enc, ...]
+            cur = g.cross_attention(il, q, k, v, enc)
             (cur,) = g.project(cur, t[f"{b}.cross_attn_o.weight"])
             if il == n_dec - 1:
                 cur, cross_inp = g.output_rows(cur, cross_inp)
