@@ -294,3 +294,14 @@ def test_cli_runs_an_encoder_decoder_model(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.rstrip("\n") == want
+
+
+def test_encode_of_an_encoder_without_cache_is_its_decode():
+    """llama_encode of a BERT is what its decode runs (llama.cpp's decode calls encode for a
+    model without memory)."""
+    path = TINY_MODEL.parent / "bert.gguf"
+    with Model.load(path) as model, Context(model, n_ctx=256, embeddings=True, pooling="none") as ctx:
+        assert ctx.encode(batch_of([1, 7, 9, 30])) == 0
+        encoded = ctx.get_embeddings().copy()
+        assert ctx.decode(batch_of([1, 7, 9, 30])) == 0
+        assert bits_equal(encoded, ctx.get_embeddings())
