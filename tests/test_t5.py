@@ -50,9 +50,9 @@ def batch_of(tokens: list[int], start: int = 0, seq: int = 0) -> Batch:
 
 # -- llama.cpp through llama-cpp-python's low-level bindings
 
-def _llama(path, n_threads: int, **kw):
+def _llama(path, n_threads: int, n_ubatch: int = 512, **kw):
     llama_cpp = require_peer()
-    return llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=n_threads,
+    return llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_ubatch=n_ubatch, n_threads=n_threads,
                            n_threads_batch=n_threads, verbose=False, **kw)
 
 
@@ -79,12 +79,13 @@ def llama_encoded(path, tokens: list[int], n_threads: int) -> np.ndarray:
         llm.close()
 
 
-def llama_decoder_logits(path, enc: list[int], dec: list[int], step: int, n_threads: int) -> np.ndarray:
+def llama_decoder_logits(path, enc: list[int], dec: list[int], step: int, n_threads: int,
+                         n_ubatch: int = 512) -> np.ndarray:
     """llama.cpp's decoder logits at every position of ``dec`` after encoding ``enc``, the decoder
     tokens decoded ``step`` at a time."""
     import llama_cpp.llama_cpp as L
 
-    llm = _llama(path, n_threads, logits_all=True)
+    llm = _llama(path, n_threads, n_ubatch, logits_all=True)
     try:
         _fill(llm, enc)
         llm._ctx.encode(llm._batch)
@@ -100,8 +101,9 @@ def llama_decoder_logits(path, enc: list[int], dec: list[int], step: int, n_thre
         llm.close()
 
 
-def ours_decoder_logits(model: Model, enc: list[int], dec: list[int], step: int, n_threads: int) -> np.ndarray:
-    with Context(model, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=n_threads) as ctx:
+def ours_decoder_logits(model: Model, enc: list[int], dec: list[int], step: int, n_threads: int,
+                        n_ubatch: int = 512) -> np.ndarray:
+    with Context(model, n_ctx=512, n_batch=512, n_ubatch=n_ubatch, n_threads=n_threads) as ctx:
         assert ctx.encode(batch_of(enc)) == 0
         rows = []
         for i in range(0, len(dec), step):
@@ -205,6 +207,16 @@ def test_t5_decoder_logits_are_llama_cpps(t5_paths, step, n_threads):
         ours = ours_decoder_logits(model, ENC, DEC, step, n_threads)
     theirs = llama_decoder_logits(path, ENC, DEC, step, n_threads)
     assert bits_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_t5_decoder_in_one_token_ubatches_is_llama_cpps(t5_paths, n_threads):
+    """n_ubatch 1 (the encoder then takes one token, as llama.cpp's asserts): a decoder batch cut
+    into one-token ubatches, as llama.cpp's."""
+    path = t5_paths["t5"]
+    with Model.load(path) as model:
+        ours = ours_decoder_logits(model, ENC[:1], DEC, len(DEC), n_threads, n_ubatch=1)
+    assert bits_equal(ours, llama_decoder_logits(path, ENC[:1], DEC, len(DEC), n_threads, n_ubatch=1))
 
 
 def test_t5_relative_buckets_past_max_distance(tmp_path):
