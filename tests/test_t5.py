@@ -219,6 +219,40 @@ def test_t5_decoder_in_one_token_ubatches_is_llama_cpps(t5_paths, n_threads):
     assert bits_equal(ours, llama_decoder_logits(path, ENC[:1], DEC, len(DEC), n_threads, n_ubatch=1))
 
 
+def test_t5_two_sequences_attend_their_own_encodings(t5_paths):
+    """Two prompts encoded in one batch, then both decoders in one batch: each decoder token
+    attends over its own sequence's encoded rows, as llama.cpp's (an embedding context, the one
+    llama-cpp-python gives more than one sequence)."""
+    import llama_cpp.llama_cpp as L
+
+    path, encs, decs = t5_paths["t5"], [ENC, [9, 8, 250, 3, 30]], [DEC[:4], [0, 5, 6]]
+
+    def two(tokens_by_seq: list[list[int]]) -> Batch:
+        b = Batch(sum(map(len, tokens_by_seq)))
+        for seq, tokens in enumerate(tokens_by_seq):
+            for i, t in enumerate(tokens):
+                b.add(t, i, [seq], True)
+        return b
+
+    with Model.load(path) as model, Context(model, n_ctx=512, n_seq_max=2, embeddings=True, pooling="none",
+                                            n_threads=2) as ctx:
+        assert ctx.encode(two(encs)) == 0
+        assert ctx.decode(two(decs)) == 0
+        ours = ctx.get_logits().copy()
+    llm = _llama(path, 2, embedding=True, pooling_type=0)
+    try:
+        for stage, runs in ((llm._ctx.encode, encs), (llm._ctx.decode, decs)):
+            llm._batch.reset()
+            for seq, tokens in enumerate(runs):
+                llm._batch.add_sequence(tokens, seq, True)
+            stage(llm._batch)
+        n = sum(map(len, decs))
+        theirs = np.ctypeslib.as_array(L.llama_get_logits(llm._ctx.ctx), shape=(n * N_VOCAB,)).reshape(n, N_VOCAB)
+        assert bits_equal(ours, theirs)
+    finally:
+        llm.close()
+
+
 def test_t5_relative_buckets_past_max_distance(tmp_path):
     """A 150-token decoder past a 140-token encoding: the decoder's one-way buckets beyond
     max_distance (128), every position as llama.cpp's."""
