@@ -351,3 +351,20 @@ def test_encode_of_an_encoder_without_cache_is_its_decode():
         encoded = ctx.get_embeddings().copy()
         assert ctx.decode(batch_of([1, 7, 9, 30])) == 0
         assert bits_equal(encoded, ctx.get_embeddings())
+
+
+def test_llama_cpp_shim_embeds_with_a_t5encoder(t5_paths):
+    """gguflm.llama_cpp.Llama(embedding=True).embed of texts on a t5encoder: llama-cpp-python's
+    vectors (its decode of the encoder, mean pooling), bit for bit."""
+    import gguflm.llama_cpp as shim
+
+    llama_cpp = require_peer()
+    path, texts = str(t5_paths["t5encoder"]), ["hello world", "a longer text to embed here"]
+    kw = dict(embedding=True, pooling_type=1, n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+    ours = shim.Llama(path, **kw)
+    theirs = llama_cpp.Llama(path, **kw)
+    try:
+        assert bits_equal(np.array(ours.embed(texts)), np.array(theirs.embed(texts)))
+    finally:
+        ours.close()
+        theirs.close()
