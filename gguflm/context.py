@@ -402,10 +402,10 @@ class Context:
         Returns 0, 2 (aborted) or -1 (invalid batch).
 
         An encoder alone (``t5encoder``, and BERT and kin, whose decode is their encode) leaves
-        its outputs as :meth:`decode` does (embeddings, pooled as the context says). An encoder-decoder model (``t5``) keeps the encoder's final
-        hidden states, with each token's position and first sequence, for the decoder's
-        cross-attention in the decodes that follow (until the next encode): a decoder token sees
-        the encoded tokens of its own sequence."""
+        its outputs as :meth:`decode` does (embeddings, pooled as the context says). An
+        encoder-decoder model (``t5``) keeps the encoder's final hidden states, with each token's
+        position and first sequence, for the decoder's cross-attention in the decodes that follow
+        (until the next encode): a decoder token sees the encoded tokens of its own sequence."""
         arch = self.model.architecture
         if not arch.has_encoder and arch.kv_cache:
             raise EncoderError(f"{self.model.hparams.arch} models have no encoder (llama_model_has_encoder "

@@ -5,8 +5,6 @@ greedy generation; the errors of a decode before any encode."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
