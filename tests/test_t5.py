@@ -311,10 +311,20 @@ def test_t5_reencoding_replaces_the_encoder_output(t5_paths):
 
 
 def test_decode_before_encode_and_encode_without_encoder_are_errors(t5_paths):
+    """llama.cpp aborts on a decode before any encode (and llama-cpp-python's Llama.eval of a t5
+    does that): here an EncoderError, from the shim's eval too."""
+    import gguflm.llama_cpp as shim
+
     with Model.load(t5_paths["t5"]) as model, Context(model, n_ctx=256) as ctx:
         with pytest.raises(EncoderError, match="call encode first"):
             ctx.decode(batch_of(DEC))
         assert ctx.encode(Batch(1)) == -1     # no tokens: llama_encode's -1
+    llm = shim.Llama(str(t5_paths["t5"]), n_ctx=256, verbose=False)
+    try:
+        with pytest.raises(EncoderError):
+            llm.eval(DEC)
+    finally:
+        llm.close()
     with Model.load(TINY_MODEL) as model, Context(model, n_ctx=256) as ctx:
         assert not model.has_encoder and model.decoder_start_token == -1
         with pytest.raises(EncoderError, match="no encoder"):
