@@ -23,7 +23,7 @@ import numpy as np
 from gguflm import kv_cache
 from gguflm.batch import Batch, BatchAllocator, InvalidBatchError, UBatch
 from gguflm.control_vector import ControlVectors
-from gguflm.errors import Error, StateError, VocabOnlyError
+from gguflm.errors import EncoderError, Error, StateError, VocabOnlyError
 from gguflm._ext.plan import Plan
 from gguflm.graph import Aborted, Arena, Graph, MatmulObservation, apply_rope
 from gguflm.kv_cache import KVCache, Memory
@@ -51,6 +51,17 @@ def _pad(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+class EncoderOutput:
+    """What an encoder-decoder model's encode leaves for the decoder's cross-attention (llama.cpp's
+    ``llama_cross``): the final hidden states and each row's position and first sequence."""
+
+    def __init__(self, n_rows: int, n_embd: int) -> None:
+        self.embd = np.zeros((n_rows, n_embd), np.float32)   # [n_enc, n_embd]
+        self.pos = np.zeros(n_rows, np.int32)
+        self.seq = np.zeros(n_rows, np.int32)
+        self.n_rows = np.array([n_rows], np.int32)           # the cross-attention's cell count
+
+
 class Context:
     """An inference session over a :class:`Model`: KV cache, decode, outputs.
 
@@ -64,7 +75,9 @@ class Context:
     ``pooling`` (a name of :data:`gguflm.pooling.POOLING_NAMES`, llama.cpp's number, or None
     for the model's own ``{arch}.pooling_type``) pools them per sequence into
     :meth:`get_embeddings_seq`. Encoders (BERT and kin) have no KV cache: a batch must fit in one
-    ubatch, every decode starts afresh, and up to 256 sequences may share a batch. ``logits=False``
+    ubatch, every decode starts afresh, and up to 256 sequences may share a batch. A model with an
+    encoder (T5) runs it with :meth:`encode`; an encoder-decoder one keeps its output for the
+    decoder's cross-attention in every later :meth:`decode`. ``logits=False``
     skips the output projection (a context that only reads embeddings; llama.cpp computes it).
     ``kv_unified=False`` gives each of the ``n_seq_max`` sequences its own region of the cache
     (``n_ctx / n_seq_max`` cells, each padded to 256), as llama.cpp's per-sequence KV streams:
@@ -172,6 +185,12 @@ class Context:
                                       self.pooling_type if self._pools else None,
                                       equal_split=bool(rs_layers),
                                       sequential=arch.memory == "recurrent" or n_stream > 1)
+        # an encoder-decoder model's encoder pass: one ubatch, every token an output, no cells
+        self._enc_balloc = BatchAllocator(hp, None, self.memory, False, n_seq_max, self.n_batch, self.n_ubatch,
+                                          True, None)
+        self._encoding = False   # the pass being recorded or run is the encoder's (encode)
+        # the encoder's output the decoder attends over (EncoderOutput), once encode has run
+        self.encoder_output: EncoderOutput | None = None
 
         # recorded forward passes by ubatch shape, most recently used last
         self._plans: OrderedDict[tuple[int, int, bool], Plan] = OrderedDict()
@@ -307,7 +326,11 @@ class Context:
         attention take other recipes for batches), at about a batch's cost. Speculative decoding
         checks drafts so, for the tokens generation without it gives. Mixture-of-experts layers
         keep their batch rounding."""
-        status = self._decode_one(batch)
+        arch = self.model.architecture
+        if arch.has_encoder and arch.has_decoder and self.encoder_output is None and not self._encoding:
+            raise EncoderError(f"decode of an encoder-decoder model ({self.model.hparams.arch}) needs the "
+                               f"encoder's output: call encode first (llama.cpp: llama_encode)")
+        status = None if self._encoding else self._decode_one(batch)
         if status is not None:
             return status
         try:
@@ -343,7 +366,7 @@ class Context:
                         cache.apply(ub.cells[ci], ub.pos, ub.seq_mask)
                 self._check_abort()
                 plan = self._plan_for(ub)
-                plan.run(self._check_abort if self.matmul_observer is None else self._observing(ub.shape))
+                plan.run(self._check_abort if self.matmul_observer is None else self._observing(self._plan_key(ub)))
                 embd, logits, pooled = plan.results
             except Aborted:
                 for cache, snap in zip(self._caches, snapshots):
@@ -371,6 +394,69 @@ class Context:
             key = "p_eval" if ub.n_tokens > 1 else "eval"
             self._perf[f"t_{key}_ms"] += (time.perf_counter() - start) * 1e3
             self._perf[f"n_{key}"] += ub.n_tokens
+        return 0
+
+    def encode(self, batch: Batch) -> int:
+        """Run the model's encoder over ``batch`` (llama.cpp's ``llama_encode``): every token
+        attends to every token of its sequence (non-causal); the batch must fit in one ubatch.
+        Returns 0, 2 (aborted) or -1 (invalid batch).
+
+        An encoder alone (``t5encoder``, and BERT and kin, whose decode is their encode) leaves
+        its outputs as :meth:`decode` does (embeddings, pooled as the context says). An
+        encoder-decoder model (``t5``) keeps the encoder's final hidden states, with each token's
+        position and first sequence, for the decoder's cross-attention in the decodes that follow
+        (until the next encode): a decoder token sees the encoded tokens of its own sequence."""
+        arch = self.model.architecture
+        if not arch.has_encoder and arch.kv_cache:
+            raise EncoderError(f"{self.model.hparams.arch} models have no encoder (llama_model_has_encoder "
+                               f"is false): run them with decode")
+        self._encoding = True
+        try:
+            if not arch.kv_cache:
+                return self.decode(batch)
+            return self._encode_for_decoder(batch)
+        finally:
+            self._encoding = False
+
+    def cross_source(self) -> EncoderOutput:
+        """The encoder output the decoder attends over; before any encode (sizing a pass: decode
+        refuses to run then), zeros of the training context's rows, as llama.cpp sizes its graph."""
+        if self.encoder_output is None:
+            return EncoderOutput(self.model.hparams.n_ctx_train, self.model.hparams.n_embd)
+        return self.encoder_output
+
+    def _encode_for_decoder(self, batch: Batch) -> int:
+        """encode's pass of an encoder-decoder model: its output kept in ``encoder_output``."""
+        try:
+            prepared = self._enc_balloc.init(batch)
+            (ub,) = self._enc_balloc.split(prepared)
+        except InvalidBatchError as exc:
+            log.error("encode: %s", exc)
+            return -1
+        start = time.perf_counter()
+        try:
+            self._check_abort()
+            plan = self._plan_for(ub)
+            plan.run(self._check_abort)
+        except Aborted:
+            log.info("encode: aborted")
+            return 2
+        embd = plan.results[0]                                   # [n_tokens, n_embd]
+        out = self.encoder_output
+        if out is None or out.embd.shape != embd.shape:
+            # the decoder's recorded passes read the encoder output's buffers, sized by its rows
+            self._drop_plans()
+            out = self.encoder_output = EncoderOutput(embd.shape[0], embd.shape[1])
+        out.embd[:] = embd
+        out.pos[:] = ub.pos
+        out.seq[:] = ub.seq_first
+        n = ub.n_tokens
+        self._logits, self._embd_seq = None, {}
+        self._embd = embd.copy() if self.embeddings else None
+        self._n_outputs = n
+        self._output_ids = np.arange(n, dtype=np.int32)
+        self._perf["t_p_eval_ms"] += (time.perf_counter() - start) * 1e3
+        self._perf["n_p_eval"] += n
         return 0
 
     @property
@@ -460,9 +546,9 @@ class Context:
         hp = self.model.hparams
         plan = Plan(ub.n_tokens, ub.n_outputs, len(self._caches), hp.n_embd if ub.tokens is None else 0,
                     ub.n_seqs, ub.per_token)
-        g = Graph(self, ub, plan, arena)
+        g = Graph(self, ub, plan, arena, encoding=self._encoding)
         embd, logits = self.model.architecture.forward(g)
-        pooled = g.pooling(embd, self.pooling_type) if self._pools else None
+        pooled = g.pooling(embd, self.pooling_type) if self._pools and ub.pooling is not None else None
         if self.embeddings:   # the dense projections come after pooling, or on every row without it
             if pooled is None:
                 embd = g.dense_out(embd)
@@ -495,9 +581,14 @@ class Context:
         arena, _ = self._layout(ub)
         return arena.nbytes
 
+    def _plan_key(self, ub: UBatch) -> tuple:
+        """The key of ub's recorded pass: its shape, and for encode's passes, that they are."""
+        return ub.shape + ("encode",) if self._encoding else ub.shape
+
     def _plan_for(self, ub: UBatch) -> Plan:
         """The recorded forward pass for ub's shape (recorded now if new), with ub's inputs in it."""
-        plan = self._plans.get(ub.shape)
+        key = self._plan_key(ub)
+        plan = self._plans.get(key)
         if plan is None:
             # once to learn when each buffer is in use, then into buffers that share memory
             guarded = guard_mode()
@@ -506,13 +597,13 @@ class Context:
             plan = self._record(ub, arena, observations)
             if guarded:
                 plan.set_guards(*arena.guard_zones())
-            self._plans[ub.shape] = plan
-            self._observations[ub.shape] = observations
+            self._plans[key] = plan
+            self._observations[key] = observations
             if len(self._plans) > _MAX_PLANS:
                 evicted, _ = self._plans.popitem(last=False)
                 self._observations.pop(evicted, None)
         else:
-            self._plans.move_to_end(ub.shape)
+            self._plans.move_to_end(key)
             self._perf["n_reused"] += 1
         if ub.tokens is not None:
             plan.tokens[:] = ub.tokens
@@ -526,9 +617,10 @@ class Context:
                 plan.pool_mean_weights[:] = ub.pooling.mean
             if ub.pooling.rows is not None:
                 plan.pool_rows[:] = ub.pooling.rows
-        for ci, cache in enumerate(self._caches):
-            plan.cells[ci][:] = ub.cells[ci]
-            plan.n_kv[ci] = cache.used_max_p1
+        if not self._encoding:   # the encoder of an encoder-decoder model places no cells
+            for ci, cache in enumerate(self._caches):
+                plan.cells[ci][:] = ub.cells[ci]
+                plan.n_kv[ci] = cache.used_max_p1
         return plan
 
     def _apply_shifts(self) -> None:

@@ -31,6 +31,11 @@ class QuantizeError(Error):
     requantizing without permission, a very low-bit type without importance data."""
 
 
+class EncoderError(Error):
+    """An encoder-decoder model decoded before anything was encoded (its cross-attention needs
+    the encoder's output), or an encode asked of a model without an encoder."""
+
+
 class StateError(Error):
     """A saved context state is malformed or does not fit this context."""
 

@@ -194,6 +194,8 @@ class Session:
         # a sliding-window cache forgets old positions: a prefix is reusable only if the window
         # before its end is still there (llama.cpp's server checks the same)
         self._n_swa = hp.n_swa if any(hp.is_swa(il) for il in range(hp.n_layer)) else 0
+        model = ctx.model
+        self._encoder_decoder = model.has_encoder and model.has_decoder
 
     def reusable_prefix(self, prompt: Sequence[int]) -> int:
         """How many leading prompt tokens can keep their cache entries (the last prompt token is
@@ -229,12 +231,34 @@ class Session:
         gguflm.Error
             The context refused the batch.
         """
+        if self._encoder_decoder:
+            self._encode(prompt)
+            return 0
         n_keep = self.keep_prefix(prompt)
         n_batch = self.ctx.n_batch
         for start in range(n_keep, len(prompt), n_batch):
             chunk = prompt[start:start + n_batch]
             self._decode(Batch.get_one(chunk), chunk)
         return n_keep
+
+    def _encode(self, prompt: Sequence[int]) -> None:
+        """An encoder-decoder model's prompt, as llama-cli runs it: the encoder takes the prompt,
+        then the decoder starts afresh from the model's decoder start token (BOS where the file
+        names none), whose logits are the first to sample."""
+        self.reset()
+        batch = Batch(len(prompt))
+        for pos, tok in enumerate(prompt):
+            batch.add(int(tok), pos, (self.seq_id,), True)
+        status = self.ctx.encode(batch)
+        if status == DECODE_ABORTED:
+            raise Cancelled()
+        if status != 0:
+            raise Error(f"encode failed (status {status}) for a {len(prompt)}-token prompt "
+                        f"(n_ubatch = {self.ctx.n_ubatch}: the encoder takes the prompt in one ubatch)")
+        start = self.ctx.model.decoder_start_token
+        if start < 0:
+            start = self.ctx.model.vocab.bos
+        self._decode(Batch.get_one([start]), (start,))
 
     def step(self, token: int, draft: Sequence[int] = ()) -> None:
         """Decode one generated token (its logits become the next row to sample), and after it

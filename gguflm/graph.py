@@ -197,8 +197,10 @@ class MatmulObservation:
 class Graph:
     """Records the forward pass of ubatches shaped like ``ub`` through ``ctx``'s model."""
 
-    def __init__(self, ctx: Any, ub: UBatch, plan: Plan, arena: Arena):
+    def __init__(self, ctx: Any, ub: UBatch, plan: Plan, arena: Arena, encoding: bool = False):
         self.ctx = ctx
+        # the encoder's pass of an encoder-decoder model (llama_encode): attention without a cache
+        self.encoding = encoding
         self.model = ctx.model
         self.hparams = ctx.model.hparams
         self.ub = ub
@@ -615,7 +617,8 @@ class Graph:
         self.rope(self.rms_norm_heads(k, k_norm), il, self.hparams.n_head_kv[il])
 
     def attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray | None,
-                  kq_scale: float, sinks: Weight | None = None) -> np.ndarray:
+                  kq_scale: float, sinks: Weight | None = None, rel_bias: np.ndarray | None = None,
+                  causal_no_cache: bool = False) -> np.ndarray:
         """Store k, v in the layer's cache cells, then attend q over the cache; without a cache
         (encoders), attend q over the ubatch's own k and v, non-causally as llama.cpp's encode
         does. Either way with sliding windows and ALiBi biases where the model has them
@@ -623,14 +626,17 @@ class Graph:
         position as the cache holds it (after seq_add / seq_div: no K to re-rotate). ``sinks``: one logit per head that
         joins the softmax (gpt-oss). ``v`` None: V is the first n_embd_head_v values of K's rows
         (multi-head latent attention's cache, which keeps no V rows). ``k`` and ``v`` None: the
-        layer attends over the cache of the earlier layer it shares (``hparams.kv_source``)."""
+        layer attends over the cache of the earlier layer it shares (``hparams.kv_source``).
+        ``rel_bias``: T5's relative position biases (:meth:`t5_rel_bias`), bidirectional without a
+        cache, over past positions with one. ``causal_no_cache``: without a cache, mask future
+        tokens all the same (llama.cpp's t5encoder decoded rather than encoded)."""
         hp = self.hparams
         dk, dv = hp.head_k(il), hp.head_v(il)
         out = self.new(self.ub.n_tokens, hp.n_head[il] * dv)
-        if not self.model.architecture.kv_cache:
+        if not self.model.architecture.kv_cache or self.encoding:
             self.plan.attention_self(q, k, v, hp.n_head[il], hp.n_head_kv[il], dk, dv,
-                                     kq_scale, False, hp.f_max_alibi_bias, out, self.n_threads,
-                                     hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric)
+                                     kq_scale, causal_no_cache, hp.f_max_alibi_bias, out, self.n_threads,
+                                     hp.n_swa if hp.is_swa(il) else 0, hp.swa_symmetric, rel_bias)
             return out
         src = hp.kv_source(il)   # a layer sharing an earlier one's cache stores nothing (k, v None)
         ci, cache = self.ctx.cache_for_layer(src)
@@ -646,7 +652,7 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1,
-                            hp.f_max_alibi_bias)
+                            hp.f_max_alibi_bias, rel_bias)
         if not hp.is_mla and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out
@@ -976,6 +982,32 @@ class Graph:
         eps] as the file gives them (the alphas go through softplus, as ggml_xielu takes them)."""
         self.plan.xielu(x, params)
         return x
+
+    # -- T5 (relative position buckets; the decoder's cross-attention over the encoder's output)
+
+    def t5_rel_bias(self, w: Weight) -> np.ndarray:
+        """T5's relative position bias table (``attn_rel_b``, n_head values per bucket) as float32
+        [n_buckets, n_head], as ggml_get_rows reads its rows for llama.cpp's build_pos_bias."""
+        _file_layout(w)
+        n_head, n_buckets = w.shape
+        out = np.empty((n_buckets, n_head), np.float32)
+        quants.dequantize(int(w.kernel_type), np.ascontiguousarray(w.data.view(np.uint8).reshape(n_buckets, -1)), out)
+        return out
+
+    def relu(self, x: np.ndarray) -> np.ndarray:
+        """max(x, 0) in place (ggml_relu; T5's feed-forward without a gate)."""
+        self.plan.clamp(x, 0.0, float("inf"))
+        return x
+
+    def cross_attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, enc: Any) -> np.ndarray:
+        """Layer ``il``'s queries over K and V computed from the encoder's output rows ``enc``
+        (a :class:`gguflm.context.EncoderOutput`; T5's cross-attention, scale 1, no bias): a
+        token sees the encoder rows of its sequence."""
+        hp = self.hparams
+        out = self.new(self.ub.n_tokens, hp.n_head[il] * hp.head_v(il))
+        self.plan.attention_cross(q, k, v, enc.pos, enc.seq, enc.n_rows, hp.n_head[il], hp.n_head_kv[il],
+                                  hp.head_k(il), 1.0, out, self.n_threads)
+        return out
 
     # -- outputs
 

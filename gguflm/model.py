@@ -159,6 +159,22 @@ class Model:
     # -- facts
 
     @property
+    def has_encoder(self) -> bool:
+        """Whether the model has an encoder that ``Context.encode`` runs (llama_model_has_encoder)."""
+        return self.architecture.has_encoder
+
+    @property
+    def has_decoder(self) -> bool:
+        """Whether ``Context.decode`` runs a decoder (llama_model_has_decoder: all but t5encoder)."""
+        return self.architecture.has_decoder
+
+    @property
+    def decoder_start_token(self) -> int:
+        """The token an encoder-decoder model's decoder starts from, -1 if the file names none
+        (llama_model_decoder_start_token)."""
+        return int(self.hparams.extras.get("decoder_start_token_id", -1))
+
+    @property
     def name(self) -> str:
         """``general.name`` ("" if absent), which llama.cpp reads even for a vocab-only load."""
         return self.meta.get("general.name", "")

@@ -145,6 +145,9 @@ typedef struct {
     uint64_t batched_seqs;     /* set by gguflm_attention: with per_stream, the sequences that have two
                                   or more tokens in the ubatch */
     int swa_symmetric;         /* 1: the window reaches n_swa / 2 positions both ways (bidirectional) */
+    const float *rel_bias;     /* T5's relative position biases, [rel_buckets][n_head] (row = bucket); NULL = none */
+    int rel_buckets;           /* how many buckets (llama.cpp's n_rel_attn_bkts) */
+    int rel_bidirectional;     /* 1: buckets for keys either side (the encoder's), else only the past */
 } gguflm_attn_args;
 
 /* Whether ggml computes token t's K·q and P·V products as a batch: llamafile's sgemm takes them
@@ -242,6 +245,34 @@ static int gguflm_visible_cells(const gguflm_attn_args *a, int t, int32_t *cells
     for (int c = 0; c < a->n_kv; c++)
         if (gguflm_attn_visible(a, t, c)) cells[n++] = c;
     return n;
+}
+
+/* T5's relative position bucket of a key at position pk for a query at pq, exactly as llama.cpp's
+ * llama_relative_position_bucket computes it (max_distance 128): float logf of a double quotient,
+ * the sum in double, rounded to float before floorf. */
+static int32_t gguflm_rel_bucket(int32_t pk, int32_t pq, int n_buckets, int bidirectional) {
+    const int64_t max_distance = 128;
+    uint64_t nb = (uint64_t)n_buckets;
+    if (bidirectional) nb >>= 1;
+    const int64_t max_exact = (int64_t)(nb >> 1);
+    int32_t rp = pk - pq, bucket = 0;
+    if (bidirectional) {
+        bucket += (rp > 0) * (int32_t)nb;
+        rp = abs(rp);
+    } else {
+        rp = rp < 0 ? -rp : 0;
+    }
+    if (rp < max_exact) return bucket + rp;   /* llama.cpp computes the log branch too, unused */
+    const float lg = logf((float)(1.0 * rp / max_exact)) * (float)(nb - max_exact);
+    int32_t large = (int32_t)floorf((float)((double)max_exact + (double)lg / log(1.0 * max_distance / max_exact)));
+    if (large > (int32_t)(nb - 1)) large = (int32_t)(nb - 1);
+    return bucket + large;
+}
+
+/* the relative position bias of query head h for the key in cell c and token t (T5's kq_b) */
+static inline float gguflm_rel_bias(const gguflm_attn_args *a, int t, int h, int c) {
+    const int32_t b = gguflm_rel_bucket(a->cell_pos[c], a->tok_pos[t], a->rel_buckets, a->rel_bidirectional);
+    return a->rel_bias[(int64_t)b * a->n_head + h];
 }
 
 /* ALiBi slope of query head h of n_head, as ggml_compute_forward_soft_max_f32 computes it */

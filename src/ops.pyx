@@ -295,6 +295,9 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.per_token = 0
     a.batched_seqs = 0
     a.swa_symmetric = swa_symmetric
+    a.rel_bias = NULL
+    a.rel_buckets = 0
+    a.rel_bidirectional = 0
     _check_threads(n_threads)
     cdef int rc, isa = _switch.isa
     with nogil:

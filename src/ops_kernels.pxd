@@ -67,5 +67,8 @@ cdef extern from "ops.h" nogil:
         int per_token
         uint64_t batched_seqs
         int swa_symmetric
+        const float *rel_bias
+        int rel_buckets
+        int rel_bidirectional
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

@@ -516,11 +516,13 @@ cdef class Plan:
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
                   cnp.ndarray out, int n_threads, cnp.ndarray sinks=None, bint per_stream=False,
-                  float max_bias=0.0):
+                  float max_bias=0.0, cnp.ndarray rel_bias=None, bint rel_bidirectional=False):
         """Attention of q over the cache's cells [0, n_kv) (the plan's n_kv of ``cache_index``),
-        with ALiBi biases from each cell's position when ``max_bias`` > 0."""
+        with ALiBi biases from each cell's position when ``max_bias`` > 0, and T5's relative
+        position biases where ``rel_bias`` ([n_buckets, n_head] float32) is given."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
-                                                                          sinks))
+                                                                          sinks, rel_bias))
+        self._set_rel_bias(nd, rel_bias, n_head, rel_bidirectional)
         nd.attn.sinks = <const float *>_ptr(sinks) if sinks is not None else NULL
         nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
         nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
@@ -540,11 +542,13 @@ cdef class Plan:
 
     def attention_self(self, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, int n_head, int n_head_kv, int head_dim_k,
                        int head_dim_v, float kq_scale, bint causal, float max_bias, cnp.ndarray out, int n_threads,
-                       int n_swa=0, bint swa_symmetric=False):
+                       int n_swa=0, bint swa_symmetric=False, cnp.ndarray rel_bias=None):
         """Attention of the ubatch's tokens over the ubatch's own F32 K and V rows (no cache: one cell
         per token, visible within its first sequence), with ALiBi when ``max_bias`` > 0, within a
-        sliding window of ``n_swa`` positions (0: none; ``swa_symmetric``: n_swa / 2 either way)."""
-        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k, v, out,))
+        sliding window of ``n_swa`` positions (0: none; ``swa_symmetric``: n_swa / 2 either way),
+        with T5's bidirectional relative position biases where ``rel_bias`` is given."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k, v, out, rel_bias))
+        self._set_rel_bias(nd, rel_bias, n_head, True)
         nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
         nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
         nd.attn.head_dim_k, nd.attn.head_dim_v = head_dim_k, head_dim_v
@@ -558,6 +562,38 @@ cdef class Plan:
         nd.attn.n_swa, nd.attn.swa_symmetric = n_swa, swa_symmetric
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_self)
+
+    def attention_cross(self, cnp.ndarray q, cnp.ndarray k, cnp.ndarray v, cnp.ndarray cell_pos,
+                        cnp.ndarray cell_seq_id, cnp.ndarray n_cells, int n_head, int n_head_kv, int head_dim,
+                        float kq_scale, cnp.ndarray out, int n_threads):
+        """Attention of the ubatch's tokens over other F32 K and V rows (T5's cross-attention over
+        the encoder's outputs): cell c, at ``cell_pos[c]`` in sequence ``cell_seq_id[c]``, is visible
+        to the tokens of that sequence; ``n_cells`` ([1] int32) says how many rows there are, which
+        is also the length of ggml's score rows (no padding)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k, v, cell_pos, cell_seq_id, n_cells, out))
+        nd.attn.q, nd.attn.q_stride, nd.attn.n_tok = <const float *>_ptr(q), _stride(q), q.shape[0]
+        nd.attn.n_head, nd.attn.n_head_kv = n_head, n_head_kv
+        nd.attn.head_dim_k = nd.attn.head_dim_v = head_dim
+        nd.attn.k, nd.attn.v = _ptr(k), _ptr(v)
+        nd.attn.cache_type_k = nd.attn.cache_type_v = _CACHE_TYPE_IDS["f32"]
+        nd.attn.k_row_bytes, nd.attn.v_row_bytes = k.strides[0], v.strides[0]
+        nd.attn.cell_pos = <const int32_t *>_ptr(cell_pos)
+        nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
+        nd.attn.cell_seq_id = <const int32_t *>_ptr(cell_seq_id)
+        nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
+        nd.attn.n_cols = k.shape[0]
+        nd.attn.kq_scale = kq_scale
+        nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
+        nd.i32 = <const int32_t *>_ptr(n_cells)
+
+    cdef void _set_rel_bias(self, gguflm_node *nd, cnp.ndarray rel_bias, int n_head, bint bidirectional) except *:
+        if rel_bias is None:
+            return
+        if rel_bias.dtype != np.float32 or rel_bias.ndim != 2 or rel_bias.shape[1] != n_head \
+                or not rel_bias.flags.c_contiguous:
+            raise ValueError(f"rel_bias must be float32 [n_buckets, {n_head}], contiguous")
+        nd.attn.rel_bias = <const float *>_ptr(rel_bias)
+        nd.attn.rel_buckets, nd.attn.rel_bidirectional = rel_bias.shape[0], bidirectional
 
     def glu(self, int kind, cnp.ndarray gate, cnp.ndarray up, cnp.ndarray out, int n_threads):
         cdef gguflm_node *nd = self._add(GGUFLM_OP_GLU, n_threads, (gate, up, out,))

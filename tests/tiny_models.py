@@ -1997,6 +1997,51 @@ def write_tiny_modern_bert(path: Path, rng: np.random.Generator, n_embd: int = 6
         vector("cls.norm.weight", n_embd)
         matrix("cls.output.weight", n_embd, 2, scale=0.3)
         vector("cls.output.bias", 2, scale=0.1, center=0.0)
+
+
+# -- T5 (t5encoder: the encoder alone; t5: encoder and decoder with cross-attention)
+
+def write_tiny_t5(path: Path, rng: np.random.Generator, arch: str = "t5", n_embd: int = 64, n_head: int = 4,
+                  n_ff: int = 96, n_layer: int = 2, n_dec_layer: int | None = None, n_buckets: int = 32,
+                  gated: bool = True, rel_b_every_layer: bool = False, decoder_start: int = 0,
+                  types: dict[str, GGMLType] | None = None) -> None:
+    """A ``t5`` or ``t5encoder`` model with random weights: RMS norms, bucket biases in the first
+    layer only (or in every layer), F16 as the converter writes them; a GELU-gated feed-forward
+    (``gated``, FLAN-T5) or a ReLU one (T5); the decoder's start token ``decoder_start``."""
+    w = GGUFWriter(path, arch=arch)
+    tensors = _RandomTensors(w, rng, types or {}, {})
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", f"tiny-{arch}")
+    keys = {"context_length": 256, "embedding_length": n_embd, "block_count": n_layer, "feed_forward_length": n_ff,
+            "attention.head_count": n_head, "attention.head_count_kv": n_head,
+            "attention.key_length": n_embd // n_head, "attention.value_length": n_embd // n_head,
+            "attention.relative_buckets_count": n_buckets}
+    if arch == "t5":
+        keys["decoder_start_token_id"] = decoder_start
+        if n_dec_layer is not None:
+            keys["decoder_block_count"] = n_dec_layer
+    tensors.header(arch, keys, {})
+    matrix("token_embd.weight", n_embd, N_VOCAB, scale=0.5)
+    stacks = [("enc", n_layer, ("attn",))]
+    if arch == "t5":
+        stacks.append(("dec", n_layer if n_dec_layer is None else n_dec_layer, ("attn", "cross_attn")))
+        matrix("output.weight", n_embd, N_VOCAB)
+    for prefix, count, parts in stacks:
+        vector(f"{prefix}.output_norm.weight", n_embd)
+        for il in range(count):
+            b = f"{prefix}.blk.{il}"
+            for part in parts:
+                vector(f"{b}.{part}_norm.weight", n_embd)
+                if part == "attn" and (il == 0 or rel_b_every_layer):
+                    bias = (rng.standard_normal((n_buckets, n_head))).astype(np.float16)
+                    w.add_tensor(f"{b}.{part}_rel_b.weight", bias, GGMLType.F16)
+                for proj in ("q", "k", "v", "o"):
+                    matrix(f"{b}.{part}_{proj}.weight", n_embd, n_embd, scale=0.15)
+            vector(f"{b}.ffn_norm.weight", n_embd)
+            if gated:
+                matrix(f"{b}.ffn_gate.weight", n_embd, n_ff)
+            matrix(f"{b}.ffn_up.weight", n_embd, n_ff)
+            matrix(f"{b}.ffn_down.weight", n_ff, n_embd)
     w.write()
 
 

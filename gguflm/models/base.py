@@ -53,6 +53,10 @@ class Architecture:
     memory: ClassVar[str] = "attention"
     # whether a control vector joins each block's output (llama.cpp's graphs that call build_cvec)
     control_vector: ClassVar[bool] = True
+    # whether the model has an encoder that Context.encode runs (llama_model_has_encoder) and a
+    # decoder that Context.decode runs (llama_model_has_decoder)
+    has_encoder: ClassVar[bool] = False
+    has_decoder: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
