@@ -1,6 +1,6 @@
-"""ModernBERT (modern-bert: ModernBERT, granite-embedding R2, gte-reranker-modernbert): a pre-norm
-encoder. LayerNorms without biases (the first layer's attention norm may be absent: identity), a
-fused QKV projection, split-half RoPE, symmetric sliding windows on all but every third layer
+"""ModernBERT, granite-embedding R2 and gte-reranker-modernbert: a pre-norm encoder. LayerNorms
+without biases (the first layer's attention norm may be absent: identity), a fused QKV
+projection, split-half RoPE, symmetric sliding windows on all but every third layer
 (their own RoPE base), a GeGLU feed-forward over one up projection's halves (SwiGLU or ReGLU where
 ``hidden_activation`` says so), and a rank head that mean-pools unless the file says otherwise,
 then dense, GELU and a LayerNorm."""
