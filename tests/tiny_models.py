@@ -1953,6 +1953,82 @@ def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
     return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
 
 
+@dataclass(frozen=True)
+class TinyGemma3n:
+    """A Gemma 3n to write (:func:`write_tiny_gemma3n`): Gemma 3n's block (AltUp's 4 streams,
+    Laurel of rank 64, per-layer inputs of 256 values: llama.cpp fixes all three) at a small width.
+    Layers from the 20th on share the cache of layer 18 or 19 (as llama.cpp fixes it), so the
+    sharing needs 21 layers or more; ``swa`` gives each layer's window flag (written as the
+    per-layer array), () the default pattern of a global layer every fifth. ``types`` maps a
+    matrix kind (``attn_q``, ``laurel_l``, ``altup_proj``) to its type, ``tensor_types`` single
+    tensors (default F16)."""
+
+    n_embd: int = 64
+    head_dim: int = 32
+    n_head: int = 2
+    n_head_kv: int = 1
+    n_ff: int = 128
+    n_layer: int = 3
+    n_swa: int = 5
+    swa: tuple[bool, ...] = ()
+    tied_output: bool = True
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_gemma3n(spec: TinyGemma3n, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), the embeddings
+    N(0, 0.5), AltUp's projections near the identity so that the streams stay alike)."""
+    s, e, hd, n_ple, rank, n_altup = spec, spec.n_embd, spec.head_dim, 256, 64, 4
+    w = GGUFWriter(path, arch="gemma3n")
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", "tiny-gemma3n")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv, "attention.key_length": hd,
+            "attention.value_length": hd, "attention.sliding_window": s.n_swa,
+            "embedding_length_per_layer_input": n_ple}
+    metadata: dict[str, object] = {"rope.freq_base_swa": 1000.0}
+    if s.swa:
+        metadata["attention.sliding_window_pattern"] = list(s.swa)
+    tensors.header("gemma3n", keys, metadata)
+    tensors.embeddings(e, tied_output=s.tied_output)
+    for name in ("altup_proj.weight", "altup_unembd_proj.weight"):
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[0], GGMLType.F16))
+        x = (np.eye(e) + 0.08 * rng.standard_normal((n_altup - 1, e, e))).astype(np.float32)
+        w.add_tensor(name, quantize_weight(t, x.reshape(-1, e)), t, shape=(e, e, n_altup - 1))
+    matrix("per_layer_token_embd.weight", n_ple * s.n_layer, N_VOCAB, scale=0.5)
+    matrix("per_layer_model_proj.weight", e, n_ple * s.n_layer, scale=0.5)
+    vector("per_layer_proj_norm.weight", n_ple)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
+        matrix(f"{b}.attn_k.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        vector(f"{b}.attn_k_norm.weight", hd)
+        vector(f"{b}.post_attention_norm.weight", e)
+        vector(f"{b}.ffn_norm.weight", e)
+        matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        vector(f"{b}.post_ffw_norm.weight", e)
+        matrix(f"{b}.inp_gate.weight", e, n_ple, scale=0.3)
+        matrix(f"{b}.proj.weight", n_ple, e, scale=0.3)
+        vector(f"{b}.post_norm.weight", e)
+        matrix(f"{b}.altup_correct_coef.weight", n_altup, n_altup, scale=0.3)
+        vector(f"{b}.altup_correct_scale.weight", e)
+        matrix(f"{b}.altup_predict_coef.weight", n_altup, n_altup * n_altup, scale=0.3)
+        matrix(f"{b}.altup_router.weight", e, n_altup, scale=0.5)
+        vector(f"{b}.altup_router_norm.weight", e)
+        matrix(f"{b}.laurel_l.weight", e, rank)
+        matrix(f"{b}.laurel_r.weight", rank, e)
+        vector(f"{b}.laurel_post_norm.weight", e)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
