@@ -17,6 +17,7 @@
 #include "omp_compat.h"
 
 #define GGUFLM_ALTUP_N 4   /* llama.cpp's n_altup: fixed, no key sets it */
+#define GGUFLM_ALTUP_MIN_PARALLEL 32768   /* values below which one thread runs a node */
 
 enum {
     GGUFLM_ALTUP_RESCALE = 0,  /* out *= |x| / |out| per row: ggml_mul by the target's magnitude, ggml_div by its own */
@@ -91,7 +92,9 @@ typedef struct {
 static void gguflm_altup_run(const gguflm_altup_args *a, int arith, int n_threads) {
     const int unfused = gguflm_dot_f32_unfused(GGUFLM_ALTUP_N, arith);
     const int64_t n = a->n;
-    #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1)
+    /* a few rows of a small model are done before a team of threads has started */
+    const int threads = a->n_rows * n < GGUFLM_ALTUP_MIN_PARALLEL ? 1 : n_threads;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t t = 0; t < a->n_rows; t++) {
         float *o = a->out + t * a->out_stride;
         if (a->kind == GGUFLM_ALTUP_RESCALE) {
