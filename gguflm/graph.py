@@ -713,6 +713,34 @@ class Graph:
         [n_embd, n_tokens, n_altup])."""
         return self.new(ALTUP_N, n, self.hparams.n_embd)
 
+    def altup_streams(self, x: np.ndarray, proj: Weight) -> np.ndarray:
+        """AltUp's streams of x ([n, n_embd]): x itself, then x through each matrix of ``proj``
+        ([ALTUP_N - 1][n_embd, n_embd]) rescaled to x's magnitude: a new stack."""
+        stack = self.altup_stack(x.shape[0])
+        self.plan.copy(x, 0, stack[0])
+        self.slice_matmuls([x] * (ALTUP_N - 1), proj, list(stack[1:]))
+        for rows in stack[1:]:
+            self.altup_rescale(x, rows)
+        return stack
+
+    def altup_merge(self, stack: np.ndarray, unembd: Weight) -> np.ndarray:
+        """The mean of stream 0 and the others through the matrices of ``unembd``, each rescaled to
+        stream 0's magnitude, summed in stream order (in place of stream 0, which it returns)."""
+        back = self.slice_matmuls(list(stack[1:]), unembd)
+        for rows in back:
+            self.altup_rescale(stack[0], rows)
+        x = stack[0]
+        for rows in back:
+            self.add(x, rows)
+        return self.scale(x, 1.0 / ALTUP_N)
+
+    def scaled_rows(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        """x times the weight row w (ggml_mul by a broadcast row) into a new buffer."""
+        out = self.new(*x.shape)
+        self.plan.copy(x, 0, out)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        return out
+
     def altup_rescale(self, target: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """rows *= |target| / |rows|, row by row, in place (llama.cpp's gemma3n magnitude matching:
         ggml_mul by the target's L2 norm, then ggml_div by the rows' own)."""

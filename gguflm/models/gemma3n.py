@@ -15,6 +15,8 @@ them: so does this file."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from gguflm._ext.plan import ALTUP_N
@@ -22,6 +24,10 @@ from gguflm.graph import Graph
 from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, rsqrt_f32, sqrt_f32
 from gguflm.models.base import Architecture, TensorSpec
 from gguflm.models.gemma4 import Gemma4
+
+if TYPE_CHECKING:
+    from gguflm.loader import Weight
+    from gguflm.model import Layer
 
 N_EMBD_ALTUP = 256         # per-layer input values per token and layer (llama.cpp's n_embd_altup)
 LAUREL_RANK = 64
@@ -97,12 +103,7 @@ class Gemma3n(Architecture):
         x = g.embed(t["token_embd.weight"], scale=hp.f_embedding_scale if g.ub.tokens is not None else 0.0)
         n = x.shape[0]
         per_layer = Gemma4.per_layer_inputs(g, x)                           # [n, n_layer * n_ple]
-        # the streams: x, and x through each altup_proj matrix at x's magnitude
-        stack = g.altup_stack(n)                                            # [ALTUP_N, n, n_embd]
-        g.plan.copy(x, 0, stack[0])
-        g.slice_matmuls([x] * (ALTUP_N - 1), t["altup_proj.weight"], list(stack[1:]))
-        for j in range(1, ALTUP_N):
-            g.altup_rescale(x, stack[j])
+        stack = g.altup_streams(x, t["altup_proj.weight"])                 # [ALTUP_N, n, n_embd]
         for il, L in g.layers():
             pred = g.altup_predict(stack, self.router(g, stack[0], L, L.altup_predict_coef))
             active = pred[0]
@@ -133,30 +134,20 @@ class Gemma3n(Architecture):
             out = g.add(g.rms_norm(cur, L.post_ffw_norm), attn_laurel)
             stack = g.altup_correct(pred, out, self.router(g, out, L, L.altup_correct_coef))
             # the corrected stream 0 gates the layer's per-layer input into a correction of the others
-            first = g.new(n, hp.n_embd)
-            g.plan.copy(stack[0], 0, first)
-            g.plan.mul_row(first, L.altup_correct_scale.data.reshape(-1))
-            (gate,) = g.project(first, L.inp_gate)                              # [n, n_ple]
+            (gate,) = g.project(g.scaled_rows(stack[0], L.altup_correct_scale), L.inp_gate)   # [n, n_ple]
             gate = g.mul(g.gelu(gate), per_layer[:, il * n_ple:(il + 1) * n_ple])
             (cur,) = g.project(gate, L.proj)                                    # [n, n_embd]
             cur = g.rms_norm(cur, L.post_norm)
             for j in range(1, ALTUP_N):
                 g.add(stack[j], cur)
             g.altup_layer_output(stack)
-        # the other streams back through altup_unembd_proj at stream 0's magnitude, then the mean
-        back = g.slice_matmuls(list(stack[1:]), t["altup_unembd_proj.weight"])
-        for rows in back:
-            g.altup_rescale(stack[0], rows)
-        x = stack[0]
-        for rows in back:
-            g.add(x, rows)
-        g.scale(x, 1.0 / ALTUP_N)
+        x = g.altup_merge(stack, t["altup_unembd_proj.weight"])             # [n, n_embd]
         (x,) = g.output_rows(x)
         x = g.rms_norm(x, t["output_norm.weight"])
         return x, g.logits(x, t["output.weight"])                            # [n_outputs, n_vocab]
 
     @staticmethod
-    def router(g: Graph, x: np.ndarray, L, coef) -> np.ndarray:
+    def router(g: Graph, x: np.ndarray, L: Layer, coef: Weight) -> np.ndarray:
         """AltUp's mixing coefficients of each row of x: tanh of the router over x RMS-normed
         (``altup_router_norm``) and scaled by 1/n_embd, through ``coef`` (predict's ALTUP_N^2, or
         correct's ALTUP_N per row)."""
