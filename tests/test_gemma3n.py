@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import gguflm
-from _llama import LlamaDecoder, require_peer
+from _llama import L, LlamaDecoder, require_peer
+from _memory_pair import decode_entries
 from gguflm import Batch, Context, Model
 from gguflm._ext.plan import ALTUP_KINDS, ALTUP_N, Plan
 from gguflm.errors import ModelLoadError
@@ -108,6 +109,28 @@ def test_gemma3n_given_embeddings_take_the_padding_tokens_per_layer_inputs(tmp_p
             batch.add(row, k, [0], True)
         assert ctx.decode(batch) == 0
         np.testing.assert_array_equal(ctx.get_logits(), theirs)
+
+
+def test_a_control_vector_joins_every_stream(gemma3n):
+    """A control vector on layers 1 .. n_layer - 1 is added to all of AltUp's streams, as
+    llama.cpp's build_cvec adds it to the block's 3-D output: the logits are llama.cpp's."""
+    import ctypes
+
+    path, model = gemma3n
+    hp = model.hparams
+    data = (0.5 * np.random.default_rng(6).standard_normal(hp.n_embd * hp.n_layer)).astype(F32)
+    peer = LlamaDecoder(path, n_ctx=256, n_threads=2, n_batch=64)
+    try:
+        assert L.llama_set_adapter_cvec(peer._ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), len(data),
+                                        hp.n_embd, 1, hp.n_layer - 1) == 0
+        theirs = np.concatenate([peer.decode(PROMPT[:8], 0), peer.decode(PROMPT[8:9], 8)])
+    finally:
+        peer.close()
+    with Context(model, n_ctx=256, n_batch=64, n_threads=2) as ctx:
+        ctx.set_adapter_cvec(data, hp.n_embd, 1, hp.n_layer - 1)
+        ours = [decode_entries(ctx, [(t, k, 0, True) for k, t in enumerate(PROMPT[:8])]),
+                decode_entries(ctx, [(PROMPT[8], 8, 0, True)])]
+    np.testing.assert_array_equal(np.concatenate(ours), theirs)
 
 
 def test_a_shared_cache_of_another_kind_is_refused(tmp_path):
