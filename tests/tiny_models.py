@@ -2029,6 +2029,34 @@ def write_tiny_gemma3n(spec: TinyGemma3n, path: Path, rng: np.random.Generator) 
     w.write()
 
 
+@st.composite
+def tiny_gemma3n_models(draw: st.DrawFn) -> TinyGemma3n:
+    """Gemma 3n shapes below the shared-cache layers: n_embd 32..160, heads of 8..64, one or two KV
+    heads for 1..3 query heads each, 2..4 layers of both window kinds, tied or separate output,
+    and every matrix of a type drawn from those whose block fits its rows (AltUp's coefficient
+    matrices, rows of 4, only the float types)."""
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    swa = draw(st.lists(st.booleans(), min_size=n_layer, max_size=n_layer).filter(lambda f: 0 < sum(f) < len(f)))
+    spec = TinyGemma3n(n_embd=draw(st.integers(2, 10)) * 16, head_dim=draw(st.sampled_from((8, 16, 32, 64))),
+                       n_head=n_head_kv * draw(st.integers(1, 3)), n_head_kv=n_head_kv,
+                       n_ff=draw(st.integers(2, 16)) * 16, n_layer=n_layer, n_swa=draw(st.integers(2, 8)),
+                       swa=tuple(swa), tied_output=draw(st.booleans()))
+    e, hd, rank, n_ple = spec.n_embd, spec.head_dim, 64, 256
+    rows = {"token_embd.weight": e, "altup_proj.weight": e, "altup_unembd_proj.weight": e,
+            "per_layer_token_embd.weight": n_ple * n_layer, "per_layer_model_proj.weight": e}
+    if not spec.tied_output:
+        rows["output.weight"] = e
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        rows.update({f"{b}.{k}.weight": e for k in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "inp_gate",
+                                                     "altup_router", "laurel_l")})
+        rows.update({f"{b}.attn_output.weight": spec.n_head * hd, f"{b}.ffn_down.weight": spec.n_ff,
+                     f"{b}.proj.weight": n_ple, f"{b}.laurel_r.weight": rank,
+                     f"{b}.altup_correct_coef.weight": 4, f"{b}.altup_predict_coef.weight": 4})
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)])) for name, n_in in rows.items()}
+    return TinyGemma3n(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
