@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gguflm._ext import ops, quants, wkv
-from gguflm._ext.plan import MAX_GROUP, Plan
+from gguflm._ext.plan import ALTUP_KINDS, ALTUP_N, MAX_GROUP, Plan
 from gguflm.batch import UBatch
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
@@ -711,6 +711,92 @@ class Graph:
         if direction is not None:
             self.plan.add_row(x, direction)
         return x
+
+    # -- Gemma 3n: AltUp's streams, Laurel's low-rank residual, activation sparsity (src/altup.h)
+
+    def altup_stack(self, n: int) -> np.ndarray:
+        """A new stack of the ALTUP_N streams of n rows ([ALTUP_N, n, n_embd]: ggml's
+        [n_embd, n_tokens, n_altup])."""
+        return self.new(ALTUP_N, n, self.hparams.n_embd)
+
+    def altup_streams(self, x: np.ndarray, proj: Weight) -> np.ndarray:
+        """AltUp's streams of x ([n, n_embd]): x itself, then x through each matrix of ``proj``
+        ([ALTUP_N - 1][n_embd, n_embd]) rescaled to x's magnitude: a new stack."""
+        stack = self.altup_stack(x.shape[0])
+        self.plan.copy(x, 0, stack[0])
+        self.slice_matmuls([x] * (ALTUP_N - 1), proj, list(stack[1:]))
+        for rows in stack[1:]:
+            self.altup_rescale(x, rows)
+        return stack
+
+    def altup_merge(self, stack: np.ndarray, unembd: Weight) -> np.ndarray:
+        """The mean of stream 0 and the others through the matrices of ``unembd``, each rescaled to
+        stream 0's magnitude, summed in stream order (in place of stream 0, which it returns)."""
+        back = self.slice_matmuls(list(stack[1:]), unembd)
+        for rows in back:
+            self.altup_rescale(stack[0], rows)
+        x = stack[0]
+        for rows in back:
+            self.add(x, rows)
+        return self.scale(x, 1.0 / ALTUP_N)
+
+    def scaled_rows(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        """x times the weight row w (ggml_mul by a broadcast row) into a new buffer."""
+        out = self.new(*x.shape)
+        self.plan.copy(x, 0, out)
+        self.plan.mul_row(out, w.data.reshape(-1))
+        return out
+
+    def altup_rescale(self, target: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """rows *= |target| / |rows|, row by row, in place (llama.cpp's gemma3n magnitude matching:
+        ggml_mul by the target's L2 norm, then ggml_div by the rows' own)."""
+        self.plan.altup(ALTUP_KINDS["rescale"], rows, self.n_threads, x=target)
+        return rows
+
+    def gaussian_topk(self, x: np.ndarray) -> np.ndarray:
+        """relu(x - (mean + std_mul * std)) per row, in place: Gemma 3n's activation sparsity, which
+        keeps about the top 5 % of a normal row (std over n - 1; std_mul = the normal's 95th
+        percentile, 1.6448533535003662 as llama.cpp fixes it)."""
+        self.plan.altup(ALTUP_KINDS["topk"], x, self.n_threads, f=1.6448533535003662)
+        return x
+
+    def altup_predict(self, stack: np.ndarray, coefs: np.ndarray) -> np.ndarray:
+        """AltUp's prediction: stream j plus the mix of all streams by the token's coefficients
+        (coefs [n, ALTUP_N * ALTUP_N], the mix into stream j at j * ALTUP_N): a new stack."""
+        out = self.altup_stack(stack.shape[1])
+        self.plan.altup(ALTUP_KINDS["predict"], out[0], self.n_threads, x=stack[0], y=coefs, slice=out[0].size)
+        return out
+
+    def altup_correct(self, stack: np.ndarray, activated: np.ndarray, coefs: np.ndarray) -> np.ndarray:
+        """AltUp's correction: stream j plus (activated - stream 0) * (coefs[:, j] + 1): a new stack."""
+        out = self.altup_stack(stack.shape[1])
+        self.plan.altup(ALTUP_KINDS["correct"], out[0], self.n_threads, x=stack[0], y=coefs, w=activated,
+                        slice=out[0].size)
+        return out
+
+    def slice_matmuls(self, xs: Sequence[np.ndarray], w: Weight,
+                      outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """ggml_mul_mat of a 3-D weight ([n_slice][n_out, n_in]) by as many slices of rows:
+        xs[s] @ W[s].T, into ``outs`` where given; a slice given twice is quantized once."""
+        n_in, n_out, n_slice = w.shape
+        if len(xs) != n_slice:
+            raise ValueError(f"{len(xs)} slices for the {n_slice} matrices of '{w.name}'")
+        partner = quants.type_traits(int(w.kernel_type))["vec_dot_type"]
+        rows = w.data.reshape(n_slice, n_out, -1)
+        quantized: dict[int, np.ndarray] = {}
+        outs = list(outs) if outs is not None else [self.new(x.shape[0], n_out) for x in xs]
+        for s, (x, out) in enumerate(zip(xs, outs)):
+            if id(x) not in quantized:
+                quantized[id(x)] = self.new(x.shape[0], quants.row_bytes(partner, n_in), dtype=np.uint8)
+                self.plan.quantize(partner, x, quantized[id(x)], self.n_threads)
+            # a 3-D weight stays in llama.cpp's plain CPU buffer: its repack takes matrices only
+            self.plan.matmul(int(w.kernel_type), rows[s].view(np.uint8), n_in, quantized[id(x)], out,
+                             matmul_storage(w.kernel_type, repacked=False), self.n_threads)
+        return outs
+
+    def altup_layer_output(self, stack: np.ndarray) -> None:
+        """Mark the whole stack as the block's output: a control vector joins every stream."""
+        self._last_add = stack.reshape(-1, stack.shape[2])
 
     # -- multi-head latent attention (DeepSeek-V2's MLA, llama.cpp's absorbed form)
 

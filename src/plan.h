@@ -19,6 +19,7 @@
 #include "delta_net.h"
 #include "wkv.h"
 #include "arch_ops.h"
+#include "altup.h"
 
 typedef enum {
     GGUFLM_OP_LAYER = 0,     /* segment boundary */
@@ -61,6 +62,7 @@ typedef enum {
     GGUFLM_OP_CLAMP,         /* x = max(min(x, f2), f) (ggml_clamp: MPT's and OLMo's clamp_kqv) */
     GGUFLM_OP_ATTN_TEMP,     /* x[i] *= attention temperature of pos i (f: scale, f2: offset, aux64: floor scale) */
     GGUFLM_OP_XIELU,         /* x = xielu(x) (w: alpha_n, alpha_p, beta, eps) */
+    GGUFLM_OP_ALTUP,         /* Gemma 3n's AltUp mixes, magnitude rescale, top-k sparsity (altup: its kind) */
 } gguflm_op;
 
 typedef struct {
@@ -85,6 +87,7 @@ typedef struct {
     gguflm_ssm_args ssm;
     gguflm_gdn_args gdn;
     gguflm_wkv_args wkv;
+    gguflm_altup_args altup;
 } gguflm_node;
 
 static void gguflm_kv_store(int cache_type, void *data, int64_t row_bytes, const int64_t *cells,
@@ -311,6 +314,9 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             break;
         case GGUFLM_OP_XIELU:
             gguflm_xielu_rows(nd->n_rows, nd->n, (const float *)nd->w, out, nd->out_stride);
+            break;
+        case GGUFLM_OP_ALTUP:
+            gguflm_altup_run(&nd->altup, arith, nd->n_threads);
             break;
         }
         if (guards && (*bad_zone = gguflm_guards_damaged(guards, step)) >= 0) {

@@ -62,6 +62,12 @@ cdef extern from "plan.h" nogil:
         GGUFLM_OP_CLAMP
         GGUFLM_OP_ATTN_TEMP
         GGUFLM_OP_XIELU
+        GGUFLM_OP_ALTUP
+        GGUFLM_ALTUP_RESCALE
+        GGUFLM_ALTUP_TOPK
+        GGUFLM_ALTUP_PREDICT
+        GGUFLM_ALTUP_CORRECT
+        GGUFLM_ALTUP_N
         GGUFLM_MAX_JOBS
     ctypedef struct gguflm_moe_args:
         int32_t n_expert, n_used, gating, norm_w
@@ -92,6 +98,18 @@ cdef extern from "plan.h" nogil:
         gguflm_matmul_id_job down
         float *out
         int64_t n_embd, n_ff
+    ctypedef struct gguflm_altup_args:
+        int32_t kind
+        int64_t n_rows, n, slice
+        float f
+        const float *x
+        int64_t x_stride
+        const float *y
+        int64_t y_stride
+        const float *w
+        int64_t w_stride
+        float *out
+        int64_t out_stride
     ctypedef struct gguflm_node:
         int32_t op
         int32_t n_threads
@@ -115,6 +133,7 @@ cdef extern from "plan.h" nogil:
         gguflm_ssm_args ssm
         gguflm_gdn_args gdn
         gguflm_wkv_args wkv
+        gguflm_altup_args altup
     ctypedef struct gguflm_guards:
         uint8_t *const *at
         const int64_t *len
@@ -140,7 +159,8 @@ _OP_NAMES = {GGUFLM_OP_LAYER: "LAYER", GGUFLM_OP_GET_ROWS: "GET_ROWS", GGUFLM_OP
              GGUFLM_OP_SSM_SCAN_GROUPED: "SSM_SCAN_GROUPED", GGUFLM_OP_MUL: "MUL",
              GGUFLM_OP_GATED_DELTA_NET: "GATED_DELTA_NET", GGUFLM_OP_GDN_GATES: "GDN_GATES",
              GGUFLM_OP_SIGMOID_MUL: "SIGMOID_MUL", GGUFLM_OP_WKV: "WKV",
-             GGUFLM_OP_CLAMP: "CLAMP", GGUFLM_OP_ATTN_TEMP: "ATTN_TEMP", GGUFLM_OP_XIELU: "XIELU"}
+             GGUFLM_OP_CLAMP: "CLAMP", GGUFLM_OP_ATTN_TEMP: "ATTN_TEMP", GGUFLM_OP_XIELU: "XIELU",
+             GGUFLM_OP_ALTUP: "ALTUP"}
 
 cdef ggml_half GELU_TABLE[65536 + 1]   # + 1: the AVX2 lookup gathers 4 bytes for the last entry too
 GELU_TABLE[65536] = 0
@@ -154,6 +174,11 @@ cdef const gguflm_dispatch *_switch = bind_dispatch()
 def dispatch() -> dict:
     """The ISA and arithmetic a plan run would start with now, read through this module's binding."""
     return dispatch_names(_switch)
+
+# what Plan.altup computes (altup.h), and the number of AltUp streams it mixes
+ALTUP_KINDS = {"rescale": GGUFLM_ALTUP_RESCALE, "topk": GGUFLM_ALTUP_TOPK, "predict": GGUFLM_ALTUP_PREDICT,
+               "correct": GGUFLM_ALTUP_CORRECT}
+ALTUP_N = GGUFLM_ALTUP_N
 
 # ggml type ids of the KV cache formats
 _CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -715,6 +740,26 @@ cdef class Plan:
         if state is not None:
             nd.wkv.state, nd.wkv.state_width, nd.wkv.state_offset = <float *>_ptr(state), state.shape[1], state_offset
             nd.wkv.cells = <const int64_t *>_ptr(self.cells[cache_index])
+
+    # -- Gemma 3n (altup.h)
+
+    def altup(self, int kind, cnp.ndarray out, int n_threads, cnp.ndarray x=None, cnp.ndarray y=None,
+              cnp.ndarray w=None, int64_t n_rows=-1, int64_t slice=0, float f=0.0):
+        """One of altup.h's kinds over n_rows rows (default: out's) of n = out.shape[-1] values:
+        ``out`` the rows written (in place for RESCALE and TOPK) or, with ``x``, the first slice
+        of a stack ``slice`` floats apart; ``x`` the target rows or input stack, ``y`` the
+        coefficients, ``w`` CORRECT's activated rows; ``f`` TOPK's std multiplier."""
+        arrays = tuple(a for a in (x, y, w, out) if a is not None)
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_ALTUP, n_threads, arrays)
+        nd.altup.kind, nd.altup.n_rows, nd.altup.n = kind, out.shape[0] if n_rows < 0 else n_rows, out.shape[out.ndim - 1]
+        nd.altup.slice, nd.altup.f = slice, f
+        nd.altup.out, nd.altup.out_stride = <float *>_ptr(out), _stride(out)
+        if x is not None:
+            nd.altup.x, nd.altup.x_stride = <const float *>_ptr(x), _stride(x)
+        if y is not None:
+            nd.altup.y, nd.altup.y_stride = <const float *>_ptr(y), _stride(y)
+        if w is not None:
+            nd.altup.w, nd.altup.w_stride = <const float *>_ptr(w), _stride(w)
 
     # -- guard mode
 

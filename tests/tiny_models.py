@@ -2045,6 +2045,112 @@ def write_tiny_t5(path: Path, rng: np.random.Generator, arch: str = "t5", n_embd
     w.write()
 
 
+
+
+@dataclass(frozen=True)
+class TinyGemma3n:
+    """A Gemma 3n to write (:func:`write_tiny_gemma3n`): Gemma 3n's block (AltUp's 4 streams,
+    Laurel of rank 64, per-layer inputs of 256 values: llama.cpp fixes all three) at a small width.
+    Layers from the 20th on share the cache of layer 18 or 19 (as llama.cpp fixes it), so the
+    sharing needs 21 layers or more; ``swa`` gives each layer's window flag (written as the
+    per-layer array), () the default pattern of a global layer every fifth. ``types`` maps a
+    matrix kind (``attn_q``, ``laurel_l``, ``altup_proj``) to its type, ``tensor_types`` single
+    tensors (default F16)."""
+
+    n_embd: int = 64
+    head_dim: int = 32
+    n_head: int = 2
+    n_head_kv: int = 1
+    n_ff: int = 128
+    n_layer: int = 3
+    n_swa: int = 5
+    swa: tuple[bool, ...] = ()
+    tied_output: bool = True
+    types: dict[str, GGMLType] = field(default_factory=dict)
+    tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_gemma3n(spec: TinyGemma3n, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), the embeddings
+    N(0, 0.5), AltUp's projections near the identity so that the streams stay alike)."""
+    s, e, hd, n_ple, rank, n_altup = spec, spec.n_embd, spec.head_dim, 256, 64, 4
+    w = GGUFWriter(path, arch="gemma3n")
+    tensors = _RandomTensors(w, rng, s.types, s.tensor_types)
+    vector, matrix = tensors.vector, tensors.matrix
+    w.add("general.name", "tiny-gemma3n")
+    keys = {"context_length": 256, "embedding_length": e, "block_count": s.n_layer, "feed_forward_length": s.n_ff,
+            "attention.head_count": s.n_head, "attention.head_count_kv": s.n_head_kv, "attention.key_length": hd,
+            "attention.value_length": hd, "attention.sliding_window": s.n_swa,
+            "embedding_length_per_layer_input": n_ple}
+    metadata: dict[str, object] = {"rope.freq_base_swa": 1000.0}
+    if s.swa:
+        metadata["attention.sliding_window_pattern"] = list(s.swa)
+    tensors.header("gemma3n", keys, metadata)
+    tensors.embeddings(e, tied_output=s.tied_output)
+    for name in ("altup_proj.weight", "altup_unembd_proj.weight"):
+        t = s.tensor_types.get(name, s.types.get(name.split(".")[0], GGMLType.F16))
+        x = (np.eye(e) + 0.08 * rng.standard_normal((n_altup - 1, e, e))).astype(np.float32)
+        w.add_tensor(name, quantize_weight(t, x.reshape(-1, e)), t, shape=(e, e, n_altup - 1))
+    matrix("per_layer_token_embd.weight", n_ple * s.n_layer, N_VOCAB, scale=0.5)
+    matrix("per_layer_model_proj.weight", e, n_ple * s.n_layer, scale=0.5)
+    vector("per_layer_proj_norm.weight", n_ple)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        vector(f"{b}.attn_norm.weight", e)
+        matrix(f"{b}.attn_q.weight", e, s.n_head * hd)
+        matrix(f"{b}.attn_k.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_v.weight", e, s.n_head_kv * hd)
+        matrix(f"{b}.attn_output.weight", s.n_head * hd, e)
+        vector(f"{b}.attn_q_norm.weight", hd)
+        vector(f"{b}.attn_k_norm.weight", hd)
+        vector(f"{b}.post_attention_norm.weight", e)
+        vector(f"{b}.ffn_norm.weight", e)
+        matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+        matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+        vector(f"{b}.post_ffw_norm.weight", e)
+        matrix(f"{b}.inp_gate.weight", e, n_ple, scale=0.3)
+        matrix(f"{b}.proj.weight", n_ple, e, scale=0.3)
+        vector(f"{b}.post_norm.weight", e)
+        matrix(f"{b}.altup_correct_coef.weight", n_altup, n_altup, scale=0.3)
+        vector(f"{b}.altup_correct_scale.weight", e)
+        matrix(f"{b}.altup_predict_coef.weight", n_altup, n_altup * n_altup, scale=0.3)
+        matrix(f"{b}.altup_router.weight", e, n_altup, scale=0.5)
+        vector(f"{b}.altup_router_norm.weight", e)
+        matrix(f"{b}.laurel_l.weight", e, rank)
+        matrix(f"{b}.laurel_r.weight", rank, e)
+        vector(f"{b}.laurel_post_norm.weight", e)
+    w.write()
+
+
+@st.composite
+def tiny_gemma3n_models(draw: st.DrawFn) -> TinyGemma3n:
+    """Gemma 3n shapes below the shared-cache layers: n_embd 32..160, heads of 8..64, one or two KV
+    heads for 1..3 query heads each, 2..4 layers of both window kinds, tied or separate output,
+    and every matrix of a type drawn from those whose block fits its rows (AltUp's coefficient
+    matrices, rows of 4, only the float types)."""
+    n_head_kv, n_layer = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    swa = draw(st.lists(st.booleans(), min_size=n_layer, max_size=n_layer).filter(lambda f: 0 < sum(f) < len(f)))
+    spec = TinyGemma3n(n_embd=draw(st.integers(2, 10)) * 16, head_dim=draw(st.sampled_from((8, 16, 32, 64))),
+                       n_head=n_head_kv * draw(st.integers(1, 3)), n_head_kv=n_head_kv,
+                       n_ff=draw(st.integers(2, 16)) * 16, n_layer=n_layer, n_swa=draw(st.integers(2, 8)),
+                       swa=tuple(swa), tied_output=draw(st.booleans()))
+    e, hd, rank, n_ple = spec.n_embd, spec.head_dim, 64, 256
+    rows = {"token_embd.weight": e, "altup_proj.weight": e, "altup_unembd_proj.weight": e,
+            "per_layer_token_embd.weight": n_ple * n_layer, "per_layer_model_proj.weight": e}
+    if not spec.tied_output:
+        rows["output.weight"] = e
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        rows.update({f"{b}.{k}.weight": e for k in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "inp_gate",
+                                                     "altup_router", "laurel_l")})
+        rows.update({f"{b}.attn_output.weight": spec.n_head * hd, f"{b}.ffn_down.weight": spec.n_ff,
+                     f"{b}.proj.weight": n_ple, f"{b}.laurel_r.weight": rank,
+                     f"{b}.altup_correct_coef.weight": 4, f"{b}.altup_predict_coef.weight": 4})
+    tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)])) for name, n_in in rows.items()}
+    return TinyGemma3n(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
