@@ -205,6 +205,15 @@ static void gguflm_moe_add_id(float *x, int64_t x_stride, int64_t n, const float
             for (int64_t j = 0; j < n; j++) x[r * x_stride + j] += b[e * b_stride + j];
 }
 
+/* the per-expert scale of ggml_mul_mat_id's output (llama.cpp's build_lora_mm_id with w_s, Gemma 4's
+ * down scale) on rows grouped by expert: x[r] *= s[e] for e's rows */
+static void gguflm_moe_scale_id(float *x, int64_t x_stride, int64_t n, const float *s, const int32_t *offsets,
+                                int n_expert) {
+    for (int e = 0; e < n_expert; e++)
+        for (int32_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t j = 0; j < n; j++) x[r * x_stride + j] *= s[e];
+}
+
 /* one stack of expert matrices [n_expert][n_rows, n_in] (row stride w_stride bytes, expert stride
  * n_rows * w_stride) times the sorted rows xq (already in wtype's dot partner), into out
  * [n_sorted, n_rows] (row stride out_stride floats): a dense matmul's fields, w the stack */

@@ -474,6 +474,15 @@ cdef class Plan:
         nd.w, nd.w_stride = _ptr(b), b.strides[0] // 4
         nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
 
+    def moe_scale_id(self, cnp.ndarray x, cnp.ndarray s, tuple route):
+        """x[r] *= s[e] for every sorted row r of expert e (s: [n_expert], F32)."""
+        if s.dtype != np.float32 or not s.flags.c_contiguous:
+            raise ValueError("the expert scales must be contiguous float32 values")
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ADD_ID, 1, (x, s) + route)
+        self._set_route(nd, route, s.size, 0)
+        nd.aux, nd.w = 1, _ptr(s)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
     def moe_shared_gate(self, cnp.ndarray g, cnp.ndarray x):
         """x[t] *= silu(g[t]) / g[t] (g: [n_rows, 1])."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_SHARED_GATE, 1, (g, x))
