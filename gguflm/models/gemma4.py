@@ -1,4 +1,4 @@
-"""Gemma 4 (text, without experts): Gemma 3's block with other head sizes (and rotated dimensions)
+"""Gemma 4 (text): Gemma 3's block with other head sizes (and rotated dimensions)
 in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
 (proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
 no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output,
