@@ -487,7 +487,7 @@ class Graph:
                 w_scale: float = 0.0, swiglu_limit: float = 0.0, biases: bool = False,
                 selection_bias: Weight | None = None, logits: np.ndarray | None = None,
                 act: int = GLU_SWIGLU, gate_up: Weight | None = None,
-                down_scale: Weight | None = None) -> np.ndarray:
+                down_scale: Weight | None = None, weight_before: bool = False) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
         over the rows routed to it, and sum the expert outputs by their routing weights. With
@@ -500,14 +500,16 @@ class Graph:
         the experts' gated activation (GLU_REGLU: SmallThinker's ReLU); ``gate_up``: the gate and
         up matrices as one (``ffn_gate_up_exps``, gate first), in place of the layer's two;
         ``down_scale``: one F32 factor per expert for its down projection's output (llama.cpp's
-        ``ffn_down_exps.scale``, Gemma 4's per-expert scale)."""
+        ``ffn_down_exps.scale``, Gemma 4's per-expert scale); ``weight_before``: each expert's
+        input is the row times its routing weight and the outputs are summed as they are
+        (Llama 4's weight_before_ffn)."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
         bias = None if selection_bias is None else selection_bias.data  # ranks only
         router_b, gate_b, up_b, down_b = (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias,
                                           L.ffn_down_exps_bias) if biases else (None,) * 4
         if n == 1 and not swiglu_limit and logits is None and act == GLU_SWIGLU and gate_up is None and \
-                down_scale is None and all(b is None for b in (router_b, gate_b, up_b, down_b)) and \
+                down_scale is None and not weight_before and all(b is None for b in (router_b, gate_b, up_b, down_b)) and \
                 not self.loras(L.ffn_gate_inp):
             weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
             partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
@@ -520,7 +522,11 @@ class Graph:
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
         self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias, groups)
-        if gate_up is None:
+        if weight_before:   # the weighted rows, in expert order
+            rows = self.new(n * k, x.shape[1])
+            self.plan.moe_gather_weighted(x, route, hp.n_expert, k, rows)
+            gate, up = self.project_experts(rows, route, L.ffn_gate_exps, L.ffn_up_exps, by_expert=True)
+        elif gate_up is None:
             gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
         else:
             (both,) = self.project_experts(x, route, gate_up)                   # [n * k, 2 * n_ff_exp]
@@ -539,7 +545,7 @@ class Graph:
         if down_b is not None:
             self.plan.moe_add_id(down, down_b.data, route)
         out = self.new(n, hp.n_embd)
-        self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
+        self.plan.moe_combine(down, route, k, out, not weight_before)        # [n, n_embd]
         return out
 
     def moe_one(self, x: np.ndarray, bias: np.ndarray | None, weights: tuple[Weight, ...], partners: list[int],
@@ -658,7 +664,7 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1,
-                            hp.f_max_alibi_bias)
+                            hp.f_max_alibi_bias, hp.swa_chunked)
         if not hp.is_mla and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out

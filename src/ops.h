@@ -145,6 +145,8 @@ typedef struct {
     uint64_t batched_seqs;     /* set by gguflm_attention: with per_stream, the sequences that have two
                                   or more tokens in the ubatch */
     int swa_symmetric;         /* 1: the window reaches n_swa / 2 positions both ways (bidirectional) */
+    int swa_chunked;           /* 1: the window is the token's chunk of n_swa positions (Llama 4's
+                                  LLAMA_SWA_TYPE_CHUNKED: cells from (p_tok / n_swa) * n_swa on) */
 } gguflm_attn_args;
 
 /* Whether ggml computes token t's K·q and P·V products as a batch: llamafile's sgemm takes them
@@ -199,7 +201,8 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
         return 0;
     const int32_t pt = a->tok_pos[t];
     if (a->causal && pc > pt) return 0;
-    if (a->n_swa > 0 && (a->swa_symmetric ? abs(pt - pc) > a->n_swa / 2 : pt - pc >= a->n_swa)) return 0;
+    if (a->n_swa > 0 && (a->swa_symmetric ? abs(pt - pc) > a->n_swa / 2 :
+                         a->swa_chunked ? pc < (pt / a->n_swa) * a->n_swa : pt - pc >= a->n_swa)) return 0;
     return 1;
 }
 

@@ -67,5 +67,6 @@ cdef extern from "ops.h" nogil:
         int per_token
         uint64_t batched_seqs
         int swa_symmetric
+        int swa_chunked
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

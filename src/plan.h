@@ -40,7 +40,7 @@ typedef enum {
     GGUFLM_OP_UNARY,         /* out = act(x): GELU, tanh */
     GGUFLM_OP_POOL_MEAN,     /* out[s] = sum_t mean[s][t] * x[t] */
     GGUFLM_OP_MOE_ROUTE,     /* router logits x -> experts, weights, rows grouped by expert (moe); w: selection bias or NULL */
-    GGUFLM_OP_MOE_GATHER,    /* out[r] = xq[moe.src[r]] (bytes) */
+    GGUFLM_OP_MOE_GATHER,    /* out[r] = xq[moe.src[r]] (bytes; aux 1: float rows times their routing weight) */
     GGUFLM_OP_MATMUL_ID,     /* out[r] = W[expert of r] . xq[r] */
     GGUFLM_OP_MOE_COMBINE,   /* out[t] = sum_i x[moe.slot[t, i]] * moe.weights[t, i] */
     GGUFLM_OP_MOE_SHARED_GATE, /* x[t] *= silu(y[t]) / y[t] */
@@ -231,7 +231,11 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             if (gguflm_moe_route(&nd->moe, nd->x, nd->x_stride, nd->n_rows, (const float *)nd->w, arith)) return -1;
             break;
         case GGUFLM_OP_MOE_GATHER:
-            gguflm_moe_gather((const uint8_t *)nd->x, nd->n, nd->moe.src, nd->n_rows, (uint8_t *)nd->out);
+            if (nd->aux)
+                gguflm_moe_gather_weighted(nd->x, nd->x_stride, nd->n, nd->moe.ids, nd->moe.weights, nd->moe.offsets,
+                                           nd->moe.src, nd->moe.n_expert, nd->moe.n_used, out, nd->out_stride);
+            else
+                gguflm_moe_gather((const uint8_t *)nd->x, nd->n, nd->moe.src, nd->n_rows, (uint8_t *)nd->out);
             break;
         case GGUFLM_OP_MATMUL_ID: {
             /* this node and the group - 1 after it: experts of one input in one parallel region */

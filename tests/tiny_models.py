@@ -1984,6 +1984,57 @@ def tiny_gemma4_models(draw: st.DrawFn) -> TinyGemma:
     return TinyGemma(**{**spec.__dict__, "tensor_types": tensor_types})
 
 
+@dataclass(frozen=True)
+class TinyLlama4:
+    """A ``llama4`` model to write (:func:`write_tiny_llama4`): experts (``n_expert`` of them,
+    ``n_expert_used`` per token, ``n_ff_exp`` wide, beside a shared expert as wide) in every
+    ``moe_step``-th layer, dense SwiGLU layers of ``n_ff`` between; heads of ``head_dim`` all
+    rotated. ``types`` maps a matrix kind (``attn_q``) to its type (default F16)."""
+
+    n_embd: int = 64
+    head_dim: int = 16
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 96
+    n_layer: int = 4
+    n_expert: int = 4
+    n_expert_used: int = 1
+    n_ff_exp: int = 32
+    moe_step: int = 2
+    tied_output: bool = False
+    types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_llama4(spec: TinyLlama4, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), routers N(0, 0.5))."""
+    s, e = spec, spec.n_embd
+    w = GGUFWriter(path, arch="llama4")
+    tensors = _RandomTensors(w, rng, s.types, {})
+    w.add("general.name", "tiny-llama4")
+    tensors.header("llama4", {"context_length": 16384, "embedding_length": e, "block_count": s.n_layer,
+                              "feed_forward_length": s.n_ff, "attention.head_count": s.n_head,
+                              "attention.head_count_kv": s.n_head_kv, "rope.dimension_count": s.head_dim,
+                              "expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                              "expert_feed_forward_length": s.n_ff_exp, "interleave_moe_layer_step": s.moe_step,
+                              "attention.sliding_window": 8192}, {})
+    tensors.embeddings(e, tied_output=s.tied_output)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        tensors.vector(f"{b}.attn_norm.weight", e)
+        tensors.matrix(f"{b}.attn_q.weight", e, s.n_head * s.head_dim)
+        tensors.matrix(f"{b}.attn_k.weight", e, s.n_head_kv * s.head_dim)
+        tensors.matrix(f"{b}.attn_v.weight", e, s.n_head_kv * s.head_dim)
+        tensors.matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
+        tensors.vector(f"{b}.ffn_norm.weight", e)
+        if s.moe_step and (il + 1) % s.moe_step == 0:
+            tensors.routed_ffn(b, e, s.n_expert, s.n_ff_exp, s.n_ff_exp, probs_bias=False)
+        else:
+            tensors.matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            tensors.matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            tensors.matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+    w.write()
+
+
 if __name__ == "__main__":
     # python tests/tiny_models.py OUT.gguf: write the MoE benchmark's model;
     # python tests/tiny_models.py OUT.gguf TYPE: the per-type benchmark's model in TYPE (IQ2_XXS, ...)
