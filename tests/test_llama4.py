@@ -29,7 +29,7 @@ MIXED = {"attn_q": GGMLType.Q4_K, "attn_k": GGMLType.Q8_0, "attn_v": GGMLType.Q6
          "ffn_down": GGMLType.Q6_K, "output": GGMLType.Q6_K, "token_embd": GGMLType.Q8_0}
 CASES = {
     # Scout's pattern: experts in every other layer, top-1
-    "mixed-top1": TinyLlama4(n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=256, n_ff_exp=256, types=MIXED),
+    "mixed-top1": TinyLlama4(n_embd=256, head_dim=64, n_head=4, n_head_kv=2, n_ff=256, n_ff_exp=64, types=MIXED),
     # experts in every layer, two per token, a tied output
     "every-layer-top2": TinyLlama4(moe_step=1, n_expert=6, n_expert_used=2, tied_output=True),
     # 128 experts: Maverick's count, whose model has no Q/K norms
