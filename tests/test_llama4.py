@@ -171,3 +171,41 @@ def test_chunked_attention_is_the_numpy_form(cache_dtype, n_tok):
     np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 if cache_dtype is np.float16 else 2e-5)
     np.testing.assert_array_equal(run(3, chunk), got)
     assert np.abs(run(1, 0) - got).max() > 1e-2   # the chunk changes something
+
+
+@pytest.mark.parametrize("n_tok,n_used", [(1, 1), (7, 1), (7, 3)])
+def test_weighted_expert_inputs_are_the_numpy_form(n_tok, n_used):
+    """Llama 4's MoE steps: each token's row times the sigmoid weight of each expert it chose,
+    in the routing's expert order (every row of an expert together), and the experts' rows summed
+    back per token in slot order without weights: the numpy form's floats exactly."""
+    from gguflm._ext.plan import Plan
+    from gguflm.graph import GATING_SIGMOID
+
+    rng = np.random.default_rng(n_tok * n_used)
+    n_expert, n = 5, 48
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32) * 3
+    x = rng.standard_normal((n_tok, n)).astype(np.float32)
+    route = (np.empty((n_tok, n_used), np.int32), np.empty((n_tok, n_used), np.float32),
+             np.empty(n_expert + 1, np.int32), np.empty(n_tok * n_used, np.int32), np.empty(n_tok * n_used, np.int32))
+    rows, out = np.empty((n_tok * n_used, n), np.float32), np.empty((n_tok, n), np.float32)
+    plan = Plan(n_tok, n_tok, 1)
+    plan.moe_route(logits, n_expert, n_used, GATING_SIGMOID, False, 0.0, route)
+    plan.moe_gather_weighted(x, route, n_expert, n_used, rows)
+    plan.moe_combine(rows, route, n_used, out, False)
+    plan.run()
+    ids, weights, offsets, src, slot = route
+    chosen = np.argsort(-logits, axis=1, kind="stable")[:, :n_used]
+    np.testing.assert_array_equal(ids, chosen)
+    sig = (np.float32(1) / (np.float32(1) + np.exp(-logits))).astype(np.float32)
+    np.testing.assert_allclose(weights, np.take_along_axis(sig, chosen, 1), rtol=1e-6)   # libm's expf
+    expect = np.empty_like(rows)
+    for e in range(n_expert):
+        for r in range(offsets[e], offsets[e + 1]):
+            t = src[r]
+            assert e in ids[t]
+            expect[r] = x[t] * weights[t, list(ids[t]).index(e)]
+    np.testing.assert_array_equal(rows, expect)
+    summed = rows[slot.reshape(n_tok, n_used)[:, 0]].copy()
+    for i in range(1, n_used):
+        summed = summed + rows[slot.reshape(n_tok, n_used)[:, i]]
+    np.testing.assert_array_equal(out, summed)
