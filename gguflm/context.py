@@ -165,7 +165,8 @@ class Context:
                 n_embd_v = (lambda il: 0) if hp.is_mla else hp.n_embd_v_gqa
                 self._caches.append(KVCache(size, layers, hp.n_embd_k_gqa, n_embd_v, type_k,
                                             type_v, n_seq_max, n_swa=window, n_stream=n_stream,
-                                            head_dim_k=hp.head_k(layers[0]), head_dim_v=hp.head_v(layers[0])))
+                                            head_dim_k=hp.head_k(layers[0]), head_dim_v=hp.head_v(layers[0]),
+                                            chunked=hp.swa_chunked))
         if rs_layers:   # one conv and one SSM state per sequence, in max(1, n_seq_max) cells
             self._recurrent_of_layer = dict.fromkeys(rs_layers, len(self._caches))
             self._caches.append(RecurrentCache(n_seq_max, rs_layers, *arch.state_sizes(hp), n_seq_max))

@@ -488,7 +488,8 @@ class Graph:
     def moe_ffn(self, x: np.ndarray, L: Layer, *, norm_w: bool, gating: int = GATING_SOFTMAX,
                 w_scale: float = 0.0, swiglu_limit: float = 0.0, biases: bool = False,
                 selection_bias: Weight | None = None, logits: np.ndarray | None = None,
-                act: int = GLU_SWIGLU) -> np.ndarray:
+                act: int = GLU_SWIGLU, gate_up: Weight | None = None,
+                down_scale: Weight | None = None, weight_before: bool = False) -> np.ndarray:
         """llama.cpp's build_moe_ffn with SwiGLU experts: route every row of x ([n, n_embd]) to
         n_expert_used of the layer's experts (router ``ffn_gate_inp``), run each expert once
         over the rows routed to it, and sum the expert outputs by their routing weights. With
@@ -498,17 +499,24 @@ class Graph:
         groups its experts (``n_expert_groups``); ``swiglu_limit`` selects gpt-oss's clamped
         SwiGLU (alpha 1.702) instead of the plain one. ``logits``: the router's logits computed
         elsewhere (SmallThinker routes on the block's input, build_moe_ffn's probs_in); ``act``:
-        the experts' gated activation (GLU_REGLU: SmallThinker's ReLU)."""
+        the experts' gated activation (GLU_REGLU: SmallThinker's ReLU); ``gate_up``: the gate and
+        up matrices as one (``ffn_gate_up_exps``, gate first), in place of the layer's two;
+        ``down_scale``: one F32 factor per expert for its down projection's output (llama.cpp's
+        ``ffn_down_exps.scale``, Gemma 4's per-expert scale); ``weight_before``: each expert's
+        input is the row times its routing weight and the outputs are summed as they are
+        (Llama 4's weight_before_ffn)."""
         hp = self.hparams
         n, k = x.shape[0], hp.n_expert_used
         bias = None if selection_bias is None else selection_bias.data  # ranks only
-        weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
         router_b, gate_b, up_b, down_b = (L.ffn_gate_inp_bias, L.ffn_gate_exps_bias, L.ffn_up_exps_bias,
                                           L.ffn_down_exps_bias) if biases else (None,) * 4
-        partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
-        if n == 1 and not swiglu_limit and logits is None and act == GLU_SWIGLU and partners[1] == partners[2] and all(
-                b is None for b in (router_b, gate_b, up_b, down_b)) and not self.loras(L.ffn_gate_inp):
-            return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
+        if n == 1 and not swiglu_limit and logits is None and act == GLU_SWIGLU and gate_up is None and \
+                down_scale is None and not weight_before and all(b is None for b in (router_b, gate_b, up_b, down_b)) and \
+                not self.loras(L.ffn_gate_inp):
+            weights = (L.ffn_gate_inp, L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps)
+            partners = [quants.type_traits(int(w.kernel_type))["vec_dot_type"] for w in weights]
+            if partners[1] == partners[2]:
+                return self.moe_one(x, bias, weights, partners, gating, norm_w, w_scale)
         groups = (hp.n_expert_groups, hp.n_group_used)
         if logits is None:
             (logits,) = self.project(x, L.ffn_gate_inp)                       # [n, n_expert]
@@ -516,7 +524,15 @@ class Graph:
         route = (self.new(n, k, dtype=np.int32), self.new(n, k), self.new(hp.n_expert + 1, dtype=np.int32),
                  self.new(n * k, dtype=np.int32), self.new(n * k, dtype=np.int32))
         self.plan.moe_route(logits, hp.n_expert, k, gating, norm_w, w_scale, route, bias, groups)
-        gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
+        if weight_before:   # the weighted rows, in expert order
+            rows = self.new(n * k, x.shape[1])
+            self.plan.moe_gather_weighted(x, route, hp.n_expert, k, rows)
+            gate, up = self.project_experts(rows, route, L.ffn_gate_exps, L.ffn_up_exps, by_expert=True)
+        elif gate_up is None:
+            gate, up = self.project_experts(x, route, L.ffn_gate_exps, L.ffn_up_exps)  # [n * k, n_ff_exp], by expert
+        else:
+            (both,) = self.project_experts(x, route, gate_up)                   # [n * k, 2 * n_ff_exp]
+            gate, up = both[:, :both.shape[1] // 2], both[:, both.shape[1] // 2:]
         for t, b in ((up, up_b), (gate, gate_b)):
             if b is not None:
                 self.plan.moe_add_id(t, b.data, route)
@@ -526,10 +542,12 @@ class Graph:
         else:
             hidden = self.glu(act, gate, up)
         (down,) = self.project_experts(hidden, route, L.ffn_down_exps, by_expert=True)
+        if down_scale is not None:
+            self.plan.moe_scale_id(down, down_scale.data.reshape(-1), route)
         if down_b is not None:
             self.plan.moe_add_id(down, down_b.data, route)
         out = self.new(n, hp.n_embd)
-        self.plan.moe_combine(down, route, k, out)                           # [n, n_embd]
+        self.plan.moe_combine(down, route, k, out, not weight_before)        # [n, n_embd]
         return out
 
     def moe_one(self, x: np.ndarray, bias: np.ndarray | None, weights: tuple[Weight, ...], partners: list[int],
@@ -652,7 +670,7 @@ class Graph:
                             cache.pos, cache.seq, hp.n_head[il], hp.n_head_kv[il], dk, dv, kq_scale, hp.causal_attn,
                             hp.n_swa if hp.is_swa(il) else 0, hp.f_attn_logit_softcapping, out,
                             self.n_threads, None if sinks is None else sinks.data, cache.n_stream > 1,
-                            hp.f_max_alibi_bias, rel_bias)
+                            hp.f_max_alibi_bias, rel_bias, swa_chunked=hp.swa_chunked)
         if not hp.is_mla and v_store.rotation:
             self.plan.hadamard(out, v_store.rotation, self.n_threads)
         return out

@@ -71,6 +71,7 @@ class HParams:
     n_swa: int = 0                                   # sliding window, 0 = none
     swa_layers: tuple[bool, ...] = ()                # per layer: uses the sliding window
     swa_symmetric: bool = False                      # the window reaches n_swa / 2 positions both ways
+    swa_chunked: bool = False                        # the window is the token's chunk of n_swa positions
                                                      #   (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC)
     no_rope_layers: tuple[bool, ...] = ()            # per layer: skips RoPE (SmolLM 3), () = none does
     f_attention_scale: float = 0.0                   # 0 = 1/sqrt(n_embd_head_k)

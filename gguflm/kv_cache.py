@@ -45,7 +45,8 @@ class KVCache:
     """One cache: ``size`` cells for the layers ``layers`` (model layer indices).
 
     ``k[il]``/``v[il]`` are [size, n_embd_{k,v}_gqa(il)] arrays of the cache type; ``n_swa > 0``
-    makes cells reusable once their position is outside the window of their sequence; the head
+    makes cells reusable once their position is outside the window of their sequence (with
+    ``chunked``, the chunk of n_swa positions of its next token); the head
     sizes decide whether a quantized cache stores rotated rows (:func:`gguflm.kv_store.rotation`).
     ``n_stream`` regions of ``size // n_stream`` cells: sequence ``s`` places its tokens in region
     ``s`` (``n_stream`` is 1 or ``n_seq_max``).
@@ -53,7 +54,8 @@ class KVCache:
 
     def __init__(self, size: int, layers: Sequence[int], n_embd_k: Callable[[int], int],
                  n_embd_v: Callable[[int], int], type_k: str, type_v: str, n_seq_max: int,
-                 n_swa: int = 0, n_stream: int = 1, head_dim_k: int = 0, head_dim_v: int = 0):
+                 n_swa: int = 0, n_stream: int = 1, head_dim_k: int = 0, head_dim_v: int = 0,
+                 chunked: bool = False):
         if n_stream not in (1, n_seq_max) or size % n_stream:
             raise ValueError(f"n_stream must be 1 or n_seq_max ({n_seq_max}) and divide the "
                              f"{size} cells, got {n_stream}")
@@ -61,6 +63,7 @@ class KVCache:
         self.layers = list(layers)
         self.n_seq_max = n_seq_max
         self.n_swa = n_swa
+        self.chunked = chunked
         self.n_stream = n_stream
         self.stream_size = size // n_stream
         self.pos = np.full(size, -1, np.int32)
@@ -236,7 +239,7 @@ class KVCache:
     def _find_in_stream(self, stream: int, n_tokens: int) -> np.ndarray | None:
         cells = np.empty(n_tokens, np.int64)
         found = kv_cells.find_cells(self.pos, self.seq, stream * self.stream_size, self.stream_size,
-                                    int(self.heads[stream]), self.n_swa, cells)
+                                    int(self.heads[stream]), self.n_swa, cells, self.chunked)
         return cells if found else None
 
     def apply(self, cells: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> Slot:

@@ -19,21 +19,26 @@ cdef inline bint _single(uint64_t q) noexcept nogil:
     return q != 0 and (q & (q - 1)) == 0
 
 
-cdef inline bint _reusable(int32_t p, uint64_t q, const int64_t *pos_max, int32_t n_swa) noexcept nogil:
-    """free, or (a window) one sequence's and at least n_swa behind that sequence's newest"""
+cdef inline bint _reusable(int32_t p, uint64_t q, const int64_t *pos_max, int32_t n_swa, bint chunked) noexcept nogil:
+    """free, or (a window) one sequence's and outside the window of that sequence's next position:
+    at least n_swa behind it, or (chunked) before its chunk"""
     if p < 0:
         return True
-    return n_swa > 0 and _single(q) and pos_max[__builtin_ctzll(q)] + 1 - p >= n_swa
+    if n_swa <= 0 or not _single(q):
+        return False
+    cdef int64_t p1 = pos_max[__builtin_ctzll(q)] + 1
+    return p < (p1 // n_swa) * n_swa if chunked else p1 - p >= n_swa
 
 
 def find_cells(cnp.ndarray pos, cnp.ndarray seq, int64_t first, int64_t size, int64_t head, int32_t n_swa,
-               cnp.ndarray out):
+               cnp.ndarray out, bint chunked=False):
     """Fill ``out`` (int64 [n_tokens]) with the first ``n_tokens`` reusable cells of the region
     [first, first + size) of a cache's cells (``pos`` int32, ``seq`` uint64 bit masks), searched
     from ``head`` (relative to the region; from 0 when the head is past the region's used cells
     + 2 * n_tokens) and wrapping around. Reusable: free, or with a sliding window (``n_swa`` > 0)
-    a cell of one sequence whose position is at least n_swa below that sequence's newest among
-    the cache's cells of one sequence. Returns False, ``out`` unspecified, when fewer are."""
+    a cell of one sequence whose position is at least n_swa below the next position of that
+    sequence (its newest among the cache's cells of one sequence, plus one), or with ``chunked``
+    before that position's chunk of n_swa. Returns False, ``out`` unspecified, when fewer are."""
     if pos.dtype != np.int32 or seq.dtype != np.uint64 or out.dtype != np.int64 or \
             seq.shape[0] != pos.shape[0] or not (0 <= first and first + size <= pos.shape[0]) or \
             not (pos.flags.c_contiguous and seq.flags.c_contiguous and out.flags.c_contiguous):
@@ -65,7 +70,7 @@ def find_cells(cnp.ndarray pos, cnp.ndarray seq, int64_t first, int64_t size, in
             head = size
         for i in range(size):
             c = first + (head + i) % size
-            if _reusable(P[c], Q[c], pos_max, n_swa):
+            if _reusable(P[c], Q[c], pos_max, n_swa, chunked):
                 O[found] = c
                 found += 1
                 if found == n_tokens:

@@ -153,17 +153,34 @@ static void gguflm_moe_gather(const uint8_t *xq, int64_t row_bytes, const int32_
     for (int64_t r = 0; r < n_rows; r++) memcpy(out + r * row_bytes, xq + src[r] * row_bytes, (size_t)row_bytes);
 }
 
-/* out[t] = sum over slots i, in order, of experts[slot[t * k + i]] * weights[t * k + i] */
+/* Llama 4's routing weight on the experts' input (build_moe_ffn's weight_before_ffn: the row
+ * repeated per slot, times its weight): out[r] = x[src[r]] * the weight of the slot of token
+ * src[r] that chose e, for every row r of expert e (float rows, n values each) */
+static void gguflm_moe_gather_weighted(const float *x, int64_t x_stride, int64_t n, const int32_t *ids,
+                                       const float *weights, const int32_t *offsets, const int32_t *src,
+                                       int n_expert, int k, float *out, int64_t out_stride) {
+    for (int e = 0; e < n_expert; e++)
+        for (int32_t r = offsets[e]; r < offsets[e + 1]; r++) {
+            const int32_t t = src[r];
+            float w = 0.0f;
+            for (int i = 0; i < k; i++)
+                if (ids[t * k + i] == e) w = weights[t * k + i];
+            for (int64_t j = 0; j < n; j++) out[r * out_stride + j] = x[t * x_stride + j] * w;
+        }
+}
+
+/* out[t] = sum over slots i, in order, of experts[slot[t * k + i]] * weights[t * k + i] (weights NULL:
+ * the plain sum, the experts having weighed their inputs) */
 static void gguflm_moe_combine(const float *experts, int64_t e_stride, const float *weights, const int32_t *slot,
                                int64_t n_tok, int k, int64_t n, float *out, int64_t out_stride) {
     for (int64_t t = 0; t < n_tok; t++) {
         float *o = out + t * out_stride;
         const float *e0 = experts + slot[t * k] * e_stride;
-        const float w0 = weights[t * k];
+        const float w0 = weights ? weights[t * k] : 1.0f;
         for (int64_t j = 0; j < n; j++) o[j] = e0[j] * w0;
         for (int i = 1; i < k; i++) {
             const float *ei = experts + slot[t * k + i] * e_stride;
-            const float wi = weights[t * k + i];
+            const float wi = weights ? weights[t * k + i] : 1.0f;
             for (int64_t j = 0; j < n; j++) o[j] = o[j] + ei[j] * wi;
         }
     }
@@ -203,6 +220,15 @@ static void gguflm_moe_add_id(float *x, int64_t x_stride, int64_t n, const float
     for (int e = 0; e < n_expert; e++)
         for (int32_t r = offsets[e]; r < offsets[e + 1]; r++)
             for (int64_t j = 0; j < n; j++) x[r * x_stride + j] += b[e * b_stride + j];
+}
+
+/* the per-expert scale of ggml_mul_mat_id's output (llama.cpp's build_lora_mm_id with w_s, Gemma 4's
+ * down scale) on rows grouped by expert: x[r] *= s[e] for e's rows */
+static void gguflm_moe_scale_id(float *x, int64_t x_stride, int64_t n, const float *s, const int32_t *offsets,
+                                int n_expert) {
+    for (int e = 0; e < n_expert; e++)
+        for (int32_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t j = 0; j < n; j++) x[r * x_stride + j] *= s[e];
 }
 
 /* one stack of expert matrices [n_expert][n_rows, n_in] (row stride w_stride bytes, expert stride

@@ -148,6 +148,8 @@ typedef struct {
     const float *rel_bias;     /* T5's relative position biases, [rel_buckets][n_head] (row = bucket); NULL = none */
     int rel_buckets;           /* how many buckets (llama.cpp's n_rel_attn_bkts) */
     int rel_bidirectional;     /* 1: buckets for keys either side (the encoder's), else only the past */
+    int swa_chunked;           /* 1: the window is the token's chunk of n_swa positions (Llama 4's
+                                  LLAMA_SWA_TYPE_CHUNKED: cells from (p_tok / n_swa) * n_swa on) */
 } gguflm_attn_args;
 
 /* Whether ggml computes token t's K·q and P·V products as a batch: llamafile's sgemm takes them
@@ -202,7 +204,8 @@ static inline int gguflm_attn_visible(const gguflm_attn_args *a, int t, int c) {
         return 0;
     const int32_t pt = a->tok_pos[t];
     if (a->causal && pc > pt) return 0;
-    if (a->n_swa > 0 && (a->swa_symmetric ? abs(pt - pc) > a->n_swa / 2 : pt - pc >= a->n_swa)) return 0;
+    if (a->n_swa > 0 && (a->swa_symmetric ? abs(pt - pc) > a->n_swa / 2 :
+                         a->swa_chunked ? pc < (pt / a->n_swa) * a->n_swa : pt - pc >= a->n_swa)) return 0;
     return 1;
 }
 

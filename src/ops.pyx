@@ -223,14 +223,15 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
               int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
               float kq_scale, float[:, ::1] out, bint causal=True, int n_swa=0, float softcap=0.0,
               int n_threads=1, const int32_t[::1] cell_seq_id=None, int n_cols=0, float max_bias=0.0,
-              bint per_stream=False, bint swa_symmetric=False):
+              bint per_stream=False, bint swa_symmetric=False, bint swa_chunked=False):
     """Attention of ``q`` ([n_tokens, n_head * head_dim_k]) over cache cells ``[0, n_kv)``.
 
     ``k_cache``/``v_cache`` hold one row per cell of n_head_kv * head_dim values: float32 ("f32"),
     float16 ("f16") or uint8 Q8_0 blocks ("q8_0"), as ``type_k``/``type_v`` say; a cell
     is visible to a token when ``cell_seq`` has the token's sequence bit, its position is not in
     the token's future (``causal``) and within ``n_swa`` positions (0 = no window; with
-    ``swa_symmetric``, within n_swa / 2 positions either way). Writes
+    ``swa_symmetric``, within n_swa / 2 positions either way; with ``swa_chunked``, within the
+    token's chunk of n_swa positions). Writes
     ``out`` ([n_tokens, n_head * head_dim_v]).
 
     Without a cache (encoders), ``cell_seq_id`` gives each cell's one sequence instead of
@@ -298,6 +299,7 @@ def attention(const float[:, ::1] q, cnp.ndarray k_cache, str type_k, cnp.ndarra
     a.rel_bias = NULL
     a.rel_buckets = 0
     a.rel_bidirectional = 0
+    a.swa_chunked = swa_chunked
     _check_threads(n_threads)
     cdef int rc, isa = _switch.isa
     with nogil:

@@ -70,5 +70,6 @@ cdef extern from "ops.h" nogil:
         const float *rel_bias
         int rel_buckets
         int rel_bidirectional
+        int swa_chunked
     int gguflm_attention(const gguflm_attn_args *a, int isa, int n_threads)
 

@@ -41,12 +41,12 @@ typedef enum {
     GGUFLM_OP_UNARY,         /* out = act(x): GELU, tanh */
     GGUFLM_OP_POOL_MEAN,     /* out[s] = sum_t mean[s][t] * x[t] */
     GGUFLM_OP_MOE_ROUTE,     /* router logits x -> experts, weights, rows grouped by expert (moe); w: selection bias or NULL */
-    GGUFLM_OP_MOE_GATHER,    /* out[r] = xq[moe.src[r]] (bytes) */
+    GGUFLM_OP_MOE_GATHER,    /* out[r] = xq[moe.src[r]] (bytes; aux 1: float rows times their routing weight) */
     GGUFLM_OP_MATMUL_ID,     /* out[r] = W[expert of r] . xq[r] */
     GGUFLM_OP_MOE_COMBINE,   /* out[t] = sum_i x[moe.slot[t, i]] * moe.weights[t, i] */
     GGUFLM_OP_MOE_SHARED_GATE, /* x[t] *= silu(y[t]) / y[t] */
     GGUFLM_OP_SWIGLU_OAI,    /* out = gpt-oss's clamped SwiGLU of x (gate) and y (up) */
-    GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] */
+    GGUFLM_OP_MOE_ADD_ID,    /* out[r] += w[expert of sorted row r] (aux 1: out[r] *= w[e], one value each) */
     GGUFLM_OP_MUL_ROW,       /* x[i] *= w (ggml_mul by a broadcast row) */
     GGUFLM_OP_HADAMARD,      /* x = every aux values of each row rotated by the Walsh-Hadamard matrix */
     GGUFLM_OP_MOE_ONE,       /* one token's routed experts (moe; w: gguflm_moe_one_args) */
@@ -234,7 +234,11 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
             if (gguflm_moe_route(&nd->moe, nd->x, nd->x_stride, nd->n_rows, (const float *)nd->w, arith)) return -1;
             break;
         case GGUFLM_OP_MOE_GATHER:
-            gguflm_moe_gather((const uint8_t *)nd->x, nd->n, nd->moe.src, nd->n_rows, (uint8_t *)nd->out);
+            if (nd->aux)
+                gguflm_moe_gather_weighted(nd->x, nd->x_stride, nd->n, nd->moe.ids, nd->moe.weights, nd->moe.offsets,
+                                           nd->moe.src, nd->moe.n_expert, nd->moe.n_used, out, nd->out_stride);
+            else
+                gguflm_moe_gather((const uint8_t *)nd->x, nd->n, nd->moe.src, nd->n_rows, (uint8_t *)nd->out);
             break;
         case GGUFLM_OP_MATMUL_ID: {
             /* this node and the group - 1 after it: experts of one input in one parallel region */
@@ -263,8 +267,11 @@ static int64_t gguflm_plan_run(const gguflm_node *nodes, int64_t start, int64_t 
                                    nd->f2, out, nd->out_stride, nd->n_threads);
             break;
         case GGUFLM_OP_MOE_ADD_ID:
-            gguflm_moe_add_id(out, nd->out_stride, nd->n, (const float *)nd->w, nd->w_stride, nd->moe.offsets,
-                              nd->moe.n_expert);
+            if (nd->aux)
+                gguflm_moe_scale_id(out, nd->out_stride, nd->n, (const float *)nd->w, nd->moe.offsets, nd->moe.n_expert);
+            else
+                gguflm_moe_add_id(out, nd->out_stride, nd->n, (const float *)nd->w, nd->w_stride, nd->moe.offsets,
+                                  nd->moe.n_expert);
             break;
         case GGUFLM_OP_MOE_SHARED_GATE:
             gguflm_moe_shared_gate(nd->y, nd->y_stride, nd->n_rows, nd->n, out, nd->out_stride);

@@ -435,6 +435,14 @@ cdef class Plan:
         self._set_route(nd, route, 0, 0)
         nd.x, nd.n, nd.n_rows, nd.out = <const float *>_ptr(xq), xq.shape[1], out.shape[0], _ptr(out)
 
+    def moe_gather_weighted(self, cnp.ndarray x, tuple route, int n_expert, int n_used, cnp.ndarray out):
+        """out[r] = x[src[r]] times the routing weight with which that token chose r's expert: float
+        input rows in expert order, each weighed before the experts (Llama 4)."""
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_GATHER, 1, (x, out) + route)
+        self._set_route(nd, route, n_expert, n_used)
+        nd.aux, nd.x, nd.x_stride, nd.n, nd.n_rows = 1, <const float *>_ptr(x), _stride(x), x.shape[1], out.shape[0]
+        nd.out, nd.out_stride = _ptr(out), _stride(out)
+
     def matmul_id(self, int wtype, cnp.ndarray w, int64_t n_rows, int64_t n_in, cnp.ndarray xq, cnp.ndarray out,
                   tuple route, int n_expert, bint repacked, int n_threads):
         """out[r] = W[e] . xq[r] for the expert e of every sorted row r; w holds the n_expert
@@ -499,16 +507,28 @@ cdef class Plan:
         nd.w, nd.w_stride = _ptr(b), b.strides[0] // 4
         nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
 
+    def moe_scale_id(self, cnp.ndarray x, cnp.ndarray s, tuple route):
+        """x[r] *= s[e] for every sorted row r of expert e (s: [n_expert], F32)."""
+        if s.dtype != np.float32 or not s.flags.c_contiguous:
+            raise ValueError("the expert scales must be contiguous float32 values")
+        cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_ADD_ID, 1, (x, s) + route)
+        self._set_route(nd, route, s.size, 0)
+        nd.aux, nd.w = 1, _ptr(s)
+        nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
+
     def moe_shared_gate(self, cnp.ndarray g, cnp.ndarray x):
         """x[t] *= silu(g[t]) / g[t] (g: [n_rows, 1])."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_SHARED_GATE, 1, (g, x))
         nd.y, nd.y_stride = <const float *>_ptr(g), _stride(g)
         nd.n_rows, nd.n, nd.out, nd.out_stride = x.shape[0], x.shape[1], _ptr(x), _stride(x)
 
-    def moe_combine(self, cnp.ndarray experts, tuple route, int n_used, cnp.ndarray out):
-        """out[t] = the weighted sum of token t's expert outputs (rows of ``experts``)."""
+    def moe_combine(self, cnp.ndarray experts, tuple route, int n_used, cnp.ndarray out, bint weighted=True):
+        """out[t] = the weighted sum of token t's expert outputs (rows of ``experts``); without
+        ``weighted`` their plain sum (the inputs were weighed, :meth:`moe_gather_weighted`)."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_MOE_COMBINE, 1, (experts, out) + route)
         self._set_route(nd, route, 0, n_used)
+        if not weighted:
+            nd.moe.weights = NULL
         nd.x, nd.x_stride, nd.n_rows, nd.n = <const float *>_ptr(experts), _stride(experts), out.shape[0], out.shape[1]
         nd.out, nd.out_stride = _ptr(out), _stride(out)
 
@@ -541,10 +561,12 @@ cdef class Plan:
                   int cache_index, cnp.ndarray cell_pos, cnp.ndarray cell_seq, int n_head, int n_head_kv,
                   int head_dim_k, int head_dim_v, float kq_scale, bint causal, int n_swa, float softcap,
                   cnp.ndarray out, int n_threads, cnp.ndarray sinks=None, bint per_stream=False,
-                  float max_bias=0.0, cnp.ndarray rel_bias=None, bint rel_bidirectional=False):
+                  float max_bias=0.0, cnp.ndarray rel_bias=None, bint rel_bidirectional=False,
+                  bint swa_chunked=False):
         """Attention of q over the cache's cells [0, n_kv) (the plan's n_kv of ``cache_index``),
-        with ALiBi biases from each cell's position when ``max_bias`` > 0, and T5's relative
-        position biases where ``rel_bias`` ([n_buckets, n_head] float32) is given."""
+        with ALiBi biases from each cell's position when ``max_bias`` > 0, T5's relative
+        position biases where ``rel_bias`` ([n_buckets, n_head] float32) is given; ``swa_chunked``:
+        the window of ``n_swa`` is the token's chunk of n_swa positions."""
         cdef gguflm_node *nd = self._add(GGUFLM_OP_ATTENTION, n_threads, (q, k_data, v_data, cell_pos, cell_seq, out,
                                                                           sinks, rel_bias))
         self._set_rel_bias(nd, rel_bias, n_head, rel_bidirectional)
@@ -560,7 +582,7 @@ cdef class Plan:
         nd.attn.tok_pos = <const int32_t *>_ptr(self.pos)
         nd.attn.tok_seq = <const int32_t *>_ptr(self.seq_first)
         nd.attn.causal, nd.attn.n_swa, nd.attn.kq_scale, nd.attn.softcap = causal, n_swa, kq_scale, softcap
-        nd.attn.max_bias = max_bias
+        nd.attn.max_bias, nd.attn.swa_chunked = max_bias, swa_chunked
         nd.attn.per_stream, nd.attn.per_token = per_stream, self.per_token
         nd.attn.out, nd.attn.out_stride = <float *>_ptr(out), _stride(out)
         nd.i32 = <const int32_t *>_ptr(self.n_kv) + cache_index

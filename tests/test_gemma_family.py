@@ -314,7 +314,7 @@ def test_gemma4_several_sequences_and_a_k_shift(gemma4):
                 ctx.memory.seq_add(0, 9, -1, -3)
 
 
-@pytest.mark.parametrize("key,value", [("attention.shared_kv_layers", 1), ("expert_count", 4),
+@pytest.mark.parametrize("key,value", [("attention.shared_kv_layers", 1),
                                        ("attention.sliding_window_pattern", 2)])
 def test_gemma4_files_with_what_is_not_implemented_are_refused(tmp_path, key, value):
     path = tmp_path / "gemma4.gguf"

@@ -1785,7 +1785,9 @@ class TinyGemma:
     values per token and layer (0: none), block output scales, a separate output projection
     unless ``tied_output``). Every ``swa_period``-th layer is global, the others slide over
     ``n_swa`` positions. ``types`` maps a matrix kind (``attn_q``) to its type, ``tensor_types``
-    single tensors (default F16)."""
+    single tensors (default F16). Gemma 4 with ``n_expert`` > 0 (the 26B-A4B): the layers of
+    ``expert_layers`` (None: all) add ``n_expert_used`` of n_expert experts ``n_ff_exp`` wide,
+    gate and up as one tensor with ``gate_up``, each scaled with ``down_scale``."""
 
     arch: str = "gemma-embedding"
     n_embd: int = 64
@@ -1808,9 +1810,18 @@ class TinyGemma:
     tied_output: bool = True
     types: dict[str, GGMLType] = field(default_factory=dict)
     tensor_types: dict[str, GGMLType] = field(default_factory=dict)
+    n_expert: int = 0
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    expert_layers: tuple[int, ...] | None = None
+    gate_up: bool = False
+    down_scale: bool = True
 
     def is_swa(self, il: int) -> bool:
         return il % self.swa_period < self.swa_period - 1
+
+    def has_experts(self, il: int) -> bool:
+        return self.n_expert > 0 and (self.expert_layers is None or il in self.expert_layers)
 
     def head(self, il: int) -> int:
         return (self.head_dim_swa or self.head_dim) if self.is_swa(il) else self.head_dim
@@ -1838,6 +1849,10 @@ class TinyGemma:
                 (("attn_v",) if s.has_kv(il) and il not in s.no_v_layers else ())
             out.update({f"{b}.{kind}.weight": s.n_embd for kind in kinds})
             out.update({f"{b}.attn_output.weight": s.n_head * s.head(il), f"{b}.ffn_down.weight": s.n_ff})
+            if s.has_experts(il):
+                ins = ("ffn_gate_inp", "ffn_gate_up_exps") if s.gate_up else ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps")
+                out.update({f"{b}.{kind}.weight": s.n_embd for kind in ins})
+                out[f"{b}.ffn_down_exps.weight"] = s.n_ff_exp
         return out
 
 
@@ -1859,6 +1874,9 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
                      "embedding_length_per_layer_input": s.n_ple, "attention.shared_kv_layers": s.n_shared_kv})
         metadata.update({"attention.sliding_window_pattern": [s.is_swa(il) for il in range(s.n_layer)],
                          "final_logit_softcapping": 30.0})
+        if s.n_expert:
+            keys.update({"expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                         "expert_feed_forward_length": s.n_ff_exp})
         if s.n_head_kv_global:   # as Gemma 4's files: fewer KV heads in the global layers
             del keys["attention.head_count_kv"]
             metadata["attention.head_count_kv"] = np.array([s.kv_heads(il) for il in range(s.n_layer)], np.int32)
@@ -1904,6 +1922,19 @@ def write_tiny_gemma(spec: TinyGemma, path: Path, rng: np.random.Generator) -> N
         matrix(f"{b}.ffn_up.weight", e, s.n_ff)
         matrix(f"{b}.ffn_down.weight", s.n_ff, e)
         vector(f"{b}.post_ffw_norm.weight", e)
+        if s.has_experts(il):   # a router of spread rows: the experts' scores lie well apart
+            matrix(f"{b}.ffn_gate_inp.weight", e, s.n_expert, scale=2.0)
+            vector(f"{b}.ffn_gate_inp.scale", e, scale=0.3)
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                vector(f"{b}.{name}.weight", e)
+            if s.gate_up:
+                matrix(f"{b}.ffn_gate_up_exps.weight", e, 2 * s.n_ff_exp, n_stack=s.n_expert)
+            else:
+                matrix(f"{b}.ffn_gate_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+                matrix(f"{b}.ffn_up_exps.weight", e, s.n_ff_exp, n_stack=s.n_expert)
+            matrix(f"{b}.ffn_down_exps.weight", s.n_ff_exp, e, n_stack=s.n_expert)
+            if s.down_scale:
+                vector(f"{b}.ffn_down_exps.scale", s.n_expert, scale=0.5)
     w.write()
 
 
@@ -2149,6 +2180,59 @@ def tiny_gemma3n_models(draw: st.DrawFn) -> TinyGemma3n:
                      f"{b}.altup_correct_coef.weight": 4, f"{b}.altup_predict_coef.weight": 4})
     tensor_types = {name: draw(st.sampled_from([t for t in WEIGHT_TYPES if fits(t, n_in)])) for name, n_in in rows.items()}
     return TinyGemma3n(**{**spec.__dict__, "tensor_types": tensor_types})
+
+
+
+
+@dataclass(frozen=True)
+class TinyLlama4:
+    """A ``llama4`` model to write (:func:`write_tiny_llama4`): experts (``n_expert`` of them,
+    ``n_expert_used`` per token, ``n_ff_exp`` wide, beside a shared expert as wide) in every
+    ``moe_step``-th layer, dense SwiGLU layers of ``n_ff`` between; heads of ``head_dim`` all
+    rotated. ``types`` maps a matrix kind (``attn_q``) to its type (default F16)."""
+
+    n_embd: int = 64
+    head_dim: int = 16
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 96
+    n_layer: int = 4
+    n_expert: int = 4
+    n_expert_used: int = 1
+    n_ff_exp: int = 32
+    moe_step: int = 2
+    tied_output: bool = False
+    types: dict[str, GGMLType] = field(default_factory=dict)
+
+
+def write_tiny_llama4(spec: TinyLlama4, path: Path, rng: np.random.Generator) -> None:
+    """Write ``spec`` with random weights (norms near 1, matrices N(0, 0.08), routers N(0, 0.5))."""
+    s, e = spec, spec.n_embd
+    w = GGUFWriter(path, arch="llama4")
+    tensors = _RandomTensors(w, rng, s.types, {})
+    w.add("general.name", "tiny-llama4")
+    tensors.header("llama4", {"context_length": 16384, "embedding_length": e, "block_count": s.n_layer,
+                              "feed_forward_length": s.n_ff, "attention.head_count": s.n_head,
+                              "attention.head_count_kv": s.n_head_kv, "rope.dimension_count": s.head_dim,
+                              "expert_count": s.n_expert, "expert_used_count": s.n_expert_used,
+                              "expert_feed_forward_length": s.n_ff_exp, "interleave_moe_layer_step": s.moe_step,
+                              "attention.sliding_window": 8192}, {})
+    tensors.embeddings(e, tied_output=s.tied_output)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        tensors.vector(f"{b}.attn_norm.weight", e)
+        tensors.matrix(f"{b}.attn_q.weight", e, s.n_head * s.head_dim)
+        tensors.matrix(f"{b}.attn_k.weight", e, s.n_head_kv * s.head_dim)
+        tensors.matrix(f"{b}.attn_v.weight", e, s.n_head_kv * s.head_dim)
+        tensors.matrix(f"{b}.attn_output.weight", s.n_head * s.head_dim, e)
+        tensors.vector(f"{b}.ffn_norm.weight", e)
+        if s.moe_step and (il + 1) % s.moe_step == 0:
+            tensors.routed_ffn(b, e, s.n_expert, s.n_ff_exp, s.n_ff_exp, probs_bias=False)
+        else:
+            tensors.matrix(f"{b}.ffn_gate.weight", e, s.n_ff)
+            tensors.matrix(f"{b}.ffn_up.weight", e, s.n_ff)
+            tensors.matrix(f"{b}.ffn_down.weight", s.n_ff, e)
+    w.write()
 
 
 if __name__ == "__main__":

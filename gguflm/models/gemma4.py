@@ -1,4 +1,4 @@
-"""Gemma 4 (text, without experts): Gemma 3's block with other head sizes (and rotated dimensions)
+"""Gemma 4 (text): Gemma 3's block with other head sizes (and rotated dimensions)
 in its sliding layers than in its global ones, the global layers' RoPE through ``rope_freqs``
 (proportional RoPE), V RMS-normed without a weight and taken from K's projection where a layer has
 no ``attn_v``, no query scaling (scores at scale 1), a learned scale of each block's output,
@@ -6,7 +6,12 @@ soft-capped logits, the last ``shared_kv_layers`` layers attending over the cach
 last earlier layer of their kind (KV sharing), and per-layer inputs (E2B, E4B): a small embedding
 per token and layer that gates each block's output into a correction of it.
 
-The experts of the 26B-A4B are not implemented: such a file is refused by name."""
+The 26B-A4B's layers with a router (``ffn_gate_inp``) run a mixture of GELU-gated experts beside
+the dense feed-forward (its shared expert), each branch RMS-normed after: the router reads the
+block's attention output RMS-normed without a weight, scaled by 1/sqrt(n_embd) and by its own
+``ffn_gate_inp.scale``; softmax routing, the selected weights normalised; gate and up as one
+tensor (``ffn_gate_up_exps``) or two; each expert's output scaled by ``ffn_down_exps.scale``
+where the file has it."""
 
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ import numpy as np
 
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
-from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, rsqrt_f32, sqrt_f32
+from gguflm.graph import GATING_SOFTMAX, GLU_GEGLU, Graph
+from gguflm.hparams import (HParamError, HParamReader, HParams, RopeType, read_expert_hparams, read_swa_layers,
+                            rsqrt_f32, sqrt_f32)
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -27,9 +33,6 @@ class Gemma4(Architecture):
     def read_hparams(cls, kv: HParamReader, n_vocab: int) -> HParams:
         hp = cls.read_common(kv, n_vocab)
         n_ple = kv.get_int("{arch}.embedding_length_per_layer_input")   # required, as by llama.cpp
-        if kv.get_int("{arch}.expert_count", 0):
-            raise HParamError(f"{kv.source}: a gemma4 model with experts ({kv.key('{arch}.expert_count')}, the "
-                              f"26B-A4B) is not supported yet")
         if not isinstance(kv.metadata.get(kv.key("{arch}.attention.sliding_window_pattern")), (list, tuple, np.ndarray)):
             raise HParamError(f"{kv.source}: {kv.key('{arch}.attention.sliding_window_pattern')} must be an array "
                               f"of one flag per layer")
@@ -56,6 +59,7 @@ class Gemma4(Architecture):
             f_embedding_scale=sqrt_f32(hp.n_embd),
             extras={**hp.extras, "n_embd_per_layer": n_ple},
         )
+        hp = read_expert_hparams(kv, hp, required=False)
         for il in range(hp.n_layer):   # a shared cache must be of the sharing layer's kind and width
             src = hp.kv_source(il)
             if hp.is_swa(src) != hp.is_swa(il) or hp.n_head_kv[src] != hp.n_head_kv[il]:
@@ -91,10 +95,40 @@ class Gemma4(Architecture):
             ]
             specs += cls.ffn_specs(hp, il)
             specs.append(TensorSpec(f"{blk}.post_ffw_norm.weight", (e,)))
+            if hp.n_expert:
+                specs += cls.expert_block_specs(hp, il)
             if n_ple:
                 specs += [TensorSpec(f"{blk}.inp_gate.weight", (e, n_ple)), TensorSpec(f"{blk}.proj.weight", (n_ple, e)),
                           TensorSpec(f"{blk}.post_norm.weight", (e,))]
         return specs
+
+    # a layer's experts: the router, then what a layer with one must have beside it
+    EXPERT_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_inp.scale", "pre_ffw_norm_2.weight", "post_ffw_norm_1.weight",
+                      "post_ffw_norm_2.weight", "ffn_down_exps.weight")
+
+    @classmethod
+    def expert_block_specs(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """Layer ``il``'s experts, all optional: a layer has them where it has a router
+        (llama.cpp's has_expert), see :meth:`required_together`."""
+        blk, e, f, n = f"blk.{il}", hp.n_embd, hp.n_ff_exp, hp.n_expert
+        shapes = {"ffn_gate_inp.weight": (e, n), "ffn_gate_inp.scale": (e,), "pre_ffw_norm_2.weight": (e,),
+                  "post_ffw_norm_1.weight": (e,), "post_ffw_norm_2.weight": (e,), "ffn_down_exps.weight": (f, e, n),
+                  "ffn_down_exps.scale": (n,), "ffn_gate_up_exps.weight": (e, 2 * f, n),
+                  "ffn_gate_exps.weight": (e, f, n), "ffn_up_exps.weight": (e, f, n)}
+        return [TensorSpec(f"{blk}.{name}", shape, optional=True) for name, shape in shapes.items()]
+
+    @classmethod
+    def required_together(cls, hp: HParams, present: set[str]) -> list[str]:
+        """A layer with a router has its scale, the three norms, the down projections, and gate
+        and up as one tensor or two (llama.cpp loads the pair where the one is absent)."""
+        need = []
+        for il in range(hp.n_layer if hp.n_expert else 0):
+            blk = f"blk.{il}"
+            if f"{blk}.ffn_gate_inp.weight" in present:
+                need += [f"{blk}.{name}" for name in cls.EXPERT_TENSORS[1:]]
+                if f"{blk}.ffn_gate_up_exps.weight" not in present:
+                    need += [f"{blk}.ffn_gate_exps.weight", f"{blk}.ffn_up_exps.weight"]
+        return need
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
         hp, m = g.hparams, g.model
@@ -122,9 +156,11 @@ class Gemma4(Architecture):
             cur = g.attention(il, q, k, v, hp.f_attention_scale)               # [n, n_head * head_k(il)]
             (cur,) = g.project(cur, L.attn_output)                              # [n, n_embd]
             attn_out = g.add(g.rms_norm(cur, L.post_attention_norm), x)
-            # feed-forward, GELU-gated, normed before and after
+            # feed-forward, GELU-gated, normed before and after; beside the experts where the layer has them
             gate, up = g.project(g.rms_norm(attn_out, L.ffn_norm), L.ffn_gate, L.ffn_up)
             (cur,) = g.project(g.geglu(gate, up), L.ffn_down)
+            if hp.n_expert and L.ffn_gate_inp is not None:
+                cur = g.add(g.rms_norm(cur, L.post_ffw_norm_1), self.experts(g, attn_out, L))
             x = g.add(g.rms_norm(cur, L.post_ffw_norm), attn_out)
             if per_layer is not None:   # the layer's input gated by the block's output, projected back
                 (gate,) = g.project(x, L.inp_gate)                              # [n, n_ple]
@@ -136,6 +172,19 @@ class Gemma4(Architecture):
         # every row through the final norm, then the output rows (llama.cpp's order for Gemma 4)
         (x,) = g.output_rows(g.rms_norm(x, m.tensors["output_norm.weight"]))
         return x, g.logits(x, m.tensors["output.weight"])                    # [n_outputs, n_vocab]
+
+    @staticmethod
+    def experts(g: Graph, attn_out: np.ndarray, L) -> np.ndarray:
+        """The experts' branch of the block's attention output, RMS-normed after: routed on
+        attn_out normed without a weight, times 1/sqrt(n_embd) and the router's scale."""
+        hp = g.hparams
+        _f32(L.ffn_gate_inp_scale, L.ffn_down_exps_scale)
+        router_in = g.scale(g.rms_norm(attn_out, None), rsqrt_f32(hp.n_embd))
+        g.plan.mul_row(router_in, L.ffn_gate_inp_scale.data.reshape(-1))
+        (logits,) = g.project(router_in, L.ffn_gate_inp)                   # [n, n_expert]
+        cur = g.moe_ffn(g.rms_norm(attn_out, L.pre_ffw_norm_2), L, norm_w=True, gating=GATING_SOFTMAX, w_scale=1.0,
+                        logits=logits, act=GLU_GEGLU, gate_up=L.ffn_gate_up_exps, down_scale=L.ffn_down_exps_scale)
+        return g.rms_norm(cur, L.post_ffw_norm_2)                           # [n, n_embd]
 
     @staticmethod
     def per_layer_inputs(g: Graph, x: np.ndarray) -> np.ndarray:
@@ -153,6 +202,13 @@ class Gemma4(Architecture):
         else:
             g.add(proj, g.scale(g.token_rows(embd), sqrt_f32(n_ple)))
         return g.scale(proj, rsqrt_f32(2))
+
+
+def _f32(*weights) -> None:
+    """Scale vectors are read as F32 (the ones a layer has)."""
+    for w in weights:
+        if w is not None and w.type != GGMLType.F32:
+            raise ModelLoadError(f"tensor '{w.name}' is {w.type.name}; gguflm reads it as F32 only")
 
 
 def _scalar(w) -> float:
