@@ -2028,6 +2028,7 @@ def write_tiny_modern_bert(path: Path, rng: np.random.Generator, n_embd: int = 6
         vector("cls.norm.weight", n_embd)
         matrix("cls.output.weight", n_embd, 2, scale=0.3)
         vector("cls.output.bias", 2, scale=0.1, center=0.0)
+    w.write()
 
 
 # -- T5 (t5encoder: the encoder alone; t5: encoder and decoder with cross-attention)
