@@ -54,9 +54,10 @@ static inline float gguflm_softplus(float x) {
     return x > 20.0f ? x : logf(1 + expf(x));
 }
 
-/* the rows, once portably and once for AVX2 + FMA (ssm_rows.inc) */
+/* the rows, once portably, once for AVX2 + FMA and once for AVX-512 (ssm_rows.inc) */
 #define GGUFLM_SIMD(name) gguflm_##name##_scalar
 #define GGUFLM_SIMD_AVX2 0
+#define GGUFLM_SIMD_512 0
 #include "ssm_rows.inc"
 #include "simd_copy_end.inc"
 
@@ -64,25 +65,43 @@ static inline float gguflm_softplus(float x) {
 GGUFLM_TARGET_AVX2_BEGIN
 #define GGUFLM_SIMD(name) gguflm_##name##_avx2
 #define GGUFLM_SIMD_AVX2 1
+#define GGUFLM_SIMD_512 0
 #include "ssm_rows.inc"
 #include "simd_copy_end.inc"
 GGUFLM_TARGET_END
-#define GGUFLM_SSM_ROW(isa, name, ...) \
-    ((isa) >= GGUFLM_ISA_AVX2 ? gguflm_##name##_avx2(__VA_ARGS__) : gguflm_##name##_scalar(__VA_ARGS__))
+GGUFLM_TARGET_AVX512_BEGIN
+#define GGUFLM_SIMD(name) gguflm_##name##_avx512
+#define GGUFLM_SIMD_AVX2 1
+#define GGUFLM_SIMD_512 1
+#include "ssm_rows.inc"
+#include "simd_copy_end.inc"
+GGUFLM_TARGET_END
+#define GGUFLM_SSM_ROW(isa, name, ...)                                                                 \
+    ((isa) >= GGUFLM_ISA_AVX512 ? gguflm_##name##_avx512(__VA_ARGS__)                                  \
+     : (isa) >= GGUFLM_ISA_AVX2 ? gguflm_##name##_avx2(__VA_ARGS__) : gguflm_##name##_scalar(__VA_ARGS__))
 #else
 #define GGUFLM_SSM_ROW(isa, name, ...) gguflm_##name##_scalar(__VA_ARGS__)
 #endif
 
 /* out = silu(conv(window) + b) for every token (without b or the SiLU where the args say so), the
- * conv state moved on by the sequence's tokens; channels on the ISA's copy */
+ * conv state moved on by the sequence's tokens; each thread convolves a span of channels, then
+ * applies the SiLU to its span of every token's row (in vectors: per channel it cost more than
+ * the convolution); on the ISA's copy */
 static void gguflm_ssm_conv(const gguflm_ssm_args *a, int isa, int arith, int n_threads) {
     const int64_t n_inner = a->d_inner;
     const int64_t nst = gguflm_ssm_seq_tokens(a->cells, a->n_tokens), n_seqs = a->n_tokens / nst;
     const int lanes = gguflm_arith_avx512(arith) ? 16 : 8;
     const int64_t vec_end = n_inner - n_inner % lanes;   /* ggml_vec_silu_f32's vector part */
     const int nth = n_inner < n_threads ? (int)(n_inner > 0 ? n_inner : 1) : n_threads;
-    #pragma omp parallel for num_threads(nth) schedule(static)
-    for (int64_t c = 0; c < n_inner; c++) GGUFLM_SSM_ROW(isa, ssm_conv_channel, a, c, nst, n_seqs, vec_end, arith);
+    #pragma omp parallel num_threads(nth)
+    {
+        const int64_t ith = omp_get_thread_num(), per = (n_inner + nth - 1) / nth;
+        const int64_t c0 = ith * per < n_inner ? ith * per : n_inner, c1 = c0 + per < n_inner ? c0 + per : n_inner;
+        for (int64_t c = c0; c < c1; c++) GGUFLM_SSM_ROW(isa, ssm_conv_channel, a, c, nst, n_seqs);
+        if (!a->conv_linear)
+            for (int64_t t = 0; t < a->n_tokens; t++)
+                GGUFLM_SSM_ROW(isa, ssm_conv_silu, a->out + t * a->out_stride, c0, c1, vec_end, arith);
+    }
 }
 
 /* Mamba-1's selective scan: per channel h, state = state * exp(softplus(dt) * A) + B * x * softplus(dt),
