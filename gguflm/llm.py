@@ -183,6 +183,10 @@ class LLM:
     draft_max, draft_min, draft_p_min
         llama.cpp's draft limits: the most tokens drafted at once, the fewest worth checking,
         and (draft models) the probability below which drafting stops.
+    draft_head
+        A draft model's output layer: ``"full"`` (every token's logits, llama.cpp's) or
+        ``"context"`` (the logits of the request's tokens only, far cheaper for a model with a
+        large vocabulary; :class:`gguflm.speculative.ContextHead`).
 
     Raises
     ------
@@ -203,7 +207,7 @@ class LLM:
                  control_vectors: Mapping[str | PathLike[str], float] | None = None,
                  control_vector_layer_range: tuple[int, int] | None = None, draft_model: Any = None,
                  draft_max: int = 16, draft_min: int = 0, draft_p_min: float = 0.75,
-                 **llama_kwargs: Any) -> None:
+                 draft_head: str = "full", **llama_kwargs: Any) -> None:
         self._closed = True          # until fully built; close() and __del__ rely on it
         self._model: Model | None = None
         self._context: Context | None = None
@@ -276,7 +280,7 @@ class LLM:
                 self._speculation = speculation_for(
                     draft_model, self._model.vocab, draft_max, draft_min, draft_p_min,
                     n_ctx=self._context.n_ctx, n_threads=self._context.n_threads,
-                    n_threads_batch=self._context.n_threads_batch)
+                    n_threads_batch=self._context.n_threads_batch, head=draft_head)
             except BaseException:
                 self._free()
                 raise

@@ -7,7 +7,9 @@ A :class:`Speculation` drives one of the proposers for the token loop (:func:`gg
   ``find_candidate_pred_tokens`` :func:`prompt_lookup` is), kept in an index that grows with the
   tokens, so a lookup costs a few dict probes, hit or miss;
 * :class:`DraftModel`, a smaller model of the same vocabulary (llama.cpp's ``--model-draft``),
-  whose own context follows the accepted tokens and drafts greedily while it is confident;
+  whose own context follows the accepted tokens and drafts greedily while it is confident,
+  over the whole vocabulary or (``head="context"``, :class:`ContextHead`) over the tokens of
+  the request only;
 * :class:`CallableProposer`, any ``f(input_ids) -> token ids`` (llama-cpp-python's
   ``LlamaDraftModel`` protocol);
 * llama.cpp's n-gram proposers (``--spec-type ngram-simple``, ``ngram-map-k``, ...), in
@@ -29,13 +31,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gguflm import quants
 from gguflm.errors import SpeculationError
 
 if TYPE_CHECKING:
     from gguflm.context import Context
     from gguflm.model import Model
 
-__all__ = ["prompt_lookup", "PromptLookup", "DraftModel", "CallableProposer", "Proposer",
+__all__ = ["prompt_lookup", "PromptLookup", "DraftModel", "ContextHead", "DRAFT_HEADS", "CallableProposer", "Proposer",
            "Speculation", "SpeculationError", "SlotSpeculation", "check_compatible", "speculation_for"]
 
 # llama.cpp's common_speculative_are_compatible: vocabulary sizes may differ by this much, and
@@ -44,6 +47,8 @@ VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
 # the most proposals skipped after drafts that gained nothing (see Speculation.update)
 MAX_BACKOFF = 32
+# a draft model's output layer: every token's logits (llama.cpp's), or the request's tokens' only
+DRAFT_HEADS = ("full", "context")
 
 
 def prompt_lookup(ids: npt.ArrayLike, max_ngram_size: int, n_predict: int) -> np.ndarray:
@@ -172,12 +177,75 @@ def check_compatible(target: Any, draft: Any, draft_name: str = "the draft model
             refuse(f"token {i} is {draft.token_text(i)!r}, the model's {target.token_text(i)!r}")
 
 
+class ContextHead:
+    """A draft model's output layer restricted to the tokens of the request: those of the prompt,
+    those generated so far and the end-of-generation tokens, their rows of the output matrix
+    dequantized once and multiplied in float32. A small model's output layer can be most of its
+    cost (Gemma 3 270M: 262144 rows of 640, two thirds of a token's work), and replies that copy
+    their input draft from those tokens anyway; a token outside them is never drafted, which
+    costs acceptance, never correctness (the target checks every draft).
+
+    Parameters
+    ----------
+    model
+        The draft :class:`gguflm.Model` (its ``output.weight``, the token embedding when tied).
+    """
+
+    def __init__(self, model: Model) -> None:
+        w = model.tensors["output.weight"]
+        self._rows = quants.from_rows16(w.data, w.kernel_type) if w.rows16 else w.data.view(np.uint8)
+        self._type = w.kernel_type
+        hp = model.hparams
+        self._scale, self._softcap = hp.f_logit_scale, hp.f_final_logit_softcapping
+        self._always = sorted(int(t) for t in model.vocab.eog_ids)
+        self._w = np.empty((0, w.shape[0]), np.float32)
+        self.ids: list[int] = []
+        self._index: set[int] = set()
+        self._n_seen = 0
+        self.begin(())
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A request starts: the rows are the prompt's tokens' and the end-of-generation ones."""
+        self.ids, self._index, self._n_seen = [], set(), 0
+        self.extend(self._always)
+        self.extend(prompt)
+        self._n_seen = len(prompt)
+
+    def follow(self, history: Sequence[int]) -> None:
+        """Add the tokens of ``history`` (the prompt and the tokens after it) not seen yet."""
+        self.extend(history[self._n_seen:])
+        self._n_seen = len(history)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        new = sorted({int(t) for t in tokens} - self._index)
+        if not new:
+            return
+        n, n_new = len(self.ids), len(new)
+        if n + n_new > self._w.shape[0]:   # room doubles: a reply's new tokens add rows one by one
+            grown = np.empty((max(2 * self._w.shape[0], n + n_new), self._w.shape[1]), np.float32)
+            grown[:n] = self._w[:n]
+            self._w = grown
+        self._w[n:n + n_new] = quants.get_rows(self._rows, self._type, np.asarray(new, np.int32))
+        self.ids += new
+        self._index.update(new)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """The logits of :attr:`ids` for the final hidden state ``hidden`` ([n_embd])."""
+        out = self._w[:len(self.ids)] @ hidden
+        if self._scale:
+            out *= self._scale
+        if self._softcap:
+            out = np.tanh(out / self._softcap) * self._softcap
+        return out
+
+
 class DraftModel:
     """A draft model (any GGUF whose vocabulary :func:`check_compatible` accepts for the target)
     in its own context, which follows the accepted tokens: each proposal decodes only what
     changed since the last (the accepted drafts and the target's token) and then drafts greedily
     as llama.cpp's draft-simple does, the best of the top 10 while its probability among them is
-    at least ``p_min``.
+    at least ``p_min``; with ``head="context"`` (:class:`ContextHead`) its context computes no
+    logits, and its drafts come from the logits of the request's tokens only.
 
     Parameters
     ----------
@@ -189,26 +257,35 @@ class DraftModel:
         The draft context's (``n_ctx`` as the target's, so any history fits).
     p_min
         Stop drafting at a token whose probability is below this (0 drafts ``n_max`` always).
+    head
+        ``"full"``: every token's logits, as llama.cpp's; ``"context"``: those of the request's
+        tokens (see :class:`ContextHead`).
     """
 
     TOP_K = 10   # llama.cpp's draft sampler: top-k 10, probabilities among those
 
     def __init__(self, model: Model | str | PathLike[str], target_vocab: Any, *, n_ctx: int,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
-                 p_min: float = 0.75) -> None:
+                 p_min: float = 0.75, head: str = "full") -> None:
         from gguflm.context import Context
         from gguflm.generate import Session
         from gguflm.model import Model
 
         if not 0.0 <= p_min <= 1.0:
             raise SpeculationError(f"draft_p_min must be in [0, 1], got {p_min}")
+        if head not in DRAFT_HEADS:
+            raise SpeculationError(f"draft_head must be one of {', '.join(DRAFT_HEADS)}, got {head!r}")
         self.p_min = float(p_min)
         self._own = not isinstance(model, Model)
         self.model = Model.load(model) if self._own else model
         try:
             check_compatible(target_vocab, self.model.vocab, self.model.path.name)
+            restricted = head == "context"
+            self.head = ContextHead(self.model) if restricted else None
+            # the restricted head reads the final hidden state (llama.cpp's embeddings, unpooled)
             self.context: Context = Context(self.model, n_ctx=n_ctx, n_threads=n_threads,
-                                            n_threads_batch=n_threads_batch)
+                                            n_threads_batch=n_threads_batch, embeddings=restricted,
+                                            logits=not restricted, pooling="none" if restricted else None)
         except BaseException:
             if self._own:
                 self.model.close()
@@ -216,15 +293,22 @@ class DraftModel:
         self._session = Session(self.context)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        pass   # the session reuses whatever prefix of each history it holds
+        # the session reuses whatever prefix of each history it holds
+        if self.head is not None:
+            self.head.begin(prompt)
 
     def propose(self, history: Sequence[int], n_max: int) -> list[int]:
-        session, out = self._session, []
+        session, head, out = self._session, self.head, []
         if n_max < 1:
             return out
+        if head is not None:
+            head.follow(history)
         session.ingest(history)
         while True:
-            row = self.context.get_logits_ith(-1)
+            if head is None:
+                row = self.context.get_logits_ith(-1)
+            else:
+                row = head.logits(self.context.get_embeddings_ith(-1))
             best = int(np.argmax(row))
             if self.p_min > 0.0:
                 # softmax among the top k: p(best) = 1 / sum(exp(l - l_best)); logits more than
@@ -235,10 +319,11 @@ class DraftModel:
                 p = 1.0 / float(np.exp(near - row[best], dtype=np.float32).sum(dtype=np.float64))
                 if p < self.p_min:
                     return out
-            out.append(best)
+            token = best if head is None else head.ids[best]
+            out.append(token)
             if len(out) >= n_max:
                 return out
-            session.step(best)
+            session.step(token)
 
     def close(self) -> None:
         self.context.close()

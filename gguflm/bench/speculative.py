@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per task")
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("--draft-max", type=int, default=16, help="most tokens drafted at once")
+    parser.add_argument("--draft-p-min", type=float, default=0.75,
+                        help="a draft model stops drafting below this probability")
+    parser.add_argument("--draft-head", default="full",
+                        help="a draft model's output layer, or several comma-separated (a row each): "
+                             "full (every token's logits) or context (the request's tokens' only)")
     parser.add_argument("--spec-ngram-size", type=int, default=2, help="prompt lookup's longest n-gram")
     parser.add_argument("--spec-type", default="ngram",
                         help="comma-separated proposers: ngram (prompt lookup), " + ", ".join(NGRAM_SPEC_TYPES))
@@ -96,11 +101,15 @@ def _gguflm_runs(args: argparse.Namespace, prompts: dict[str, list[int]]) -> lis
             settings.append(("gguflm + lookup", PromptLookup(args.spec_ngram_size, args.draft_max)))
         else:
             settings.append((f"gguflm + {spec_type}", ngram_proposer_from_args(spec_type, args)))
+    heads = [h for h in args.draft_head.split(",") if h]
     if args.model_draft:
-        settings.append(("gguflm + draft model", args.model_draft))
+        settings += [(f"gguflm + draft model{'' if h == 'full' else ', ' + h + ' head'}", (args.model_draft, h))
+                     for h in heads]
     runs = []
     for label, draft in settings:
-        llm = LLM(args.model, n_ctx=1024, n_threads=args.threads, draft_model=draft, draft_max=args.draft_max)
+        draft, head = draft if isinstance(draft, tuple) else (draft, "full")
+        llm = LLM(args.model, n_ctx=1024, n_threads=args.threads, draft_model=draft, draft_max=args.draft_max,
+                  draft_p_min=args.draft_p_min, draft_head=head)
 
         def run(task: str, llm: LLM = llm) -> tuple[float, list[int], int, int]:
             llm.reset()
