@@ -85,9 +85,10 @@ def test_gemma4_experts_over_two_sequences(gemma4_moe):
 
 
 @pytest.mark.parametrize("drop", ["blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_inp.scale", "blk.2.pre_ffw_norm_2.weight",
-                                  "blk.0.ffn_up_exps.weight"])
+                                  "blk.0.ffn_up_exps.weight", "blk.2.ffn_gate_inp.weight"])
 def test_a_layer_with_a_router_needs_its_experts(tmp_path, drop):
-    """As llama.cpp loads a layer that has ``ffn_gate_inp``: the missing tensor is named."""
+    """As llama.cpp loads a layer that has ``ffn_gate_inp``: the missing tensor is named; a layer
+    with experts and no router is refused too (llama.cpp: wrong number of tensors)."""
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma(CASES["split-some-layers"], path, np.random.default_rng(0))
     with pytest.raises(MissingTensorError, match=drop.replace(".", r"\.")):

@@ -120,7 +120,8 @@ class Gemma4(Architecture):
     @classmethod
     def required_together(cls, hp: HParams, present: set[str]) -> list[str]:
         """A layer with a router has its scale, the three norms, the down projections, and gate
-        and up as one tensor or two (llama.cpp loads the pair where the one is absent)."""
+        and up as one tensor or two (llama.cpp loads the pair where the one is absent); a layer
+        with any of those has its router (llama.cpp would count them as tensors too many)."""
         need = []
         for il in range(hp.n_layer if hp.n_expert else 0):
             blk = f"blk.{il}"
@@ -128,6 +129,8 @@ class Gemma4(Architecture):
                 need += [f"{blk}.{name}" for name in cls.EXPERT_TENSORS[1:]]
                 if f"{blk}.ffn_gate_up_exps.weight" not in present:
                     need += [f"{blk}.ffn_gate_exps.weight", f"{blk}.ffn_up_exps.weight"]
+            elif any(s.name in present for s in cls.expert_block_specs(hp, il)):
+                need.append(f"{blk}.ffn_gate_inp.weight")
         return need
 
     def forward(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
