@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 import gguflm
 import gguflm.llama_cpp as shim
 from _llama import L, LlamaDecoder, llama_embeddings, require_peer
+from _memory_pair import MemoryPair
 from gguflm import Batch, Context, Model
 from gguflm._ext import ops
 from gguflm.errors import ModelLoadError
@@ -290,28 +291,16 @@ def test_gemma4_reads_a_real_files_hyper_parameters(vocab_dir):
 def test_gemma4_several_sequences_and_a_k_shift(gemma4):
     """Two sequences in one batch, then seq_rm and a K shift (each layer's K re-rotated over its
     own rotated dimensions, the global layers with rope_freqs), then decoding on."""
-    path, model = gemma4
+    path, _ = gemma4
     a, b = PROMPT[:11], PROMPT[4:13]
     steps = [[(t, p, 0, True) for p, t in enumerate(a)] + [(t, p, 1, True) for p, t in enumerate(b)],
              [(40, 11, 0, True), (41, 9, 1, True)], [(42, 9, 0, True), (43, 10, 0, True)]]
-    peer = LlamaDecoder(path, n_seq_max=2)
-    try:
-        theirs = [peer.decode_batch(steps[0]), peer.decode_batch(steps[1])]
-        assert peer.seq_rm(0, 6, 9)
-        peer.seq_add(0, 9, -1, -3)
-        theirs.append(peer.decode_batch(steps[2]))
-    finally:
-        peer.close()
-    with Context(model, n_ctx=256, n_seq_max=2, n_threads=2, n_threads_batch=2) as ctx:
-        for k, (entries, expected) in enumerate(zip(steps, theirs)):
-            batch = Batch(len(entries), n_seq_max=2)
-            for tok, pos, seq, out in entries:
-                batch.add(tok, pos, [seq], out)
-            assert ctx.decode(batch) == 0
-            np.testing.assert_array_equal(ctx.get_logits(), expected, err_msg=f"step {k}")
-            if k == 1:
-                assert ctx.memory.seq_rm(0, 6, 9)
-                ctx.memory.seq_add(0, 9, -1, -3)
+    with MemoryPair(path, n_seq=2) as both:
+        both.decode(steps[0])
+        both.decode(steps[1])
+        both.seq_rm(0, 6, 9)
+        both.seq_add(0, 9, -1, -3)
+        both.decode(steps[2])
 
 
 @pytest.mark.parametrize("key,value", [("attention.shared_kv_layers", 1),
