@@ -479,6 +479,16 @@ def read_swa_layers(kv: HParamReader, n_layer: int, period: int, dense_first: bo
     return swa
 
 
+def check_kv_sharing(hp: HParams, source: str) -> None:
+    """Each layer that attends over another's cache (:meth:`HParams.kv_source`) needs one of its
+    own kind (sliding or global) and number of KV heads: a ``HParamError`` otherwise."""
+    for il in range(hp.n_layer):
+        src = hp.kv_source(il)
+        if hp.is_swa(src) != hp.is_swa(il) or hp.n_head_kv[src] != hp.n_head_kv[il]:
+            raise HParamError(f"{source}: layer {il} would share the K and V of layer {src}, which "
+                              f"is of another kind or number of KV heads")
+
+
 def read_interleaved_swa(kv: HParamReader, hp: HParams, period: int, n_swa: int | None = None) -> HParams:
     """Sliding-window layers interleaved with global ones that take no RoPE (EXAONE 4's 32B,
     Cohere 2): the window (``n_swa`` where the key is absent), :func:`read_swa_layers`, and the

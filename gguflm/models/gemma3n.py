@@ -21,7 +21,8 @@ import numpy as np
 
 from gguflm._ext.plan import ALTUP_N
 from gguflm.graph import Graph
-from gguflm.hparams import HParamError, HParamReader, HParams, RopeType, read_swa_layers, rsqrt_f32, sqrt_f32
+from gguflm.hparams import (HParamError, HParamReader, HParams, RopeType, check_kv_sharing, read_swa_layers,
+                             rsqrt_f32, sqrt_f32)
 from gguflm.models.base import Architecture, TensorSpec
 from gguflm.models.gemma4 import Gemma4
 
@@ -56,11 +57,7 @@ class Gemma3n(Architecture):
         if hp.n_embd_head_k != hp.n_embd_head_v:
             raise HParamError(f"{kv.source}: Gemma 3n requires equal K and V head sizes, found "
                               f"{hp.n_embd_head_k} and {hp.n_embd_head_v}")
-        for il in range(N_LAYER_KV, hp.n_layer):   # a shared cache must be of the sharing layer's kind and width
-            src = hp.kv_source(il)
-            if hp.is_swa(src) != hp.is_swa(il) or hp.n_head_kv[src] != hp.n_head_kv[il]:
-                raise HParamError(f"{kv.source}: layer {il} would share the K and V of layer {src}, which "
-                                  f"is of another kind or number of KV heads")
+        check_kv_sharing(hp, kv.source)
         return hp
 
     @classmethod

@@ -20,8 +20,8 @@ import numpy as np
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.graph import GATING_SOFTMAX, GLU_GEGLU, Graph
-from gguflm.hparams import (HParamError, HParamReader, HParams, RopeType, read_expert_hparams, read_swa_layers,
-                            rsqrt_f32, sqrt_f32)
+from gguflm.hparams import (HParamError, HParamReader, HParams, RopeType, check_kv_sharing, read_expert_hparams,
+                            read_swa_layers, rsqrt_f32, sqrt_f32)
 from gguflm.models.base import Architecture, TensorSpec
 
 
@@ -60,11 +60,7 @@ class Gemma4(Architecture):
             extras={**hp.extras, "n_embd_per_layer": n_ple},
         )
         hp = read_expert_hparams(kv, hp, required=False)
-        for il in range(hp.n_layer):   # a shared cache must be of the sharing layer's kind and width
-            src = hp.kv_source(il)
-            if hp.is_swa(src) != hp.is_swa(il) or hp.n_head_kv[src] != hp.n_head_kv[il]:
-                raise HParamError(f"{kv.source}: layer {il} would share the K and V of layer {src}, which "
-                                  f"is of another kind or number of KV heads")
+        check_kv_sharing(hp, kv.source)
         return hp
 
     @classmethod
