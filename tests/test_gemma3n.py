@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 import gguflm
 from _llama import L, LlamaDecoder, require_peer
 from _memory_pair import MemoryPair, decode_entries
-from gguflm import Batch, Context, Model
+from gguflm import Context, Model
 from gguflm._ext.plan import ALTUP_KINDS, ALTUP_N, Plan
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
 from gguflm.models import architectures, get_architecture
-from test_gemma_family import llama_cpp_embd_logits
+from test_gemma_family import check_given_embeddings
 from test_invariance import llama_cpp_logits, prompt_logits
 from tiny_models import TinyGemma3n, tiny_gemma3n_models, write_tiny_gemma3n
 
@@ -102,14 +102,7 @@ def test_gemma3n_given_embeddings_take_the_padding_tokens_per_layer_inputs(tmp_p
     require_peer()
     path = tmp_path / "gemma3n.gguf"
     write_tiny_gemma3n(CASES["default-pattern"], path, np.random.default_rng(4))
-    rows = np.random.default_rng(5).standard_normal((7, 96)).astype(F32)
-    theirs = llama_cpp_embd_logits(path, rows)
-    with Model.load(path) as model, Context(model, n_ctx=256, n_threads=2, n_threads_batch=2) as ctx:
-        batch = Batch(len(rows), embd=96)
-        for k, row in enumerate(rows):
-            batch.add(row, k, [0], True)
-        assert ctx.decode(batch) == 0
-        np.testing.assert_array_equal(ctx.get_logits(), theirs)
+    check_given_embeddings(path, 96)
 
 
 def test_a_control_vector_joins_every_stream(gemma3n):

@@ -318,10 +318,15 @@ def test_gemma4_given_embeddings_take_the_padding_tokens_per_layer_inputs(tmp_pa
     require_peer()
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma(GEMMA4_CASES["kv-sharing-ple"], path, np.random.default_rng(4))
-    rows = np.random.default_rng(5).standard_normal((7, 64)).astype(F32)
+    check_given_embeddings(path, 64)
+
+
+def check_given_embeddings(path: Path, n_embd: int) -> None:
+    """Seven random rows given in place of tokens, one sequence: llama.cpp's logits, bit for bit."""
+    rows = np.random.default_rng(5).standard_normal((7, n_embd)).astype(F32)
     theirs = llama_cpp_embd_logits(path, rows)
     with Model.load(path) as model, Context(model, n_ctx=256, n_threads=2, n_threads_batch=2) as ctx:
-        batch = Batch(len(rows), embd=64)
+        batch = Batch(len(rows), embd=n_embd)
         for k, row in enumerate(rows):
             batch.add(row, k, [0], True)
         assert ctx.decode(batch) == 0

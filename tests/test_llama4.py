@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from _llama import LlamaDecoder, require_peer
-from gguflm import Batch, Context, Model
+from _memory_pair import decode_entries
+from gguflm import Context, Model
 from gguflm._ext import ops
 from gguflm.errors import ModelLoadError
 from gguflm.ggml_types import GGMLType
@@ -61,14 +62,7 @@ def theirs(path, batches, n_ubatch: int) -> list[np.ndarray]:
 def ours(model, batches, n_ubatch: int, n_threads: int) -> list[np.ndarray]:
     with Context(model, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=n_ubatch, n_seq_max=2, n_threads=n_threads,
                  n_threads_batch=n_threads) as ctx:
-        out = []
-        for b in batches:
-            batch = Batch(len(b), n_seq_max=2)
-            for tok, pos, seq, o in b:
-                batch.add(tok, pos, [seq], o)
-            assert ctx.decode(batch) == 0
-            out.append(ctx.get_logits().copy())
-        return out
+        return [decode_entries(ctx, b) for b in batches]
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
